@@ -1,0 +1,1 @@
+//! Criterion benches live in `benches/`; this library is empty on purpose.

@@ -1,0 +1,1 @@
+//! slots (being written)
