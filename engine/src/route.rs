@@ -1,0 +1,210 @@
+//! Routes, their identity, the owner actions conflicts ask for, and the errors of the
+//! authority. Shared by the authority directory (the slot leader's side) and the
+//! owner-local registry and activation machine (the gateway's side), which may be on
+//! different nodes: everything here is plain data that an RPC can carry.
+
+use std::sync::Arc;
+
+use crate::cluster::NodeId;
+
+/// A user id. Shared, since one uid appears in many routes, lookups and frames.
+pub type Uid = Arc<str>;
+
+/// A random 64-bit id drawn at each process start: separates processes that reuse a node id.
+pub type BootId = u64;
+/// A connection's id, unique within one process (one `boot_id`).
+pub type SessionId = u64;
+/// A per-owner monotonic sequence: orders register, touch and unregister of one identity.
+pub type OwnerSeq = u64;
+
+/// WuKongIM device level: a Master replaces every route of the same uid and device
+/// flag; a Slave replaces only the route of the same device id.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum DeviceLevel {
+    Slave = 0,
+    Master = 1,
+}
+
+/// The listener a session came in on.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Listener {
+    Tcp,
+    WebSocket,
+}
+
+/// The identity of a route: `(uid, node_id, boot_id, session_id)`. UID plus node id
+/// alone could deliver into a restarted or replaced connection.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct RouteIdentity {
+    pub uid: Uid,
+    pub node_id: NodeId,
+    pub boot_id: BootId,
+    pub session_id: SessionId,
+}
+
+/// One online device of a user, as the authority records it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Route {
+    pub uid: Uid,
+    pub device_id: Arc<str>,
+    pub device_flag: u8,
+    pub device_level: DeviceLevel,
+    /// Owner (gateway) node.
+    pub node_id: NodeId,
+    pub boot_id: BootId,
+    pub session_id: SessionId,
+    pub listener: Listener,
+    pub owner_seq: OwnerSeq,
+    pub connected_at_ms: u64,
+    /// Last activity, in whole seconds of the authority's clock. `None`: registered
+    /// without an activity time; such a route never expires by TTL (rule 23).
+    pub last_active_s: Option<u64>,
+}
+
+impl Route {
+    /// This route's identity.
+    pub fn identity(&self) -> RouteIdentity {
+        RouteIdentity {
+            uid: self.uid.clone(),
+            node_id: self.node_id,
+            boot_id: self.boot_id,
+            session_id: self.session_id,
+        }
+    }
+
+    /// Whether `self` and `other` (another identity) conflict: same uid and device
+    /// flag, and (`self` Master) any device id or (`self` Slave) the same device id.
+    /// `self` is the newcomer whose level decides.
+    pub fn conflicts_with(&self, other: &Route) -> bool {
+        self.uid == other.uid
+            && self.device_flag == other.device_flag
+            && (self.device_level == DeviceLevel::Master || self.device_id == other.device_id)
+            && !(self.node_id == other.node_id
+                && self.boot_id == other.boot_id
+                && self.session_id == other.session_id)
+    }
+}
+
+/// What a lookup returns for one online device: enough to push to its owner and for
+/// the owner to revalidate `(uid, boot_id, session_id, owner_seq)`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Endpoint {
+    pub uid: Uid,
+    pub device_flag: u8,
+    pub device_level: DeviceLevel,
+    pub node_id: NodeId,
+    pub boot_id: BootId,
+    pub session_id: SessionId,
+    pub owner_seq: OwnerSeq,
+}
+
+/// What the owner of a conflicting route must do before the newcomer commits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum OwnerActionKind {
+    /// Send DISCONNECT(12 ConnectKick), then close: a Master replacing another device id.
+    KickThenClose,
+    /// Close the connection.
+    Close,
+}
+
+/// An owner action: done by the gateway that owns `route`, acknowledged back to the
+/// activation that asked for it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct OwnerAction {
+    pub kind: OwnerActionKind,
+    pub route: RouteIdentity,
+    pub owner_seq: OwnerSeq,
+}
+
+/// Names one pending registration at the authority. Returned by register, presented
+/// by commit and abort; a newer registration of the same identity supersedes it.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct PendingToken {
+    pub identity: RouteIdentity,
+    pub owner_seq: OwnerSeq,
+    /// Unique per registration within one authority slot.
+    pub nonce: u64,
+}
+
+/// Why the authority refused a call. Never carries data: a refused call learned nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AuthorityError {
+    /// This node holds no authority identity for the hash slot.
+    NotLeader,
+    /// The call's target differs from the installed identity.
+    StaleTarget,
+    /// Register at or below the identity's unregister tombstone.
+    Tombstoned,
+    /// Commit: a conflict appeared since registration, or the candidate is gone.
+    NotReady,
+    /// Commit or abort of a candidate that a newer registration superseded.
+    Superseded,
+    /// The slot's directory is at its configured route limit.
+    Full,
+}
+
+impl std::fmt::Display for AuthorityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AuthorityError::NotLeader => "not leader of this hash slot",
+            AuthorityError::StaleTarget => "stale target",
+            AuthorityError::Tombstoned => "at or below the unregister tombstone",
+            AuthorityError::NotReady => "conflicts changed since registration",
+            AuthorityError::Superseded => "superseded by a newer registration",
+            AuthorityError::Full => "route directory full",
+        })
+    }
+}
+
+impl std::error::Error for AuthorityError {}
+
+/// The outcome of a successful register.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum RegisterOutcome {
+    /// No conflict: the route is active at once (rule 6).
+    Active,
+    /// Conflicts: the route is pending until commit; the owners of the conflicting
+    /// routes must first perform `actions` (rules 7, 8).
+    Pending {
+        token: PendingToken,
+        actions: Vec<OwnerAction>,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(uid: &str, device_id: &str, flag: u8, level: DeviceLevel, session_id: u64) -> Route {
+        Route {
+            uid: uid.into(),
+            device_id: device_id.into(),
+            device_flag: flag,
+            device_level: level,
+            node_id: 1,
+            boot_id: 9,
+            session_id,
+            listener: Listener::Tcp,
+            owner_seq: session_id,
+            connected_at_ms: 0,
+            last_active_s: Some(0),
+        }
+    }
+
+    #[test]
+    fn conflict_policy_follows_the_newcomers_level() {
+        let old = route("u", "d1", 1, DeviceLevel::Slave, 1);
+        let master_other_device = route("u", "d2", 1, DeviceLevel::Master, 2);
+        let slave_other_device = route("u", "d2", 1, DeviceLevel::Slave, 3);
+        let slave_same_device = route("u", "d1", 1, DeviceLevel::Slave, 4);
+        let other_flag = route("u", "d1", 2, DeviceLevel::Master, 5);
+        assert!(master_other_device.conflicts_with(&old));
+        assert!(!slave_other_device.conflicts_with(&old));
+        assert!(slave_same_device.conflicts_with(&old));
+        assert!(!other_flag.conflicts_with(&old));
+        assert!(
+            !old.conflicts_with(&old),
+            "a route never conflicts with its own identity"
+        );
+    }
+}

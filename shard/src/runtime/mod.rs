@@ -1,0 +1,593 @@
+//! The thread-per-core runtime: N shard threads, each pinned to a core and running one
+//! loop, connected by an N×N mesh of SPSC rings (Seastar's smp queues).
+//!
+//! # One loop turn
+//! 1. drain the inbound ring of every peer, at most `inbound_batch_max` messages per
+//!    peer ([`Shard::on_message`]);
+//! 2. fire due timers ([`Shard::on_timer`]);
+//! 3. poll the IO driver without blocking ([`Shard::on_io`]);
+//! 4. let the handler do its own work ([`Shard::on_turn`]);
+//! 5. flush the outboxes: each peer's batch goes into its ring with one index publish,
+//!    and the peer's doorbell is rung at most once per batch, only if it sleeps.
+//!
+//! A turn that found no work counts as idle. After `idle_spin_us` of idle turns the
+//! shard parks: it announces sleep on its [`ring::Doorbell`], re-checks its inbound
+//! rings, and then blocks in [`Driver::poll`] with the next timer as the timeout. That
+//! one wait covers sockets, messages from peers (their eventfd write) and timers.
+//!
+//! # Messages and backpressure
+//! [`Context::send_to`] appends to a bounded per-peer outbox (`outbox_batch_max`);
+//! a full outbox is flushed into the ring at once; if the ring is full too, the message
+//! comes back as `Err` — backpressure to the caller, never unbounded growth. Messages
+//! between one pair of shards arrive in send order. Messages a shard sends to itself go
+//! through a local queue with the same bound as a ring.
+
+mod driver;
+mod eventfd;
+
+pub use driver::{Driver, PlainDriver};
+pub use eventfd::EventFd;
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ring::{Consumer, Doorbell, Producer};
+
+use crate::slots::ShardId;
+use crate::timer::{TimerHandle, TimerWheel};
+
+/// Limits and behaviour of a runtime. Every bound has its unit in its name.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Number of shard threads.
+    pub shard_count: u16,
+    /// Capacity of each SPSC ring between two shards (a power of two).
+    pub ring_capacity: usize,
+    /// Messages buffered per peer before a flush into its ring.
+    pub outbox_batch_max: usize,
+    /// Messages taken from one peer's ring per loop turn (fairness between peers).
+    pub inbound_batch_max: usize,
+    /// How long a shard keeps spinning on idle turns before it parks.
+    pub idle_spin_us: u64,
+    /// Live timers per shard.
+    pub max_timers: usize,
+    /// Pin shard `i` to core `pin_cores[i % len]`; empty: no pinning. Default: all cores.
+    pub pin_cores: Vec<usize>,
+    /// Thread name prefix (`{prefix}-{shard}`).
+    pub thread_name: String,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            shard_count: std::thread::available_parallelism().map_or(1, |n| n.get() as u16),
+            ring_capacity: 4096,
+            outbox_batch_max: 64,
+            inbound_batch_max: 256,
+            idle_spin_us: 50,
+            max_timers: 1 << 20,
+            pin_cores: core_affinity::get_core_ids()
+                .map(|ids| ids.into_iter().map(|c| c.id).collect())
+                .unwrap_or_default(),
+            thread_name: "shard".into(),
+        }
+    }
+}
+
+/// What a shard's handler sees of the runtime during a callback.
+pub struct Context<M, T> {
+    shard: ShardId,
+    shard_count: u16,
+    now_ms: u64,
+    outbox_batch_max: usize,
+    ring_capacity: usize,
+    /// `outboxes[p]`: messages for peer `p` not yet in its ring (`p != shard`).
+    outboxes: Vec<Vec<M>>,
+    /// `producers[p]`: the ring into peer `p` (`None` for this shard itself).
+    producers: Vec<Option<Producer<M>>>,
+    peer_doorbells: Vec<Arc<Doorbell>>,
+    peer_eventfds: Vec<Arc<EventFd>>,
+    self_queue: VecDeque<M>,
+    timers: TimerWheel<T>,
+    shared: Arc<Shared>,
+    stats: ShardStats,
+}
+
+/// Counters of one shard, readable by its handler ([`Context::stats`]) and returned by
+/// [`Runtime::join`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub turns: u64,
+    pub messages_received: u64,
+    pub messages_sent: u64,
+    /// Sends refused because the peer's outbox and ring were full.
+    pub send_backpressure: u64,
+    /// Batches flushed into rings.
+    pub batches_flushed: u64,
+    /// Eventfd writes to wake a sleeping peer.
+    pub doorbells_rung: u64,
+    pub timers_fired: u64,
+    /// Times this shard parked in its driver.
+    pub parks: u64,
+}
+
+impl<M: Send, T> Context<M, T> {
+    /// This shard's index.
+    pub fn shard_id(&self) -> ShardId {
+        self.shard
+    }
+
+    /// Number of shards in the runtime.
+    pub fn shard_count(&self) -> u16 {
+        self.shard_count
+    }
+
+    /// Milliseconds since the runtime started, read once per loop turn.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// This shard's counters so far.
+    pub fn stats(&self) -> &ShardStats {
+        &self.stats
+    }
+
+    /// Queues `msg` for shard `to`. It is flushed into the ring at the end of the turn
+    /// (or now, when the outbox is full). `Err(msg)`: the outbox and the ring are both
+    /// full; retry later (backpressure).
+    pub fn send_to(&mut self, to: ShardId, msg: M) -> Result<(), M> {
+        let to_i = to as usize;
+        assert!(
+            to_i < self.shard_count as usize,
+            "send_to: shard {to} does not exist"
+        );
+        if to == self.shard {
+            if self.self_queue.len() >= self.ring_capacity {
+                self.stats.send_backpressure += 1;
+                return Err(msg);
+            }
+            self.self_queue.push_back(msg);
+            self.stats.messages_sent += 1;
+            return Ok(());
+        }
+        if self.outboxes[to_i].len() >= self.outbox_batch_max {
+            self.flush_peer(to_i);
+            if self.outboxes[to_i].len() >= self.outbox_batch_max {
+                self.stats.send_backpressure += 1;
+                return Err(msg);
+            }
+        }
+        self.outboxes[to_i].push(msg);
+        self.stats.messages_sent += 1;
+        Ok(())
+    }
+
+    /// Room left for messages to `to` before `send_to` pushes back (outbox plus ring).
+    pub fn send_capacity(&mut self, to: ShardId) -> usize {
+        let to_i = to as usize;
+        if to == self.shard {
+            return self.ring_capacity - self.self_queue.len();
+        }
+        let ring_free = self.producers[to_i].as_ref().map_or(0, |p| p.free_slots());
+        ring_free + self.outbox_batch_max - self.outboxes[to_i].len()
+    }
+
+    /// Arms a timer firing [`Shard::on_timer`] once `now_ms() >= deadline_ms`.
+    /// `Err(value)`: the shard is at `max_timers`.
+    pub fn set_timer(&mut self, deadline_ms: u64, value: T) -> Result<TimerHandle, T> {
+        self.timers
+            .insert(deadline_ms, value)
+            .map_err(|full| full.0)
+    }
+
+    /// Cancels a timer; `None` if it already fired or was cancelled.
+    pub fn cancel_timer(&mut self, handle: TimerHandle) -> Option<T> {
+        self.timers.cancel(handle)
+    }
+
+    /// Whether shard `shard` is parked in its driver right now (a racy observation).
+    pub fn is_parked(&self, shard: ShardId) -> bool {
+        self.shared.parked[shard as usize].load(Ordering::SeqCst) == 1
+    }
+
+    /// Asks every shard of the runtime to stop after its current turn.
+    pub fn stop_runtime(&self) {
+        self.shared.stop();
+    }
+
+    fn flush_peer(&mut self, peer: usize) -> bool {
+        let outbox = &mut self.outboxes[peer];
+        if outbox.is_empty() {
+            return false;
+        }
+        let Some(producer) = self.producers[peer].as_mut() else {
+            return false;
+        };
+        // Take only what fits, so draining never drops a message.
+        let fits = producer.free_slots().min(outbox.len());
+        let pushed = producer.push_batch(&mut outbox.drain(..fits));
+        debug_assert_eq!(
+            pushed, fits,
+            "a single-producer ring cannot shrink its free space"
+        );
+        if pushed == 0 {
+            return false;
+        }
+        self.stats.batches_flushed += 1;
+        if self.peer_doorbells[peer].should_wake() {
+            self.peer_eventfds[peer].notify();
+            self.stats.doorbells_rung += 1;
+        }
+        true
+    }
+
+    /// Flushes every outbox; returns whether any message moved.
+    fn flush_all(&mut self) -> bool {
+        let mut moved = false;
+        for peer in 0..self.outboxes.len() {
+            moved |= self.flush_peer(peer);
+        }
+        moved
+    }
+
+    fn outboxes_pending(&self) -> bool {
+        self.outboxes.iter().any(|o| !o.is_empty())
+    }
+}
+
+/// The per-shard application: created on its shard thread, driven by one loop.
+pub trait Shard: Sized + Send + 'static {
+    /// Messages exchanged between shards.
+    type Msg: Send + 'static;
+    /// What a timer carries.
+    type Timer: 'static;
+    /// The IO backend of this shard.
+    type Driver: Driver;
+
+    /// Called once on the shard thread before the first turn.
+    fn on_start(&mut self, _cx: &mut Context<Self::Msg, Self::Timer>) {}
+
+    /// A message from shard `from` (possibly this shard itself).
+    fn on_message(
+        &mut self,
+        cx: &mut Context<Self::Msg, Self::Timer>,
+        from: ShardId,
+        msg: Self::Msg,
+    );
+
+    /// A timer armed with [`Context::set_timer`] is due.
+    fn on_timer(
+        &mut self,
+        _cx: &mut Context<Self::Msg, Self::Timer>,
+        _handle: TimerHandle,
+        _value: Self::Timer,
+    ) {
+    }
+
+    /// IO completed in the driver.
+    fn on_io(
+        &mut self,
+        _cx: &mut Context<Self::Msg, Self::Timer>,
+        _driver: &mut Self::Driver,
+        _event: <Self::Driver as Driver>::Event,
+    ) {
+    }
+
+    /// Once per loop turn, after messages, timers and IO: the handler's own work
+    /// (retrying backpressured sends, flushing batches). Returns how much it did;
+    /// a turn where everything returned 0 is idle and leads to parking.
+    fn on_turn(
+        &mut self,
+        _cx: &mut Context<Self::Msg, Self::Timer>,
+        _driver: &mut Self::Driver,
+    ) -> usize {
+        0
+    }
+
+    /// Called once on the shard thread after the last turn.
+    fn on_stop(&mut self, _cx: &mut Context<Self::Msg, Self::Timer>, _driver: &mut Self::Driver) {}
+}
+
+/// What a shard's factory gets to build its handler and driver.
+pub struct ShardInit {
+    /// This shard's index.
+    pub shard: ShardId,
+    /// Number of shards.
+    pub shard_count: u16,
+    /// The shard's doorbell eventfd: the driver must wait on it (see [`Driver`]).
+    pub doorbell: Arc<EventFd>,
+}
+
+struct Shared {
+    stopping: AtomicBool,
+    eventfds: Vec<Arc<EventFd>>,
+    /// Per shard: 1 while parked in the driver (for observers and tests).
+    parked: Vec<AtomicU64>,
+}
+
+impl Shared {
+    fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for fd in &self.eventfds {
+            fd.notify();
+        }
+    }
+}
+
+/// Stops a running runtime from any thread.
+#[derive(Clone)]
+pub struct RuntimeHandle {
+    shared: Arc<Shared>,
+}
+
+impl RuntimeHandle {
+    /// Asks every shard to stop after its current turn and wakes parked ones.
+    pub fn stop(&self) {
+        self.shared.stop();
+    }
+
+    /// Whether shard `shard` is parked in its driver right now.
+    pub fn is_parked(&self, shard: ShardId) -> bool {
+        self.shared.parked[shard as usize].load(Ordering::SeqCst) == 1
+    }
+}
+
+/// A started runtime: its shard threads run until stopped.
+pub struct Runtime<S: Shard> {
+    handle: RuntimeHandle,
+    threads: Vec<JoinHandle<io::Result<(S, ShardStats)>>>,
+}
+
+/// Everything one shard thread takes with it.
+struct ShardParts<M> {
+    shard: ShardId,
+    producers: Vec<Option<Producer<M>>>,
+    consumers: Vec<Option<Consumer<M>>>,
+    doorbells: Vec<Arc<Doorbell>>,
+}
+
+impl<S: Shard> Runtime<S> {
+    /// Starts `config.shard_count` shard threads. `factory` runs on each shard thread
+    /// and builds that shard's handler and driver.
+    pub fn start<F>(config: RuntimeConfig, factory: F) -> io::Result<Self>
+    where
+        F: Fn(&ShardInit) -> io::Result<(S, S::Driver)> + Send + Sync + 'static,
+    {
+        let n = config.shard_count as usize;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "shard_count must be at least 1",
+            ));
+        }
+        if !config.ring_capacity.is_power_of_two() || config.ring_capacity < 2 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "ring_capacity must be a power of two >= 2",
+            ));
+        }
+        if config.outbox_batch_max == 0 || config.inbound_batch_max == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "batch limits must be at least 1",
+            ));
+        }
+        let eventfds: Vec<Arc<EventFd>> = (0..n)
+            .map(|_| EventFd::new().map(Arc::new))
+            .collect::<io::Result<_>>()?;
+        let doorbells: Vec<Arc<Doorbell>> = (0..n).map(|_| Arc::new(Doorbell::new())).collect();
+        let shared = Arc::new(Shared {
+            stopping: AtomicBool::new(false),
+            eventfds: eventfds.clone(),
+            parked: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        });
+
+        // The mesh: ring (i -> j) for every ordered pair i != j.
+        let mut parts: Vec<ShardParts<S::Msg>> = (0..n)
+            .map(|i| ShardParts {
+                shard: i as ShardId,
+                producers: (0..n).map(|_| None).collect(),
+                consumers: (0..n).map(|_| None).collect(),
+                doorbells: doorbells.clone(),
+            })
+            .collect();
+        for i in 0..n {
+            for j in 0..n {
+                if i != j {
+                    let (p, c) = ring::channel(config.ring_capacity);
+                    parts[i].producers[j] = Some(p);
+                    parts[j].consumers[i] = Some(c);
+                }
+            }
+        }
+
+        let factory = Arc::new(factory);
+        let mut threads = Vec::with_capacity(n);
+        for part in parts {
+            let i = part.shard as usize;
+            let config = config.clone();
+            let factory = factory.clone();
+            let shared = shared.clone();
+            let eventfds = eventfds.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-{}", config.thread_name, i))
+                .spawn(move || {
+                    pin_to_core(&config, i);
+                    let init = ShardInit {
+                        shard: i as ShardId,
+                        shard_count: config.shard_count,
+                        doorbell: eventfds[i].clone(),
+                    };
+                    let (handler, driver) = factory(&init)?;
+                    run_shard(config, part, eventfds, shared, handler, driver)
+                })?;
+            threads.push(thread);
+        }
+        Ok(Runtime {
+            handle: RuntimeHandle { shared },
+            threads,
+        })
+    }
+
+    /// A handle that can stop the runtime from any thread.
+    pub fn handle(&self) -> RuntimeHandle {
+        self.handle.clone()
+    }
+
+    /// Waits for every shard to stop; returns each shard's handler and counters, in
+    /// shard order. A shard that failed (driver error, factory error) gives its error.
+    pub fn join(self) -> Vec<io::Result<(S, ShardStats)>> {
+        self.threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("shard thread panicked")))
+            })
+            .collect()
+    }
+}
+
+fn pin_to_core(config: &RuntimeConfig, shard: usize) {
+    if config.pin_cores.is_empty() {
+        return;
+    }
+    let core = config.pin_cores[shard % config.pin_cores.len()];
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        tracing::warn!(
+            shard,
+            core,
+            "could not pin shard thread to its core; it runs unpinned"
+        );
+    }
+}
+
+fn run_shard<S: Shard>(
+    config: RuntimeConfig,
+    part: ShardParts<S::Msg>,
+    eventfds: Vec<Arc<EventFd>>,
+    shared: Arc<Shared>,
+    mut handler: S,
+    mut driver: S::Driver,
+) -> io::Result<(S, ShardStats)> {
+    let me = part.shard as usize;
+    let start = Instant::now();
+    let mut consumers = part.consumers;
+    let my_doorbell = part.doorbells[me].clone();
+    let mut cx: Context<S::Msg, S::Timer> = Context {
+        shard: part.shard,
+        shard_count: config.shard_count,
+        now_ms: 0,
+        outbox_batch_max: config.outbox_batch_max,
+        ring_capacity: config.ring_capacity,
+        outboxes: (0..config.shard_count)
+            .map(|_| Vec::with_capacity(config.outbox_batch_max))
+            .collect(),
+        producers: part.producers,
+        peer_doorbells: part.doorbells,
+        peer_eventfds: eventfds,
+        self_queue: VecDeque::new(),
+        timers: TimerWheel::new(0, config.max_timers),
+        shared: shared.clone(),
+        stats: ShardStats::default(),
+    };
+    let mut events: Vec<<S::Driver as Driver>::Event> = Vec::new();
+    let mut fired: Vec<(TimerHandle, S::Timer)> = Vec::new();
+    let idle_spin = Duration::from_micros(config.idle_spin_us);
+    let mut idle_since: Option<Instant> = None;
+
+    handler.on_start(&mut cx);
+    cx.flush_all();
+    loop {
+        let now = Instant::now();
+        cx.now_ms = now.duration_since(start).as_millis() as u64;
+        cx.stats.turns += 1;
+        let mut work = 0usize;
+
+        // 1. Messages from peers, a bounded batch from each.
+        for (from, consumer) in consumers.iter_mut().enumerate() {
+            let Some(consumer) = consumer.as_mut() else {
+                continue;
+            };
+            let n = consumer.pop_batch(config.inbound_batch_max, |msg| {
+                handler.on_message(&mut cx, from as ShardId, msg)
+            });
+            cx.stats.messages_received += n as u64;
+            work += n;
+        }
+        let local = cx.self_queue.len().min(config.inbound_batch_max);
+        for _ in 0..local {
+            let Some(msg) = cx.self_queue.pop_front() else {
+                break;
+            };
+            handler.on_message(&mut cx, part.shard, msg);
+        }
+        cx.stats.messages_received += local as u64;
+        work += local;
+
+        // 2. Due timers.
+        let now_ms = cx.now_ms;
+        cx.timers.advance(now_ms, |handle, _deadline, value| {
+            fired.push((handle, value))
+        });
+        work += fired.len();
+        cx.stats.timers_fired += fired.len() as u64;
+        for (handle, value) in fired.drain(..) {
+            handler.on_timer(&mut cx, handle, value);
+        }
+
+        // 3. IO that is ready, without blocking.
+        driver.poll(Some(Duration::ZERO), &mut events)?;
+        work += events.len();
+        for event in events.drain(..) {
+            handler.on_io(&mut cx, &mut driver, event);
+        }
+
+        // 4. The handler's own work; 5. flush outboxes.
+        work += handler.on_turn(&mut cx, &mut driver);
+        if cx.flush_all() {
+            work += 1;
+        }
+
+        if shared.stopping.load(Ordering::Acquire) {
+            break;
+        }
+        if work > 0 || cx.outboxes_pending() || !cx.self_queue.is_empty() {
+            idle_since = None;
+            continue;
+        }
+        let idle_start = *idle_since.get_or_insert(now);
+        if now.duration_since(idle_start) < idle_spin {
+            std::hint::spin_loop();
+            continue;
+        }
+
+        // Park: announce sleep, re-check every inbound ring, then one wait in the driver.
+        my_doorbell.prepare_sleep();
+        let pending = consumers.iter().flatten().any(|c| !c.is_empty());
+        if pending || shared.stopping.load(Ordering::SeqCst) {
+            my_doorbell.cancel_sleep();
+            continue;
+        }
+        let timeout = cx.timers.next_deadline().map(|deadline_ms| {
+            let now_ms = start.elapsed().as_millis() as u64;
+            Duration::from_millis(deadline_ms.saturating_sub(now_ms))
+        });
+        cx.stats.parks += 1;
+        shared.parked[me].store(1, Ordering::SeqCst);
+        let result = driver.poll(timeout, &mut events);
+        shared.parked[me].store(0, Ordering::SeqCst);
+        my_doorbell.cancel_sleep();
+        result?;
+        idle_since = None;
+        for event in events.drain(..) {
+            handler.on_io(&mut cx, &mut driver, event);
+        }
+    }
+    handler.on_stop(&mut cx, &mut driver);
+    cx.flush_all();
+    Ok((handler, cx.stats))
+}
