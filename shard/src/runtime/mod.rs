@@ -21,6 +21,11 @@
 //! comes back as `Err` — backpressure to the caller, never unbounded growth. Messages
 //! between one pair of shards arrive in send order. Messages a shard sends to itself go
 //! through a local queue with the same bound as a ring.
+//!
+//! # From outside the runtime
+//! Threads that are not shards (the HTTP API, signal handling, tests) reach a shard
+//! through its [`Injector`]: a bounded, mutex-protected queue (`injector_capacity`)
+//! drained once per turn, for rare control traffic; the data path never uses it.
 
 mod driver;
 mod eventfd;
@@ -31,7 +36,7 @@ pub use eventfd::EventFd;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -51,6 +56,8 @@ pub struct RuntimeConfig {
     pub outbox_batch_max: usize,
     /// Messages taken from one peer's ring per loop turn (fairness between peers).
     pub inbound_batch_max: usize,
+    /// Messages queued per shard from outside the runtime ([`Injector`]).
+    pub injector_capacity: usize,
     /// How long a shard keeps spinning on idle turns before it parks.
     pub idle_spin_us: u64,
     /// Live timers per shard.
@@ -68,6 +75,7 @@ impl Default for RuntimeConfig {
             ring_capacity: 4096,
             outbox_batch_max: 64,
             inbound_batch_max: 256,
+            injector_capacity: 1024,
             idle_spin_us: 50,
             max_timers: 1 << 20,
             pin_cores: core_affinity::get_core_ids()
@@ -336,15 +344,71 @@ impl RuntimeHandle {
     }
 }
 
+/// The queue of one shard for messages from outside the runtime.
+struct Inbox<M> {
+    queue: Mutex<VecDeque<M>>,
+    /// Set while `queue` may be non-empty: the shard checks it each turn without locking.
+    pending: AtomicBool,
+    capacity: usize,
+}
+
+/// Sends messages into one shard from any thread (bounded; for control traffic).
+pub struct Injector<M> {
+    shard: ShardId,
+    inbox: Arc<Inbox<M>>,
+    doorbell: Arc<Doorbell>,
+    eventfd: Arc<EventFd>,
+}
+
+impl<M> Clone for Injector<M> {
+    fn clone(&self) -> Self {
+        Injector {
+            shard: self.shard,
+            inbox: self.inbox.clone(),
+            doorbell: self.doorbell.clone(),
+            eventfd: self.eventfd.clone(),
+        }
+    }
+}
+
+impl<M: Send> Injector<M> {
+    /// The shard this injector feeds.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// Queues `msg` for the shard ([`Shard::on_message`] with `from == INJECTED`);
+    /// `Err(msg)` when its queue holds `injector_capacity` messages already.
+    pub fn send(&self, msg: M) -> Result<(), M> {
+        {
+            let mut queue = self.inbox.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if queue.len() >= self.inbox.capacity {
+                return Err(msg);
+            }
+            queue.push_back(msg);
+            self.inbox.pending.store(true, Ordering::Release);
+        }
+        if self.doorbell.should_wake() {
+            self.eventfd.notify();
+        }
+        Ok(())
+    }
+}
+
+/// The `from` shard id of messages that came through an [`Injector`].
+pub const INJECTED: ShardId = ShardId::MAX;
+
 /// A started runtime: its shard threads run until stopped.
 pub struct Runtime<S: Shard> {
     handle: RuntimeHandle,
+    injectors: Vec<Injector<S::Msg>>,
     threads: Vec<JoinHandle<io::Result<(S, ShardStats)>>>,
 }
 
 /// Everything one shard thread takes with it.
 struct ShardParts<M> {
     shard: ShardId,
+    inbox: Arc<Inbox<M>>,
     producers: Vec<Option<Producer<M>>>,
     consumers: Vec<Option<Consumer<M>>>,
     doorbells: Vec<Arc<Doorbell>>,
@@ -370,7 +434,10 @@ impl<S: Shard> Runtime<S> {
                 "ring_capacity must be a power of two >= 2",
             ));
         }
-        if config.outbox_batch_max == 0 || config.inbound_batch_max == 0 {
+        if config.outbox_batch_max == 0
+            || config.inbound_batch_max == 0
+            || config.injector_capacity == 0
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "batch limits must be at least 1",
@@ -390,6 +457,11 @@ impl<S: Shard> Runtime<S> {
         let mut parts: Vec<ShardParts<S::Msg>> = (0..n)
             .map(|i| ShardParts {
                 shard: i as ShardId,
+                inbox: Arc::new(Inbox {
+                    queue: Mutex::new(VecDeque::new()),
+                    pending: AtomicBool::new(false),
+                    capacity: config.injector_capacity,
+                }),
                 producers: (0..n).map(|_| None).collect(),
                 consumers: (0..n).map(|_| None).collect(),
                 doorbells: doorbells.clone(),
@@ -405,6 +477,15 @@ impl<S: Shard> Runtime<S> {
             }
         }
 
+        let injectors = parts
+            .iter()
+            .map(|p| Injector {
+                shard: p.shard,
+                inbox: p.inbox.clone(),
+                doorbell: doorbells[p.shard as usize].clone(),
+                eventfd: eventfds[p.shard as usize].clone(),
+            })
+            .collect();
         let factory = Arc::new(factory);
         let mut threads = Vec::with_capacity(n);
         for part in parts {
@@ -429,6 +510,7 @@ impl<S: Shard> Runtime<S> {
         }
         Ok(Runtime {
             handle: RuntimeHandle { shared },
+            injectors,
             threads,
         })
     }
@@ -436,6 +518,11 @@ impl<S: Shard> Runtime<S> {
     /// A handle that can stop the runtime from any thread.
     pub fn handle(&self) -> RuntimeHandle {
         self.handle.clone()
+    }
+
+    /// The injector of shard `shard`, for messages from outside the runtime.
+    pub fn injector(&self, shard: ShardId) -> Injector<S::Msg> {
+        self.injectors[shard as usize].clone()
     }
 
     /// Waits for every shard to stop; returns each shard's handler and counters, in
@@ -518,6 +605,22 @@ fn run_shard<S: Shard>(
             cx.stats.messages_received += n as u64;
             work += n;
         }
+        if part.inbox.pending.load(Ordering::Acquire) {
+            let batch: Vec<S::Msg> = {
+                let mut queue = part.inbox.queue.lock().unwrap_or_else(|e| e.into_inner());
+                let n = queue.len().min(config.inbound_batch_max);
+                let batch = queue.drain(..n).collect();
+                part.inbox
+                    .pending
+                    .store(!queue.is_empty(), Ordering::Release);
+                batch
+            };
+            work += batch.len();
+            cx.stats.messages_received += batch.len() as u64;
+            for msg in batch {
+                handler.on_message(&mut cx, INJECTED, msg);
+            }
+        }
         let local = cx.self_queue.len().min(config.inbound_batch_max);
         for _ in 0..local {
             let Some(msg) = cx.self_queue.pop_front() else {
@@ -567,7 +670,8 @@ fn run_shard<S: Shard>(
 
         // Park: announce sleep, re-check every inbound ring, then one wait in the driver.
         my_doorbell.prepare_sleep();
-        let pending = consumers.iter().flatten().any(|c| !c.is_empty());
+        let pending = consumers.iter().flatten().any(|c| !c.is_empty())
+            || part.inbox.pending.load(Ordering::SeqCst);
         if pending || shared.stopping.load(Ordering::SeqCst) {
             my_doorbell.cancel_sleep();
             continue;
