@@ -14,7 +14,7 @@ impl Shard for Idle {
     type Msg = ();
     type Timer = ();
     type Driver = PlainDriver;
-    fn on_message(&mut self, _: &mut Context<(), ()>, _: ShardId, _: ()) {}
+    fn on_message(&mut self, _: &mut Context<(), ()>, _: &mut PlainDriver, _: ShardId, _: ()) {}
 }
 
 fn cpu_time() -> Duration {

@@ -33,7 +33,13 @@ impl Shard for Streamer {
     type Timer = ();
     type Driver = PlainDriver;
 
-    fn on_message(&mut self, cx: &mut Context<u64, ()>, from: ShardId, msg: u64) {
+    fn on_message(
+        &mut self,
+        cx: &mut Context<u64, ()>,
+        _: &mut PlainDriver,
+        from: ShardId,
+        msg: u64,
+    ) {
         let expected = &mut self.next_expected[from as usize];
         assert_eq!(
             msg,
@@ -130,7 +136,13 @@ impl Shard for Waker {
     type Timer = ();
     type Driver = PlainDriver;
 
-    fn on_message(&mut self, cx: &mut Context<Self::Msg, ()>, from: ShardId, msg: Self::Msg) {
+    fn on_message(
+        &mut self,
+        cx: &mut Context<Self::Msg, ()>,
+        _: &mut PlainDriver,
+        from: ShardId,
+        msg: Self::Msg,
+    ) {
         assert_eq!((cx.shard_id(), from, msg), (1, 0, "wake up"));
         self.got = true;
         cx.stop_runtime();
@@ -183,7 +195,7 @@ impl Shard for Sleeper {
     type Timer = u32;
     type Driver = PlainDriver;
 
-    fn on_start(&mut self, cx: &mut Context<(), u32>) {
+    fn on_start(&mut self, cx: &mut Context<(), u32>, _: &mut PlainDriver) {
         self.armed_at_ms = cx.now_ms();
         // One timer to cancel, one to fire.
         let cancelled = cx.set_timer(self.armed_at_ms + 5, 1).unwrap();
@@ -191,9 +203,22 @@ impl Shard for Sleeper {
         assert_eq!(cx.cancel_timer(cancelled), Some(1));
     }
 
-    fn on_message(&mut self, _cx: &mut Context<(), u32>, _from: ShardId, _msg: ()) {}
+    fn on_message(
+        &mut self,
+        _cx: &mut Context<(), u32>,
+        _: &mut PlainDriver,
+        _from: ShardId,
+        _msg: (),
+    ) {
+    }
 
-    fn on_timer(&mut self, cx: &mut Context<(), u32>, handle: TimerHandle, value: u32) {
+    fn on_timer(
+        &mut self,
+        cx: &mut Context<(), u32>,
+        _: &mut PlainDriver,
+        handle: TimerHandle,
+        value: u32,
+    ) {
         assert_eq!((Some(handle), value), (self.handle, 2));
         self.fired_at_ms = Some(cx.now_ms());
         cx.stop_runtime();
@@ -230,7 +255,7 @@ fn an_idle_runtime_parks_every_shard_and_stops_from_outside() {
         type Msg = ();
         type Timer = ();
         type Driver = PlainDriver;
-        fn on_message(&mut self, _: &mut Context<(), ()>, _: ShardId, _: ()) {}
+        fn on_message(&mut self, _: &mut Context<(), ()>, _: &mut PlainDriver, _: ShardId, _: ()) {}
     }
     let rt = Runtime::start(config(2), |init: &ShardInit| {
         Ok((Idle, PlainDriver::new(init.doorbell.clone())))
@@ -256,7 +281,7 @@ fn bad_configs_are_refused() {
         type Msg = ();
         type Timer = ();
         type Driver = PlainDriver;
-        fn on_message(&mut self, _: &mut Context<(), ()>, _: ShardId, _: ()) {}
+        fn on_message(&mut self, _: &mut Context<(), ()>, _: &mut PlainDriver, _: ShardId, _: ()) {}
     }
     let f = |init: &ShardInit| -> io::Result<(Nop, PlainDriver)> {
         Ok((Nop, PlainDriver::new(init.doorbell.clone())))
@@ -284,7 +309,13 @@ fn injected_messages_wake_a_parked_shard_in_order() {
         type Msg = u32;
         type Timer = ();
         type Driver = PlainDriver;
-        fn on_message(&mut self, cx: &mut Context<u32, ()>, from: ShardId, msg: u32) {
+        fn on_message(
+            &mut self,
+            cx: &mut Context<u32, ()>,
+            _: &mut PlainDriver,
+            from: ShardId,
+            msg: u32,
+        ) {
             assert_eq!(from, shard::runtime::INJECTED);
             self.got.push(msg);
             if msg == 99 {
@@ -323,7 +354,14 @@ fn a_full_injector_pushes_back() {
         type Msg = u32;
         type Timer = ();
         type Driver = PlainDriver;
-        fn on_message(&mut self, _: &mut Context<u32, ()>, _: ShardId, _: u32) {}
+        fn on_message(
+            &mut self,
+            _: &mut Context<u32, ()>,
+            _: &mut PlainDriver,
+            _: ShardId,
+            _: u32,
+        ) {
+        }
     }
     // Stop the runtime first, so nothing drains the queue while we fill it.
     let cfg = RuntimeConfig {

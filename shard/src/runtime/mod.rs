@@ -257,12 +257,13 @@ pub trait Shard: Sized + Send + 'static {
     type Driver: Driver;
 
     /// Called once on the shard thread before the first turn.
-    fn on_start(&mut self, _cx: &mut Context<Self::Msg, Self::Timer>) {}
+    fn on_start(&mut self, _cx: &mut Context<Self::Msg, Self::Timer>, _driver: &mut Self::Driver) {}
 
-    /// A message from shard `from` (possibly this shard itself).
+    /// A message from shard `from` (possibly this shard itself, or [`INJECTED`]).
     fn on_message(
         &mut self,
         cx: &mut Context<Self::Msg, Self::Timer>,
+        driver: &mut Self::Driver,
         from: ShardId,
         msg: Self::Msg,
     );
@@ -271,6 +272,7 @@ pub trait Shard: Sized + Send + 'static {
     fn on_timer(
         &mut self,
         _cx: &mut Context<Self::Msg, Self::Timer>,
+        _driver: &mut Self::Driver,
         _handle: TimerHandle,
         _value: Self::Timer,
     ) {
@@ -586,7 +588,7 @@ fn run_shard<S: Shard>(
     let idle_spin = Duration::from_micros(config.idle_spin_us);
     let mut idle_since: Option<Instant> = None;
 
-    handler.on_start(&mut cx);
+    handler.on_start(&mut cx, &mut driver);
     cx.flush_all();
     loop {
         let now = Instant::now();
@@ -600,7 +602,7 @@ fn run_shard<S: Shard>(
                 continue;
             };
             let n = consumer.pop_batch(config.inbound_batch_max, |msg| {
-                handler.on_message(&mut cx, from as ShardId, msg)
+                handler.on_message(&mut cx, &mut driver, from as ShardId, msg)
             });
             cx.stats.messages_received += n as u64;
             work += n;
@@ -618,7 +620,7 @@ fn run_shard<S: Shard>(
             work += batch.len();
             cx.stats.messages_received += batch.len() as u64;
             for msg in batch {
-                handler.on_message(&mut cx, INJECTED, msg);
+                handler.on_message(&mut cx, &mut driver, INJECTED, msg);
             }
         }
         let local = cx.self_queue.len().min(config.inbound_batch_max);
@@ -626,7 +628,7 @@ fn run_shard<S: Shard>(
             let Some(msg) = cx.self_queue.pop_front() else {
                 break;
             };
-            handler.on_message(&mut cx, part.shard, msg);
+            handler.on_message(&mut cx, &mut driver, part.shard, msg);
         }
         cx.stats.messages_received += local as u64;
         work += local;
@@ -639,7 +641,7 @@ fn run_shard<S: Shard>(
         work += fired.len();
         cx.stats.timers_fired += fired.len() as u64;
         for (handle, value) in fired.drain(..) {
-            handler.on_timer(&mut cx, handle, value);
+            handler.on_timer(&mut cx, &mut driver, handle, value);
         }
 
         // 3. IO that is ready, without blocking.
