@@ -7,9 +7,19 @@
 //! - [`authority`]: the fenced, expiring route directory of the hash slots this shard leads.
 //! - [`registry`]: the owner-local registry of sessions on one gateway shard.
 //! - [`activation`]: the CONNECT → CONNACK activation state machine.
+//! - [`channel`]: person channel keys and the channel ids a RECV carries.
+//! - [`delivery`]: post-commit delivery planning: targets, lookups, push batches.
+//! - [`http`]: the HTTP API (WuKongIM's server API subset, health, metrics).
+//! - [`node`]: a running node: the shards wired to sockets, rings, timers and logs.
+//! - [`store`]: the durable message log of a delivery shard and the metadata store.
 
 pub mod activation;
 pub mod authority;
+pub mod channel;
 pub mod cluster;
+pub mod delivery;
+pub mod http;
+pub mod node;
 pub mod registry;
 pub mod route;
+pub mod store;

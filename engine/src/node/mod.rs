@@ -1,0 +1,328 @@
+//! A running imrouter node: the shard runtime with one [`shard::NodeShard`] per core,
+//! its listeners, its logs and the shared lock-free tables.
+//!
+//! - [`shard`]: one shard: connections, activation, the authority service, touches.
+//! - [`send`]: the SEND → commit → SENDACK → delivery → RECV → RECVACK flow.
+//! - [`msg`]: every message between shards.
+//! - [`meta`]: tokens and group subscribers, read lock-free by the shards.
+//! - [`metrics`]: per-shard counters.
+
+pub mod meta;
+pub mod metrics;
+pub mod msg;
+pub mod send;
+pub mod shard;
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ::shard::runtime::{Injector, Runtime, RuntimeConfig, RuntimeHandle, ShardInit};
+use ::shard::slots::{ShardId, SlotMap};
+use net::io::{bind_reuseport, ListenerKind, NetConfig, NetDriver};
+
+use crate::activation::ActivationConfig;
+use crate::authority::{AuthorityConfig, AuthorityReader, Directory};
+use crate::cluster::{ClusterView, NodeId};
+use crate::route::{BootId, DeviceLevel};
+use crate::store::{
+    log_dir, IdempotencyConfig, IdempotencyWindow, LogConfig, MessageIdGen, MessageLog,
+};
+
+use self::meta::{Meta, MetaLimits};
+use self::metrics::ShardMetrics;
+use self::msg::Msg;
+use self::shard::NodeShard;
+
+/// Sessions, touches and acknowledgements: limits and intervals.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    pub max_sessions_per_shard: u32,
+    /// How often the touch worker flushes dirty routes (and drains unregisters).
+    pub touch_flush_interval_ms: u64,
+    /// Most routes one touch flush sends.
+    pub touch_batch_max_routes: usize,
+    /// Most authority unregisters one flush sends.
+    pub unregister_batch_max: usize,
+    /// How often the authority's expiry pass runs.
+    pub expiry_interval_ms: u64,
+    /// Unacknowledged RECVs kept per session; past it a RECV is sent untracked.
+    pub pending_acks_per_session_max: usize,
+    /// A RECV without RECVACK after this long is re-sent with DUP.
+    pub ack_timeout_ms: u64,
+    /// Re-sends of one RECV before it is dropped (the client recovers it by sync).
+    pub ack_resends_max: u8,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            max_sessions_per_shard: 1 << 20,
+            touch_flush_interval_ms: 1_000,
+            touch_batch_max_routes: 512,
+            unregister_batch_max: 512,
+            expiry_interval_ms: 1_000,
+            pending_acks_per_session_max: 1_024,
+            ack_timeout_ms: 10_000,
+            ack_resends_max: 3,
+        }
+    }
+}
+
+/// Delivery planning limits.
+#[derive(Clone, Debug)]
+pub struct DeliveryConfig {
+    /// Recipients planned per lookup (one route snapshot per page).
+    pub subscriber_page_max: usize,
+    /// Endpoints per push batch to one owner.
+    pub push_batch_max: usize,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            subscriber_page_max: 1_024,
+            push_batch_max: 256,
+        }
+    }
+}
+
+/// Everything a node needs to start.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: NodeId,
+    pub data_dir: PathBuf,
+    pub tcp_addr: Option<SocketAddr>,
+    pub ws_addr: Option<SocketAddr>,
+    /// CONNECT must carry the token stored with `/user/token`.
+    pub token_auth: bool,
+    /// The level of sessions without a token record when `token_auth` is off.
+    pub default_device_level: DeviceLevel,
+    pub runtime: RuntimeConfig,
+    pub net: NetConfig,
+    pub authority: AuthorityConfig,
+    pub activation: ActivationConfig,
+    pub session: SessionConfig,
+    pub delivery: DeliveryConfig,
+    pub log: LogConfig,
+    pub idempotency: IdempotencyConfig,
+    pub meta: MetaLimits,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            node_id: 1,
+            data_dir: PathBuf::from("./data"),
+            tcp_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5100))),
+            ws_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5200))),
+            token_auth: true,
+            default_device_level: DeviceLevel::Master,
+            runtime: RuntimeConfig {
+                thread_name: "imrouter".into(),
+                ..RuntimeConfig::default()
+            },
+            net: NetConfig::default(),
+            authority: AuthorityConfig::default(),
+            activation: ActivationConfig::default(),
+            session: SessionConfig::default(),
+            delivery: DeliveryConfig::default(),
+            log: LogConfig::default(),
+            idempotency: IdempotencyConfig::default(),
+            meta: MetaLimits::default(),
+        }
+    }
+}
+
+/// What every shard (and the HTTP API) shares.
+pub struct NodeShared {
+    pub config: NodeConfig,
+    pub boot_id: BootId,
+    pub slot_map: SlotMap,
+    pub directory: Arc<Directory>,
+    pub meta: Meta,
+    pub initial_view: ClusterView,
+    pub shard_metrics: Vec<Arc<ShardMetrics>>,
+    started_shards: AtomicUsize,
+}
+
+impl NodeShared {
+    /// Wall-clock milliseconds (message ids, timestamps, CONNACK time_diff).
+    pub fn wall_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    fn shard_started(&self) {
+        self.started_shards.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether every shard has started its loop.
+    pub fn all_shards_started(&self) -> bool {
+        self.started_shards.load(Ordering::SeqCst) == self.slot_map.shard_count() as usize
+    }
+
+    /// A lock-free reader of every hash slot's routes.
+    pub fn authority_reader(&self) -> AuthorityReader {
+        AuthorityReader::new(&self.directory)
+    }
+}
+
+/// A running node.
+pub struct Node {
+    shared: Arc<NodeShared>,
+    runtime: Option<Runtime<NodeShard>>,
+    handle: RuntimeHandle,
+    injectors: Vec<Injector<Msg>>,
+    tcp_addr: Option<SocketAddr>,
+    ws_addr: Option<SocketAddr>,
+}
+
+/// Binds `addr` once per shard with SO_REUSEPORT (the kernel spreads connections over
+/// the shards); port 0 is resolved by the first bind.
+fn bind_per_shard(
+    addr: SocketAddr,
+    shards: usize,
+    backlog: i32,
+) -> io::Result<(SocketAddr, Vec<TcpListener>)> {
+    let first = bind_reuseport(addr, backlog)?;
+    let actual = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..shards {
+        all.push(bind_reuseport(actual, backlog)?);
+    }
+    Ok((actual, all))
+}
+
+impl Node {
+    /// Starts a node: opens the logs, binds the listeners, starts the shards.
+    pub fn start(config: NodeConfig) -> io::Result<Node> {
+        let shards = config.runtime.shard_count as usize;
+        let boot_id: BootId = rand::random();
+        let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
+        let directory =
+            Directory::new(&config.authority).map_err(|e| io::Error::other(format!("{e:?}")))?;
+        let meta = Meta::new(config.meta);
+        let shard_metrics = (0..shards)
+            .map(|_| Arc::new(ShardMetrics::default()))
+            .collect();
+        let initial_view = ClusterView::single_node(config.node_id);
+
+        let mut listeners: Vec<Vec<(ListenerKind, TcpListener)>> =
+            (0..shards).map(|_| Vec::new()).collect();
+        let mut tcp_addr = None;
+        let mut ws_addr = None;
+        for (addr, kind, out) in [
+            (config.tcp_addr, ListenerKind::Tcp, &mut tcp_addr),
+            (config.ws_addr, ListenerKind::WebSocket, &mut ws_addr),
+        ] {
+            if let Some(addr) = addr {
+                let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;
+                *out = Some(actual);
+                for (i, l) in ls.into_iter().enumerate() {
+                    listeners[i].push((kind, l));
+                }
+            }
+        }
+        let mut logs = Vec::with_capacity(shards);
+        for i in 0..shards {
+            let dir = log_dir(&config.data_dir, i);
+            let (log, report) = MessageLog::open(&dir, config.log.clone())
+                .map_err(|e| io::Error::other(format!("log {}: {e}", dir.display())))?;
+            tracing::info!(shard = i, records = report.records, "message log opened");
+            logs.push(log);
+        }
+
+        let shared = Arc::new(NodeShared {
+            boot_id,
+            slot_map,
+            directory,
+            meta,
+            initial_view,
+            shard_metrics,
+            started_shards: AtomicUsize::new(0),
+            config,
+        });
+        let parts: Vec<_> = listeners.into_iter().zip(logs).map(Some).collect();
+        let parts = Arc::new(std::sync::Mutex::new(parts));
+        let s = shared.clone();
+        let runtime = Runtime::start(shared.config.runtime.clone(), move |init: &ShardInit| {
+            let me = init.shard as usize;
+            let (listeners, log) = parts.lock().unwrap_or_else(|e| e.into_inner())[me]
+                .take()
+                .ok_or_else(|| io::Error::other("shard started twice"))?;
+            let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
+            let ids = MessageIdGen::new(s.config.node_id)
+                .ok_or_else(|| io::Error::other("node_id out of range for message ids"))?;
+            let idem = IdempotencyWindow::new(s.config.idempotency);
+            let delivery = send::DeliveryCore::new(log, ids, idem);
+            let shard = NodeShard::new(init.shard as ShardId, s.clone(), delivery)?;
+            Ok((shard, driver))
+        })?;
+        let handle = runtime.handle();
+        let injectors = (0..shards)
+            .map(|i| runtime.injector(i as ShardId))
+            .collect();
+        if let Some(a) = tcp_addr {
+            tracing::info!(%a, "TCP listener up");
+        }
+        if let Some(a) = ws_addr {
+            tracing::info!(%a, "WebSocket listener up");
+        }
+        Ok(Node {
+            shared,
+            runtime: Some(runtime),
+            handle,
+            injectors,
+            tcp_addr,
+            ws_addr,
+        })
+    }
+
+    /// The bound TCP address (port 0 resolved).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp_addr
+    }
+
+    /// The bound WebSocket address (port 0 resolved).
+    pub fn ws_addr(&self) -> Option<SocketAddr> {
+        self.ws_addr
+    }
+
+    /// What the shards share (the HTTP API reads it).
+    pub fn shared(&self) -> &Arc<NodeShared> {
+        &self.shared
+    }
+
+    /// The injector of each shard, in shard order.
+    pub fn injectors(&self) -> &[Injector<Msg>] {
+        &self.injectors
+    }
+
+    /// Disconnects every session (DISCONNECT, then close), unregisters them, flushes
+    /// the logs and stops the shards.
+    pub fn shutdown(mut self) -> io::Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> io::Result<()> {
+        let Some(runtime) = self.runtime.take() else {
+            return Ok(());
+        };
+        self.handle.stop();
+        for result in runtime.join() {
+            result?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

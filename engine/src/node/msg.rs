@@ -1,0 +1,103 @@
+//! Every message that crosses between the shards of a node, one variant per hop of
+//! the flows. Each names who answers and how the answer finds its way back.
+//! (Between nodes, the same hops will travel as inter-node RPCs.)
+
+use std::sync::Arc;
+
+use net::io::ConnId;
+use shard::slots::ShardId;
+
+use crate::activation::{ActivationId, AuthorityRequest, OwnerActionFailed};
+use crate::authority::TouchResult;
+use crate::cluster::Target;
+use crate::registry::UnregisterRequest;
+use crate::route::{AuthorityError, Endpoint, OwnerAction, RegisterOutcome, Route, SessionId};
+
+use super::send::{CommitRequest, Committed};
+
+/// A message between shards.
+pub enum Msg {
+    /// Gateway → authority shard: one authority call for an activation or an
+    /// unregister; answered by [`Msg::AuthorityReply`].
+    Authority {
+        reply_to: ShardId,
+        corr: Corr,
+        target: Target,
+        request: AuthorityRequest,
+    },
+    /// Authority shard → gateway.
+    AuthorityReply { corr: Corr, reply: AuthorityReply },
+    /// Gateway touch worker → authority shard: a TouchRoutes batch.
+    Touch {
+        reply_to: ShardId,
+        target: Target,
+        routes: Vec<Route>,
+    },
+    /// Authority shard → gateway: the routes to requeue (those that failed).
+    TouchReply { target: Target, failed: Vec<Route> },
+    /// New session's gateway → old session's owner: kick or close it.
+    OwnerAction {
+        reply_to: ShardId,
+        activation: ActivationId,
+        index: u32,
+        action: OwnerAction,
+    },
+    /// Owner → gateway of the activation.
+    OwnerActionDone {
+        activation: ActivationId,
+        index: u32,
+        result: Result<(), OwnerActionFailed>,
+    },
+    /// Gateway (or the HTTP API) → the channel's delivery shard: commit a SEND.
+    Commit(Box<CommitRequest>),
+    /// Delivery shard → gateway: write SENDACK to the sending connection.
+    SendAck(SendAck),
+    /// Delivery shard → owner shard: write RECV to these endpoints (revalidated first).
+    Push {
+        message: Arc<Committed>,
+        endpoints: Vec<Endpoint>,
+    },
+    /// Control (HTTP API) → every shard: close the sessions of `uid` with
+    /// `device_flag` (`None`: every flag); answered on `done`.
+    DeviceQuit {
+        uid: String,
+        device_flag: Option<u8>,
+        done: std::sync::mpsc::SyncSender<usize>,
+    },
+    /// Control → a delivery shard: read committed messages of a channel.
+    Sync(Box<super::send::SyncRequest>),
+    /// Control → every shard: send DISCONNECT to every session, unregister them, stop.
+    Shutdown,
+}
+
+/// Names the activation or unregister an authority reply belongs to.
+#[derive(Clone, Debug)]
+pub enum Corr {
+    Activation(ActivationId),
+    Unregister(Box<UnregisterRequest>),
+}
+
+/// An authority shard's answer.
+#[derive(Clone, Debug)]
+pub enum AuthorityReply {
+    Register(Result<RegisterOutcome, AuthorityError>),
+    Commit(Result<(), AuthorityError>),
+    Abort(Result<(), AuthorityError>),
+    Unregister(Result<(), AuthorityError>),
+}
+
+/// SENDACK for one connection of the gateway shard.
+#[derive(Clone, Copy, Debug)]
+pub struct SendAck {
+    pub conn: ConnId,
+    pub session_id: SessionId,
+    pub client_seq: u32,
+    pub message_id: i64,
+    pub message_seq: u64,
+    pub reason: u8,
+}
+
+/// What a touch result means for the owner: requeue `Full` only.
+pub fn touch_failed(result: &TouchResult) -> bool {
+    matches!(result, TouchResult::Full)
+}

@@ -1,0 +1,720 @@
+//! One SEND, from the gateway to every RECV, in flow order (architecture.md, flow 5):
+//!
+//! 1. [`on_send`] (gateway shard): resolve the channel, verify msg_key and decrypt,
+//!    hand a [`CommitRequest`] to the channel's delivery shard over the ring.
+//! 2. [`on_commit`] (delivery shard): may the sender send? idempotent resend?
+//!    append to the shard's log (message_id, message_seq).
+//! 3. [`flush_commits`] (delivery shard, once per loop turn): one sync for all
+//!    appends of the turn (group commit), then SENDACK to each gateway and delivery:
+//!    subscriber pages grouped by target, one lookup per page, push batches by owner.
+//! 4. [`on_push`] (owner shard): revalidate each endpoint, encrypt for its session,
+//!    write RECV, keep pending-ACK state.
+//! 5. [`on_recvack`] / [`on_ack_timeout`] (owner shard): clear the ACK, or re-send
+//!    with DUP a bounded number of times, then drop it (the client recovers by sync).
+
+use std::collections::HashMap;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+
+use net::io::{ConnId, NetDriver};
+use net::wkproto::{
+    ChannelType, Flags, ReasonCode, RecvPacket, SendPacket, SendackPacket, Setting,
+};
+use shard::runtime::Context;
+use shard::timer::TimerHandle;
+
+use crate::channel::{recv_channel_id, Channel};
+use crate::delivery::{group_by_target, plan_pushes, PushTo, Sender};
+use crate::route::{Endpoint, SessionId, Uid};
+use crate::store::{
+    IdempotencyWindow, MessageIdGen, MessageLog, NewMessage, PullMode, SentIds, StoredMessage,
+};
+
+use super::msg::{Msg, SendAck};
+use super::shard::{ConnState, NodeShard, NodeTimer};
+
+/// wkproto reason codes of SENDACK used here.
+mod reason {
+    pub const SUCCESS: u8 = 1;
+    pub const SUBSCRIBER_NOT_EXIST: u8 = 3;
+    pub const CHANNEL_NOT_EXIST: u8 = 5;
+    pub const MSG_KEY_ERROR: u8 = 8;
+    pub const PAYLOAD_DECODE_ERROR: u8 = 9;
+    pub const SYSTEM_ERROR: u8 = 15;
+}
+
+/// Who asked for a commit, and where its answer goes.
+pub enum Origin {
+    /// A client's SEND: SENDACK to this connection of this gateway shard.
+    Client {
+        shard: shard::slots::ShardId,
+        conn: ConnId,
+        session_id: SessionId,
+        client_seq: u32,
+        sender: Sender,
+    },
+    /// `POST /message/send`: the answer goes back to the HTTP thread.
+    Api { reply: SyncSender<ApiSendResult> },
+}
+
+/// The answer to an API send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiSendResult {
+    pub message_id: i64,
+    pub message_seq: u64,
+    pub reason: u8,
+}
+
+/// A message to commit on its channel's delivery shard.
+pub struct CommitRequest {
+    pub origin: Origin,
+    pub from_uid: Uid,
+    pub channel: Channel,
+    pub client_msg_no: String,
+    /// RECV setting byte (NoEncrypt kept: such a message is delivered as it came).
+    pub setting: u8,
+    /// SEND header flags (NoPersist, SyncOnce, RedDot).
+    pub flags: u8,
+    pub expire_s: u32,
+    pub topic: String,
+    /// The plaintext payload.
+    pub payload: Vec<u8>,
+}
+
+/// A committed message, shared by every push batch of its fan-out.
+pub struct Committed {
+    pub message_id: i64,
+    pub message_seq: u64,
+    pub timestamp_s: u32,
+    pub from_uid: Uid,
+    pub channel_key: String,
+    pub channel_type: u8,
+    pub client_msg_no: String,
+    pub setting: u8,
+    pub flags: u8,
+    pub expire_s: u32,
+    pub topic: String,
+    pub payload: Vec<u8>,
+}
+
+/// A `/channel/messagesync` read, served by the channel's delivery shard.
+pub struct SyncRequest {
+    pub channel_type: u8,
+    /// The stored channel key.
+    pub channel_key: String,
+    pub start_seq: u64,
+    pub end_seq: u64,
+    pub limit: usize,
+    pub pull_mode: PullMode,
+    pub reply: SyncSender<Result<(Vec<StoredMessage>, bool), String>>,
+}
+
+/// The delivery core of one shard: its log and what it committed this turn.
+pub struct DeliveryCore {
+    pub log: MessageLog,
+    pub ids: MessageIdGen,
+    pub idempotency: Option<IdempotencyWindow>,
+    /// Appended this turn, waiting for the turn's sync.
+    unsynced: Vec<(
+        Origin,
+        Arc<Committed>,
+        Option<Sender>,
+        Option<Arc<crate::node::meta::Subscribers>>,
+    )>,
+    groups: Vec<(crate::cluster::Target, Vec<Uid>)>,
+}
+
+impl DeliveryCore {
+    pub fn new(log: MessageLog, ids: MessageIdGen, idempotency: Option<IdempotencyWindow>) -> Self {
+        DeliveryCore {
+            log,
+            ids,
+            idempotency,
+            unsynced: Vec::new(),
+            groups: Vec::new(),
+        }
+    }
+}
+
+/// One unacknowledged RECV.
+struct AckEntry {
+    message: Arc<Committed>,
+    timer: TimerHandle,
+    resends: u8,
+}
+
+/// Unacknowledged RECVs of one session (bounded by `pending_acks_per_session_max`).
+#[derive(Default)]
+pub struct PendingAcks {
+    entries: HashMap<i64, AckEntry>,
+}
+
+impl PendingAcks {
+    /// The timers to cancel when the session goes.
+    pub fn timers(&self) -> impl Iterator<Item = TimerHandle> + '_ {
+        self.entries.values().map(|e| e.timer)
+    }
+}
+
+// ------------------------------------------------------------------ 1. gateway
+
+/// A SEND from an active connection.
+pub fn on_send(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    id: ConnId,
+    p: &SendPacket<'_>,
+) {
+    let Some(conn) = node.conn(id) else { return };
+    let (uid, session_id) = (conn.uid.clone(), conn.session_id);
+    let sendack = |node: &mut NodeShard, driver: &mut NetDriver, reason: u8| {
+        let ack = SendackPacket {
+            client_seq: p.client_seq,
+            reason_code: ReasonCode(reason),
+            ..Default::default()
+        };
+        node.write_frame(driver, id, |v, out| ack.encode(v, out));
+    };
+    let channel = match Channel::resolve(&uid, p.channel_id, p.channel_type.0) {
+        Ok(c) => c,
+        Err(e) => return sendack(node, driver, e.reason_code()),
+    };
+    let payload = if p.setting.contains(Setting::NO_ENCRYPT) {
+        p.payload.to_vec()
+    } else {
+        let Some(cipher) = conn.cipher.as_ref() else {
+            return sendack(node, driver, reason::SYSTEM_ERROR);
+        };
+        if !cipher.send_msg_key_ok(p) {
+            node.metrics.send_refused.inc();
+            return sendack(node, driver, reason::MSG_KEY_ERROR);
+        }
+        let mut plain = Vec::with_capacity(p.payload.len());
+        if cipher.open_send(p, &mut plain).is_err() {
+            node.metrics.send_refused.inc();
+            return sendack(node, driver, reason::PAYLOAD_DECODE_ERROR);
+        }
+        plain
+    };
+    node.metrics.sends.inc();
+    let request = CommitRequest {
+        origin: Origin::Client {
+            shard: node.me,
+            conn: id,
+            session_id,
+            client_seq: p.client_seq,
+            sender: Sender {
+                node_id: node.shared.config.node_id,
+                boot_id: node.shared.boot_id,
+                session_id,
+            },
+        },
+        from_uid: uid,
+        client_msg_no: p.client_msg_no.to_owned(),
+        setting: p.setting.0,
+        flags: p.flags.0 & (Flags::NO_PERSIST.0 | Flags::SYNC_ONCE.0 | Flags::RED_DOT.0),
+        expire_s: p.expire_s,
+        topic: p.topic.to_owned(),
+        payload,
+        channel,
+    };
+    let to = node
+        .shared
+        .slot_map
+        .shard_of_key(request.channel.key().as_bytes());
+    if to == node.me {
+        on_commit(node, cx, driver, request);
+    } else {
+        node.send_msg(cx, to, Msg::Commit(Box::new(request)));
+    }
+}
+
+// -------------------------------------------------------------- 2. delivery core
+
+/// Commits one message on this (its channel's delivery) shard.
+pub fn on_commit(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    r: CommitRequest,
+) {
+    let subscribers = match &r.channel {
+        Channel::Group { id } => match node.shared.meta.subscribers(id) {
+            None => return answer(node, cx, driver, r.origin, 0, 0, reason::CHANNEL_NOT_EXIST),
+            Some(s) if matches!(r.origin, Origin::Client { .. }) && !s.contains(&r.from_uid) => {
+                return answer(
+                    node,
+                    cx,
+                    driver,
+                    r.origin,
+                    0,
+                    0,
+                    reason::SUBSCRIBER_NOT_EXIST,
+                );
+            }
+            Some(s) => Some(s),
+        },
+        Channel::Person { .. } => None,
+    };
+    let now_ms = node.shared.wall_ms();
+    let now_s = now_ms / 1000;
+    // Flow 7: a resend of a SEND we already acknowledged gets the first answer.
+    if !r.client_msg_no.is_empty() {
+        if let Some(first) = node
+            .delivery
+            .idempotency
+            .as_mut()
+            .and_then(|w| w.get(&r.from_uid, &r.client_msg_no, now_s))
+        {
+            node.metrics.sends_deduplicated.inc();
+            return answer(
+                node,
+                cx,
+                driver,
+                r.origin,
+                first.message_id,
+                first.message_seq,
+                reason::SUCCESS,
+            );
+        }
+    }
+    let Some(message_id) = node.delivery.ids.next_id(now_ms) else {
+        return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
+    };
+    let no_persist = r.flags & Flags::NO_PERSIST.0 != 0;
+    let message_seq = if no_persist {
+        0
+    } else {
+        let appended = node.delivery.log.append(&NewMessage {
+            message_id,
+            channel_type: r.channel.channel_type(),
+            channel_id: r.channel.key(),
+            from_uid: &r.from_uid,
+            client_msg_no: &r.client_msg_no,
+            setting: r.setting,
+            msg_flags: r.flags,
+            timestamp_s: now_s as u32,
+            payload: &r.payload,
+        });
+        match appended {
+            Ok(a) => a.message_seq,
+            Err(err) => {
+                tracing::warn!(%err, channel = r.channel.key(), "append failed");
+                return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
+            }
+        }
+    };
+    if !r.client_msg_no.is_empty() {
+        if let Some(w) = node.delivery.idempotency.as_mut() {
+            w.insert(
+                &r.from_uid,
+                &r.client_msg_no,
+                SentIds {
+                    message_id,
+                    message_seq,
+                },
+                now_s,
+            );
+        }
+    }
+    let sender = match &r.origin {
+        Origin::Client { sender, .. } => Some(*sender),
+        Origin::Api { .. } => None,
+    };
+    let committed = Arc::new(Committed {
+        message_id,
+        message_seq,
+        timestamp_s: now_s as u32,
+        from_uid: r.from_uid,
+        channel_key: r.channel.key().to_owned(),
+        channel_type: r.channel.channel_type(),
+        client_msg_no: r.client_msg_no,
+        setting: r.setting,
+        flags: r.flags,
+        expire_s: r.expire_s,
+        topic: r.topic,
+        payload: r.payload,
+    });
+    node.delivery
+        .unsynced
+        .push((r.origin, committed, sender, subscribers));
+}
+
+/// Sends the commit's answer: SENDACK to the gateway, or the API reply.
+fn answer(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    origin: Origin,
+    message_id: i64,
+    message_seq: u64,
+    reason: u8,
+) {
+    match origin {
+        Origin::Client {
+            shard,
+            conn,
+            session_id,
+            client_seq,
+            ..
+        } => {
+            let ack = SendAck {
+                conn,
+                session_id,
+                client_seq,
+                message_id,
+                message_seq,
+                reason,
+            };
+            if shard == node.me {
+                on_sendack(node, driver, ack);
+            } else {
+                node.send_msg(cx, shard, Msg::SendAck(ack));
+            }
+        }
+        Origin::Api { reply } => {
+            let _ = reply.try_send(ApiSendResult {
+                message_id,
+                message_seq,
+                reason,
+            });
+        }
+    }
+}
+
+/// 3. Group commit: one sync for the turn's appends, then SENDACKs and delivery.
+/// Returns how many commits it completed (work for the shard loop).
+pub fn flush_commits(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+) -> usize {
+    let now_ms = node.shared.wall_ms();
+    if node.delivery.unsynced.is_empty() {
+        if node.delivery.log.sync_due(now_ms) {
+            let _ = node.delivery.log.sync(now_ms);
+        }
+        return 0;
+    }
+    let always = matches!(
+        node.delivery.log.config().fsync,
+        crate::store::FsyncPolicy::Always
+    );
+    if always || node.delivery.log.sync_due(now_ms) {
+        if let Err(err) = node.delivery.log.sync(now_ms) {
+            // Not durable: refuse the whole batch (nothing acknowledged is lost).
+            tracing::error!(%err, "log sync failed: refusing the batch");
+            let batch = std::mem::take(&mut node.delivery.unsynced);
+            for (origin, _, _, _) in batch {
+                answer(node, cx, driver, origin, 0, 0, reason::SYSTEM_ERROR);
+            }
+            return 1;
+        }
+    }
+    let batch = std::mem::take(&mut node.delivery.unsynced);
+    let n = batch.len();
+    for (origin, message, sender, subscribers) in batch {
+        answer(
+            node,
+            cx,
+            driver,
+            origin,
+            message.message_id,
+            message.message_seq,
+            reason::SUCCESS,
+        );
+        deliver(node, cx, driver, &message, sender, subscribers.as_deref());
+    }
+    n
+}
+
+/// Plans and sends the pushes of one committed message.
+fn deliver(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    message: &Arc<Committed>,
+    sender: Option<Sender>,
+    subscribers: Option<&crate::node::meta::Subscribers>,
+) {
+    let person;
+    let recipients: &[Uid] = match subscribers {
+        Some(s) => &s.uids,
+        None => {
+            // A person channel: the peer, and the sender's other devices.
+            let peer = recv_channel_id(
+                &message.channel_key,
+                message.channel_type,
+                &message.from_uid,
+            );
+            person = if *peer == *message.from_uid {
+                vec![message.from_uid.clone()]
+            } else {
+                vec![Uid::from(peer), message.from_uid.clone()]
+            };
+            &person
+        }
+    };
+    let cfg = &node.shared.config.delivery;
+    let (page_max, batch_max, local_node) = (
+        cfg.subscriber_page_max,
+        cfg.push_batch_max,
+        node.shared.config.node_id,
+    );
+    let mut groups = std::mem::take(&mut node.delivery.groups);
+    for page in recipients.chunks(page_max) {
+        group_by_target(&node.view, page, &mut groups);
+        let lookups: Vec<(crate::cluster::Target, &[Uid])> =
+            groups.iter().map(|(t, u)| (*t, u.as_slice())).collect();
+        let results = node.reader.endpoints_by_targets(&lookups);
+        let plan = plan_pushes(local_node, results, sender, batch_max);
+        node.metrics.stale_lookups.add(plan.failed_groups as u64);
+        for (to, endpoints) in plan.batches {
+            match to {
+                PushTo::Shard(s) if s == node.me => on_push(node, cx, driver, message, &endpoints),
+                PushTo::Shard(s) => node.send_msg(
+                    cx,
+                    s,
+                    Msg::Push {
+                        message: message.clone(),
+                        endpoints,
+                    },
+                ),
+                PushTo::Node(n) => {
+                    // Remote owners come with the cluster (owner-push RPC).
+                    tracing::debug!(node = n, "remote owner: push not delivered (single node)");
+                    node.metrics.push_remote_dropped.add(endpoints.len() as u64);
+                }
+            }
+        }
+    }
+    node.delivery.groups = groups;
+}
+
+// ------------------------------------------------------------------ 4. owner
+
+/// Writes RECV to each endpoint that is still this shard's live session.
+pub fn on_push(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    message: &Arc<Committed>,
+    endpoints: &[Endpoint],
+) {
+    for ep in endpoints {
+        // The owner revalidates (uid, boot_id, session_id, owner_seq): a stale
+        // endpoint never reaches a newer session.
+        if node
+            .registry
+            .revalidate(&ep.uid, ep.boot_id, ep.session_id, ep.owner_seq)
+            .is_none()
+        {
+            node.metrics.push_stale.inc();
+            continue;
+        }
+        let Some(&conn) = node.session_conns.get(&ep.session_id) else {
+            continue;
+        };
+        write_recv(node, driver, conn, &ep.uid, message, false);
+        track_ack(node, cx, conn, message);
+    }
+}
+
+/// Encodes RECV for one connection (its version, its key) and queues it.
+fn write_recv(
+    node: &mut NodeShard,
+    driver: &mut NetDriver,
+    id: ConnId,
+    uid: &str,
+    m: &Committed,
+    dup: bool,
+) {
+    let mut buf = std::mem::take(&mut node.frame_buf);
+    buf.clear();
+    if encode_recv_for(node, id, uid, m, dup, &mut buf) && driver.send(id, &buf).is_ok() {
+        node.metrics.recvs.inc();
+    }
+    node.frame_buf = buf;
+}
+
+/// Appends the RECV of `m` for connection `id` to `buf`; false if it has no session.
+fn encode_recv_for(
+    node: &NodeShard,
+    id: ConnId,
+    uid: &str,
+    m: &Committed,
+    dup: bool,
+    buf: &mut Vec<u8>,
+) -> bool {
+    let Some(conn) = node.conn(id) else {
+        return false;
+    };
+    if conn.state != ConnState::Active {
+        return false;
+    }
+    let Some(cipher) = conn.cipher.as_ref() else {
+        return false;
+    };
+    let mut flags = Flags(m.flags);
+    if dup {
+        flags = flags.with(Flags::DUP);
+    }
+    let base = RecvPacket {
+        flags,
+        setting: Setting(m.setting),
+        msg_key: "",
+        from_uid: &m.from_uid,
+        channel_id: recv_channel_id(&m.channel_key, m.channel_type, uid),
+        channel_type: ChannelType(m.channel_type),
+        expire_s: m.expire_s,
+        client_msg_no: &m.client_msg_no,
+        message_id: m.message_id,
+        message_seq: m.message_seq,
+        timestamp_s: m.timestamp_s as i32,
+        topic: &m.topic,
+        payload: &[],
+        ..Default::default()
+    };
+    match cipher.encode_recv(&base, &m.payload, conn.version, buf) {
+        Ok(_) => true,
+        Err(err) => {
+            tracing::warn!(?err, "RECV could not be encoded");
+            false
+        }
+    }
+}
+
+fn track_ack(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    id: ConnId,
+    message: &Arc<Committed>,
+) {
+    let s = &node.shared.config.session;
+    let (max, timeout_ms) = (s.pending_acks_per_session_max, s.ack_timeout_ms);
+    let Some(conn) = node.conn_mut(id) else {
+        return;
+    };
+    if conn.acks.entries.len() >= max {
+        node.metrics.acks_dropped.inc();
+        return;
+    }
+    let Ok(timer) = cx.set_timer(
+        cx.now_ms() + timeout_ms,
+        NodeTimer::Ack {
+            conn: id,
+            message_id: message.message_id,
+        },
+    ) else {
+        node.metrics.acks_dropped.inc();
+        return;
+    };
+    if let Some(old) = conn.acks.entries.insert(
+        message.message_id,
+        AckEntry {
+            message: message.clone(),
+            timer,
+            resends: 0,
+        },
+    ) {
+        cx.cancel_timer(old.timer);
+    }
+}
+
+// --------------------------------------------------------------- 5. acknowledgement
+
+/// RECVACK: the session has the message.
+pub fn on_recvack(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    id: ConnId,
+    message_id: i64,
+) {
+    if let Some(conn) = node.conn_mut(id) {
+        if let Some(entry) = conn.acks.entries.remove(&message_id) {
+            cx.cancel_timer(entry.timer);
+            node.metrics.recvacks.inc();
+        }
+    }
+}
+
+/// No RECVACK in time: re-send with DUP, up to `ack_resends_max` times, then drop.
+pub fn on_ack_timeout(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    id: ConnId,
+    message_id: i64,
+) {
+    let s = node.shared.config.session.clone();
+    let Some(conn) = node.conn_mut(id) else {
+        return;
+    };
+    let uid = conn.uid.clone();
+    let Some(entry) = conn.acks.entries.get_mut(&message_id) else {
+        return;
+    };
+    if entry.resends >= s.ack_resends_max {
+        conn.acks.entries.remove(&message_id);
+        node.metrics.acks_expired.inc();
+        return;
+    }
+    entry.resends += 1;
+    let message = entry.message.clone();
+    match cx.set_timer(
+        cx.now_ms() + s.ack_timeout_ms,
+        NodeTimer::Ack {
+            conn: id,
+            message_id,
+        },
+    ) {
+        Ok(t) => entry.timer = t,
+        Err(_) => {
+            conn.acks.entries.remove(&message_id);
+            node.metrics.acks_dropped.inc();
+        }
+    }
+    write_recv(node, driver, id, &uid, &message, true);
+}
+
+/// SENDACK back on the gateway shard, if the sending session is still there.
+pub fn on_sendack(node: &mut NodeShard, driver: &mut NetDriver, ack: SendAck) {
+    let Some(conn) = node.conn(ack.conn) else {
+        return;
+    };
+    if conn.session_id != ack.session_id {
+        return;
+    }
+    let p = SendackPacket {
+        message_id: ack.message_id,
+        client_seq: ack.client_seq,
+        message_seq: ack.message_seq,
+        reason_code: ReasonCode(ack.reason),
+        ..Default::default()
+    };
+    node.write_frame(driver, ack.conn, |v, out| p.encode(v, out));
+}
+
+/// `/channel/messagesync` on the channel's delivery shard.
+pub fn on_sync(node: &mut NodeShard, r: SyncRequest) {
+    let result = node
+        .delivery
+        .log
+        .read(
+            r.channel_type,
+            &r.channel_key,
+            r.start_seq,
+            r.end_seq,
+            r.limit,
+            r.pull_mode,
+        )
+        .map(|res| {
+            (
+                res.messages.iter().map(|m| m.to_stored()).collect(),
+                res.more,
+            )
+        })
+        .map_err(|e| e.to_string());
+    let _ = r.reply.try_send(result);
+}
