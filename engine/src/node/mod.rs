@@ -110,6 +110,7 @@ pub struct NodeConfig {
     pub log: LogConfig,
     pub idempotency: IdempotencyConfig,
     pub meta: MetaLimits,
+    pub api: crate::http::ApiConfig,
 }
 
 impl Default for NodeConfig {
@@ -133,6 +134,7 @@ impl Default for NodeConfig {
             log: LogConfig::default(),
             idempotency: IdempotencyConfig::default(),
             meta: MetaLimits::default(),
+            api: crate::http::ApiConfig::default(),
         }
     }
 }
@@ -180,6 +182,7 @@ pub struct Node {
     injectors: Vec<Injector<Msg>>,
     tcp_addr: Option<SocketAddr>,
     ws_addr: Option<SocketAddr>,
+    http: Option<crate::http::HttpServer>,
 }
 
 /// Binds `addr` once per shard with SO_REUSEPORT (the kernel spreads connections over
@@ -264,7 +267,7 @@ impl Node {
             Ok((shard, driver))
         })?;
         let handle = runtime.handle();
-        let injectors = (0..shards)
+        let injectors: Vec<Injector<Msg>> = (0..shards)
             .map(|i| runtime.injector(i as ShardId))
             .collect();
         if let Some(a) = tcp_addr {
@@ -273,7 +276,20 @@ impl Node {
         if let Some(a) = ws_addr {
             tracing::info!(%a, "WebSocket listener up");
         }
+        let http = match shared.config.api.addr {
+            Some(addr) => {
+                let api = crate::http::Api::new(
+                    shared.config.api.clone(),
+                    shared.clone(),
+                    injectors.clone(),
+                    true,
+                );
+                Some(crate::http::HttpServer::start(api, addr)?)
+            }
+            None => None,
+        };
         Ok(Node {
+            http,
             shared,
             runtime: Some(runtime),
             handle,
@@ -291,6 +307,21 @@ impl Node {
     /// The bound WebSocket address (port 0 resolved).
     pub fn ws_addr(&self) -> Option<SocketAddr> {
         self.ws_addr
+    }
+
+    /// The bound HTTP API address (port 0 resolved).
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(|h| h.addr())
+    }
+
+    /// An API handle answering requests without HTTP (tests, embedding).
+    pub fn api(&self) -> crate::http::Api {
+        crate::http::Api::new(
+            self.shared.config.api.clone(),
+            self.shared.clone(),
+            self.injectors.clone(),
+            true,
+        )
     }
 
     /// What the shards share (the HTTP API reads it).

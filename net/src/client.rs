@@ -1,0 +1,329 @@
+//! A small blocking wkproto client over TCP: CONNECT with the key agreement, SEND
+//! (encrypted or NoEncrypt), RECV decryption and msg_key check, RECVACK, PING.
+//! For integration tests and tools; not for the data path.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use crate::crypto::{
+    aes_key_from_secret, decode_client_key, public_key, shared_secret, SessionCipher,
+};
+use crate::wkproto::{
+    decode, ChannelType, ConnectPacket, DeviceFlag, Flags, Frame, RecvackPacket, SendPacket,
+    Setting, MAX_FRAME_BYTES,
+};
+
+/// What a client logs in with.
+#[derive(Clone, Debug)]
+pub struct Login {
+    pub uid: String,
+    pub token: String,
+    pub device_flag: u8,
+    pub device_id: String,
+    pub version: u8,
+    /// The client's X25519 private key (fixed in tests for reproducibility).
+    pub private_key: [u8; 32],
+}
+
+impl Login {
+    /// A login for `uid` with `token`, device flag 1 (WEB), protocol version 6.
+    pub fn new(uid: &str, token: &str) -> Login {
+        let mut private_key = [7u8; 32];
+        for (i, b) in uid.bytes().enumerate() {
+            private_key[i % 32] ^= b;
+        }
+        Login {
+            uid: uid.into(),
+            token: token.into(),
+            device_flag: 1,
+            device_id: format!("{uid}-device"),
+            version: 6,
+            private_key,
+        }
+    }
+}
+
+/// A frame as the client keeps it (owned; RECV payload already decrypted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Received {
+    Connack {
+        reason: u8,
+        node_id: u64,
+    },
+    Sendack {
+        client_seq: u32,
+        message_id: i64,
+        message_seq: u64,
+        reason: u8,
+    },
+    Recv(RecvMessage),
+    Disconnect {
+        reason: u8,
+        text: String,
+    },
+    Pong,
+    Suback {
+        reason: u8,
+    },
+    Other(u8),
+}
+
+/// A RECV, decrypted and checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvMessage {
+    pub dup: bool,
+    pub setting: u8,
+    pub from_uid: String,
+    pub channel_id: String,
+    pub channel_type: u8,
+    pub client_msg_no: String,
+    pub message_id: i64,
+    pub message_seq: u64,
+    pub timestamp_s: i32,
+    pub payload: Vec<u8>,
+    /// Whether the msg_key matched (always true with NoEncrypt).
+    pub msg_key_ok: bool,
+}
+
+/// A connected client.
+pub struct Client {
+    stream: TcpStream,
+    version: u8,
+    cipher: Option<SessionCipher>,
+    rx: Vec<u8>,
+    frame: Vec<u8>,
+}
+
+fn bad(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+impl Client {
+    /// Connects and sends CONNECT; returns the client and the CONNACK reason (1 = success).
+    /// `timeout` bounds every later read.
+    pub fn connect(addr: SocketAddr, login: &Login, timeout: Duration) -> io::Result<(Client, u8)> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(timeout))?;
+        let mut client = Client {
+            stream,
+            version: login.version,
+            cipher: None,
+            rx: Vec::new(),
+            frame: Vec::new(),
+        };
+        let client_key = base64_encode(&public_key(login.private_key));
+        let connect = ConnectPacket {
+            version: login.version,
+            device_flag: DeviceFlag(login.device_flag),
+            device_id: &login.device_id,
+            uid: &login.uid,
+            token: &login.token,
+            client_timestamp_ms: 0,
+            client_key: &client_key,
+            ..Default::default()
+        };
+        client.frame.clear();
+        connect
+            .encode(0, &mut client.frame)
+            .map_err(|e| bad(format!("{e:?}")))?;
+        client.stream.write_all(&client.frame)?;
+        let reason = loop {
+            let (reason, server_key, salt) = {
+                let bytes = client.next_frame_bytes()?;
+                match decode(&bytes, login.version, MAX_FRAME_BYTES)
+                    .map_err(|e| bad(e.to_string()))?
+                {
+                    Some((Frame::Connack(c), _)) => {
+                        (c.reason_code.0, c.server_key.to_owned(), c.salt.to_owned())
+                    }
+                    Some((other, _)) => {
+                        return Err(bad(format!(
+                            "expected CONNACK, got {:?}",
+                            other.packet_type()
+                        )))
+                    }
+                    None => continue,
+                }
+            };
+            if reason == 1 {
+                let server_public =
+                    decode_client_key(&server_key).map_err(|e| bad(e.to_string()))?;
+                let secret = shared_secret(login.private_key, server_public)
+                    .map_err(|e| bad(e.to_string()))?;
+                let salt: [u8; 16] = salt
+                    .as_bytes()
+                    .try_into()
+                    .map_err(|_| bad("salt is not 16 bytes"))?;
+                client.cipher = Some(SessionCipher::new(&aes_key_from_secret(&secret), &salt));
+            }
+            break reason;
+        };
+        Ok((client, reason))
+    }
+
+    /// Reads one whole frame's bytes.
+    fn next_frame_bytes(&mut self) -> io::Result<Vec<u8>> {
+        loop {
+            if let Some(n) = crate::wkproto::peek_frame_len(&self.rx, MAX_FRAME_BYTES)
+                .map_err(|e| bad(e.to_string()))?
+            {
+                if n <= self.rx.len() {
+                    let frame: Vec<u8> = self.rx.drain(..n).collect();
+                    return Ok(frame);
+                }
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "server closed the connection",
+                ));
+            }
+            self.rx.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Sends a SEND; `encrypt` false sets NoEncrypt.
+    pub fn send(
+        &mut self,
+        channel_id: &str,
+        channel_type: u8,
+        client_seq: u32,
+        client_msg_no: &str,
+        payload: &[u8],
+        encrypt: bool,
+    ) -> io::Result<()> {
+        let mut p = SendPacket {
+            setting: if encrypt {
+                Setting::NONE
+            } else {
+                Setting::NO_ENCRYPT
+            },
+            client_seq,
+            client_msg_no,
+            channel_id,
+            channel_type: ChannelType(channel_type),
+            payload,
+            ..Default::default()
+        };
+        let mut sealed = Vec::new();
+        let key;
+        if encrypt {
+            let cipher = self.cipher.as_ref().ok_or_else(|| bad("not connected"))?;
+            cipher.encrypt_into(payload, &mut sealed);
+            p.payload = &sealed;
+            key = cipher.send_msg_key(&p);
+            p.msg_key = key.as_str();
+        }
+        self.frame.clear();
+        p.encode(self.version, &mut self.frame)
+            .map_err(|e| bad(format!("{e:?}")))?;
+        self.stream.write_all(&self.frame)
+    }
+
+    /// Sends raw bytes (for bad-input tests).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// Sends PING.
+    pub fn ping(&mut self) -> io::Result<()> {
+        self.stream.write_all(&[0x70])
+    }
+
+    /// Acknowledges a RECV.
+    pub fn recvack(&mut self, message_id: i64, message_seq: u64) -> io::Result<()> {
+        let p = RecvackPacket {
+            message_id,
+            message_seq,
+            ..Default::default()
+        };
+        self.frame.clear();
+        p.encode(self.version, &mut self.frame)
+            .map_err(|e| bad(format!("{e:?}")))?;
+        self.stream.write_all(&self.frame)
+    }
+
+    /// Reads the next frame (blocking up to the read timeout).
+    pub fn read(&mut self) -> io::Result<Received> {
+        let bytes = self.next_frame_bytes()?;
+        let (frame, _) = decode(&bytes, self.version, MAX_FRAME_BYTES)
+            .map_err(|e| bad(e.to_string()))?
+            .ok_or_else(|| bad("truncated frame"))?;
+        Ok(match frame {
+            Frame::Connack(c) => Received::Connack {
+                reason: c.reason_code.0,
+                node_id: c.node_id,
+            },
+            Frame::Sendack(a) => Received::Sendack {
+                client_seq: a.client_seq,
+                message_id: a.message_id,
+                message_seq: a.message_seq,
+                reason: a.reason_code.0,
+            },
+            Frame::Recv(r) => {
+                let (payload, msg_key_ok) = if r.setting.contains(Setting::NO_ENCRYPT) {
+                    (r.payload.to_vec(), true)
+                } else {
+                    let cipher = self
+                        .cipher
+                        .as_ref()
+                        .ok_or_else(|| bad("RECV before key agreement"))?;
+                    let ok = cipher.recv_msg_key(&r).as_str() == r.msg_key;
+                    let mut plain = Vec::new();
+                    cipher
+                        .decrypt(r.payload, &mut plain)
+                        .map_err(|e| bad(e.to_string()))?;
+                    (plain, ok)
+                };
+                Received::Recv(RecvMessage {
+                    dup: r.flags.contains(Flags::DUP),
+                    setting: r.setting.0,
+                    from_uid: r.from_uid.into(),
+                    channel_id: r.channel_id.into(),
+                    channel_type: r.channel_type.0,
+                    client_msg_no: r.client_msg_no.into(),
+                    message_id: r.message_id,
+                    message_seq: r.message_seq,
+                    timestamp_s: r.timestamp_s,
+                    payload,
+                    msg_key_ok,
+                })
+            }
+            Frame::Disconnect(d) => Received::Disconnect {
+                reason: d.reason_code.0,
+                text: d.reason.into(),
+            },
+            Frame::Pong => Received::Pong,
+            Frame::Suback(s) => Received::Suback {
+                reason: s.reason_code.0,
+            },
+            other => Received::Other(other.packet_type().as_u8()),
+        })
+    }
+
+    /// Whether the server closed the connection (reads until EOF or the timeout).
+    pub fn wait_closed(&mut self) -> io::Result<Vec<Received>> {
+        let mut seen = Vec::new();
+        loop {
+            match self.read() {
+                Ok(f) => seen.push(f),
+                Err(e)
+                    if e.kind() == io::ErrorKind::UnexpectedEof
+                        || e.kind() == io::ErrorKind::ConnectionReset =>
+                {
+                    return Ok(seen)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
