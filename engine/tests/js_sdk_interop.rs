@@ -1,0 +1,158 @@
+//! Interoperability with the official WuKongIM JS SDK (`wukongimjssdk` 1.0.4, protocol
+//! version 2, encryption on) under Node.js: each SDK client is a child process
+//! (`interop/sdk_client.mjs`) driven by JSON lines. `scripts/test` installs the SDK
+//! with `npm ci --prefix interop` first.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use engine::node::{Node, NodeConfig};
+use serde_json::{json, Value};
+
+/// Bounds every wait for an event: only a failing test waits this long.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn interop_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../interop")
+}
+
+struct SdkClient {
+    uid: String,
+    child: Child,
+    stdin: ChildStdin,
+    events: Receiver<Value>,
+}
+
+impl SdkClient {
+    fn start(node: &Node, uid: &str) -> SdkClient {
+        let dir = interop_dir();
+        assert!(
+            dir.join("node_modules/wukongimjssdk").exists(),
+            "the JS SDK is not installed: run scripts/test (it runs `npm ci --prefix interop`)"
+        );
+        let mut child = Command::new("node")
+            .current_dir(&dir)
+            .args(["--import", "./register.mjs", "sdk_client.mjs"])
+            .env("WS_ADDR", format!("ws://{}", node.ws_addr().unwrap()))
+            .env("UID", uid)
+            .env("TOKEN", format!("tok-{uid}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("node (Node.js) must be installed");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, events) = channel();
+        let name = uid.to_owned();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(v) => {
+                        if tx.send(v).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => eprintln!("[{name}] {line}"),
+                }
+            }
+        });
+        SdkClient { uid: uid.into(), child, stdin, events }
+    }
+
+    /// Waits for the first event matching `pred`, skipping others.
+    fn expect(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let ev = self
+                .events
+                .recv_timeout(EVENT_TIMEOUT)
+                .unwrap_or_else(|_| panic!("{}: no {what} event", self.uid));
+            if pred(&ev) {
+                return ev;
+            }
+        }
+    }
+
+    fn connected(&self) {
+        self.expect("connected", |e| e["event"] == "status" && e["status"] == 1);
+    }
+
+    fn send(&mut self, channel_id: &str, channel_type: u8, text: &str) {
+        let cmd = json!({"cmd": "send", "channel_id": channel_id, "channel_type": channel_type, "text": text});
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let ack = self.expect("sendack", |e| e["event"] == "sendack");
+        assert_eq!(ack["reason"], 1, "{}: SENDACK {ack}", self.uid);
+    }
+
+    fn message(&self, text: &str) -> Value {
+        self.expect(&format!("message {text:?}"), |e| e["event"] == "message" && e["text"] == text)
+    }
+}
+
+impl Drop for SdkClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_node(dir: &std::path::Path) -> Node {
+    let mut c = NodeConfig::default();
+    c.data_dir = dir.to_path_buf();
+    c.tcp_addr = None;
+    c.ws_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    c.api.addr = None;
+    c.runtime.shard_count = 2;
+    c.runtime.pin_cores = Vec::new();
+    c.log.segment_bytes = 4 << 20;
+    let node = Node::start(c).unwrap();
+    let api = node.api();
+    for uid in ["u1", "u2", "u3"] {
+        let body = json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": 1});
+        assert_eq!(api.handle("POST", "/user/token", None, body.to_string().as_bytes()).status, 200);
+    }
+    let body = json!({"channel_id": "g1", "channel_type": 2, "subscribers": ["u1", "u2", "u3"]});
+    assert_eq!(api.handle("POST", "/channel/subscriber_add", None, body.to_string().as_bytes()).status, 200);
+    node
+}
+
+#[test]
+fn js_sdk_person_group_and_kick() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path());
+    let mut a = SdkClient::start(&node, "u1");
+    let mut b = SdkClient::start(&node, "u2");
+    let c = SdkClient::start(&node, "u3");
+    for client in [&a, &b, &c] {
+        client.connected();
+    }
+
+    // Person messages both ways, encrypted by the SDK.
+    a.send("u2", 1, "hello u2");
+    let m = b.message("hello u2");
+    assert_eq!((m["from"].as_str(), m["channel_id"].as_str(), m["channel_type"].as_u64()), (Some("u1"), Some("u1"), Some(1)));
+    b.send("u1", 1, "hello u1");
+    let m = a.message("hello u1");
+    assert_eq!(m["channel_id"], "u2");
+
+    // A group message reaches the other two members.
+    a.send("g1", 2, "hello group");
+    for client in [&b, &c] {
+        let m = client.message("hello group");
+        assert_eq!((m["from"].as_str(), m["channel_id"].as_str(), m["channel_type"].as_u64()), (Some("u1"), Some("g1"), Some(2)));
+    }
+
+    // A second login of u1 with the same device flag kicks the first (ConnectKick).
+    let second = SdkClient::start(&node, "u1");
+    second.connected();
+    a.expect("kick", |e| e["event"] == "status" && (e["status"] == 4 || e["reason"] == 12));
+    b.send("u1", 1, "after the kick");
+    second.message("after the kick");
+    drop((a, b, c, second));
+    node.shutdown().unwrap();
+}
