@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use engine::node::{Node, NodeConfig};
-use net::client::{Client, Login, Received, RecvMessage};
+use net::client::{Client, Login, Received, RecvMessage, Transport};
 use net::io::Backend;
 use serde_json::{json, Value};
 
@@ -27,18 +27,40 @@ fn config(dir: &std::path::Path, backend: Backend) -> NodeConfig {
 }
 
 fn api(node: &Node, path: &str, body: Value) -> (u16, Value) {
-    let reply = node.api().handle("POST", path, None, body.to_string().as_bytes());
-    (reply.status, serde_json::from_str(&reply.body).unwrap_or(Value::Null))
+    let reply = node
+        .api()
+        .handle("POST", path, None, body.to_string().as_bytes());
+    (
+        reply.status,
+        serde_json::from_str(&reply.body).unwrap_or(Value::Null),
+    )
 }
 
 fn set_token(node: &Node, uid: &str, flag: u8, level: u8) {
-    let (status, body) =
-        api(node, "/user/token", json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": flag, "device_level": level}));
+    let (status, body) = api(
+        node,
+        "/user/token",
+        json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": flag, "device_level": level}),
+    );
     assert_eq!(status, 200, "{body}");
 }
 
 fn login(node: &Node, uid: &str) -> Client {
-    let (client, reason) = Client::connect(node.tcp_addr().unwrap(), &Login::new(uid, &format!("tok-{uid}")), READ_TIMEOUT).unwrap();
+    login_via(node, uid, Transport::Tcp)
+}
+
+fn login_via(node: &Node, uid: &str, transport: Transport) -> Client {
+    let addr = match transport {
+        Transport::Tcp => node.tcp_addr().unwrap(),
+        Transport::WebSocket => node.ws_addr().unwrap(),
+    };
+    let (client, reason) = Client::connect_via(
+        transport,
+        addr,
+        &Login::new(uid, &format!("tok-{uid}")),
+        READ_TIMEOUT,
+    )
+    .unwrap();
     assert_eq!(reason, 1, "CONNACK for {uid}");
     client
 }
@@ -57,31 +79,38 @@ fn next_recv(c: &mut Client) -> RecvMessage {
 fn next_sendack(c: &mut Client) -> (u32, i64, u64, u8) {
     loop {
         match c.read().unwrap() {
-            Received::Sendack { client_seq, message_id, message_seq, reason } => {
-                return (client_seq, message_id, message_seq, reason)
-            }
+            Received::Sendack {
+                client_seq,
+                message_id,
+                message_seq,
+                reason,
+            } => return (client_seq, message_id, message_seq, reason),
             Received::Pong => continue,
             other => panic!("expected SENDACK, got {other:?}"),
         }
     }
 }
 
-fn person_and_group(backend: Backend) {
+fn person_and_group(backend: Backend, transport: Transport) {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path(), backend)).unwrap();
     for u in ["u1", "u2", "u3"] {
         set_token(&node, u, 1, 1);
     }
-    let mut a = login(&node, "u1");
-    let mut b = login(&node, "u2");
+    let mut a = login_via(&node, "u1", transport);
+    let mut b = login_via(&node, "u2", transport);
 
     // Person message, encrypted both ways.
-    a.send("u2", 1, 1, "cmn-1", br#"{"type":1,"content":"hi"}"#, true).unwrap();
+    a.send("u2", 1, 1, "cmn-1", br#"{"type":1,"content":"hi"}"#, true)
+        .unwrap();
     let (seq, id, mseq, reason) = next_sendack(&mut a);
     assert_eq!((seq, reason, mseq), (1, 1, 1));
     let m = next_recv(&mut b);
     assert!(m.msg_key_ok);
-    assert_eq!((m.from_uid.as_str(), m.channel_id.as_str(), m.channel_type), ("u1", "u1", 1));
+    assert_eq!(
+        (m.from_uid.as_str(), m.channel_id.as_str(), m.channel_type),
+        ("u1", "u1", 1)
+    );
     assert_eq!((m.message_id, m.message_seq), (id, 1));
     assert_eq!(m.payload, br#"{"type":1,"content":"hi"}"#);
     b.recvack(m.message_id, m.message_seq).unwrap();
@@ -90,17 +119,27 @@ fn person_and_group(backend: Backend) {
     b.send("u1", 1, 7, "cmn-2", b"pong", false).unwrap();
     assert_eq!(next_sendack(&mut b).3, 1);
     let m = next_recv(&mut a);
-    assert_eq!((m.channel_id.as_str(), m.message_seq, m.payload.as_slice()), ("u2", 2, &b"pong"[..]));
+    assert_eq!(
+        (m.channel_id.as_str(), m.message_seq, m.payload.as_slice()),
+        ("u2", 2, &b"pong"[..])
+    );
 
     // A group of three: the sender's own session is suppressed.
-    let (status, _) = api(&node, "/channel/subscriber_add", json!({"channel_id": "g1", "channel_type": 2, "subscribers": ["u1", "u2", "u3"]}));
+    let (status, _) = api(
+        &node,
+        "/channel/subscriber_add",
+        json!({"channel_id": "g1", "channel_type": 2, "subscribers": ["u1", "u2", "u3"]}),
+    );
     assert_eq!(status, 200);
-    let mut c = login(&node, "u3");
+    let mut c = login_via(&node, "u3", transport);
     a.send("g1", 2, 2, "cmn-3", b"to the group", true).unwrap();
     assert_eq!(next_sendack(&mut a).3, 1);
     for client in [&mut b, &mut c] {
         let m = next_recv(client);
-        assert_eq!((m.channel_id.as_str(), m.channel_type, m.payload.as_slice()), ("g1", 2, &b"to the group"[..]));
+        assert_eq!(
+            (m.channel_id.as_str(), m.channel_type, m.payload.as_slice()),
+            ("g1", 2, &b"to the group"[..])
+        );
     }
     // Not a subscriber: SENDACK 3; unknown group: 5; the connection stays.
     set_token(&node, "u4", 1, 1);
@@ -118,22 +157,41 @@ fn person_and_group(backend: Backend) {
     assert_eq!(a.read().unwrap(), Received::Pong);
 
     // Catch-up: messagesync returns the person channel's messages in order.
-    let (status, body) = api(&node, "/channel/messagesync", json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1, "start_message_seq": 0, "end_message_seq": 0, "limit": 10, "pull_mode": 1}));
+    let (status, body) = api(
+        &node,
+        "/channel/messagesync",
+        json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1, "start_message_seq": 0, "end_message_seq": 0, "limit": 10, "pull_mode": 1}),
+    );
     assert_eq!(status, 200, "{body}");
-    let seqs: Vec<u64> = body["messages"].as_array().unwrap().iter().map(|m| m["message_seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["message_seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(seqs, vec![1, 2]);
     assert_eq!(body["messages"][0]["channel_id"], "u1");
     node.shutdown().unwrap();
 }
 
 #[test]
-fn person_and_group_delivery_mio() {
-    person_and_group(Backend::Mio);
+fn person_and_group_delivery_tcp_mio() {
+    person_and_group(Backend::Mio, Transport::Tcp);
 }
 
 #[test]
-fn person_and_group_delivery_uring() {
-    person_and_group(Backend::Uring);
+fn person_and_group_delivery_tcp_uring() {
+    person_and_group(Backend::Uring, Transport::Tcp);
+}
+
+#[test]
+fn person_and_group_delivery_websocket_mio() {
+    person_and_group(Backend::Mio, Transport::WebSocket);
+}
+
+#[test]
+fn person_and_group_delivery_websocket_uring() {
+    person_and_group(Backend::Uring, Transport::WebSocket);
 }
 
 #[test]
@@ -144,7 +202,8 @@ fn connack_reasons_for_bad_logins() {
     let addr = node.tcp_addr().unwrap();
     let (_, reason) = Client::connect(addr, &Login::new("u1", "wrong"), READ_TIMEOUT).unwrap();
     assert_eq!(reason, 2, "bad token");
-    let (_, reason) = Client::connect(addr, &Login::new("nobody", "tok-nobody"), READ_TIMEOUT).unwrap();
+    let (_, reason) =
+        Client::connect(addr, &Login::new("nobody", "tok-nobody"), READ_TIMEOUT).unwrap();
     assert_eq!(reason, 2, "no token stored");
     let mut old = Login::new("u1", "tok-u1");
     old.version = 1;
@@ -162,10 +221,17 @@ fn a_second_master_login_kicks_the_first_with_disconnect_12() {
     let mut first = login(&node, "u1");
     let mut second_login = Login::new("u1", "tok-u1");
     second_login.device_id = "another-device".into();
-    let (mut second, reason) = Client::connect(node.tcp_addr().unwrap(), &second_login, READ_TIMEOUT).unwrap();
+    let (mut second, reason) =
+        Client::connect(node.tcp_addr().unwrap(), &second_login, READ_TIMEOUT).unwrap();
     assert_eq!(reason, 1);
     let seen = first.wait_closed().unwrap();
-    assert_eq!(seen.first(), Some(&Received::Disconnect { reason: 12, text: "login on another device".into() }));
+    assert_eq!(
+        seen.first(),
+        Some(&Received::Disconnect {
+            reason: 12,
+            text: "login on another device".into()
+        })
+    );
     // Only the second receives now.
     let mut u2 = login(&node, "u2");
     u2.send("u1", 1, 1, "m", b"hello", true).unwrap();
@@ -201,7 +267,15 @@ fn restart_then_messagesync_returns_every_acknowledged_message() {
         set_token(&node, "u1", 1, 1);
         let mut a = login(&node, "u1");
         for i in 0..20u32 {
-            a.send("u2", 1, i, &format!("m{i}"), format!("msg {i}").as_bytes(), true).unwrap();
+            a.send(
+                "u2",
+                1,
+                i,
+                &format!("m{i}"),
+                format!("msg {i}").as_bytes(),
+                true,
+            )
+            .unwrap();
             let (_, _, seq, reason) = next_sendack(&mut a);
             assert_eq!(reason, 1);
             acked.push(seq);
@@ -209,10 +283,17 @@ fn restart_then_messagesync_returns_every_acknowledged_message() {
         node.shutdown().unwrap();
     }
     let node = Node::start(config(dir.path(), Backend::Mio)).unwrap();
-    let (status, body) = api(&node, "/channel/messagesync", json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1, "limit": 100, "pull_mode": 1}));
+    let (status, body) = api(
+        &node,
+        "/channel/messagesync",
+        json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1, "limit": 100, "pull_mode": 1}),
+    );
     assert_eq!(status, 200, "{body}");
     let msgs = body["messages"].as_array().unwrap();
-    let seqs: Vec<u64> = msgs.iter().map(|m| m["message_seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = msgs
+        .iter()
+        .map(|m| m["message_seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(seqs, acked);
     node.shutdown().unwrap();
 }

@@ -1,6 +1,6 @@
-//! A small blocking wkproto client over TCP: CONNECT with the key agreement, SEND
-//! (encrypted or NoEncrypt), RECV decryption and msg_key check, RECVACK, PING.
-//! For integration tests and tools; not for the data path.
+//! A small blocking wkproto client over TCP or WebSocket: CONNECT with the key
+//! agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
+//! RECVACK, PING. For integration tests and tools; not for the data path.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -86,9 +86,69 @@ pub struct RecvMessage {
     pub msg_key_ok: bool,
 }
 
+/// How the client reaches the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    /// One binary WebSocket message per frame.
+    WebSocket,
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Ws(Box<tungstenite::WebSocket<TcpStream>>),
+}
+
+impl Stream {
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(bytes),
+            Stream::Ws(ws) => ws
+                .send(tungstenite::Message::binary(bytes.to_vec()))
+                .map_err(ws_err),
+        }
+    }
+
+    /// Appends what arrives next to `rx`; Ok(0) at end of stream.
+    fn read_into(&mut self, rx: &mut Vec<u8>) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => {
+                let mut chunk = [0u8; 16 * 1024];
+                let n = s.read(&mut chunk)?;
+                rx.extend_from_slice(&chunk[..n]);
+                Ok(n)
+            }
+            Stream::Ws(ws) => loop {
+                match ws.read() {
+                    Ok(tungstenite::Message::Binary(b)) => {
+                        rx.extend_from_slice(&b);
+                        return Ok(b.len().max(1));
+                    }
+                    Ok(tungstenite::Message::Close(_)) => return Ok(0),
+                    Ok(_) => continue,
+                    Err(
+                        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed,
+                    ) => return Ok(0),
+                    Err(e) => return Err(ws_err(e)),
+                }
+            },
+        }
+    }
+}
+
+fn ws_err(e: tungstenite::Error) -> io::Error {
+    match e {
+        tungstenite::Error::Io(e) => e,
+        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection")
+        }
+        other => io::Error::other(other.to_string()),
+    }
+}
+
 /// A connected client.
 pub struct Client {
-    stream: TcpStream,
+    stream: Stream,
     version: u8,
     cipher: Option<SessionCipher>,
     rx: Vec<u8>,
@@ -103,9 +163,28 @@ impl Client {
     /// Connects and sends CONNECT; returns the client and the CONNACK reason (1 = success).
     /// `timeout` bounds every later read.
     pub fn connect(addr: SocketAddr, login: &Login, timeout: Duration) -> io::Result<(Client, u8)> {
-        let stream = TcpStream::connect(addr)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
+        Client::connect_via(Transport::Tcp, addr, login, timeout)
+    }
+
+    /// [`Client::connect`] over the given transport.
+    pub fn connect_via(
+        transport: Transport,
+        addr: SocketAddr,
+        login: &Login,
+        timeout: Duration,
+    ) -> io::Result<(Client, u8)> {
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(timeout))?;
+        let stream = match transport {
+            Transport::Tcp => Stream::Tcp(tcp),
+            Transport::WebSocket => {
+                let url = format!("ws://{addr}/");
+                let (ws, _) = tungstenite::client(url.as_str(), tcp)
+                    .map_err(|e| bad(format!("WebSocket handshake: {e}")))?;
+                Stream::Ws(Box::new(ws))
+            }
+        };
         let mut client = Client {
             stream,
             version: login.version,
@@ -174,15 +253,12 @@ impl Client {
                     return Ok(frame);
                 }
             }
-            let mut chunk = [0u8; 16 * 1024];
-            let n = self.stream.read(&mut chunk)?;
-            if n == 0 {
+            if self.stream.read_into(&mut self.rx)? == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "server closed the connection",
                 ));
             }
-            self.rx.extend_from_slice(&chunk[..n]);
         }
     }
 

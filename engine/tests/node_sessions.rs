@@ -1,0 +1,185 @@
+//! Session lifecycle on one node through real sockets: route expiry after missed
+//! pings, idle close, RECV re-sent with DUP until acknowledged, Slave conflicts, the
+//! sender's other devices, and /user/device_quit.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use engine::node::{Node, NodeConfig};
+use net::client::{Client, Login, Received, RecvMessage};
+use serde_json::{json, Value};
+
+/// Bounds every blocking wait: only a failing test ever waits this long.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn config(dir: &std::path::Path) -> NodeConfig {
+    let mut c = NodeConfig::default();
+    c.data_dir = dir.to_path_buf();
+    c.tcp_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    c.ws_addr = None;
+    c.api.addr = None;
+    c.runtime.shard_count = 2;
+    c.runtime.pin_cores = Vec::new();
+    c.net.backend = net::io::Backend::Mio;
+    c.log.segment_bytes = 4 << 20;
+    c
+}
+
+fn api(node: &Node, path: &str, body: Value) -> (u16, Value) {
+    let reply = node.api().handle("POST", path, None, body.to_string().as_bytes());
+    (reply.status, serde_json::from_str(&reply.body).unwrap_or(Value::Null))
+}
+
+fn set_token(node: &Node, uid: &str, level: u8) {
+    let body = json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": level});
+    assert_eq!(api(node, "/user/token", body).0, 200);
+}
+
+fn login_device(node: &Node, uid: &str, device_id: &str) -> Client {
+    let mut l = Login::new(uid, &format!("tok-{uid}"));
+    l.device_id = device_id.into();
+    let (c, reason) = Client::connect(node.tcp_addr().unwrap(), &l, TIMEOUT).unwrap();
+    assert_eq!(reason, 1);
+    c
+}
+
+fn online_devices(node: &Node, uid: &str) -> usize {
+    let (status, body) = api(node, "/user/onlinestatus", json!([uid]));
+    assert_eq!(status, 200);
+    body.as_array().unwrap().len()
+}
+
+/// Polls `cond` until it holds; panics after TIMEOUT. For conditions that depend on
+/// the node's own clock (TTL expiry), never as a stand-in for a reply.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn next_recv(c: &mut Client) -> RecvMessage {
+    loop {
+        match c.read().unwrap() {
+            Received::Recv(m) => return m,
+            Received::Pong | Received::Sendack { .. } => continue,
+            other => panic!("expected RECV, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_route_expires_after_missed_pings_while_a_pinging_one_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.authority.route_ttl_s = 1;
+    c.session.touch_flush_interval_ms = 100;
+    c.session.expiry_interval_ms = 100;
+    let node = Node::start(c).unwrap();
+    set_token(&node, "silent", 1);
+    set_token(&node, "pinger", 1);
+    let _silent = login_device(&node, "silent", "d");
+    let mut pinger = login_device(&node, "pinger", "d");
+    assert_eq!(online_devices(&node, "silent"), 1);
+    // The pinger pings (and reads its PONG) until the silent route has expired.
+    wait_until("the silent route to expire", || {
+        pinger.ping().unwrap();
+        assert_eq!(pinger.read().unwrap(), Received::Pong);
+        online_devices(&node, "silent") == 0
+    });
+    assert_eq!(online_devices(&node, "pinger"), 1, "pings keep the route alive");
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn an_idle_connection_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.net.idle_timeout_ms = 300;
+    let node = Node::start(c).unwrap();
+    set_token(&node, "u1", 1);
+    let mut idle = login_device(&node, "u1", "d");
+    assert!(idle.wait_closed().unwrap().is_empty());
+    wait_until("the closed session's route to go", || online_devices(&node, "u1") == 0);
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn an_unacknowledged_recv_is_resent_with_dup() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.session.ack_timeout_ms = 100;
+    c.session.ack_resends_max = 2;
+    let node = Node::start(c).unwrap();
+    set_token(&node, "u1", 1);
+    set_token(&node, "u2", 1);
+    let mut a = login_device(&node, "u1", "d");
+    let mut b = login_device(&node, "u2", "d");
+    a.send("u2", 1, 1, "m1", b"ack me", true).unwrap();
+    let first = next_recv(&mut b);
+    assert!(!first.dup);
+    let again = next_recv(&mut b);
+    assert!(again.dup, "re-sent with DUP");
+    assert_eq!((again.message_id, again.payload.as_slice()), (first.message_id, &b"ack me"[..]));
+    b.recvack(again.message_id, again.message_seq).unwrap();
+    // After the ack nothing more comes: the next frame is our PONG.
+    b.ping().unwrap();
+    assert_eq!(b.read().unwrap(), Received::Pong);
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn slave_devices_conflict_only_on_the_same_device_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).unwrap();
+    set_token(&node, "s", 0);
+    let mut d1 = login_device(&node, "s", "device-1");
+    let _d2 = login_device(&node, "s", "device-2");
+    assert_eq!(online_devices(&node, "s"), 2, "other device ids coexist");
+    let _d1_again = login_device(&node, "s", "device-1");
+    let seen = d1.wait_closed().unwrap();
+    assert!(
+        !seen.iter().any(|f| matches!(f, Received::Disconnect { reason: 12, .. })),
+        "a Slave replacing its own device id closes without a kick: {seen:?}"
+    );
+    wait_until("two routes", || online_devices(&node, "s") == 2);
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn the_senders_other_devices_receive_but_not_the_sending_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).unwrap();
+    set_token(&node, "u1", 0);
+    set_token(&node, "u2", 1);
+    let mut phone = login_device(&node, "u1", "phone");
+    let mut laptop = login_device(&node, "u1", "laptop");
+    let mut peer = login_device(&node, "u2", "d");
+    phone.send("u2", 1, 1, "m", b"from the phone", true).unwrap();
+    let on_laptop = next_recv(&mut laptop);
+    assert_eq!((on_laptop.channel_id.as_str(), on_laptop.payload.as_slice()), ("u2", &b"from the phone"[..]));
+    assert_eq!(next_recv(&mut peer).channel_id, "u1");
+    match phone.read().unwrap() {
+        Received::Sendack { reason: 1, .. } => {}
+        other => panic!("expected SENDACK, got {other:?}"),
+    }
+    phone.ping().unwrap();
+    assert_eq!(phone.read().unwrap(), Received::Pong, "no echo to the sending session");
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn device_quit_closes_the_sessions_and_removes_their_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).unwrap();
+    set_token(&node, "u1", 1);
+    let mut s = login_device(&node, "u1", "d");
+    assert_eq!(online_devices(&node, "u1"), 1);
+    let (status, body) = api(&node, "/user/device_quit", json!({"uid": "u1", "device_flag": 1}));
+    assert_eq!(status, 200, "{body}");
+    let seen = s.wait_closed().unwrap();
+    assert!(matches!(seen.first(), Some(Received::Disconnect { .. })), "{seen:?}");
+    wait_until("the route to go", || online_devices(&node, "u1") == 0);
+    node.shutdown().unwrap();
+}
