@@ -26,11 +26,15 @@ use crate::route::{DeviceLevel, Uid};
 use crate::store::PullMode;
 
 /// Limits of the HTTP API.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ApiConfig {
+    /// Set from `[listen] api_addr`.
+    #[serde(skip)]
     pub addr: Option<SocketAddr>,
     /// Required as `Authorization: Bearer <token>` on every route but /healthz and
-    /// /readyz when set.
+    /// /readyz when set. Set from `[auth] api_bearer_token`.
+    #[serde(skip)]
     pub bearer_token: Option<String>,
     /// Largest request body.
     pub max_body_bytes: usize,
@@ -162,6 +166,23 @@ struct SyncReq {
     pull_mode: u8,
 }
 
+/// Bad input or a limit is the caller's (400); the store failing is ours (503).
+fn meta_error(e: crate::store::MetaError) -> Reply {
+    use crate::store::MetaError as E;
+    match e {
+        E::Io { .. }
+        | E::Poisoned
+        | E::Locked
+        | E::SnapshotCorrupt
+        | E::JournalCorrupt
+        | E::Config(_) => {
+            tracing::error!(%e, "metadata store failed");
+            Reply::error(503, e.to_string())
+        }
+        _ => Reply::error(400, e.to_string()),
+    }
+}
+
 fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Reply> {
     serde_json::from_slice(body).map_err(|e| Reply::error(400, format!("bad request body: {e}")))
 }
@@ -254,7 +275,7 @@ impl Api {
         self.shared
             .meta
             .set_token(&r.uid, r.device_flag, &r.token, level)
-            .map_err(|e| Reply::error(503, e.to_string()))?;
+            .map_err(meta_error)?;
         Ok(Reply::ok())
     }
 
@@ -309,7 +330,7 @@ impl Api {
         self.shared
             .meta
             .add_subscribers(&r.channel_id, &r.subscribers, r.reset == 1)
-            .map_err(|e| Reply::error(400, e.to_string()))?;
+            .map_err(meta_error)?;
         Ok(Reply::ok())
     }
 
@@ -318,7 +339,8 @@ impl Api {
         self.check_group(&r)?;
         self.shared
             .meta
-            .remove_subscribers(&r.channel_id, &r.subscribers);
+            .remove_subscribers(&r.channel_id, &r.subscribers)
+            .map_err(meta_error)?;
         Ok(Reply::ok())
     }
 

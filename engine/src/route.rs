@@ -19,7 +19,8 @@ pub type OwnerSeq = u64;
 
 /// WuKongIM device level: a Master replaces every route of the same uid and device
 /// flag; a Slave replaces only the route of the same device id.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeviceLevel {
     Slave = 0,
     Master = 1,

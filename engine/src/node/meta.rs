@@ -1,12 +1,16 @@
 //! Tokens and group subscribers as the shards read them: lock-free epoch tables,
-//! written only by the control path (the HTTP API), read by every shard on CONNECT
-//! (token check) and on SEND to a group (permission, fan-out).
+//! read by every shard on CONNECT (token check) and on SEND to a group (permission,
+//! fan-out). Written only by the control path (the HTTP API): each change goes to the
+//! durable [`MetaStore`] first (journaled and fsynced), then its new state is
+//! published to the tables.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use shard::table::{epoch_map, MapReader, MapWriter, TableFull};
+use shard::table::{epoch_map, MapReader, MapWriter};
 
 use crate::route::{DeviceLevel, Uid};
+use crate::store::{MetaConfig, MetaError, MetaRecovery, MetaStore};
 
 /// One uid's tokens, one per device flag.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,67 +41,85 @@ impl Subscribers {
     }
 }
 
-/// Limits of the metadata tables.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MetaLimits {
-    pub max_users_with_tokens: usize,
-    pub max_groups: usize,
-    pub max_subscribers_per_group: usize,
-}
-
-impl Default for MetaLimits {
-    fn default() -> Self {
-        MetaLimits {
-            max_users_with_tokens: 1 << 22,
-            max_groups: 1 << 20,
-            max_subscribers_per_group: 100_000,
-        }
-    }
-}
-
-/// Why a metadata write was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MetaError {
-    /// A table is at its limit.
-    Full(&'static str),
-}
-
-impl std::fmt::Display for MetaError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MetaError::Full(what) => write!(f, "{what} limit reached"),
-        }
-    }
-}
-
 struct Writers {
+    store: MetaStore,
     tokens: MapWriter<Box<str>, UserTokens>,
     groups: MapWriter<Box<str>, Arc<Subscribers>>,
+}
+
+impl Writers {
+    fn publish_tokens(&mut self, uid: &str) {
+        let entry = UserTokens {
+            by_flag: self
+                .store
+                .tokens_of(uid)
+                .map(|(f, t, l)| (f, t.into(), l))
+                .collect(),
+        };
+        // The store enforces the same limits as the table (max_tokens >= uids).
+        if self.tokens.insert(uid.into(), entry).is_err() {
+            tracing::error!(
+                uid,
+                "token table full although the store accepted the token"
+            );
+        }
+    }
+
+    fn publish_group(&mut self, channel_id: &str) {
+        match self.store.subscribers(channel_id) {
+            Some(uids) => {
+                let s = Arc::new(Subscribers {
+                    uids: uids.to_vec(),
+                });
+                if self.groups.insert(channel_id.into(), s).is_err() {
+                    tracing::error!(
+                        channel_id,
+                        "group table full although the store accepted the group"
+                    );
+                }
+            }
+            None => {
+                self.groups.remove(channel_id);
+            }
+        }
+    }
 }
 
 /// The shared metadata: readers for the shards, a mutex-guarded writer for control.
 #[derive(Clone)]
 pub struct Meta {
-    limits: MetaLimits,
     writers: Arc<Mutex<Writers>>,
     tokens: MapReader<Box<str>, UserTokens>,
     groups: MapReader<Box<str>, Arc<Subscribers>>,
 }
 
 impl Meta {
-    /// Empty tables with these limits.
-    pub fn new(limits: MetaLimits) -> Meta {
-        let (tw, tokens) = epoch_map(1024, limits.max_users_with_tokens);
-        let (gw, groups) = epoch_map(1024, limits.max_groups);
-        Meta {
-            limits,
-            writers: Arc::new(Mutex::new(Writers {
-                tokens: tw,
-                groups: gw,
-            })),
-            tokens,
-            groups,
+    /// Opens the store in `dir` (replaying its journal) and publishes its content.
+    pub fn open(dir: &Path, config: MetaConfig) -> Result<(Meta, MetaRecovery), MetaError> {
+        let (store, recovery) = MetaStore::open(dir, config)?;
+        let (tokens_w, tokens) = epoch_map(1024, config.max_tokens);
+        let (groups_w, groups) = epoch_map(1024, config.max_groups);
+        let mut w = Writers {
+            store,
+            tokens: tokens_w,
+            groups: groups_w,
+        };
+        let uids: Vec<Box<str>> = w.store.token_uids().map(Box::from).collect();
+        for uid in uids {
+            w.publish_tokens(&uid);
         }
+        let ids: Vec<Box<str>> = w.store.groups().map(|(id, _)| Box::from(id)).collect();
+        for id in ids {
+            w.publish_group(&id);
+        }
+        Ok((
+            Meta {
+                writers: Arc::new(Mutex::new(w)),
+                tokens,
+                groups,
+            },
+            recovery,
+        ))
     }
 
     fn writers(&self) -> std::sync::MutexGuard<'_, Writers> {
@@ -113,7 +135,7 @@ impl Meta {
             .flatten()
     }
 
-    /// Stores `token` and `level` for `(uid, device_flag)`.
+    /// Stores `token` and `level` for `(uid, device_flag)`, durably.
     pub fn set_token(
         &self,
         uid: &str,
@@ -122,12 +144,8 @@ impl Meta {
         level: DeviceLevel,
     ) -> Result<(), MetaError> {
         let mut w = self.writers();
-        let mut entry = w.tokens.get(uid).cloned().unwrap_or_default();
-        entry.by_flag.retain(|(f, _, _)| *f != device_flag);
-        entry.by_flag.push((device_flag, token.into(), level));
-        w.tokens
-            .insert(uid.into(), entry)
-            .map_err(|TableFull| MetaError::Full("tokens"))?;
+        w.store.set_token(uid, device_flag, token, level)?;
+        w.publish_tokens(uid);
         Ok(())
     }
 
@@ -143,39 +161,20 @@ impl Meta {
         uids: &[String],
         reset: bool,
     ) -> Result<(), MetaError> {
+        let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
         let mut w = self.writers();
-        let mut list: Vec<Uid> = match (reset, w.groups.get(channel_id)) {
-            (false, Some(s)) => s.uids.clone(),
-            _ => Vec::new(),
-        };
-        list.extend(uids.iter().map(|u| Uid::from(u.as_str())));
-        list.sort_unstable();
-        list.dedup();
-        if list.len() > self.limits.max_subscribers_per_group {
-            return Err(MetaError::Full("subscribers per group"));
-        }
-        w.groups
-            .insert(channel_id.into(), Arc::new(Subscribers { uids: list }))
-            .map_err(|TableFull| MetaError::Full("groups"))?;
+        w.store.add_subscribers(channel_id, &uids, reset)?;
+        w.publish_group(channel_id);
         Ok(())
     }
 
     /// Removes `uids` from a group; a missing group is left missing.
-    pub fn remove_subscribers(&self, channel_id: &str, uids: &[String]) {
+    pub fn remove_subscribers(&self, channel_id: &str, uids: &[String]) -> Result<(), MetaError> {
+        let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
         let mut w = self.writers();
-        let Some(current) = w.groups.get(channel_id) else {
-            return;
-        };
-        let list: Vec<Uid> = current
-            .uids
-            .iter()
-            .filter(|u| !uids.iter().any(|r| r.as_str() == &***u))
-            .cloned()
-            .collect();
-        // Replacing an existing key cannot pass the table limit.
-        let _ = w
-            .groups
-            .insert(channel_id.into(), Arc::new(Subscribers { uids: list }));
+        w.store.remove_subscribers(channel_id, &uids)?;
+        w.publish_group(channel_id);
+        Ok(())
     }
 }
 
@@ -183,15 +182,24 @@ impl Meta {
 mod tests {
     use super::*;
 
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
     #[test]
-    fn tokens_are_per_uid_and_device_flag() {
-        let meta = Meta::new(MetaLimits::default());
-        meta.set_token("u1", 1, "t-web", DeviceLevel::Master)
-            .unwrap();
-        meta.set_token("u1", 0, "t-app", DeviceLevel::Slave)
-            .unwrap();
-        meta.set_token("u1", 1, "t-web2", DeviceLevel::Slave)
-            .unwrap();
+    fn tokens_are_per_uid_and_device_flag_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (meta, _) = Meta::open(dir.path(), MetaConfig::default()).unwrap();
+            meta.set_token("u1", 1, "t-web", DeviceLevel::Master)
+                .unwrap();
+            meta.set_token("u1", 0, "t-app", DeviceLevel::Slave)
+                .unwrap();
+            meta.set_token("u1", 1, "t-web2", DeviceLevel::Slave)
+                .unwrap();
+            meta.add_subscribers("g", &s(&["b", "a"]), false).unwrap();
+        }
+        let (meta, _) = Meta::open(dir.path(), MetaConfig::default()).unwrap();
         assert_eq!(
             meta.token("u1", 1),
             Some(("t-web2".into(), DeviceLevel::Slave))
@@ -202,15 +210,17 @@ mod tests {
         );
         assert_eq!(meta.token("u1", 2), None);
         assert_eq!(meta.token("u2", 1), None);
+        assert!(meta.subscribers("g").unwrap().contains("a"));
     }
 
     #[test]
-    fn subscribers_add_reset_remove() {
-        let meta = Meta::new(MetaLimits {
+    fn subscribers_add_reset_remove_within_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = MetaConfig {
             max_subscribers_per_group: 3,
-            ..MetaLimits::default()
-        });
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+            ..MetaConfig::default()
+        };
+        let (meta, _) = Meta::open(dir.path(), config).unwrap();
         assert!(meta.subscribers("g").is_none());
         meta.add_subscribers("g", &s(&["b", "a"]), false).unwrap();
         meta.add_subscribers("g", &s(&["c", "a"]), false).unwrap();
@@ -220,13 +230,10 @@ mod tests {
             vec!["a", "b", "c"]
         );
         assert!(g.contains("b") && !g.contains("d"));
-        assert_eq!(
-            meta.add_subscribers("g", &s(&["d"]), false),
-            Err(MetaError::Full("subscribers per group"))
-        );
+        assert!(meta.add_subscribers("g", &s(&["d"]), false).is_err());
         meta.add_subscribers("g", &s(&["d"]), true).unwrap();
         assert_eq!(meta.subscribers("g").unwrap().uids.len(), 1);
-        meta.remove_subscribers("g", &s(&["d"]));
-        assert!(meta.subscribers("g").unwrap().uids.is_empty());
+        meta.remove_subscribers("g", &s(&["d"])).unwrap();
+        assert!(meta.subscribers("g").map_or(true, |g| g.uids.is_empty()));
     }
 }

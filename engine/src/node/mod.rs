@@ -29,16 +29,17 @@ use crate::authority::{AuthorityConfig, AuthorityReader, Directory};
 use crate::cluster::{ClusterView, NodeId};
 use crate::route::{BootId, DeviceLevel};
 use crate::store::{
-    log_dir, IdempotencyConfig, IdempotencyWindow, LogConfig, MessageIdGen, MessageLog,
+    log_dir, IdempotencyConfig, IdempotencyWindow, LogConfig, MessageIdGen, MessageLog, MetaConfig,
 };
 
-use self::meta::{Meta, MetaLimits};
+use self::meta::Meta;
 use self::metrics::ShardMetrics;
 use self::msg::Msg;
 use self::shard::NodeShard;
 
 /// Sessions, touches and acknowledgements: limits and intervals.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {
     pub max_sessions_per_shard: u32,
     /// How often the touch worker flushes dirty routes (and drains unregisters).
@@ -73,7 +74,8 @@ impl Default for SessionConfig {
 }
 
 /// Delivery planning limits.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DeliveryConfig {
     /// Recipients planned per lookup (one route snapshot per page).
     pub subscriber_page_max: usize,
@@ -109,7 +111,7 @@ pub struct NodeConfig {
     pub delivery: DeliveryConfig,
     pub log: LogConfig,
     pub idempotency: IdempotencyConfig,
-    pub meta: MetaLimits,
+    pub meta: MetaConfig,
     pub api: crate::http::ApiConfig,
 }
 
@@ -133,7 +135,7 @@ impl Default for NodeConfig {
             delivery: DeliveryConfig::default(),
             log: LogConfig::default(),
             idempotency: IdempotencyConfig::default(),
-            meta: MetaLimits::default(),
+            meta: MetaConfig::default(),
             api: crate::http::ApiConfig::default(),
         }
     }
@@ -209,7 +211,10 @@ impl Node {
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
         let directory =
             Directory::new(&config.authority).map_err(|e| io::Error::other(format!("{e:?}")))?;
-        let meta = Meta::new(config.meta);
+        let meta_dir = config.data_dir.join("meta");
+        let (meta, recovery) = Meta::open(&meta_dir, config.meta)
+            .map_err(|e| io::Error::other(format!("metadata store {}: {e}", meta_dir.display())))?;
+        tracing::info!(?recovery, "metadata store opened");
         let shard_metrics = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();

@@ -46,7 +46,8 @@ use crate::slots::ShardId;
 use crate::timer::{TimerHandle, TimerWheel};
 
 /// Limits and behaviour of a runtime. Every bound has its unit in its name.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// Number of shard threads.
     pub shard_count: u16,
@@ -81,7 +82,7 @@ impl Default for RuntimeConfig {
             pin_cores: core_affinity::get_core_ids()
                 .map(|ids| ids.into_iter().map(|c| c.id).collect())
                 .unwrap_or_default(),
-            thread_name: "shard".into(),
+            thread_name: "imrouter".into(),
         }
     }
 }

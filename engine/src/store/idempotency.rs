@@ -1,0 +1,193 @@
+//! The idempotent-send window (Flow 7): `(sender uid, client_msg_no)` → the first
+//! SENDACK's `(message_id, message_seq)`, for the last `max_entries` sends no older than
+//! `ttl_s`. A SEND found here is answered with the stored ids and neither committed nor
+//! delivered again.
+//!
+//! One window per delivery shard: a resent SEND names the same channel, so it reaches
+//! the same shard as the first one. Time (whole seconds) is passed in. An empty
+//! `client_msg_no` identifies nothing: such sends are never recorded nor matched.
+//! After a restart, [`IdempotencyWindow::rebuild_from_log`] refills the window from the
+//! records still in the log (their timestamps stand for the insertion time).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use super::log::{LogError, MessageLog};
+
+/// Bounds of the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    /// Most remembered sends; the oldest is evicted first. At least 1.
+    pub max_entries: usize,
+    /// A send is forgotten once `now_s >= inserted_s + ttl_s`.
+    pub ttl_s: u64,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig {
+            max_entries: 100_000,
+            ttl_s: 600,
+        }
+    }
+}
+
+/// The ids the first SENDACK carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SentIds {
+    pub message_id: i64,
+    pub message_seq: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct IdempotencyWindow {
+    config: IdempotencyConfig,
+    map: HashMap<Arc<[u8]>, SentIds>,
+    /// Keys in insertion order with their insertion second.
+    order: VecDeque<(Arc<[u8]>, u64)>,
+    scratch: Vec<u8>,
+}
+
+impl IdempotencyWindow {
+    /// `None` when `max_entries` is 0.
+    pub fn new(config: IdempotencyConfig) -> Option<IdempotencyWindow> {
+        (config.max_entries > 0).then(|| IdempotencyWindow {
+            config,
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            scratch: Vec::new(),
+        })
+    }
+
+    fn key<'s>(scratch: &'s mut Vec<u8>, uid: &str, client_msg_no: &str) -> &'s [u8] {
+        scratch.clear();
+        scratch.extend_from_slice(&(uid.len() as u32).to_le_bytes());
+        scratch.extend_from_slice(uid.as_bytes());
+        scratch.extend_from_slice(client_msg_no.as_bytes());
+        scratch
+    }
+
+    fn expire(&mut self, now_s: u64) {
+        while let Some((key, at)) = self.order.front() {
+            if now_s < at.saturating_add(self.config.ttl_s) {
+                break;
+            }
+            self.map.remove(key);
+            self.order.pop_front();
+        }
+    }
+
+    /// The ids of an earlier send of `(uid, client_msg_no)` still in the window.
+    pub fn get(&mut self, uid: &str, client_msg_no: &str, now_s: u64) -> Option<SentIds> {
+        if client_msg_no.is_empty() {
+            return None;
+        }
+        self.expire(now_s);
+        let key = Self::key(&mut self.scratch, uid, client_msg_no);
+        self.map.get(key).copied()
+    }
+
+    /// Remembers a committed send. If the pair is already in the window, the first ids
+    /// are kept and returned (`Some`); otherwise `None`. Evicts the oldest entries
+    /// beyond `max_entries`.
+    pub fn insert(
+        &mut self,
+        uid: &str,
+        client_msg_no: &str,
+        ids: SentIds,
+        now_s: u64,
+    ) -> Option<SentIds> {
+        if client_msg_no.is_empty() {
+            return None;
+        }
+        self.expire(now_s);
+        let key = Self::key(&mut self.scratch, uid, client_msg_no);
+        if let Some(first) = self.map.get(key) {
+            return Some(*first);
+        }
+        let key: Arc<[u8]> = Arc::from(key);
+        self.map.insert(key.clone(), ids);
+        self.order.push_back((key, now_s));
+        while self.order.len() > self.config.max_entries {
+            let (old, _) = self.order.pop_front().expect("len > max_entries >= 1");
+            self.map.remove(&old);
+        }
+        debug_assert_eq!(self.map.len(), self.order.len());
+        None
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Refills the window from the log's retained records, oldest first, using each
+    /// record's `timestamp_s` as its insertion time (records already past `ttl_s` at
+    /// `now_s` are skipped). Returns how many entries the window holds afterwards.
+    pub fn rebuild_from_log(&mut self, log: &MessageLog, now_s: u64) -> Result<usize, LogError> {
+        let ttl_s = self.config.ttl_s;
+        log.scan(|m| {
+            let at = u64::from(m.timestamp_s);
+            if now_s < at.saturating_add(ttl_s) {
+                let ids = SentIds {
+                    message_id: m.message_id,
+                    message_seq: m.message_seq,
+                };
+                self.insert(m.from_uid, m.client_msg_no, ids, at);
+            }
+        })?;
+        self.expire(now_s);
+        Ok(self.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: u64) -> SentIds {
+        SentIds {
+            message_id: n as i64 * 10,
+            message_seq: n,
+        }
+    }
+
+    #[test]
+    fn evicts_oldest_beyond_max_entries_and_by_ttl() {
+        let mut w = IdempotencyWindow::new(IdempotencyConfig {
+            max_entries: 3,
+            ttl_s: 100,
+        })
+        .unwrap();
+        for n in 1..=4u64 {
+            assert_eq!(w.insert("u", &format!("c{n}"), ids(n), 10), None);
+        }
+        assert_eq!(w.len(), 3);
+        assert_eq!(w.get("u", "c1", 10), None, "oldest evicted");
+        assert_eq!(w.get("u", "c2", 10), Some(ids(2)));
+        // a resend keeps the first ids
+        assert_eq!(w.insert("u", "c2", ids(99), 10), Some(ids(2)));
+        // (uid, client_msg_no) is the key: another sender's c2 is distinct
+        assert_eq!(w.get("v", "c2", 10), None);
+        // the length prefix keeps ("ab","c") apart from ("a","bc")
+        w.insert("ab", "c", ids(7), 50);
+        assert_eq!(w.get("a", "bc", 50), None);
+        assert_eq!(w.get("u", "c4", 109), Some(ids(4)));
+        assert_eq!(w.get("u", "c4", 110), None, "expired at 10 + 100");
+        assert_eq!(w.get("ab", "c", 149), Some(ids(7)));
+        assert_eq!(w.get("ab", "c", 150), None);
+        assert!(w.is_empty());
+        assert_eq!(w.insert("u", "", ids(1), 0), None);
+        assert_eq!(w.get("u", "", 0), None);
+        assert!(IdempotencyWindow::new(IdempotencyConfig {
+            max_entries: 0,
+            ttl_s: 1
+        })
+        .is_none());
+    }
+}

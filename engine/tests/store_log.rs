@@ -1,0 +1,650 @@
+//! Message log: per-channel seqs, reads, roll, retention, limits, recovery, torn tails.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use engine::store::record::RecordFields;
+use engine::store::{
+    FsyncPolicy, IdempotencyConfig, IdempotencyWindow, LogConfig, LogError, MessageLog, NewMessage,
+    PullMode, SentIds,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn seed() -> u64 {
+    let s = std::env::var("STORE_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed);
+    println!("STORE_TEST_SEED={s}");
+    s
+}
+
+/// Small segments (the smallest that holds a max-size record with 4 KiB payloads).
+fn small_config() -> LogConfig {
+    LogConfig {
+        segment_bytes: 256 << 10,
+        max_segments: 1000,
+        max_channels: 10_000,
+        max_indexed_messages: 1_000_000,
+        max_payload_bytes: 4096,
+        max_read_messages: 1000,
+        fsync: FsyncPolicy::Always,
+    }
+}
+
+fn payload_for(channel: &str, seq: u64, len: usize) -> Vec<u8> {
+    let mut p = format!("{channel}#{seq}:").into_bytes();
+    p.resize(len.max(p.len()), b'a' + (seq % 26) as u8);
+    p
+}
+
+fn msg<'a>(channel: &'a str, client_msg_no: &'a str, payload: &'a [u8], id: i64) -> NewMessage<'a> {
+    NewMessage {
+        message_id: id,
+        channel_type: 2,
+        channel_id: channel,
+        from_uid: "sender",
+        client_msg_no,
+        setting: 0,
+        msg_flags: 0,
+        timestamp_s: 1_700_000_000,
+        payload,
+    }
+}
+
+fn append_n(log: &mut MessageLog, channel: &str, n: u64, payload_len: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            let seq = log.last_seq(2, channel) + 1;
+            let p = payload_for(channel, seq, payload_len);
+            let a = log.append(&msg(channel, "", &p, seq as i64)).unwrap();
+            assert_eq!(a.message_seq, seq);
+            a.position
+        })
+        .collect()
+}
+
+fn seqs(
+    log: &MessageLog,
+    channel: &str,
+    start: u64,
+    end: u64,
+    limit: usize,
+    mode: PullMode,
+) -> (Vec<u64>, bool) {
+    let r = log.read(2, channel, start, end, limit, mode).unwrap();
+    (r.messages.iter().map(|m| m.message_seq).collect(), r.more)
+}
+
+fn range(a: u64, b: u64) -> Vec<u64> {
+    (a..=b).collect()
+}
+
+/// Reads every retained message of `channel` and checks seqs are contiguous and each
+/// payload is the one `payload_for` made. Returns (first, last) retained seqs.
+fn check_channel(log: &MessageLog, channel: &str, payload_len: usize) -> Option<(u64, u64)> {
+    let first = log.first_retained_seq(2, channel)?;
+    let last = log.last_seq(2, channel);
+    let mut next = first;
+    loop {
+        let r = log.read(2, channel, next, 0, 0, PullMode::Up).unwrap();
+        for m in &r.messages {
+            assert_eq!(m.message_seq, next);
+            assert_eq!(m.channel_id, channel);
+            assert_eq!(m.message_id, next as i64);
+            assert_eq!(m.payload, &payload_for(channel, next, payload_len)[..]);
+            next += 1;
+        }
+        if !r.more {
+            break;
+        }
+    }
+    assert_eq!(next, last + 1, "channel {channel}");
+    Some((first, last))
+}
+
+fn segment_file(dir: &Path, id: u32) -> std::path::PathBuf {
+    dir.join(format!("{id:020}.seg"))
+}
+
+fn patch_file(path: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, at).unwrap();
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn interleaved_channels_get_seqs_from_one_and_read_back() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!(report.records, 0);
+    let channels: Vec<String> = (0..40).map(|i| format!("g{i}")).collect();
+    let mut expect: HashMap<&str, u64> = HashMap::new();
+    for _ in 0..4000 {
+        let c = &channels[rng.gen_range(0..channels.len())];
+        let e = expect.entry(c).or_insert(0);
+        *e += 1;
+        let p = payload_for(c, *e, rng.gen_range(0..200));
+        let a = log.append(&msg(c, "", &p, *e as i64)).unwrap();
+        assert_eq!(a.message_seq, *e, "seed {seed}");
+    }
+    log.sync(0).unwrap();
+    assert!(log.segment_ids().len() > 1, "small segments rolled");
+    for c in &channels {
+        let last = expect[c.as_str()];
+        assert_eq!(log.last_seq(2, c), last);
+        let r = log.read(2, c, 1, 0, 0, PullMode::Up).unwrap();
+        assert_eq!(r.messages.len() as u64, last);
+        for (i, m) in r.messages.iter().enumerate() {
+            assert_eq!(m.message_seq, i as u64 + 1);
+            assert!(
+                m.payload.starts_with(format!("{c}#{}:", i + 1).as_bytes()),
+                "seed {seed}"
+            );
+        }
+    }
+    // the same id under another channel type is another channel
+    let a = log
+        .append(&NewMessage {
+            channel_type: 1,
+            ..msg("g0", "", b"x", 1)
+        })
+        .unwrap();
+    assert_eq!(a.message_seq, 1);
+    assert_eq!(log.last_seq(1, "g0"), 1);
+    assert_eq!(log.last_seq(2, "g0"), expect["g0"]);
+    assert_eq!(log.last_seq(2, "nope"), 0);
+}
+
+#[test]
+fn read_bounds_and_pull_modes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_read_messages: 50,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config).unwrap();
+    append_n(&mut log, "c", 100, 8);
+    use PullMode::{Down, Up};
+    // both zero: the newest `limit`, whatever the mode
+    assert_eq!(seqs(&log, "c", 0, 0, 10, Down), (range(91, 100), true));
+    assert_eq!(seqs(&log, "c", 0, 0, 10, Up), (range(91, 100), true));
+    assert_eq!(
+        seqs(&log, "c", 0, 0, 200, Down),
+        (range(51, 100), true),
+        "clamped to max_read_messages"
+    );
+    assert_eq!(
+        seqs(&log, "c", 0, 0, 0, Down),
+        (range(51, 100), true),
+        "0 = max_read_messages"
+    );
+    // down: (end, start], newest first-limited
+    assert_eq!(seqs(&log, "c", 100, 0, 10, Down), (range(91, 100), true));
+    assert_eq!(seqs(&log, "c", 5, 0, 10, Down), (range(1, 5), false));
+    assert_eq!(seqs(&log, "c", 100, 95, 10, Down), (range(96, 100), false));
+    assert_eq!(
+        seqs(&log, "c", 100, 90, 10, Down),
+        (range(91, 100), false),
+        "exact more"
+    );
+    assert_eq!(seqs(&log, "c", 100, 50, 10, Down), (range(91, 100), true));
+    assert_eq!(
+        seqs(&log, "c", 500, 0, 3, Down),
+        (range(98, 100), true),
+        "start clipped to last"
+    );
+    assert_eq!(
+        seqs(&log, "c", 0, 97, 10, Down),
+        (range(98, 100), false),
+        "start 0 = last"
+    );
+    assert_eq!(seqs(&log, "c", 10, 10, 10, Down), (vec![], false));
+    assert_eq!(seqs(&log, "c", 10, 20, 10, Down), (vec![], false));
+    // up: [start, end), oldest first-limited
+    assert_eq!(seqs(&log, "c", 1, 0, 10, Up), (range(1, 10), true));
+    assert_eq!(seqs(&log, "c", 95, 0, 10, Up), (range(95, 100), false));
+    assert_eq!(seqs(&log, "c", 10, 20, 100, Up), (range(10, 19), false));
+    assert_eq!(seqs(&log, "c", 10, 20, 10, Up), (range(10, 19), false));
+    assert_eq!(seqs(&log, "c", 10, 20, 5, Up), (range(10, 14), true));
+    assert_eq!(
+        seqs(&log, "c", 0, 4, 10, Up),
+        (range(1, 3), false),
+        "start 0 = from the first"
+    );
+    assert_eq!(seqs(&log, "c", 101, 0, 10, Up), (vec![], false));
+    assert_eq!(seqs(&log, "c", 10, 10, 10, Up), (vec![], false));
+    assert_eq!(seqs(&log, "c", 10, 1, 10, Up), (vec![], false));
+    assert_eq!(
+        seqs(&log, "c", u64::MAX, u64::MAX, 10, Down),
+        (vec![], false)
+    );
+    assert_eq!(seqs(&log, "c", u64::MAX, 0, 1, Up), (vec![], false));
+    assert_eq!(seqs(&log, "unknown", 0, 0, 10, Down), (vec![], false));
+    assert_eq!(PullMode::from_wire(1), Up);
+    assert_eq!(PullMode::from_wire(0), Down);
+    assert_eq!(PullMode::from_wire(7), Down);
+}
+
+#[test]
+fn recovery_after_reopen_returns_every_record_synced_or_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let channels = ["a", "b", "c"];
+    {
+        let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+        for round in 0..300 {
+            for c in channels {
+                append_n(&mut log, c, 1, 300 + round);
+            }
+            if round == 200 {
+                log.sync(0).unwrap();
+            }
+        }
+        // the last 99 rounds were never synced: dropping the log (like a process exit)
+        // leaves them in the page cache, which the reopen reads.
+        assert!(log.stats().unsynced_bytes > 0);
+    }
+    let (log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!(report.records, 900);
+    assert_eq!(report.truncated_bytes, 0);
+    assert_eq!(report.dropped_segments, 0);
+    assert_eq!(report.seq_discontinuities, 0);
+    assert_eq!(report.channels, 3);
+    for c in channels {
+        assert_eq!(log.last_seq(2, c), 300);
+        let r = log.read(2, c, 1, 0, 0, PullMode::Up).unwrap();
+        assert_eq!(r.messages.len(), 300);
+        for (i, m) in r.messages.iter().enumerate() {
+            assert_eq!(m.payload, &payload_for(c, i as u64 + 1, 300 + i)[..]);
+            assert_eq!(m.from_uid, "sender");
+            assert_eq!(m.timestamp_s, 1_700_000_000);
+            assert_eq!(log.get(m.position).unwrap(), *m);
+        }
+    }
+}
+
+#[test]
+fn a_second_open_of_the_same_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert!(matches!(
+        MessageLog::open(tmp.path(), small_config()),
+        Err(LogError::Locked)
+    ));
+}
+
+#[test]
+fn segments_roll_when_full_and_records_span_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!(log.segment_ids(), vec![0]);
+    // ~1 KiB records: a 256 KiB segment holds ~240
+    let positions = append_n(&mut log, "r", 1000, 1000);
+    let ids = log.segment_ids();
+    assert_eq!(ids, (0..ids.len() as u32).collect::<Vec<_>>());
+    assert!(ids.len() >= 4, "{ids:?}");
+    let mut segs: Vec<u64> = positions.iter().map(|p| p >> 32).collect();
+    segs.dedup();
+    assert_eq!(segs.len(), ids.len());
+    for id in &ids {
+        let len = std::fs::metadata(segment_file(tmp.path(), *id))
+            .unwrap()
+            .len();
+        assert_eq!(len, 256 << 10, "segments are preallocated to segment_bytes");
+    }
+    check_channel(&log, "r", 1000);
+    drop(log);
+    let (log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!(report.records, 1000);
+    assert_eq!(report.segments as usize, ids.len());
+    assert_eq!(check_channel(&log, "r", 1000), Some((1, 1000)));
+}
+
+#[test]
+fn retention_deletes_oldest_segments_and_seqs_continue_after_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_segments: 3,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    let cold_positions = append_n(&mut log, "cold", 5, 100);
+    append_n(&mut log, "hot", 2000, 1000);
+    log.sync(0).unwrap();
+    let ids = log.segment_ids();
+    assert_eq!(ids.len(), 3);
+    assert!(ids[0] > 0, "oldest segments retired");
+    for id in 0..ids[0] {
+        assert!(!segment_file(tmp.path(), id).exists());
+    }
+    let stats = log.stats();
+    assert!(stats.retired_segments > 0 && stats.retired_messages > 0);
+    assert_eq!(stats.indexed_messages as u64 + stats.retired_messages, 2005);
+    // cold's messages are all gone; hot keeps a suffix
+    assert_eq!(log.first_retained_seq(2, "cold"), None);
+    assert!(matches!(
+        log.get(cold_positions[0]),
+        Err(LogError::NoSuchPosition { .. })
+    ));
+    assert_eq!(log.last_seq(2, "cold"), 5);
+    assert_eq!(
+        seqs(&log, "cold", 0, 0, 10, PullMode::Down),
+        (vec![], false)
+    );
+    let (first, last) = check_channel(&log, "hot", 1000).unwrap();
+    assert!(first > 1 && last == 2000);
+    // a read reaching below the retained range gets what is retained, and no `more`
+    let (got, more) = seqs(&log, "hot", first + 2, 0, 10, PullMode::Down);
+    assert_eq!((got, more), (range(first, first + 2), false));
+    drop(log);
+
+    let (mut log, report) = MessageLog::open(tmp.path(), config).unwrap();
+    assert_eq!(
+        report.snapshot_channels, 1,
+        "cold's last seq came from the snapshot"
+    );
+    assert_eq!(log.last_seq(2, "cold"), 5);
+    assert_eq!(
+        log.append(&msg("cold", "", b"again", 6))
+            .unwrap()
+            .message_seq,
+        6
+    );
+    assert_eq!(check_channel(&log, "hot", 1000), Some((first, 2000)));
+    assert_eq!(
+        log.append(&msg("hot", "", b"x", 1)).unwrap().message_seq,
+        2001
+    );
+}
+
+#[test]
+fn index_budget_retires_oldest_segments_and_appends_go_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_indexed_messages: 300,
+        segment_bytes: 1 << 20,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    // 1000 small records fit in one segment: the budget, not the segment size, binds
+    append_n(&mut log, "a", 1000, 16);
+    let stats = log.stats();
+    assert!(stats.indexed_messages <= 300, "{stats:?}");
+    assert!(stats.retired_messages >= 700, "{stats:?}");
+    let (first, last) = check_channel(&log, "a", 16).unwrap();
+    assert_eq!(last, 1000);
+    assert_eq!(first, 1001 - stats.indexed_messages as u64);
+    drop(log);
+    let (log, report) = MessageLog::open(tmp.path(), config).unwrap();
+    assert_eq!(log.last_seq(2, "a"), 1000);
+    assert!(report.records <= 300);
+    assert_eq!(check_channel(&log, "a", 16), Some((first, 1000)));
+}
+
+#[test]
+fn channel_limit_and_bad_input_are_errors_that_change_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_channels: 2,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    append_n(&mut log, "one", 2, 4);
+    append_n(&mut log, "two", 1, 4);
+    assert!(matches!(
+        log.append(&msg("three", "", b"x", 1)),
+        Err(LogError::TooManyChannels { max_channels: 2 })
+    ));
+    assert!(matches!(
+        log.append(&msg("", "", b"x", 1)),
+        Err(LogError::EmptyChannelId)
+    ));
+    let big = vec![0u8; 4097];
+    assert!(matches!(
+        log.append(&msg("one", "", &big, 1)),
+        Err(LogError::PayloadTooLarge {
+            len: 4097,
+            max_payload_bytes: 4096
+        })
+    ));
+    let long = "x".repeat(65536);
+    assert!(matches!(
+        log.append(&msg("one", &long, b"x", 1)),
+        Err(LogError::FieldTooLong {
+            field: "client_msg_no",
+            ..
+        })
+    ));
+    assert_eq!(log.last_seq(2, "three"), 0);
+    assert_eq!(log.stats().indexed_messages, 3);
+    assert_eq!(append_n(&mut log, "one", 1, 4).len(), 1);
+    assert_eq!(log.last_seq(2, "one"), 3);
+    // invalid configs are refused
+    for bad in [
+        LogConfig {
+            segment_bytes: 4095,
+            ..config.clone()
+        },
+        LogConfig {
+            segment_bytes: 64 << 10,
+            ..config.clone()
+        },
+        LogConfig {
+            max_segments: 0,
+            ..config.clone()
+        },
+        LogConfig {
+            max_read_messages: 0,
+            ..config.clone()
+        },
+    ] {
+        assert!(matches!(bad.validate(), Err(LogError::Config(_))));
+    }
+}
+
+#[test]
+fn sync_due_follows_the_policy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert!(!log.sync_due(0));
+    append_n(&mut log, "a", 1, 1);
+    assert!(log.sync_due(0));
+    log.sync(5).unwrap();
+    assert!(!log.sync_due(1_000_000));
+    drop(log);
+    let config = LogConfig {
+        fsync: FsyncPolicy::IntervalMs(100),
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config).unwrap();
+    log.sync(1_000).unwrap();
+    append_n(&mut log, "a", 1, 1);
+    assert!(!log.sync_due(1_099));
+    assert!(log.sync_due(1_100));
+    log.sync(1_100).unwrap();
+    assert!(!log.sync_due(5_000));
+    assert_eq!(log.stats().unsynced_bytes, 0);
+}
+
+/// Writes three records per channel, then damages the tail of the log file.
+fn torn_tail_case(damage: impl FnOnce(&Path, u64, usize)) {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = small_config();
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    append_n(&mut log, "a", 3, 50);
+    append_n(&mut log, "b", 3, 50);
+    let last = append_n(&mut log, "a", 1, 50)[0];
+    log.sync(0).unwrap();
+    let len = RecordFields {
+        message_id: 0,
+        message_seq: 0,
+        timestamp_s: 0,
+        channel_type: 2,
+        setting: 0,
+        msg_flags: 0,
+        channel_id: b"a",
+        from_uid: b"sender",
+        client_msg_no: b"",
+        payload: &payload_for("a", 4, 50),
+    }
+    .record_len()
+    .unwrap();
+    drop(log);
+    damage(
+        &segment_file(tmp.path(), (last >> 32) as u32),
+        last & 0xffff_ffff,
+        len,
+    );
+
+    let (mut log, report) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    assert!(report.truncated_bytes > 0, "{report:?}");
+    assert_eq!(report.records, 6);
+    assert_eq!(log.last_seq(2, "a"), 3, "the torn record is gone");
+    assert_eq!(check_channel(&log, "a", 50), Some((1, 3)));
+    assert_eq!(check_channel(&log, "b", 50), Some((1, 3)));
+    let a = log
+        .append(&msg("a", "", &payload_for("a", 4, 50), 4))
+        .unwrap();
+    assert_eq!(
+        (a.message_seq, a.position),
+        (4, last),
+        "appends continue where the log ends"
+    );
+    append_n(&mut log, "b", 2, 50);
+    log.sync(0).unwrap();
+    drop(log);
+    // the garbage was zeroed: the next open is clean and sees the new records
+    let (log, report) = MessageLog::open(tmp.path(), config).unwrap();
+    assert_eq!(report.truncated_bytes, 0, "{report:?}");
+    assert_eq!(report.records, 9);
+    assert_eq!(check_channel(&log, "a", 50), Some((1, 4)));
+    assert_eq!(check_channel(&log, "b", 50), Some((1, 5)));
+}
+
+#[test]
+fn torn_tail_partial_body_is_truncated() {
+    torn_tail_case(|file, off, len| patch_file(file, off + len as u64 - 20, &[0u8; 12]));
+}
+
+#[test]
+fn torn_tail_partial_header_and_garbage_after_it_are_truncated() {
+    torn_tail_case(|file, off, len| {
+        // only the first 20 bytes of the header made it, and garbage lies further on
+        patch_file(file, off + 20, &vec![0u8; len - 20]);
+        let mut rng = StdRng::seed_from_u64(seed());
+        let garbage: Vec<u8> = (0..3000).map(|_| rng.gen()).collect();
+        patch_file(file, off + len as u64 + 4096, &garbage);
+    });
+}
+
+#[test]
+fn garbage_after_the_last_valid_record_is_truncated() {
+    torn_tail_case(|file, off, _len| {
+        let mut rng = StdRng::seed_from_u64(seed() ^ 1);
+        let garbage: Vec<u8> = (0..777).map(|_| rng.gen::<u8>() | 1).collect();
+        patch_file(file, off, &garbage);
+    });
+}
+
+#[test]
+fn crc_mismatch_in_the_middle_ends_the_log_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = small_config();
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    let positions = append_n(&mut log, "m", 1000, 1000);
+    log.sync(0).unwrap();
+    let segments = log.segment_ids().len() as u32;
+    assert!(segments >= 4);
+    drop(log);
+    // flip one payload byte of a record in segment 1
+    let victim = positions.iter().position(|p| p >> 32 == 1).unwrap() + 5;
+    let pos = positions[victim];
+    patch_file(
+        &segment_file(tmp.path(), 1),
+        (pos & 0xffff_ffff) + 100,
+        b"\xff",
+    );
+
+    let (mut log, report) = MessageLog::open(tmp.path(), config).unwrap();
+    assert_eq!(report.records, victim as u64);
+    assert_eq!(
+        report.dropped_segments,
+        segments - 2,
+        "segments after the bad one deleted"
+    );
+    assert!(report.truncated_bytes > 0);
+    assert_eq!(log.segment_ids(), vec![0, 1]);
+    assert!(!segment_file(tmp.path(), 2).exists());
+    assert_eq!(check_channel(&log, "m", 1000), Some((1, victim as u64)));
+    let a = log
+        .append(&msg(
+            "m",
+            "",
+            &payload_for("m", victim as u64 + 1, 1000),
+            victim as i64 + 1,
+        ))
+        .unwrap();
+    assert_eq!(a.message_seq, victim as u64 + 1);
+    assert_eq!(a.position, pos);
+}
+
+#[test]
+fn idempotency_window_is_rebuilt_from_the_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    for i in 0..10u32 {
+        let no = format!("cm{i}");
+        let m = NewMessage {
+            timestamp_s: 1000 + i,
+            from_uid: if i % 2 == 0 { "u0" } else { "u1" },
+            ..msg("g", &no, b"p", 100 + i as i64)
+        };
+        log.append(&m).unwrap();
+    }
+    let mut w = IdempotencyWindow::new(IdempotencyConfig {
+        max_entries: 4,
+        ttl_s: 100,
+    })
+    .unwrap();
+    // at 1103, records stamped at or before 1003 are past the ttl; of the 6 others,
+    // the newest 4 fit the bound
+    assert_eq!(w.rebuild_from_log(&log, 1103).unwrap(), 4);
+    assert_eq!(
+        w.get("u1", "cm9", 1103),
+        Some(SentIds {
+            message_id: 109,
+            message_seq: 10
+        })
+    );
+    assert_eq!(
+        w.get("u0", "cm6", 1103),
+        Some(SentIds {
+            message_id: 106,
+            message_seq: 7
+        })
+    );
+    assert_eq!(w.get("u1", "cm5", 1103), None, "evicted by max_entries");
+    assert_eq!(w.get("u0", "cm4", 1103), None, "evicted by max_entries");
+    assert_eq!(w.get("u0", "cm8", 1108), None, "expired by ttl_s at 1108");
+}
+
+#[test]
+fn prefault_populates_ahead_and_changes_no_contents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    append_n(&mut log, "p", 10, 100);
+    let n = log.prefault(64 << 10);
+    assert!(n >= 60 << 10, "populated {n} bytes (needs Linux >= 5.14)");
+    assert_eq!(log.prefault(64 << 10), 0, "already populated");
+    append_n(&mut log, "p", 300, 100);
+    assert!(log.prefault(1 << 30) > 0, "clipped to the segment");
+    log.sync(0).unwrap();
+    drop(log);
+    let (log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (310, 0));
+    assert_eq!(check_channel(&log, "p", 100), Some((1, 310)));
+}

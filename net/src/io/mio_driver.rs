@@ -1,0 +1,320 @@
+//! The mio (epoll, edge-triggered) backend. One `mio::Poll` per shard; the doorbell
+//! eventfd is registered in it, so a park is one `epoll_wait`. Reads go through one
+//! per-shard scratch buffer of `read_chunk_bytes` and are appended to the
+//! connection's input; writes (one `writev` when the queue spans both of its
+//! buffers) go out until `WouldBlock`, then wait for writability.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpListener};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener as MioListener, TcpStream};
+use mio::unix::SourceFd;
+use mio::{Interest, Poll, Token};
+use shard::runtime::{Driver, EventFd};
+
+use super::core::{AfterFlush, Core, Phase};
+use super::{prepare_listener, ConnId, ListenerKind, NetConfig, NetEvent, NetStats, SendError};
+
+const DOORBELL: Token = Token(usize::MAX);
+/// Listener `i` has token `LISTENER_BASE - i`; connection tokens are slot indices
+/// (`< 2^24`).
+const LISTENER_BASE: usize = usize::MAX - 1;
+
+#[derive(Default)]
+struct MioConn {
+    sock: Option<TcpStream>,
+    /// Reading stopped because the unconsumed input reached the pause threshold.
+    paused: bool,
+}
+
+/// The mio backend of one shard. See the [module docs](super) for the contract.
+pub struct MioDriver {
+    core: Core,
+    poll: Poll,
+    events: mio::Events,
+    doorbell: Arc<EventFd>,
+    listeners: Vec<(ListenerKind, MioListener)>,
+    conns: Vec<MioConn>,
+    paused: Vec<u32>,
+    scratch: Vec<u8>,
+    start: Instant,
+    list_buf: Vec<u32>,
+    /// Readiness copied out of `events`: (token, readable, writable).
+    ready: Vec<(Token, bool, bool)>,
+    /// Reading pauses when a connection's unconsumed input reaches this.
+    pause_bytes: usize,
+}
+
+impl MioDriver {
+    /// A mio driver accepting on `listeners` and waking on `doorbell`.
+    pub fn new(
+        config: &NetConfig,
+        doorbell: Arc<EventFd>,
+        listeners: Vec<(ListenerKind, TcpListener)>,
+    ) -> io::Result<Self> {
+        config.validate()?;
+        let poll = Poll::new()?;
+        poll.registry().register(
+            &mut SourceFd(&doorbell.as_raw_fd()),
+            DOORBELL,
+            Interest::READABLE,
+        )?;
+        let mut mio_listeners = Vec::with_capacity(listeners.len());
+        for (i, (kind, l)) in listeners.into_iter().enumerate() {
+            prepare_listener(&l, config.listen_backlog)?;
+            let mut l = MioListener::from_std(l);
+            poll.registry()
+                .register(&mut l, Token(LISTENER_BASE - i), Interest::READABLE)?;
+            mio_listeners.push((kind, l));
+        }
+        Ok(MioDriver {
+            // Reads stop at the pause threshold, one chunk below the limit: no slack.
+            core: Core::new(config, 0),
+            poll,
+            events: mio::Events::with_capacity(config.mio_events_capacity),
+            doorbell,
+            listeners: mio_listeners,
+            conns: Vec::new(),
+            paused: Vec::new(),
+            scratch: vec![0; config.read_chunk_bytes],
+            start: Instant::now(),
+            list_buf: Vec::new(),
+            ready: Vec::with_capacity(config.mio_events_capacity),
+            pause_bytes: config
+                .inbound_buffer_bytes_max
+                .saturating_sub(config.read_chunk_bytes)
+                .max(1),
+        })
+    }
+
+    pub fn input(&self, conn: ConnId) -> &[u8] {
+        self.core.input(conn)
+    }
+
+    pub fn consume(&mut self, conn: ConnId, n: usize) {
+        self.core.consume(conn, n)
+    }
+
+    pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        self.core.send(conn, bytes)
+    }
+
+    pub fn close(&mut self, conn: ConnId) {
+        self.core.close(conn)
+    }
+
+    pub fn outbound_bytes(&self, conn: ConnId) -> usize {
+        self.core.outbound_bytes(conn)
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.core.live()
+    }
+
+    pub fn stats(&self) -> NetStats {
+        self.core.stats
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Closes the sockets of dead connections and frees their slots.
+    fn reap(&mut self) {
+        let mut dead = std::mem::take(&mut self.list_buf);
+        self.core.take_dead(&mut dead);
+        for &idx in &dead {
+            let mc = &mut self.conns[idx as usize];
+            if let Some(mut sock) = mc.sock.take() {
+                let _ = self.poll.registry().deregister(&mut sock);
+            }
+            mc.paused = false;
+            self.core.free(idx);
+        }
+        self.list_buf = dead;
+    }
+
+    /// Writes `idx`'s queue until empty or `WouldBlock`.
+    fn flush(&mut self, idx: u32) {
+        if matches!(self.core.phase(idx), Phase::Dead | Phase::Lingering) {
+            return;
+        }
+        let Some(sock) = self.conns[idx as usize].sock.as_mut() else {
+            return;
+        };
+        loop {
+            let (cur, next) = self.core.out_slices(idx);
+            let written = match (cur.is_empty(), next.is_empty()) {
+                (true, true) => break,
+                (false, true) => sock.write(cur),
+                (true, false) => sock.write(next),
+                // Both buffers in one writev.
+                (false, false) => sock.write_vectored(&[IoSlice::new(cur), IoSlice::new(next)]),
+            };
+            match written {
+                Ok(n) => self.core.out_advance_vectored(idx, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.core.on_error(idx, e.kind());
+                    return;
+                }
+            }
+        }
+        if self.core.after_flush(idx) == AfterFlush::Shutdown {
+            let _ = sock.shutdown(Shutdown::Write);
+        }
+    }
+
+    /// Reads `idx`'s socket until `WouldBlock`, end of stream, or the pause threshold.
+    fn read(&mut self, idx: u32) {
+        let Some(sock) = self.conns[idx as usize].sock.as_mut() else {
+            return;
+        };
+        loop {
+            if self.core.phase(idx) == Phase::Dead {
+                return;
+            }
+            let id = self.core.id(idx);
+            if self.core.input(id).len() >= self.pause_bytes {
+                let mc = &mut self.conns[idx as usize];
+                if !mc.paused {
+                    mc.paused = true;
+                    self.paused.push(idx);
+                }
+                return;
+            }
+            match sock.read(&mut self.scratch) {
+                Ok(0) => {
+                    self.core.on_eof(idx);
+                    return;
+                }
+                Ok(n) => self.core.on_recv(idx, &self.scratch[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.core.on_error(idx, e.kind());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, li: usize) {
+        loop {
+            let (kind, listener) = &self.listeners[li];
+            let kind = *kind;
+            let (mut stream, peer) = match listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: the next connection retries.
+                    self.core.accept_error(&e);
+                    return;
+                }
+            };
+            let Some(idx) = self.core.alloc(kind, peer) else {
+                drop(stream); // At max_connections_per_shard: refused.
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                Token(idx as usize),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                self.core.on_error(idx, e.kind());
+                continue;
+            }
+            if self.conns.len() <= idx as usize {
+                self.conns.resize_with(idx as usize + 1, MioConn::default);
+            }
+            self.conns[idx as usize].sock = Some(stream);
+        }
+    }
+}
+
+impl Driver for MioDriver {
+    type Event = NetEvent;
+
+    fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
+        // Output queued since the last poll, one batch.
+        let mut dirty = std::mem::take(&mut self.list_buf);
+        self.core.take_dirty(&mut dirty);
+        for &idx in &dirty {
+            self.flush(idx);
+        }
+        self.list_buf = dirty;
+        // Then sockets of dead connections close (including those the flush finished).
+        self.reap();
+        let mut dirty = std::mem::take(&mut self.list_buf);
+        // Connections whose reading paused may continue once the handler consumed.
+        dirty.clear();
+        dirty.append(&mut self.paused);
+        for &idx in &dirty {
+            let mc = &mut self.conns[idx as usize];
+            if mc.paused {
+                mc.paused = false;
+                self.read(idx);
+            }
+        }
+        self.list_buf = dirty;
+
+        let now_ms = self.now_ms();
+        let wait = if self.core.has_events() {
+            Some(Duration::ZERO)
+        } else {
+            match (timeout, self.core.next_deadline_ms()) {
+                (Some(t), None) => Some(t),
+                (t, Some(deadline_ms)) => {
+                    let d = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+                    Some(t.map_or(d, |t| t.min(d)))
+                }
+                (None, None) => None,
+            }
+        };
+        match self.poll.poll(&mut self.events, wait) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        // Deadlines of what arrived are measured from after the wait.
+        self.core.set_now(self.now_ms());
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.clear();
+        ready.extend(self.events.iter().map(|e| {
+            (
+                e.token(),
+                e.is_readable() || e.is_read_closed() || e.is_error(),
+                e.is_writable(),
+            )
+        }));
+        for &(token, readable, writable) in &ready {
+            match token {
+                DOORBELL => {
+                    self.doorbell.drain();
+                }
+                Token(t) if t > LISTENER_BASE - self.listeners.len() => {
+                    self.accept(LISTENER_BASE - t);
+                }
+                Token(t) => {
+                    let idx = t as u32;
+                    if writable {
+                        self.flush(idx);
+                    }
+                    if readable && !self.conns[t].paused {
+                        self.read(idx);
+                    }
+                }
+            }
+        }
+        self.ready = ready;
+        self.core.advance(self.now_ms());
+        self.core.take_events(out);
+        Ok(())
+    }
+}

@@ -1,0 +1,382 @@
+//! Client transports: raw TCP and WebSocket connections of one shard, behind one
+//! driver interface with two backends, io_uring ([`UringDriver`]) and mio/epoll
+//! ([`MioDriver`]). [`NetDriver`] picks one at run time ([`Backend`]).
+//!
+//! The transports move bytes; they do not parse wkproto. For WebSocket connections
+//! they run the HTTP/1.1 upgrade and the framing, and hand the handler the
+//! concatenated payloads of the binary messages, i.e. the same byte stream a raw
+//! TCP connection carries.
+//!
+//! # Contract (both backends)
+//! - A driver belongs to one shard thread; it implements [`shard::runtime::Driver`]:
+//!   `poll(Some(ZERO))` never blocks, any other timeout blocks in one wait covering
+//!   the sockets, the shard's doorbell eventfd (drained when it fired) and the
+//!   timeout. Each poll first writes the output queued since the previous poll (one
+//!   batch: io_uring submits once per poll, mio writes until `WouldBlock`), then
+//!   collects IO, then fires the driver's idle timers.
+//! - Every connection the handler sees gets exactly one [`NetEvent::Accepted`]
+//!   (for WebSocket: after the upgrade), then any number of [`NetEvent::Readable`],
+//!   then exactly one [`NetEvent::Closed`]. After `Closed` the [`ConnId`] is stale:
+//!   [`NetDriver::send`] fails, [`NetDriver::input`] is empty once the event batch
+//!   that carried `Closed` has been handled. A stale id never reaches a newer
+//!   connection in the same slot (ids carry a generation).
+//! - Input: [`NetDriver::input`] is the unconsumed byte stream, in order, however
+//!   the peer split or coalesced it; the handler removes what it decoded with
+//!   [`NetDriver::consume`]. `Readable` is reported once per poll when new bytes
+//!   arrived. Reading pauses while unconsumed input is within one read
+//!   (`read_chunk_bytes`, io_uring: `uring_buf_bytes`) of
+//!   [`NetConfig::inbound_buffer_bytes_max`] and resumes once the handler consumed.
+//!   mio never exceeds the limit; io_uring may still deliver the completions already
+//!   posted when it paused (at most `uring_buf_count * uring_buf_bytes`). Past that
+//!   the connection is closed ([`CloseReason::InboundOverflow`]).
+//! - Output: [`NetDriver::send`] appends to the connection's queue (WebSocket: one
+//!   binary message per call); the queue is bounded by
+//!   [`NetConfig::outbound_queue_bytes_max`]; a send past it closes that connection
+//!   only ([`CloseReason::OutboundOverflow`], logged). [`NetDriver::close`] is
+//!   graceful: queued output is flushed (WebSocket: a close frame is sent), then the
+//!   write side is shut down and the socket is closed when the peer closes or after
+//!   [`NetConfig::close_linger_ms`].
+//! - A connection without input for [`NetConfig::idle_timeout_ms`] is closed
+//!   ([`CloseReason::IdleTimeout`]). Past [`NetConfig::max_connections_per_shard`]
+//!   accepted sockets are closed at once and never reported.
+//! - Listeners: each shard's driver gets its own listening sockets. Bind one per
+//!   shard with [`bind_reuseport`] (the kernel spreads connections over shards), or
+//!   hand every shard a `try_clone` of the same listener. A connection stays on the
+//!   shard that accepted it.
+
+mod core;
+mod mio_driver;
+mod uring_driver;
+mod ws;
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shard::runtime::{Driver, EventFd};
+
+pub use mio_driver::MioDriver;
+pub use uring_driver::UringDriver;
+
+/// Which IO backend a [`NetDriver`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// io_uring; fails if the kernel refuses it.
+    Uring,
+    /// mio (epoll).
+    Mio,
+    /// io_uring if it can be set up, otherwise mio (with a warning).
+    Auto,
+}
+
+/// Limits and sizes of one shard's transports. Every bound has its unit in its name.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    /// Open connections per shard; further accepted sockets are closed at once.
+    pub max_connections_per_shard: usize,
+    /// Queued, unsent output per connection; a send past it closes the connection.
+    pub outbound_queue_bytes_max: usize,
+    /// Bytes read per `read` call (mio: one per-shard scratch buffer of this size).
+    pub read_chunk_bytes: usize,
+    /// Largest wkproto frame the handler accepts (1 MiB body plus header).
+    pub max_frame_bytes: usize,
+    /// Unconsumed input per connection; past it the connection is closed. Default
+    /// `max_frame_bytes + read_chunk_bytes`: a handler that consumes every whole
+    /// frame never hits it.
+    pub inbound_buffer_bytes_max: usize,
+    /// Largest WebSocket message (all fragments) accepted from a client.
+    pub ws_message_bytes_max: usize,
+    /// Largest HTTP upgrade request.
+    pub ws_handshake_bytes_max: usize,
+    /// A connection without input for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// After a graceful close has flushed, how long to wait for the peer's close.
+    pub close_linger_ms: u64,
+    /// `listen(2)` backlog of the listening sockets (the kernel caps it at somaxconn).
+    pub listen_backlog: i32,
+    /// mio: readiness events taken per wait.
+    pub mio_events_capacity: usize,
+    /// io_uring: submission queue entries (the completion queue has 4 times as many).
+    pub uring_entries: u32,
+    /// io_uring: provided receive buffers per shard (a power of two, at most 32768).
+    pub uring_buf_count: u16,
+    /// io_uring: bytes per provided receive buffer.
+    pub uring_buf_bytes: u32,
+    /// The backend to use.
+    pub backend: Backend,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        let read_chunk_bytes = 64 * 1024;
+        let max_frame_bytes = (1 << 20) + 5;
+        NetConfig {
+            max_connections_per_shard: 65536,
+            outbound_queue_bytes_max: 4 << 20,
+            read_chunk_bytes,
+            max_frame_bytes,
+            inbound_buffer_bytes_max: max_frame_bytes + read_chunk_bytes,
+            ws_message_bytes_max: max_frame_bytes,
+            ws_handshake_bytes_max: 8 * 1024,
+            idle_timeout_ms: 90_000,
+            close_linger_ms: 2_000,
+            listen_backlog: 4096,
+            mio_events_capacity: 1024,
+            uring_entries: 4096,
+            uring_buf_count: 1024,
+            uring_buf_bytes: 16 * 1024,
+            backend: Backend::Auto,
+        }
+    }
+}
+
+impl NetConfig {
+    fn validate(&self) -> io::Result<()> {
+        let bad = |what: &str| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                what.to_string(),
+            ))
+        };
+        if self.max_connections_per_shard == 0 || self.max_connections_per_shard > (1 << 24) {
+            return bad("max_connections_per_shard must be in 1..=2^24");
+        }
+        if self.read_chunk_bytes == 0 || self.inbound_buffer_bytes_max == 0 {
+            return bad("read_chunk_bytes and inbound_buffer_bytes_max must be positive");
+        }
+        if !self.uring_buf_count.is_power_of_two() || self.uring_buf_count > 32768 {
+            return bad("uring_buf_count must be a power of two <= 32768");
+        }
+        if self.uring_buf_bytes == 0 || self.uring_entries == 0 || self.mio_events_capacity == 0 {
+            return bad("uring_buf_bytes, uring_entries and mio_events_capacity must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Which listener accepted a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ListenerKind {
+    /// wkproto frames back to back on the stream.
+    Tcp,
+    /// wkproto frames inside binary WebSocket messages.
+    WebSocket,
+}
+
+/// One connection of one shard: slot index plus the slot's generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    index: u32,
+    generation: u32,
+}
+
+impl ConnId {
+    /// The slot index, `< max_connections_per_shard`: usable to index the handler's
+    /// own per-connection table (check the generation through the whole id).
+    pub fn index(self) -> usize {
+        self.index as usize
+    }
+}
+
+/// Why a connection was closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The peer closed (TCP end of stream, or a WebSocket close frame).
+    PeerClosed,
+    /// A socket error.
+    Error(io::ErrorKind),
+    /// No input for `idle_timeout_ms`.
+    IdleTimeout,
+    /// The outbound queue passed `outbound_queue_bytes_max`.
+    OutboundOverflow,
+    /// Unconsumed input passed `inbound_buffer_bytes_max`.
+    InboundOverflow,
+    /// Bad WebSocket input (unmasked or malformed frame, oversized message, text).
+    WebSocketProtocol,
+    /// The handler called `close`.
+    Local,
+}
+
+/// What the driver reports to the shard's handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetEvent {
+    /// A new connection (WebSocket: upgrade completed).
+    Accepted {
+        conn: ConnId,
+        listener: ListenerKind,
+        peer: SocketAddr,
+    },
+    /// New bytes are in the connection's input.
+    Readable { conn: ConnId },
+    /// The connection is closed; its id is stale from now on.
+    Closed { conn: ConnId, reason: CloseReason },
+}
+
+/// Why [`NetDriver::send`] refused bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// The connection is closed or closing (stale id).
+    Closed,
+    /// The outbound queue would pass its limit: the connection is being closed.
+    Overflow,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Closed => f.write_str("connection closed"),
+            SendError::Overflow => f.write_str("outbound queue full: connection closed"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// A listening socket bound with `SO_REUSEADDR` and `SO_REUSEPORT`, backlog
+/// `backlog`, non-blocking. Bind one per shard to the same address.
+pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    Ok(socket.into())
+}
+
+/// Prepares a listener handed to a driver: non-blocking, backlog raised.
+fn prepare_listener(listener: &TcpListener, backlog: i32) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    // Calling listen again on a listening socket only changes its backlog.
+    socket2::SockRef::from(listener).listen(backlog)
+}
+
+/// One shard's transport driver: io_uring or mio, chosen at construction.
+pub enum NetDriver {
+    Uring(Box<UringDriver>),
+    Mio(Box<MioDriver>),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $d:ident => $e:expr) => {
+        match $self {
+            NetDriver::Uring($d) => $e,
+            NetDriver::Mio($d) => $e,
+        }
+    };
+}
+
+impl NetDriver {
+    /// A driver waiting on `doorbell` and accepting on `listeners` (taken over; for
+    /// a shared listener pass a `try_clone`). `config.backend` picks the backend.
+    pub fn new(
+        config: &NetConfig,
+        doorbell: Arc<EventFd>,
+        listeners: Vec<(ListenerKind, TcpListener)>,
+    ) -> io::Result<Self> {
+        match config.backend {
+            Backend::Mio => Ok(NetDriver::Mio(Box::new(MioDriver::new(
+                config, doorbell, listeners,
+            )?))),
+            Backend::Uring => Ok(NetDriver::Uring(Box::new(UringDriver::new(
+                config, doorbell, listeners,
+            )?))),
+            Backend::Auto => {
+                // Keep duplicates so a failed io_uring setup leaves the sockets for mio.
+                let copies = listeners
+                    .iter()
+                    .map(|(k, l)| Ok((*k, l.try_clone()?)))
+                    .collect::<io::Result<Vec<_>>>()?;
+                match UringDriver::new(config, doorbell.clone(), copies) {
+                    Ok(d) => Ok(NetDriver::Uring(Box::new(d))),
+                    Err(err) => {
+                        tracing::warn!(%err, "io_uring unavailable; using the mio backend");
+                        Ok(NetDriver::Mio(Box::new(MioDriver::new(
+                            config, doorbell, listeners,
+                        )?)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// The backend in use (`Uring` or `Mio`).
+    pub fn backend(&self) -> Backend {
+        match self {
+            NetDriver::Uring(_) => Backend::Uring,
+            NetDriver::Mio(_) => Backend::Mio,
+        }
+    }
+
+    /// The unconsumed input of `conn` (empty for a stale id).
+    pub fn input(&self, conn: ConnId) -> &[u8] {
+        dispatch!(self, d => d.input(conn))
+    }
+
+    /// Removes the first `n` bytes of `conn`'s input (clamped to its length).
+    pub fn consume(&mut self, conn: ConnId, n: usize) {
+        dispatch!(self, d => d.consume(conn, n))
+    }
+
+    /// Queues `bytes` for `conn` (WebSocket: as one binary message); written at the
+    /// next poll.
+    pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        dispatch!(self, d => d.send(conn, bytes))
+    }
+
+    /// Sends the same bytes to every connection of `conns`; returns how many took them.
+    pub fn send_many(&mut self, conns: &[ConnId], bytes: &[u8]) -> usize {
+        conns
+            .iter()
+            .filter(|&&c| self.send(c, bytes).is_ok())
+            .count()
+    }
+
+    /// Closes `conn` gracefully (flush, WebSocket close frame, shutdown). A
+    /// `Closed { reason: Local }` event follows. No-op for a stale id.
+    pub fn close(&mut self, conn: ConnId) {
+        dispatch!(self, d => d.close(conn))
+    }
+
+    /// Bytes queued and not yet written for `conn` (0 for a stale id).
+    pub fn outbound_bytes(&self, conn: ConnId) -> usize {
+        dispatch!(self, d => d.outbound_bytes(conn))
+    }
+
+    /// Open connections (including those in a WebSocket upgrade or closing).
+    pub fn connection_count(&self) -> usize {
+        dispatch!(self, d => d.connection_count())
+    }
+
+    /// Counters of this driver.
+    pub fn stats(&self) -> NetStats {
+        dispatch!(self, d => d.stats())
+    }
+}
+
+impl Driver for NetDriver {
+    type Event = NetEvent;
+
+    fn poll(&mut self, timeout: Option<Duration>, events: &mut Vec<NetEvent>) -> io::Result<()> {
+        dispatch!(self, d => d.poll(timeout, events))
+    }
+}
+
+/// Counters of one driver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Connections accepted and kept.
+    pub accepted: u64,
+    /// Accepted sockets closed at once because the shard was at its limit.
+    pub refused: u64,
+    /// Failed accepts (e.g. out of file descriptors); logged at powers of two.
+    pub accept_errors: u64,
+    /// Connections closed (each reason).
+    pub closed: u64,
+    /// Bytes received from sockets.
+    pub bytes_in: u64,
+    /// Bytes written to sockets.
+    pub bytes_out: u64,
+}

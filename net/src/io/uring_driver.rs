@@ -1,0 +1,724 @@
+//! The io_uring backend. One ring per shard (`SINGLE_ISSUER | COOP_TASKRUN |
+//! DEFER_TASKRUN | TASKRUN_FLAG`, so it must be created and used on the shard thread):
+//! multishot accept per listener, multishot recv per connection into a ring of
+//! provided buffers (copied into the connection's input and returned at once, so an
+//! idle connection holds no receive buffer), one outstanding `send` per connection
+//! from its queue, the doorbell eventfd through a multishot `PollAdd`, and the park
+//! timeout as the timespec of the one `io_uring_enter` that submits and waits.
+//! Everything queued during a loop turn is submitted by the next poll's single enter.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use io_uring::types::{BufRingEntry, CancelBuilder, Fd, SubmitArgs, Timespec};
+use io_uring::{cqueue, opcode, squeue, IoUring};
+use shard::runtime::{Driver, EventFd};
+
+use super::core::{AfterFlush, Core, Phase};
+use super::{prepare_listener, ConnId, ListenerKind, NetConfig, NetEvent, NetStats, SendError};
+
+/// Buffer group id of the provided receive buffers.
+const BGID: u16 = 0;
+/// How long a dropped driver waits for its cancelled IO to finish (in waits of at
+/// most `DROP_WAIT_NS`); if it does not, the buffers are leaked rather than unmapped.
+const DROP_WAIT_MS: u64 = 3_000;
+const DROP_WAIT_NS: u32 = 5_000_000;
+/// A dropped driver repeats its cancel-all every this many waits.
+const DROP_CANCEL_EVERY_ROUNDS: usize = 20;
+
+// user_data: kind (8 bits) | slot index (24 bits) | generation (32 bits).
+const OP_ACCEPT: u64 = 1;
+const OP_RECV: u64 = 2;
+const OP_SEND: u64 = 3;
+const OP_DOORBELL: u64 = 4;
+const OP_CANCEL: u64 = 5;
+const OP_CANCEL_ALL: u64 = 6;
+
+fn user_data(op: u64, idx: u32, generation: u32) -> u64 {
+    debug_assert!(idx < (1 << 24));
+    (op << 56) | (u64::from(idx) << 32) | u64::from(generation)
+}
+
+fn split_user_data(ud: u64) -> (u64, u32, u32) {
+    (ud >> 56, ((ud >> 32) & 0xFF_FFFF) as u32, ud as u32)
+}
+
+/// A provided-buffer ring: `count` buffers of `size` bytes, registered as group
+/// [`BGID`]. Memory comes from anonymous mmaps, so it is page aligned and never moves.
+struct BufRing {
+    ring: NonNull<BufRingEntry>,
+    ring_bytes: usize,
+    bufs: NonNull<u8>,
+    bufs_bytes: usize,
+    count: u16,
+    size: u32,
+    /// Our copy of the tail; published to the kernel with a release store.
+    tail: u16,
+}
+
+fn mmap_anon(len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: an anonymous private mapping with no address hint has no preconditions;
+    // the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+impl BufRing {
+    fn new(ring: &IoUring, count: u16, size: u32) -> io::Result<Self> {
+        let ring_bytes = usize::from(count) * std::mem::size_of::<BufRingEntry>();
+        let bufs_bytes = usize::from(count) * size as usize;
+        let ring_mem = mmap_anon(ring_bytes)?;
+        let bufs = match mmap_anon(bufs_bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: unmaps the mapping created just above, not referenced elsewhere.
+                unsafe { libc::munmap(ring_mem.as_ptr().cast(), ring_bytes) };
+                return Err(e);
+            }
+        };
+        let mut br = BufRing {
+            ring: ring_mem.cast(),
+            ring_bytes,
+            bufs,
+            bufs_bytes,
+            count,
+            size,
+            tail: 0,
+        };
+        // SAFETY: the ring memory is page aligned, `count` entries long, and lives until
+        // `BufRing` is dropped, which happens only after the io_uring is gone (the
+        // driver declares `ring` before `bufs`) or after unregistering.
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                br.ring.as_ptr() as u64,
+                count,
+                BGID,
+                0,
+            )?;
+        }
+        for bid in 0..count {
+            br.push(bid);
+        }
+        br.publish();
+        Ok(br)
+    }
+
+    /// Hands buffer `bid` back to the kernel (visible after [`BufRing::publish`]).
+    fn push(&mut self, bid: u16) {
+        let slot = usize::from(self.tail & (self.count - 1));
+        // SAFETY: `slot < count`, inside the ring mapping; the kernel only reads
+        // entries between its head and our published tail, and this one is past it.
+        let entry = unsafe { &mut *self.ring.as_ptr().add(slot) };
+        // SAFETY: `bid < count`, so the buffer lies inside the buffer mapping.
+        let addr = unsafe {
+            self.bufs
+                .as_ptr()
+                .add(usize::from(bid) * self.size as usize)
+        };
+        entry.set_addr(addr as u64);
+        entry.set_len(self.size);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish(&self) {
+        // SAFETY: the tail field overlays the first entry's `resv`, inside the mapping;
+        // the kernel reads it with an acquire load, so it is accessed atomically.
+        let tail = unsafe { &*(BufRingEntry::tail(self.ring.as_ptr()) as *const AtomicU16) };
+        tail.store(self.tail, Ordering::Release);
+    }
+
+    /// The first `len` bytes of buffer `bid`, as filled by a completed recv.
+    fn data(&self, bid: u16, len: usize) -> &[u8] {
+        assert!(bid < self.count && len <= self.size as usize);
+        // SAFETY: the buffer is inside the mapping; the kernel wrote `len` bytes into it
+        // and does not touch it again until we push it back.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.bufs
+                    .as_ptr()
+                    .add(usize::from(bid) * self.size as usize),
+                len,
+            )
+        }
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: both mappings were created in `new` and are no longer used by the
+        // kernel (the driver unregisters or destroys the ring first).
+        unsafe {
+            libc::munmap(self.ring.as_ptr().cast(), self.ring_bytes);
+            libc::munmap(self.bufs.as_ptr().cast(), self.bufs_bytes);
+        }
+    }
+}
+
+#[derive(Default)]
+struct UConn {
+    fd: Option<OwnedFd>,
+    recv_armed: bool,
+    send_inflight: bool,
+    cancels_inflight: u8,
+    /// Reading stopped (recv cancelled) until the handler consumes input.
+    paused: bool,
+    /// Dead and torn down: freed once no IO references it.
+    reaped: bool,
+}
+
+impl UConn {
+    fn busy(&self) -> bool {
+        self.recv_armed || self.send_inflight || self.cancels_inflight > 0
+    }
+}
+
+/// The io_uring backend of one shard. See the [module docs](super) for the contract.
+pub struct UringDriver {
+    core: Core,
+    // Declared before `bufs`: the ring is destroyed before the buffers are unmapped.
+    ring: IoUring,
+    bufs: BufRing,
+    /// Leaks the buffers on drop if cancelled IO did not finish in time.
+    bufs_unsafe_to_free: bool,
+    doorbell: Arc<EventFd>,
+    doorbell_armed: bool,
+    listeners: Vec<(ListenerKind, TcpListener)>,
+    listener_armed: Vec<bool>,
+    conns: Vec<UConn>,
+    /// SQEs pushed whose final CQE has not arrived.
+    inflight: usize,
+    /// Connections whose recv must be re-armed (ran out of buffers, or resumed).
+    rearm: Vec<u32>,
+    paused: Vec<u32>,
+    list_buf: Vec<u32>,
+    cqes: Vec<(u64, i32, u32)>,
+    start: Instant,
+    pause_bytes: usize,
+}
+
+impl UringDriver {
+    /// An io_uring driver accepting on `listeners` and waking on `doorbell`. Fails
+    /// if the kernel refuses the ring or the provided buffers.
+    pub fn new(
+        config: &NetConfig,
+        doorbell: Arc<EventFd>,
+        listeners: Vec<(ListenerKind, TcpListener)>,
+    ) -> io::Result<Self> {
+        config.validate()?;
+        let ring: IoUring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .setup_defer_taskrun()
+            .setup_cqsize(config.uring_entries.saturating_mul(4))
+            .build(config.uring_entries)?;
+        let bufs = BufRing::new(&ring, config.uring_buf_count, config.uring_buf_bytes)?;
+        for (_, l) in &listeners {
+            prepare_listener(l, config.listen_backlog)?;
+        }
+        let n = listeners.len();
+        let mut d = UringDriver {
+            // Completions already posted when reading pauses still deliver: at most one
+            // batch, which cannot hold more than every provided buffer.
+            core: Core::new(
+                config,
+                usize::from(config.uring_buf_count) * config.uring_buf_bytes as usize,
+            ),
+            ring,
+            bufs,
+            bufs_unsafe_to_free: false,
+            doorbell,
+            doorbell_armed: false,
+            listeners,
+            listener_armed: vec![false; n],
+            conns: Vec::new(),
+            inflight: 0,
+            rearm: Vec::new(),
+            paused: Vec::new(),
+            list_buf: Vec::new(),
+            cqes: Vec::with_capacity(config.uring_entries as usize * 4),
+            start: Instant::now(),
+            pause_bytes: config
+                .inbound_buffer_bytes_max
+                .saturating_sub(config.uring_buf_bytes as usize)
+                .max(1),
+        };
+        d.arm_static()?;
+        d.ring.submit()?;
+        Ok(d)
+    }
+
+    pub fn input(&self, conn: ConnId) -> &[u8] {
+        self.core.input(conn)
+    }
+
+    pub fn consume(&mut self, conn: ConnId, n: usize) {
+        self.core.consume(conn, n)
+    }
+
+    pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        self.core.send(conn, bytes)
+    }
+
+    pub fn close(&mut self, conn: ConnId) {
+        self.core.close(conn)
+    }
+
+    pub fn outbound_bytes(&self, conn: ConnId) -> usize {
+        self.core.outbound_bytes(conn)
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.core.live()
+    }
+
+    pub fn stats(&self) -> NetStats {
+        self.core.stats
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Pushes one SQE, submitting first if the queue is full.
+    ///
+    /// # Safety
+    /// Every buffer the entry points to must stay valid until its final completion.
+    unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: forwarded from the caller.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                self.inflight += 1;
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    /// (Re-)arms the doorbell poll and the listeners' accepts.
+    fn arm_static(&mut self) -> io::Result<()> {
+        if !self.doorbell_armed {
+            let e = opcode::PollAdd::new(Fd(self.doorbell.as_raw_fd()), libc::POLLIN as u32)
+                .multi(true)
+                .build()
+                .user_data(user_data(OP_DOORBELL, 0, 0));
+            // SAFETY: a poll references no memory.
+            unsafe { self.push(&e)? };
+            self.doorbell_armed = true;
+        }
+        for i in 0..self.listeners.len() {
+            if !self.listener_armed[i] {
+                let fd = self.listeners[i].1.as_raw_fd();
+                let e = opcode::AcceptMulti::new(Fd(fd))
+                    .flags(libc::SOCK_CLOEXEC)
+                    .build()
+                    .user_data(user_data(OP_ACCEPT, i as u32, 0));
+                // SAFETY: multishot accept passes no address buffer.
+                unsafe { self.push(&e)? };
+                self.listener_armed[i] = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn arm_recv(&mut self, idx: u32) -> io::Result<()> {
+        let uc = &self.conns[idx as usize];
+        if uc.recv_armed || uc.paused || uc.reaped {
+            return Ok(());
+        }
+        let Some(fd) = uc.fd.as_ref().map(|f| f.as_raw_fd()) else {
+            return Ok(());
+        };
+        let generation = self.core.id(idx).generation;
+        let e = opcode::RecvMulti::new(Fd(fd), BGID)
+            .build()
+            .user_data(user_data(OP_RECV, idx, generation));
+        // SAFETY: the recv writes only into provided buffers, which live as long as the
+        // ring.
+        unsafe { self.push(&e)? };
+        self.conns[idx as usize].recv_armed = true;
+        Ok(())
+    }
+
+    fn cancel(&mut self, idx: u32, op: u64) -> io::Result<()> {
+        let generation = self.core.id(idx).generation;
+        let e = opcode::AsyncCancel::new(user_data(op, idx, generation))
+            .build()
+            .user_data(user_data(OP_CANCEL, idx, generation));
+        // SAFETY: a cancel references no memory.
+        unsafe { self.push(&e)? };
+        self.conns[idx as usize].cancels_inflight += 1;
+        Ok(())
+    }
+
+    /// Starts the next send of `idx`'s queue if none is in flight; after the queue
+    /// drained, moves a closing connection on.
+    fn flush(&mut self, idx: u32) -> io::Result<()> {
+        let uc = &self.conns[idx as usize];
+        if uc.send_inflight || uc.reaped {
+            return Ok(());
+        }
+        let Some(fd) = uc.fd.as_ref().map(|f| f.as_raw_fd()) else {
+            return Ok(());
+        };
+        if matches!(self.core.phase(idx), Phase::Dead | Phase::Lingering) {
+            return Ok(());
+        }
+        let generation = self.core.id(idx).generation;
+        let chunk = self.core.out_chunk(idx);
+        if chunk.is_empty() {
+            if self.core.after_flush(idx) == AfterFlush::Shutdown {
+                // SAFETY: shutdown on a socket we own; errors are irrelevant here.
+                unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+            }
+            return Ok(());
+        }
+        let len = chunk.len().min(u32::MAX as usize) as u32;
+        let e = opcode::Send::new(Fd(fd), chunk.as_ptr(), len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(user_data(OP_SEND, idx, generation));
+        // SAFETY: the chunk is the connection's current output buffer, which the core
+        // neither moves nor frees until `out_advance`/`free`: we call `out_advance`
+        // only on this send's completion and `free` only when no send is in flight.
+        unsafe { self.push(&e)? };
+        self.conns[idx as usize].send_inflight = true;
+        Ok(())
+    }
+
+    /// Tears down connections that died: cancels their IO, closes the socket; the
+    /// slot is freed when the last IO completed.
+    fn reap(&mut self) -> io::Result<()> {
+        let mut dead = std::mem::take(&mut self.list_buf);
+        self.core.take_dead(&mut dead);
+        for &idx in &dead {
+            let uc = &mut self.conns[idx as usize];
+            uc.reaped = true;
+            let (recv, send) = (uc.recv_armed, uc.send_inflight);
+            if recv {
+                self.cancel(idx, OP_RECV)?;
+            }
+            if send {
+                self.cancel(idx, OP_SEND)?;
+            }
+            // In-flight requests hold their own file reference; closing the number now
+            // is safe and lets the cancels finish them.
+            self.conns[idx as usize].fd = None;
+            self.maybe_free(idx);
+        }
+        self.list_buf = dead;
+        Ok(())
+    }
+
+    fn maybe_free(&mut self, idx: u32) {
+        let uc = &mut self.conns[idx as usize];
+        if uc.reaped && !uc.busy() {
+            *uc = UConn::default();
+            self.core.free(idx);
+        }
+    }
+
+    fn on_accept(&mut self, li: usize, res: i32) -> io::Result<()> {
+        if res < 0 {
+            self.core.accept_error(&io::Error::from_raw_os_error(-res));
+            return Ok(());
+        }
+        // SAFETY: a successful accept returns a new descriptor that we now own.
+        let stream = unsafe { TcpStream::from_raw_fd(res) };
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let kind = self.listeners[li].0;
+        let Some(idx) = self.core.alloc(kind, peer) else {
+            return Ok(()); // At max_connections_per_shard: refused (dropped here).
+        };
+        let _ = stream.set_nodelay(true);
+        let raw: RawFd = stream.into_raw_fd();
+        if self.conns.len() <= idx as usize {
+            self.conns.resize_with(idx as usize + 1, UConn::default);
+        }
+        // SAFETY: `raw` came from `into_raw_fd` just above; we own it.
+        self.conns[idx as usize].fd = Some(unsafe { OwnedFd::from_raw_fd(raw) });
+        self.arm_recv(idx)
+    }
+
+    fn on_recv(&mut self, idx: u32, res: i32, flags: u32) -> io::Result<()> {
+        let more = cqueue::more(flags);
+        if !more {
+            self.conns[idx as usize].recv_armed = false;
+        }
+        if res > 0 {
+            let Some(bid) = cqueue::buffer_select(flags) else {
+                return Err(io::Error::other("recv completion without a buffer"));
+            };
+            if !self.conns[idx as usize].reaped {
+                self.core.on_recv(idx, self.bufs.data(bid, res as usize));
+            }
+            self.bufs.push(bid);
+            let uc = &self.conns[idx as usize];
+            if uc.reaped || self.core.phase(idx) == Phase::Dead {
+                // Nothing to do: reap cancels the recv.
+            } else if self.core.input(self.core.id(idx)).len() >= self.pause_bytes {
+                if !uc.paused {
+                    self.conns[idx as usize].paused = true;
+                    self.paused.push(idx);
+                    if more {
+                        self.cancel(idx, OP_RECV)?;
+                    }
+                }
+            } else if !more {
+                self.rearm.push(idx);
+            }
+        } else if res == 0 {
+            if !self.conns[idx as usize].reaped {
+                self.core.on_eof(idx);
+            }
+        } else if res == -libc::ENOBUFS {
+            // Out of provided buffers: re-armed after this batch returned some.
+            self.rearm.push(idx);
+        } else if res != -libc::ECANCELED && !self.conns[idx as usize].reaped {
+            self.core
+                .on_error(idx, io::Error::from_raw_os_error(-res).kind());
+        }
+        self.maybe_free(idx);
+        Ok(())
+    }
+
+    fn on_send(&mut self, idx: u32, res: i32) -> io::Result<()> {
+        self.conns[idx as usize].send_inflight = false;
+        if res >= 0 {
+            self.core.out_advance(idx, res as usize);
+            if !self.conns[idx as usize].reaped {
+                self.flush(idx)?;
+            }
+        } else if !self.conns[idx as usize].reaped && res != -libc::ECANCELED {
+            self.core
+                .on_error(idx, io::Error::from_raw_os_error(-res).kind());
+        }
+        self.maybe_free(idx);
+        Ok(())
+    }
+
+    /// Handles every completion in the queue.
+    fn reap_completions(&mut self) -> io::Result<()> {
+        let mut cqes = std::mem::take(&mut self.cqes);
+        loop {
+            cqes.clear();
+            cqes.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            if cqes.is_empty() {
+                break;
+            }
+            for &(ud, res, flags) in &cqes {
+                if !cqueue::more(flags) {
+                    self.inflight -= 1;
+                }
+                let (op, idx, _generation) = split_user_data(ud);
+                match op {
+                    OP_DOORBELL => {
+                        self.doorbell.drain();
+                        if !cqueue::more(flags) {
+                            self.doorbell_armed = false;
+                        }
+                    }
+                    OP_ACCEPT => {
+                        if !cqueue::more(flags) {
+                            self.listener_armed[idx as usize] = false;
+                        }
+                        self.on_accept(idx as usize, res)?;
+                    }
+                    OP_RECV => self.on_recv(idx, res, flags)?,
+                    OP_SEND => self.on_send(idx, res)?,
+                    OP_CANCEL => {
+                        self.conns[idx as usize].cancels_inflight -= 1;
+                        self.maybe_free(idx);
+                    }
+                    _ => {}
+                }
+            }
+            self.bufs.publish();
+            let mut rearm = std::mem::take(&mut self.rearm);
+            for &idx in &rearm {
+                if self.core.phase(idx) != Phase::Dead {
+                    self.arm_recv(idx)?;
+                }
+            }
+            rearm.clear();
+            self.rearm = rearm;
+        }
+        self.cqes = cqes;
+        Ok(())
+    }
+
+    fn submit_and_collect(&mut self, wait: Option<Duration>) -> io::Result<()> {
+        let result = match wait {
+            Some(d) if d.is_zero() => {
+                let mut sq = self.ring.submission();
+                let idle = sq.is_empty() && !sq.taskrun() && !sq.cq_overflow();
+                sq.sync();
+                drop(sq);
+                if idle {
+                    Ok(0)
+                } else {
+                    // With DEFER_TASKRUN completions are posted only by an enter that
+                    // asks for events; submit_and_wait sets GETEVENTS when task work is
+                    // flagged pending.
+                    self.ring.submitter().submit_and_wait(0)
+                }
+            }
+            Some(d) => {
+                let ts = Timespec::new().sec(d.as_secs()).nsec(d.subsec_nanos());
+                let args = SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            None => self.ring.submitter().submit_and_wait(1),
+        };
+        match result {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        // Deadlines of what arrived are measured from after the wait.
+        self.core.set_now(self.now_ms());
+        self.reap_completions()
+    }
+}
+
+impl Driver for UringDriver {
+    type Event = NetEvent;
+
+    fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
+        self.arm_static()?;
+        // Paused connections resume once the handler consumed.
+        let mut list = std::mem::take(&mut self.list_buf);
+        list.clear();
+        list.append(&mut self.paused);
+        for &idx in &list {
+            let id = self.core.id(idx);
+            let uc = &mut self.conns[idx as usize];
+            if !uc.paused {
+                continue; // Stale entry: the slot was freed since.
+            }
+            if uc.reaped || self.core.phase(idx) == Phase::Dead {
+                uc.paused = false;
+            } else if uc.recv_armed {
+                // The cancel of its recv has not completed yet.
+                self.paused.push(idx);
+            } else if self.core.input(id).len() < self.pause_bytes {
+                uc.paused = false;
+                self.arm_recv(idx)?;
+            } else {
+                self.paused.push(idx);
+            }
+        }
+        // Output queued since the last poll: one batch of sends.
+        self.core.take_dirty(&mut list);
+        for &idx in &list {
+            self.flush(idx)?;
+        }
+        self.list_buf = list;
+        // Then sockets of dead connections close (including those the flush finished).
+        self.reap()?;
+
+        let wait = if self.core.has_events() {
+            Some(Duration::ZERO)
+        } else {
+            let now_ms = self.now_ms();
+            match (timeout, self.core.next_deadline_ms()) {
+                (Some(t), None) => Some(t),
+                (t, Some(deadline_ms)) => {
+                    let d = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+                    Some(t.map_or(d, |t| t.min(d)))
+                }
+                (None, None) => None,
+            }
+        };
+        self.submit_and_collect(wait)?;
+        self.core.advance(self.now_ms());
+        self.core.take_events(out);
+        Ok(())
+    }
+}
+
+impl Drop for UringDriver {
+    fn drop(&mut self) {
+        // End every connection's IO (recvs see end of stream, sends fail), cancel every
+        // request, then wait (bounded) until none references our memory. Listeners
+        // are not shut down: other shards may share their socket.
+        for uc in &self.conns {
+            if let Some(fd) = &uc.fd {
+                // SAFETY: shutdown on a socket we own.
+                unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+            }
+        }
+        let give_up = Instant::now() + Duration::from_millis(DROP_WAIT_MS);
+        for round in 0.. {
+            if self.inflight == 0 || Instant::now() > give_up {
+                break;
+            }
+            if round % DROP_CANCEL_EVERY_ROUNDS == 0 {
+                // Again now and then: requests still being issued may miss a cancel.
+                let e = opcode::AsyncCancel2::new(CancelBuilder::any().all())
+                    .build()
+                    .user_data(user_data(OP_CANCEL_ALL, 0, 0));
+                // SAFETY: a cancel references no memory.
+                if unsafe { self.push(&e) }.is_err() {
+                    break;
+                }
+            }
+            let ts = Timespec::new().nsec(DROP_WAIT_NS);
+            let args = SubmitArgs::new().timespec(&ts);
+            let _ = self.ring.submitter().submit_with_args(1, &args);
+            let drained: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
+            for flags in drained {
+                if !cqueue::more(flags) {
+                    self.inflight -= 1;
+                }
+            }
+        }
+        if self.inflight > 0 {
+            // Some IO may still write into the buffers: never unmap them.
+            self.bufs_unsafe_to_free = true;
+        }
+        if self.bufs_unsafe_to_free {
+            let bufs = std::mem::replace(
+                &mut self.bufs,
+                BufRing {
+                    ring: NonNull::dangling(),
+                    ring_bytes: 0,
+                    bufs: NonNull::dangling(),
+                    bufs_bytes: 0,
+                    count: 1,
+                    size: 0,
+                    tail: 0,
+                },
+            );
+            std::mem::forget(bufs);
+        }
+    }
+}
