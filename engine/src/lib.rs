@@ -8,6 +8,7 @@
 //! - [`registry`]: the owner-local registry of sessions on one gateway shard.
 //! - [`activation`]: the CONNECT → CONNACK activation state machine.
 //! - [`channel`]: person channel keys and the channel ids a RECV carries.
+//! - [`config`]: the node's TOML configuration, every limit with its unit.
 //! - [`delivery`]: post-commit delivery planning: targets, lookups, push batches.
 //! - [`http`]: the HTTP API (WuKongIM's server API subset, health, metrics).
 //! - [`node`]: a running node: the shards wired to sockets, rings, timers and logs.
@@ -17,6 +18,7 @@ pub mod activation;
 pub mod authority;
 pub mod channel;
 pub mod cluster;
+pub mod config;
 pub mod delivery;
 pub mod http;
 pub mod node;

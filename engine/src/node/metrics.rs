@@ -35,6 +35,9 @@ impl Counter {
     }
 }
 
+/// The counters that go down as well as up.
+pub const GAUGES: &[&str] = &["connections"];
+
 macro_rules! shard_metrics {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         /// The counters of one shard.

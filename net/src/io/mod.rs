@@ -13,7 +13,10 @@
 //!   the sockets, the shard's doorbell eventfd (drained when it fired) and the
 //!   timeout. Each poll first writes the output queued since the previous poll (one
 //!   batch: io_uring submits once per poll, mio writes until `WouldBlock`), then
-//!   collects IO, then fires the driver's idle timers.
+//!   collects IO, then fires the driver's idle timers. The io_uring ring is set up
+//!   `SINGLE_ISSUER | DEFER_TASKRUN`: create, poll and drop a driver on one thread
+//!   (the runtime's factory runs on the shard thread). Dropping a driver closes its
+//!   connections.
 //! - Every connection the handler sees gets exactly one [`NetEvent::Accepted`]
 //!   (for WebSocket: after the upgrade), then any number of [`NetEvent::Readable`],
 //!   then exactly one [`NetEvent::Closed`]. After `Closed` the [`ConnId`] is stale:
@@ -60,7 +63,8 @@ pub use mio_driver::MioDriver;
 pub use uring_driver::UringDriver;
 
 /// Which IO backend a [`NetDriver`] uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// io_uring; fails if the kernel refuses it.
     Uring,
@@ -71,7 +75,8 @@ pub enum Backend {
 }
 
 /// Limits and sizes of one shard's transports. Every bound has its unit in its name.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct NetConfig {
     /// Open connections per shard; further accepted sockets are closed at once.
     pub max_connections_per_shard: usize,

@@ -1,0 +1,966 @@
+//! The owner-local registry: the sessions of one gateway shard, sans-IO.
+//!
+//! One [`Registry`] per gateway shard, written only by that shard. It holds:
+//!
+//! - **Sessions** in a slab addressed by an entry-independent [`SessionHandle`]
+//!   `(shard, index, generation)`: a slot's generation grows every time the slot is
+//!   freed, so the handle of a gone session never reaches a newer session in the same
+//!   slot. States: [`SessionState::Pending`] (activation running) →
+//!   [`SessionState::Active`] (route committed, visible to delivery) →
+//!   [`SessionState::Closing`] (being kicked/closed, invisible to delivery).
+//! - A **per-uid index** (uid → sessions of this shard), for `/user/device_quit`-style
+//!   closes and owner actions.
+//! - A **session-id index** for delivery revalidation ([`Registry::revalidate`], O(1),
+//!   no allocation).
+//! - The **dirty-touch set** (rule 33): a PING only marks its session dirty
+//!   ([`Registry::mark_touched`], O(1), no allocation); the touch worker drains it in
+//!   bounded batches grouped by the *current* authority target
+//!   ([`Registry::drain_touches`]). At most one entry per session, so it is bounded by
+//!   `max_sessions`.
+//! - The **pending-unregister queue** (rule 32): [`Registry::deactivate`] removes the
+//!   session first (delivery stops seeing it at once), then queues the authority
+//!   unregister; [`Registry::drain_unregisters`] hands due entries out with the target
+//!   current at drain time, [`Registry::unregister_failed`] requeues with backoff up to
+//!   a retry limit. Bounded by `max_pending_unregisters`.
+//!
+//! ## owner_seq
+//! One monotonic counter per registry (starting at 1) allocates every owner_seq of this
+//! shard's identities. A session's **route owner_seq** is drawn when it is registered
+//! pending ([`SessionInfo::owner_seq`]); the route registered at the authority, every
+//! touch of it and the [`Endpoint`](crate::route::Endpoint) a lookup returns carry that
+//! same value, so a route rebuilt by a touch on a new authority is indistinguishable
+//! from the registered one and revalidates. (Touches carry the register's seq, not a
+//! higher one: the authority accepts a touch whose seq equals the identity's last seq,
+//! rule 16.) An unregister draws a **fresh** seq when it is queued, so it is strictly
+//! above the route owner_seq of its session (it was drawn later from the same
+//! counter): its tombstone removes the route and fences a late register or touch
+//! (rules 12, 16, 19). Session ids are unique per process and a session lives on one
+//! shard, so one counter per shard orders everything of one identity.
+
+use std::collections::hash_map::Entry as MapEntry;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use shard::slots::{hash_slot, HASH_SLOTS};
+
+use crate::activation::AuthorityRequest;
+use crate::cluster::{ClusterView, HashSlot, NodeId, Target};
+use crate::route::{BootId, DeviceLevel, Listener, OwnerSeq, Route, RouteIdentity, SessionId, Uid};
+
+/// Default for [`RegistryConfig::max_sessions`].
+pub const DEFAULT_MAX_SESSIONS: u32 = 1_000_000;
+/// Default for [`RegistryConfig::max_pending_unregisters`].
+pub const DEFAULT_MAX_PENDING_UNREGISTERS: usize = 65_536;
+/// Default for [`RegistryConfig::unregister_max_attempts`].
+pub const DEFAULT_UNREGISTER_MAX_ATTEMPTS: u32 = 8;
+/// Default for [`RegistryConfig::unregister_retry_base_ms`].
+pub const DEFAULT_UNREGISTER_RETRY_BASE_MS: u64 = 100;
+/// Default for [`RegistryConfig::unregister_retry_max_ms`].
+pub const DEFAULT_UNREGISTER_RETRY_MAX_MS: u64 = 5_000;
+
+/// Slab index meaning "none" in the intrusive lists; also the exclusive upper bound of
+/// `max_sessions`.
+const NIL: u32 = u32::MAX;
+
+/// Limits and identity of one registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// The shard this registry belongs to; stamped into every handle.
+    pub shard: u16,
+    /// This node's id (the owner node of every route of this registry).
+    pub node_id: NodeId,
+    /// This process's boot id.
+    pub boot_id: BootId,
+    /// Most sessions (pending, active and closing together). `1..u32::MAX`.
+    pub max_sessions: u32,
+    /// Most authority unregisters waiting to be sent or retried.
+    pub max_pending_unregisters: usize,
+    /// Attempts of one unregister before it is abandoned (the authority's TTL then
+    /// removes the route). At least 1.
+    pub unregister_max_attempts: u32,
+    /// Backoff before retry `n` (1-based) is `base << (n - 1)`, capped by
+    /// `unregister_retry_max_ms`.
+    pub unregister_retry_base_ms: u64,
+    /// Cap of the retry backoff.
+    pub unregister_retry_max_ms: u64,
+}
+
+impl RegistryConfig {
+    /// The defaults for the given shard and process identity.
+    pub fn new(shard: u16, node_id: NodeId, boot_id: BootId) -> Self {
+        RegistryConfig {
+            shard,
+            node_id,
+            boot_id,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_pending_unregisters: DEFAULT_MAX_PENDING_UNREGISTERS,
+            unregister_max_attempts: DEFAULT_UNREGISTER_MAX_ATTEMPTS,
+            unregister_retry_base_ms: DEFAULT_UNREGISTER_RETRY_BASE_MS,
+            unregister_retry_max_ms: DEFAULT_UNREGISTER_RETRY_MAX_MS,
+        }
+    }
+}
+
+/// A configuration the registry cannot run with.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RegistryConfigError {
+    /// `max_sessions` must be in `1..u32::MAX`.
+    MaxSessions,
+    /// `unregister_max_attempts` must be at least 1.
+    UnregisterMaxAttempts,
+}
+
+impl std::fmt::Display for RegistryConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RegistryConfigError::MaxSessions => "max_sessions must be in 1..4294967295",
+            RegistryConfigError::UnregisterMaxAttempts => {
+                "unregister_max_attempts must be at least 1"
+            }
+        })
+    }
+}
+
+impl std::error::Error for RegistryConfigError {}
+
+/// Names one session of one shard. Copyable, independent of the slab entry: a handle
+/// whose session is gone is refused by every call (never reaches a newer session).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SessionHandle {
+    pub shard: u16,
+    pub index: u32,
+    pub generation: u32,
+}
+
+/// Life cycle of a session in the registry.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum SessionState {
+    /// Registered locally; its activation is running. Invisible to delivery.
+    Pending,
+    /// Route committed at the authority; visible to delivery and touched by PINGs.
+    Active,
+    /// Being closed (kick, quit, shutdown). Invisible to delivery, never active again.
+    Closing,
+}
+
+/// What the gateway knows of a new connection when it registers it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct NewSession {
+    pub uid: Uid,
+    pub device_id: Arc<str>,
+    pub device_flag: u8,
+    pub device_level: DeviceLevel,
+    /// Unique within this process (boot id).
+    pub session_id: SessionId,
+    pub listener: Listener,
+    pub connected_at_ms: u64,
+}
+
+/// One session as the registry holds it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SessionInfo {
+    pub uid: Uid,
+    pub device_id: Arc<str>,
+    pub device_flag: u8,
+    pub device_level: DeviceLevel,
+    pub session_id: SessionId,
+    pub boot_id: BootId,
+    pub node_id: NodeId,
+    pub listener: Listener,
+    /// The route owner_seq: drawn at registration, carried by the register, every
+    /// touch and every endpoint of this session's route (see the module docs).
+    pub owner_seq: OwnerSeq,
+    pub connected_at_ms: u64,
+    /// The authority target the route was registered under (the view at activation).
+    /// Touches and unregisters use the target current when they are drained.
+    pub target: Target,
+}
+
+impl SessionInfo {
+    /// The route identity `(uid, node_id, boot_id, session_id)`.
+    pub fn identity(&self) -> RouteIdentity {
+        RouteIdentity {
+            uid: self.uid.clone(),
+            node_id: self.node_id,
+            boot_id: self.boot_id,
+            session_id: self.session_id,
+        }
+    }
+
+    /// This session's route, with activity `last_active_s`.
+    pub fn route(&self, last_active_s: Option<u64>) -> Route {
+        Route {
+            uid: self.uid.clone(),
+            device_id: self.device_id.clone(),
+            device_flag: self.device_flag,
+            device_level: self.device_level,
+            node_id: self.node_id,
+            boot_id: self.boot_id,
+            session_id: self.session_id,
+            listener: self.listener,
+            owner_seq: self.owner_seq,
+            connected_at_ms: self.connected_at_ms,
+            last_active_s,
+        }
+    }
+}
+
+/// Why [`Registry::register_pending`] refused a session.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RegisterError {
+    /// The registry holds `max_sessions` sessions.
+    Full,
+    /// Another live session of this registry has the same session id.
+    DuplicateSession,
+}
+
+impl std::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RegisterError::Full => "session registry full",
+            RegisterError::DuplicateSession => "duplicate session id",
+        })
+    }
+}
+
+impl std::error::Error for RegisterError {}
+
+/// The session is gone, closing, or (for [`Registry::mark_active`]) not pending.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Gone;
+
+impl std::fmt::Display for Gone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("session gone")
+    }
+}
+
+impl std::error::Error for Gone {}
+
+/// The pending-unregister queue is at `max_pending_unregisters`; the unregister was
+/// dropped (counted in [`RegistryStats::unregisters_dropped_full`]); the authority's
+/// TTL removes the route instead.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct UnregisterQueueFull;
+
+/// One authority unregister to send, drained from the pending queue.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct UnregisterRequest {
+    /// The target current when drained.
+    pub target: Target,
+    pub identity: RouteIdentity,
+    /// The tombstone seq: above the route owner_seq of the session.
+    pub owner_seq: OwnerSeq,
+    /// Attempts made before this one (0 on the first send).
+    pub attempt: u32,
+}
+
+impl UnregisterRequest {
+    /// The authority request to send to [`UnregisterRequest::target`].
+    pub fn request(&self) -> AuthorityRequest {
+        AuthorityRequest::Unregister {
+            identity: self.identity.clone(),
+            owner_seq: self.owner_seq,
+        }
+    }
+}
+
+/// Counters, for metrics and tests.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct RegistryStats {
+    pub sessions: u32,
+    pub dirty: u32,
+    pub pending_unregisters: usize,
+    /// Unregisters dropped because the queue was full.
+    pub unregisters_dropped_full: u64,
+    /// Unregisters dropped after `unregister_max_attempts` failures.
+    pub unregisters_abandoned: u64,
+    /// Failed touches put back into the dirty set.
+    pub touches_requeued: u64,
+    /// Failed touches dropped because their route was no longer current.
+    pub touches_dropped_stale: u64,
+}
+
+/// A multiplicative hasher for integer keys (session ids): one 64×64→128 multiply.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        let p = u128::from(n ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+}
+
+type IdMap<V> = HashMap<SessionId, V, BuildHasherDefault<IdHasher>>;
+
+struct Entry {
+    info: SessionInfo,
+    state: SessionState,
+    /// `mark_active` succeeded: the authority holds the committed route, so a
+    /// deactivation must unregister it.
+    committed: bool,
+    hash_slot: HashSlot,
+    uid_prev: u32,
+    uid_next: u32,
+    dirty: bool,
+    dirty_prev: u32,
+    dirty_next: u32,
+    /// Last activity second seen by `mark_touched`.
+    touched_s: u64,
+}
+
+enum Body {
+    Vacant { next_free: u32 },
+    Occupied(Entry),
+}
+
+struct Slot {
+    generation: u32,
+    body: Body,
+}
+
+struct PendingUnregister {
+    identity: RouteIdentity,
+    hash_slot: HashSlot,
+    owner_seq: OwnerSeq,
+    attempt: u32,
+    due_ms: u64,
+}
+
+/// The sessions of one gateway shard. See the module docs.
+pub struct Registry {
+    config: RegistryConfig,
+    slots: Vec<Slot>,
+    free_head: u32,
+    len: u32,
+    by_session: IdMap<u32>,
+    /// uid → head of the intrusive list of that uid's sessions.
+    by_uid: HashMap<Uid, u32>,
+    dirty_head: u32,
+    dirty_tail: u32,
+    dirty_len: u32,
+    next_owner_seq: OwnerSeq,
+    unregisters: VecDeque<PendingUnregister>,
+    stats: RegistryStats,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// An empty registry. Memory grows with use up to the configured bounds.
+    pub fn new(config: RegistryConfig) -> Result<Self, RegistryConfigError> {
+        if config.max_sessions == 0 || config.max_sessions == NIL {
+            return Err(RegistryConfigError::MaxSessions);
+        }
+        if config.unregister_max_attempts == 0 {
+            return Err(RegistryConfigError::UnregisterMaxAttempts);
+        }
+        Ok(Registry {
+            config,
+            slots: Vec::new(),
+            free_head: NIL,
+            len: 0,
+            by_session: IdMap::default(),
+            by_uid: HashMap::new(),
+            dirty_head: NIL,
+            dirty_tail: NIL,
+            dirty_len: 0,
+            next_owner_seq: 1,
+            unregisters: VecDeque::new(),
+            stats: RegistryStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    /// Number of sessions (any state).
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether no session is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RegistryStats {
+        RegistryStats {
+            sessions: self.len,
+            dirty: self.dirty_len,
+            pending_unregisters: self.unregisters.len(),
+            ..self.stats
+        }
+    }
+
+    /// Draws the next owner_seq (monotonic per registry).
+    pub fn next_owner_seq(&mut self) -> OwnerSeq {
+        let seq = self.next_owner_seq;
+        self.next_owner_seq += 1;
+        seq
+    }
+
+    // ---- sessions -------------------------------------------------------------
+
+    /// Registers a new session as pending, drawing its route owner_seq; `target` is
+    /// the authority target its route will be registered under.
+    pub fn register_pending(
+        &mut self,
+        new: NewSession,
+        target: Target,
+    ) -> Result<SessionHandle, RegisterError> {
+        if self.len >= self.config.max_sessions {
+            return Err(RegisterError::Full);
+        }
+        if self.by_session.contains_key(&new.session_id) {
+            return Err(RegisterError::DuplicateSession);
+        }
+        let index = if self.free_head != NIL {
+            self.free_head
+        } else {
+            debug_assert!(self.slots.len() < NIL as usize);
+            self.slots.push(Slot {
+                generation: 0,
+                body: Body::Vacant { next_free: NIL },
+            });
+            (self.slots.len() - 1) as u32
+        };
+        let owner_seq = self.next_owner_seq();
+        let hash_slot = hash_slot(new.uid.as_bytes());
+        let info = SessionInfo {
+            uid: new.uid,
+            device_id: new.device_id,
+            device_flag: new.device_flag,
+            device_level: new.device_level,
+            session_id: new.session_id,
+            boot_id: self.config.boot_id,
+            node_id: self.config.node_id,
+            listener: new.listener,
+            owner_seq,
+            connected_at_ms: new.connected_at_ms,
+            target,
+        };
+        // Link at the head of the uid's list.
+        let uid_next = match self.by_uid.entry(info.uid.clone()) {
+            MapEntry::Occupied(mut e) => std::mem::replace(e.get_mut(), index),
+            MapEntry::Vacant(e) => {
+                e.insert(index);
+                NIL
+            }
+        };
+        if uid_next != NIL {
+            if let Some(next) = self.entry_mut(uid_next) {
+                next.uid_prev = index;
+            }
+        }
+        let slot = &mut self.slots[index as usize];
+        if let Body::Vacant { next_free } = slot.body {
+            self.free_head = next_free;
+        }
+        slot.body = Body::Occupied(Entry {
+            info,
+            state: SessionState::Pending,
+            committed: false,
+            hash_slot,
+            uid_prev: NIL,
+            uid_next,
+            dirty: false,
+            dirty_prev: NIL,
+            dirty_next: NIL,
+            touched_s: 0,
+        });
+        let generation = slot.generation;
+        self.by_session.insert(new.session_id, index);
+        self.len += 1;
+        Ok(SessionHandle {
+            shard: self.config.shard,
+            index,
+            generation,
+        })
+    }
+
+    /// Pending → Active: the route is committed at the authority. Fails if the
+    /// session is gone or closing (the activation must then unregister the route,
+    /// rule 31) or already active.
+    pub fn mark_active(&mut self, handle: SessionHandle) -> Result<(), Gone> {
+        let e = self.get_entry_mut(handle).ok_or(Gone)?;
+        if e.state != SessionState::Pending {
+            return Err(Gone);
+        }
+        e.state = SessionState::Active;
+        e.committed = true;
+        Ok(())
+    }
+
+    /// Marks the session closing: delivery and touches stop seeing it at once; it
+    /// can never become active. The driver then closes it and calls
+    /// [`Registry::deactivate`].
+    pub fn mark_closing(&mut self, handle: SessionHandle) -> Result<(), Gone> {
+        let e = self.get_entry_mut(handle).ok_or(Gone)?;
+        e.state = SessionState::Closing;
+        let index = handle.index;
+        self.unlink_dirty(index);
+        Ok(())
+    }
+
+    /// Removes the session locally, nothing else (no authority unregister). Returns
+    /// its info, `None` if the handle is stale.
+    pub fn unregister(&mut self, handle: SessionHandle) -> Option<SessionInfo> {
+        self.remove(handle).map(|(info, _)| info)
+    }
+
+    /// Deactivation (rule 32): removes the session locally first (delivery stops
+    /// seeing it at once), then, if its route was committed at the authority, queues
+    /// the authority unregister with a fresh owner_seq. A pending session's
+    /// authority side belongs to its activation (see [`crate::activation`]).
+    pub fn deactivate(&mut self, handle: SessionHandle, now_ms: u64) -> Option<SessionInfo> {
+        let (info, committed) = self.remove(handle)?;
+        if committed {
+            // A full queue drops it (counted); the route then expires by TTL.
+            let _ = self.queue_unregister(info.identity(), now_ms);
+        }
+        Some(info)
+    }
+
+    /// The session's info, if the handle is live.
+    pub fn get(&self, handle: SessionHandle) -> Option<&SessionInfo> {
+        self.get_entry(handle).map(|e| &e.info)
+    }
+
+    /// The session's state, if the handle is live.
+    pub fn state(&self, handle: SessionHandle) -> Option<SessionState> {
+        self.get_entry(handle).map(|e| e.state)
+    }
+
+    /// Every live session's handle (any state), in slab order.
+    pub fn handles(&self) -> impl Iterator<Item = SessionHandle> + '_ {
+        let shard = self.config.shard;
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, slot)| match slot.body {
+                Body::Occupied(_) => Some(SessionHandle {
+                    shard,
+                    index: i as u32,
+                    generation: slot.generation,
+                }),
+                Body::Vacant { .. } => None,
+            })
+    }
+
+    /// The live handle of session `session_id` of this registry.
+    pub fn handle_of(&self, session_id: SessionId) -> Option<SessionHandle> {
+        let &index = self.by_session.get(&session_id)?;
+        Some(SessionHandle {
+            shard: self.config.shard,
+            index,
+            generation: self.slots[index as usize].generation,
+        })
+    }
+
+    /// The live handle of the route identity `identity`, if it is a session of this
+    /// registry (same node, boot id and uid). For owner actions.
+    pub fn find(&self, identity: &RouteIdentity) -> Option<SessionHandle> {
+        if identity.node_id != self.config.node_id || identity.boot_id != self.config.boot_id {
+            return None;
+        }
+        let handle = self.handle_of(identity.session_id)?;
+        let e = self.get_entry(handle)?;
+        (*e.info.uid == *identity.uid).then_some(handle)
+    }
+
+    /// The sessions of `uid` on this shard (any state), newest first.
+    pub fn sessions_of_uid<'a>(&'a self, uid: &str) -> impl Iterator<Item = SessionHandle> + 'a {
+        let mut index = self.by_uid.get(uid).copied().unwrap_or(NIL);
+        std::iter::from_fn(move || {
+            if index == NIL {
+                return None;
+            }
+            let slot = &self.slots[index as usize];
+            let Body::Occupied(e) = &slot.body else {
+                debug_assert!(false, "uid list reaches a vacant slot");
+                return None;
+            };
+            let handle = SessionHandle {
+                shard: self.config.shard,
+                index,
+                generation: slot.generation,
+            };
+            index = e.uid_next;
+            Some(handle)
+        })
+    }
+
+    /// Delivery revalidation of an endpoint `(uid, boot_id, session_id, owner_seq)`:
+    /// the live **active** session it names, or `None` if stale: another process
+    /// (`boot_id`), an unknown, pending or closing session, another uid, or an
+    /// `owner_seq` other than the session's route owner_seq (the seq of its
+    /// registration, which every endpoint of its route carries). O(1), no allocation.
+    #[inline]
+    pub fn revalidate(
+        &self,
+        uid: &str,
+        boot_id: BootId,
+        session_id: SessionId,
+        owner_seq: OwnerSeq,
+    ) -> Option<SessionHandle> {
+        if boot_id != self.config.boot_id {
+            return None;
+        }
+        let &index = self.by_session.get(&session_id)?;
+        let slot = &self.slots[index as usize];
+        let Body::Occupied(e) = &slot.body else {
+            return None;
+        };
+        if e.state != SessionState::Active || e.info.owner_seq != owner_seq || *e.info.uid != *uid {
+            return None;
+        }
+        Some(SessionHandle {
+            shard: self.config.shard,
+            index,
+            generation: slot.generation,
+        })
+    }
+
+    // ---- touches --------------------------------------------------------------
+
+    /// A PING (or any client frame) on an active session: records activity second
+    /// `now_s` and marks the session dirty (rule 33: no RPC, no output). Returns
+    /// whether the session is active (a pending, closing or gone session is not
+    /// touched). O(1), no allocation.
+    #[inline]
+    pub fn mark_touched(&mut self, handle: SessionHandle, now_s: u64) -> bool {
+        let Some(e) = self.get_entry_mut(handle) else {
+            return false;
+        };
+        if e.state != SessionState::Active {
+            return false;
+        }
+        e.touched_s = e.touched_s.max(now_s);
+        if !e.dirty {
+            self.link_dirty(handle.index);
+        }
+        true
+    }
+
+    /// Whether the session is in the dirty set.
+    pub fn is_dirty(&self, handle: SessionHandle) -> bool {
+        self.get_entry(handle).is_some_and(|e| e.dirty)
+    }
+
+    /// Takes up to `max_batch_routes` dirty sessions (oldest first) and groups their
+    /// routes by the target **current in `view`** (after a leadership change the
+    /// touches go to the new authority and rebuild it, rule 15), in order of first
+    /// appearance. The drained sessions are clean afterwards; give failures back with
+    /// [`Registry::touch_failed`].
+    pub fn drain_touches(
+        &mut self,
+        view: &ClusterView,
+        max_batch_routes: usize,
+    ) -> Vec<(Target, Vec<Route>)> {
+        let mut batches: Vec<(Target, Vec<Route>)> = Vec::new();
+        let mut group_of = [u16::MAX; HASH_SLOTS];
+        let mut taken = 0;
+        while taken < max_batch_routes && self.dirty_head != NIL {
+            let index = self.dirty_head;
+            self.unlink_dirty(index);
+            let Some(e) = self.entry_mut(index) else {
+                debug_assert!(false, "dirty list reaches a vacant slot");
+                break;
+            };
+            debug_assert_eq!(e.state, SessionState::Active);
+            let route = e.info.route(Some(e.touched_s));
+            let hs = e.hash_slot;
+            let g = &mut group_of[hs as usize];
+            if *g == u16::MAX {
+                *g = batches.len() as u16;
+                batches.push((view.target_for_slot(hs), Vec::new()));
+            }
+            batches[*g as usize].1.push(route);
+            taken += 1;
+        }
+        batches
+    }
+
+    /// Touches of `routes` sent to `target` failed: each is put back into the dirty
+    /// set only if it is still **current**: the session it names (node id, boot id,
+    /// session id, uid) is live and active and its route owner_seq equals the route's.
+    /// Others are dropped. The requeued activity is the newer of the failed one and
+    /// any touch since.
+    pub fn touch_failed(&mut self, target: Target, routes: &[Route]) {
+        for route in routes {
+            let current = self.current_index(route);
+            let Some(index) = current else {
+                self.stats.touches_dropped_stale += 1;
+                tracing::trace!(
+                    ?target,
+                    session_id = route.session_id,
+                    "stale touch dropped"
+                );
+                continue;
+            };
+            let Some(e) = self.entry_mut(index) else {
+                continue;
+            };
+            e.touched_s = e.touched_s.max(route.last_active_s.unwrap_or(0));
+            if !e.dirty {
+                self.link_dirty(index);
+            }
+            self.stats.touches_requeued += 1;
+        }
+    }
+
+    fn current_index(&self, route: &Route) -> Option<u32> {
+        if route.node_id != self.config.node_id || route.boot_id != self.config.boot_id {
+            return None;
+        }
+        let &index = self.by_session.get(&route.session_id)?;
+        let e = self.entry(index)?;
+        (e.state == SessionState::Active
+            && e.info.owner_seq == route.owner_seq
+            && e.info.uid == route.uid)
+            .then_some(index)
+    }
+
+    // ---- authority unregisters ------------------------------------------------
+
+    /// Queues an authority unregister of `identity` with a fresh owner_seq (above the
+    /// route owner_seq of every session registered so far), due at once. Returns the
+    /// seq, or [`UnregisterQueueFull`] (dropped, counted).
+    pub fn queue_unregister(
+        &mut self,
+        identity: RouteIdentity,
+        now_ms: u64,
+    ) -> Result<OwnerSeq, UnregisterQueueFull> {
+        if self.unregisters.len() >= self.config.max_pending_unregisters {
+            self.stats.unregisters_dropped_full += 1;
+            tracing::warn!(uid = %identity.uid, "pending-unregister queue full, dropped");
+            return Err(UnregisterQueueFull);
+        }
+        let owner_seq = self.next_owner_seq();
+        let hash_slot = hash_slot(identity.uid.as_bytes());
+        self.unregisters.push_back(PendingUnregister {
+            identity,
+            hash_slot,
+            owner_seq,
+            attempt: 0,
+            due_ms: now_ms,
+        });
+        Ok(owner_seq)
+    }
+
+    /// Number of unregisters waiting (due or backing off).
+    pub fn pending_unregisters(&self) -> usize {
+        self.unregisters.len()
+    }
+
+    /// Whether an unregister of `identity` is waiting in the queue.
+    pub fn has_pending_unregister(&self, identity: &RouteIdentity) -> bool {
+        self.unregisters.iter().any(|u| u.identity == *identity)
+    }
+
+    /// Takes up to `max_requests` unregisters due at `now_ms` (queue order), each with
+    /// the target current in `view`. Report a failed send with
+    /// [`Registry::unregister_failed`]; a success needs no call.
+    pub fn drain_unregisters(
+        &mut self,
+        view: &ClusterView,
+        now_ms: u64,
+        max_requests: usize,
+    ) -> Vec<UnregisterRequest> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.unregisters.len() && out.len() < max_requests {
+            if self.unregisters[i].due_ms > now_ms {
+                i += 1;
+                continue;
+            }
+            let Some(u) = self.unregisters.remove(i) else {
+                break;
+            };
+            out.push(UnregisterRequest {
+                target: view.target_for_slot(u.hash_slot),
+                identity: u.identity,
+                owner_seq: u.owner_seq,
+                attempt: u.attempt,
+            });
+        }
+        out
+    }
+
+    /// The send of `request` failed at `now_ms`: requeued with backoff (same
+    /// owner_seq; the target is taken afresh at the next drain), or abandoned after
+    /// `unregister_max_attempts` attempts (counted; the route then expires by TTL).
+    pub fn unregister_failed(&mut self, request: UnregisterRequest, now_ms: u64) {
+        let attempts = request.attempt.saturating_add(1);
+        if attempts >= self.config.unregister_max_attempts {
+            self.stats.unregisters_abandoned += 1;
+            tracing::warn!(uid = %request.identity.uid, attempts, "authority unregister abandoned");
+            return;
+        }
+        if self.unregisters.len() >= self.config.max_pending_unregisters {
+            self.stats.unregisters_dropped_full += 1;
+            return;
+        }
+        let shift = (attempts - 1).min(32);
+        let backoff_ms = self
+            .config
+            .unregister_retry_base_ms
+            .saturating_mul(1u64 << shift)
+            .min(self.config.unregister_retry_max_ms);
+        self.unregisters.push_back(PendingUnregister {
+            hash_slot: request.target.hash_slot,
+            identity: request.identity,
+            owner_seq: request.owner_seq,
+            attempt: attempts,
+            due_ms: now_ms.saturating_add(backoff_ms),
+        });
+    }
+
+    // ---- internals ------------------------------------------------------------
+
+    #[inline]
+    fn get_entry(&self, handle: SessionHandle) -> Option<&Entry> {
+        if handle.shard != self.config.shard {
+            return None;
+        }
+        let slot = self.slots.get(handle.index as usize)?;
+        match &slot.body {
+            Body::Occupied(e) if slot.generation == handle.generation => Some(e),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn get_entry_mut(&mut self, handle: SessionHandle) -> Option<&mut Entry> {
+        if handle.shard != self.config.shard {
+            return None;
+        }
+        let slot = self.slots.get_mut(handle.index as usize)?;
+        match &mut slot.body {
+            Body::Occupied(e) if slot.generation == handle.generation => Some(e),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn entry(&self, index: u32) -> Option<&Entry> {
+        match &self.slots.get(index as usize)?.body {
+            Body::Occupied(e) => Some(e),
+            Body::Vacant { .. } => None,
+        }
+    }
+
+    #[inline]
+    fn entry_mut(&mut self, index: u32) -> Option<&mut Entry> {
+        match &mut self.slots.get_mut(index as usize)?.body {
+            Body::Occupied(e) => Some(e),
+            Body::Vacant { .. } => None,
+        }
+    }
+
+    fn remove(&mut self, handle: SessionHandle) -> Option<(SessionInfo, bool)> {
+        self.get_entry(handle)?;
+        let index = handle.index;
+        self.unlink_dirty(index);
+        let slot = &mut self.slots[index as usize];
+        let body = std::mem::replace(
+            &mut slot.body,
+            Body::Vacant {
+                next_free: self.free_head,
+            },
+        );
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_head = index;
+        self.len -= 1;
+        let Body::Occupied(e) = body else {
+            unreachable!("checked occupied above");
+        };
+        // Unlink from the uid list.
+        if e.uid_prev != NIL {
+            if let Some(p) = self.entry_mut(e.uid_prev) {
+                p.uid_next = e.uid_next;
+            }
+        } else if e.uid_next != NIL {
+            if let Some(h) = self.by_uid.get_mut(&*e.info.uid) {
+                *h = e.uid_next;
+            }
+        } else {
+            self.by_uid.remove(&*e.info.uid);
+        }
+        if e.uid_next != NIL {
+            if let Some(n) = self.entry_mut(e.uid_next) {
+                n.uid_prev = e.uid_prev;
+            }
+        }
+        self.by_session.remove(&e.info.session_id);
+        Some((e.info, e.committed))
+    }
+
+    fn link_dirty(&mut self, index: u32) {
+        let tail = self.dirty_tail;
+        if let Some(e) = self.entry_mut(index) {
+            debug_assert!(!e.dirty);
+            e.dirty = true;
+            e.dirty_prev = tail;
+            e.dirty_next = NIL;
+        } else {
+            return;
+        }
+        if tail == NIL {
+            self.dirty_head = index;
+        } else if let Some(t) = self.entry_mut(tail) {
+            t.dirty_next = index;
+        }
+        self.dirty_tail = index;
+        self.dirty_len += 1;
+        debug_assert!(self.dirty_len <= self.len);
+    }
+
+    fn unlink_dirty(&mut self, index: u32) {
+        let (prev, next) = match self.entry_mut(index) {
+            Some(e) if e.dirty => {
+                e.dirty = false;
+                let pn = (e.dirty_prev, e.dirty_next);
+                e.dirty_prev = NIL;
+                e.dirty_next = NIL;
+                pn
+            }
+            _ => return,
+        };
+        if prev == NIL {
+            self.dirty_head = next;
+        } else if let Some(p) = self.entry_mut(prev) {
+            p.dirty_next = next;
+        }
+        if next == NIL {
+            self.dirty_tail = prev;
+        } else if let Some(n) = self.entry_mut(next) {
+            n.dirty_prev = prev;
+        }
+        self.dirty_len -= 1;
+    }
+}
