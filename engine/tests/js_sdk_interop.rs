@@ -3,6 +3,9 @@
 //! (`interop/sdk_client.mjs`) driven by JSON lines. `scripts/test` installs the SDK
 //! with `npm ci --prefix interop` first.
 
+// Test configs change a few nested fields of the defaults.
+#![allow(clippy::field_reassign_with_default)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -62,7 +65,12 @@ impl SdkClient {
                 }
             }
         });
-        SdkClient { uid: uid.into(), child, stdin, events }
+        SdkClient {
+            uid: uid.into(),
+            child,
+            stdin,
+            events,
+        }
     }
 
     /// Waits for the first event matching `pred`, skipping others.
@@ -90,7 +98,9 @@ impl SdkClient {
     }
 
     fn message(&self, text: &str) -> Value {
-        self.expect(&format!("message {text:?}"), |e| e["event"] == "message" && e["text"] == text)
+        self.expect(&format!("message {text:?}"), |e| {
+            e["event"] == "message" && e["text"] == text
+        })
     }
 }
 
@@ -113,11 +123,25 @@ fn start_node(dir: &std::path::Path) -> Node {
     let node = Node::start(c).unwrap();
     let api = node.api();
     for uid in ["u1", "u2", "u3"] {
-        let body = json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": 1});
-        assert_eq!(api.handle("POST", "/user/token", None, body.to_string().as_bytes()).status, 200);
+        let body =
+            json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": 1});
+        assert_eq!(
+            api.handle("POST", "/user/token", None, body.to_string().as_bytes())
+                .status,
+            200
+        );
     }
     let body = json!({"channel_id": "g1", "channel_type": 2, "subscribers": ["u1", "u2", "u3"]});
-    assert_eq!(api.handle("POST", "/channel/subscriber_add", None, body.to_string().as_bytes()).status, 200);
+    assert_eq!(
+        api.handle(
+            "POST",
+            "/channel/subscriber_add",
+            None,
+            body.to_string().as_bytes()
+        )
+        .status,
+        200
+    );
     node
 }
 
@@ -135,7 +159,14 @@ fn js_sdk_person_group_and_kick() {
     // Person messages both ways, encrypted by the SDK.
     a.send("u2", 1, "hello u2");
     let m = b.message("hello u2");
-    assert_eq!((m["from"].as_str(), m["channel_id"].as_str(), m["channel_type"].as_u64()), (Some("u1"), Some("u1"), Some(1)));
+    assert_eq!(
+        (
+            m["from"].as_str(),
+            m["channel_id"].as_str(),
+            m["channel_type"].as_u64()
+        ),
+        (Some("u1"), Some("u1"), Some(1))
+    );
     b.send("u1", 1, "hello u1");
     let m = a.message("hello u1");
     assert_eq!(m["channel_id"], "u2");
@@ -144,13 +175,22 @@ fn js_sdk_person_group_and_kick() {
     a.send("g1", 2, "hello group");
     for client in [&b, &c] {
         let m = client.message("hello group");
-        assert_eq!((m["from"].as_str(), m["channel_id"].as_str(), m["channel_type"].as_u64()), (Some("u1"), Some("g1"), Some(2)));
+        assert_eq!(
+            (
+                m["from"].as_str(),
+                m["channel_id"].as_str(),
+                m["channel_type"].as_u64()
+            ),
+            (Some("u1"), Some("g1"), Some(2))
+        );
     }
 
     // A second login of u1 with the same device flag kicks the first (ConnectKick).
     let second = SdkClient::start(&node, "u1");
     second.connected();
-    a.expect("kick", |e| e["event"] == "status" && (e["status"] == 4 || e["reason"] == 12));
+    a.expect("kick", |e| {
+        e["event"] == "status" && (e["status"] == 4 || e["reason"] == 12)
+    });
     b.send("u1", 1, "after the kick");
     second.message("after the kick");
     drop((a, b, c, second));

@@ -3,6 +3,9 @@
 //! sends through it and collects SENDACKs, kills it with SIGKILL mid-stream, restarts
 //! a node on the same data directory and syncs every acknowledged message back.
 
+// Test configs change a few nested fields of the defaults.
+#![allow(clippy::field_reassign_with_default)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -32,7 +35,9 @@ fn config(dir: &std::path::Path) -> NodeConfig {
 /// The child: runs a node until it is killed, printing its TCP address.
 #[test]
 fn crash_child() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+    let Ok(dir) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let node = Node::start(config(std::path::Path::new(&dir))).unwrap();
     // Straight to the process's stdout: the test harness captures `println!`.
     let mut out = std::io::stdout();
@@ -69,30 +74,62 @@ fn kill_9_after_sendack_loses_nothing_acknowledged() {
     assert_eq!(reason, 1);
     // Pipeline SENDs; kill the node after 200 acknowledgements, with more in flight.
     for i in 0..400u32 {
-        client.send("u2", 1, i, &format!("m{i}"), format!("payload {i}").as_bytes(), true).unwrap();
+        client
+            .send(
+                "u2",
+                1,
+                i,
+                &format!("m{i}"),
+                format!("payload {i}").as_bytes(),
+                true,
+            )
+            .unwrap();
     }
     let mut acked = Vec::new();
     while acked.len() < 200 {
         match client.read().unwrap() {
-            Received::Sendack { message_seq, reason: 1, .. } => acked.push(message_seq),
+            Received::Sendack {
+                message_seq,
+                reason: 1,
+                ..
+            } => acked.push(message_seq),
             other => panic!("unexpected {other:?}"),
         }
     }
     child.kill().unwrap();
     child.wait().unwrap();
     // Whatever else was acknowledged before the kill was read into the socket buffer.
-    while let Ok(Received::Sendack { message_seq, reason: 1, .. }) = client.read() {
+    while let Ok(Received::Sendack {
+        message_seq,
+        reason: 1,
+        ..
+    }) = client.read()
+    {
         acked.push(message_seq);
     }
 
     let node = Node::start(config(dir.path())).unwrap();
     let body = json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1, "limit": 1000, "pull_mode": 1});
-    let reply = node.api().handle("POST", "/channel/messagesync", None, body.to_string().as_bytes());
+    let reply = node.api().handle(
+        "POST",
+        "/channel/messagesync",
+        None,
+        body.to_string().as_bytes(),
+    );
     assert_eq!(reply.status, 200, "{}", reply.body);
     let body: Value = serde_json::from_str(&reply.body).unwrap();
-    let stored: Vec<u64> = body["messages"].as_array().unwrap().iter().map(|m| m["message_seq"].as_u64().unwrap()).collect();
+    let stored: Vec<u64> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["message_seq"].as_u64().unwrap())
+        .collect();
     for seq in &acked {
-        assert!(stored.contains(seq), "acknowledged seq {seq} lost; stored {} messages", stored.len());
+        assert!(
+            stored.contains(seq),
+            "acknowledged seq {seq} lost; stored {} messages",
+            stored.len()
+        );
     }
     // Stored messages are exactly a prefix 1..=n of the channel, each intact.
     let n = stored.len() as u64;

@@ -2,6 +2,9 @@
 //! reasons, person and group delivery with RECVACK, sender suppression, conflicts,
 //! garbage isolation, restart then messagesync.
 
+// Test configs change a few nested fields of the defaults.
+#![allow(clippy::field_reassign_with_default)]
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

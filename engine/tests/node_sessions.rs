@@ -2,6 +2,9 @@
 //! pings, idle close, RECV re-sent with DUP until acknowledged, Slave conflicts, the
 //! sender's other devices, and /user/device_quit.
 
+// Test configs change a few nested fields of the defaults.
+#![allow(clippy::field_reassign_with_default)]
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -26,12 +29,18 @@ fn config(dir: &std::path::Path) -> NodeConfig {
 }
 
 fn api(node: &Node, path: &str, body: Value) -> (u16, Value) {
-    let reply = node.api().handle("POST", path, None, body.to_string().as_bytes());
-    (reply.status, serde_json::from_str(&reply.body).unwrap_or(Value::Null))
+    let reply = node
+        .api()
+        .handle("POST", path, None, body.to_string().as_bytes());
+    (
+        reply.status,
+        serde_json::from_str(&reply.body).unwrap_or(Value::Null),
+    )
 }
 
 fn set_token(node: &Node, uid: &str, level: u8) {
-    let body = json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": level});
+    let body =
+        json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": level});
     assert_eq!(api(node, "/user/token", body).0, 200);
 }
 
@@ -88,7 +97,11 @@ fn a_route_expires_after_missed_pings_while_a_pinging_one_stays() {
         assert_eq!(pinger.read().unwrap(), Received::Pong);
         online_devices(&node, "silent") == 0
     });
-    assert_eq!(online_devices(&node, "pinger"), 1, "pings keep the route alive");
+    assert_eq!(
+        online_devices(&node, "pinger"),
+        1,
+        "pings keep the route alive"
+    );
     node.shutdown().unwrap();
 }
 
@@ -101,7 +114,9 @@ fn an_idle_connection_is_closed() {
     set_token(&node, "u1", 1);
     let mut idle = login_device(&node, "u1", "d");
     assert!(idle.wait_closed().unwrap().is_empty());
-    wait_until("the closed session's route to go", || online_devices(&node, "u1") == 0);
+    wait_until("the closed session's route to go", || {
+        online_devices(&node, "u1") == 0
+    });
     node.shutdown().unwrap();
 }
 
@@ -121,7 +136,10 @@ fn an_unacknowledged_recv_is_resent_with_dup() {
     assert!(!first.dup);
     let again = next_recv(&mut b);
     assert!(again.dup, "re-sent with DUP");
-    assert_eq!((again.message_id, again.payload.as_slice()), (first.message_id, &b"ack me"[..]));
+    assert_eq!(
+        (again.message_id, again.payload.as_slice()),
+        (first.message_id, &b"ack me"[..])
+    );
     b.recvack(again.message_id, again.message_seq).unwrap();
     // After the ack nothing more comes: the next frame is our PONG.
     b.ping().unwrap();
@@ -140,7 +158,9 @@ fn slave_devices_conflict_only_on_the_same_device_id() {
     let _d1_again = login_device(&node, "s", "device-1");
     let seen = d1.wait_closed().unwrap();
     assert!(
-        !seen.iter().any(|f| matches!(f, Received::Disconnect { reason: 12, .. })),
+        !seen
+            .iter()
+            .any(|f| matches!(f, Received::Disconnect { reason: 12, .. })),
         "a Slave replacing its own device id closes without a kick: {seen:?}"
     );
     wait_until("two routes", || online_devices(&node, "s") == 2);
@@ -156,16 +176,25 @@ fn the_senders_other_devices_receive_but_not_the_sending_session() {
     let mut phone = login_device(&node, "u1", "phone");
     let mut laptop = login_device(&node, "u1", "laptop");
     let mut peer = login_device(&node, "u2", "d");
-    phone.send("u2", 1, 1, "m", b"from the phone", true).unwrap();
+    phone
+        .send("u2", 1, 1, "m", b"from the phone", true)
+        .unwrap();
     let on_laptop = next_recv(&mut laptop);
-    assert_eq!((on_laptop.channel_id.as_str(), on_laptop.payload.as_slice()), ("u2", &b"from the phone"[..]));
+    assert_eq!(
+        (on_laptop.channel_id.as_str(), on_laptop.payload.as_slice()),
+        ("u2", &b"from the phone"[..])
+    );
     assert_eq!(next_recv(&mut peer).channel_id, "u1");
     match phone.read().unwrap() {
         Received::Sendack { reason: 1, .. } => {}
         other => panic!("expected SENDACK, got {other:?}"),
     }
     phone.ping().unwrap();
-    assert_eq!(phone.read().unwrap(), Received::Pong, "no echo to the sending session");
+    assert_eq!(
+        phone.read().unwrap(),
+        Received::Pong,
+        "no echo to the sending session"
+    );
     node.shutdown().unwrap();
 }
 
@@ -176,10 +205,17 @@ fn device_quit_closes_the_sessions_and_removes_their_routes() {
     set_token(&node, "u1", 1);
     let mut s = login_device(&node, "u1", "d");
     assert_eq!(online_devices(&node, "u1"), 1);
-    let (status, body) = api(&node, "/user/device_quit", json!({"uid": "u1", "device_flag": 1}));
+    let (status, body) = api(
+        &node,
+        "/user/device_quit",
+        json!({"uid": "u1", "device_flag": 1}),
+    );
     assert_eq!(status, 200, "{body}");
     let seen = s.wait_closed().unwrap();
-    assert!(matches!(seen.first(), Some(Received::Disconnect { .. })), "{seen:?}");
+    assert!(
+        matches!(seen.first(), Some(Received::Disconnect { .. })),
+        "{seen:?}"
+    );
     wait_until("the route to go", || online_devices(&node, "u1") == 0);
     node.shutdown().unwrap();
 }

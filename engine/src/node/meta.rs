@@ -234,6 +234,6 @@ mod tests {
         meta.add_subscribers("g", &s(&["d"]), true).unwrap();
         assert_eq!(meta.subscribers("g").unwrap().uids.len(), 1);
         meta.remove_subscribers("g", &s(&["d"])).unwrap();
-        assert!(meta.subscribers("g").map_or(true, |g| g.uids.is_empty()));
+        assert!(meta.subscribers("g").is_none_or(|g| g.uids.is_empty()));
     }
 }

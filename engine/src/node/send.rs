@@ -109,18 +109,22 @@ pub struct SyncRequest {
     pub reply: SyncSender<Result<(Vec<StoredMessage>, bool), String>>,
 }
 
+/// A commit appended this turn: who to answer, the message, who sent it (for
+/// suppression) and the group's subscribers at commit time.
+type Unsynced = (
+    Origin,
+    Arc<Committed>,
+    Option<Sender>,
+    Option<Arc<crate::node::meta::Subscribers>>,
+);
+
 /// The delivery core of one shard: its log and what it committed this turn.
 pub struct DeliveryCore {
     pub log: MessageLog,
     pub ids: MessageIdGen,
     pub idempotency: Option<IdempotencyWindow>,
     /// Appended this turn, waiting for the turn's sync.
-    unsynced: Vec<(
-        Origin,
-        Arc<Committed>,
-        Option<Sender>,
-        Option<Arc<crate::node::meta::Subscribers>>,
-    )>,
+    unsynced: Vec<Unsynced>,
     groups: Vec<(crate::cluster::Target, Vec<Uid>)>,
 }
 
@@ -383,7 +387,7 @@ fn answer(
     }
 }
 
-/// 3. Group commit: one sync for the turn's appends, then SENDACKs and delivery.
+/// Step 3, group commit: one sync for the turn's appends, then SENDACKs and delivery.
 /// Returns how many commits it completed (work for the shard loop).
 pub fn flush_commits(
     node: &mut NodeShard,

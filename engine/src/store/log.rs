@@ -146,7 +146,7 @@ impl LogConfig {
 
     pub fn validate(&self) -> Result<(), LogError> {
         let bad = |what| Err(LogError::Config(what));
-        if self.segment_bytes as usize % PAGE_BYTES != 0 || self.segment_bytes == 0 {
+        if !(self.segment_bytes as usize).is_multiple_of(PAGE_BYTES) || self.segment_bytes == 0 {
             return bad("segment_bytes must be a non-zero multiple of 4096");
         }
         if u64::from(self.segment_bytes) < self.max_record_bytes() {
@@ -882,7 +882,7 @@ impl MessageLog {
             .back_mut()
             .expect("a log always has an active segment");
         let off = seg.end;
-        debug_assert!(off as usize % 8 == 0 && off + len <= seg.capacity());
+        debug_assert!((off as usize).is_multiple_of(8) && off + len <= seg.capacity());
         let ok = fields.encode_into(&mut seg.map[off as usize..(off + len) as usize]);
         debug_assert!(ok);
         seg.end += len;

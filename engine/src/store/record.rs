@@ -52,7 +52,7 @@ pub struct RecordHeader {
 }
 
 const _: () = assert!(RECORD_HEADER_BYTES == 48);
-const _: () = assert!(RECORD_HEADER_BYTES % RECORD_ALIGN_BYTES == 0);
+const _: () = assert!(RECORD_HEADER_BYTES.is_multiple_of(RECORD_ALIGN_BYTES));
 #[cfg(target_endian = "big")]
 compile_error!("the message log format is little-endian; big-endian hosts are not supported");
 

@@ -22,9 +22,8 @@ impl EventFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
-        Ok(EventFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventFd { fd })
     }
 
     /// Adds 1 to the counter, waking a waiter. Never blocks (the counter cannot
