@@ -140,7 +140,7 @@ fn bench_register_commit(c: &mut Criterion) {
             cpu_iters(iters, || {
                 // A new session of the same device replaces the uid's current one.
                 let (t, u) = &flat[i % flat.len()];
-                if i % flat.len() == 0 {
+                if i.is_multiple_of(flat.len()) {
                     seq += 1;
                 }
                 i += 1;
