@@ -674,3 +674,46 @@ fn auto_backend_picks_uring_when_available() {
     };
     assert_eq!(backend, expect);
 }
+
+#[test]
+fn auto_backend_falls_back_to_mio_when_uring_setup_fails() {
+    // A ring size the kernel refuses makes the io_uring setup fail; Auto then serves
+    // with mio on the same listener.
+    let listener = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = NetConfig {
+        backend: Backend::Auto,
+        uring_entries: u32::MAX,
+        ..NetConfig::default()
+    };
+    let (tx, rx) = channel();
+    let driver_thread = std::thread::spawn(move || {
+        let doorbell = std::sync::Arc::new(EventFd::new().unwrap());
+        let mut d = NetDriver::new(&config, doorbell, vec![(ListenerKind::Tcp, listener)]).unwrap();
+        tx.send(d.backend()).unwrap();
+        // Serve one echo by hand.
+        let mut events = Vec::new();
+        let deadline = Instant::now() + FAIL_AFTER;
+        while Instant::now() < deadline {
+            shard::runtime::Driver::poll(&mut d, Some(Duration::from_millis(50)), &mut events)
+                .unwrap();
+            for ev in events.drain(..) {
+                if let NetEvent::Readable { conn } = ev {
+                    let data = d.input(conn).to_vec();
+                    d.consume(conn, data.len());
+                    d.send(conn, &data).unwrap();
+                }
+                if let NetEvent::Closed { .. } = ev {
+                    return;
+                }
+            }
+        }
+        panic!("no close within the bound");
+    });
+    assert_eq!(rx.recv_timeout(FAIL_AFTER).unwrap(), Backend::Mio);
+    let mut c = connect(addr);
+    c.write_all(b"fallback").unwrap();
+    assert_eq!(read_exact_n(&mut c, 8), b"fallback");
+    drop(c);
+    driver_thread.join().unwrap();
+}

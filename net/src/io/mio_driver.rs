@@ -23,6 +23,16 @@ const DOORBELL: Token = Token(usize::MAX);
 /// (`< 2^24`).
 const LISTENER_BASE: usize = usize::MAX - 1;
 
+/// One readiness event, copied out of `mio::Events`.
+#[derive(Clone, Copy)]
+struct Ready {
+    token: Token,
+    readable: bool,
+    /// The peer closed or the socket failed: read to the end.
+    closed: bool,
+    writable: bool,
+}
+
 #[derive(Default)]
 struct MioConn {
     sock: Option<TcpStream>,
@@ -42,8 +52,8 @@ pub struct MioDriver {
     scratch: Vec<u8>,
     start: Instant,
     list_buf: Vec<u32>,
-    /// Readiness copied out of `events`: (token, readable, writable).
-    ready: Vec<(Token, bool, bool)>,
+    /// Readiness copied out of `events`.
+    ready: Vec<Ready>,
     /// Reading pauses when a connection's unconsumed input reaches this.
     pause_bytes: usize,
 }
@@ -169,8 +179,10 @@ impl MioDriver {
         }
     }
 
-    /// Reads `idx`'s socket until `WouldBlock`, end of stream, or the pause threshold.
-    fn read(&mut self, idx: u32) {
+    /// Reads `idx`'s socket until `WouldBlock`, end of stream, or the pause threshold;
+    /// a short read also ends it unless `to_end` (the peer's close or an error was
+    /// already signalled, and no further wakeup will come).
+    fn read(&mut self, idx: u32, to_end: bool) {
         let Some(sock) = self.conns[idx as usize].sock.as_mut() else {
             return;
         };
@@ -192,7 +204,15 @@ impl MioDriver {
                     self.core.on_eof(idx);
                     return;
                 }
-                Ok(n) => self.core.on_recv(idx, &self.scratch[..n]),
+                Ok(n) => {
+                    self.core.on_recv(idx, &self.scratch[..n]);
+                    if n < self.scratch.len() && !to_end {
+                        // A short read drained the socket; data arriving later wakes
+                        // epoll again (every arrival re-arms an edge-triggered fd), so
+                        // the read that would return WouldBlock is skipped.
+                        return;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -259,7 +279,7 @@ impl Driver for MioDriver {
             let mc = &mut self.conns[idx as usize];
             if mc.paused {
                 mc.paused = false;
-                self.read(idx);
+                self.read(idx, true);
             }
         }
         self.list_buf = dirty;
@@ -286,14 +306,19 @@ impl Driver for MioDriver {
         self.core.set_now(self.now_ms());
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
-        ready.extend(self.events.iter().map(|e| {
-            (
-                e.token(),
-                e.is_readable() || e.is_read_closed() || e.is_error(),
-                e.is_writable(),
-            )
+        ready.extend(self.events.iter().map(|e| Ready {
+            token: e.token(),
+            readable: e.is_readable() || e.is_read_closed() || e.is_error(),
+            closed: e.is_read_closed() || e.is_error(),
+            writable: e.is_writable(),
         }));
-        for &(token, readable, writable) in &ready {
+        for &Ready {
+            token,
+            readable,
+            closed,
+            writable,
+        } in &ready
+        {
             match token {
                 DOORBELL => {
                     self.doorbell.drain();
@@ -307,7 +332,7 @@ impl Driver for MioDriver {
                         self.flush(idx);
                     }
                     if readable && !self.conns[t].paused {
-                        self.read(idx);
+                        self.read(idx, closed);
                     }
                 }
             }

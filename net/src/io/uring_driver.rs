@@ -163,8 +163,11 @@ impl BufRing {
 
 impl Drop for BufRing {
     fn drop(&mut self) {
+        if self.ring_bytes == 0 {
+            return; // The empty stand-in of a leaked ring.
+        }
         // SAFETY: both mappings were created in `new` and are no longer used by the
-        // kernel (the driver unregisters or destroys the ring first).
+        // kernel (the driver destroys the ring first, after its IO finished).
         unsafe {
             libc::munmap(self.ring.as_ptr().cast(), self.ring_bytes);
             libc::munmap(self.bufs.as_ptr().cast(), self.bufs_bytes);
@@ -196,7 +199,8 @@ pub struct UringDriver {
     // Declared before `bufs`: the ring is destroyed before the buffers are unmapped.
     ring: IoUring,
     bufs: BufRing,
-    /// Leaks the buffers on drop if cancelled IO did not finish in time.
+    /// Leaks the buffers (receive and output) on drop if cancelled IO did not finish
+    /// in time.
     bufs_unsafe_to_free: bool,
     doorbell: Arc<EventFd>,
     doorbell_armed: bool,
@@ -719,6 +723,9 @@ impl Drop for UringDriver {
                 },
             );
             std::mem::forget(bufs);
+            // In-flight sends may still read the connections' output buffers.
+            let cfg = self.core.cfg.clone();
+            std::mem::forget(std::mem::replace(&mut self.core, Core::new(&cfg, 0)));
         }
     }
 }
