@@ -311,7 +311,7 @@ impl Api {
         }
         let uids: Vec<Uid> = uids.iter().map(|u| Uid::from(u.as_str())).collect();
         let mut groups = Vec::new();
-        group_by_target(&self.shared.initial_view, &uids, &mut groups);
+        group_by_target(&self.shared.view(), &uids, &mut groups);
         let lookups: Vec<_> = groups.iter().map(|(t, u)| (*t, u.as_slice())).collect();
         let reader = self.shared.authority_reader();
         let mut out = Vec::new();
@@ -505,8 +505,37 @@ impl Api {
         }
     }
 
+    fn move_leaders(&self, body: &[u8]) -> Result<Reply, Reply> {
+        #[derive(Deserialize)]
+        struct Req {
+            hash_slots: Vec<u16>,
+            leader_node_id: u64,
+        }
+        let r: Req = parse(body)?;
+        if let Some(bad) = r
+            .hash_slots
+            .iter()
+            .find(|&&s| s as usize >= shard::slots::HASH_SLOTS)
+        {
+            return Err(Reply::error(
+                400,
+                format!("hash slot {bad} does not exist (0..256)"),
+            ));
+        }
+        let view = self.shared.move_leaders(&r.hash_slots, r.leader_node_id);
+        for inj in &self.injectors {
+            inj.send(Msg::View(view.clone())).map_err(|_| {
+                Reply::error(
+                    503,
+                    "a shard's control queue is full; the view will be resent",
+                )
+            })?;
+        }
+        Ok(self.cluster_slots())
+    }
+
     fn cluster_slots(&self) -> Reply {
-        let view = &self.shared.initial_view;
+        let view = self.shared.view();
         let slots: Vec<Value> = (0..shard::slots::HASH_SLOTS as u16)
             .map(|s| {
                 let t = view.target_for_slot(s);

@@ -148,7 +148,10 @@ pub struct NodeShared {
     pub slot_map: SlotMap,
     pub directory: Arc<Directory>,
     pub meta: Meta,
+    /// The view the node started with.
     pub initial_view: ClusterView,
+    /// The newest view (the control path replaces it and sends it to every shard).
+    view: std::sync::Mutex<Arc<ClusterView>>,
     pub shard_metrics: Vec<Arc<ShardMetrics>>,
     started_shards: AtomicUsize,
 }
@@ -168,6 +171,27 @@ impl NodeShared {
     /// Whether every shard has started its loop.
     pub fn all_shards_started(&self) -> bool {
         self.started_shards.load(Ordering::SeqCst) == self.slot_map.shard_count() as usize
+    }
+
+    /// The newest cluster view.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.view.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Moves the leadership of `hash_slots` to `leader_node_id` (a failover drill):
+    /// each moved slot's term advances, and so does the routing revision. Returns the
+    /// new view, which the caller sends to every shard.
+    pub fn move_leaders(&self, hash_slots: &[u16], leader_node_id: NodeId) -> Arc<ClusterView> {
+        let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        let mut view = (**guard).clone();
+        for &s in hash_slots {
+            let slot = &mut view.slots[s as usize];
+            slot.leader_node_id = leader_node_id;
+            slot.leader_term += 1;
+        }
+        view.revision += 1;
+        *guard = Arc::new(view);
+        guard.clone()
     }
 
     /// A lock-free reader of every hash slot's routes.
@@ -250,6 +274,7 @@ impl Node {
             slot_map,
             directory,
             meta,
+            view: std::sync::Mutex::new(Arc::new(initial_view.clone())),
             initial_view,
             shard_metrics,
             started_shards: AtomicUsize::new(0),

@@ -66,6 +66,8 @@ pub enum Msg {
     },
     /// Control → a delivery shard: read committed messages of a channel.
     Sync(Box<super::send::SyncRequest>),
+    /// Control → every shard: a new cluster view (slot leadership moved).
+    View(Arc<crate::cluster::ClusterView>),
     /// Control → every shard: send DISCONNECT to every session, unregister them, stop.
     Shutdown,
 }

@@ -1036,6 +1036,13 @@ impl Shard for NodeShard {
                 let _ = done.try_send(n);
             }
             Msg::Sync(request) => super::send::on_sync(self, *request),
+            Msg::View(view) => {
+                // Slots this node gained get a fresh identity, lost ones drop their
+                // state; touches drained from now on go to the new targets.
+                self.authority
+                    .apply_view(&view, self.shared.config.node_id, cx.now_ms() / 1000);
+                self.view = (*view).clone();
+            }
             Msg::Shutdown => self.shutdown(cx, driver),
         }
     }
