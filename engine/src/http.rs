@@ -248,10 +248,7 @@ impl Api {
             ("POST", "/channel/messagesync") => self.message_sync(body),
             ("GET", "/metrics") => Ok(self.metrics()),
             ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
-            ("POST", "/cluster/slots/leader") => Err(Reply::error(
-                501,
-                "moving slot leadership comes with the cluster milestone",
-            )),
+            ("POST", "/cluster/slots/leader") => self.move_leaders(body),
             _ => Err(Reply::error(404, format!("no route {method} {path}"))),
         };
         result.unwrap_or_else(|e| e)

@@ -219,3 +219,141 @@ fn device_quit_closes_the_sessions_and_removes_their_routes() {
     wait_until("the route to go", || online_devices(&node, "u1") == 0);
     node.shutdown().unwrap();
 }
+
+#[test]
+fn idempotent_resend_gets_the_first_answer_and_is_delivered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).unwrap();
+    set_token(&node, "u1", 1);
+    set_token(&node, "u2", 1);
+    let mut a = login_device(&node, "u1", "d");
+    let mut b = login_device(&node, "u2", "d");
+    a.send("u2", 1, 1, "same-no", b"once", true).unwrap();
+    a.send("u2", 1, 2, "same-no", b"once", true).unwrap();
+    let mut acks = Vec::new();
+    while acks.len() < 2 {
+        if let Received::Sendack {
+            client_seq,
+            message_id,
+            message_seq,
+            reason,
+        } = a.read().unwrap()
+        {
+            acks.push((client_seq, message_id, message_seq, reason));
+        }
+    }
+    assert_eq!(
+        (acks[0].1, acks[0].2, acks[0].3),
+        (acks[1].1, acks[1].2, acks[1].3),
+        "{acks:?}"
+    );
+    assert_eq!(
+        (acks[0].0, acks[1].0),
+        (1, 2),
+        "each SENDACK echoes its own client_seq"
+    );
+    let m = next_recv(&mut b);
+    assert_eq!(m.payload, b"once");
+    b.recvack(m.message_id, m.message_seq).unwrap();
+    b.ping().unwrap();
+    assert_eq!(b.read().unwrap(), Received::Pong, "delivered once");
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).unwrap();
+    set_token(&node, "u1", 1);
+    let mut a = login_device(&node, "u1", "d");
+    // A SEND whose msg_key is wrong (encrypted flag set, key all zeros).
+    let bad_key = net::wkproto::SendPacket {
+        client_seq: 1,
+        client_msg_no: "k",
+        channel_id: "u2",
+        channel_type: net::wkproto::ChannelType(1),
+        msg_key: "00000000000000000000000000000000",
+        payload: b"AAAA",
+        ..Default::default()
+    };
+    let mut frame = Vec::new();
+    bad_key.encode(6, &mut frame).unwrap();
+    a.send_raw(&frame).unwrap();
+    match a.read().unwrap() {
+        Received::Sendack {
+            client_seq: 1,
+            reason: 8,
+            ..
+        } => {}
+        other => panic!("expected SENDACK 8, got {other:?}"),
+    }
+    // SUB is answered with SUBACK 23 (no subscribable channel type yet).
+    let sub = net::wkproto::SubPacket {
+        sub_no: "s1",
+        channel_id: "c",
+        channel_type: net::wkproto::ChannelType(2),
+        ..Default::default()
+    };
+    frame.clear();
+    sub.encode(6, &mut frame).unwrap();
+    a.send_raw(&frame).unwrap();
+    assert_eq!(a.read().unwrap(), Received::Suback { reason: 23 });
+    a.ping().unwrap();
+    assert_eq!(a.read().unwrap(), Received::Pong, "the connection stays");
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn shutdown_sends_disconnect_to_every_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).unwrap();
+    set_token(&node, "u1", 1);
+    set_token(&node, "u2", 1);
+    let mut a = login_device(&node, "u1", "d");
+    let mut b = login_device(&node, "u2", "d");
+    node.shutdown().unwrap();
+    for c in [&mut a, &mut b] {
+        let seen = c.wait_closed().unwrap();
+        assert!(
+            matches!(seen.first(), Some(Received::Disconnect { .. })),
+            "{seen:?}"
+        );
+    }
+}
+
+#[test]
+fn moving_slot_leadership_away_fences_the_old_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).unwrap();
+    set_token(&node, "u1", 1);
+    let _a = login_device(&node, "u1", "d");
+    assert_eq!(online_devices(&node, "u1"), 1);
+    let slot = shard::slots::hash_slot(b"u1");
+    let (status, body) = api(
+        &node,
+        "/cluster/slots/leader",
+        json!({"hash_slots": [slot], "leader_node_id": 2}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["slots"][slot as usize]["leader_node_id"], 2);
+    assert_eq!(body["slots"][slot as usize]["leader_term"], 2);
+    // This node no longer answers for the slot: its routes are gone, a new login of a
+    // uid in that slot is refused with 17 (NotLeader), other slots are unaffected.
+    wait_until("the moved slot to be empty here", || {
+        online_devices(&node, "u1") == 0
+    });
+    let (_, reason) = Client::connect(
+        node.tcp_addr().unwrap(),
+        &Login::new("u1", "tok-u1"),
+        TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(reason, 17);
+    let (status, _) = api(
+        &node,
+        "/cluster/slots/leader",
+        json!({"hash_slots": [300], "leader_node_id": 1}),
+    );
+    assert_eq!(status, 400);
+    node.shutdown().unwrap();
+}

@@ -109,14 +109,20 @@ pub struct SyncRequest {
     pub reply: SyncSender<Result<(Vec<StoredMessage>, bool), String>>,
 }
 
-/// A commit appended this turn: who to answer, the message, who sent it (for
-/// suppression) and the group's subscribers at commit time.
-type Unsynced = (
-    Origin,
-    Arc<Committed>,
-    Option<Sender>,
-    Option<Arc<crate::node::meta::Subscribers>>,
-);
+/// An answer that waits for the turn's sync: a commit appended this turn, or a
+/// duplicate of one (whose first copy may be in the same unsynced batch).
+struct Unsynced {
+    origin: Origin,
+    message_id: i64,
+    message_seq: u64,
+    /// For a new commit: the message, who sent it (suppression) and the group's
+    /// subscribers at commit time. `None` for an idempotent duplicate.
+    delivery: Option<(
+        Arc<Committed>,
+        Option<Sender>,
+        Option<Arc<crate::node::meta::Subscribers>>,
+    )>,
+}
 
 /// The delivery core of one shard: its log and what it committed this turn.
 pub struct DeliveryCore {
@@ -272,15 +278,14 @@ pub fn on_commit(
             .and_then(|w| w.get(&r.from_uid, &r.client_msg_no, now_s))
         {
             node.metrics.sends_deduplicated.inc();
-            return answer(
-                node,
-                cx,
-                driver,
-                r.origin,
-                first.message_id,
-                first.message_seq,
-                reason::SUCCESS,
-            );
+            // Answered after this turn's sync: the first copy may not be durable yet.
+            node.delivery.unsynced.push(Unsynced {
+                origin: r.origin,
+                message_id: first.message_id,
+                message_seq: first.message_seq,
+                delivery: None,
+            });
+            return;
         }
     }
     let Some(message_id) = node.delivery.ids.next_id(now_ms) else {
@@ -340,9 +345,12 @@ pub fn on_commit(
         topic: r.topic,
         payload: r.payload,
     });
-    node.delivery
-        .unsynced
-        .push((r.origin, committed, sender, subscribers));
+    node.delivery.unsynced.push(Unsynced {
+        origin: r.origin,
+        message_id,
+        message_seq,
+        delivery: Some((committed, sender, subscribers)),
+    });
 }
 
 /// Sends the commit's answer: SENDACK to the gateway, or the API reply.
@@ -410,25 +418,27 @@ pub fn flush_commits(
             // Not durable: refuse the whole batch (nothing acknowledged is lost).
             tracing::error!(%err, "log sync failed: refusing the batch");
             let batch = std::mem::take(&mut node.delivery.unsynced);
-            for (origin, _, _, _) in batch {
-                answer(node, cx, driver, origin, 0, 0, reason::SYSTEM_ERROR);
+            for u in batch {
+                answer(node, cx, driver, u.origin, 0, 0, reason::SYSTEM_ERROR);
             }
             return 1;
         }
     }
     let batch = std::mem::take(&mut node.delivery.unsynced);
     let n = batch.len();
-    for (origin, message, sender, subscribers) in batch {
+    for u in batch {
         answer(
             node,
             cx,
             driver,
-            origin,
-            message.message_id,
-            message.message_seq,
+            u.origin,
+            u.message_id,
+            u.message_seq,
             reason::SUCCESS,
         );
-        deliver(node, cx, driver, &message, sender, subscribers.as_deref());
+        if let Some((message, sender, subscribers)) = u.delivery {
+            deliver(node, cx, driver, &message, sender, subscribers.as_deref());
+        }
     }
     n
 }
