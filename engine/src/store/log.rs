@@ -132,7 +132,7 @@ impl Default for LogConfig {
             max_indexed_messages: 16_000_000,
             max_payload_bytes: 1 << 20,
             max_read_messages: 10_000,
-            fsync: FsyncPolicy::Always,
+            fsync: FsyncPolicy::IntervalMs(1000),
         }
     }
 }
