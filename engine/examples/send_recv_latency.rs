@@ -55,12 +55,14 @@ fn floor(n: usize) -> Vec<Duration> {
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let dir = std::env::temp_dir().join(format!("imrouter-latency-{}", std::process::id()));
-    let mut c = NodeConfig::default();
-    c.data_dir = dir.clone();
-    c.tcp_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    c.ws_addr = None;
+    let mut c = NodeConfig {
+        data_dir: dir.clone(),
+        tcp_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ws_addr: None,
+        token_auth: false,
+        ..NodeConfig::default()
+    };
     c.api.addr = None;
-    c.token_auth = false;
     c.runtime.shard_count = 2;
     let node = Node::start(c).expect("start node");
     let addr = node.tcp_addr().unwrap();

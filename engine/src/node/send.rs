@@ -115,13 +115,16 @@ struct Unsynced {
     origin: Origin,
     message_id: i64,
     message_seq: u64,
-    /// For a new commit: the message, who sent it (suppression) and the group's
-    /// subscribers at commit time. `None` for an idempotent duplicate.
-    delivery: Option<(
-        Arc<Committed>,
-        Option<Sender>,
-        Option<Arc<crate::node::meta::Subscribers>>,
-    )>,
+    /// `None` for an idempotent duplicate.
+    delivery: Option<Delivery>,
+}
+
+/// What a new commit delivers after the sync: the message, who sent it (for
+/// suppression) and the group's subscribers at commit time.
+struct Delivery {
+    message: Arc<Committed>,
+    sender: Option<Sender>,
+    subscribers: Option<Arc<crate::node::meta::Subscribers>>,
 }
 
 /// The delivery core of one shard: its log and what it committed this turn.
@@ -349,7 +352,11 @@ pub fn on_commit(
         origin: r.origin,
         message_id,
         message_seq,
-        delivery: Some((committed, sender, subscribers)),
+        delivery: Some(Delivery {
+            message: committed,
+            sender,
+            subscribers,
+        }),
     });
 }
 
@@ -436,8 +443,15 @@ pub fn flush_commits(
             u.message_seq,
             reason::SUCCESS,
         );
-        if let Some((message, sender, subscribers)) = u.delivery {
-            deliver(node, cx, driver, &message, sender, subscribers.as_deref());
+        if let Some(d) = u.delivery {
+            deliver(
+                node,
+                cx,
+                driver,
+                &d.message,
+                d.sender,
+                d.subscribers.as_deref(),
+            );
         }
     }
     n
