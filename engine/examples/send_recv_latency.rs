@@ -53,7 +53,10 @@ fn floor(n: usize) -> Vec<Duration> {
 }
 
 fn main() {
-    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(20_000);
     let dir = std::env::temp_dir().join(format!("imrouter-latency-{}", std::process::id()));
     let mut c = NodeConfig {
         data_dir: dir.clone(),
