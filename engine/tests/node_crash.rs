@@ -12,6 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engine::node::{Node, NodeConfig};
+
+mod support;
 use net::client::{Client, Login, Received};
 use serde_json::{json, Value};
 
@@ -19,17 +21,10 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const CHILD_ENV: &str = "IMROUTER_CRASH_CHILD_DIR";
 
 fn config(dir: &std::path::Path) -> NodeConfig {
-    let mut c = NodeConfig::default();
-    c.data_dir = dir.to_path_buf();
-    c.tcp_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    c.ws_addr = None;
-    c.api.addr = None;
-    c.runtime.shard_count = 2;
-    c.runtime.pin_cores = Vec::new();
-    c.net.backend = net::io::Backend::Mio;
-    c.log.segment_bytes = 4 << 20;
-    c.token_auth = false;
-    c
+    NodeConfig {
+        token_auth: false,
+        ..support::config(dir, net::io::Backend::Mio)
+    }
 }
 
 /// The child: runs a node until it is killed, printing its TCP address.

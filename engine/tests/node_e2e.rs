@@ -5,48 +5,18 @@
 // Test configs change a few nested fields of the defaults.
 #![allow(clippy::field_reassign_with_default)]
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use engine::node::{Node, NodeConfig};
+use engine::node::Node;
 use net::client::{Client, Login, Received, RecvMessage, Transport};
 use net::io::Backend;
-use serde_json::{json, Value};
+use serde_json::json;
+
+mod support;
+use support::{api, config, set_token};
 
 /// Bounds every blocking read: only a failing test ever waits this long.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn config(dir: &std::path::Path, backend: Backend) -> NodeConfig {
-    let mut c = NodeConfig::default();
-    c.data_dir = dir.to_path_buf();
-    c.tcp_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    c.ws_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    c.api.addr = None;
-    c.runtime.shard_count = 2;
-    c.runtime.pin_cores = Vec::new();
-    c.net.backend = backend;
-    c.log.segment_bytes = 4 << 20;
-    c
-}
-
-fn api(node: &Node, path: &str, body: Value) -> (u16, Value) {
-    let reply = node
-        .api()
-        .handle("POST", path, None, body.to_string().as_bytes());
-    (
-        reply.status,
-        serde_json::from_str(&reply.body).unwrap_or(Value::Null),
-    )
-}
-
-fn set_token(node: &Node, uid: &str, flag: u8, level: u8) {
-    let (status, body) = api(
-        node,
-        "/user/token",
-        json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": flag, "device_level": level}),
-    );
-    assert_eq!(status, 200, "{body}");
-}
 
 fn login(node: &Node, uid: &str) -> Client {
     login_via(node, uid, Transport::Tcp)

@@ -5,44 +5,25 @@
 // Test configs change a few nested fields of the defaults.
 #![allow(clippy::field_reassign_with_default)]
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use engine::node::{Node, NodeConfig};
 use net::client::{Client, Login, Received, RecvMessage};
-use serde_json::{json, Value};
+use serde_json::json;
 
-/// Bounds every blocking wait: only a failing test ever waits this long.
-const TIMEOUT: Duration = Duration::from_secs(10);
+mod support;
+use support::api;
 
 fn config(dir: &std::path::Path) -> NodeConfig {
-    let mut c = NodeConfig::default();
-    c.data_dir = dir.to_path_buf();
-    c.tcp_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    c.ws_addr = None;
-    c.api.addr = None;
-    c.runtime.shard_count = 2;
-    c.runtime.pin_cores = Vec::new();
-    c.net.backend = net::io::Backend::Mio;
-    c.log.segment_bytes = 4 << 20;
-    c
-}
-
-fn api(node: &Node, path: &str, body: Value) -> (u16, Value) {
-    let reply = node
-        .api()
-        .handle("POST", path, None, body.to_string().as_bytes());
-    (
-        reply.status,
-        serde_json::from_str(&reply.body).unwrap_or(Value::Null),
-    )
+    support::config(dir, net::io::Backend::Mio)
 }
 
 fn set_token(node: &Node, uid: &str, level: u8) {
-    let body =
-        json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": level});
-    assert_eq!(api(node, "/user/token", body).0, 200);
+    support::set_token(node, uid, 1, level);
 }
+
+/// Bounds every blocking wait: only a failing test ever waits this long.
+const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn login_device(node: &Node, uid: &str, device_id: &str) -> Client {
     let mut l = Login::new(uid, &format!("tok-{uid}"));

@@ -1,0 +1,44 @@
+//! What the node tests share: a loopback test config and HTTP API calls without HTTP.
+#![allow(dead_code)] // each test binary uses a part of it
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use engine::node::{Node, NodeConfig};
+use serde_json::{json, Value};
+
+/// A node on 127.0.0.1 port 0 (TCP and WebSocket), 2 unpinned shards, the given IO
+/// backend, data in `dir`, small log segments, no HTTP listener (tests call
+/// [`api`] in process).
+pub fn config(dir: &Path, backend: net::io::Backend) -> NodeConfig {
+    let mut c = NodeConfig {
+        data_dir: dir.to_path_buf(),
+        tcp_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ws_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..NodeConfig::default()
+    };
+    c.api.addr = None;
+    c.runtime.shard_count = 2;
+    c.runtime.pin_cores = Vec::new();
+    c.net.backend = backend;
+    c.log.segment_bytes = 4 << 20;
+    c
+}
+
+/// POSTs `body` to `path` through the node's API; returns the status and JSON body.
+pub fn api(node: &Node, path: &str, body: Value) -> (u16, Value) {
+    let reply = node
+        .api()
+        .handle("POST", path, None, body.to_string().as_bytes());
+    (
+        reply.status,
+        serde_json::from_str(&reply.body).unwrap_or(Value::Null),
+    )
+}
+
+/// Stores token `tok-{uid}` for `(uid, flag)` with `level` (0 Slave, 1 Master).
+pub fn set_token(node: &Node, uid: &str, flag: u8, level: u8) {
+    let body = json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": flag, "device_level": level});
+    let (status, reply) = api(node, "/user/token", body);
+    assert_eq!(status, 200, "{reply}");
+}
