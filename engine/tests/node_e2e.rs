@@ -12,6 +12,7 @@ use net::client::{Client, Login, Received, RecvMessage, Transport};
 use net::io::Backend;
 use serde_json::json;
 
+#[macro_use]
 mod support;
 use support::{api, config, set_token};
 
@@ -167,10 +168,9 @@ fn person_and_group_delivery_websocket_uring() {
     person_and_group(Backend::Uring, Transport::WebSocket);
 }
 
-#[test]
-fn connack_reasons_for_bad_logins() {
+fn connack_reasons_for_bad_logins(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path(), Backend::Mio)).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1, 1);
     let addr = node.tcp_addr().unwrap();
     let (_, reason) = Client::connect(addr, &Login::new("u1", "wrong"), READ_TIMEOUT).unwrap();
@@ -185,10 +185,9 @@ fn connack_reasons_for_bad_logins() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn a_second_master_login_kicks_the_first_with_disconnect_12() {
+fn a_second_master_login_kicks_the_first_with_disconnect_12(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path(), Backend::Mio)).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1, 1);
     set_token(&node, "u2", 1, 1);
     let mut first = login(&node, "u1");
@@ -213,10 +212,9 @@ fn a_second_master_login_kicks_the_first_with_disconnect_12() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn garbage_on_one_connection_leaves_the_others_working() {
+fn garbage_on_one_connection_leaves_the_others_working(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path(), Backend::Mio)).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1, 1);
     set_token(&node, "u2", 1, 1);
     set_token(&node, "u3", 1, 1);
@@ -231,12 +229,11 @@ fn garbage_on_one_connection_leaves_the_others_working() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn restart_then_messagesync_returns_every_acknowledged_message() {
+fn restart_then_messagesync_returns_every_acknowledged_message(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let mut acked = Vec::new();
     {
-        let node = Node::start(config(dir.path(), Backend::Mio)).unwrap();
+        let node = Node::start(config(dir.path(), backend)).unwrap();
         set_token(&node, "u1", 1, 1);
         let mut a = login(&node, "u1");
         for i in 0..20u32 {
@@ -255,7 +252,7 @@ fn restart_then_messagesync_returns_every_acknowledged_message() {
         }
         node.shutdown().unwrap();
     }
-    let node = Node::start(config(dir.path(), Backend::Mio)).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     let (status, body) = api(
         &node,
         "/channel/messagesync",
@@ -270,3 +267,10 @@ fn restart_then_messagesync_returns_every_acknowledged_message() {
     assert_eq!(seqs, acked);
     node.shutdown().unwrap();
 }
+
+on_both_drivers!(
+    connack_reasons_for_bad_logins,
+    a_second_master_login_kicks_the_first_with_disconnect_12,
+    garbage_on_one_connection_leaves_the_others_working,
+    restart_then_messagesync_returns_every_acknowledged_message,
+);

@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 
 use engine::node::{Node, NodeConfig};
 use net::client::{Client, Login, Received, RecvMessage};
+use net::io::Backend;
 use serde_json::json;
 
+#[macro_use]
 mod support;
 use support::api;
 
-fn config(dir: &std::path::Path) -> NodeConfig {
-    support::config(dir, net::io::Backend::Mio)
+fn config(dir: &std::path::Path, backend: Backend) -> NodeConfig {
+    support::config(dir, backend)
 }
 
 fn set_token(node: &Node, uid: &str, level: u8) {
@@ -59,10 +61,9 @@ fn next_recv(c: &mut Client) -> RecvMessage {
     }
 }
 
-#[test]
-fn a_route_expires_after_missed_pings_while_a_pinging_one_stays() {
+fn a_route_expires_after_missed_pings_while_a_pinging_one_stays(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
+    let mut c = config(dir.path(), backend);
     c.authority.route_ttl_s = 1;
     c.session.touch_flush_interval_ms = 100;
     c.session.expiry_interval_ms = 100;
@@ -86,10 +87,9 @@ fn a_route_expires_after_missed_pings_while_a_pinging_one_stays() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn an_idle_connection_is_closed() {
+fn an_idle_connection_is_closed(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
+    let mut c = config(dir.path(), backend);
     c.net.idle_timeout_ms = 300;
     let node = Node::start(c).unwrap();
     set_token(&node, "u1", 1);
@@ -101,10 +101,9 @@ fn an_idle_connection_is_closed() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn an_unacknowledged_recv_is_resent_with_dup() {
+fn an_unacknowledged_recv_is_resent_with_dup(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
+    let mut c = config(dir.path(), backend);
     c.session.ack_timeout_ms = 100;
     c.session.ack_resends_max = 2;
     let node = Node::start(c).unwrap();
@@ -128,10 +127,9 @@ fn an_unacknowledged_recv_is_resent_with_dup() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn slave_devices_conflict_only_on_the_same_device_id() {
+fn slave_devices_conflict_only_on_the_same_device_id(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "s", 0);
     let mut d1 = login_device(&node, "s", "device-1");
     let _d2 = login_device(&node, "s", "device-2");
@@ -148,10 +146,9 @@ fn slave_devices_conflict_only_on_the_same_device_id() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn the_senders_other_devices_receive_but_not_the_sending_session() {
+fn the_senders_other_devices_receive_but_not_the_sending_session(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 0);
     set_token(&node, "u2", 1);
     let mut phone = login_device(&node, "u1", "phone");
@@ -179,10 +176,9 @@ fn the_senders_other_devices_receive_but_not_the_sending_session() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn device_quit_closes_the_sessions_and_removes_their_routes() {
+fn device_quit_closes_the_sessions_and_removes_their_routes(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1);
     let mut s = login_device(&node, "u1", "d");
     assert_eq!(online_devices(&node, "u1"), 1);
@@ -201,10 +197,9 @@ fn device_quit_closes_the_sessions_and_removes_their_routes() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn idempotent_resend_gets_the_first_answer_and_is_delivered_once() {
+fn idempotent_resend_gets_the_first_answer_and_is_delivered_once(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1);
     set_token(&node, "u2", 1);
     let mut a = login_device(&node, "u1", "d");
@@ -241,10 +236,9 @@ fn idempotent_resend_gets_the_first_answer_and_is_delivered_once() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays() {
+fn a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1);
     let mut a = login_device(&node, "u1", "d");
     // A SEND whose msg_key is wrong (encrypted flag set, key all zeros).
@@ -284,10 +278,9 @@ fn a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays() {
     node.shutdown().unwrap();
 }
 
-#[test]
-fn shutdown_sends_disconnect_to_every_session() {
+fn shutdown_sends_disconnect_to_every_session(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1);
     set_token(&node, "u2", 1);
     let mut a = login_device(&node, "u1", "d");
@@ -302,10 +295,9 @@ fn shutdown_sends_disconnect_to_every_session() {
     }
 }
 
-#[test]
-fn moving_slot_leadership_away_fences_the_old_routes() {
+fn moving_slot_leadership_away_fences_the_old_routes(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1);
     let _a = login_device(&node, "u1", "d");
     assert_eq!(online_devices(&node, "u1"), 1);
@@ -338,3 +330,16 @@ fn moving_slot_leadership_away_fences_the_old_routes() {
     assert_eq!(status, 400);
     node.shutdown().unwrap();
 }
+
+on_both_drivers!(
+    a_route_expires_after_missed_pings_while_a_pinging_one_stays,
+    an_idle_connection_is_closed,
+    an_unacknowledged_recv_is_resent_with_dup,
+    slave_devices_conflict_only_on_the_same_device_id,
+    the_senders_other_devices_receive_but_not_the_sending_session,
+    device_quit_closes_the_sessions_and_removes_their_routes,
+    idempotent_resend_gets_the_first_answer_and_is_delivered_once,
+    a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays,
+    shutdown_sends_disconnect_to_every_session,
+    moving_slot_leadership_away_fences_the_old_routes,
+);

@@ -1,7 +1,24 @@
 //! What the node tests share: a loopback test config and HTTP API calls without HTTP.
-#![allow(dead_code)] // each test binary uses a part of it
+#![allow(dead_code, unused_macros)] // each test binary uses a part of it
 
 use std::net::SocketAddr;
+
+/// Runs each scenario `fn name(backend: Backend)` on both io drivers, as the tests
+/// `name::mio` and `name::uring`.
+macro_rules! on_both_drivers {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn mio() {
+                super::$name(net::io::Backend::Mio);
+            }
+            #[test]
+            fn uring() {
+                super::$name(net::io::Backend::Uring);
+            }
+        }
+    )*};
+}
 use std::path::Path;
 
 use engine::node::{Node, NodeConfig};
