@@ -236,7 +236,7 @@ fn idempotent_resend_gets_the_first_answer_and_is_delivered_once(backend: Backen
     node.shutdown().unwrap();
 }
 
-fn a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays(backend: Backend) {
+fn bad_msg_key_8_bad_payload_9_sub_23_and_the_connection_stays(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1);
@@ -261,6 +261,16 @@ fn a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays(back
             ..
         } => {}
         other => panic!("expected SENDACK 8, got {other:?}"),
+    }
+    // A right msg_key over a payload that is not ciphertext: SENDACK 9.
+    a.send_undecryptable("u2", 1, 2).unwrap();
+    match a.read().unwrap() {
+        Received::Sendack {
+            client_seq: 2,
+            reason: 9,
+            ..
+        } => {}
+        other => panic!("expected SENDACK 9, got {other:?}"),
     }
     // SUB is answered with SUBACK 23 (no subscribable channel type yet).
     let sub = net::wkproto::SubPacket {
@@ -339,7 +349,7 @@ on_both_drivers!(
     the_senders_other_devices_receive_but_not_the_sending_session,
     device_quit_closes_the_sessions_and_removes_their_routes,
     idempotent_resend_gets_the_first_answer_and_is_delivered_once,
-    a_bad_msg_key_gets_sendack_8_sub_gets_suback_23_and_the_connection_stays,
+    bad_msg_key_8_bad_payload_9_sub_23_and_the_connection_stays,
     shutdown_sends_disconnect_to_every_session,
     moving_slot_leadership_away_fences_the_old_routes,
 );

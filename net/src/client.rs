@@ -300,6 +300,31 @@ impl Client {
         self.stream.write_all(&self.frame)
     }
 
+    /// Sends a SEND whose msg_key is right but whose payload is not valid ciphertext
+    /// (for tests: the server must answer SENDACK 9 PayloadDecodeError).
+    pub fn send_undecryptable(
+        &mut self,
+        channel_id: &str,
+        channel_type: u8,
+        client_seq: u32,
+    ) -> io::Result<()> {
+        let cipher = self.cipher.as_ref().ok_or_else(|| bad("not connected"))?;
+        let mut p = SendPacket {
+            client_seq,
+            client_msg_no: "undecryptable",
+            channel_id,
+            channel_type: ChannelType(channel_type),
+            payload: b"%%% not base64 %%%",
+            ..Default::default()
+        };
+        let key = cipher.send_msg_key(&p);
+        p.msg_key = key.as_str();
+        self.frame.clear();
+        p.encode(self.version, &mut self.frame)
+            .map_err(|e| bad(format!("{e:?}")))?;
+        self.stream.write_all(&self.frame)
+    }
+
     /// Sends raw bytes (for bad-input tests).
     pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.stream.write_all(bytes)
