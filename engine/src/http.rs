@@ -495,6 +495,49 @@ impl Api {
                 text.push_str(&format!("imrouter_shard_{name}{{shard=\"{shard}\"}} {v}\n"));
             }
         }
+        // Commit → RECV queued on the socket, all shards together.
+        let buckets = crate::node::metrics::RECV_LATENCY_BUCKETS_US;
+        let mut counts = vec![0u64; buckets.len() + 1];
+        let (mut sum, mut count) = (0u64, 0u64);
+        for h in &self.shared.recv_latency {
+            for (i, c) in h.buckets.iter().enumerate() {
+                counts[i] += c.get();
+            }
+            sum += h.sum_us.get();
+            count += h.count.get();
+        }
+        text.push_str("# TYPE imrouter_recv_latency_seconds histogram\n");
+        let mut cumulative = 0;
+        for (i, n) in counts.iter().enumerate() {
+            cumulative += n;
+            let le = buckets
+                .get(i)
+                .map_or("+Inf".to_string(), |us| format!("{}", *us as f64 / 1e6));
+            text.push_str(&format!(
+                "imrouter_recv_latency_seconds_bucket{{le=\"{le}\"}} {cumulative}\n"
+            ));
+        }
+        text.push_str(&format!(
+            "imrouter_recv_latency_seconds_sum {}\n",
+            sum as f64 / 1e6
+        ));
+        text.push_str(&format!("imrouter_recv_latency_seconds_count {count}\n"));
+        text.push_str("# TYPE imrouter_routes gauge\n");
+        for (slot, n) in self.shared.routes_per_slot.iter().enumerate() {
+            let n = n.load(std::sync::atomic::Ordering::Relaxed);
+            if n > 0 {
+                text.push_str(&format!("imrouter_routes{{hash_slot=\"{slot}\"}} {n}\n"));
+            }
+        }
+        text.push_str("# TYPE imrouter_ring_queued gauge\n");
+        let shards = self.shared.slot_map.shard_count() as usize;
+        for (i, n) in self.shared.ring_occupancy.iter().enumerate() {
+            let (from, to) = (i / shards, i % shards);
+            let n = n.load(std::sync::atomic::Ordering::Relaxed);
+            text.push_str(&format!(
+                "imrouter_ring_queued{{from=\"{from}\",to=\"{to}\"}} {n}\n"
+            ));
+        }
         Reply {
             status: 200,
             body: text,

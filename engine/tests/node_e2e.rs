@@ -145,6 +145,24 @@ fn person_and_group(backend: Backend, transport: Transport) {
         .collect();
     assert_eq!(seqs, vec![1, 2]);
     assert_eq!(body["messages"][0]["channel_id"], "u1");
+
+    // /metrics: RECV latency histogram and counters reflect what happened.
+    let metrics = node.api().handle("GET", "/metrics", None, b"").body;
+    let value = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(
+        value("imrouter_recv_latency_seconds_count"),
+        4,
+        "u2, u1, then u2 and u3 got one RECV each"
+    );
+    assert_eq!(value("imrouter_recvs"), 4);
+    assert_eq!(value("imrouter_sends"), 5);
+    assert!(metrics.contains("imrouter_ring_queued{from=\"0\",to=\"1\"}"));
     node.shutdown().unwrap();
 }
 

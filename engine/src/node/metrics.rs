@@ -90,4 +90,35 @@ shard_metrics! {
     stale_lookups,
     /// Cross-shard messages dropped on a full ring.
     ring_full_drops,
+    /// Authority calls refused as stale-target or not-leader.
+    authority_stale_refusals,
+}
+
+/// Upper bounds (µs) of the RECV latency histogram buckets; the last bucket is +Inf.
+pub const RECV_LATENCY_BUCKETS_US: [u64; 12] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000,
+];
+
+/// Commit → RECV written (queued on the socket), per shard, Prometheus-style
+/// cumulative buckets are derived when exported.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// `buckets[i]` counts observations in `(bound[i-1], bound[i]]`; the last is +Inf.
+    pub buckets: [Counter; RECV_LATENCY_BUCKETS_US.len() + 1],
+    pub sum_us: Counter,
+    pub count: Counter,
+}
+
+impl LatencyHistogram {
+    /// Records one observation.
+    #[inline]
+    pub fn observe_us(&self, us: u64) {
+        let i = RECV_LATENCY_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(RECV_LATENCY_BUCKETS_US.len());
+        self.buckets[i].inc();
+        self.sum_us.add(us);
+        self.count.inc();
+    }
 }

@@ -16,7 +16,7 @@ pub mod shard;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -153,6 +153,13 @@ pub struct NodeShared {
     /// The newest view (the control path replaces it and sends it to every shard).
     view: std::sync::Mutex<Arc<ClusterView>>,
     pub shard_metrics: Vec<Arc<ShardMetrics>>,
+    /// Per shard: commit → RECV latency.
+    pub recv_latency: Vec<Arc<metrics::LatencyHistogram>>,
+    /// Active routes per hash slot, refreshed by each slot's shard every expiry pass.
+    pub routes_per_slot: Vec<AtomicU64>,
+    /// `[from * shards + to]`: messages queued from shard `from` to shard `to`,
+    /// sampled every expiry pass.
+    pub ring_occupancy: Vec<AtomicU64>,
     started_shards: AtomicUsize,
 }
 
@@ -277,6 +284,13 @@ impl Node {
             view: std::sync::Mutex::new(Arc::new(initial_view.clone())),
             initial_view,
             shard_metrics,
+            recv_latency: (0..shards)
+                .map(|_| Arc::new(metrics::LatencyHistogram::default()))
+                .collect(),
+            routes_per_slot: (0..::shard::slots::HASH_SLOTS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            ring_occupancy: (0..shards * shards).map(|_| AtomicU64::new(0)).collect(),
             started_shards: AtomicUsize::new(0),
             config,
         });

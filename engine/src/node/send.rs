@@ -83,6 +83,8 @@ pub struct CommitRequest {
 
 /// A committed message, shared by every push batch of its fan-out.
 pub struct Committed {
+    /// When the commit was appended (monotonic): the start of the RECV latency.
+    pub committed_at: std::time::Instant,
     pub message_id: i64,
     pub message_seq: u64,
     pub timestamp_s: u32,
@@ -335,6 +337,7 @@ pub fn on_commit(
         Origin::Api { .. } => None,
     };
     let committed = Arc::new(Committed {
+        committed_at: std::time::Instant::now(),
         message_id,
         message_seq,
         timestamp_s: now_s as u32,
@@ -562,6 +565,10 @@ fn write_recv(
     buf.clear();
     if encode_recv_for(node, id, uid, m, dup, &mut buf) && driver.send(id, &buf).is_ok() {
         node.metrics.recvs.inc();
+        if !dup {
+            let us = m.committed_at.elapsed().as_micros() as u64;
+            node.shared.recv_latency[node.me as usize].observe_us(us);
+        }
     }
     node.frame_buf = buf;
 }

@@ -687,6 +687,26 @@ impl NodeShard {
         target: &Target,
         request: AuthorityRequest,
     ) -> AuthorityReply {
+        let reply = self.serve_authority_inner(now_s, target, request);
+        use crate::route::AuthorityError::{NotLeader, StaleTarget};
+        if matches!(
+            reply,
+            AuthorityReply::Register(Err(NotLeader | StaleTarget))
+                | AuthorityReply::Commit(Err(NotLeader | StaleTarget))
+                | AuthorityReply::Abort(Err(NotLeader | StaleTarget))
+                | AuthorityReply::Unregister(Err(NotLeader | StaleTarget))
+        ) {
+            self.metrics.authority_stale_refusals.inc();
+        }
+        reply
+    }
+
+    fn serve_authority_inner(
+        &mut self,
+        now_s: u64,
+        target: &Target,
+        request: AuthorityRequest,
+    ) -> AuthorityReply {
         let a = &mut self.authority;
         match request {
             AuthorityRequest::Register { route } => {
@@ -862,6 +882,21 @@ impl NodeShard {
                 tracing::debug!(%err, "touch batch refused");
                 routes
             }
+        }
+    }
+
+    /// Samples the gauges only this shard can read: routes of its slots, its rings.
+    fn publish_gauges(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+        let shared = self.shared.clone();
+        for slot in shared.slot_map.slots_of(self.me) {
+            let n = self.authority.counts(slot).active_routes as u64;
+            shared.routes_per_slot[slot as usize].store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        let shards = shared.slot_map.shard_count();
+        for peer in 0..shards {
+            let n = cx.queued_for(peer) as u64;
+            let i = self.me as usize * shards as usize + peer as usize;
+            shared.ring_occupancy[i].store(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -1068,6 +1103,7 @@ impl Shard for NodeShard {
             NodeTimer::Expiry => {
                 let expired = self.authority.expire(cx.now_ms() / 1000);
                 self.metrics.expiries.add(expired as u64);
+                self.publish_gauges(cx);
                 let _ = cx.set_timer(cx.now_ms() + s.expiry_interval_ms, NodeTimer::Expiry);
             }
             NodeTimer::Ack { conn, message_id } => {

@@ -185,6 +185,19 @@ impl<M: Send, T> Context<M, T> {
         ring_free + self.outbox_batch_max - self.outboxes[to_i].len()
     }
 
+    /// Messages queued for `to` and not yet taken by it (its ring plus this shard's
+    /// outbox), for occupancy metrics.
+    pub fn queued_for(&mut self, to: ShardId) -> usize {
+        let to_i = to as usize;
+        if to == self.shard {
+            return self.self_queue.len();
+        }
+        let in_ring = self.producers[to_i]
+            .as_ref()
+            .map_or(0, |p| p.capacity() - p.free_slots());
+        in_ring + self.outboxes[to_i].len()
+    }
+
     /// Arms a timer firing [`Shard::on_timer`] once `now_ms() >= deadline_ms`.
     /// `Err(value)`: the shard is at `max_timers`.
     pub fn set_timer(&mut self, deadline_ms: u64, value: T) -> Result<TimerHandle, T> {
