@@ -1,0 +1,509 @@
+//! One non-blocking wkproto client connection (TCP or WebSocket) for the load loops.
+//!
+//! Contract: the owner registers [`Conn::stream`] with its `mio::Poll` for READABLE and
+//! WRITABLE (edge-triggered), calls [`Conn::on_writable`] on writable events and
+//! [`Conn::read_frames`] on readable ones, and [`Conn::flush`] after queueing frames.
+//! Frames queued before the TCP connect (or the WebSocket upgrade) completes are kept
+//! and written once it does. Every buffer has a limit; exceeding one is an error
+//! value, and the connection is then closed by its owner.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use net::crypto::{
+    aes_key_from_secret, decode_client_key, public_key, shared_secret, SessionCipher,
+};
+use net::wkproto::{decode, ConnectPacket, DeviceFlag, Frame, MAX_FRAME_BYTES};
+
+/// Bytes one connection buffers for reading before a frame must be complete.
+pub const RX_CAPACITY_MAX_BYTES: usize = MAX_FRAME_BYTES + 64 * 1024;
+/// Bytes one connection may have queued for writing (the socket is then too slow).
+pub const TX_CAPACITY_MAX_BYTES: usize = 8 << 20;
+/// Initial receive buffer (grown on demand up to [`RX_CAPACITY_MAX_BYTES`]).
+const RX_INITIAL_BYTES: usize = 4 * 1024;
+/// Bytes read per `read` call at most (the size of the owner's read scratch).
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Longest WebSocket upgrade response we accept.
+const WS_HANDSHAKE_MAX_BYTES: usize = 4 * 1024;
+/// The client's fixed WebSocket masking key (any key is valid; masking is not a secret).
+const WS_MASK: [u8; 4] = [0x1b, 0x5e, 0x7a, 0x33];
+
+/// How the connection reaches the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    Tcp,
+    Ws,
+}
+
+/// Lifecycle of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    /// WebSocket: upgrade request sent, waiting for `101`.
+    WsUpgrade,
+    /// CONNECT queued or sent, waiting for CONNACK.
+    AwaitConnack,
+    /// CONNACK success.
+    Active,
+    /// Refused or failed; the owner drops it.
+    Closed,
+}
+
+/// A connection failure the harness counts (never a panic).
+#[derive(Debug)]
+pub enum ConnError {
+    Io(io::Error),
+    Eof,
+    Protocol(String),
+    BufferFull,
+}
+
+impl std::fmt::Display for ConnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnError::Io(e) => write!(f, "io: {e}"),
+            ConnError::Eof => write!(f, "server closed the connection"),
+            ConnError::Protocol(s) => write!(f, "protocol: {s}"),
+            ConnError::BufferFull => write!(f, "buffer limit reached"),
+        }
+    }
+}
+
+impl From<io::Error> for ConnError {
+    fn from(e: io::Error) -> Self {
+        ConnError::Io(e)
+    }
+}
+
+/// One client connection.
+pub struct Conn {
+    pub stream: mio::net::TcpStream,
+    pub transport: Transport,
+    pub state: ConnState,
+    /// The negotiated protocol version (the client asks for 6).
+    pub version: u8,
+    /// Set after a successful CONNACK when the key agreement is completed client-side.
+    pub cipher: Option<SessionCipher>,
+    /// When CONNECT was started (ns since the run's start).
+    pub connect_started_ns: u64,
+    /// Next SEND client_seq.
+    pub client_seq: u32,
+    private_key: [u8; 32],
+    rx: Vec<u8>,
+    rx_off: usize,
+    /// WebSocket: raw bytes not yet deframed.
+    ws_raw: Vec<u8>,
+    tx: Vec<u8>,
+    tx_off: usize,
+    /// Frames queued while the WebSocket upgrade is pending (already WS-framed).
+    pending: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+/// What [`Conn::read_frames`] hands to its callback: a decoded frame of this connection.
+pub type FrameSink<'a> = dyn FnMut(&mut ConnCtx<'_>, Frame<'_>) + 'a;
+
+/// The parts of a connection a frame callback may use while the frame borrows `rx`.
+pub struct ConnCtx<'a> {
+    pub cipher: &'a mut Option<SessionCipher>,
+    pub state: &'a mut ConnState,
+    pub version: u8,
+    private_key: &'a [u8; 32],
+    out: &'a mut Vec<u8>,
+    ws: bool,
+    scratch: &'a mut Vec<u8>,
+}
+
+impl ConnCtx<'_> {
+    /// Completes the key agreement from CONNACK's `server_key` and `salt`.
+    pub fn agree(&mut self, server_key: &str, salt: &str) -> Result<(), ConnError> {
+        let server_public =
+            decode_client_key(server_key).map_err(|e| ConnError::Protocol(e.to_string()))?;
+        let secret = shared_secret(*self.private_key, server_public)
+            .map_err(|e| ConnError::Protocol(e.to_string()))?;
+        let salt: [u8; 16] = salt
+            .as_bytes()
+            .try_into()
+            .map_err(|_| ConnError::Protocol("salt is not 16 bytes".into()))?;
+        *self.cipher = Some(SessionCipher::new(&aes_key_from_secret(&secret), &salt));
+        Ok(())
+    }
+
+    /// Queues one frame encoded by `encode` (appending to the given buffer).
+    pub fn queue(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        queue_into(self.out, self.ws, self.scratch, encode);
+    }
+}
+
+fn queue_into(
+    out: &mut Vec<u8>,
+    ws: bool,
+    scratch: &mut Vec<u8>,
+    encode: impl FnOnce(&mut Vec<u8>),
+) {
+    if ws {
+        scratch.clear();
+        encode(scratch);
+        ws_frame(scratch, out);
+    } else {
+        encode(out);
+    }
+}
+
+/// Appends a masked binary WebSocket frame carrying `payload` to `out`.
+fn ws_frame(payload: &[u8], out: &mut Vec<u8>) {
+    out.push(0x82);
+    let n = payload.len();
+    if n < 126 {
+        out.push(0x80 | n as u8);
+    } else if n <= u16::MAX as usize {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        out.push(0x80 | 127);
+        out.extend_from_slice(&(n as u64).to_be_bytes());
+    }
+    out.extend_from_slice(&WS_MASK);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ WS_MASK[i % 4]));
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
+        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= c.len() {
+                s.push(A[((v >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+/// A client's X25519 key pair, precomputed before timed phases.
+#[derive(Clone)]
+pub struct ClientKey {
+    pub private: [u8; 32],
+    pub public_b64: String,
+}
+
+impl ClientKey {
+    /// A deterministic key pair for client number `n` (the harness needs no secrecy).
+    pub fn for_client(n: u64) -> ClientKey {
+        let mut private = [0x5au8; 32];
+        private[..8].copy_from_slice(&n.to_le_bytes());
+        private[8..16].copy_from_slice(&n.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
+        ClientKey {
+            private,
+            public_b64: base64(&public_key(private)),
+        }
+    }
+}
+
+impl Conn {
+    /// Starts a non-blocking connect to `addr` and queues the WebSocket upgrade (if
+    /// any) and CONNECT for `uid`/`token`.
+    pub fn start(
+        addr: SocketAddr,
+        transport: Transport,
+        uid: &str,
+        token: &str,
+        key: &ClientKey,
+        now_ns: u64,
+    ) -> Result<Conn, ConnError> {
+        let stream = mio::net::TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        let mut c = Conn {
+            stream,
+            transport,
+            state: ConnState::AwaitConnack,
+            version: 6,
+            cipher: None,
+            connect_started_ns: now_ns,
+            client_seq: 0,
+            private_key: key.private,
+            rx: Vec::with_capacity(RX_INITIAL_BYTES),
+            rx_off: 0,
+            ws_raw: Vec::new(),
+            tx: Vec::new(),
+            tx_off: 0,
+            pending: Vec::new(),
+            scratch: Vec::new(),
+        };
+        let connect = ConnectPacket {
+            version: 6,
+            device_flag: DeviceFlag(0),
+            device_id: uid,
+            uid,
+            token,
+            client_timestamp_ms: 0,
+            client_key: &key.public_b64,
+            ..Default::default()
+        };
+        let ws = transport == Transport::Ws;
+        let mut frame = Vec::new();
+        connect
+            .encode(6, &mut frame)
+            .map_err(|e| ConnError::Protocol(format!("{e:?}")))?;
+        if ws {
+            c.state = ConnState::WsUpgrade;
+            let req = format!(
+                "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            );
+            c.tx.extend_from_slice(req.as_bytes());
+            ws_frame(&frame, &mut c.pending);
+        } else {
+            c.tx.extend_from_slice(&frame);
+        }
+        Ok(c)
+    }
+
+    /// Queues one frame (encoded by `encode`); call [`Conn::flush`] to write it.
+    pub fn queue(&mut self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<(), ConnError> {
+        let ws = self.transport == Transport::Ws;
+        let out = if self.state == ConnState::WsUpgrade {
+            &mut self.pending
+        } else {
+            &mut self.tx
+        };
+        queue_into(out, ws, &mut self.scratch, encode);
+        if self.tx.len() + self.pending.len() > TX_CAPACITY_MAX_BYTES {
+            return Err(ConnError::BufferFull);
+        }
+        Ok(())
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn tx_pending_bytes(&self) -> usize {
+        self.tx.len() - self.tx_off
+    }
+
+    /// Writes what is queued until the socket would block.
+    pub fn flush(&mut self) -> Result<(), ConnError> {
+        while self.tx_off < self.tx.len() {
+            match self.stream.write(&self.tx[self.tx_off..]) {
+                Ok(0) => return Err(ConnError::Eof),
+                Ok(n) => self.tx_off += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if self.tx_off == self.tx.len() {
+            self.tx.clear();
+            self.tx_off = 0;
+        } else if self.tx_off > 64 * 1024 {
+            self.tx.drain(..self.tx_off);
+            self.tx_off = 0;
+        }
+        Ok(())
+    }
+
+    /// On a writable event: surfaces a failed connect, then flushes.
+    pub fn on_writable(&mut self) -> Result<(), ConnError> {
+        if let Some(e) = self.stream.take_error()? {
+            return Err(e.into());
+        }
+        self.flush()
+    }
+
+    /// Reads until the socket would block and hands every complete frame to `sink`.
+    /// Frames the sink queues (RECVACKs) are left for the caller's [`Conn::flush`].
+    /// Reads until the socket would block and hands every complete frame to `sink`.
+    /// Frames the sink queues (RECVACKs) are left for the caller's [`Conn::flush`].
+    pub fn read_frames(
+        &mut self,
+        chunk: &mut [u8],
+        sink: &mut FrameSink<'_>,
+    ) -> Result<(), ConnError> {
+        let into_ws = self.transport == Transport::Ws;
+        loop {
+            match self.stream.read(chunk) {
+                Ok(0) => {
+                    self.process(sink)?;
+                    return Err(ConnError::Eof);
+                }
+                Ok(n) => {
+                    let buf = if into_ws {
+                        &mut self.ws_raw
+                    } else {
+                        &mut self.rx
+                    };
+                    if buf.len() + n > RX_CAPACITY_MAX_BYTES {
+                        return Err(ConnError::BufferFull);
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if into_ws {
+                        self.deframe_ws()?;
+                    }
+                    self.process(sink)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// WebSocket: completes the upgrade, then moves message payloads into `rx`.
+    fn deframe_ws(&mut self) -> Result<(), ConnError> {
+        let mut off = 0;
+        if self.state == ConnState::WsUpgrade {
+            let Some(end) = self.ws_raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                if self.ws_raw.len() > WS_HANDSHAKE_MAX_BYTES {
+                    return Err(ConnError::Protocol(
+                        "WebSocket upgrade response too long".into(),
+                    ));
+                }
+                return Ok(());
+            };
+            if !self.ws_raw.starts_with(b"HTTP/1.1 101") {
+                return Err(ConnError::Protocol("WebSocket upgrade refused".into()));
+            }
+            off = end + 4;
+            self.state = ConnState::AwaitConnack;
+            let pending = std::mem::take(&mut self.pending);
+            self.tx.extend_from_slice(&pending);
+        }
+        loop {
+            let b = &self.ws_raw[off..];
+            if b.len() < 2 {
+                break;
+            }
+            let opcode = b[0] & 0x0f;
+            let masked = b[1] & 0x80 != 0;
+            let (len, mut hdr) = match b[1] & 0x7f {
+                126 if b.len() >= 4 => (usize::from(u16::from_be_bytes([b[2], b[3]])), 4),
+                127 if b.len() >= 10 => {
+                    let mut l = [0u8; 8];
+                    l.copy_from_slice(&b[2..10]);
+                    (u64::from_be_bytes(l) as usize, 10)
+                }
+                126 | 127 => break,
+                n => (usize::from(n), 2),
+            };
+            if len > MAX_FRAME_BYTES {
+                return Err(ConnError::BufferFull);
+            }
+            let mask_at = hdr;
+            if masked {
+                hdr += 4;
+            }
+            if b.len() < hdr + len {
+                break;
+            }
+            let payload = &b[hdr..hdr + len];
+            match opcode {
+                0x0 | 0x2 => {
+                    if masked {
+                        let m = [b[mask_at], b[mask_at + 1], b[mask_at + 2], b[mask_at + 3]];
+                        self.rx
+                            .extend(payload.iter().enumerate().map(|(i, x)| x ^ m[i % 4]));
+                    } else {
+                        self.rx.extend_from_slice(payload);
+                    }
+                }
+                0x8 => return Err(ConnError::Eof),
+                0x9 => {
+                    // Ping: answer with a masked pong carrying the same payload.
+                    let p = payload.to_vec();
+                    self.tx.push(0x8a);
+                    self.tx.push(0x80 | p.len().min(125) as u8);
+                    self.tx.extend_from_slice(&WS_MASK);
+                    self.tx.extend(
+                        p.iter()
+                            .take(125)
+                            .enumerate()
+                            .map(|(i, x)| x ^ WS_MASK[i % 4]),
+                    );
+                }
+                0xa => {}
+                _ => return Err(ConnError::Protocol(format!("WebSocket opcode {opcode}"))),
+            }
+            off += hdr + len;
+        }
+        self.ws_raw.drain(..off);
+        if self.rx.len() > RX_CAPACITY_MAX_BYTES {
+            return Err(ConnError::BufferFull);
+        }
+        Ok(())
+    }
+
+    fn process(&mut self, sink: &mut FrameSink<'_>) -> Result<(), ConnError> {
+        let ws = self.transport == Transport::Ws;
+        loop {
+            let r = decode(&self.rx[self.rx_off..], self.version, MAX_FRAME_BYTES);
+            match r {
+                Ok(Some((frame, used))) => {
+                    self.rx_off += used;
+                    if let Frame::Connack(c) = frame {
+                        if let Some(v) = c.server_version {
+                            self.version = v;
+                        }
+                    }
+                    let mut ctx = ConnCtx {
+                        cipher: &mut self.cipher,
+                        state: &mut self.state,
+                        private_key: &self.private_key,
+                        version: self.version,
+                        out: &mut self.tx,
+                        ws,
+                        scratch: &mut self.scratch,
+                    };
+                    sink(&mut ctx, frame);
+                }
+                Ok(None) => break,
+                Err(e) => return Err(ConnError::Protocol(e.to_string())),
+            }
+        }
+        if self.rx_off == self.rx.len() {
+            self.rx.clear();
+            self.rx_off = 0;
+        } else if self.rx_off > 0 {
+            self.rx.drain(..self.rx_off);
+            self.rx_off = 0;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_known_vectors() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn client_key_is_a_valid_x25519_public_key() {
+        let k = ClientKey::for_client(42);
+        assert_eq!(k.public_b64.len(), 44);
+        assert_eq!(
+            decode_client_key(&k.public_b64).unwrap(),
+            public_key(k.private)
+        );
+    }
+
+    #[test]
+    fn ws_frame_header_lengths() {
+        for (n, hdr) in [(10usize, 2usize), (200, 4), (70_000, 10)] {
+            let mut out = Vec::new();
+            ws_frame(&vec![1u8; n], &mut out);
+            assert_eq!(out.len(), hdr + 4 + n);
+            assert_eq!(out[0], 0x82);
+            assert_eq!(out[hdr + 4] ^ WS_MASK[0], 1);
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! imbench, the end-to-end latency harness of imrouter.
+//!
+//! - [`conn`]: a non-blocking wkproto client connection (TCP or WebSocket).
+//! - [`load`]: pinned event loops, open-loop schedules, per-message accounting.
+//! - [`target`]: the embedded node or external nodes, and the HTTP control path.
+//! - [`floor`]: the loopback echo round trip every report states.
+//! - [`report`]: percentiles, JSON summary, `.hgrm` files, the terminal table.
+//! - [`plot`]: the SVG "latency by percentile" chart.
+//! - [`proc`]: CPU and RSS from `/proc`.
+//!
+//! [`run_scenario`] is what the `imbench` binary and the smoke test call: it returns a
+//! [`report::Summary`] whose accounting ([`report::Summary::clean`]) says whether every
+//! expected RECV was counted.
+
+pub mod conn;
+pub mod floor;
+pub mod load;
+pub mod plot;
+pub mod proc;
+pub mod report;
+pub mod target;
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hdrhistogram::Histogram;
+
+use crate::conn::Transport;
+use crate::load::{Class, ClientSpec, LoadConfig, Plan, Route, Schedule, CLASSES};
+use crate::report::{ClassSummary, Pcts, ServerUse, Summary};
+use crate::target::Target;
+
+/// File descriptors kept free for everything but client sockets (logs, epoll, HTTP).
+pub const RESERVED_FDS: u64 = 512;
+
+/// Which node(s) a run drives.
+#[derive(Clone, Debug)]
+pub enum TargetSpec {
+    /// Start a node in this process (`shards` = 0: one per core) with this log sync
+    /// policy (the `imrouter` binary's default is `Always`).
+    Embedded {
+        shards: u16,
+        fsync: engine::store::FsyncPolicy,
+    },
+    /// Nodes started elsewhere.
+    External {
+        tcp: Vec<SocketAddr>,
+        ws: Vec<SocketAddr>,
+        api: Vec<SocketAddr>,
+        bearer: Option<String>,
+    },
+}
+
+/// A scenario and its parameters.
+#[derive(Clone, Debug)]
+pub enum Scenario {
+    /// Only the loopback echo floor.
+    Floor,
+    /// `pairs` online pairs; each member sends to its peer; `rate` messages/s in total.
+    Person { pairs: usize, rate: f64 },
+    /// `groups` groups of `members`, `online_share` of them connected; every online
+    /// member sends to its group; `rate` messages/s in total.
+    Group {
+        members: usize,
+        online_share: f64,
+        groups: usize,
+        rate: f64,
+    },
+    /// `clients` connect with `concurrency` CONNECTs in flight; no messages.
+    Storm { clients: usize, concurrency: usize },
+    /// Person and group traffic at once.
+    Mixed {
+        pairs: usize,
+        person_rate: f64,
+        members: usize,
+        online_share: f64,
+        group_rate: f64,
+    },
+}
+
+impl Scenario {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scenario::Floor => "floor",
+            Scenario::Person { .. } => "person",
+            Scenario::Group { .. } => "group",
+            Scenario::Storm { .. } => "storm",
+            Scenario::Mixed { .. } => "mixed",
+        }
+    }
+}
+
+/// Everything about a run but the scenario.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub label: String,
+    pub target: TargetSpec,
+    /// The server's pid (external node): CPU seconds and RSS from /proc.
+    pub pid: Option<u32>,
+    pub load: LoadConfig,
+    /// How long the floor is measured before the run (zero: not measured).
+    pub floor: Duration,
+    /// Where the JSON summary and `.hgrm` files go.
+    pub out: Option<PathBuf>,
+    /// Store the clients' tokens through the API first (off for nodes without auth).
+    pub set_tokens: bool,
+}
+
+/// Named histograms of a run (for `.hgrm` files).
+pub type Hists = Vec<(String, Histogram<u64>)>;
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn machine() -> String {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cores} cores, {cpu}, Linux {}", kernel.trim())
+}
+
+/// The plan of a scenario: clients, their groups, schedules.
+struct Built {
+    plan: Plan,
+    groups: Vec<(String, Vec<String>)>,
+    rates: [f64; CLASSES],
+}
+
+fn token_of(uid: &str) -> String {
+    format!("t-{uid}")
+}
+
+fn build(
+    sc: &Scenario,
+    prefix: &str,
+    addrs: &[SocketAddr],
+    cap_clients: usize,
+) -> io::Result<Built> {
+    let mut clients: Vec<ClientSpec> = Vec::new();
+    let add = |clients: &mut Vec<ClientSpec>, uid: String| -> usize {
+        let addr = addrs[clients.len() % addrs.len()];
+        clients.push(ClientSpec {
+            token: token_of(&uid),
+            uid,
+            addr,
+        });
+        clients.len() - 1
+    };
+    let mut schedules = Vec::new();
+    let mut groups = Vec::new();
+    let mut rates = [0.0; CLASSES];
+    let mut person = |clients: &mut Vec<ClientSpec>, pairs: usize, rate: f64| {
+        let mut routes = Vec::with_capacity(2 * pairs);
+        for i in 0..pairs {
+            let a = add(clients, format!("{prefix}-a{i}"));
+            let b = add(clients, format!("{prefix}-b{i}"));
+            for (from, to) in [(a, b), (b, a)] {
+                routes.push(Route {
+                    client: from,
+                    channel_id: clients[to].uid.clone(),
+                    channel_type: 1,
+                    fanout: 1,
+                });
+            }
+        }
+        rates[Class::Person as usize] = rate;
+        Schedule {
+            class: Class::Person,
+            rate_per_s: rate,
+            routes,
+        }
+    };
+    let group = |clients: &mut Vec<ClientSpec>,
+                 groups_out: &mut Vec<(String, Vec<String>)>,
+                 count: usize,
+                 members: usize,
+                 share: f64,
+                 rate: f64| {
+        let online = ((members as f64 * share.clamp(0.0, 1.0)).round() as usize).min(members);
+        let mut routes = Vec::new();
+        for g in 0..count {
+            let gid = format!("{prefix}-grp{g}");
+            let uids: Vec<String> = (0..members).map(|j| format!("{prefix}-g{g}m{j}")).collect();
+            for uid in uids.iter().take(online) {
+                let c = add(clients, uid.clone());
+                routes.push(Route {
+                    client: c,
+                    channel_id: gid.clone(),
+                    channel_type: 2,
+                    fanout: online.saturating_sub(1) as u32,
+                });
+            }
+            groups_out.push((gid, uids));
+        }
+        Schedule {
+            class: Class::Group,
+            rate_per_s: rate,
+            routes,
+        }
+    };
+    match *sc {
+        Scenario::Floor => {}
+        Scenario::Person { pairs, rate } => schedules.push(person(&mut clients, pairs, rate)),
+        Scenario::Group {
+            members,
+            online_share,
+            groups: n,
+            rate,
+        } => {
+            schedules.push(group(
+                &mut clients,
+                &mut groups,
+                n,
+                members,
+                online_share,
+                rate,
+            ));
+            rates[Class::Group as usize] = rate;
+        }
+        Scenario::Storm { clients: n, .. } => {
+            for i in 0..n {
+                add(&mut clients, format!("{prefix}-s{i}"));
+            }
+        }
+        Scenario::Mixed {
+            pairs,
+            person_rate,
+            members,
+            online_share,
+            group_rate,
+        } => {
+            schedules.push(person(&mut clients, pairs, person_rate));
+            schedules.push(group(
+                &mut clients,
+                &mut groups,
+                1,
+                members,
+                online_share,
+                group_rate,
+            ));
+            rates[Class::Group as usize] = group_rate;
+        }
+    }
+    if clients.len() > cap_clients {
+        return Err(io::Error::other(format!(
+            "the scenario needs {} client connections, but the open-files limit allows {cap_clients} \
+             here (an embedded node holds the other end of each in this process: use an external \
+             node, or fewer clients)",
+            clients.len()
+        )));
+    }
+    Ok(Built {
+        plan: Plan { clients, schedules },
+        groups,
+        rates,
+    })
+}
+
+/// Measures the server around the phases of a run.
+struct Meter {
+    pid: Option<u32>,
+    embedded: bool,
+    rss_connected: Option<u64>,
+    cpu_at_send: Option<f64>,
+    cpu_at_done: Option<f64>,
+}
+
+impl Meter {
+    fn rss(&self) -> Option<u64> {
+        if self.embedded {
+            proc::process_rss_bytes(std::process::id())
+        } else {
+            self.pid.and_then(proc::process_rss_bytes)
+        }
+    }
+    fn cpu(&self) -> Option<f64> {
+        if self.embedded {
+            Some(proc::own_threads_cpu_s("imrouter"))
+        } else {
+            self.pid.and_then(proc::process_cpu_s)
+        }
+    }
+}
+
+impl load::PhaseHook for Meter {
+    fn connected(&mut self) {
+        self.rss_connected = self.rss();
+    }
+    fn sending(&mut self) {
+        self.cpu_at_send = self.cpu();
+    }
+    fn done(&mut self) {
+        self.cpu_at_done = self.cpu();
+    }
+}
+
+/// Runs one scenario end to end: floor, target, setup, load, summary (and files when
+/// `cfg.out` is set). The embedded node is stopped before returning.
+pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hists)> {
+    let nofile = proc::raise_nofile();
+    let mut summary = Summary {
+        imbench_version: env!("CARGO_PKG_VERSION").into(),
+        label: cfg.label.clone(),
+        scenario: sc.name().into(),
+        unix_time_s: unix_ms() / 1000,
+        machine: machine(),
+        transport: format!("{:?}", cfg.load.transport).to_lowercase(),
+        encrypt: cfg.load.encrypt,
+        threads: cfg.load.threads,
+        duration_s: cfg.load.duration.as_secs_f64(),
+        payload_bytes: cfg.load.payload_bytes,
+        ..Summary::default()
+    };
+    let mut hists: Hists = Vec::new();
+    let floor_for = if matches!(sc, Scenario::Floor) {
+        cfg.load.duration
+    } else {
+        cfg.floor
+    };
+    if !floor_for.is_zero() {
+        let h = floor::measure(floor_for, cfg.load.payload_bytes)?;
+        summary.floor_rtt = Some(Pcts::of(&h));
+        summary.curves.push(("floor".into(), report::curve(&h)));
+        hists.push(("floor".into(), h));
+    }
+    if matches!(sc, Scenario::Floor) {
+        summary.target = "none".into();
+        finish(cfg, &summary, &hists)?;
+        return Ok((summary, hists));
+    }
+    let target = match &cfg.target {
+        TargetSpec::Embedded { shards, fsync } => Target::embedded(*shards, *fsync)?,
+        TargetSpec::External {
+            tcp,
+            ws,
+            api,
+            bearer,
+        } => Target::external(tcp, ws, api, bearer.clone())?,
+    };
+    let embedded = target.embedded.is_some();
+    summary.target = if let TargetSpec::Embedded { fsync, .. } = &cfg.target {
+        format!("embedded (fsync {fsync:?})")
+    } else {
+        let list: Vec<String> = target
+            .nodes
+            .iter()
+            .map(|n| {
+                n.client_addr(cfg.load.transport)
+                    .map_or_else(|_| "?".into(), |a| a.to_string())
+            })
+            .collect();
+        format!("external {}", list.join(","))
+    };
+    let per_client_fds = if embedded { 2 } else { 1 };
+    let cap = (nofile.saturating_sub(RESERVED_FDS) / per_client_fds) as usize;
+    let addrs = target
+        .nodes
+        .iter()
+        .map(|n| n.client_addr(cfg.load.transport))
+        .collect::<io::Result<Vec<_>>>()?;
+    let prefix = format!("ib{}x{}", std::process::id(), unix_ms() % 100_000_000);
+    let built = build(sc, &prefix, &addrs, cap)?;
+    if cfg.set_tokens {
+        let uids: Vec<String> = built.plan.clients.iter().map(|c| c.uid.clone()).collect();
+        target.control.set_tokens(&uids, token_of)?;
+    }
+    for (gid, members) in &built.groups {
+        target.control.set_group(gid, members)?;
+    }
+    let text_before = target.control.metrics_text();
+    let metrics_before = target::Control::counters(&text_before);
+    let mut meter = Meter {
+        pid: cfg.pid,
+        embedded,
+        rss_connected: None,
+        cpu_at_send: None,
+        cpu_at_done: None,
+    };
+    let rss_before = meter.rss();
+    let mut load_cfg = cfg.load.clone();
+    if let Scenario::Storm { concurrency, .. } = sc {
+        load_cfg.connect_concurrency = *concurrency;
+    }
+    let out = load::run(&built.plan, &load_cfg, &mut meter)?;
+    let text_after = target.control.metrics_text();
+    let metrics_after = target::Control::counters(&text_after);
+    target.shutdown()?;
+
+    summary.clients = out.clients;
+    summary.connected = out.connected;
+    summary.connect = Pcts::of(&out.connect);
+    summary.send_lag = Pcts::of(&out.send_lag);
+    summary.connect_phase_s = out.connect_phase.as_secs_f64();
+    if summary.connect_phase_s > 0.0 {
+        summary.activations_per_s = out.connected as f64 / summary.connect_phase_s;
+    }
+    summary
+        .curves
+        .push(("connect".into(), report::curve(&out.connect)));
+    let send_s = out.send_phase.as_secs_f64().max(1e-9);
+    let has_load = !built.plan.schedules.is_empty();
+    for class in [Class::Person, Class::Group] {
+        let c = class as usize;
+        if !built.plan.schedules.iter().any(|s| s.class == class) {
+            continue;
+        }
+        summary.classes.push(ClassSummary {
+            class: class.name().into(),
+            rate_per_s: built.rates[c],
+            sent: out.sent[c],
+            expected_recvs: out.expected[c],
+            delivered_recvs: out.delivered[c],
+            missing_recvs: out.missing[c],
+            extra_recvs: out.extra[c],
+            delivered_per_s: out.delivered[c] as f64 / send_s,
+            sendack: Pcts::of(&out.sendack[c]),
+            recv: Pcts::of(&out.recv[c]),
+        });
+        let n = class.name();
+        summary
+            .curves
+            .push((format!("{n}-recv"), report::curve(&out.recv[c])));
+        summary
+            .curves
+            .push((format!("{n}-sendack"), report::curve(&out.sendack[c])));
+    }
+    summary.send_phase_s = if has_load { send_s } else { 0.0 };
+    summary.drained = out.drained;
+    summary.errors_total = out.errors.total();
+    summary.errors = serde_json::to_value(&out.errors).unwrap_or_default();
+    summary.dup_flagged_recvs = out.dup_flagged;
+    summary.harness_cpu_s_connect = out.harness_cpu_connect_s;
+    summary.harness_cpu_s_send_phase = out.harness_cpu_send_s;
+    if has_load {
+        summary.harness_cpu_share_send_phase = out.harness_cpu_send_s / send_s;
+    }
+    let cpu = match (meter.cpu_at_send, meter.cpu_at_done) {
+        (Some(a), Some(b)) if has_load => Some(b - a),
+        _ => None,
+    };
+    summary.server = ServerUse {
+        source: if embedded {
+            "embedded: shard threads' CPU, whole-process RSS (node + harness)".into()
+        } else if let Some(p) = cfg.pid {
+            format!("pid {p}")
+        } else {
+            "unknown (no --pid)".into()
+        },
+        cpu_s_send_phase: cpu,
+        cpu_share_send_phase: cpu.map(|c| c / send_s),
+        rss_bytes_before_connect: rss_before,
+        rss_bytes_connected: meter.rss_connected,
+        rss_bytes_per_connection: match (rss_before, meter.rss_connected) {
+            (Some(a), Some(b)) if out.connected > 0 => {
+                Some((b as f64 - a as f64) / out.connected as f64)
+            }
+            _ => None,
+        },
+    };
+    summary.node_metrics_delta = metrics_after
+        .iter()
+        .map(|(k, v)| {
+            let before = metrics_before
+                .iter()
+                .find(|(kb, _)| kb == k)
+                .map_or(0, |(_, b)| *b);
+            (k.clone(), *v as i64 - before as i64)
+        })
+        .filter(|(_, d)| *d != 0)
+        .collect();
+    let stages_before = target::PromHist::parse_all(&text_before);
+    for h in target::PromHist::parse_all(&text_after) {
+        let d = h.minus(stages_before.iter().find(|b| b.name == h.name));
+        if d.count == 0 {
+            continue;
+        }
+        summary.node_stages.push(report::StageSummary {
+            name: d.name.clone(),
+            count: d.count,
+            mean_us: d.sum_s * 1e6 / d.count as f64,
+            p50_le_us: d.quantile_bound_us(0.50),
+            p90_le_us: d.quantile_bound_us(0.90),
+            p99_le_us: d.quantile_bound_us(0.99),
+        });
+    }
+    hists.push(("connect".into(), out.connect));
+    hists.push(("send-lag".into(), out.send_lag));
+    for (c, (s, r)) in out.sendack.into_iter().zip(out.recv).enumerate() {
+        let name = if c == Class::Person as usize {
+            "person"
+        } else {
+            "group"
+        };
+        if !s.is_empty() || !r.is_empty() {
+            hists.push((format!("{name}-sendack"), s));
+            hists.push((format!("{name}-recv"), r));
+        }
+    }
+    finish(cfg, &summary, &hists)?;
+    Ok((summary, hists))
+}
+
+fn finish(cfg: &BenchConfig, summary: &Summary, hists: &Hists) -> io::Result<()> {
+    if let Some(dir) = &cfg.out {
+        let refs: Vec<(String, &Histogram<u64>)> =
+            hists.iter().map(|(n, h)| (n.clone(), h)).collect();
+        report::write_files(dir, summary, &refs)?;
+    }
+    Ok(())
+}
+
+/// A default load configuration (overridden by the CLI and the tests).
+pub fn default_load() -> LoadConfig {
+    LoadConfig {
+        transport: Transport::Tcp,
+        encrypt: false,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        pin: true,
+        duration: Duration::from_secs(5),
+        drain: Duration::from_secs(2),
+        payload_bytes: 64,
+        connect_concurrency: 256,
+        connect_timeout: Duration::from_secs(30),
+        spin: Duration::from_micros(100),
+        progress: false,
+    }
+}

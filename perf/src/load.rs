@@ -1,0 +1,1085 @@
+//! The load client: one pinned event loop (mio) per worker thread, many connections
+//! per loop, open-loop SENDs at fixed rates with the intended send time in the payload,
+//! exact per-message accounting of every expected RECV.
+//!
+//! Phases of a run ([`run`]): every worker connects its share of the clients (bounded
+//! concurrency, CONNACK latency recorded) → barrier → the caller's hook measures the
+//! idle connected state (RSS per connection) → the send phase at the planned rates →
+//! a bounded drain → stop. Latency is always measured from the *intended* send time of
+//! a message (coordinated-omission correction): a late send is charged to the message.
+//!
+//! Accounting: message `idx` expects `fanout` RECVs (set when it is sent, cleared when
+//! its SENDACK fails); every RECV adds one to `received[idx]`. After the run,
+//! `missing = Σ max(expected - received, 0)` and `extra = Σ max(received - expected, 0)`:
+//! nothing is silently ignored.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use net::wkproto::{ChannelType, Flags, Frame, RecvackPacket, SendPacket, Setting};
+
+use crate::conn::{ClientKey, Conn, ConnState, Transport, READ_CHUNK_BYTES};
+
+/// Messages one run may plan (sizes the accounting arrays: 8 bytes each).
+pub const MAX_MESSAGES: u64 = 64 << 20;
+/// SENDs without SENDACK kept per connection; past it a SEND is not made (counted).
+pub const MAX_INFLIGHT_PER_CONN: usize = 1 << 16;
+/// Smallest payload: intended time (8), message index (8), class (1).
+pub const PAYLOAD_HEADER_BYTES: usize = 17;
+/// Events taken per poll.
+const EVENTS_CAPACITY: usize = 1024;
+/// Longest a loop blocks in poll (it re-checks the stop flag this often).
+const POLL_MAX: Duration = Duration::from_millis(5);
+const TIMER_TOKEN: Token = Token(usize::MAX - 1);
+/// Highest latency a histogram holds (longer values are clamped and counted).
+pub const HIST_MAX_NS: u64 = 120_000_000_000;
+
+/// What kind of traffic a message belongs to (one histogram pair per class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    Person = 0,
+    Group = 1,
+}
+
+/// Number of [`Class`] values.
+pub const CLASSES: usize = 2;
+
+impl Class {
+    fn from_u8(b: u8) -> Option<Class> {
+        match b {
+            0 => Some(Class::Person),
+            1 => Some(Class::Group),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Person => "person",
+            Class::Group => "group",
+        }
+    }
+}
+
+/// One client of the run.
+#[derive(Clone)]
+pub struct ClientSpec {
+    pub uid: String,
+    pub token: String,
+    pub addr: SocketAddr,
+}
+
+/// A sender and where it sends.
+#[derive(Clone, Debug)]
+pub struct Route {
+    /// Index into [`Plan::clients`].
+    pub client: usize,
+    pub channel_id: String,
+    pub channel_type: u8,
+    /// RECVs one message on this route must produce.
+    pub fanout: u32,
+}
+
+/// One open-loop stream of messages.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub class: Class,
+    /// Messages per second over all routes.
+    pub rate_per_s: f64,
+    /// Messages go round-robin over a worker's routes.
+    pub routes: Vec<Route>,
+}
+
+/// Everything a run does.
+#[derive(Clone)]
+pub struct Plan {
+    pub clients: Vec<ClientSpec>,
+    pub schedules: Vec<Schedule>,
+}
+
+/// How a run is driven.
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    pub transport: Transport,
+    /// Encrypted SENDs, decrypted RECVs with msg_key checks, client-side key agreement.
+    pub encrypt: bool,
+    pub threads: usize,
+    /// Pin worker `i` to core `i % cores`.
+    pub pin: bool,
+    pub duration: Duration,
+    pub drain: Duration,
+    pub payload_bytes: usize,
+    /// CONNECTs in progress at once, over all workers.
+    pub connect_concurrency: usize,
+    pub connect_timeout: Duration,
+    /// Wake this long before each intended send and poll without blocking until it is
+    /// due (zero: rely on the timer alone). Costs harness CPU, cuts its send lag.
+    pub spin: Duration,
+    /// Print a progress line every second on stderr.
+    pub progress: bool,
+}
+
+/// Error counters of a run (all must be zero in a clean run).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Errors {
+    pub connect_failed: u64,
+    /// CONNACK reason → count (reason != 1).
+    pub connack_reasons: HashMap<u8, u64>,
+    /// SENDACK reason → count (reason != 1).
+    pub sendack_reasons: HashMap<u8, u64>,
+    /// SENDs never acknowledged by the end of the drain.
+    pub sendack_missing: u64,
+    /// SENDs not made: the sender was not connected or had too many in flight.
+    pub sends_skipped: u64,
+    pub msg_key_mismatch: u64,
+    pub decrypt_failed: u64,
+    /// RECVs whose payload is not one of this run's messages.
+    pub foreign_recvs: u64,
+    pub disconnects: u64,
+    pub conn_errors: u64,
+    pub unexpected_frames: u64,
+}
+
+impl Errors {
+    fn merge(&mut self, o: &Errors) {
+        self.connect_failed += o.connect_failed;
+        for (k, v) in &o.connack_reasons {
+            *self.connack_reasons.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.sendack_reasons {
+            *self.sendack_reasons.entry(*k).or_default() += v;
+        }
+        self.sendack_missing += o.sendack_missing;
+        self.sends_skipped += o.sends_skipped;
+        self.msg_key_mismatch += o.msg_key_mismatch;
+        self.decrypt_failed += o.decrypt_failed;
+        self.foreign_recvs += o.foreign_recvs;
+        self.disconnects += o.disconnects;
+        self.conn_errors += o.conn_errors;
+        self.unexpected_frames += o.unexpected_frames;
+    }
+
+    /// Sum of every error counter.
+    pub fn total(&self) -> u64 {
+        self.connect_failed
+            + self.connack_reasons.values().sum::<u64>()
+            + self.sendack_reasons.values().sum::<u64>()
+            + self.sendack_missing
+            + self.sends_skipped
+            + self.msg_key_mismatch
+            + self.decrypt_failed
+            + self.foreign_recvs
+            + self.disconnects
+            + self.conn_errors
+            + self.unexpected_frames
+    }
+}
+
+/// A latency histogram in nanoseconds.
+pub fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).unwrap_or_else(|_| Histogram::new(3).unwrap())
+}
+
+/// What a run measured.
+pub struct Outcome {
+    pub connect: Histogram<u64>,
+    /// How late the harness made each SEND after its intended time (its own lag).
+    pub send_lag: Histogram<u64>,
+    pub sendack: [Histogram<u64>; CLASSES],
+    pub recv: [Histogram<u64>; CLASSES],
+    pub errors: Errors,
+    pub clients: usize,
+    pub connected: u64,
+    /// From the first CONNECT to the last CONNACK.
+    pub connect_phase: Duration,
+    pub sent: [u64; CLASSES],
+    pub expected: [u64; CLASSES],
+    pub delivered: [u64; CLASSES],
+    pub missing: [u64; CLASSES],
+    /// RECVs beyond the expected count (duplicates).
+    pub extra: [u64; CLASSES],
+    /// RECVs carrying the DUP flag (server re-sends).
+    pub dup_flagged: u64,
+    /// From the first intended send to the last delivery or the drain's end.
+    pub send_phase: Duration,
+    /// Whether the drain ended with every expected RECV in.
+    pub drained: bool,
+    /// CPU seconds of the worker threads in the connect phase and the send phase.
+    pub harness_cpu_connect_s: f64,
+    pub harness_cpu_send_s: f64,
+}
+
+struct Shared {
+    start: Instant,
+    send_start_ns: AtomicU64,
+    stop: AtomicBool,
+    expected: Vec<AtomicU32>,
+    received: Vec<AtomicU32>,
+    sent: AtomicU64,
+    acked: AtomicU64,
+    expected_total: AtomicU64,
+    received_total: AtomicU64,
+    done_sending: AtomicU64,
+    connect_slots: Vec<usize>,
+    barrier: Barrier,
+}
+
+impl Shared {
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+}
+
+struct WRoute {
+    slot: usize,
+    channel_id: String,
+    channel_type: u8,
+    fanout: u32,
+}
+
+struct WSchedule {
+    class: Class,
+    interval_ns: f64,
+    offset_ns: u64,
+    count: u64,
+    base: u64,
+    next: u64,
+    routes: Vec<WRoute>,
+}
+
+impl WSchedule {
+    fn intended(&self, start_ns: u64, k: u64) -> u64 {
+        start_ns + self.offset_ns + (k as f64 * self.interval_ns) as u64
+    }
+}
+
+struct Inflight {
+    intended_ns: u64,
+    idx: u64,
+    class: Class,
+    fanout: u32,
+}
+
+struct Slot {
+    spec: ClientSpec,
+    key: ClientKey,
+    conn: Option<Conn>,
+    inflight: HashMap<u32, Inflight>,
+}
+
+struct Stats {
+    connect: Histogram<u64>,
+    send_lag: Histogram<u64>,
+    sendack: [Histogram<u64>; CLASSES],
+    recv: [Histogram<u64>; CLASSES],
+    errors: Errors,
+    dup_flagged: u64,
+    connected: u64,
+    first_connect_ns: u64,
+    last_connack_ns: u64,
+    last_event_ns: u64,
+}
+
+struct Worker {
+    id: usize,
+    shared: Arc<Shared>,
+    cfg: LoadConfig,
+    slots: Vec<Slot>,
+    schedules: Vec<WSchedule>,
+    stats: Stats,
+    poll: Poll,
+    chunk: Vec<u8>,
+    plain: Vec<u8>,
+    payload: Vec<u8>,
+    sealed: Vec<u8>,
+    frame: Vec<u8>,
+}
+
+/// A CLOCK_MONOTONIC timerfd: wakes the loop at the next intended send time with
+/// sub-millisecond precision (mio's poll timeout has millisecond granularity).
+struct TimerFd(OwnedFd);
+
+impl TimerFd {
+    fn new() -> io::Result<TimerFd> {
+        // SAFETY: plain syscall; the returned fd is checked and then owned.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(TimerFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Fires once after `after_ns` (0 is rounded up to 1 ns: 0 would disarm).
+    fn arm(&self, after_ns: u64) {
+        let after_ns = after_ns.max(1);
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (after_ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (after_ns % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: valid fd and a valid itimerspec; the old value is not requested.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    fn clear(&self) {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into an 8-byte buffer; EAGAIN is fine.
+        unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+    }
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid clock id and a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn record(h: &mut Histogram<u64>, ns: u64) {
+    h.saturating_record(ns.clamp(1, HIST_MAX_NS));
+}
+
+impl Worker {
+    fn register(&mut self, i: usize) -> io::Result<()> {
+        if let Some(c) = self.slots[i].conn.as_mut() {
+            self.poll.registry().register(
+                &mut c.stream,
+                Token(i),
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self, i: usize) {
+        if let Some(mut c) = self.slots[i].conn.take() {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+        }
+    }
+
+    /// Handles one readiness event of connection `i`.
+    fn on_event(&mut self, i: usize, readable: bool, writable: bool) {
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        let Some(conn) = slot.conn.as_mut() else {
+            return;
+        };
+        let mut result = Ok(());
+        if writable {
+            result = conn.on_writable();
+        }
+        if result.is_ok() && readable {
+            let shared = &self.shared;
+            let stats = &mut self.stats;
+            let inflight = &mut slot.inflight;
+            let plain = &mut self.plain;
+            let started = conn.connect_started_ns;
+            let encrypt = self.cfg.encrypt;
+            let mut sink = |ctx: &mut crate::conn::ConnCtx<'_>, f: Frame<'_>| {
+                on_frame(shared, stats, inflight, plain, started, encrypt, ctx, f)
+            };
+            result = conn.read_frames(&mut self.chunk, &mut sink);
+            if result.is_ok() && conn.tx_pending_bytes() > 0 {
+                result = conn.flush();
+            }
+        }
+        let closed = conn.state == ConnState::Closed;
+        if let Err(e) = result {
+            if conn.state == ConnState::AwaitConnack || conn.state == ConnState::WsUpgrade {
+                self.stats.errors.connect_failed += 1;
+            } else if !matches!(e, crate::conn::ConnError::Eof) || !closed {
+                self.stats.errors.conn_errors += 1;
+            }
+            if self.stats.errors.conn_errors + self.stats.errors.connect_failed <= 3 {
+                eprintln!("imbench: worker {}: {}: {e}", self.id, slot.spec.uid);
+            }
+            self.close(i);
+        } else if closed {
+            self.close(i);
+        }
+    }
+
+    fn poll_once(&mut self, events: &mut Events, timeout: Duration, timer: Option<&TimerFd>) {
+        if let Err(e) = self.poll.poll(events, Some(timeout)) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                self.stats.errors.conn_errors += 1;
+            }
+            return;
+        }
+        for ev in events.iter() {
+            if ev.token() == TIMER_TOKEN {
+                if let Some(t) = timer {
+                    t.clear();
+                }
+                continue;
+            }
+            self.on_event(ev.token().0, ev.is_readable(), ev.is_writable());
+        }
+    }
+
+    /// Connects every client of this worker with at most `concurrency` in progress.
+    fn connect_phase(&mut self, concurrency: usize, events: &mut Events) {
+        let deadline = self.shared.now_ns() + self.cfg.connect_timeout.as_nanos() as u64;
+        let mut next = 0usize;
+        let total = self.slots.len();
+        loop {
+            let in_progress = self
+                .slots
+                .iter()
+                .filter(|s| {
+                    s.conn.as_ref().is_some_and(|c| {
+                        matches!(c.state, ConnState::AwaitConnack | ConnState::WsUpgrade)
+                    })
+                })
+                .count();
+            if next == total && in_progress == 0 {
+                break;
+            }
+            let now = self.shared.now_ns();
+            if now > deadline {
+                let stuck = in_progress + (total - next);
+                self.stats.errors.connect_failed += stuck as u64;
+                eprintln!("imbench: worker {}: {stuck} connects timed out", self.id);
+                for i in 0..total {
+                    if self.slots[i]
+                        .conn
+                        .as_ref()
+                        .is_some_and(|c| c.state != ConnState::Active)
+                    {
+                        self.close(i);
+                    }
+                }
+                break;
+            }
+            let mut free = concurrency.saturating_sub(in_progress);
+            while free > 0 && next < total {
+                let i = next;
+                next += 1;
+                free -= 1;
+                let now = self.shared.now_ns();
+                if self.stats.first_connect_ns == 0 {
+                    self.stats.first_connect_ns = now.max(1);
+                }
+                let s = &self.slots[i];
+                match Conn::start(
+                    s.spec.addr,
+                    self.cfg.transport,
+                    &s.spec.uid,
+                    &s.spec.token,
+                    &s.key,
+                    now,
+                ) {
+                    Ok(c) => {
+                        self.slots[i].conn = Some(c);
+                        if self.register(i).is_err() {
+                            self.stats.errors.connect_failed += 1;
+                            self.close(i);
+                        }
+                    }
+                    Err(e) => {
+                        if self.stats.errors.connect_failed < 3 {
+                            eprintln!("imbench: connect: {e}");
+                        }
+                        self.stats.errors.connect_failed += 1;
+                    }
+                }
+            }
+            self.poll_once(events, POLL_MAX, None);
+        }
+    }
+
+    fn send_one(&mut self, s: usize, k: u64, intended_ns: u64) {
+        let sched = &self.schedules[s];
+        let route = &sched.routes[(k % sched.routes.len() as u64) as usize];
+        let idx = sched.base + k;
+        let class = sched.class;
+        let slot = &mut self.slots[route.slot];
+        let Some(conn) = slot.conn.as_mut().filter(|c| c.state == ConnState::Active) else {
+            self.stats.errors.sends_skipped += 1;
+            return;
+        };
+        if slot.inflight.len() >= MAX_INFLIGHT_PER_CONN {
+            self.stats.errors.sends_skipped += 1;
+            return;
+        }
+        self.payload.clear();
+        self.payload.extend_from_slice(&intended_ns.to_le_bytes());
+        self.payload.extend_from_slice(&idx.to_le_bytes());
+        self.payload.push(class as u8);
+        self.payload
+            .resize(self.cfg.payload_bytes.max(PAYLOAD_HEADER_BYTES), b'x');
+        conn.client_seq = conn.client_seq.wrapping_add(1);
+        let seq = conn.client_seq;
+        let mut msg_no_buf = [0u8; 20];
+        let msg_no = fmt_u64(idx, &mut msg_no_buf);
+        let mut p = SendPacket {
+            setting: Setting::NO_ENCRYPT,
+            client_seq: seq,
+            client_msg_no: msg_no,
+            channel_id: &route.channel_id,
+            channel_type: ChannelType(route.channel_type),
+            payload: &self.payload,
+            ..Default::default()
+        };
+        let key;
+        if self.cfg.encrypt {
+            let Some(cipher) = conn.cipher.as_ref() else {
+                self.stats.errors.sends_skipped += 1;
+                return;
+            };
+            self.sealed.clear();
+            cipher.encrypt_into(&self.payload, &mut self.sealed);
+            p.setting = Setting::NONE;
+            p.payload = &self.sealed;
+            key = cipher.send_msg_key(&p);
+            p.msg_key = key.as_str();
+        }
+        self.frame.clear();
+        if p.encode(conn.version, &mut self.frame).is_err() {
+            self.stats.errors.sends_skipped += 1;
+            return;
+        }
+        if let Some(e) = self.shared.expected.get(idx as usize) {
+            e.store(route.fanout, Ordering::Relaxed);
+        }
+        self.shared
+            .expected_total
+            .fetch_add(u64::from(route.fanout), Ordering::Relaxed);
+        self.shared.sent.fetch_add(1, Ordering::Relaxed);
+        slot.inflight.insert(
+            seq,
+            Inflight {
+                intended_ns,
+                idx,
+                class,
+                fanout: route.fanout,
+            },
+        );
+        record(
+            &mut self.stats.send_lag,
+            self.shared.now_ns().saturating_sub(intended_ns),
+        );
+        let frame = &self.frame;
+        let r = conn
+            .queue(|out| out.extend_from_slice(frame))
+            .and_then(|_| conn.flush());
+        if r.is_err() {
+            self.stats.errors.conn_errors += 1;
+            let i = route.slot;
+            self.close(i);
+        }
+    }
+
+    fn send_phase(&mut self, events: &mut Events) -> io::Result<()> {
+        let timer = TimerFd::new()?;
+        self.poll.registry().register(
+            &mut SourceFd(&timer.0.as_raw_fd()),
+            TIMER_TOKEN,
+            Interest::READABLE,
+        )?;
+        let start_ns = self.shared.send_start_ns.load(Ordering::Acquire);
+        let mut armed = u64::MAX;
+        let mut sending = !self.schedules.is_empty();
+        if !sending {
+            self.shared.done_sending.fetch_add(1, Ordering::AcqRel);
+        }
+        loop {
+            if self.shared.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let mut next_wake = u64::MAX;
+            if sending {
+                let now = self.shared.now_ns();
+                for s in 0..self.schedules.len() {
+                    loop {
+                        let sc = &self.schedules[s];
+                        if sc.next >= sc.count {
+                            break;
+                        }
+                        let k = sc.next;
+                        let t = sc.intended(start_ns, k);
+                        if t > now {
+                            next_wake = next_wake.min(t);
+                            break;
+                        }
+                        self.schedules[s].next += 1;
+                        self.send_one(s, k, t);
+                    }
+                }
+                if next_wake == u64::MAX {
+                    sending = false;
+                    self.shared.done_sending.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+            let now = self.shared.now_ns();
+            let mut timeout = POLL_MAX;
+            if next_wake != u64::MAX {
+                let wait = next_wake.saturating_sub(now);
+                if wait == 0 {
+                    continue;
+                }
+                // Within the spin window: poll without blocking until the send is due
+                // (a timer wakeup alone is late by tens of µs on a busy VM).
+                let spin_ns = self.cfg.spin.as_nanos() as u64;
+                if wait <= spin_ns {
+                    timeout = Duration::ZERO;
+                } else {
+                    let wake_at = next_wake - spin_ns;
+                    if wait - spin_ns < POLL_MAX.as_nanos() as u64 && armed != wake_at {
+                        timer.arm(wait - spin_ns);
+                        armed = wake_at;
+                    }
+                    timeout = timeout.min(Duration::from_nanos(wait - spin_ns + 1_000_000));
+                }
+            }
+            self.poll_once(events, timeout, Some(&timer));
+        }
+        Ok(())
+    }
+}
+
+/// Decimal text of `v` in `buf`.
+fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[i..]).unwrap_or("0")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn on_frame(
+    shared: &Shared,
+    stats: &mut Stats,
+    inflight: &mut HashMap<u32, Inflight>,
+    plain: &mut Vec<u8>,
+    connect_started_ns: u64,
+    encrypt: bool,
+    ctx: &mut crate::conn::ConnCtx<'_>,
+    f: Frame<'_>,
+) {
+    let now = shared.now_ns();
+    stats.last_event_ns = now;
+    match f {
+        Frame::Connack(c) => {
+            if c.reason_code.0 == 1 {
+                if encrypt {
+                    if let Err(e) = ctx.agree(c.server_key, c.salt) {
+                        eprintln!("imbench: key agreement: {e}");
+                        stats.errors.connect_failed += 1;
+                        *ctx.state = ConnState::Closed;
+                        return;
+                    }
+                }
+                *ctx.state = ConnState::Active;
+                stats.connected += 1;
+                stats.last_connack_ns = now;
+                record(&mut stats.connect, now.saturating_sub(connect_started_ns));
+            } else {
+                *stats
+                    .errors
+                    .connack_reasons
+                    .entry(c.reason_code.0)
+                    .or_default() += 1;
+                *ctx.state = ConnState::Closed;
+            }
+        }
+        Frame::Sendack(a) => {
+            let Some(m) = inflight.remove(&a.client_seq) else {
+                stats.errors.unexpected_frames += 1;
+                return;
+            };
+            record(
+                &mut stats.sendack[m.class as usize],
+                now.saturating_sub(m.intended_ns),
+            );
+            shared.acked.fetch_add(1, Ordering::Relaxed);
+            if a.reason_code.0 != 1 {
+                *stats
+                    .errors
+                    .sendack_reasons
+                    .entry(a.reason_code.0)
+                    .or_default() += 1;
+                if let Some(e) = shared.expected.get(m.idx as usize) {
+                    e.store(0, Ordering::Relaxed);
+                }
+                shared
+                    .expected_total
+                    .fetch_sub(u64::from(m.fanout), Ordering::Relaxed);
+            }
+        }
+        Frame::Recv(r) => {
+            let payload: &[u8] = if r.setting.contains(Setting::NO_ENCRYPT) {
+                r.payload
+            } else {
+                let Some(cipher) = ctx.cipher.as_ref() else {
+                    stats.errors.decrypt_failed += 1;
+                    return;
+                };
+                if cipher.recv_msg_key(&r).as_str() != r.msg_key {
+                    stats.errors.msg_key_mismatch += 1;
+                }
+                plain.clear();
+                if cipher.decrypt(r.payload, plain).is_err() {
+                    stats.errors.decrypt_failed += 1;
+                    return;
+                }
+                plain
+            };
+            let parsed = (payload.len() >= PAYLOAD_HEADER_BYTES)
+                .then(|| {
+                    let t = u64::from_le_bytes(payload[0..8].try_into().ok()?);
+                    let idx = u64::from_le_bytes(payload[8..16].try_into().ok()?);
+                    Some((t, idx, Class::from_u8(payload[16])?))
+                })
+                .flatten()
+                .filter(|(_, idx, _)| (*idx as usize) < shared.received.len());
+            match parsed {
+                Some((t, idx, class)) => {
+                    shared.received[idx as usize].fetch_add(1, Ordering::Relaxed);
+                    shared.received_total.fetch_add(1, Ordering::Relaxed);
+                    record(&mut stats.recv[class as usize], now.saturating_sub(t));
+                }
+                None => stats.errors.foreign_recvs += 1,
+            }
+            if r.flags.contains(Flags::DUP) {
+                stats.dup_flagged += 1;
+            }
+            let ack = RecvackPacket {
+                message_id: r.message_id,
+                message_seq: r.message_seq,
+                ..Default::default()
+            };
+            let v = ctx.version;
+            ctx.queue(|out| {
+                let _ = ack.encode(v, out);
+            });
+        }
+        Frame::Disconnect(_) => {
+            stats.errors.disconnects += 1;
+            *ctx.state = ConnState::Closed;
+        }
+        Frame::Pong => {}
+        _ => stats.errors.unexpected_frames += 1,
+    }
+}
+
+/// What the caller measures between the connect phase and the send phase.
+pub trait PhaseHook {
+    /// Every client is connected (or failed) and idle.
+    fn connected(&mut self) {}
+    /// The send phase begins.
+    fn sending(&mut self) {}
+    /// The send phase and drain are over (connections still open).
+    fn done(&mut self) {}
+}
+
+impl PhaseHook for () {}
+
+/// Runs `plan`: connect, (hook), send at the planned rates, drain, stop.
+pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Result<Outcome> {
+    let threads = cfg.threads.max(1);
+    let dur_ns = cfg.duration.as_nanos() as f64;
+    // Per schedule: which routes go to which worker, and the worker's share of the rate.
+    let mut per_worker: Vec<Vec<WSchedule>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut base = 0u64;
+    let worker_of = |client: usize| client % threads;
+    let slot_of = |client: usize| client / threads;
+    for sc in &plan.schedules {
+        if sc.routes.is_empty() || sc.rate_per_s <= 0.0 {
+            continue;
+        }
+        let total_routes = sc.routes.len() as f64;
+        for (w, list) in per_worker.iter_mut().enumerate() {
+            let routes: Vec<WRoute> = sc
+                .routes
+                .iter()
+                .filter(|r| worker_of(r.client) == w)
+                .map(|r| WRoute {
+                    slot: slot_of(r.client),
+                    channel_id: r.channel_id.clone(),
+                    channel_type: r.channel_type,
+                    fanout: r.fanout,
+                })
+                .collect();
+            if routes.is_empty() {
+                continue;
+            }
+            let rate = sc.rate_per_s * routes.len() as f64 / total_routes;
+            let interval_ns = 1e9 / rate;
+            let offset_ns = (interval_ns * w as f64 / threads as f64) as u64;
+            let count = if dur_ns > offset_ns as f64 {
+                ((dur_ns - offset_ns as f64) / interval_ns).ceil() as u64
+            } else {
+                0
+            };
+            list.push(WSchedule {
+                class: sc.class,
+                interval_ns,
+                offset_ns,
+                count,
+                base,
+                next: 0,
+                routes,
+            });
+            base += count;
+        }
+    }
+    if base > MAX_MESSAGES {
+        return Err(io::Error::other(format!(
+            "the run plans {base} messages, more than MAX_MESSAGES = {MAX_MESSAGES}"
+        )));
+    }
+    let shared = Arc::new(Shared {
+        start: Instant::now(),
+        send_start_ns: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        expected: (0..base).map(|_| AtomicU32::new(0)).collect(),
+        received: (0..base).map(|_| AtomicU32::new(0)).collect(),
+        sent: AtomicU64::new(0),
+        acked: AtomicU64::new(0),
+        expected_total: AtomicU64::new(0),
+        received_total: AtomicU64::new(0),
+        done_sending: AtomicU64::new(0),
+        connect_slots: (0..threads)
+            .map(|w| {
+                (cfg.connect_concurrency / threads
+                    + usize::from(w < cfg.connect_concurrency % threads))
+                .max(1)
+            })
+            .collect(),
+        barrier: Barrier::new(threads + 1),
+    });
+    let mut slots_per_worker: Vec<Vec<Slot>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, c) in plan.clients.iter().enumerate() {
+        slots_per_worker[worker_of(i)].push(Slot {
+            spec: c.clone(),
+            key: ClientKey::for_client(i as u64),
+            conn: None,
+            inflight: HashMap::new(),
+        });
+    }
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let mut handles = Vec::with_capacity(threads);
+    for (w, (slots, schedules)) in slots_per_worker.into_iter().zip(per_worker).enumerate() {
+        let shared = shared.clone();
+        let cfg = cfg.clone();
+        let core = if cfg.pin && !cores.is_empty() {
+            Some(cores[w % cores.len()])
+        } else {
+            None
+        };
+        let h = std::thread::Builder::new()
+            .name(format!("imbench-w{w}"))
+            .spawn(move || worker_main(w, core, shared, cfg, slots, schedules))?;
+        handles.push(h);
+    }
+    // Connect phase.
+    shared.barrier.wait();
+    hook.connected();
+    let send_start = shared.now_ns() + 2_000_000;
+    shared.send_start_ns.store(send_start, Ordering::Release);
+    hook.sending();
+    shared.barrier.wait();
+    // Send phase, then drain.
+    let send_end = send_start + cfg.duration.as_nanos() as u64;
+    let mut last_progress = send_start;
+    let mut drained = false;
+    loop {
+        let now = shared.now_ns();
+        let all_sent = shared.done_sending.load(Ordering::Acquire) == threads as u64;
+        let sent = shared.sent.load(Ordering::Relaxed);
+        let acked = shared.acked.load(Ordering::Relaxed);
+        let exp = shared.expected_total.load(Ordering::Relaxed);
+        let got = shared.received_total.load(Ordering::Relaxed);
+        if all_sent && acked >= sent && got >= exp {
+            drained = true;
+            break;
+        }
+        if now > send_end + cfg.drain.as_nanos() as u64 && all_sent {
+            break;
+        }
+        if cfg.progress && now > last_progress + 1_000_000_000 {
+            last_progress = now;
+            eprintln!(
+                "imbench: t={:.0}s sent={sent} acked={acked} delivered={got}/{exp}",
+                (now - send_start) as f64 / 1e9
+            );
+        }
+        std::thread::park_timeout(Duration::from_millis(2));
+    }
+    let end_ns = shared.now_ns();
+    hook.done();
+    shared.stop.store(true, Ordering::Release);
+    let mut stats = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(r) => stats.push(r?),
+            Err(_) => return Err(io::Error::other("a worker panicked")),
+        }
+    }
+    let mut out = Outcome {
+        connect: new_hist(),
+        send_lag: new_hist(),
+        sendack: [new_hist(), new_hist()],
+        recv: [new_hist(), new_hist()],
+        errors: Errors::default(),
+        clients: plan.clients.len(),
+        connected: 0,
+        connect_phase: Duration::ZERO,
+        sent: [0; CLASSES],
+        expected: [0; CLASSES],
+        delivered: [0; CLASSES],
+        missing: [0; CLASSES],
+        extra: [0; CLASSES],
+        dup_flagged: 0,
+        send_phase: Duration::from_nanos(end_ns.saturating_sub(send_start)),
+        drained,
+        harness_cpu_connect_s: 0.0,
+        harness_cpu_send_s: 0.0,
+    };
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    for (st, cpu_c, cpu_s, unacked, sched) in &stats {
+        let _ = out.connect.add(&st.connect);
+        let _ = out.send_lag.add(&st.send_lag);
+        for c in 0..CLASSES {
+            let _ = out.sendack[c].add(&st.sendack[c]);
+            let _ = out.recv[c].add(&st.recv[c]);
+        }
+        out.errors.merge(&st.errors);
+        out.errors.sendack_missing += unacked;
+        out.connected += st.connected;
+        out.dup_flagged += st.dup_flagged;
+        out.harness_cpu_connect_s += cpu_c.as_secs_f64();
+        out.harness_cpu_send_s += cpu_s.as_secs_f64();
+        if st.first_connect_ns != 0 {
+            first = first.min(st.first_connect_ns);
+        }
+        last = last.max(st.last_connack_ns);
+        for (class, lo, hi) in sched {
+            for idx in *lo..*hi {
+                let e = u64::from(shared.expected[idx as usize].load(Ordering::Relaxed));
+                let r = u64::from(shared.received[idx as usize].load(Ordering::Relaxed));
+                out.expected[*class as usize] += e;
+                out.delivered[*class as usize] += r.min(e);
+                out.missing[*class as usize] += e.saturating_sub(r);
+                out.extra[*class as usize] += r.saturating_sub(e);
+            }
+        }
+    }
+    // Sends attempted per class (skipped ones are also counted in errors.sends_skipped).
+    for (_, _, _, _, sched) in &stats {
+        for (class, lo, hi) in sched {
+            out.sent[*class as usize] += hi - lo;
+        }
+    }
+    if first != u64::MAX && last >= first {
+        out.connect_phase = Duration::from_nanos(last - first);
+    }
+    Ok(out)
+}
+
+/// Per worker: stats, CPU in the connect phase, CPU in the send phase, SENDs never
+/// acknowledged, and its message index ranges per class.
+type WorkerReturn = (Stats, Duration, Duration, u64, Vec<(Class, u64, u64)>);
+
+fn worker_main(
+    id: usize,
+    core: Option<core_affinity::CoreId>,
+    shared: Arc<Shared>,
+    cfg: LoadConfig,
+    slots: Vec<Slot>,
+    schedules: Vec<WSchedule>,
+) -> io::Result<WorkerReturn> {
+    if let Some(c) = core {
+        core_affinity::set_for_current(c);
+    }
+    // SAFETY: prctl with PR_SET_TIMERSLACK and an integer argument affects only this
+    // thread's timer slack (1 ns: wake at the intended send time, not 50 µs later).
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let poll = Poll::new();
+    let concurrency = shared.connect_slots[id];
+    let mut worker = match poll {
+        Ok(poll) => Some(Worker {
+            id,
+            shared: shared.clone(),
+            cfg,
+            slots,
+            schedules,
+            stats: Stats {
+                connect: new_hist(),
+                send_lag: new_hist(),
+                sendack: [new_hist(), new_hist()],
+                recv: [new_hist(), new_hist()],
+                errors: Errors::default(),
+                dup_flagged: 0,
+                connected: 0,
+                first_connect_ns: 0,
+                last_connack_ns: 0,
+                last_event_ns: 0,
+            },
+            poll,
+            chunk: vec![0u8; READ_CHUNK_BYTES],
+            plain: Vec::new(),
+            payload: Vec::new(),
+            sealed: Vec::new(),
+            frame: Vec::new(),
+        }),
+        Err(_) => None,
+    };
+    let mut events = Events::with_capacity(EVENTS_CAPACITY);
+    if let Some(w) = worker.as_mut() {
+        w.connect_phase(concurrency, &mut events);
+    }
+    let cpu_connect = thread_cpu();
+    // Both barriers are always reached so that a failed worker never blocks the run.
+    shared.barrier.wait();
+    shared.barrier.wait();
+    let Some(mut w) = worker else {
+        shared.done_sending.fetch_add(1, Ordering::AcqRel);
+        return Err(io::Error::other("mio poll could not be created"));
+    };
+    let r = w.send_phase(&mut events);
+    if r.is_err() {
+        shared.done_sending.fetch_add(1, Ordering::AcqRel);
+    }
+    let cpu_send = thread_cpu().saturating_sub(cpu_connect);
+    let unacked: u64 = w.slots.iter().map(|s| s.inflight.len() as u64).sum();
+    let ranges = w
+        .schedules
+        .iter()
+        .map(|s| (s.class, s.base, s.base + s.next))
+        .collect();
+    r?;
+    Ok((w.stats, cpu_connect, cpu_send, unacked, ranges))
+}

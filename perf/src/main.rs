@@ -1,0 +1,325 @@
+//! `imbench`: the imrouter latency harness. See `imbench --help` and the `perf` crate.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use engine::store::FsyncPolicy;
+use perf::conn::Transport;
+use perf::{BenchConfig, Scenario, TargetSpec};
+
+#[derive(Parser)]
+#[command(
+    name = "imbench",
+    about = "End-to-end latency harness of imrouter (wkproto over TCP/WebSocket)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Loopback TCP echo round trip: the machine's floor.
+    Floor(#[command(flatten)] Common),
+    /// N online pairs, each member sending to its peer.
+    Person {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value_t = 1000)]
+        pairs: usize,
+        /// Messages per second, all senders together.
+        #[arg(long, default_value_t = 5000.0)]
+        rate: f64,
+    },
+    /// Group fan-out: every online member sends to its group.
+    Group {
+        #[command(flatten)]
+        common: Common,
+        /// Subscribers per group (the sender is one of them: 101 → 100 recipients).
+        #[arg(long, default_value_t = 101)]
+        members: usize,
+        /// Share of the members connected (0..=1).
+        #[arg(long, default_value_t = 1.0)]
+        online: f64,
+        #[arg(long, default_value_t = 1)]
+        groups: usize,
+        #[arg(long, default_value_t = 2000.0)]
+        rate: f64,
+    },
+    /// Connection storm: CONNACK latency and activations/s.
+    Storm {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value_t = 10_000)]
+        clients: usize,
+        /// CONNECTs in flight at once.
+        #[arg(long, default_value_t = 256)]
+        concurrency: usize,
+    },
+    /// Person and group traffic at once.
+    Mixed {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value_t = 500)]
+        pairs: usize,
+        #[arg(long, default_value_t = 2500.0)]
+        person_rate: f64,
+        #[arg(long, default_value_t = 101)]
+        members: usize,
+        #[arg(long, default_value_t = 1.0)]
+        online: f64,
+        #[arg(long, default_value_t = 1000.0)]
+        group_rate: f64,
+    },
+    /// Draws runs (imbench JSON summaries or .hgrm files) as one SVG, one curve each.
+    Plot {
+        files: Vec<PathBuf>,
+        #[arg(short = 'o', long, default_value = "imbench.svg")]
+        output: PathBuf,
+        /// Curve of a JSON summary: recv, sendack, connect, floor, or e.g. group-recv.
+        #[arg(long, default_value = "recv")]
+        metric: String,
+        #[arg(long, default_value = "latency by percentile")]
+        title: String,
+        /// Legend names, comma-separated, in file order (default: label and curve).
+        #[arg(long, value_delimiter = ',')]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// Node TCP addresses, comma-separated (one per node).
+    #[arg(long, value_delimiter = ',')]
+    tcp: Vec<SocketAddr>,
+    /// Node WebSocket addresses, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    ws: Vec<SocketAddr>,
+    /// Node HTTP API addresses, comma-separated (the first one is used for setup).
+    #[arg(long, value_delimiter = ',')]
+    api: Vec<SocketAddr>,
+    /// Bearer token of the HTTP API.
+    #[arg(long)]
+    api_token: Option<String>,
+    /// Start a node in this process (the default when no address is given).
+    #[arg(long)]
+    embedded: bool,
+    /// Embedded node: the log's fsync policy: `always` (sync before every SENDACK
+    /// batch) or a number of ms between syncs. Default: the node's default.
+    #[arg(long, value_parser = parse_fsync)]
+    fsync: Option<FsyncPolicy>,
+    /// Shards of the embedded node (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    shards: u16,
+    /// Connect over WebSocket instead of TCP.
+    #[arg(long, value_enum, default_value = "tcp")]
+    transport: TransportArg,
+    /// Encrypted SENDs and RECVs (full per-message cost) and client-side key agreement.
+    #[arg(long)]
+    encrypt: bool,
+    /// Load threads (event loops), one per core by default.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Do not pin the load threads.
+    #[arg(long)]
+    no_pin: bool,
+    /// Send phase length, seconds (floor: measurement length).
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Longest wait for stragglers after the send phase, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    drain: f64,
+    #[arg(long, default_value_t = 64)]
+    payload: usize,
+    /// CONNECTs in flight at once while setting up (storm: --concurrency).
+    #[arg(long, default_value_t = 256)]
+    connect_concurrency: usize,
+    /// Wake this many µs before each intended send and spin until it is due.
+    #[arg(long, default_value_t = 100)]
+    spin_us: u64,
+    /// Floor measured before each run, milliseconds (0: skip).
+    #[arg(long, default_value_t = 300)]
+    floor_ms: u64,
+    /// Server pid (external node): CPU seconds and RSS from /proc.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Directory for the JSON summary and .hgrm files.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Name of this run (file names, plot legend).
+    #[arg(long)]
+    label: Option<String>,
+    /// Do not set tokens through the API (node without token auth).
+    #[arg(long)]
+    no_tokens: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy)]
+enum TransportArg {
+    Tcp,
+    Ws,
+}
+
+/// `always`, or the ms between syncs.
+fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
+    match s {
+        "always" => Ok(FsyncPolicy::Always),
+        ms => ms
+            .parse()
+            .map(FsyncPolicy::IntervalMs)
+            .map_err(|_| format!("--fsync takes `always` or a number of ms, not {ms:?}")),
+    }
+}
+
+fn config(c: &Common, scenario: &str) -> BenchConfig {
+    let any_addr = !(c.tcp.is_empty() && c.ws.is_empty() && c.api.is_empty());
+    let external = any_addr && !c.embedded;
+    let target = if external {
+        TargetSpec::External {
+            tcp: c.tcp.clone(),
+            ws: c.ws.clone(),
+            api: c.api.clone(),
+            bearer: c.api_token.clone(),
+        }
+    } else {
+        TargetSpec::Embedded {
+            shards: c.shards,
+            fsync: c.fsync.unwrap_or(engine::store::LogConfig::default().fsync),
+        }
+    };
+    let mut load = perf::default_load();
+    load.transport = match c.transport {
+        TransportArg::Tcp => Transport::Tcp,
+        TransportArg::Ws => Transport::Ws,
+    };
+    load.encrypt = c.encrypt;
+    if let Some(t) = c.threads {
+        load.threads = t.max(1);
+    }
+    load.pin = !c.no_pin;
+    load.duration = Duration::from_secs_f64(c.duration.max(0.0));
+    load.drain = Duration::from_secs_f64(c.drain.max(0.0));
+    load.payload_bytes = c.payload;
+    load.connect_concurrency = c.connect_concurrency.max(1);
+    load.spin = Duration::from_micros(c.spin_us);
+    load.progress = c.duration >= 3.0;
+    BenchConfig {
+        label: c.label.clone().unwrap_or_else(|| scenario.to_string()),
+        target,
+        pid: c.pid,
+        load,
+        floor: Duration::from_millis(c.floor_ms),
+        out: c.out.clone(),
+        set_tokens: !c.no_tokens,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (common, scenario) = match cli.cmd {
+        Cmd::Plot {
+            files,
+            output,
+            metric,
+            title,
+            names,
+        } => {
+            let mut curves = Vec::new();
+            for (i, f) in files.iter().enumerate() {
+                match perf::plot::read_curve(f, &metric) {
+                    Ok(mut c) => {
+                        if let Some(n) = names.get(i) {
+                            c.name = n.clone();
+                        }
+                        curves.push(c)
+                    }
+                    Err(e) => {
+                        eprintln!("imbench plot: {}: {e}", f.display());
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+            if let Err(e) = std::fs::write(&output, perf::plot::svg(&curves, &title)) {
+                eprintln!("imbench plot: {}: {e}", output.display());
+                return ExitCode::FAILURE;
+            }
+            println!("wrote {}", output.display());
+            return ExitCode::SUCCESS;
+        }
+        Cmd::Floor(c) => (c, Scenario::Floor),
+        Cmd::Person {
+            common,
+            pairs,
+            rate,
+        } => (common, Scenario::Person { pairs, rate }),
+        Cmd::Group {
+            common,
+            members,
+            online,
+            groups,
+            rate,
+        } => (
+            common,
+            Scenario::Group {
+                members,
+                online_share: online,
+                groups,
+                rate,
+            },
+        ),
+        Cmd::Storm {
+            common,
+            clients,
+            concurrency,
+        } => (
+            common,
+            Scenario::Storm {
+                clients,
+                concurrency,
+            },
+        ),
+        Cmd::Mixed {
+            common,
+            pairs,
+            person_rate,
+            members,
+            online,
+            group_rate,
+        } => (
+            common,
+            Scenario::Mixed {
+                pairs,
+                person_rate,
+                members,
+                online_share: online,
+                group_rate,
+            },
+        ),
+    };
+    let cfg = config(&common, scenario.name());
+    match perf::run_scenario(&cfg, &scenario) {
+        Ok((summary, _)) => {
+            print!("{}", perf::report::table(&summary));
+            if let Some(dir) = &cfg.out {
+                println!(
+                    "wrote {}/{}.json and .hgrm files",
+                    dir.display(),
+                    summary.label
+                );
+            }
+            if summary.clean() || matches!(scenario, Scenario::Floor) {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("imbench: accounting not clean (errors or missing RECVs), see above");
+                ExitCode::from(2)
+            }
+        }
+        Err(e) => {
+            eprintln!("imbench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! Results: percentile summaries, the JSON summary, HdrHistogram percentile-distribution
+//! (`.hgrm`) files and the terminal table. All latencies are reported in microseconds.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Percentiles of one histogram, in microseconds.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Pcts {
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub p9999_us: f64,
+    pub max_us: f64,
+}
+
+impl Pcts {
+    /// The percentiles of `h` (values in ns).
+    pub fn of(h: &Histogram<u64>) -> Pcts {
+        let us = |v: u64| v as f64 / 1000.0;
+        if h.is_empty() {
+            return Pcts::default();
+        }
+        Pcts {
+            count: h.len(),
+            mean_us: h.mean() / 1000.0,
+            p50_us: us(h.value_at_quantile(0.50)),
+            p90_us: us(h.value_at_quantile(0.90)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
+            p9999_us: us(h.value_at_quantile(0.9999)),
+            max_us: us(h.max()),
+        }
+    }
+}
+
+/// `(percentile 0..100, value µs)` points of the "latency by percentile" curve.
+pub fn curve(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    let mut pts: Vec<(f64, f64)> = h
+        .iter_quantiles(5)
+        .map(|v| {
+            (
+                v.quantile_iterated_to() * 100.0,
+                h.highest_equivalent(v.value_iterated_to()) as f64 / 1000.0,
+            )
+        })
+        .collect();
+    pts.dedup_by(|a, b| a.0 == b.0);
+    pts
+}
+
+/// Writes `h` as an HdrHistogram percentile distribution (values in µs), the format
+/// of `outputPercentileDistribution` that HdrHistogram's plotter reads.
+pub fn write_hgrm(h: &Histogram<u64>, path: &Path) -> io::Result<()> {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:>12} {:>14} {:>10} {:>14}\n",
+        "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
+    );
+    if !h.is_empty() {
+        for v in h.iter_quantiles(5) {
+            let q = v.quantile_iterated_to();
+            let inv = if q < 1.0 {
+                format!("{:>14.2}", 1.0 / (1.0 - q))
+            } else {
+                format!("{:>14}", "inf")
+            };
+            let _ = writeln!(
+                s,
+                "{:>12.3} {:>2.12} {:>10} {}",
+                h.highest_equivalent(v.value_iterated_to()) as f64 / 1000.0,
+                q,
+                v.count_since_last_iteration(),
+                inv
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "#[Mean    = {:>12.3}, StdDeviation   = {:>12.3}]",
+        h.mean() / 1000.0,
+        h.stdev() / 1000.0
+    );
+    let _ = writeln!(
+        s,
+        "#[Max     = {:>12.3}, Total count    = {:>12}]",
+        h.max() as f64 / 1000.0,
+        h.len()
+    );
+    let _ = writeln!(
+        s,
+        "#[Buckets = {:>12}, SubBuckets     = {:>12}]",
+        h.buckets(),
+        h.distinct_values()
+    );
+    std::fs::write(path, s)
+}
+
+/// Figures of one traffic class.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct ClassSummary {
+    pub class: String,
+    pub rate_per_s: f64,
+    pub sent: u64,
+    pub expected_recvs: u64,
+    pub delivered_recvs: u64,
+    pub missing_recvs: u64,
+    pub extra_recvs: u64,
+    pub delivered_per_s: f64,
+    pub sendack: Pcts,
+    pub recv: Pcts,
+}
+
+/// One stage histogram of the node: bucket upper bounds holding p50/p90/p99.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct StageSummary {
+    pub name: String,
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_le_us: f64,
+    pub p90_le_us: f64,
+    pub p99_le_us: f64,
+}
+
+/// Server resource use (from `--pid`, or the embedded node's threads).
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct ServerUse {
+    /// `pid N`, or `embedded` (shard threads only; RSS is the whole process).
+    pub source: String,
+    pub cpu_s_send_phase: Option<f64>,
+    pub cpu_share_send_phase: Option<f64>,
+    pub rss_bytes_before_connect: Option<u64>,
+    pub rss_bytes_connected: Option<u64>,
+    pub rss_bytes_per_connection: Option<f64>,
+}
+
+/// The JSON summary of one run.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Summary {
+    pub imbench_version: String,
+    pub label: String,
+    pub scenario: String,
+    pub unix_time_s: u64,
+    pub machine: String,
+    pub target: String,
+    pub transport: String,
+    pub encrypt: bool,
+    pub threads: usize,
+    pub duration_s: f64,
+    pub payload_bytes: usize,
+    pub floor_rtt: Option<Pcts>,
+    pub clients: usize,
+    pub connected: u64,
+    pub connect: Pcts,
+    /// How late the harness made its SENDs after their intended times.
+    pub send_lag: Pcts,
+    pub connect_phase_s: f64,
+    pub activations_per_s: f64,
+    pub classes: Vec<ClassSummary>,
+    pub send_phase_s: f64,
+    pub drained: bool,
+    pub errors_total: u64,
+    pub errors: serde_json::Value,
+    pub dup_flagged_recvs: u64,
+    pub harness_cpu_s_connect: f64,
+    pub harness_cpu_s_send_phase: f64,
+    pub harness_cpu_share_send_phase: f64,
+    pub server: ServerUse,
+    pub node_metrics_delta: Vec<(String, i64)>,
+    /// The node's own stage histograms over the run (from `/metrics`).
+    pub node_stages: Vec<StageSummary>,
+    /// Curve points `(percentile, µs)` by histogram name (`floor`, `connect`,
+    /// `<class>-recv`, `<class>-sendack`).
+    pub curves: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+impl Summary {
+    /// Whether the accounting is clean: every expected RECV arrived, no error.
+    pub fn clean(&self) -> bool {
+        self.errors_total == 0
+            && self
+                .classes
+                .iter()
+                .all(|c| c.missing_recvs == 0 && c.extra_recvs == 0)
+            && self.connected as usize == self.clients
+    }
+}
+
+fn row(name: &str, p: &Pcts) -> String {
+    format!(
+        "{:<16} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}\n",
+        name, p.count, p.p50_us, p.p90_us, p.p99_us, p.p999_us, p.p9999_us, p.max_us
+    )
+}
+
+/// The terminal table.
+pub fn table(s: &Summary) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "imbench {} [{}] target={} transport={} encrypt={} threads={} duration={:.1}s payload={}B",
+        s.scenario,
+        s.label,
+        s.target,
+        s.transport,
+        s.encrypt,
+        s.threads,
+        s.duration_s,
+        s.payload_bytes
+    );
+    let _ = writeln!(
+        t,
+        "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "latency (µs)", "count", "p50", "p90", "p99", "p99.9", "p99.99", "max"
+    );
+    if let Some(f) = &s.floor_rtt {
+        t.push_str(&row("floor (echo RTT)", f));
+    }
+    if s.connect.count > 0 {
+        t.push_str(&row("CONNECT→CONNACK", &s.connect));
+    }
+    for c in &s.classes {
+        t.push_str(&row(&format!("{} SENDACK", c.class), &c.sendack));
+        t.push_str(&row(&format!("{} RECV", c.class), &c.recv));
+    }
+    if s.send_lag.count > 0 {
+        t.push_str(&row("harness send lag", &s.send_lag));
+    }
+    if s.scenario == "floor" {
+        return t;
+    }
+    let _ = writeln!(
+        t,
+        "clients {}/{} connected in {:.3}s ({:.0} activations/s)",
+        s.connected, s.clients, s.connect_phase_s, s.activations_per_s
+    );
+    for c in &s.classes {
+        let _ = writeln!(
+            t,
+            "{}: rate {:.0}/s sent {} RECVs expected {} delivered {} missing {} extra {} → {:.0} RECV/s",
+            c.class, c.rate_per_s, c.sent, c.expected_recvs, c.delivered_recvs, c.missing_recvs,
+            c.extra_recvs, c.delivered_per_s
+        );
+    }
+    let _ = writeln!(
+        t,
+        "errors {} {}  dup-flagged {}  drained {}",
+        s.errors_total,
+        if s.errors_total > 0 {
+            s.errors.to_string()
+        } else {
+            String::new()
+        },
+        s.dup_flagged_recvs,
+        s.drained
+    );
+    let _ = writeln!(
+        t,
+        "harness CPU: {:.2}s connect, {:.2}s send phase ({:.0}% of one core)",
+        s.harness_cpu_s_connect,
+        s.harness_cpu_s_send_phase,
+        s.harness_cpu_share_send_phase * 100.0
+    );
+    for st in &s.node_stages {
+        let _ = writeln!(
+            t,
+            "node stage {}: {} observations, mean {:.1} µs, p50 ≤ {} µs, p90 ≤ {} µs, p99 ≤ {} µs (bucket bounds)",
+            st.name, st.count, st.mean_us, st.p50_le_us, st.p90_le_us, st.p99_le_us
+        );
+    }
+    let sv = &s.server;
+    let mut line = format!("server ({}):", sv.source);
+    if let (Some(c), Some(sh)) = (sv.cpu_s_send_phase, sv.cpu_share_send_phase) {
+        let _ = write!(
+            line,
+            " CPU {c:.2}s send phase ({:.0}% of one core)",
+            sh * 100.0
+        );
+    }
+    if let Some(r) = sv.rss_bytes_connected {
+        let _ = write!(line, " RSS {:.1} MiB connected", r as f64 / 1048576.0);
+    }
+    if let Some(p) = sv.rss_bytes_per_connection {
+        let _ = write!(line, ", {p:.0} B per connection");
+    }
+    t.push_str(&line);
+    t.push('\n');
+    t
+}
+
+/// Writes `<label>.json` and one `<label>-<name>.hgrm` per non-empty histogram.
+pub fn write_files(dir: &Path, s: &Summary, hists: &[(String, &Histogram<u64>)]) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let json = serde_json::to_string_pretty(s).map_err(io::Error::other)?;
+    std::fs::write(dir.join(format!("{}.json", s.label)), json)?;
+    for (name, h) in hists {
+        if !h.is_empty() {
+            write_hgrm(h, &dir.join(format!("{}-{name}.hgrm", s.label)))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_in_microseconds() {
+        let mut h = crate::load::new_hist();
+        for v in 1..=1000u64 {
+            h.record(v * 1000).unwrap();
+        }
+        let p = Pcts::of(&h);
+        assert_eq!(p.count, 1000);
+        assert!((p.p50_us - 500.0).abs() < 1.0, "{p:?}");
+        assert!((p.max_us - 1000.0).abs() < 1.0, "{p:?}");
+        let c = curve(&h);
+        assert!(c.first().unwrap().0 < 1.0 && c.last().unwrap().0 == 100.0);
+    }
+
+    #[test]
+    fn hgrm_round_trips_through_the_plot_reader() {
+        let mut h = crate::load::new_hist();
+        for v in 1..=100u64 {
+            h.record(v * 10_000).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.hgrm");
+        write_hgrm(&h, &p).unwrap();
+        let pts = crate::plot::read_hgrm(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert!(!pts.is_empty());
+        let last = pts.last().unwrap();
+        assert!((last.1 - 1000.0).abs() < 2.0, "{last:?}");
+    }
+}

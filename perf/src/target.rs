@@ -1,0 +1,413 @@
+//! The node(s) a run drives: an in-process node (`--embedded`) or external nodes by
+//! address, and the control path (tokens, group subscribers, metrics) through the HTTP
+//! API — over HTTP with a tiny blocking keep-alive client, or in-process through
+//! [`engine::http::Api`] for the embedded node.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use engine::node::{Node, NodeConfig};
+
+use crate::conn::Transport;
+
+/// Largest HTTP response body the control client reads.
+pub const HTTP_BODY_MAX_BYTES: usize = 16 << 20;
+/// Bounds every control request's reads and writes.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Subscribers per `/channel/subscriber_add` request.
+pub const SUBSCRIBERS_PER_REQUEST_MAX: usize = 1_000;
+
+/// The client-facing addresses of one node.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct NodeAddrs {
+    pub tcp: Option<SocketAddr>,
+    pub ws: Option<SocketAddr>,
+    pub api: Option<SocketAddr>,
+}
+
+impl NodeAddrs {
+    /// The address clients connect to over `transport`.
+    pub fn client_addr(&self, transport: Transport) -> io::Result<SocketAddr> {
+        match transport {
+            Transport::Tcp => self.tcp,
+            Transport::Ws => self.ws,
+        }
+        .ok_or_else(|| io::Error::other(format!("node has no {transport:?} address")))
+    }
+}
+
+/// A tiny blocking HTTP/1.1 client (keep-alive, Content-Length bodies) for the API.
+pub struct HttpClient {
+    addr: SocketAddr,
+    bearer: Option<String>,
+    conn: Mutex<Option<BufReader<TcpStream>>>,
+}
+
+impl HttpClient {
+    pub fn new(addr: SocketAddr, bearer: Option<String>) -> HttpClient {
+        HttpClient {
+            addr,
+            bearer,
+            conn: Mutex::new(None),
+        }
+    }
+
+    /// One request; reuses the connection, reconnecting once if it went stale.
+    pub fn request(&self, method: &str, path: &str, body: &str) -> io::Result<(u16, String)> {
+        let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        for attempt in 0..2 {
+            if guard.is_none() {
+                let s = TcpStream::connect_timeout(&self.addr, HTTP_TIMEOUT)?;
+                s.set_read_timeout(Some(HTTP_TIMEOUT))?;
+                s.set_write_timeout(Some(HTTP_TIMEOUT))?;
+                s.set_nodelay(true)?;
+                *guard = Some(BufReader::new(s));
+            }
+            let Some(r) = guard.as_mut() else { continue };
+            match self.exchange(r, method, path, body) {
+                Ok((status, text, keep)) => {
+                    if !keep {
+                        *guard = None;
+                    }
+                    return Ok((status, text));
+                }
+                Err(e) => {
+                    *guard = None;
+                    if attempt == 1 {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Err(io::Error::other("unreachable: request loop"))
+    }
+
+    fn exchange(
+        &self,
+        r: &mut BufReader<TcpStream>,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> io::Result<(u16, String, bool)> {
+        let auth = self
+            .bearer
+            .as_ref()
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        r.get_mut().write_all(req.as_bytes())?;
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("bad HTTP status line {line:?}")))?;
+        let mut len: Option<usize> = None;
+        let mut keep = true;
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                return Err(io::Error::other("HTTP response ended in its headers"));
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                let k = k.trim().to_ascii_lowercase();
+                let v = v.trim();
+                if k == "content-length" {
+                    len = v.parse().ok();
+                } else if k == "connection" && v.eq_ignore_ascii_case("close") {
+                    keep = false;
+                }
+            }
+        }
+        let mut bytes = Vec::new();
+        match len {
+            Some(n) if n <= HTTP_BODY_MAX_BYTES => {
+                bytes.resize(n, 0);
+                r.read_exact(&mut bytes)?;
+            }
+            Some(n) => return Err(io::Error::other(format!("HTTP body of {n} bytes"))),
+            None => {
+                r.take(HTTP_BODY_MAX_BYTES as u64).read_to_end(&mut bytes)?;
+                keep = false;
+            }
+        }
+        Ok((status, String::from_utf8_lossy(&bytes).into_owned(), keep))
+    }
+}
+
+/// The control path of a run.
+pub enum Control {
+    /// The embedded node's API, called in-process.
+    Embedded(engine::http::Api),
+    Http(HttpClient),
+}
+
+impl Control {
+    /// One API call; `Err` for transport failures, `Ok((status, body))` otherwise.
+    pub fn call(&self, method: &str, path: &str, body: &str) -> io::Result<(u16, String)> {
+        match self {
+            Control::Embedded(api) => {
+                let r = api.handle(method, path, None, body.as_bytes());
+                Ok((r.status, r.body))
+            }
+            Control::Http(c) => c.request(method, path, body),
+        }
+    }
+
+    fn ok(&self, path: &str, body: &str) -> io::Result<()> {
+        let (status, text) = self.call("POST", path, body)?;
+        if status != 200 {
+            return Err(io::Error::other(format!("{path}: HTTP {status}: {text}")));
+        }
+        Ok(())
+    }
+
+    /// Stores `token_of(uid)` for each uid (device flag 0, Master).
+    pub fn set_tokens(&self, uids: &[String], token_of: impl Fn(&str) -> String) -> io::Result<()> {
+        for uid in uids {
+            let body = serde_json::json!({"uid": uid, "token": token_of(uid), "device_flag": 0, "device_level": 1});
+            self.ok("/user/token", &body.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Makes `members` the subscribers of group `channel_id` (replacing any).
+    pub fn set_group(&self, channel_id: &str, members: &[String]) -> io::Result<()> {
+        for (i, chunk) in members.chunks(SUBSCRIBERS_PER_REQUEST_MAX).enumerate() {
+            let body = serde_json::json!({"channel_id": channel_id, "channel_type": 2,
+                "reset": u8::from(i == 0), "subscribers": chunk});
+            self.ok("/channel/subscriber_add", &body.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The node's `/metrics` text, empty if unavailable.
+    pub fn metrics_text(&self) -> String {
+        match self.call("GET", "/metrics", "") {
+            Ok((200, text)) => text,
+            _ => String::new(),
+        }
+    }
+
+    /// The node's counters from `/metrics` (totals only), empty if unavailable.
+    pub fn metrics(&self) -> Vec<(String, u64)> {
+        Self::counters(&self.metrics_text())
+    }
+
+    /// Unlabelled integer samples of a `/metrics` text (the totals).
+    pub fn counters(text: &str) -> Vec<(String, u64)> {
+        text.lines()
+            .filter(|l| l.starts_with("imrouter_") && !l.contains('{') && !l.contains("_seconds_"))
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((
+                    k.trim_start_matches("imrouter_").to_string(),
+                    v.trim().parse().ok()?,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// One Prometheus histogram of the node (`imrouter_<name>_seconds`): cumulative
+/// buckets `(upper bound s, count)`, sum and count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PromHist {
+    pub name: String,
+    pub buckets: Vec<(f64, u64)>,
+    pub sum_s: f64,
+    pub count: u64,
+}
+
+impl PromHist {
+    /// Every unlabelled-but-`le` `imrouter_*_seconds` histogram in a `/metrics` text.
+    pub fn parse_all(text: &str) -> Vec<PromHist> {
+        let mut out: Vec<PromHist> = Vec::new();
+        fn entry<'a>(out: &'a mut Vec<PromHist>, name: &str) -> &'a mut PromHist {
+            if let Some(i) = out.iter().position(|h| h.name == name) {
+                return &mut out[i];
+            }
+            out.push(PromHist {
+                name: name.into(),
+                ..PromHist::default()
+            });
+            let last = out.len() - 1;
+            &mut out[last]
+        }
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("imrouter_") else {
+                continue;
+            };
+            let Some((key, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            if let Some((name, le)) = key.split_once("_seconds_bucket{le=\"") {
+                let le = le.trim_end_matches("\"}");
+                let bound = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    match le.parse() {
+                        Ok(b) => b,
+                        Err(_) => continue,
+                    }
+                };
+                if let Ok(v) = value.parse() {
+                    entry(&mut out, name).buckets.push((bound, v));
+                }
+            } else if let Some(name) = key.strip_suffix("_seconds_sum") {
+                entry(&mut out, name).sum_s = value.parse().unwrap_or(0.0);
+            } else if let Some(name) = key.strip_suffix("_seconds_count") {
+                entry(&mut out, name).count = value.parse().unwrap_or(0);
+            }
+        }
+        out
+    }
+
+    /// `self - before` (the observations made in between).
+    pub fn minus(&self, before: Option<&PromHist>) -> PromHist {
+        let Some(b) = before else {
+            return self.clone();
+        };
+        PromHist {
+            name: self.name.clone(),
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, c)| {
+                    let old = b.buckets.iter().find(|(l, _)| l == le).map_or(0, |x| x.1);
+                    (*le, c.saturating_sub(old))
+                })
+                .collect(),
+            sum_s: self.sum_s - b.sum_s,
+            count: self.count.saturating_sub(b.count),
+        }
+    }
+
+    /// Upper bound (µs) of the bucket holding quantile `q` (infinite past the last).
+    pub fn quantile_bound_us(&self, q: f64) -> f64 {
+        let want = (q * self.count as f64).ceil() as u64;
+        self.buckets
+            .iter()
+            .find(|(_, c)| *c >= want.max(1))
+            .map_or(f64::INFINITY, |(le, _)| (le * 1e9).round() / 1e3)
+    }
+}
+
+/// What a run drives.
+pub struct Target {
+    pub nodes: Vec<NodeAddrs>,
+    pub control: Control,
+    /// The in-process node (and its data directory), if embedded.
+    pub embedded: Option<(Node, tempfile::TempDir)>,
+}
+
+impl Target {
+    /// Starts an in-process node on loopback port 0 with `shards` shards (0: one per
+    /// core), its data in a fresh temporary directory.
+    /// `fsync` is the log's sync policy (the `imrouter` binary's default is `Always`).
+    pub fn embedded(shards: u16, fsync: engine::store::FsyncPolicy) -> io::Result<Target> {
+        let dir = tempfile::Builder::new().prefix("imbench-node-").tempdir()?;
+        let mut c = NodeConfig {
+            data_dir: dir.path().to_path_buf(),
+            tcp_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ws_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..NodeConfig::default()
+        };
+        c.api.addr = None;
+        c.log.fsync = fsync;
+        if shards > 0 {
+            c.runtime.shard_count = shards;
+        }
+        let node = Node::start(c)?;
+        let addrs = NodeAddrs {
+            tcp: node.tcp_addr(),
+            ws: node.ws_addr(),
+            api: None,
+        };
+        let control = Control::Embedded(node.api());
+        Ok(Target {
+            nodes: vec![addrs],
+            control,
+            embedded: Some((node, dir)),
+        })
+    }
+
+    /// External nodes: comma-separated lists of the same length (or empty); the
+    /// control path uses the first API address.
+    pub fn external(
+        tcp: &[SocketAddr],
+        ws: &[SocketAddr],
+        api: &[SocketAddr],
+        bearer: Option<String>,
+    ) -> io::Result<Target> {
+        let n = tcp.len().max(ws.len()).max(api.len());
+        if n == 0 {
+            return Err(io::Error::other("no node address given"));
+        }
+        let nodes = (0..n)
+            .map(|i| NodeAddrs {
+                tcp: tcp.get(i).copied(),
+                ws: ws.get(i).copied(),
+                api: api.get(i).copied(),
+            })
+            .collect();
+        let api0 = api
+            .first()
+            .copied()
+            .ok_or_else(|| io::Error::other("--api is required with an external node"))?;
+        Ok(Target {
+            nodes,
+            control: Control::Http(HttpClient::new(api0, bearer)),
+            embedded: None,
+        })
+    }
+
+    /// Stops the embedded node (if any) and removes its data.
+    pub fn shutdown(self) -> io::Result<()> {
+        if let Some((node, dir)) = self.embedded {
+            node.shutdown()?;
+            drop(dir);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# TYPE imrouter_recv_latency_seconds histogram\n\
+        imrouter_recv_latency_seconds_bucket{le=\"0.00001\"} 5\n\
+        imrouter_recv_latency_seconds_bucket{le=\"0.0001\"} 90\n\
+        imrouter_recv_latency_seconds_bucket{le=\"+Inf\"} 100\n\
+        imrouter_recv_latency_seconds_sum 0.004\n\
+        imrouter_recv_latency_seconds_count 100\n\
+        imrouter_recvs 100\n\
+        imrouter_shard_recvs{shard=\"0\"} 60\n";
+
+    #[test]
+    fn parses_stage_histograms_and_counters() {
+        let h = PromHist::parse_all(TEXT);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].name, "recv_latency");
+        assert_eq!(h[0].count, 100);
+        assert_eq!(h[0].buckets.len(), 3);
+        assert_eq!(h[0].quantile_bound_us(0.5), 100.0);
+        assert!(h[0].quantile_bound_us(0.99).is_infinite());
+        let d = h[0].minus(Some(&h[0]));
+        assert_eq!(d.count, 0);
+        assert_eq!(Control::counters(TEXT), vec![("recvs".to_string(), 100)]);
+    }
+}
