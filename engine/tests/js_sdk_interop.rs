@@ -122,7 +122,7 @@ fn start_node(dir: &std::path::Path) -> Node {
     c.log.segment_bytes = 4 << 20;
     let node = Node::start(c).unwrap();
     let api = node.api();
-    for uid in ["u1", "u2", "u3"] {
+    for uid in ["u1", "u2", "u3", "u4"] {
         let body =
             json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": 1});
         assert_eq!(
@@ -131,7 +131,8 @@ fn start_node(dir: &std::path::Path) -> Node {
             200
         );
     }
-    let body = json!({"channel_id": "g1", "channel_type": 2, "subscribers": ["u1", "u2", "u3"]});
+    let body =
+        json!({"channel_id": "g1", "channel_type": 2, "subscribers": ["u1", "u2", "u3", "u4"]});
     assert_eq!(
         api.handle(
             "POST",
@@ -152,7 +153,8 @@ fn js_sdk_person_group_and_kick() {
     let mut a = SdkClient::start(&node, "u1");
     let mut b = SdkClient::start(&node, "u2");
     let c = SdkClient::start(&node, "u3");
-    for client in [&a, &b, &c] {
+    let d = SdkClient::start(&node, "u4");
+    for client in [&a, &b, &c, &d] {
         client.connected();
     }
 
@@ -171,9 +173,9 @@ fn js_sdk_person_group_and_kick() {
     let m = a.message("hello u1");
     assert_eq!(m["channel_id"], "u2");
 
-    // A group message reaches the other two members.
+    // A group message reaches the three other members.
     a.send("g1", 2, "hello group");
-    for client in [&b, &c] {
+    for client in [&b, &c, &d] {
         let m = client.message("hello group");
         assert_eq!(
             (
@@ -193,6 +195,6 @@ fn js_sdk_person_group_and_kick() {
     });
     b.send("u1", 1, "after the kick");
     second.message("after the kick");
-    drop((a, b, c, second));
+    drop((a, b, c, d, second));
     node.shutdown().unwrap();
 }

@@ -292,3 +292,118 @@ on_both_drivers!(
     garbage_on_one_connection_leaves_the_others_working,
     restart_then_messagesync_returns_every_acknowledged_message,
 );
+
+/// CONNECT with an empty client key: CONNACK 21 and close.
+fn empty_client_key_gets_connack_21(backend: Backend) {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
+    set_token(&node, "u1", 1, 1);
+    let connect = net::wkproto::ConnectPacket {
+        version: 6,
+        device_flag: net::wkproto::DeviceFlag(1),
+        device_id: "d",
+        uid: "u1",
+        token: "tok-u1",
+        client_key: "",
+        ..Default::default()
+    };
+    let mut frame = Vec::new();
+    connect.encode(0, &mut frame).unwrap();
+    let mut s = std::net::TcpStream::connect(node.tcp_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+    s.write_all(&frame).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    match net::wkproto::decode(&got, 6, net::wkproto::MAX_FRAME_BYTES).unwrap() {
+        Some((net::wkproto::Frame::Connack(c), _)) => assert_eq!(c.reason_code.0, 21),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    node.shutdown().unwrap();
+}
+
+/// An unexpected packet type from a client (here a CONNACK) gets DISCONNECT with a
+/// reason, then the connection closes.
+fn unexpected_packet_gets_disconnect(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
+    set_token(&node, "u1", 1, 1);
+    let mut a = login(&node, "u1");
+    let connack = net::wkproto::ConnackPacket {
+        server_version: Some(6),
+        ..Default::default()
+    };
+    let mut frame = Vec::new();
+    connack.encode(6, &mut frame).unwrap();
+    a.send_raw(&frame).unwrap();
+    let seen = a.wait_closed().unwrap();
+    assert!(
+        matches!(seen.first(), Some(Received::Disconnect { reason: 20, .. })),
+        "{seen:?}"
+    );
+    node.shutdown().unwrap();
+}
+
+/// A NoPersist message is delivered to online recipients and never stored.
+fn no_persist_is_delivered_not_stored(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
+    set_token(&node, "u2", 1, 1);
+    let mut b = login(&node, "u2");
+    let (status, body) = api(
+        &node,
+        "/message/send",
+        json!({"from_uid": "u1", "channel_id": "u2", "channel_type": 1, "payload": "aGk=", "header": {"no_persist": 1}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["message_seq"], 0, "not stored: no sequence");
+    let m = next_recv(&mut b);
+    assert_eq!((m.payload.as_slice(), m.message_seq), (&b"hi"[..], 0));
+    let (_, body) = api(
+        &node,
+        "/channel/messagesync",
+        json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1, "limit": 10, "pull_mode": 1}),
+    );
+    assert_eq!(body["messages"].as_array().unwrap().len(), 0);
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(
+    empty_client_key_gets_connack_21,
+    unexpected_packet_gets_disconnect,
+    no_persist_is_delivered_not_stored,
+);
+
+#[test]
+fn the_api_requires_its_bearer_token_except_on_health_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), Backend::Mio);
+    c.api.bearer_token = Some("s3cret".into());
+    let node = Node::start(c).unwrap();
+    let api = node.api();
+    let body = json!({"uid": "u1", "token": "t", "device_flag": 1, "device_level": 1}).to_string();
+    assert_eq!(
+        api.handle("POST", "/user/token", None, body.as_bytes())
+            .status,
+        401
+    );
+    assert_eq!(
+        api.handle("POST", "/user/token", Some("Bearer wrong"), body.as_bytes())
+            .status,
+        401
+    );
+    assert_eq!(
+        api.handle(
+            "POST",
+            "/user/token",
+            Some("Bearer s3cret"),
+            body.as_bytes()
+        )
+        .status,
+        200
+    );
+    assert_eq!(api.handle("GET", "/healthz", None, b"").status, 200);
+    assert_eq!(api.handle("GET", "/readyz", None, b"").status, 200);
+    assert_eq!(api.handle("GET", "/metrics", None, b"").status, 401);
+    node.shutdown().unwrap();
+}

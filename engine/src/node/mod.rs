@@ -311,6 +311,24 @@ impl Node {
             Ok((shard, driver))
         })?;
         let handle = runtime.handle();
+        // Serve only once every shard runs its loop (readiness; a shard whose factory
+        // failed never starts, so the wait is bounded).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !shared.all_shards_started() {
+            if std::time::Instant::now() > deadline {
+                handle.stop();
+                let errors: Vec<String> = runtime
+                    .join()
+                    .into_iter()
+                    .filter_map(|r| r.err().map(|e| e.to_string()))
+                    .collect();
+                return Err(io::Error::other(format!(
+                    "shards did not start: {}",
+                    errors.join("; ")
+                )));
+            }
+            std::thread::yield_now();
+        }
         let injectors: Vec<Injector<Msg>> = (0..shards)
             .map(|i| runtime.injector(i as ShardId))
             .collect();
