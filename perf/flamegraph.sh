@@ -29,8 +29,19 @@ FREQ=${FREQ:-999}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 BIN=$CARGO_TARGET_DIR/release
 
-command -v perf >/dev/null || { echo "flamegraph.sh: perf not found (apt-get install linux-perf)" >&2; exit 1; }
-command -v inferno-collapse-perf >/dev/null || { echo "flamegraph.sh: inferno not found (cargo install inferno)" >&2; exit 1; }
+# Install what is missing (Debian's linux-perf, inferno from crates.io), so one
+# command is enough on a fresh machine.
+if ! command -v perf >/dev/null; then
+  echo "flamegraph.sh: installing linux-perf" >&2
+  { apt-get update -qq && apt-get install -y -qq linux-perf >/dev/null; } ||
+    { echo "flamegraph.sh: perf not found (apt-get install linux-perf)" >&2; exit 1; }
+fi
+if ! command -v inferno-collapse-perf >/dev/null; then
+  echo "flamegraph.sh: installing inferno" >&2
+  cargo install --locked inferno >/dev/null ||
+    { echo "flamegraph.sh: inferno not found (cargo install inferno)" >&2; exit 1; }
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
 
 cargo build --release -p perf --bin imbench
 if [[ $MODE != embedded ]] && ! cargo build --release -p engine --bin imrouter; then

@@ -1137,6 +1137,10 @@ impl Shard for NodeShard {
             self.shutdown(cx, driver);
         }
         super::send::flush_commits(self, cx, driver);
+        // A graceful stop makes everything appended durable, whatever the fsync policy.
+        if let Err(err) = self.delivery.log.sync(self.shared.wall_ms()) {
+            tracing::error!(%err, shard = self.me, "final log sync failed");
+        }
         // Flush queued output (DISCONNECTs) before the sockets go.
         let _ =
             shard::runtime::Driver::poll(driver, Some(std::time::Duration::ZERO), &mut Vec::new());
