@@ -45,6 +45,8 @@ pub enum NodeTimer {
     Expiry,
     /// An unacknowledged RECV's ack timeout.
     Ack { conn: ConnId, message_id: i64 },
+    /// The interval fsync policy's sync of the log.
+    LogSync,
 }
 
 /// Where a connection is in its life.
@@ -283,7 +285,7 @@ impl NodeShard {
                 if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
                     self.registry.mark_touched(handle, cx.now_ms() / 1000);
                 }
-                let _ = driver.send(id, &[0x80]);
+                let _ = driver.send(id, &[wkproto::PONG_BYTE]);
                 FrameOutcome::Continue
             }
             (Frame::Send(p), Some(ConnState::Active)) => {
@@ -993,6 +995,9 @@ impl Shard for NodeShard {
             NodeTimer::TouchFlush,
         );
         let _ = cx.set_timer(cx.now_ms() + s.expiry_interval_ms, NodeTimer::Expiry);
+        if let crate::store::FsyncPolicy::IntervalMs(ms) = self.delivery.log.config().fsync {
+            let _ = cx.set_timer(cx.now_ms() + ms.max(1), NodeTimer::LogSync);
+        }
         self.shared.shard_started();
     }
 
@@ -1105,6 +1110,13 @@ impl Shard for NodeShard {
                 self.metrics.expiries.add(expired as u64);
                 self.publish_gauges(cx);
                 let _ = cx.set_timer(cx.now_ms() + s.expiry_interval_ms, NodeTimer::Expiry);
+            }
+            NodeTimer::LogSync => {
+                super::send::on_log_sync_timer(self);
+                if let crate::store::FsyncPolicy::IntervalMs(ms) = self.delivery.log.config().fsync
+                {
+                    let _ = cx.set_timer(cx.now_ms() + ms.max(1), NodeTimer::LogSync);
+                }
             }
             NodeTimer::Ack { conn, message_id } => {
                 super::send::on_ack_timeout(self, cx, driver, conn, message_id)
