@@ -390,6 +390,7 @@ impl Api {
             expire_s: 0,
             topic: String::new(),
             payload,
+            decoded_ns: self.shared.mono_ns(),
         };
         self.injectors[shard as usize]
             .send(Msg::Commit(Box::new(request)))
@@ -495,33 +496,37 @@ impl Api {
                 text.push_str(&format!("imrouter_shard_{name}{{shard=\"{shard}\"}} {v}\n"));
             }
         }
-        // Commit → RECV queued on the socket, all shards together.
-        let buckets = crate::node::metrics::RECV_LATENCY_BUCKETS_US;
-        let mut counts = vec![0u64; buckets.len() + 1];
-        let (mut sum, mut count) = (0u64, 0u64);
-        for h in &self.shared.recv_latency {
-            for (i, c) in h.buckets.iter().enumerate() {
-                counts[i] += c.get();
+        // The message path's stage latencies, all shards together.
+        let buckets = crate::node::metrics::LATENCY_BUCKETS_NS;
+        let names = self.shared.stages[0].named().map(|(name, _)| name);
+        for (k, name) in names.iter().enumerate() {
+            let mut counts = vec![0u64; buckets.len() + 1];
+            let (mut sum_ns, mut count) = (0u64, 0u64);
+            for stages in &self.shared.stages {
+                let h = stages.named()[k].1;
+                for (i, c) in h.buckets.iter().enumerate() {
+                    counts[i] += c.get();
+                }
+                sum_ns += h.sum_ns.get();
+                count += h.count.get();
             }
-            sum += h.sum_us.get();
-            count += h.count.get();
-        }
-        text.push_str("# TYPE imrouter_recv_latency_seconds histogram\n");
-        let mut cumulative = 0;
-        for (i, n) in counts.iter().enumerate() {
-            cumulative += n;
-            let le = buckets
-                .get(i)
-                .map_or("+Inf".to_string(), |us| format!("{}", *us as f64 / 1e6));
+            text.push_str(&format!("# TYPE imrouter_{name}_seconds histogram\n"));
+            let mut cumulative = 0;
+            for (i, n) in counts.iter().enumerate() {
+                cumulative += n;
+                let le = buckets
+                    .get(i)
+                    .map_or("+Inf".to_string(), |ns| format!("{}", *ns as f64 / 1e9));
+                text.push_str(&format!(
+                    "imrouter_{name}_seconds_bucket{{le=\"{le}\"}} {cumulative}\n"
+                ));
+            }
             text.push_str(&format!(
-                "imrouter_recv_latency_seconds_bucket{{le=\"{le}\"}} {cumulative}\n"
+                "imrouter_{name}_seconds_sum {}\n",
+                sum_ns as f64 / 1e9
             ));
+            text.push_str(&format!("imrouter_{name}_seconds_count {count}\n"));
         }
-        text.push_str(&format!(
-            "imrouter_recv_latency_seconds_sum {}\n",
-            sum as f64 / 1e6
-        ));
-        text.push_str(&format!("imrouter_recv_latency_seconds_count {count}\n"));
         text.push_str("# TYPE imrouter_routes gauge\n");
         for (slot, n) in self.shared.routes_per_slot.iter().enumerate() {
             let n = n.load(std::sync::atomic::Ordering::Relaxed);

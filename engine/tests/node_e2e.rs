@@ -114,6 +114,10 @@ fn person_and_group(backend: Backend, transport: Transport) {
             (m.channel_id.as_str(), m.channel_type, m.payload.as_slice()),
             ("g1", 2, &b"to the group"[..])
         );
+        // A PONG after the RECV: the owner shard has finished the turn that wrote
+        // it (its socket-write stage is recorded).
+        client.ping().unwrap();
+        assert_eq!(client.read().unwrap(), Received::Pong);
     }
     // Not a subscriber: SENDACK 3; unknown group: 5; the connection stays.
     set_token(&node, "u4", 1, 1);
@@ -162,6 +166,24 @@ fn person_and_group(backend: Backend, transport: Transport) {
     );
     assert_eq!(value("imrouter_recvs"), 4);
     assert_eq!(value("imrouter_sends"), 5);
+    // Stage histograms: 3 commits (two person messages, one group message), one
+    // lookup page each; 4 push batches (u2 and u3 may be on different shards, u1's
+    // person RECV and u2's are separate messages), each timed until its socket write.
+    let stage = |name: &str| value(&format!("imrouter_stage_{name}_seconds_count"));
+    assert_eq!(
+        [
+            stage("gateway_to_commit"),
+            stage("commit_to_durable"),
+            stage("route_lookup"),
+        ],
+        [3, 3, 3]
+    );
+    let push_batches = stage("push_hop");
+    assert!(
+        (3..=4).contains(&push_batches),
+        "{push_batches} push batches"
+    );
+    assert_eq!(stage("socket_write"), push_batches, "every batch written");
     assert!(metrics.contains("imrouter_ring_queued{from=\"0\",to=\"1\"}"));
     node.shutdown().unwrap();
 }

@@ -94,31 +94,111 @@ shard_metrics! {
     authority_stale_refusals,
 }
 
-/// Upper bounds (µs) of the RECV latency histogram buckets; the last bucket is +Inf.
-pub const RECV_LATENCY_BUCKETS_US: [u64; 12] = [
-    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000,
+/// Upper bounds (ns) of the latency histogram buckets; the last bucket is +Inf.
+/// From 0.5 µs (a route lookup, a ring hop on a busy shard) to 250 ms.
+pub const LATENCY_BUCKETS_NS: [u64; 17] = [
+    500,
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    200_000,
+    500_000,
+    1_000_000,
+    2_000_000,
+    5_000_000,
+    10_000_000,
+    20_000_000,
+    50_000_000,
+    250_000_000,
 ];
 
-/// Commit → RECV written (queued on the socket), per shard, Prometheus-style
-/// cumulative buckets are derived when exported.
+/// One latency histogram written by one shard; Prometheus-style cumulative buckets
+/// are derived when exported.
 #[derive(Debug, Default)]
 pub struct LatencyHistogram {
     /// `buckets[i]` counts observations in `(bound[i-1], bound[i]]`; the last is +Inf.
-    pub buckets: [Counter; RECV_LATENCY_BUCKETS_US.len() + 1],
-    pub sum_us: Counter,
+    pub buckets: [Counter; LATENCY_BUCKETS_NS.len() + 1],
+    pub sum_ns: Counter,
     pub count: Counter,
 }
 
 impl LatencyHistogram {
     /// Records one observation.
     #[inline]
-    pub fn observe_us(&self, us: u64) {
-        let i = RECV_LATENCY_BUCKETS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(RECV_LATENCY_BUCKETS_US.len());
+    pub fn observe_ns(&self, ns: u64) {
+        let i = LATENCY_BUCKETS_NS.partition_point(|&b| b < ns);
         self.buckets[i].inc();
-        self.sum_us.add(us);
+        self.sum_ns.add(ns);
         self.count.inc();
+    }
+}
+
+/// The stages of one message's path through the node (one set per shard, written by
+/// that shard only). Each message contributes to each stage at most once per push
+/// batch; timestamps are nanoseconds of the node's monotonic clock
+/// ([`super::NodeShared::mono_ns`]), read once per message or per batch.
+#[derive(Debug, Default)]
+pub struct StageHistograms {
+    /// SEND decoded on the gateway shard → appended to the delivery shard's log
+    /// (includes the ring hop between the two shards).
+    pub gateway_to_commit: LatencyHistogram,
+    /// Appended → durable and acknowledged: the turn's group commit (and its sync
+    /// when one is due).
+    pub commit_to_durable: LatencyHistogram,
+    /// Route lookup and push planning of one subscriber page.
+    pub route_lookup: LatencyHistogram,
+    /// Push planned on the delivery shard → received by the owner shard (ring hop,
+    /// zero when the owner is the delivery shard itself).
+    pub push_hop: LatencyHistogram,
+    /// RECVs queued by the owner shard → handed to the kernel (the next driver poll
+    /// submitted their sends), per push batch.
+    pub socket_write: LatencyHistogram,
+    /// Commit → RECV queued on the socket, per RECV (`imrouter_recv_latency_seconds`).
+    pub recv_latency: LatencyHistogram,
+}
+
+impl StageHistograms {
+    /// `(metric name, histogram)` in path order; exported as `imrouter_<name>_seconds`.
+    pub fn named(&self) -> [(&'static str, &LatencyHistogram); 6] {
+        [
+            ("stage_gateway_to_commit", &self.gateway_to_commit),
+            ("stage_commit_to_durable", &self.commit_to_durable),
+            ("stage_route_lookup", &self.route_lookup),
+            ("stage_push_hop", &self.push_hop),
+            ("stage_socket_write", &self.socket_write),
+            ("recv_latency", &self.recv_latency),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_land_in_the_bucket_of_their_upper_bound() {
+        let h = LatencyHistogram::default();
+        for ns in [
+            0,
+            500,
+            501,
+            1_000,
+            249_999_999,
+            250_000_000,
+            250_000_001,
+            u64::MAX / 2,
+        ] {
+            h.observe_ns(ns);
+        }
+        let counts: Vec<u64> = h.buckets.iter().map(Counter::get).collect();
+        assert_eq!(counts[0], 2, "0 and 500 ns are in (.., 0.5 µs]");
+        assert_eq!(counts[1], 2, "501 and 1000 ns are in (0.5, 1] µs");
+        assert_eq!(counts[LATENCY_BUCKETS_NS.len() - 1], 2);
+        assert_eq!(counts[LATENCY_BUCKETS_NS.len()], 2, "+Inf");
+        assert_eq!(h.count.get(), 8);
     }
 }

@@ -153,8 +153,10 @@ pub struct NodeShared {
     /// The newest view (the control path replaces it and sends it to every shard).
     view: std::sync::Mutex<Arc<ClusterView>>,
     pub shard_metrics: Vec<Arc<ShardMetrics>>,
-    /// Per shard: commit → RECV latency.
-    pub recv_latency: Vec<Arc<metrics::LatencyHistogram>>,
+    /// Per shard: the stage latencies of the message path (`/metrics`).
+    pub stages: Vec<Arc<metrics::StageHistograms>>,
+    /// The origin of [`NodeShared::mono_ns`].
+    epoch: std::time::Instant,
     /// Active routes per hash slot, refreshed by each slot's shard every expiry pass.
     pub routes_per_slot: Vec<AtomicU64>,
     /// `[from * shards + to]`: messages queued from shard `from` to shard `to`,
@@ -169,6 +171,13 @@ impl NodeShared {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    /// Monotonic nanoseconds since the node started, comparable across shards: the
+    /// timestamps of the stage histograms.
+    #[inline]
+    pub fn mono_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
     }
 
     fn shard_started(&self) {
@@ -284,9 +293,10 @@ impl Node {
             view: std::sync::Mutex::new(Arc::new(initial_view.clone())),
             initial_view,
             shard_metrics,
-            recv_latency: (0..shards)
-                .map(|_| Arc::new(metrics::LatencyHistogram::default()))
+            stages: (0..shards)
+                .map(|_| Arc::new(metrics::StageHistograms::default()))
                 .collect(),
+            epoch: std::time::Instant::now(),
             routes_per_slot: (0..::shard::slots::HASH_SLOTS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),

@@ -56,6 +56,8 @@ pub enum Msg {
     Push {
         message: Arc<Committed>,
         endpoints: Vec<Endpoint>,
+        /// When the delivery shard planned this batch ([`super::NodeShared::mono_ns`]).
+        planned_ns: u64,
     },
     /// Control (HTTP API) → every shard: close the sessions of `uid` with
     /// `device_flag` (`None`: every flag); answered on `done`.

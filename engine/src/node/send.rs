@@ -12,7 +12,6 @@
 //! 5. [`on_recvack`] / [`on_ack_timeout`] (owner shard): clear the ACK, or re-send
 //!    with DUP a bounded number of times, then drop it (the client recovers by sync).
 
-use std::collections::HashMap;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
@@ -79,12 +78,15 @@ pub struct CommitRequest {
     pub topic: String,
     /// The plaintext payload.
     pub payload: Vec<u8>,
+    /// When the gateway decoded the SEND ([`crate::node::NodeShared::mono_ns`]).
+    pub decoded_ns: u64,
 }
 
 /// A committed message, shared by every push batch of its fan-out.
 pub struct Committed {
-    /// When the commit was appended (monotonic): the start of the RECV latency.
-    pub committed_at: std::time::Instant,
+    /// When the commit was appended ([`crate::node::NodeShared::mono_ns`]): the start
+    /// of the RECV latency.
+    pub committed_ns: u64,
     pub message_id: i64,
     pub message_seq: u64,
     pub timestamp_s: u32,
@@ -154,20 +156,28 @@ impl DeliveryCore {
 /// One unacknowledged RECV.
 struct AckEntry {
     message: Arc<Committed>,
-    timer: TimerHandle,
+    /// When it is re-sent (shard clock, ms).
+    deadline_ms: u64,
     resends: u8,
 }
 
-/// Unacknowledged RECVs of one session (bounded by `pending_acks_per_session_max`).
+/// Unacknowledged RECVs of one session, oldest first (bounded by
+/// `pending_acks_per_session_max`), with one timer for the oldest deadline.
+///
+/// Every entry gets the same timeout when (re-)sent, so the queue is ordered by
+/// deadline. RECVACKs come back mostly in order, so a match is found at or near the
+/// front. One timer per session, not per RECV: it stays armed while RECVs flow and
+/// fires at most once per ack timeout.
 #[derive(Default)]
 pub struct PendingAcks {
-    entries: HashMap<i64, AckEntry>,
+    entries: std::collections::VecDeque<AckEntry>,
+    timer: Option<TimerHandle>,
 }
 
 impl PendingAcks {
-    /// The timers to cancel when the session goes.
-    pub fn timers(&self) -> impl Iterator<Item = TimerHandle> + '_ {
-        self.entries.values().map(|e| e.timer)
+    /// The timer to cancel when the session goes.
+    pub fn timer(&self) -> Option<TimerHandle> {
+        self.timer
     }
 }
 
@@ -181,6 +191,7 @@ pub fn on_send(
     id: ConnId,
     p: &SendPacket<'_>,
 ) {
+    let decoded_ns = node.shared.mono_ns();
     let Some(conn) = node.conn(id) else { return };
     let (uid, session_id) = (conn.uid.clone(), conn.session_id);
     let sendack = |node: &mut NodeShard, driver: &mut NetDriver, reason: u8| {
@@ -233,6 +244,7 @@ pub fn on_send(
         topic: p.topic.to_owned(),
         payload,
         channel,
+        decoded_ns,
     };
     let to = node
         .shared
@@ -336,8 +348,12 @@ pub fn on_commit(
         Origin::Client { sender, .. } => Some(*sender),
         Origin::Api { .. } => None,
     };
+    let committed_ns = node.shared.mono_ns();
+    node.stages
+        .gateway_to_commit
+        .observe_ns(committed_ns.saturating_sub(r.decoded_ns));
     let committed = Arc::new(Committed {
-        committed_at: std::time::Instant::now(),
+        committed_ns,
         message_id,
         message_seq,
         timestamp_s: now_s as u32,
@@ -435,7 +451,13 @@ pub fn flush_commits(
     }
     let batch = std::mem::take(&mut node.delivery.unsynced);
     let n = batch.len();
+    let durable_ns = node.shared.mono_ns();
     for u in batch {
+        if let Some(d) = &u.delivery {
+            node.stages
+                .commit_to_durable
+                .observe_ns(durable_ns.saturating_sub(d.message.committed_ns));
+        }
         answer(
             node,
             cx,
@@ -494,21 +516,29 @@ fn deliver(
     );
     let mut groups = std::mem::take(&mut node.delivery.groups);
     for page in recipients.chunks(page_max) {
+        let lookup_ns = node.shared.mono_ns();
         group_by_target(&node.view, page, &mut groups);
         let lookups: Vec<(crate::cluster::Target, &[Uid])> =
             groups.iter().map(|(t, u)| (*t, u.as_slice())).collect();
         let results = node.reader.endpoints_by_targets(&lookups);
         let plan = plan_pushes(local_node, results, sender, batch_max);
+        let planned_ns = node.shared.mono_ns();
+        node.stages
+            .route_lookup
+            .observe_ns(planned_ns.saturating_sub(lookup_ns));
         node.metrics.stale_lookups.add(plan.failed_groups as u64);
         for (to, endpoints) in plan.batches {
             match to {
-                PushTo::Shard(s) if s == node.me => on_push(node, cx, driver, message, &endpoints),
+                PushTo::Shard(s) if s == node.me => {
+                    on_push(node, cx, driver, message, &endpoints, planned_ns)
+                }
                 PushTo::Shard(s) => node.send_msg(
                     cx,
                     s,
                     Msg::Push {
                         message: message.clone(),
                         endpoints,
+                        planned_ns,
                     },
                 ),
                 PushTo::Node(n) => {
@@ -531,9 +561,15 @@ pub fn on_push(
     driver: &mut NetDriver,
     message: &Arc<Committed>,
     endpoints: &[Endpoint],
+    planned_ns: u64,
 ) {
-    // One clock read per batch for the commit → RECV histogram, not one per RECV.
-    let latency_us = message.committed_at.elapsed().as_micros() as u64;
+    // One clock read per batch for the stage histograms, not one per RECV.
+    let now_ns = node.shared.mono_ns();
+    node.stages
+        .push_hop
+        .observe_ns(now_ns.saturating_sub(planned_ns));
+    let recv_latency_ns = now_ns.saturating_sub(message.committed_ns);
+    let mut written = 0usize;
     for ep in endpoints {
         // The owner revalidates (uid, boot_id, session_id, owner_seq): a stale
         // endpoint never reaches a newer session.
@@ -549,10 +585,34 @@ pub fn on_push(
             continue;
         };
         if write_recv(node, driver, conn, &ep.uid, message, false) {
-            node.shared.recv_latency[node.me as usize].observe_us(latency_us);
+            node.stages.recv_latency.observe_ns(recv_latency_ns);
+            written += 1;
         }
         track_ack(node, cx, conn, message);
     }
+    // The socket-write stage ends when the next driver poll has submitted these
+    // sends: see `observe_socket_writes`.
+    if written > 0 && node.write_marks_ns.len() < WRITE_MARKS_MAX {
+        node.write_marks_ns.push(now_ns);
+    }
+}
+
+/// Most push batches whose socket write is timed per loop turn (more are not timed).
+pub const WRITE_MARKS_MAX: usize = 4_096;
+
+/// Closes the socket-write stage of the push batches queued before this turn's
+/// driver poll (called first thing in the shard's `on_turn`, after the poll).
+pub fn observe_socket_writes(node: &mut NodeShard) {
+    if node.write_marks_ns.is_empty() {
+        return;
+    }
+    let now_ns = node.shared.mono_ns();
+    for &mark in &node.write_marks_ns {
+        node.stages
+            .socket_write
+            .observe_ns(now_ns.saturating_sub(mark));
+    }
+    node.write_marks_ns.clear();
 }
 
 /// Encodes RECV for one connection (its version, its key) and queues it; returns
@@ -630,6 +690,7 @@ fn track_ack(
 ) {
     let s = &node.shared.config.session;
     let (max, timeout_ms) = (s.pending_acks_per_session_max, s.ack_timeout_ms);
+    let deadline_ms = cx.now_ms() + timeout_ms;
     let Some(conn) = node.conn_mut(id) else {
         return;
     };
@@ -637,26 +698,25 @@ fn track_ack(
         node.metrics.acks_dropped.inc();
         return;
     }
-    let Ok(timer) = cx.set_timer(
-        cx.now_ms() + timeout_ms,
-        NodeTimer::Ack {
-            conn: id,
-            message_id: message.message_id,
-        },
-    ) else {
-        node.metrics.acks_dropped.inc();
-        return;
-    };
-    if let Some(old) = conn.acks.entries.insert(
-        message.message_id,
-        AckEntry {
-            message: message.clone(),
-            timer,
-            resends: 0,
-        },
-    ) {
-        cx.cancel_timer(old.timer);
+    if conn.acks.timer.is_none() {
+        match cx.set_timer(deadline_ms, NodeTimer::Ack { conn: id }) {
+            Ok(timer) => conn.acks.timer = Some(timer),
+            Err(_) => {
+                node.metrics.acks_dropped.inc();
+                return;
+            }
+        }
     }
+    debug_assert!(conn
+        .acks
+        .entries
+        .back()
+        .is_none_or(|last| last.deadline_ms <= deadline_ms));
+    conn.acks.entries.push_back(AckEntry {
+        message: message.clone(),
+        deadline_ms,
+        resends: 0,
+    });
 }
 
 // --------------------------------------------------------------- 5. acknowledgement
@@ -664,55 +724,84 @@ fn track_ack(
 /// RECVACK: the session has the message.
 pub fn on_recvack(
     node: &mut NodeShard,
-    cx: &mut Context<Msg, NodeTimer>,
+    _cx: &mut Context<Msg, NodeTimer>,
     id: ConnId,
     message_id: i64,
 ) {
     if let Some(conn) = node.conn_mut(id) {
-        if let Some(entry) = conn.acks.entries.remove(&message_id) {
-            cx.cancel_timer(entry.timer);
+        let entries = &mut conn.acks.entries;
+        if let Some(i) = entries
+            .iter()
+            .position(|e| e.message.message_id == message_id)
+        {
+            entries.remove(i);
             node.metrics.recvacks.inc();
         }
+        // The timer stays armed; when it fires with nothing due it re-arms for the
+        // oldest entry or disarms (cheaper than a cancel and a set per RECV).
     }
 }
 
-/// No RECVACK in time: re-send with DUP, up to `ack_resends_max` times, then drop.
+/// The oldest RECV's ack timeout: every RECV now due is re-sent with DUP, up to
+/// `ack_resends_max` times, then dropped (the client recovers by sync).
 pub fn on_ack_timeout(
     node: &mut NodeShard,
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
     id: ConnId,
-    message_id: i64,
 ) {
-    let s = node.shared.config.session.clone();
+    let s = &node.shared.config.session;
+    let (timeout_ms, resends_max) = (s.ack_timeout_ms, s.ack_resends_max);
+    let now_ms = cx.now_ms();
     let Some(conn) = node.conn_mut(id) else {
         return;
     };
+    conn.acks.timer = None;
     let uid = conn.uid.clone();
-    let Some(entry) = conn.acks.entries.get_mut(&message_id) else {
-        return;
-    };
-    if entry.resends >= s.ack_resends_max {
-        conn.acks.entries.remove(&message_id);
-        node.metrics.acks_expired.inc();
-        return;
+    let mut resend = Vec::new();
+    let mut expired = 0u64;
+    // Each entry is looked at once: re-sent ones go to the back with a later deadline.
+    for _ in 0..conn.acks.entries.len() {
+        let Some(front) = conn.acks.entries.front() else {
+            break;
+        };
+        if front.deadline_ms > now_ms {
+            break;
+        }
+        let Some(mut entry) = conn.acks.entries.pop_front() else {
+            break;
+        };
+        if entry.resends >= resends_max {
+            expired += 1;
+            continue;
+        }
+        entry.resends += 1;
+        entry.deadline_ms = now_ms + timeout_ms;
+        resend.push(entry.message.clone());
+        conn.acks.entries.push_back(entry);
     }
-    entry.resends += 1;
-    let message = entry.message.clone();
-    match cx.set_timer(
-        cx.now_ms() + s.ack_timeout_ms,
-        NodeTimer::Ack {
-            conn: id,
-            message_id,
-        },
-    ) {
-        Ok(t) => entry.timer = t,
-        Err(_) => {
-            conn.acks.entries.remove(&message_id);
-            node.metrics.acks_dropped.inc();
+    let next = conn.acks.entries.front().map(|e| e.deadline_ms);
+    node.metrics.acks_expired.add(expired);
+    if let Some(deadline_ms) = next {
+        match cx.set_timer(deadline_ms, NodeTimer::Ack { conn: id }) {
+            Ok(timer) => {
+                if let Some(conn) = node.conn_mut(id) {
+                    conn.acks.timer = Some(timer);
+                }
+            }
+            Err(_) => {
+                // No timer left: stop tracking this session's RECVs (sync recovers).
+                if let Some(conn) = node.conn_mut(id) {
+                    let n = conn.acks.entries.len() as u64;
+                    conn.acks.entries.clear();
+                    node.metrics.acks_dropped.add(n);
+                }
+            }
         }
     }
-    let _ = write_recv(node, driver, id, &uid, &message, true);
+    for message in resend {
+        let _ = write_recv(node, driver, id, &uid, &message, true);
+    }
 }
 
 /// SENDACK back on the gateway shard, if the sending session is still there.

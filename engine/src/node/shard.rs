@@ -43,8 +43,8 @@ pub enum NodeTimer {
     TouchFlush,
     /// The authority's expiry pass.
     Expiry,
-    /// An unacknowledged RECV's ack timeout.
-    Ack { conn: ConnId, message_id: i64 },
+    /// The ack timeout of a connection's oldest unacknowledged RECV.
+    Ack { conn: ConnId },
     /// The interval fsync policy's sync of the log.
     LogSync,
 }
@@ -86,6 +86,11 @@ pub struct NodeShard {
     pub(crate) me: ShardId,
     pub(crate) shared: Arc<NodeShared>,
     pub(crate) metrics: Arc<super::metrics::ShardMetrics>,
+    /// This shard's stage latency histograms.
+    pub(crate) stages: Arc<super::metrics::StageHistograms>,
+    /// Push batches queued this turn, waiting for the poll that writes them
+    /// (bounded by `send::WRITE_MARKS_MAX`).
+    pub(crate) write_marks_ns: Vec<u64>,
     pub(crate) view: ClusterView,
     pub(crate) registry: Registry,
     pub(crate) authority: Authority,
@@ -133,6 +138,8 @@ impl NodeShard {
             rng: StdRng::from_entropy(),
             rx_frame: Vec::new(),
             metrics: shared.shard_metrics[me as usize].clone(),
+            stages: shared.stages[me as usize].clone(),
+            write_marks_ns: Vec::with_capacity(super::send::WRITE_MARKS_MAX),
             shared,
             view,
             registry,
@@ -402,7 +409,7 @@ impl NodeShard {
         };
         self.metrics.connections.dec();
         tracing::debug!(?id, ?reason, uid = %conn.uid, "connection closed");
-        for timer in conn.acks.timers() {
+        if let Some(timer) = conn.acks.timer() {
             cx.cancel_timer(timer);
         }
         match conn.state {
@@ -1064,9 +1071,11 @@ impl Shard for NodeShard {
             }
             Msg::Commit(request) => super::send::on_commit(self, cx, driver, *request),
             Msg::SendAck(ack) => super::send::on_sendack(self, driver, ack),
-            Msg::Push { message, endpoints } => {
-                super::send::on_push(self, cx, driver, &message, &endpoints)
-            }
+            Msg::Push {
+                message,
+                endpoints,
+                planned_ns,
+            } => super::send::on_push(self, cx, driver, &message, &endpoints, planned_ns),
             Msg::DeviceQuit {
                 uid,
                 device_flag,
@@ -1118,9 +1127,7 @@ impl Shard for NodeShard {
                     let _ = cx.set_timer(cx.now_ms() + ms.max(1), NodeTimer::LogSync);
                 }
             }
-            NodeTimer::Ack { conn, message_id } => {
-                super::send::on_ack_timeout(self, cx, driver, conn, message_id)
-            }
+            NodeTimer::Ack { conn } => super::send::on_ack_timeout(self, cx, driver, conn),
         }
     }
 
@@ -1139,6 +1146,8 @@ impl Shard for NodeShard {
     }
 
     fn on_turn(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) -> usize {
+        // This turn's driver poll has handed earlier RECVs to the kernel.
+        super::send::observe_socket_writes(self);
         // Group commit: everything appended this turn is synced once, then acknowledged
         // and delivered.
         super::send::flush_commits(self, cx, driver)
