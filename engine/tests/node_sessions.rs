@@ -236,6 +236,66 @@ fn idempotent_resend_gets_the_first_answer_and_is_delivered_once(backend: Backen
     node.shutdown().unwrap();
 }
 
+/// `fsync = "always"`: SENDACKs wait for the shard's background sync (pipelined
+/// group commit); every message is acknowledged in order, delivered once, and is
+/// in the log after a restart.
+fn always_fsync_acknowledges_after_the_background_sync(backend: Backend) {
+    const MESSAGES: u32 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    c.log.fsync = engine::store::FsyncPolicy::Always;
+    let node = Node::start(c.clone()).unwrap();
+    set_token(&node, "u1", 1);
+    set_token(&node, "u2", 1);
+    let mut a = login_device(&node, "u1", "d");
+    let mut b = login_device(&node, "u2", "d");
+    // Pipelined: later SENDs arrive while an earlier sync is in flight.
+    for i in 1..=MESSAGES {
+        a.send(
+            "u2",
+            1,
+            i,
+            &format!("no-{i}"),
+            format!("m{i}").as_bytes(),
+            true,
+        )
+        .unwrap();
+    }
+    let mut acks = Vec::new();
+    while acks.len() < MESSAGES as usize {
+        if let Received::Sendack {
+            client_seq,
+            message_seq,
+            reason,
+            ..
+        } = a.read().unwrap()
+        {
+            acks.push((client_seq, message_seq, reason));
+        }
+    }
+    let expected: Vec<(u32, u64, u8)> = (1..=MESSAGES).map(|i| (i, u64::from(i), 1)).collect();
+    assert_eq!(acks, expected);
+    for i in 1..=MESSAGES {
+        let m = next_recv(&mut b);
+        assert_eq!(m.payload, format!("m{i}").as_bytes());
+        b.recvack(m.message_id, m.message_seq).unwrap();
+    }
+    node.shutdown().unwrap();
+
+    let node = Node::start(c).unwrap();
+    let (status, body) = api(
+        &node,
+        "/channel/messagesync",
+        json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1, "start_message_seq": 0, "end_message_seq": 0, "limit": 100, "pull_mode": 1}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["messages"].as_array().unwrap().len(),
+        MESSAGES as usize
+    );
+    node.shutdown().unwrap();
+}
+
 fn bad_msg_key_8_bad_payload_9_sub_23_and_the_connection_stays(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path(), backend)).unwrap();
@@ -349,6 +409,7 @@ on_both_drivers!(
     the_senders_other_devices_receive_but_not_the_sending_session,
     device_quit_closes_the_sessions_and_removes_their_routes,
     idempotent_resend_gets_the_first_answer_and_is_delivered_once,
+    always_fsync_acknowledges_after_the_background_sync,
     bad_msg_key_8_bad_payload_9_sub_23_and_the_connection_stays,
     shutdown_sends_disconnect_to_every_session,
     moving_slot_leadership_away_fences_the_old_routes,

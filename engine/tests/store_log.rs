@@ -470,6 +470,36 @@ fn sync_due_follows_the_policy() {
     assert_eq!(log.stats().unsynced_bytes, 0);
 }
 
+#[test]
+fn a_sync_job_covers_the_appends_before_it_and_its_failure_poisons_the_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert!(log.begin_sync().unwrap().is_none(), "nothing appended");
+    append_n(&mut log, "a", 3, 10);
+    let job = log.begin_sync().unwrap().expect("appends to sync");
+    assert!(!log.sync_due(0), "the job holds them");
+    assert!(log.begin_sync().unwrap().is_none(), "nothing since the job");
+    append_n(&mut log, "a", 1, 10);
+    assert!(log.sync_due(0), "an append after the job is not covered");
+    // The job runs elsewhere (here: another thread) while the log goes on.
+    let result = std::thread::spawn(move || job.run()).join().unwrap();
+    log.end_sync(result, 7).unwrap();
+    let second = log.begin_sync().unwrap().expect("the later append");
+    log.end_sync(second.run(), 8).unwrap();
+    assert_eq!(log.stats().unsynced_bytes, 0);
+
+    append_n(&mut log, "a", 1, 10);
+    let _failed = log.begin_sync().unwrap().unwrap();
+    let err = log.end_sync(Err(std::io::Error::other("disk gone")), 9);
+    assert!(matches!(err, Err(LogError::Io { .. })), "{err:?}");
+    let p = payload_for("a", 6, 10);
+    assert!(matches!(
+        log.append(&msg("a", "", &p, 6)),
+        Err(LogError::Poisoned)
+    ));
+    assert!(matches!(log.begin_sync(), Err(LogError::Poisoned)));
+}
+
 /// Writes three records per channel, then damages the tail of the log file.
 fn torn_tail_case(damage: impl FnOnce(&Path, u64, usize)) {
     let tmp = tempfile::tempdir().unwrap();

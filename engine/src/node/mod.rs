@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod msg;
 pub mod send;
 pub mod shard;
+pub mod syncer;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -81,6 +82,10 @@ pub struct DeliveryConfig {
     pub subscriber_page_max: usize,
     /// Endpoints per push batch to one owner.
     pub push_batch_max: usize,
+    /// Commits appended on one shard and not yet answered (waiting for their sync
+    /// under `fsync = "always"`); more are refused with SENDACK 15 until the disk
+    /// catches up.
+    pub commits_unsynced_max: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -88,6 +93,7 @@ impl Default for DeliveryConfig {
         DeliveryConfig {
             subscriber_page_max: 1_024,
             push_batch_max: 256,
+            commits_unsynced_max: 65_536,
         }
     }
 }
@@ -222,6 +228,7 @@ pub struct Node {
     runtime: Option<Runtime<NodeShard>>,
     handle: RuntimeHandle,
     injectors: Vec<Injector<Msg>>,
+    sync_handles: Vec<std::thread::JoinHandle<()>>,
     tcp_addr: Option<SocketAddr>,
     ws_addr: Option<SocketAddr>,
     http: Option<crate::http::HttpServer>,
@@ -304,19 +311,25 @@ impl Node {
             started_shards: AtomicUsize::new(0),
             config,
         });
-        let parts: Vec<_> = listeners.into_iter().zip(logs).map(Some).collect();
+        let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
+        let parts: Vec<_> = listeners
+            .into_iter()
+            .zip(logs)
+            .zip(syncers)
+            .map(|((l, log), syncer)| Some((l, log, syncer)))
+            .collect();
         let parts = Arc::new(std::sync::Mutex::new(parts));
         let s = shared.clone();
         let runtime = Runtime::start(shared.config.runtime.clone(), move |init: &ShardInit| {
             let me = init.shard as usize;
-            let (listeners, log) = parts.lock().unwrap_or_else(|e| e.into_inner())[me]
+            let (listeners, log, syncer) = parts.lock().unwrap_or_else(|e| e.into_inner())[me]
                 .take()
                 .ok_or_else(|| io::Error::other("shard started twice"))?;
             let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
             let ids = MessageIdGen::new(s.config.node_id)
                 .ok_or_else(|| io::Error::other("node_id out of range for message ids"))?;
             let idem = IdempotencyWindow::new(s.config.idempotency);
-            let delivery = send::DeliveryCore::new(log, ids, idem);
+            let delivery = send::DeliveryCore::new(log, ids, idem, syncer);
             let shard = NodeShard::new(init.shard as ShardId, s.clone(), delivery)?;
             Ok((shard, driver))
         })?;
@@ -342,6 +355,17 @@ impl Node {
         let injectors: Vec<Injector<Msg>> = (0..shards)
             .map(|i| runtime.injector(i as ShardId))
             .collect();
+        // Each shard's log syncer; it ends when its shard drops the sending side.
+        let mut sync_handles = Vec::with_capacity(shards);
+        for (i, thread) in sync_threads.into_iter().enumerate() {
+            match thread.spawn(i, injectors[i].clone()) {
+                Ok(h) => sync_handles.push(h),
+                Err(err) => {
+                    // Without the thread a shard syncs on its own thread (slower).
+                    tracing::warn!(%err, shard = i, "no log syncer thread");
+                }
+            }
+        }
         if let Some(a) = tcp_addr {
             tracing::info!(%a, "TCP listener up");
         }
@@ -366,6 +390,7 @@ impl Node {
             runtime: Some(runtime),
             handle,
             injectors,
+            sync_handles,
             tcp_addr,
             ws_addr,
         })
@@ -417,10 +442,13 @@ impl Node {
             return Ok(());
         };
         self.handle.stop();
-        for result in runtime.join() {
-            result?;
+        // Dropping the shards closes their syncers' job queues: the threads end.
+        let results: Vec<io::Result<()>> =
+            runtime.join().into_iter().map(|r| r.map(drop)).collect();
+        for h in self.sync_handles.drain(..) {
+            let _ = h.join();
         }
-        Ok(())
+        results.into_iter().collect()
     }
 }
 

@@ -70,6 +70,9 @@ pub enum Msg {
     Sync(Box<super::send::SyncRequest>),
     /// Control → every shard: a new cluster view (slot leadership moved).
     View(Arc<crate::cluster::ClusterView>),
+    /// The shard's log syncer thread → the shard: a sync job ended (a wake-up; the
+    /// result is collected by the next `flush_commits`).
+    LogSynced,
     /// Control → every shard: send DISCONNECT to every session, unregister them, stop.
     Shutdown,
 }

@@ -31,6 +31,7 @@ use crate::store::{
 
 use super::msg::{Msg, SendAck};
 use super::shard::{ConnState, NodeShard, NodeTimer};
+use super::syncer::LogSyncer;
 
 /// wkproto reason codes of SENDACK used here.
 mod reason {
@@ -136,20 +137,37 @@ pub struct DeliveryCore {
     pub log: MessageLog,
     pub ids: MessageIdGen,
     pub idempotency: Option<IdempotencyWindow>,
-    /// Appended this turn, waiting for the turn's sync.
+    /// Runs the log's syncs off this thread.
+    syncer: LogSyncer,
+    /// Appended and not yet part of a sync job (answered at the end of the turn under
+    /// the interval policy; under `always`, by the next job).
     unsynced: Vec<Unsynced>,
+    /// Under `always`: the commits the job in flight makes durable.
+    awaiting_sync: Vec<Unsynced>,
     groups: Vec<(crate::cluster::Target, Vec<Uid>)>,
 }
 
 impl DeliveryCore {
-    pub fn new(log: MessageLog, ids: MessageIdGen, idempotency: Option<IdempotencyWindow>) -> Self {
+    pub fn new(
+        log: MessageLog,
+        ids: MessageIdGen,
+        idempotency: Option<IdempotencyWindow>,
+        syncer: LogSyncer,
+    ) -> Self {
         DeliveryCore {
             log,
             ids,
             idempotency,
+            syncer,
             unsynced: Vec::new(),
+            awaiting_sync: Vec::new(),
             groups: Vec::new(),
         }
+    }
+
+    /// Commits appended and not yet answered (bounded by `commits_unsynced_max`).
+    fn unanswered(&self) -> usize {
+        self.unsynced.len() + self.awaiting_sync.len()
     }
 }
 
@@ -284,6 +302,11 @@ pub fn on_commit(
         },
         Channel::Person { .. } => None,
     };
+    if node.delivery.unanswered() >= node.shared.config.delivery.commits_unsynced_max {
+        // The disk is behind: refuse (the client retries) rather than queue without
+        // bound.
+        return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
+    }
     let now_ms = node.shared.wall_ms();
     let now_s = now_ms / 1000;
     // Flow 7: a resend of a SEND we already acknowledged gets the first answer.
@@ -421,36 +444,86 @@ fn answer(
     }
 }
 
-/// Step 3, group commit: one sync for the turn's appends, then SENDACKs and delivery.
+/// Step 3, group commit, once per loop turn: under the interval policy the turn's
+/// commits are answered and delivered now (their sync runs on the `LogSync` timer);
+/// under `always` they become the next sync job, handed to the syncer thread as soon
+/// as none is in flight, and are answered and delivered when it ends.
 /// Returns how many commits it completed (work for the shard loop).
 pub fn flush_commits(
     node: &mut NodeShard,
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
 ) -> usize {
-    if node.delivery.unsynced.is_empty() {
-        // Nothing to acknowledge: an interval sync of older appends runs on its timer
-        // (`NodeTimer::LogSync`), not on every loop turn.
-        return 0;
+    let mut work = 0;
+    if let Some(result) = node.delivery.syncer.poll_done() {
+        work += 1 + node.delivery.awaiting_sync.len();
+        let durable = end_sync(node, result);
+        let batch = std::mem::take(&mut node.delivery.awaiting_sync);
+        release(node, cx, driver, batch, durable);
     }
-    let now_ms = node.shared.wall_ms();
+    if node.delivery.unsynced.is_empty() {
+        return work;
+    }
     let always = matches!(
         node.delivery.log.config().fsync,
         crate::store::FsyncPolicy::Always
     );
-    if always || node.delivery.log.sync_due(now_ms) {
-        if let Err(err) = node.delivery.log.sync(now_ms) {
-            // Not durable: refuse the whole batch (nothing acknowledged is lost).
-            tracing::error!(%err, "log sync failed: refusing the batch");
-            let batch = std::mem::take(&mut node.delivery.unsynced);
-            for u in batch {
-                answer(node, cx, driver, u.origin, 0, 0, reason::SYSTEM_ERROR);
-            }
-            return 1;
-        }
+    if always && node.delivery.syncer.busy() {
+        // The next job starts when this one ends and covers these too.
+        return work;
     }
     let batch = std::mem::take(&mut node.delivery.unsynced);
-    let n = batch.len();
+    work += batch.len();
+    if !always {
+        release(node, cx, driver, batch, true);
+        return work;
+    }
+    match node.delivery.log.begin_sync() {
+        // Nothing appended (NoPersist, duplicates): every earlier job has ended.
+        Ok(None) => release(node, cx, driver, batch, true),
+        Ok(Some(job)) => match node.delivery.syncer.submit(job) {
+            None => node.delivery.awaiting_sync = batch,
+            Some(ran_here) => {
+                let durable = end_sync(node, ran_here);
+                release(node, cx, driver, batch, durable);
+            }
+        },
+        Err(err) => {
+            tracing::error!(%err, "log sync failed: refusing the batch");
+            release(node, cx, driver, batch, false);
+        }
+    }
+    work
+}
+
+/// Accepts a sync job's result; false (and an error log) if the appends are not
+/// durable.
+fn end_sync(node: &mut NodeShard, result: std::io::Result<()>) -> bool {
+    let now_ms = node.shared.wall_ms();
+    match node.delivery.log.end_sync(result, now_ms) {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::error!(%err, shard = node.me, "log sync failed: refusing the batch");
+            false
+        }
+    }
+}
+
+/// Answers a batch of commits: SENDACK success and delivery if `durable`, else a
+/// refusal (nothing acknowledged is lost).
+fn release(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    batch: Vec<Unsynced>,
+    durable: bool,
+) {
+    if !durable {
+        for u in batch {
+            answer(node, cx, driver, u.origin, 0, 0, reason::SYSTEM_ERROR);
+        }
+        return;
+    }
     let durable_ns = node.shared.mono_ns();
     for u in batch {
         if let Some(d) = &u.delivery {
@@ -478,7 +551,25 @@ pub fn flush_commits(
             );
         }
     }
-    n
+}
+
+/// A graceful stop: everything appended is made durable here and now (the job in
+/// flight included), then answered and delivered.
+pub fn flush_commits_for_stop(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+) {
+    let durable = match node.delivery.log.sync(node.shared.wall_ms()) {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::error!(%err, shard = node.me, "final log sync failed");
+            false
+        }
+    };
+    let mut batch = std::mem::take(&mut node.delivery.awaiting_sync);
+    batch.append(&mut node.delivery.unsynced);
+    release(node, cx, driver, batch, durable);
 }
 
 /// Plans and sends the pushes of one committed message.
@@ -822,14 +913,21 @@ pub fn on_sendack(node: &mut NodeShard, driver: &mut NetDriver, ack: SendAck) {
     node.write_frame(driver, ack.conn, |v, out| p.encode(v, out));
 }
 
-/// The interval fsync policy's timer: syncs appends older than the interval even
-/// when no new commit comes to carry them.
+/// The interval fsync policy's timer: a sync job for the appends not yet synced,
+/// unless one is still in flight (its end is collected by `flush_commits`).
 pub fn on_log_sync_timer(node: &mut NodeShard) {
-    let now_ms = node.shared.wall_ms();
-    if node.delivery.log.sync_due(now_ms) {
-        if let Err(err) = node.delivery.log.sync(now_ms) {
-            tracing::error!(%err, shard = node.me, "interval log sync failed");
+    // The timer paces the syncs; a job still running covers part of what follows.
+    if node.delivery.syncer.busy() {
+        return;
+    }
+    match node.delivery.log.begin_sync() {
+        Ok(None) => {}
+        Ok(Some(job)) => {
+            if let Some(ran_here) = node.delivery.syncer.submit(job) {
+                end_sync(node, ran_here);
+            }
         }
+        Err(err) => tracing::error!(%err, shard = node.me, "interval log sync failed"),
     }
 }
 

@@ -1092,6 +1092,7 @@ impl Shard for NodeShard {
                     .apply_view(&view, self.shared.config.node_id, cx.now_ms() / 1000);
                 self.view = (*view).clone();
             }
+            Msg::LogSynced => {}
             Msg::Shutdown => self.shutdown(cx, driver),
         }
     }
@@ -1157,11 +1158,9 @@ impl Shard for NodeShard {
         if !self.stopping {
             self.shutdown(cx, driver);
         }
-        super::send::flush_commits(self, cx, driver);
-        // A graceful stop makes everything appended durable, whatever the fsync policy.
-        if let Err(err) = self.delivery.log.sync(self.shared.wall_ms()) {
-            tracing::error!(%err, shard = self.me, "final log sync failed");
-        }
+        // A graceful stop makes everything appended durable, whatever the fsync
+        // policy, and answers what waited for it.
+        super::send::flush_commits_for_stop(self, cx, driver);
         // Flush queued output (DISCONNECTs) before the sockets go.
         let _ =
             shard::runtime::Driver::poll(driver, Some(std::time::Duration::ZERO), &mut Vec::new());

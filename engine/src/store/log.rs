@@ -71,6 +71,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::MmapMut;
 
@@ -381,6 +382,20 @@ pub struct LogStats {
     pub retired_messages: u64,
 }
 
+/// The sync of a log's appends up to [`MessageLog::begin_sync`], run on another
+/// thread (`fdatasync` of the segment file: milliseconds on a virtual disk, which
+/// the shard thread must not wait for).
+pub struct SyncJob {
+    file: Arc<File>,
+}
+
+impl SyncJob {
+    /// Blocks until the appends are on disk.
+    pub fn run(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
 struct Segment {
     id: u32,
     path: PathBuf,
@@ -389,7 +404,8 @@ struct Segment {
     end: u32,
     /// Pages below this offset were populated by [`MessageLog::prefault`].
     prefaulted_to: u32,
-    _file: File,
+    /// Shared with in-flight [`SyncJob`]s (a retired segment's job still syncs it).
+    file: Arc<File>,
 }
 
 impl Segment {
@@ -466,6 +482,8 @@ pub struct MessageLog {
     /// Offset in the active segment of the first unsynced byte.
     dirty_from: Option<u32>,
     last_sync_ms: u64,
+    /// [`SyncJob`]s handed out and not yet ended.
+    jobs_in_flight: u32,
     poisoned: bool,
     retired_segments: u64,
     retired_messages: u64,
@@ -553,6 +571,7 @@ impl MessageLog {
             table: ChannelTable::default(),
             dirty_from: None,
             last_sync_ms: 0,
+            jobs_in_flight: 0,
             poisoned: false,
             retired_segments: 0,
             retired_messages: 0,
@@ -591,7 +610,7 @@ impl MessageLog {
                 map,
                 end: 0,
                 prefaulted_to: 0,
-                _file: file,
+                file: Arc::new(file),
             };
             let (end, clean) = log.scan_segment(&seg, &mut report);
             seg.end = end;
@@ -721,7 +740,7 @@ impl MessageLog {
                     map,
                     end: 0,
                     prefaulted_to: 0,
-                    _file: file,
+                    file: Arc::new(file),
                 });
                 Ok(())
             }
@@ -742,6 +761,16 @@ impl MessageLog {
     /// the oldest segments beyond `max_segments`.
     fn roll(&mut self) -> Result<(), LogError> {
         self.flush_dirty()?;
+        if self.jobs_in_flight > 0 {
+            // Sealed in full, whatever a job still running on another thread covers.
+            if let Err(source) = self.active().file.sync_data() {
+                self.poisoned = true;
+                return Err(LogError::Io {
+                    op: "fdatasync",
+                    source,
+                });
+            }
+        }
         let next = self
             .active()
             .id
@@ -906,10 +935,62 @@ impl MessageLog {
 
     /// Makes every append so far durable (msync of the dirty range); `now_ms` is
     /// remembered for [`MessageLog::sync_due`]. A failure poisons the log.
+    ///
+    /// Also covers the appends of a [`SyncJob`] still running elsewhere (both sync
+    /// the same file), so a caller that needs everything durable now (a graceful
+    /// stop) does not wait for the job.
     pub fn sync(&mut self, now_ms: u64) -> Result<(), LogError> {
         self.flush_dirty()?;
+        if self.jobs_in_flight > 0 {
+            // A job's range is in the active segment: a roll syncs the old one in full.
+            if let Err(source) = self.active().file.sync_data() {
+                self.poisoned = true;
+                return Err(LogError::Io {
+                    op: "fdatasync",
+                    source,
+                });
+            }
+        }
         self.last_sync_ms = now_ms;
         Ok(())
+    }
+
+    /// Hands out the sync of every append so far as a job to run off the shard
+    /// thread (`None`: nothing to sync). The appends are durable once the job ran
+    /// and [`MessageLog::end_sync`] accepted its result. On Linux an `fdatasync` of
+    /// the file writes back the pages dirtied through the shared mapping (the same
+    /// `vfs_fsync_range` that `msync(MS_SYNC)` calls).
+    pub fn begin_sync(&mut self) -> Result<Option<SyncJob>, LogError> {
+        if self.poisoned {
+            return Err(LogError::Poisoned);
+        }
+        if self.dirty_from.take().is_none() {
+            return Ok(None);
+        }
+        self.jobs_in_flight += 1;
+        Ok(Some(SyncJob {
+            file: self.active().file.clone(),
+        }))
+    }
+
+    /// The result of a [`SyncJob`] from [`MessageLog::begin_sync`]; a failure poisons
+    /// the log (nothing after it is acknowledged as durable).
+    pub fn end_sync(&mut self, result: std::io::Result<()>, now_ms: u64) -> Result<(), LogError> {
+        debug_assert!(self.jobs_in_flight > 0, "end_sync without begin_sync");
+        self.jobs_in_flight = self.jobs_in_flight.saturating_sub(1);
+        match result {
+            Ok(()) => {
+                self.last_sync_ms = now_ms;
+                Ok(())
+            }
+            Err(source) => {
+                self.poisoned = true;
+                Err(LogError::Io {
+                    op: "fdatasync",
+                    source,
+                })
+            }
+        }
     }
 
     /// Whether the engine should call `sync` now: under `Always`, whenever appends are

@@ -25,6 +25,6 @@ pub use idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
 pub use idgen::MessageIdGen;
 pub use log::{
     log_dir, AppendedMessage, FsyncPolicy, LogConfig, LogError, LogPosition, LogStats, MessageLog,
-    MessageView, NewMessage, PullMode, ReadResult, RecoveryReport, StoredMessage,
+    MessageView, NewMessage, PullMode, ReadResult, RecoveryReport, StoredMessage, SyncJob,
 };
 pub use meta::{MetaConfig, MetaError, MetaRecovery, MetaStore};
