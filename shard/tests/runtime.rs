@@ -382,3 +382,64 @@ fn a_full_injector_pushes_back() {
     }
     assert_eq!(injector.send(3), Err(3));
 }
+
+/// `flush_to` hands a message to its peer before the sending turn ends: shard 0
+/// sends, flushes, then waits inside the same turn until shard 1 has seen it (which
+/// would never happen if the message stayed in the outbox until the turn's end).
+#[test]
+fn flush_to_delivers_before_the_turn_ends() {
+    use std::sync::atomic::AtomicBool;
+    struct Handoff {
+        seen: Arc<AtomicBool>,
+        started: bool,
+    }
+    impl Shard for Handoff {
+        type Msg = u32;
+        type Timer = ();
+        type Driver = PlainDriver;
+        fn on_message(
+            &mut self,
+            cx: &mut Context<u32, ()>,
+            _: &mut PlainDriver,
+            _from: ShardId,
+            _msg: u32,
+        ) {
+            assert_eq!(cx.shard_id(), 1);
+            self.seen.store(true, Ordering::SeqCst);
+        }
+        fn on_turn(&mut self, cx: &mut Context<u32, ()>, _: &mut PlainDriver) -> usize {
+            if cx.shard_id() != 0 || self.started {
+                return 0;
+            }
+            self.started = true;
+            cx.send_to(1, 7).unwrap();
+            assert!(cx.flush_to(1), "the message moved into the ring");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !self.seen.load(Ordering::SeqCst) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the peer never saw the flushed message"
+                );
+                std::thread::yield_now();
+            }
+            cx.stop_runtime();
+            1
+        }
+    }
+    let seen = Arc::new(AtomicBool::new(false));
+    let seen_by_shards = seen.clone();
+    let rt = Runtime::start(config(2), move |init: &ShardInit| {
+        Ok((
+            Handoff {
+                seen: seen_by_shards.clone(),
+                started: false,
+            },
+            PlainDriver::new(init.doorbell.clone()),
+        ))
+    })
+    .unwrap();
+    for result in rt.join() {
+        result.unwrap();
+    }
+    assert!(seen.load(Ordering::SeqCst));
+}

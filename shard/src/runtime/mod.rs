@@ -221,6 +221,15 @@ impl<M: Send, T> Context<M, T> {
         self.shared.stop();
     }
 
+    /// Moves what is queued for `to` into its ring now (ringing its doorbell if it
+    /// sleeps) instead of at the end of the turn: for latency-critical hand-offs that
+    /// precede long local work, so the peer starts in parallel. Returns whether any
+    /// message moved.
+    pub fn flush_to(&mut self, to: ShardId) -> bool {
+        let to_i = to as usize;
+        to_i < self.outboxes.len() && self.flush_peer(to_i)
+    }
+
     fn flush_peer(&mut self, peer: usize) -> bool {
         let outbox = &mut self.outboxes[peer];
         if outbox.is_empty() {
