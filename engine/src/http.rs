@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use shard::runtime::Injector;
 
 use crate::channel::{person_channel_key, Channel, CHANNEL_TYPE_GROUP, CHANNEL_TYPE_PERSON};
-use crate::delivery::group_by_target;
+use crate::delivery::{group_by_target, TargetGroups};
 use crate::node::msg::Msg;
 use crate::node::send::{ApiSendResult, CommitRequest, Origin, SyncRequest};
 use crate::node::NodeShared;
@@ -307,9 +307,9 @@ impl Api {
             return Err(Reply::error(413, "too many uids"));
         }
         let uids: Vec<Uid> = uids.iter().map(|u| Uid::from(u.as_str())).collect();
-        let mut groups = Vec::new();
+        let mut groups = TargetGroups::default();
         group_by_target(&self.shared.view(), &uids, &mut groups);
-        let lookups: Vec<_> = groups.iter().map(|(t, u)| (*t, u.as_slice())).collect();
+        let lookups: Vec<_> = groups.lookups().collect();
         let reader = self.shared.authority_reader();
         let mut out = Vec::new();
         for result in reader.endpoints_by_targets(&lookups) {

@@ -23,7 +23,7 @@ use shard::runtime::Context;
 use shard::timer::TimerHandle;
 
 use crate::channel::{recv_channel_id, Channel};
-use crate::delivery::{group_by_target, plan_pushes, PushTo, Sender};
+use crate::delivery::{group_by_target, plan_pushes, PushTo, Sender, TargetGroups};
 use crate::route::{Endpoint, SessionId, Uid};
 use crate::store::{
     IdempotencyWindow, MessageIdGen, MessageLog, NewMessage, PullMode, SentIds, StoredMessage,
@@ -144,7 +144,17 @@ pub struct DeliveryCore {
     unsynced: Vec<Unsynced>,
     /// Under `always`: the commits the job in flight makes durable.
     awaiting_sync: Vec<Unsynced>,
-    groups: Vec<(crate::cluster::Target, Vec<Uid>)>,
+    /// Delivery planning buffers, reused from page to page.
+    scratch: PlanScratch,
+}
+
+/// Buffers of one page's delivery planning (reused: no allocation per recipient).
+#[derive(Default)]
+struct PlanScratch {
+    groups: TargetGroups,
+    endpoints: Vec<Endpoint>,
+    results: Vec<Result<std::ops::Range<usize>, crate::route::AuthorityError>>,
+    local: Vec<Vec<Endpoint>>,
 }
 
 impl DeliveryCore {
@@ -161,7 +171,7 @@ impl DeliveryCore {
             syncer,
             unsynced: Vec::new(),
             awaiting_sync: Vec::new(),
-            groups: Vec::new(),
+            scratch: PlanScratch::default(),
         }
     }
 
@@ -605,33 +615,48 @@ fn deliver(
         cfg.push_batch_max,
         node.shared.config.node_id,
     );
-    let mut groups = std::mem::take(&mut node.delivery.groups);
+    let mut scratch = std::mem::take(&mut node.delivery.scratch);
     for page in recipients.chunks(page_max) {
         let lookup_ns = node.shared.mono_ns();
-        group_by_target(&node.view, page, &mut groups);
-        let lookups: Vec<(crate::cluster::Target, &[Uid])> =
-            groups.iter().map(|(t, u)| (*t, u.as_slice())).collect();
-        let results = node.reader.endpoints_by_targets(&lookups);
-        let plan = plan_pushes(local_node, results, sender, batch_max);
+        group_by_target(&node.view, page, &mut scratch.groups);
+        let lookups: Vec<(crate::cluster::Target, &[Uid])> = scratch.groups.lookups().collect();
+        scratch.endpoints.clear();
+        scratch.results.clear();
+        node.reader.endpoints_by_targets_into(
+            &lookups,
+            &mut scratch.endpoints,
+            &mut scratch.results,
+        );
+        let failed_groups = scratch.results.iter().filter(|r| r.is_err()).count();
+        let plan = plan_pushes(
+            local_node,
+            scratch.endpoints.drain(..),
+            failed_groups,
+            sender,
+            batch_max,
+        );
         let planned_ns = node.shared.mono_ns();
         node.stages
             .route_lookup
             .observe_ns(planned_ns.saturating_sub(lookup_ns));
         node.metrics.stale_lookups.add(plan.failed_groups as u64);
+        // Other shards' batches first, handed over at once so those shards write their
+        // sockets while this one writes its own.
         for (to, endpoints) in plan.batches {
             match to {
-                PushTo::Shard(s) if s == node.me => {
-                    on_push(node, cx, driver, message, &endpoints, planned_ns)
+                PushTo::Shard(s) if s == node.me => scratch.local.push(endpoints),
+                PushTo::Shard(s) => {
+                    node.send_msg(
+                        cx,
+                        s,
+                        Msg::Push {
+                            message: message.clone(),
+                            endpoints,
+                            planned_ns,
+                        },
+                    );
+                    cx.flush_to(s);
                 }
-                PushTo::Shard(s) => node.send_msg(
-                    cx,
-                    s,
-                    Msg::Push {
-                        message: message.clone(),
-                        endpoints,
-                        planned_ns,
-                    },
-                ),
                 PushTo::Node(n) => {
                     // Remote owners come with the cluster (owner-push RPC).
                     tracing::debug!(node = n, "remote owner: push not delivered (single node)");
@@ -639,8 +664,11 @@ fn deliver(
                 }
             }
         }
+        for endpoints in scratch.local.drain(..) {
+            on_push(node, cx, driver, message, &endpoints, planned_ns);
+        }
     }
-    node.delivery.groups = groups;
+    node.delivery.scratch = scratch;
 }
 
 // ------------------------------------------------------------------ 4. owner
