@@ -575,7 +575,13 @@ impl UringDriver {
         Ok(())
     }
 
-    fn submit_and_collect(&mut self, wait: Option<Duration>) -> io::Result<()> {
+    /// Submits and reaps; `now_ms` is the time to stamp what arrived with (`None`:
+    /// read the clock after the wait). Returns the time used.
+    fn submit_and_collect(
+        &mut self,
+        wait: Option<Duration>,
+        now_ms: Option<u64>,
+    ) -> io::Result<u64> {
         let result = match wait {
             Some(d) if d.is_zero() => {
                 let mut sq = self.ring.submission();
@@ -608,8 +614,10 @@ impl UringDriver {
             Err(e) => return Err(e),
         }
         // Deadlines of what arrived are measured from after the wait.
-        self.core.set_now(self.now_ms());
-        self.reap_completions()
+        let now_ms = now_ms.unwrap_or_else(|| self.now_ms());
+        self.core.set_now(now_ms);
+        self.reap_completions()?;
+        Ok(now_ms)
     }
 }
 
@@ -649,10 +657,12 @@ impl Driver for UringDriver {
         // Then sockets of dead connections close (including those the flush finished).
         self.reap()?;
 
+        // One clock read per poll that does not block (the spinning shard polls often),
+        // a second one only after a real wait.
+        let mut now_ms = self.now_ms();
         let wait = if self.core.has_events() {
             Some(Duration::ZERO)
         } else {
-            let now_ms = self.now_ms();
             match (timeout, self.core.next_deadline_ms()) {
                 (Some(t), None) => Some(t),
                 (t, Some(deadline_ms)) => {
@@ -662,8 +672,9 @@ impl Driver for UringDriver {
                 (None, None) => None,
             }
         };
-        self.submit_and_collect(wait)?;
-        self.core.advance(self.now_ms());
+        let blocks = wait.is_none_or(|d| !d.is_zero());
+        now_ms = self.submit_and_collect(wait, (!blocks).then_some(now_ms))?;
+        self.core.advance(now_ms);
         self.core.take_events(out);
         Ok(())
     }
