@@ -11,6 +11,8 @@
 # imbench drives SCENARIO (default: group), then renders an SVG with inferno.
 # MODE=embedded (or no imrouter binary) records imbench --embedded instead: node and
 # harness in one process (the node's frames are under the `imrouter-N` threads).
+# WHO=harness records the imbench process instead of the node (external mode): where
+# the harness's own CPU per RECV goes.
 #
 # Output: $OUT (default target/flamegraph): perf.data, <scenario>.folded,
 # <scenario>-flamegraph.svg, imbench's JSON summary and .hgrm files.
@@ -22,6 +24,7 @@ SCENARIO=${1:-group}
 shift || true
 OUT=${OUT:-target/flamegraph}
 MODE=${MODE:-external}
+WHO=${WHO:-node}
 TCP_PORT=${TCP_PORT:-15100}
 WS_PORT=${WS_PORT:-15200}
 API_PORT=${API_PORT:-15001}
@@ -74,16 +77,27 @@ else
     kill -0 "$NODE_PID" 2>/dev/null || { echo "flamegraph.sh: imrouter exited, see $OUT/imrouter.log" >&2; exit 1; }
     sleep 0.1
   done
-  perf record -F "$FREQ" -g -e cpu-clock -p "$NODE_PID" -o "$OUT/perf.data" 2>"$OUT/perf-record.log" &
-  PERF_PID=$!
-  "$BIN/imbench" "$SCENARIO" --tcp "127.0.0.1:$TCP_PORT" --ws "127.0.0.1:$WS_PORT" \
-    --api "127.0.0.1:$API_PORT" --pid "$NODE_PID" --out "$OUT" --label "$SCENARIO" "$@" || true
-  kill -INT "$PERF_PID"
+  IMBENCH=("$BIN/imbench" "$SCENARIO" --tcp "127.0.0.1:$TCP_PORT" --ws "127.0.0.1:$WS_PORT"
+    --api "127.0.0.1:$API_PORT" --pid "$NODE_PID" --out "$OUT" --label "$SCENARIO" "$@")
+  if [[ $WHO == harness ]]; then
+    "${IMBENCH[@]}" &
+    BENCH_PID=$!
+    perf record -F "$FREQ" -g -e cpu-clock -p "$BENCH_PID" -o "$OUT/perf.data" 2>"$OUT/perf-record.log" &
+    PERF_PID=$!
+    wait "$BENCH_PID" || true
+  else
+    perf record -F "$FREQ" -g -e cpu-clock -p "$NODE_PID" -o "$OUT/perf.data" 2>"$OUT/perf-record.log" &
+    PERF_PID=$!
+    "${IMBENCH[@]}" || true
+  fi
+  kill -INT "$PERF_PID" 2>/dev/null || true
   wait "$PERF_PID" || true
   PERF_PID=
 fi
 
 perf script -i "$OUT/perf.data" 2>/dev/null | inferno-collapse-perf >"$OUT/$SCENARIO.folded"
-inferno-flamegraph --title "imrouter under imbench $SCENARIO ($MODE)" \
+TITLE="imrouter under imbench $SCENARIO ($MODE)"
+[[ $WHO == harness && $MODE != embedded ]] && TITLE="imbench (harness) running $SCENARIO"
+inferno-flamegraph --title "$TITLE" \
   <"$OUT/$SCENARIO.folded" >"$OUT/$SCENARIO-flamegraph.svg"
 echo "flamegraph: $OUT/$SCENARIO-flamegraph.svg"

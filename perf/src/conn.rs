@@ -3,6 +3,8 @@
 //! Contract: the owner registers [`Conn::stream`] with its `mio::Poll` for READABLE and
 //! WRITABLE (edge-triggered), calls [`Conn::on_writable`] on writable events and
 //! [`Conn::read_frames`] on readable ones, and [`Conn::flush`] after queueing frames.
+//! An io_uring owner instead reads the socket itself and hands each read's bytes to
+//! [`Conn::on_bytes`], and sends what [`Conn::swap_tx`] gives it.
 //! Frames queued before the TCP connect (or the WebSocket upgrade) completes are kept
 //! and written once it does. Every buffer has a limit; exceeding one is an error
 //! value, and the connection is then closed by its owner.
@@ -88,6 +90,10 @@ pub struct Conn {
     pub connect_started_ns: u64,
     /// Next SEND client_seq.
     pub client_seq: u32,
+    /// Reads that brought bytes, and writes (or ring sends) made: the harness's own
+    /// work per RECV.
+    pub reads: u64,
+    pub writes: u64,
     private_key: [u8; 32],
     rx: Vec<u8>,
     rx_off: usize,
@@ -108,6 +114,8 @@ pub struct ConnCtx<'a> {
     pub cipher: &'a mut Option<SessionCipher>,
     pub state: &'a mut ConnState,
     pub version: u8,
+    /// When the `read` that brought this frame in returned (ns since the run's start).
+    pub read_ns: u64,
     private_key: &'a [u8; 32],
     out: &'a mut Vec<u8>,
     ws: bool,
@@ -225,6 +233,8 @@ impl Conn {
             cipher: None,
             connect_started_ns: now_ns,
             client_seq: 0,
+            reads: 0,
+            writes: 0,
             private_key: key.private,
             rx: Vec::with_capacity(RX_INITIAL_BYTES),
             rx_off: 0,
@@ -288,7 +298,10 @@ impl Conn {
         while self.tx_off < self.tx.len() {
             match self.stream.write(&self.tx[self.tx_off..]) {
                 Ok(0) => return Err(ConnError::Eof),
-                Ok(n) => self.tx_off += n,
+                Ok(n) => {
+                    self.tx_off += n;
+                    self.writes += 1;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -305,50 +318,105 @@ impl Conn {
         Ok(())
     }
 
-    /// On a writable event: surfaces a failed connect, then flushes.
+    /// On a writable event: surfaces a failed connect (only while connecting: a
+    /// `getsockopt` per event would cost a syscall per RECV), then flushes what is
+    /// queued (nothing to do, and no syscall, when the queue is empty).
     pub fn on_writable(&mut self) -> Result<(), ConnError> {
-        if let Some(e) = self.stream.take_error()? {
-            return Err(e.into());
+        if self.state != ConnState::Active {
+            if let Some(e) = self.stream.take_error()? {
+                return Err(e.into());
+            }
         }
-        self.flush()
+        if self.tx_pending_bytes() > 0 {
+            self.flush()?;
+        }
+        Ok(())
     }
 
-    /// Reads until the socket would block and hands every complete frame to `sink`.
-    /// Frames the sink queues (RECVACKs) are left for the caller's [`Conn::flush`].
-    /// Reads until the socket would block and hands every complete frame to `sink`.
-    /// Frames the sink queues (RECVACKs) are left for the caller's [`Conn::flush`].
+    /// Reads until the socket is drained and hands every complete frame to `sink`,
+    /// with [`ConnCtx::read_ns`] = `clock()` read once right after the `read` that
+    /// brought the frame in (all frames of one read arrived together).
+    ///
+    /// With edge-triggered readiness, a read that returns less than `chunk.len()`
+    /// bytes emptied the socket's receive queue (a stream socket: epoll(7)), so no
+    /// second `read` is made to see `WouldBlock`, unless `peer_closed` (the event
+    /// carried RDHUP: read on to the end of stream, which brings no new edge).
+    /// TCP frames are decoded in place from `chunk` (the owner's reusable scratch);
+    /// only an incomplete tail is copied into the connection's own buffer.
+    /// Frames the sink queues (RECVACKs) are left for the caller's [`Conn::flush`]:
+    /// the RECVACKs of one read go out in one write.
     pub fn read_frames(
         &mut self,
         chunk: &mut [u8],
+        peer_closed: bool,
+        clock: &dyn Fn() -> u64,
         sink: &mut FrameSink<'_>,
     ) -> Result<(), ConnError> {
-        let into_ws = self.transport == Transport::Ws;
         loop {
             match self.stream.read(chunk) {
-                Ok(0) => {
-                    self.process(sink)?;
-                    return Err(ConnError::Eof);
-                }
+                Ok(0) => return Err(ConnError::Eof),
                 Ok(n) => {
-                    let buf = if into_ws {
-                        &mut self.ws_raw
-                    } else {
-                        &mut self.rx
-                    };
-                    if buf.len() + n > RX_CAPACITY_MAX_BYTES {
-                        return Err(ConnError::BufferFull);
+                    self.on_bytes(&chunk[..n], clock(), sink)?;
+                    if n < chunk.len() && !peer_closed {
+                        return Ok(());
                     }
-                    buf.extend_from_slice(&chunk[..n]);
-                    if into_ws {
-                        self.deframe_ws()?;
-                    }
-                    self.process(sink)?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Handles the bytes of one read (made at `now`, ns since the run's start): hands
+    /// every frame they complete to `sink`, keeps an incomplete tail. TCP frames are
+    /// decoded in place from `data` when no earlier tail is pending.
+    pub fn on_bytes(
+        &mut self,
+        data: &[u8],
+        now: u64,
+        sink: &mut FrameSink<'_>,
+    ) -> Result<(), ConnError> {
+        self.reads += 1;
+        if self.transport == Transport::Ws {
+            if self.ws_raw.len() + data.len() > RX_CAPACITY_MAX_BYTES {
+                return Err(ConnError::BufferFull);
+            }
+            self.ws_raw.extend_from_slice(data);
+            self.deframe_ws()?;
+            self.process(now, sink)
+        } else if self.rx_off == self.rx.len() {
+            let used = self.decode_slice(data, now, sink)?;
+            self.rx.clear();
+            self.rx_off = 0;
+            if data.len() - used > RX_CAPACITY_MAX_BYTES {
+                return Err(ConnError::BufferFull);
+            }
+            self.rx.extend_from_slice(&data[used..]);
+            Ok(())
+        } else {
+            if self.rx.len() + data.len() > RX_CAPACITY_MAX_BYTES {
+                return Err(ConnError::BufferFull);
+            }
+            self.rx.extend_from_slice(data);
+            self.process(now, sink)
+        }
+    }
+
+    /// The socket's descriptor (for an io_uring loop; it stays owned by `stream`).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.as_raw_fd()
+    }
+
+    /// Exchanges the queued output with `buf` (an io_uring loop sends it from there
+    /// and hands the emptied buffer back next time). Only when nothing was written
+    /// partially by [`Conn::flush`].
+    pub fn swap_tx(&mut self, buf: &mut Vec<u8>) {
+        debug_assert_eq!(self.tx_off, 0);
+        self.writes += 1;
+        buf.clear();
+        std::mem::swap(&mut self.tx, buf);
     }
 
     /// WebSocket: completes the upgrade, then moves message payloads into `rx`.
@@ -435,33 +503,12 @@ impl Conn {
         Ok(())
     }
 
-    fn process(&mut self, sink: &mut FrameSink<'_>) -> Result<(), ConnError> {
-        let ws = self.transport == Transport::Ws;
-        loop {
-            let r = decode(&self.rx[self.rx_off..], self.version, MAX_FRAME_BYTES);
-            match r {
-                Ok(Some((frame, used))) => {
-                    self.rx_off += used;
-                    if let Frame::Connack(c) = frame {
-                        if let Some(v) = c.server_version {
-                            self.version = v;
-                        }
-                    }
-                    let mut ctx = ConnCtx {
-                        cipher: &mut self.cipher,
-                        state: &mut self.state,
-                        private_key: &self.private_key,
-                        version: self.version,
-                        out: &mut self.tx,
-                        ws,
-                        scratch: &mut self.scratch,
-                    };
-                    sink(&mut ctx, frame);
-                }
-                Ok(None) => break,
-                Err(e) => return Err(ConnError::Protocol(e.to_string())),
-            }
-        }
+    /// Decodes the frames of `rx` (past `rx_off`) and compacts it.
+    fn process(&mut self, now: u64, sink: &mut FrameSink<'_>) -> Result<(), ConnError> {
+        let rx = std::mem::take(&mut self.rx);
+        let r = self.decode_slice(&rx[self.rx_off..], now, sink);
+        self.rx = rx;
+        self.rx_off += r?;
         if self.rx_off == self.rx.len() {
             self.rx.clear();
             self.rx_off = 0;
@@ -470,6 +517,44 @@ impl Conn {
             self.rx_off = 0;
         }
         Ok(())
+    }
+
+    /// Hands every complete frame at the start of `buf` to `sink`; returns the bytes
+    /// they span (the rest is an incomplete frame).
+    fn decode_slice(
+        &mut self,
+        buf: &[u8],
+        now: u64,
+        sink: &mut FrameSink<'_>,
+    ) -> Result<usize, ConnError> {
+        let mut ctx = ConnCtx {
+            cipher: &mut self.cipher,
+            state: &mut self.state,
+            private_key: &self.private_key,
+            version: self.version,
+            read_ns: now,
+            out: &mut self.tx,
+            ws: self.transport == Transport::Ws,
+            scratch: &mut self.scratch,
+        };
+        let mut off = 0;
+        let r = loop {
+            match decode(&buf[off..], ctx.version, MAX_FRAME_BYTES) {
+                Ok(Some((frame, used))) => {
+                    off += used;
+                    if let Frame::Connack(c) = &frame {
+                        if let Some(v) = c.server_version {
+                            ctx.version = v;
+                        }
+                    }
+                    sink(&mut ctx, frame);
+                }
+                Ok(None) => break Ok(off),
+                Err(e) => break Err(ConnError::Protocol(e.to_string())),
+            }
+        };
+        self.version = ctx.version;
+        r
     }
 }
 

@@ -19,6 +19,7 @@ pub mod plot;
 pub mod proc;
 pub mod report;
 pub mod target;
+pub mod uring;
 
 use std::io;
 use std::net::SocketAddr;
@@ -446,7 +447,18 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
     summary.harness_cpu_s_send_phase = out.harness_cpu_send_s;
     if has_load {
         summary.harness_cpu_share_send_phase = out.harness_cpu_send_s / send_s;
+        let recvs: u64 = out.delivered.iter().sum();
+        if recvs > 0 {
+            summary.harness_cpu_us_per_recv = out.harness_cpu_send_s * 1e6 / recvs as f64;
+        }
     }
+    summary.harness_reads = out.send_phase_reads;
+    summary.harness_writes = out.send_phase_writes;
+    summary.io = match out.uring_workers {
+        0 => "epoll".into(),
+        n if n == out.workers => "uring".into(),
+        n => format!("uring ({n} of {} workers)", out.workers),
+    };
     let cpu = match (meter.cpu_at_send, meter.cpu_at_done) {
         (Some(a), Some(b)) if has_load => Some(b - a),
         _ => None,
@@ -481,21 +493,7 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
         })
         .filter(|(_, d)| *d != 0)
         .collect();
-    let stages_before = target::PromHist::parse_all(&text_before);
-    for h in target::PromHist::parse_all(&text_after) {
-        let d = h.minus(stages_before.iter().find(|b| b.name == h.name));
-        if d.count == 0 {
-            continue;
-        }
-        summary.node_stages.push(report::StageSummary {
-            name: d.name.clone(),
-            count: d.count,
-            mean_us: d.sum_s * 1e6 / d.count as f64,
-            p50_le_us: d.quantile_bound_us(0.50),
-            p90_le_us: d.quantile_bound_us(0.90),
-            p99_le_us: d.quantile_bound_us(0.99),
-        });
-    }
+    summary.node_stages = report::node_stages(&text_before, &text_after);
     hists.push(("connect".into(), out.connect));
     hists.push(("send-lag".into(), out.send_lag));
     for (c, (s, r)) in out.sendack.into_iter().zip(out.recv).enumerate() {
@@ -526,6 +524,7 @@ fn finish(cfg: &BenchConfig, summary: &Summary, hists: &Hists) -> io::Result<()>
 pub fn default_load() -> LoadConfig {
     LoadConfig {
         transport: Transport::Tcp,
+        io: load::IoMode::Uring,
         encrypt: false,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         pin: true,

@@ -1,6 +1,20 @@
-//! The load client: one pinned event loop (mio) per worker thread, many connections
-//! per loop, open-loop SENDs at fixed rates with the intended send time in the payload,
+//! The load client: one pinned event loop per worker thread, many connections per
+//! loop, open-loop SENDs at fixed rates with the intended send time in the payload,
 //! exact per-message accounting of every expected RECV.
+//!
+//! Event loops: the connect phase runs on epoll (mio). The send phase runs on an
+//! io_uring ([`crate::uring`], `IoMode::Uring`, the default) or stays on epoll. Both
+//! treat a RECV the same way: its latency is taken once per read (all frames of one
+//! read arrived together; the ring's reads of one wait are one batch), it is decoded
+//! and counted, and its RECVACK is queued; the RECVACKs of one read leave in one write
+//! (the ring keeps one send in flight per connection: what is queued meanwhile leaves
+//! in the next one, as behind a full socket buffer).
+//!
+//! The harness shares the machine with the node, so its CPU per RECV is kept low: no
+//! per-read allocation (reads go to a reusable buffer and are decoded in place), no
+//! `getsockopt` per writable event, no second `read` to see `WouldBlock` after a short
+//! one (edge-triggered), the shared RECV counter published once per loop turn, and on
+//! the ring no syscall per RECV at all (one `io_uring_enter` per turn carries them).
 //!
 //! Phases of a run ([`run`]): every worker connects its share of the clients (bounded
 //! concurrency, CONNACK latency recorded) → barrier → the caller's hook measures the
@@ -26,7 +40,8 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use net::wkproto::{ChannelType, Flags, Frame, RecvackPacket, SendPacket, Setting};
 
-use crate::conn::{ClientKey, Conn, ConnState, Transport, READ_CHUNK_BYTES};
+use crate::conn::{ClientKey, Conn, ConnError, ConnState, Transport, READ_CHUNK_BYTES};
+use crate::uring::{Completion, Ring};
 
 /// Messages one run may plan (sizes the accounting arrays: 8 bytes each).
 pub const MAX_MESSAGES: u64 = 64 << 20;
@@ -39,6 +54,9 @@ const EVENTS_CAPACITY: usize = 1024;
 /// Longest a loop blocks in poll (it re-checks the stop flag this often).
 const POLL_MAX: Duration = Duration::from_millis(5);
 const TIMER_TOKEN: Token = Token(usize::MAX - 1);
+/// From the end of the connect phase to the first intended send: the workers set up
+/// their send loops (an io_uring and its buffers) in between.
+const SEND_LEAD: Duration = Duration::from_millis(20);
 /// Highest latency a histogram holds (longer values are clamped and counted).
 pub const HIST_MAX_NS: u64 = 120_000_000_000;
 
@@ -105,10 +123,23 @@ pub struct Plan {
     pub schedules: Vec<Schedule>,
 }
 
+/// The event loop of the send phase (the connect phase always uses epoll).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoMode {
+    /// epoll readiness, one `read` and one `write` syscall per connection event.
+    Epoll,
+    /// io_uring: multishot recvs and sends carried by one `io_uring_enter` per loop
+    /// turn (falls back to epoll where the kernel refuses io_uring).
+    Uring,
+}
+
 /// How a run is driven.
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
     pub transport: Transport,
+    /// The send phase's event loop.
+    pub io: IoMode,
     /// Encrypted SENDs, decrypted RECVs with msg_key checks, client-side key agreement.
     pub encrypt: bool,
     pub threads: usize,
@@ -215,6 +246,14 @@ pub struct Outcome {
     /// CPU seconds of the worker threads in the connect phase and the send phase.
     pub harness_cpu_connect_s: f64,
     pub harness_cpu_send_s: f64,
+    /// Workers whose send phase ran on io_uring (the others used epoll).
+    pub uring_workers: usize,
+    pub workers: usize,
+    /// Reads that brought bytes and writes made in the send phase (and drain), over
+    /// all connections: RECVs per read and per write show how much of the harness's
+    /// work per RECV was shared by several RECVs.
+    pub send_phase_reads: u64,
+    pub send_phase_writes: u64,
 }
 
 struct Shared {
@@ -283,10 +322,17 @@ struct Stats {
     recv: [Histogram<u64>; CLASSES],
     errors: Errors,
     dup_flagged: u64,
+    /// RECVs counted since the last poll batch, not yet added to
+    /// `Shared::received_total` (published once per batch).
+    recvs_unpublished: u64,
+    /// The send phase ran on io_uring.
+    uring: bool,
+    /// Reads and writes of the connections (`Conn::reads`/`writes`) closed so far.
+    closed_reads: u64,
+    closed_writes: u64,
     connected: u64,
     first_connect_ns: u64,
     last_connack_ns: u64,
-    last_event_ns: u64,
 }
 
 struct Worker {
@@ -297,6 +343,9 @@ struct Worker {
     schedules: Vec<WSchedule>,
     stats: Stats,
     poll: Poll,
+    /// The send phase's io_uring loop (`IoMode::Uring`), else the epoll loop serves.
+    ring: Option<Ring>,
+    completions: Vec<Completion>,
     chunk: Vec<u8>,
     plain: Vec<u8>,
     payload: Vec<u8>,
@@ -377,12 +426,69 @@ impl Worker {
 
     fn close(&mut self, i: usize) {
         if let Some(mut c) = self.slots[i].conn.take() {
-            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.stats.closed_reads += c.reads;
+            self.stats.closed_writes += c.writes;
+            match self.ring.as_mut() {
+                // Its requests are cancelled; they hold their own socket reference.
+                Some(r) => {
+                    if r.close(i).is_err() {
+                        self.stats.errors.conn_errors += 1;
+                    }
+                }
+                None => {
+                    let _ = self.poll.registry().deregister(&mut c.stream);
+                }
+            }
         }
     }
 
+    /// Reads and writes of every connection of this worker so far, open or closed.
+    fn io_counts(&self) -> (u64, u64) {
+        self.slots.iter().filter_map(|s| s.conn.as_ref()).fold(
+            (self.stats.closed_reads, self.stats.closed_writes),
+            |a, c| (a.0 + c.reads, a.1 + c.writes),
+        )
+    }
+
+    /// Writes what connection `i` has queued: at once (epoll loop), or as the ring's
+    /// next send once the one in flight completed (io_uring loop).
+    fn flush_conn(&mut self, i: usize) -> Result<(), ConnError> {
+        let Some(conn) = self.slots[i].conn.as_mut() else {
+            return Ok(());
+        };
+        match self.ring.as_mut() {
+            None => conn.flush(),
+            Some(r) => {
+                if conn.tx_pending_bytes() > 0 && r.can_send(i) {
+                    r.send_with(i, |b| conn.swap_tx(b))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Counts and reports a failed connection `i`, then closes it.
+    fn conn_failed(&mut self, i: usize, e: ConnError) {
+        let Some(conn) = self.slots[i].conn.as_ref() else {
+            return;
+        };
+        let closed = conn.state == ConnState::Closed;
+        if conn.state == ConnState::AwaitConnack || conn.state == ConnState::WsUpgrade {
+            self.stats.errors.connect_failed += 1;
+        } else if !matches!(e, ConnError::Eof) || !closed {
+            self.stats.errors.conn_errors += 1;
+        }
+        if self.stats.errors.conn_errors + self.stats.errors.connect_failed <= 3 {
+            eprintln!(
+                "imbench: worker {}: {}: {e}",
+                self.id, self.slots[i].spec.uid
+            );
+        }
+        self.close(i);
+    }
+
     /// Handles one readiness event of connection `i`.
-    fn on_event(&mut self, i: usize, readable: bool, writable: bool) {
+    fn on_event(&mut self, i: usize, ev: &mio::event::Event) {
         let Some(slot) = self.slots.get_mut(i) else {
             return;
         };
@@ -390,11 +496,11 @@ impl Worker {
             return;
         };
         let mut result = Ok(());
-        if writable {
+        if ev.is_writable() {
             result = conn.on_writable();
         }
-        if result.is_ok() && readable {
-            let shared = &self.shared;
+        if result.is_ok() && (ev.is_readable() || ev.is_read_closed()) {
+            let shared = &*self.shared;
             let stats = &mut self.stats;
             let inflight = &mut slot.inflight;
             let plain = &mut self.plain;
@@ -403,24 +509,123 @@ impl Worker {
             let mut sink = |ctx: &mut crate::conn::ConnCtx<'_>, f: Frame<'_>| {
                 on_frame(shared, stats, inflight, plain, started, encrypt, ctx, f)
             };
-            result = conn.read_frames(&mut self.chunk, &mut sink);
+            let clock = || shared.now_ns();
+            result = conn.read_frames(&mut self.chunk, ev.is_read_closed(), &clock, &mut sink);
             if result.is_ok() && conn.tx_pending_bytes() > 0 {
                 result = conn.flush();
             }
         }
         let closed = conn.state == ConnState::Closed;
         if let Err(e) = result {
-            if conn.state == ConnState::AwaitConnack || conn.state == ConnState::WsUpgrade {
-                self.stats.errors.connect_failed += 1;
-            } else if !matches!(e, crate::conn::ConnError::Eof) || !closed {
-                self.stats.errors.conn_errors += 1;
-            }
-            if self.stats.errors.conn_errors + self.stats.errors.connect_failed <= 3 {
-                eprintln!("imbench: worker {}: {}: {e}", self.id, slot.spec.uid);
-            }
-            self.close(i);
+            self.conn_failed(i, e);
         } else if closed {
             self.close(i);
+        }
+    }
+
+    /// The io_uring loop's turn: submits what is queued, waits at most `timeout` for
+    /// completions, and handles them (one clock read for all reads of the batch: the
+    /// kernel made them together, right before the wait returned).
+    fn ring_once(&mut self, timeout: Duration) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        let mut done = std::mem::take(&mut self.completions);
+        done.clear();
+        if ring.wait(timeout, &mut done).is_err() {
+            self.stats.errors.conn_errors += 1;
+        }
+        let now = self.shared.now_ns();
+        for &c in &done {
+            let (i, result) = match c {
+                Completion::Recv { conn: i, bid, len } => {
+                    let (Some(ring), Some(slot)) = (self.ring.as_mut(), self.slots.get_mut(i))
+                    else {
+                        continue;
+                    };
+                    let Some(conn) = slot.conn.as_mut() else {
+                        ring.recycle(bid);
+                        continue;
+                    };
+                    let shared = &*self.shared;
+                    let stats = &mut self.stats;
+                    let inflight = &mut slot.inflight;
+                    let plain = &mut self.plain;
+                    let started = conn.connect_started_ns;
+                    let encrypt = self.cfg.encrypt;
+                    let mut sink = |ctx: &mut crate::conn::ConnCtx<'_>, f: Frame<'_>| {
+                        on_frame(shared, stats, inflight, plain, started, encrypt, ctx, f)
+                    };
+                    let r = conn.on_bytes(ring.data(bid, len), now, &mut sink);
+                    ring.recycle(bid);
+                    (i, r.and_then(|_| self.flush_conn(i)))
+                }
+                Completion::Sent { conn: i } => (i, self.flush_conn(i)),
+                Completion::Eof { conn: i } => (i, Err(ConnError::Eof)),
+                Completion::Error { conn: i, errno } => {
+                    (i, Err(ConnError::Io(io::Error::from_raw_os_error(errno))))
+                }
+            };
+            match result {
+                Err(e) => self.conn_failed(i, e),
+                Ok(()) => {
+                    if self.slots[i]
+                        .conn
+                        .as_ref()
+                        .is_some_and(|c| c.state == ConnState::Closed)
+                    {
+                        self.close(i);
+                    }
+                }
+            }
+        }
+        self.completions = done;
+        self.publish_recvs();
+    }
+
+    /// One shared-counter update per loop turn, not one per RECV.
+    fn publish_recvs(&mut self) {
+        let n = std::mem::take(&mut self.stats.recvs_unpublished);
+        if n > 0 {
+            self.shared.received_total.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Moves the send phase onto an io_uring loop (`IoMode::Uring`): every open
+    /// connection leaves epoll and gets a multishot recv. Keeps the epoll loop if the
+    /// kernel refuses io_uring.
+    fn start_ring(&mut self) {
+        if self.cfg.io != IoMode::Uring {
+            return;
+        }
+        let mut ring = match Ring::new(self.slots.len()) {
+            Ok(r) => r,
+            Err(e) => {
+                if self.id == 0 {
+                    eprintln!("imbench: io_uring unavailable ({e}): using epoll");
+                }
+                return;
+            }
+        };
+        let mut failed = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(c) = slot.conn.as_mut() else {
+                continue;
+            };
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            if ring.add(i, c.raw_fd()).is_err() {
+                failed.push(i);
+            }
+        }
+        self.ring = Some(ring);
+        for i in failed {
+            self.conn_failed(i, ConnError::Protocol("io_uring recv not armed".into()));
+        }
+        // Output queued before the switch (none in a quiet connected state).
+        for i in 0..self.slots.len() {
+            if let Err(e) = self.flush_conn(i) {
+                self.conn_failed(i, e);
+            }
         }
     }
 
@@ -438,8 +643,9 @@ impl Worker {
                 }
                 continue;
             }
-            self.on_event(ev.token().0, ev.is_readable(), ev.is_writable());
+            self.on_event(ev.token().0, ev);
         }
+        self.publish_recvs();
     }
 
     /// Connects every client of this worker with at most `concurrency` in progress.
@@ -585,12 +791,12 @@ impl Worker {
             self.shared.now_ns().saturating_sub(intended_ns),
         );
         let frame = &self.frame;
+        let i = route.slot;
         let r = conn
             .queue(|out| out.extend_from_slice(frame))
-            .and_then(|_| conn.flush());
+            .and_then(|_| self.flush_conn(i));
         if r.is_err() {
             self.stats.errors.conn_errors += 1;
-            let i = route.slot;
             self.close(i);
         }
     }
@@ -602,6 +808,8 @@ impl Worker {
             TIMER_TOKEN,
             Interest::READABLE,
         )?;
+        self.start_ring();
+        let uring = self.ring.is_some();
         let start_ns = self.shared.send_start_ns.load(Ordering::Acquire);
         let mut armed = u64::MAX;
         let mut sending = !self.schedules.is_empty();
@@ -648,6 +856,9 @@ impl Worker {
                 let spin_ns = self.cfg.spin.as_nanos() as u64;
                 if wait <= spin_ns {
                     timeout = Duration::ZERO;
+                } else if uring {
+                    // The ring's wait takes a timespec: no timerfd needed.
+                    timeout = timeout.min(Duration::from_nanos(wait - spin_ns));
                 } else {
                     let wake_at = next_wake - spin_ns;
                     if wait - spin_ns < POLL_MAX.as_nanos() as u64 && armed != wake_at {
@@ -657,7 +868,11 @@ impl Worker {
                     timeout = timeout.min(Duration::from_nanos(wait - spin_ns + 1_000_000));
                 }
             }
-            self.poll_once(events, timeout, Some(&timer));
+            if uring {
+                self.ring_once(timeout);
+            } else {
+                self.poll_once(events, timeout, Some(&timer));
+            }
         }
         Ok(())
     }
@@ -688,8 +903,7 @@ fn on_frame(
     ctx: &mut crate::conn::ConnCtx<'_>,
     f: Frame<'_>,
 ) {
-    let now = shared.now_ns();
-    stats.last_event_ns = now;
+    let now = ctx.read_ns;
     match f {
         Frame::Connack(c) => {
             if c.reason_code.0 == 1 {
@@ -767,7 +981,7 @@ fn on_frame(
             match parsed {
                 Some((t, idx, class)) => {
                     shared.received[idx as usize].fetch_add(1, Ordering::Relaxed);
-                    shared.received_total.fetch_add(1, Ordering::Relaxed);
+                    stats.recvs_unpublished += 1;
                     record(&mut stats.recv[class as usize], now.saturating_sub(t));
                 }
                 None => stats.errors.foreign_recvs += 1,
@@ -907,7 +1121,7 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
     // Connect phase.
     shared.barrier.wait();
     hook.connected();
-    let send_start = shared.now_ns() + 2_000_000;
+    let send_start = shared.now_ns() + SEND_LEAD.as_nanos() as u64;
     shared.send_start_ns.store(send_start, Ordering::Release);
     hook.sending();
     shared.barrier.wait();
@@ -967,9 +1181,13 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
         drained,
         harness_cpu_connect_s: 0.0,
         harness_cpu_send_s: 0.0,
+        uring_workers: 0,
+        workers: threads,
+        send_phase_reads: 0,
+        send_phase_writes: 0,
     };
     let (mut first, mut last) = (u64::MAX, 0u64);
-    for (st, cpu_c, cpu_s, unacked, sched) in &stats {
+    for (st, cpu_c, cpu_s, unacked, sched, io_counts) in &stats {
         let _ = out.connect.add(&st.connect);
         let _ = out.send_lag.add(&st.send_lag);
         for c in 0..CLASSES {
@@ -982,6 +1200,9 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
         out.dup_flagged += st.dup_flagged;
         out.harness_cpu_connect_s += cpu_c.as_secs_f64();
         out.harness_cpu_send_s += cpu_s.as_secs_f64();
+        out.uring_workers += usize::from(st.uring);
+        out.send_phase_reads += io_counts.0;
+        out.send_phase_writes += io_counts.1;
         if st.first_connect_ns != 0 {
             first = first.min(st.first_connect_ns);
         }
@@ -998,7 +1219,7 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
         }
     }
     // Sends attempted per class (skipped ones are also counted in errors.sends_skipped).
-    for (_, _, _, _, sched) in &stats {
+    for (_, _, _, _, sched, _) in &stats {
         for (class, lo, hi) in sched {
             out.sent[*class as usize] += hi - lo;
         }
@@ -1010,8 +1231,16 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
 }
 
 /// Per worker: stats, CPU in the connect phase, CPU in the send phase, SENDs never
-/// acknowledged, and its message index ranges per class.
-type WorkerReturn = (Stats, Duration, Duration, u64, Vec<(Class, u64, u64)>);
+/// acknowledged, its message index ranges per class, and the reads and writes of
+/// the send phase.
+type WorkerReturn = (
+    Stats,
+    Duration,
+    Duration,
+    u64,
+    Vec<(Class, u64, u64)>,
+    (u64, u64),
+);
 
 fn worker_main(
     id: usize,
@@ -1043,12 +1272,17 @@ fn worker_main(
                 recv: [new_hist(), new_hist()],
                 errors: Errors::default(),
                 dup_flagged: 0,
+                recvs_unpublished: 0,
+                uring: false,
+                closed_reads: 0,
+                closed_writes: 0,
                 connected: 0,
                 first_connect_ns: 0,
                 last_connack_ns: 0,
-                last_event_ns: 0,
             },
             poll,
+            ring: None,
+            completions: Vec::new(),
             chunk: vec![0u8; READ_CHUNK_BYTES],
             plain: Vec::new(),
             payload: Vec::new(),
@@ -1069,7 +1303,11 @@ fn worker_main(
         shared.done_sending.fetch_add(1, Ordering::AcqRel);
         return Err(io::Error::other("mio poll could not be created"));
     };
+    let io_before = w.io_counts();
     let r = w.send_phase(&mut events);
+    w.stats.uring = w.ring.is_some();
+    let io_after = w.io_counts();
+    let io_counts = (io_after.0 - io_before.0, io_after.1 - io_before.1);
     if r.is_err() {
         shared.done_sending.fetch_add(1, Ordering::AcqRel);
     }
@@ -1081,5 +1319,5 @@ fn worker_main(
         .map(|s| (s.class, s.base, s.base + s.next))
         .collect();
     r?;
-    Ok((w.stats, cpu_connect, cpu_send, unacked, ranges))
+    Ok((w.stats, cpu_connect, cpu_send, unacked, ranges, io_counts))
 }

@@ -114,6 +114,10 @@ struct Common {
     /// Shards of the embedded node (0: one per core).
     #[arg(long, default_value_t = 0)]
     shards: u16,
+    /// Event loop of the send phase: `uring` (io_uring; epoll where the kernel refuses
+    /// it) or `epoll`.
+    #[arg(long, value_enum, default_value = "uring")]
+    io: IoArg,
     /// Connect over WebSocket instead of TCP.
     #[arg(long, value_enum, default_value = "tcp")]
     transport: TransportArg,
@@ -158,6 +162,12 @@ struct Common {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy)]
+enum IoArg {
+    Uring,
+    Epoll,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy)]
 enum TransportArg {
     Tcp,
     Ws,
@@ -194,6 +204,10 @@ fn config(c: &Common, scenario: &str) -> BenchConfig {
     load.transport = match c.transport {
         TransportArg::Tcp => Transport::Tcp,
         TransportArg::Ws => Transport::Ws,
+    };
+    load.io = match c.io {
+        IoArg::Uring => perf::load::IoMode::Uring,
+        IoArg::Epoll => perf::load::IoMode::Epoll,
     };
     load.encrypt = c.encrypt;
     if let Some(t) = c.threads {

@@ -122,15 +122,85 @@ pub struct ClassSummary {
     pub recv: Pcts,
 }
 
-/// One stage histogram of the node: bucket upper bounds holding p50/p90/p99.
+/// One stage histogram of the node (`imrouter_<name>_seconds` in `/metrics`, in the
+/// order `/metrics` lists them): the bucket upper bounds holding p50/p90/p99, in µs.
+/// A quantile past the last finite bound is infinite (`null` in the JSON).
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct StageSummary {
     pub name: String,
     pub count: u64,
     pub mean_us: f64,
+    #[serde(deserialize_with = "inf_if_null")]
     pub p50_le_us: f64,
+    #[serde(deserialize_with = "inf_if_null")]
     pub p90_le_us: f64,
+    #[serde(deserialize_with = "inf_if_null")]
     pub p99_le_us: f64,
+    /// The histogram's largest finite bucket bound.
+    #[serde(default)]
+    pub last_bound_us: f64,
+}
+
+/// JSON has no infinity: serde_json writes it as `null`, read back here.
+fn inf_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v: Option<f64> = serde::Deserialize::deserialize(d)?;
+    Ok(v.unwrap_or(f64::INFINITY))
+}
+
+/// A duration in µs with 3 significant digits below 100 µs (`0.25`, `4.07`, `12.5`),
+/// whole µs above.
+pub fn fmt_us(v: f64) -> String {
+    if !v.is_finite() || v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{}", crate::target::round_significant(v, 3))
+    }
+}
+
+/// `p50 ≤ 0.5 µs`, or `p99 > 5000 µs` past the last finite bucket bound.
+fn fmt_bound(label: &str, le_us: f64, last_us: f64) -> String {
+    if le_us.is_finite() {
+        format!("{label} ≤ {le_us} µs")
+    } else {
+        format!("{label} > {last_us} µs")
+    }
+}
+
+impl StageSummary {
+    /// The terminal line (`node stage <name>: …`; the `stage_` prefix of the metric
+    /// name is left out).
+    pub fn line(&self) -> String {
+        format!(
+            "node stage {}: {} observations, mean {} µs, {}, {}, {} (bucket bounds)",
+            self.name.strip_prefix("stage_").unwrap_or(&self.name),
+            self.count,
+            fmt_us(self.mean_us),
+            fmt_bound("p50", self.p50_le_us, self.last_bound_us),
+            fmt_bound("p90", self.p90_le_us, self.last_bound_us),
+            fmt_bound("p99", self.p99_le_us, self.last_bound_us),
+        )
+    }
+}
+
+/// The node's stage histograms over a run, from its `/metrics` text before and after:
+/// every `imrouter_*_seconds` histogram with observations in between, in the order
+/// `/metrics` lists them.
+pub fn node_stages(before: &str, after: &str) -> Vec<StageSummary> {
+    let before = crate::target::PromHist::parse_all(before);
+    crate::target::PromHist::parse_all(after)
+        .into_iter()
+        .map(|h| h.minus(before.iter().find(|b| b.name == h.name)))
+        .filter(|d| d.count > 0)
+        .map(|d| StageSummary {
+            count: d.count,
+            mean_us: d.sum_s * 1e6 / d.count as f64,
+            p50_le_us: d.quantile_bound_us(0.50),
+            p90_le_us: d.quantile_bound_us(0.90),
+            p99_le_us: d.quantile_bound_us(0.99),
+            last_bound_us: d.last_finite_bound_us(),
+            name: d.name,
+        })
+        .collect()
 }
 
 /// Server resource use (from `--pid`, or the embedded node's threads).
@@ -176,6 +246,18 @@ pub struct Summary {
     pub harness_cpu_s_connect: f64,
     pub harness_cpu_s_send_phase: f64,
     pub harness_cpu_share_send_phase: f64,
+    /// Harness CPU of the send phase per RECV delivered (µs): what the harness takes
+    /// from a machine it shares with the node.
+    #[serde(default)]
+    pub harness_cpu_us_per_recv: f64,
+    /// The send phase's event loop: `uring`, `epoll`, or `uring (k of n workers)`.
+    #[serde(default)]
+    pub io: String,
+    /// Reads that brought bytes and writes the harness made in the send phase.
+    #[serde(default)]
+    pub harness_reads: u64,
+    #[serde(default)]
+    pub harness_writes: u64,
     pub server: ServerUse,
     pub node_metrics_delta: Vec<(String, i64)>,
     /// The node's own stage histograms over the run (from `/metrics`).
@@ -265,19 +347,31 @@ pub fn table(s: &Summary) -> String {
         s.dup_flagged_recvs,
         s.drained
     );
-    let _ = writeln!(
+    let _ = write!(
         t,
-        "harness CPU: {:.2}s connect, {:.2}s send phase ({:.0}% of one core)",
+        "harness CPU ({} loop): {:.2}s connect, {:.2}s send phase ({:.0}% of one core)",
+        s.io,
         s.harness_cpu_s_connect,
         s.harness_cpu_s_send_phase,
         s.harness_cpu_share_send_phase * 100.0
     );
-    for st in &s.node_stages {
-        let _ = writeln!(
+    if s.harness_cpu_us_per_recv > 0.0 {
+        let _ = write!(t, ", {} µs per RECV", fmt_us(s.harness_cpu_us_per_recv));
+    }
+    let recvs: u64 = s.classes.iter().map(|c| c.delivered_recvs).sum();
+    if recvs > 0 && s.harness_reads > 0 && s.harness_writes > 0 {
+        let _ = write!(
             t,
-            "node stage {}: {} observations, mean {:.1} µs, p50 ≤ {} µs, p90 ≤ {} µs, p99 ≤ {} µs (bucket bounds)",
-            st.name, st.count, st.mean_us, st.p50_le_us, st.p90_le_us, st.p99_le_us
+            "; {} reads, {} writes ({} RECVs per read, {} per write)",
+            s.harness_reads,
+            s.harness_writes,
+            fmt_us(recvs as f64 / s.harness_reads as f64),
+            fmt_us(recvs as f64 / s.harness_writes as f64)
         );
+    }
+    t.push('\n');
+    for st in &s.node_stages {
+        let _ = writeln!(t, "{}", st.line());
     }
     let sv = &s.server;
     let mut line = format!("server ({}):", sv.source);
@@ -328,6 +422,83 @@ mod tests {
         assert!((p.max_us - 1000.0).abs() < 1.0, "{p:?}");
         let c = curve(&h);
         assert!(c.first().unwrap().0 < 1.0 && c.last().unwrap().0 == 100.0);
+    }
+
+    /// Two stages with sub-µs bounds, listed `push_hop` first: the summary keeps that
+    /// order, takes the difference of the two texts, prints sub-µs bounds as such.
+    const BEFORE: &str = "imrouter_stage_push_hop_seconds_bucket{le=\"0.00000025\"} 1\n\
+        imrouter_stage_push_hop_seconds_bucket{le=\"0.0000005\"} 1\n\
+        imrouter_stage_push_hop_seconds_bucket{le=\"0.000005\"} 1\n\
+        imrouter_stage_push_hop_seconds_bucket{le=\"+Inf\"} 1\n\
+        imrouter_stage_push_hop_seconds_sum 0.0000002\n\
+        imrouter_stage_push_hop_seconds_count 1\n";
+    const AFTER: &str = "imrouter_stage_push_hop_seconds_bucket{le=\"0.00000025\"} 31\n\
+        imrouter_stage_push_hop_seconds_bucket{le=\"0.0000005\"} 81\n\
+        imrouter_stage_push_hop_seconds_bucket{le=\"0.000005\"} 91\n\
+        imrouter_stage_push_hop_seconds_bucket{le=\"+Inf\"} 101\n\
+        imrouter_stage_push_hop_seconds_sum 0.0000452\n\
+        imrouter_stage_push_hop_seconds_count 101\n\
+        imrouter_recvs 100\n\
+        imrouter_stage_append_seconds_bucket{le=\"0.0000001\"} 4\n\
+        imrouter_stage_append_seconds_bucket{le=\"+Inf\"} 4\n\
+        imrouter_stage_append_seconds_sum 0.0000002\n\
+        imrouter_stage_append_seconds_count 4\n\
+        imrouter_stage_idle_seconds_bucket{le=\"0.001\"} 0\n\
+        imrouter_stage_idle_seconds_bucket{le=\"+Inf\"} 0\n\
+        imrouter_stage_idle_seconds_sum 0\n\
+        imrouter_stage_idle_seconds_count 0\n";
+
+    #[test]
+    fn node_stages_keep_order_and_sub_microsecond_bounds() {
+        let st = node_stages(BEFORE, AFTER);
+        let names: Vec<&str> = st.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["stage_push_hop", "stage_append"],
+            "idle has no observations"
+        );
+        let hop = &st[0];
+        assert_eq!(hop.count, 100);
+        assert!((hop.mean_us - 0.45).abs() < 1e-9, "{hop:?}");
+        assert_eq!(hop.p50_le_us, 0.5);
+        assert_eq!(hop.p90_le_us, 5.0);
+        assert!(hop.p99_le_us.is_infinite());
+        assert_eq!(hop.last_bound_us, 5.0);
+        assert_eq!(
+            hop.line(),
+            "node stage push_hop: 100 observations, mean 0.45 µs, p50 ≤ 0.5 µs, \
+             p90 ≤ 5 µs, p99 > 5 µs (bucket bounds)"
+        );
+        assert_eq!(st[1].p50_le_us, 0.1);
+        assert!(st[1].line().contains("p50 ≤ 0.1 µs"), "{}", st[1].line());
+    }
+
+    #[test]
+    fn node_stages_survive_the_json_summary() {
+        let s = Summary {
+            node_stages: node_stages(BEFORE, AFTER),
+            ..Summary::default()
+        };
+        let json = serde_json::to_string(&s).unwrap();
+        let back: Summary = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.node_stages.len(), 2);
+        assert_eq!(back.node_stages[0].name, "stage_push_hop");
+        assert_eq!(back.node_stages[0].p50_le_us, 0.5);
+        assert!(
+            back.node_stages[0].p99_le_us.is_infinite(),
+            "null reads back"
+        );
+        assert_eq!(back.node_stages[1].name, "stage_append");
+        assert!(table(&back).contains("node stage push_hop: 100 observations"));
+    }
+
+    #[test]
+    fn fmt_us_keeps_three_significant_digits() {
+        assert_eq!(fmt_us(0.25), "0.25");
+        assert_eq!(fmt_us(0.123456), "0.123");
+        assert_eq!(fmt_us(4.0712), "4.07");
+        assert_eq!(fmt_us(12.54), "12.5");
+        assert_eq!(fmt_us(182.4), "182");
     }
 
     #[test]

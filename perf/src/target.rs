@@ -295,14 +295,41 @@ impl PromHist {
         }
     }
 
-    /// Upper bound (µs) of the bucket holding quantile `q` (infinite past the last).
+    /// Upper bound (µs) of the bucket holding quantile `q` (infinite past the last
+    /// finite bound), to 6 significant digits: `le="0.0000005"` is `0.5`, not
+    /// `0.49999999999999994`.
     pub fn quantile_bound_us(&self, q: f64) -> f64 {
         let want = (q * self.count as f64).ceil() as u64;
         self.buckets
             .iter()
             .find(|(_, c)| *c >= want.max(1))
-            .map_or(f64::INFINITY, |(le, _)| (le * 1e9).round() / 1e3)
+            .map_or(f64::INFINITY, |(le, _)| seconds_to_us(*le))
     }
+
+    /// The largest finite bucket bound (µs), 0 if there is none.
+    pub fn last_finite_bound_us(&self) -> f64 {
+        seconds_to_us(
+            self.buckets
+                .iter()
+                .map(|(le, _)| *le)
+                .filter(|le| le.is_finite())
+                .fold(0.0, f64::max),
+        )
+    }
+}
+
+/// Seconds to µs, rounded to 6 significant digits (infinite stays infinite).
+pub fn seconds_to_us(s: f64) -> f64 {
+    round_significant(s * 1e6, 6)
+}
+
+/// `v` rounded to `digits` significant decimal digits.
+pub fn round_significant(v: f64, digits: i32) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let scale = 10f64.powi(digits - 1 - v.abs().log10().floor() as i32);
+    (v * scale).round() / scale
 }
 
 /// What a run drives.

@@ -49,6 +49,10 @@ fn assert_clean(s: &Summary) {
         assert_eq!(c.sendack.count, c.sent, "one SENDACK per SEND");
     }
     assert!(s.floor_rtt.as_ref().is_some_and(|f| f.count > 0));
+    if s.classes.iter().any(|c| c.delivered_recvs > 0) {
+        // Every RECV came in through a counted read and left a RECVACK in a write.
+        assert!(s.harness_reads > 0 && s.harness_writes > 0, "{s:?}");
+    }
 }
 
 #[test]
@@ -68,7 +72,25 @@ fn person_accounts_for_every_recv() {
     };
     let (s, _) = perf::run_scenario(&config("person"), &sc).unwrap();
     assert_clean(&s);
+    // The default loop is io_uring wherever the kernel allows one.
+    if perf::uring::Ring::new(1).is_ok() {
+        assert_eq!(s.io, "uring");
+    }
     assert_eq!(s.classes[0].expected_recvs, s.classes[0].sent);
+}
+
+/// The epoll loop (the fallback where io_uring is refused) accounts the same way.
+#[test]
+fn person_over_epoll_accounts_for_every_recv() {
+    let mut cfg = config("person-epoll");
+    cfg.load.io = load::IoMode::Epoll;
+    let sc = Scenario::Person {
+        pairs: 10,
+        rate: 200.0,
+    };
+    let (s, _) = perf::run_scenario(&cfg, &sc).unwrap();
+    assert_clean(&s);
+    assert_eq!(s.io, "epoll");
 }
 
 #[test]
