@@ -1,6 +1,8 @@
 //! Presence authority benches: register+commit, touch batches, lookups over 1M
-//! routes (alone and beside a writer thread), and an expiry pass with 1% of 1M
-//! routes due against a full scan.
+//! routes (alone and beside a writer thread; full `Endpoint`s and the compact form;
+//! with the routes' own uid `Arc`s and with equal strings in other allocations, as
+//! a node's subscriber lists have), and an expiry pass with 1% of 1M routes due
+//! against a full scan of every record.
 //!
 //! `cargo bench -p engine --bench authority -- --warm-up-time 1 --measurement-time 3`
 
@@ -13,7 +15,9 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use engine::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
 use engine::cluster::{ClusterView, HashSlot, Target};
-use engine::route::{AuthorityError, DeviceLevel, Endpoint, Listener, RegisterOutcome, Route, Uid};
+use engine::route::{
+    AuthorityError, CompactEndpoint, DeviceLevel, Endpoint, Listener, RegisterOutcome, Route, Uid,
+};
 use shard::slots::{hash_slot, HASH_SLOTS};
 
 const ROUTES: usize = 1 << 20;
@@ -29,6 +33,15 @@ fn thread_cpu() -> Duration {
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     assert_eq!(rc, 0);
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The minimum and the median of `v` (zero when empty).
+fn min_median(v: &mut [Duration]) -> (Duration, Duration) {
+    v.sort_unstable();
+    (
+        v.first().copied().unwrap_or_default(),
+        v.get(v.len() / 2).copied().unwrap_or_default(),
+    )
 }
 
 /// Times `iters` runs of `f` in thread CPU time.
@@ -231,23 +244,52 @@ fn lookup_calls(
         .collect()
 }
 
+/// The groups of each lookup call, built once (a node reuses its buffers too).
+fn call_groups<'a>(
+    by: &'a [Vec<Uid>],
+    calls: &[Vec<(Target, Range<usize>)>],
+) -> Vec<Vec<(Target, &'a [Uid])>> {
+    calls
+        .iter()
+        .map(|call| {
+            call.iter()
+                .enumerate()
+                .map(|(s, (t, range))| (*t, &by[s][range.clone()]))
+                .collect()
+        })
+        .collect()
+}
+
+/// Full endpoints (each clones its uid's `Arc`), into reused buffers.
 fn run_lookups(
     r: &AuthorityReader,
-    by: &[Vec<Uid>],
-    calls: &[Vec<(Target, Range<usize>)>],
+    calls: &[Vec<(Target, &[Uid])>],
     out: &mut Vec<Endpoint>,
     res: &mut Vec<Result<Range<usize>, AuthorityError>>,
 ) -> usize {
     let mut n = 0;
-    for call in calls {
-        let groups: Vec<(Target, &[Uid])> = call
-            .iter()
-            .enumerate()
-            .map(|(s, (t, range))| (*t, &by[s][range.clone()]))
-            .collect();
+    for groups in calls {
         out.clear();
         res.clear();
-        r.endpoints_by_targets_into(&groups, out, res);
+        r.endpoints_by_targets_into(groups, out, res);
+        n += out.len();
+        black_box(&out);
+    }
+    n
+}
+
+/// Compact endpoints, into reused buffers.
+fn run_lookups_compact(
+    r: &AuthorityReader,
+    calls: &[Vec<(Target, &[Uid])>],
+    out: &mut Vec<CompactEndpoint>,
+    res: &mut Vec<Result<Range<usize>, AuthorityError>>,
+) -> usize {
+    let mut n = 0;
+    for groups in calls {
+        out.clear();
+        res.clear();
+        r.endpoints_by_targets_compact_into(groups, out, res);
         n += out.len();
         black_box(&out);
     }
@@ -257,8 +299,16 @@ fn run_lookups(
 fn bench_lookup_and_expiry(c: &mut Criterion) {
     let (mut a, view, by, mut classes) = loaded();
     let r = a.reader();
-    let calls = lookup_calls(&view, &by, 64);
+    let call_ranges = lookup_calls(&view, &by, 64);
+    let calls = call_groups(&by, &call_ranges);
+    // Equal uids in other allocations (allocated in lookup order).
+    let by_copies: Vec<Vec<Uid>> = by
+        .iter()
+        .map(|us| us.iter().map(|u| Uid::from(&**u)).collect())
+        .collect();
+    let calls_copies = call_groups(&by_copies, &call_ranges);
     let mut out = Vec::with_capacity(1 << 15);
+    let mut out_compact = Vec::with_capacity(1 << 15);
     let mut res = Vec::new();
     let mut g = c.benchmark_group("authority");
     g.sample_size(10);
@@ -266,16 +316,42 @@ fn bench_lookup_and_expiry(c: &mut Criterion) {
     g.bench_function("endpoints_by_targets_1m_routes_cpu", |b| {
         b.iter_custom(|iters| {
             cpu_iters(iters, || {
-                assert_eq!(run_lookups(&r, &by, &calls, &mut out, &mut res), ROUTES)
+                assert_eq!(run_lookups(&r, &calls, &mut out, &mut res), ROUTES)
             })
         })
     });
+    g.bench_function("endpoints_by_targets_compact_1m_routes_cpu", |b| {
+        b.iter_custom(|iters| {
+            cpu_iters(iters, || {
+                assert_eq!(
+                    run_lookups_compact(&r, &calls, &mut out_compact, &mut res),
+                    ROUTES
+                )
+            })
+        })
+    });
+    g.bench_function(
+        "endpoints_by_targets_compact_1m_routes_other_uid_arcs_cpu",
+        |b| {
+            b.iter_custom(|iters| {
+                cpu_iters(iters, || {
+                    assert_eq!(
+                        run_lookups_compact(&r, &calls_copies, &mut out_compact, &mut res),
+                        ROUTES
+                    )
+                })
+            })
+        },
+    );
 
     // Expiry: activity is spread over TTL_S + 1 seconds, so each second ~1% is due.
     // Timed: the pass alone; untimed: touching the expired routes back to life.
     let mut now = T0;
     let mut expired_total = 0usize;
     let mut passes = 0u64;
+    // Every pass's CPU time: the minimum and median resist a machine shared with
+    // other work better than a mean (every 8th pass also drains a coarser bucket).
+    let mut pass_times: Vec<Duration> = Vec::with_capacity(1 << 12);
     let stats0 = a.stats();
     g.bench_function("expire_pass_1pct_due_of_1m_cpu", |b| {
         b.iter_custom(|iters| {
@@ -284,7 +360,11 @@ fn bench_lookup_and_expiry(c: &mut Criterion) {
                 now += 1;
                 let start = thread_cpu();
                 let n = a.expire(now);
-                total += thread_cpu() - start;
+                let took = thread_cpu() - start;
+                total += took;
+                if pass_times.len() < pass_times.capacity() {
+                    pass_times.push(took);
+                }
                 passes += 1;
                 expired_total += n;
                 // The class due at `now` expired; recreate it with activity `now`
@@ -311,13 +391,29 @@ fn bench_lookup_and_expiry(c: &mut Criterion) {
         expired_total as u64 / passes.max(1),
         examined as f64 * 100.0 / ROUTES as f64
     );
+    let mut scan_times: Vec<Duration> = Vec::with_capacity(1 << 10);
     g.bench_function("full_scan_1m_baseline_cpu", |b| {
         b.iter_custom(|iters| {
-            cpu_iters(iters, || {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = thread_cpu();
                 black_box(a.full_scan_due(now + 1));
-            })
+                let took = thread_cpu() - start;
+                total += took;
+                if scan_times.len() < scan_times.capacity() {
+                    scan_times.push(took);
+                }
+            }
+            total
         })
     });
+    let (pass_min, pass_med) = min_median(&mut pass_times);
+    let (scan_min, scan_med) = min_median(&mut scan_times);
+    eprintln!(
+        "expiry pass vs full scan: min {pass_min:?} / {scan_min:?} = {:.1}%, median {pass_med:?} / {scan_med:?} = {:.1}%",
+        pass_min.as_secs_f64() * 100.0 / scan_min.as_secs_f64(),
+        pass_med.as_secs_f64() * 100.0 / scan_med.as_secs_f64(),
+    );
     g.finish();
 
     // Lookups beside a writer thread that keeps touching and re-registering.
@@ -356,10 +452,20 @@ fn bench_lookup_and_expiry(c: &mut Criterion) {
     g.bench_function("endpoints_by_targets_1m_routes_with_writer_cpu", |b| {
         b.iter_custom(|iters| {
             cpu_iters(iters, || {
-                black_box(run_lookups(&r, &by, &calls, &mut out, &mut res));
+                black_box(run_lookups(&r, &calls, &mut out, &mut res));
             })
         })
     });
+    g.bench_function(
+        "endpoints_by_targets_compact_1m_routes_with_writer_cpu",
+        |b| {
+            b.iter_custom(|iters| {
+                cpu_iters(iters, || {
+                    black_box(run_lookups_compact(&r, &calls, &mut out_compact, &mut res));
+                })
+            })
+        },
+    );
     g.finish();
     stop.store(true, Ordering::Relaxed);
     drop(writer.join().unwrap());

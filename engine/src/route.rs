@@ -99,6 +99,37 @@ pub struct Endpoint {
     pub owner_seq: OwnerSeq,
 }
 
+/// An [`Endpoint`] without its uid, as the fast lookup
+/// (`AuthorityReader::endpoints_by_targets_compact_into`) returns it: `Copy`, 40
+/// bytes, no reference count to touch. `uid_index` is the position of its uid in the
+/// uid slice of the looked-up group (the caller already holds that uid).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CompactEndpoint {
+    pub uid_index: u32,
+    pub device_flag: u8,
+    pub device_level: DeviceLevel,
+    pub node_id: NodeId,
+    pub boot_id: BootId,
+    pub session_id: SessionId,
+    pub owner_seq: OwnerSeq,
+}
+
+impl CompactEndpoint {
+    /// The full endpoint, given the uid it belongs to (`group_uids[uid_index]`).
+    #[inline]
+    pub fn endpoint(&self, uid: &Uid) -> Endpoint {
+        Endpoint {
+            uid: uid.clone(),
+            device_flag: self.device_flag,
+            device_level: self.device_level,
+            node_id: self.node_id,
+            boot_id: self.boot_id,
+            session_id: self.session_id,
+            owner_seq: self.owner_seq,
+        }
+    }
+}
+
 /// What the owner of a conflicting route must do before the newcomer commits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum OwnerActionKind {

@@ -496,6 +496,8 @@ fn run_seed(seed: u64, steps: usize) -> Result<(), String> {
         route_ttl_s: TTL_S,
         pending_ttl_s: PENDING_TTL_S,
         fence_retention_s: RETENTION_S,
+        // The smallest published table: its rebuilds and entry reuse are exercised.
+        initial_buckets_per_slot: 1,
         ..AuthorityConfig::default()
     };
     let dir = Directory::new(&cfg).unwrap();

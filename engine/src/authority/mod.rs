@@ -9,6 +9,18 @@
 //!   entry per record) and publishes each uid's active endpoints to the directory.
 //! - [`AuthorityReader`]: lookups from any thread, never blocking the writer.
 //!
+//! # Layout for speed
+//! - Per slot, records live in a slab (`u32` indices, 256-byte cache-aligned
+//!   records), linked per uid; wheel entries name their record by index. An expiry
+//!   pass reads and writes only a record's first cache line, touches no reference
+//!   count (an expired route's data stays, stale, until replaced or dropped with its
+//!   record), removes the one endpoint from the published entry without reading the
+//!   uid's other records, and queues the retention deadline (an append) instead of
+//!   inserting a wheel entry. Fired entries of all slots go through one software
+//!   pipeline that prefetches records and published entries ahead.
+//! - The published directory is one 64-byte line per uid (see `published`);
+//!   lookups copy out [`CompactEndpoint`]s (no `Arc` clone) or full [`Endpoint`]s.
+//!
 //! # Contract and decisions beyond the rules
 //! - Every call carries the exact [`Target`]; a call for a hash slot this writer has
 //!   not installed gets `NotLeader`, any other difference `StaleTarget` (rules 1, 2).
@@ -27,9 +39,10 @@
 //! - Fence records (last owner_seq, tombstone per identity) outlive their route by
 //!   `fence_retention_s` (counted from the moment the identity has neither route nor
 //!   candidate, restarted by each unregister), then are dropped by the same wheel
-//!   that expires routes. A message delayed longer than that retention is no longer
-//!   fenced: a register or touch at or below the forgotten tombstone would (re)create
-//!   the route. Such a route belongs to a closed session: the owner refuses pushes to
+//!   that expires routes (or, for records an expiry pass orphaned, by the slot's
+//!   retention queue, drained by the same passes). A message delayed longer than
+//!   that retention is no longer fenced: a register or touch at or below the
+//!   forgotten tombstone would (re)create the route. Such a route belongs to a closed session: the owner refuses pushes to
 //!   it (it revalidates uid, boot_id, session_id, owner_seq) and, never touched, it
 //!   expires after `route_ttl_s`. Keep `fence_retention_s` well above the longest
 //!   delay an RPC can suffer.
@@ -38,7 +51,7 @@
 
 mod published;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -46,11 +59,12 @@ use shard::slots::{hash_slot, HASH_SLOTS};
 use shard::timer::{TimerHandle, TimerWheel, WheelStats};
 
 pub use published::{Directory, FxBuildHasher, FxHasher};
+use published::{SlotView, TableWriter, NIL};
 
 use crate::cluster::{ClusterView, HashSlot, NodeId, Revision, Target};
 use crate::route::{
-    AuthorityError, BootId, DeviceLevel, Endpoint, OwnerAction, OwnerActionKind, OwnerSeq,
-    PendingToken, RegisterOutcome, Route, RouteIdentity, SessionId, Uid,
+    AuthorityError, BootId, CompactEndpoint, DeviceLevel, Endpoint, OwnerAction, OwnerActionKind,
+    OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity, SessionId, Uid,
 };
 
 /// The limits and timeouts of the authority. Units are in the names.
@@ -76,7 +90,9 @@ pub struct AuthorityConfig {
     pub max_lookup_uids: usize,
     /// Routes per `touch_routes` call.
     pub max_touch_batch_routes: usize,
-    /// Initial bucket count of a slot's published table (it doubles as it fills).
+    /// Initial entry count of a slot's published table (one cache line per uid with
+    /// routes; a new table is built as uids come, up to twice `max_routes_per_slot`
+    /// entries).
     pub initial_buckets_per_slot: usize,
 }
 
@@ -249,7 +265,8 @@ pub struct AuthorityStats {
     pub fence_records_dropped: u64,
     /// Wheel buckets emptied by expiry passes.
     pub expiry_buckets_visited: u64,
-    /// Wheel entries examined by expiry passes (fired or moved to a finer level).
+    /// Wheel entries examined by expiry passes (fired or moved to a finer level),
+    /// plus retention-queue entries examined (due ones only).
     pub expiry_entries_visited: u64,
 }
 
@@ -299,39 +316,208 @@ struct Pending {
     timer: TimerHandle,
 }
 
-/// Everything the slot knows about one identity.
+/// Everything the slot knows about one identity. Cache-line aligned, and laid out
+/// (`repr(C)`) so that an expiry pass reads and writes only the first line.
+#[repr(C, align(64))]
 struct Record {
-    sess: Sess,
-    last_owner_seq: OwnerSeq,
-    tombstone: Option<OwnerSeq>,
-    /// Nonce of the newest registration of this identity (supersedes older tokens).
-    last_nonce: u64,
-    active: Option<Active>,
-    pending: Option<Box<Pending>>,
+    /// The user (uid) of this record, and the user's next record (`NIL`: last).
+    user: u32,
+    next: u32,
     /// The record's one wheel entry: the active route's expiry (when it has an
     /// activity time) or the retention deadline (when it has neither route nor
-    /// candidate); `None` otherwise.
+    /// candidate and `retention_queued` is false); `None` otherwise.
     timer: Option<TimerHandle>,
+    /// Its retention deadline is kept by the slot's retention queue (an entry
+    /// `(retain_until_s, this record)`), not by the wheel: set by an expiry pass
+    /// for the records it orphans, cleared by any other change of state.
+    retention_queued: bool,
+    /// Whether `route` is the active route. Expiry and unregister clear it without
+    /// dropping the route (a pass touches no reference count: the uid's and device
+    /// id's `Arc`s live on other lines); a stale route is dropped when replaced or
+    /// with its record.
+    is_active: bool,
     retain_until_s: Option<u64>,
+    pending: Option<Box<Pending>>,
+    tombstone: Option<OwnerSeq>,
+    // Second line on.
+    sess: Sess,
+    last_owner_seq: OwnerSeq,
+    /// Nonce of the newest registration of this identity (supersedes older tokens).
+    last_nonce: u64,
+    route: Option<Active>,
 }
 
+// A vacant slab slot costs no more than a record (the niche of `is_active`), and a
+// record is four cache lines, the first the one an expiry pass touches.
+const _: () = assert!(std::mem::size_of::<Option<Record>>() == std::mem::size_of::<Record>());
+const _: () = assert!(std::mem::size_of::<Record>() == 256);
+
 impl Record {
-    fn new(sess: Sess) -> Record {
+    fn new(user: u32, next: u32, sess: Sess) -> Record {
         Record {
+            user,
+            next,
+            timer: None,
+            retention_queued: false,
+            is_active: false,
+            retain_until_s: None,
+            pending: None,
+            tombstone: None,
             sess,
             last_owner_seq: 0,
-            tombstone: None,
             last_nonce: 0,
-            active: None,
-            pending: None,
-            timer: None,
-            retain_until_s: None,
+            route: None,
         }
     }
     #[inline]
     fn tombstoned(&self, owner_seq: OwnerSeq) -> bool {
         self.tombstone.is_some_and(|t| owner_seq <= t)
     }
+    /// The active route.
+    #[inline]
+    fn active(&self) -> Option<&Active> {
+        if self.is_active {
+            self.route.as_ref()
+        } else {
+            None
+        }
+    }
+    #[inline]
+    fn active_mut(&mut self) -> Option<&mut Active> {
+        if self.is_active {
+            self.route.as_mut()
+        } else {
+            None
+        }
+    }
+    /// Makes `a` the active route (a stale one is dropped).
+    #[inline]
+    fn activate(&mut self, a: Active) {
+        self.route = Some(a);
+        self.is_active = true;
+    }
+    /// Ends the active route, keeping its data (stale, see `is_active`); returns
+    /// its owner_seq.
+    #[inline]
+    fn deactivate(&mut self) -> Option<OwnerSeq> {
+        if !self.is_active {
+            return None;
+        }
+        self.is_active = false;
+        self.route.as_ref().map(|a| a.route.owner_seq)
+    }
+}
+
+/// One uid of a slot: its records, linked from `first` through [`Record::next`].
+struct User {
+    uid: Uid,
+    first: u32,
+    /// Length of the list (at most `max_records_per_uid`).
+    records: u32,
+}
+
+/// Items with stable `u32` indices; vacated indices are reused first. Holds at most
+/// the peak number of live items, which the callers bound by their limits.
+struct Slab<T> {
+    items: Vec<Option<T>>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Self {
+        Slab {
+            items: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn insert(&mut self, v: T) -> u32 {
+        self.len += 1;
+        if let Some(i) = self.free.pop() {
+            debug_assert!(self.items[i as usize].is_none());
+            self.items[i as usize] = Some(v);
+            i
+        } else {
+            assert!(
+                self.items.len() < NIL as usize,
+                "slab index space exhausted"
+            );
+            self.items.push(Some(v));
+            (self.items.len() - 1) as u32
+        }
+    }
+
+    fn remove(&mut self, i: u32) -> Option<T> {
+        let v = self.items.get_mut(i as usize)?.take()?;
+        self.free.push(i);
+        self.len -= 1;
+        Some(v)
+    }
+
+    #[inline]
+    fn get(&self, i: u32) -> Option<&T> {
+        self.items.get(i as usize)?.as_ref()
+    }
+
+    #[inline]
+    fn get_mut(&mut self, i: u32) -> Option<&mut T> {
+        self.items.get_mut(i as usize)?.as_mut()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.as_ref().map(|v| (i as u32, v)))
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, i: u32) {
+        published::prefetch(self.items.as_ptr().wrapping_add(i as usize));
+    }
+}
+
+impl<T> std::ops::Index<u32> for Slab<T> {
+    type Output = T;
+    /// Panics on a vacant index: every index the writer keeps names a live item.
+    #[inline]
+    fn index(&self, i: u32) -> &T {
+        self.get(i).expect("slab index of a vacant item")
+    }
+}
+
+impl<T> std::ops::IndexMut<u32> for Slab<T> {
+    #[inline]
+    fn index_mut(&mut self, i: u32) -> &mut T {
+        self.get_mut(i).expect("slab index of a vacant item")
+    }
+}
+
+/// The records of one user, from its first.
+struct UserRecords<'a> {
+    recs: &'a Slab<Record>,
+    next: u32,
+}
+
+impl<'a> Iterator for UserRecords<'a> {
+    type Item = (u32, &'a Record);
+    #[inline]
+    fn next(&mut self) -> Option<(u32, &'a Record)> {
+        if self.next == NIL {
+            return None;
+        }
+        let i = self.next;
+        let r = &self.recs[i];
+        self.next = r.next;
+        Some((i, r))
+    }
+}
+
+#[inline]
+fn records_from(recs: &Slab<Record>, first: u32) -> UserRecords<'_> {
+    UserRecords { recs, next: first }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -340,9 +526,10 @@ enum TimerKind {
     Pending(u64),
 }
 
+/// A wheel entry: the record it is for (its index in the slot's record slab).
+#[derive(Clone, Copy, Debug)]
 struct TimerKey {
-    uid: Uid,
-    sess: Sess,
+    rec: u32,
     kind: TimerKind,
 }
 
@@ -350,15 +537,39 @@ struct TimerKey {
 struct SlotWriter {
     target: Target,
     revision: Revision,
-    uids: HashMap<Uid, Vec<Record>, FxBuildHasher>,
+    /// The user of each uid.
+    by_uid: HashMap<Uid, u32, FxBuildHasher>,
+    users: Slab<User>,
+    /// Every record (at most `max_fence_records_per_slot`).
+    recs: Slab<Record>,
+    table: TableWriter,
     wheel: TimerWheel<TimerKey>,
+    /// Retention deadlines of the records expiry passes orphaned, in deadline order
+    /// (pass time is monotonic): `(retain_until_s, record)`. An entry is stale once
+    /// its record changed (see [`Record::retention_queued`]); stale entries are
+    /// skipped when due. At most `max_fence_records_per_slot` entries: past that,
+    /// a pass gives the records wheel entries instead.
+    retention: VecDeque<(u64, u32)>,
     active: usize,
     pending: usize,
-    records: usize,
-    published_uids: usize,
     next_nonce: u64,
     next_activation: u64,
+    /// The endpoints of the uid being published (at most `max_records_per_uid`).
+    scratch: Vec<CompactEndpoint>,
 }
+
+/// Entries of a slot's published table at most: room for every uid with a route
+/// (at most `max_routes_per_slot`) at a load of at most one half after a rebuild.
+fn table_entries_max(cfg: &AuthorityConfig) -> usize {
+    cfg.max_routes_per_slot
+        .saturating_add(1)
+        .saturating_mul(2)
+        .next_power_of_two()
+}
+
+/// How many fired wheel entries ahead an expiry pass prefetches published entries
+/// (records: twice as far).
+const EXPIRE_PREFETCH_DISTANCE: usize = 8;
 
 #[inline]
 fn route_deadline(last_active_s: Option<u64>, ttl_s: u64) -> Option<u64> {
@@ -366,9 +577,9 @@ fn route_deadline(last_active_s: Option<u64>, ttl_s: u64) -> Option<u64> {
 }
 
 #[inline]
-fn endpoint_of(r: &Route) -> Endpoint {
-    Endpoint {
-        uid: r.uid.clone(),
+fn compact_of(r: &Route) -> CompactEndpoint {
+    CompactEndpoint {
+        uid_index: 0,
         device_flag: r.device_flag,
         device_level: r.device_level,
         node_id: r.node_id,
@@ -379,18 +590,21 @@ fn endpoint_of(r: &Route) -> Endpoint {
 }
 
 /// Points `rec.timer` at the deadline its state asks for (see [`Record::timer`]).
-/// `reset_retention` restarts a running retention period.
+/// `reset_retention` restarts a running retention period. `i`: the record's index.
+/// A retention-queue entry of the record goes stale (the wheel takes over).
 fn settle(
     wheel: &mut TimerWheel<TimerKey>,
     rec: &mut Record,
-    uid: &Uid,
+    i: u32,
     now_s: u64,
     cfg: &AuthorityConfig,
     reset_retention: bool,
 ) {
-    let desired = if let Some(a) = &rec.active {
+    rec.retention_queued = false;
+    let desired = if let Some(a) = rec.active() {
+        let d = route_deadline(a.route.last_active_s, cfg.route_ttl_s);
         rec.retain_until_s = None;
-        route_deadline(a.route.last_active_s, cfg.route_ttl_s)
+        d
     } else if rec.pending.is_some() {
         rec.retain_until_s = None;
         None
@@ -417,8 +631,7 @@ fn settle(
             rec.timer = match wheel.insert(
                 d,
                 TimerKey {
-                    uid: uid.clone(),
-                    sess: rec.sess,
+                    rec: i,
                     kind: TimerKind::Record,
                 },
             ) {
@@ -441,48 +654,64 @@ impl SlotWriter {
         now_s: u64,
         cfg: &AuthorityConfig,
         next_nonce: u64,
+        table: TableWriter,
     ) -> SlotWriter {
         SlotWriter {
             target,
             revision,
-            uids: HashMap::default(),
+            by_uid: HashMap::default(),
+            users: Slab::new(),
+            recs: Slab::new(),
+            table,
             wheel: TimerWheel::new(
                 now_s,
                 cfg.max_fence_records_per_slot
                     .saturating_add(cfg.max_pending_per_slot)
                     .saturating_add(1),
             ),
+            retention: VecDeque::new(),
             active: 0,
             pending: 0,
-            records: 0,
-            published_uids: 0,
             next_nonce,
             next_activation: 0,
+            scratch: Vec::new(),
         }
     }
 
-    /// Publishes the active endpoints of `uid`, ordered by (node_id, boot_id,
+    #[inline]
+    fn records_of(&self, user: u32) -> UserRecords<'_> {
+        records_from(&self.recs, self.users[user].first)
+    }
+
+    /// The record of `sess` under `user`.
+    #[inline]
+    fn find_record(&self, user: u32, sess: Sess) -> Option<u32> {
+        self.records_of(user)
+            .find(|(_, r)| r.sess == sess)
+            .map(|(i, _)| i)
+    }
+
+    /// The record of `sess` under `uid`.
+    #[inline]
+    fn record_of(&self, uid: &Uid, sess: Sess) -> Option<u32> {
+        let u = *self.by_uid.get(uid)?;
+        self.find_record(u, sess)
+    }
+
+    /// Publishes the active endpoints of `user`, ordered by (node_id, boot_id,
     /// session_id) (rule 25).
-    fn publish(&mut self, dir: &Directory, cfg: &AuthorityConfig, uid: &Uid) {
-        let mut eps: Vec<Endpoint> = Vec::new();
-        if let Some(recs) = self.uids.get(uid) {
-            let n = recs.iter().filter(|r| r.active.is_some()).count();
-            if n > 0 {
-                eps.reserve_exact(n);
-                eps.extend(
-                    recs.iter()
-                        .filter_map(|r| r.active.as_ref().map(|a| endpoint_of(&a.route))),
-                );
-                eps.sort_unstable_by_key(|e| (e.node_id, e.boot_id, e.session_id));
-            }
-        }
-        dir.publish(
-            self.target.hash_slot as usize,
-            uid,
-            eps,
-            &mut self.published_uids,
-            cfg.max_routes_per_slot,
+    fn publish(&mut self, dir: &Directory, user: u32) {
+        let mut eps = std::mem::take(&mut self.scratch);
+        eps.clear();
+        eps.extend(
+            self.records_of(user)
+                .filter_map(|(_, r)| r.active().map(|a| compact_of(&a.route))),
         );
+        if eps.len() > 1 {
+            eps.sort_unstable_by_key(|e| (e.node_id, e.boot_id, e.session_id));
+        }
+        self.table.publish(dir, user, &self.users[user].uid, &eps);
+        self.scratch = eps;
     }
 
     /// Index of the record of `sess` under `uid`, creating it within the limits.
@@ -491,45 +720,78 @@ impl SlotWriter {
         uid: &Uid,
         sess: Sess,
         cfg: &AuthorityConfig,
-    ) -> Result<usize, AuthorityError> {
-        if let Some(recs) = self.uids.get(uid) {
-            if let Some(i) = recs.iter().position(|r| r.sess == sess) {
+    ) -> Result<u32, AuthorityError> {
+        let user = self.by_uid.get(uid).copied();
+        if let Some(u) = user {
+            if let Some(i) = self.find_record(u, sess) {
                 return Ok(i);
             }
-            if recs.len() >= cfg.max_records_per_uid {
+            if self.users[u].records as usize >= cfg.max_records_per_uid {
                 return Err(AuthorityError::Full);
             }
         }
-        if self.records >= cfg.max_fence_records_per_slot {
+        if self.recs.len >= cfg.max_fence_records_per_slot {
             return Err(AuthorityError::Full);
         }
-        let recs = self.uids.entry(uid.clone()).or_default();
-        recs.push(Record::new(sess));
-        self.records += 1;
-        Ok(recs.len() - 1)
+        let u = match user {
+            Some(u) => u,
+            None => {
+                let u = self.users.insert(User {
+                    uid: uid.clone(),
+                    first: NIL,
+                    records: 0,
+                });
+                self.by_uid.insert(uid.clone(), u);
+                u
+            }
+        };
+        let i = self.recs.insert(Record::new(u, self.users[u].first, sess));
+        let usr = &mut self.users[u];
+        usr.first = i;
+        usr.records += 1;
+        Ok(i)
     }
 
     /// Room for a new record of `sess` under `uid` (without creating it).
     fn can_create(&self, uid: &Uid, sess: Sess, cfg: &AuthorityConfig) -> bool {
-        match self.uids.get(uid) {
-            Some(recs) if recs.iter().any(|r| r.sess == sess) => true,
-            Some(recs) if recs.len() >= cfg.max_records_per_uid => false,
-            _ => self.records < cfg.max_fence_records_per_slot,
+        match self.by_uid.get(uid) {
+            Some(&u) if self.find_record(u, sess).is_some() => true,
+            Some(&u) if self.users[u].records as usize >= cfg.max_records_per_uid => false,
+            _ => self.recs.len < cfg.max_fence_records_per_slot,
         }
     }
 
-    fn drop_record(&mut self, uid: &Uid, i: usize) {
-        let Some(recs) = self.uids.get_mut(uid) else {
+    /// Drops record `i` (neither route nor candidate), and its user with its last
+    /// record.
+    fn drop_record(&mut self, dir: &Directory, i: u32) {
+        let Some(rec) = self.recs.remove(i) else {
+            debug_assert!(false, "drop of a vacant record");
             return;
         };
-        let rec = recs.swap_remove(i);
-        debug_assert!(rec.active.is_none() && rec.pending.is_none());
+        debug_assert!(!rec.is_active && rec.pending.is_none());
         if let Some(h) = rec.timer {
             self.wheel.cancel(h);
         }
-        self.records -= 1;
-        if recs.is_empty() {
-            self.uids.remove(uid);
+        let u = rec.user;
+        if self.users[u].first == i {
+            self.users[u].first = rec.next;
+        } else {
+            let mut j = self.users[u].first;
+            while j != NIL {
+                let next = self.recs[j].next;
+                if next == i {
+                    self.recs[j].next = rec.next;
+                    break;
+                }
+                j = next;
+            }
+        }
+        self.users[u].records -= 1;
+        if self.users[u].records == 0 {
+            if let Some(user) = self.users.remove(u) {
+                self.by_uid.remove(&user.uid);
+            }
+            self.table.release(dir, u);
         }
     }
 
@@ -544,11 +806,11 @@ impl SlotWriter {
         let sess = Sess::of_route(&route);
         let mut conflicts: Vec<(Sess, OwnerSeq, bool)> = Vec::new();
         let mut own: Option<&Record> = None;
-        if let Some(recs) = self.uids.get(&route.uid) {
-            for r in recs {
+        if let Some(&u) = self.by_uid.get(&route.uid) {
+            for (_, r) in self.records_of(u) {
                 if r.sess == sess {
                     own = Some(r);
-                } else if let Some(a) = &r.active {
+                } else if let Some(a) = r.active() {
                     if route.conflicts_with(&a.route) {
                         let kick = route.device_level == DeviceLevel::Master
                             && a.route.device_id != route.device_id;
@@ -560,7 +822,7 @@ impl SlotWriter {
         if own.is_some_and(|r| r.tombstoned(route.owner_seq)) {
             return Err(AuthorityError::Tombstoned);
         }
-        let had_active = own.is_some_and(|r| r.active.is_some());
+        let had_active = own.is_some_and(|r| r.is_active);
         let had_pending = own.is_some_and(|r| r.pending.is_some());
         if !self.can_create(&route.uid, sess, cfg) {
             return Err(AuthorityError::Full);
@@ -574,51 +836,48 @@ impl SlotWriter {
             self.next_nonce += 1;
             self.next_activation += 1;
             let (nonce, activation) = (self.next_nonce, self.next_activation);
-            let Some(rec) = self.uids.get_mut(&uid).and_then(|v| v.get_mut(i)) else {
-                return Err(AuthorityError::NotReady);
-            };
+            let rec = &mut self.recs[i];
             rec.last_owner_seq = rec.last_owner_seq.max(route.owner_seq);
             rec.last_nonce = nonce;
             if let Some(p) = rec.pending.take() {
                 self.wheel.cancel(p.timer);
                 self.pending -= 1;
             }
-            rec.active = Some(Active { route, activation });
+            rec.activate(Active { route, activation });
             if !had_active {
                 self.active += 1;
             }
-            settle(&mut self.wheel, rec, &uid, now_s, cfg, false);
-            self.publish(dir, cfg, &uid);
+            settle(&mut self.wheel, rec, i, now_s, cfg, false);
+            let u = rec.user;
+            self.publish(dir, u);
             Ok(RegisterOutcome::Active)
         } else {
             if !had_pending && self.pending >= cfg.max_pending_per_slot {
                 return Err(AuthorityError::Full);
             }
             let uid = route.uid.clone();
+            let i = self.record_index_or_create(&uid, sess, cfg)?;
             self.next_nonce += 1;
             let nonce = self.next_nonce;
-            let timer = self
-                .wheel
-                .insert(
-                    now_s.saturating_add(cfg.pending_ttl_s).saturating_add(1),
-                    TimerKey {
-                        uid: uid.clone(),
-                        sess,
-                        kind: TimerKind::Pending(nonce),
-                    },
-                )
-                .map_err(|_| AuthorityError::Full)?;
-            let i = match self.record_index_or_create(&uid, sess, cfg) {
-                Ok(i) => i,
-                Err(e) => {
-                    self.wheel.cancel(timer);
-                    return Err(e);
+            let timer = match self.wheel.insert(
+                now_s.saturating_add(cfg.pending_ttl_s).saturating_add(1),
+                TimerKey {
+                    rec: i,
+                    kind: TimerKind::Pending(nonce),
+                },
+            ) {
+                Ok(h) => h,
+                Err(_) => {
+                    // Cannot happen (the wheel's limit covers every record and
+                    // candidate); a record made just now goes again.
+                    let r = &self.recs[i];
+                    if !r.is_active && r.pending.is_none() && r.timer.is_none() {
+                        self.drop_record(dir, i);
+                    }
+                    return Err(AuthorityError::Full);
                 }
             };
-            let Some(rec) = self.uids.get_mut(&uid).and_then(|v| v.get_mut(i)) else {
-                self.wheel.cancel(timer);
-                return Err(AuthorityError::NotReady);
-            };
+            let rec = &mut self.recs[i];
             rec.last_owner_seq = rec.last_owner_seq.max(route.owner_seq);
             rec.last_nonce = nonce;
             if let Some(p) = rec.pending.take() {
@@ -649,7 +908,7 @@ impl SlotWriter {
                 acks: conflicts.iter().map(|&(s, seq, _)| (s, seq)).collect(),
                 timer,
             }));
-            settle(&mut self.wheel, rec, &uid, now_s, cfg, false);
+            settle(&mut self.wheel, rec, i, now_s, cfg, false);
             Ok(RegisterOutcome::Pending { token, actions })
         }
     }
@@ -661,30 +920,29 @@ impl SlotWriter {
         token: &PendingToken,
         now_s: u64,
     ) -> Result<(), AuthorityError> {
-        let uid = token.identity.uid.clone();
         let sess = Sess::of_identity(&token.identity);
-        let Some(recs) = self.uids.get_mut(&uid) else {
+        let Some(&u) = self.by_uid.get(&token.identity.uid) else {
             return Err(AuthorityError::NotReady);
         };
-        let Some(i) = recs.iter().position(|r| r.sess == sess) else {
+        let Some(i) = self.find_record(u, sess) else {
             return Err(AuthorityError::NotReady);
         };
-        if token.nonce < recs[i].last_nonce {
+        if token.nonce < self.recs[i].last_nonce {
             return Err(AuthorityError::Superseded);
         }
-        let Some(p) = recs[i]
+        let Some(p) = self.recs[i]
             .pending
             .as_ref()
             .filter(|p| p.nonce == token.nonce && p.route.owner_seq == token.owner_seq)
         else {
             return Err(AuthorityError::NotReady);
         };
-        let mut remove: Vec<usize> = Vec::new();
-        for (j, r) in recs.iter().enumerate() {
+        let mut remove: Vec<u32> = Vec::new();
+        for (j, r) in self.records_of(u) {
             if j == i {
                 continue;
             }
-            if let Some(a) = &r.active {
+            if let Some(a) = r.active() {
                 if p.route.conflicts_with(&a.route) {
                     if !p.acks.contains(&(r.sess, a.route.owner_seq)) {
                         return Err(AuthorityError::NotReady);
@@ -693,17 +951,14 @@ impl SlotWriter {
                 }
             }
         }
-        let had_active = recs[i].active.is_some();
+        let had_active = self.recs[i].is_active;
         if self.active - remove.len() + usize::from(!had_active) > cfg.max_routes_per_slot {
             return Err(AuthorityError::Full);
         }
         for &j in &remove {
-            let r = &mut recs[j];
-            if let Some(a) = r.active.take() {
-                r.tombstone = Some(
-                    r.tombstone
-                        .map_or(a.route.owner_seq, |t| t.max(a.route.owner_seq)),
-                );
+            let r = &mut self.recs[j];
+            if let Some(seq) = r.deactivate() {
+                r.tombstone = Some(r.tombstone.map_or(seq, |t| t.max(seq)));
                 self.active -= 1;
             }
             // Like an unregister: a candidate of the removed identity at or below
@@ -717,24 +972,24 @@ impl SlotWriter {
                     self.pending -= 1;
                 }
             }
-            settle(&mut self.wheel, r, &uid, now_s, cfg, false);
+            settle(&mut self.wheel, r, j, now_s, cfg, false);
         }
         self.next_activation += 1;
-        let rec = &mut recs[i];
+        let rec = &mut self.recs[i];
         let Some(p) = rec.pending.take() else {
             return Err(AuthorityError::NotReady);
         };
         self.wheel.cancel(p.timer);
         self.pending -= 1;
-        rec.active = Some(Active {
+        rec.activate(Active {
             route: p.route,
             activation: self.next_activation,
         });
         if !had_active {
             self.active += 1;
         }
-        settle(&mut self.wheel, rec, &uid, now_s, cfg, false);
-        self.publish(dir, cfg, &uid);
+        settle(&mut self.wheel, rec, i, now_s, cfg, false);
+        self.publish(dir, u);
         Ok(())
     }
 
@@ -744,15 +999,11 @@ impl SlotWriter {
         token: &PendingToken,
         now_s: u64,
     ) -> Result<(), AuthorityError> {
-        let uid = &token.identity.uid;
         let sess = Sess::of_identity(&token.identity);
-        let Some(rec) = self
-            .uids
-            .get_mut(uid)
-            .and_then(|v| v.iter_mut().find(|r| r.sess == sess))
-        else {
+        let Some(i) = self.record_of(&token.identity.uid, sess) else {
             return Ok(());
         };
+        let rec = &mut self.recs[i];
         if token.nonce < rec.last_nonce {
             return Err(AuthorityError::Superseded);
         }
@@ -765,7 +1016,7 @@ impl SlotWriter {
                 self.wheel.cancel(p.timer);
                 self.pending -= 1;
             }
-            settle(&mut self.wheel, rec, uid, now_s, cfg, false);
+            settle(&mut self.wheel, rec, i, now_s, cfg, false);
         }
         Ok(())
     }
@@ -778,21 +1029,14 @@ impl SlotWriter {
         owner_seq: OwnerSeq,
         now_s: u64,
     ) -> Result<bool, AuthorityError> {
-        let uid = &identity.uid;
-        let i = self.record_index_or_create(uid, Sess::of_identity(identity), cfg)?;
-        let Some(rec) = self.uids.get_mut(uid).and_then(|v| v.get_mut(i)) else {
-            return Err(AuthorityError::NotReady);
-        };
+        let i = self.record_index_or_create(&identity.uid, Sess::of_identity(identity), cfg)?;
+        let rec = &mut self.recs[i];
         let tomb = rec.tombstone.map_or(owner_seq, |t| t.max(owner_seq));
         rec.tombstone = Some(tomb);
         rec.last_owner_seq = rec.last_owner_seq.max(owner_seq);
         let mut removed = false;
-        if rec
-            .active
-            .as_ref()
-            .is_some_and(|a| a.route.owner_seq <= tomb)
-        {
-            rec.active = None;
+        if rec.active().is_some_and(|a| a.route.owner_seq <= tomb) {
+            rec.deactivate();
             self.active -= 1;
             removed = true;
         }
@@ -806,10 +1050,10 @@ impl SlotWriter {
                 self.pending -= 1;
             }
         }
-        settle(&mut self.wheel, rec, uid, now_s, cfg, true);
+        settle(&mut self.wheel, rec, i, now_s, cfg, true);
         if removed {
-            let uid = uid.clone();
-            self.publish(dir, cfg, &uid);
+            let u = rec.user;
+            self.publish(dir, u);
         }
         Ok(removed)
     }
@@ -826,39 +1070,42 @@ impl SlotWriter {
         let activity = r.last_active_s.unwrap_or(now_s).min(now_s);
         let sess = Sess::of_route(r);
         let mut missing_conflicts = false;
-        if let Some(recs) = self.uids.get_mut(&r.uid) {
+        if let Some(&u) = self.by_uid.get(&r.uid) {
             let mut found = None;
-            for (j, rec) in recs.iter().enumerate() {
+            for (j, rec) in self.records_of(u) {
                 if rec.sess == sess {
                     found = Some(j);
-                } else if let Some(a) = &rec.active {
+                } else if let Some(a) = rec.active() {
                     if r.conflicts_with(&a.route) {
                         missing_conflicts = true;
                     }
                 }
             }
             if let Some(j) = found {
-                let rec = &mut recs[j];
+                let rec = &mut self.recs[j];
                 if r.owner_seq < rec.last_owner_seq {
                     return TouchResult::IgnoredStaleSeq;
                 }
                 if rec.tombstoned(r.owner_seq) {
                     return TouchResult::IgnoredTombstoned;
                 }
-                if let Some(a) = &mut rec.active {
-                    rec.last_owner_seq = r.owner_seq;
+                let timer = rec.timer;
+                if let Some(a) = rec.active_mut() {
                     if let Some(old) = a.route.last_active_s {
                         if activity > old {
                             a.route.last_active_s = Some(activity);
                             let d = activity.saturating_add(cfg.route_ttl_s).saturating_add(1);
-                            let ok = rec.timer.is_some_and(|h| self.wheel.reschedule(h, d));
+                            let ok = timer.is_some_and(|h| self.wheel.reschedule(h, d));
                             debug_assert!(ok, "active timed route without a live wheel entry");
                         }
                     }
-                    if r.owner_seq > a.route.owner_seq {
+                    let republish = r.owner_seq > a.route.owner_seq;
+                    if republish {
                         a.route.owner_seq = r.owner_seq;
-                        let uid = r.uid.clone();
-                        self.publish(dir, cfg, &uid);
+                    }
+                    rec.last_owner_seq = r.owner_seq;
+                    if republish {
+                        self.publish(dir, u);
                     }
                     return TouchResult::Refreshed;
                 }
@@ -871,43 +1118,52 @@ impl SlotWriter {
         if self.active >= cfg.max_routes_per_slot || !self.can_create(&r.uid, sess, cfg) {
             return TouchResult::Full;
         }
-        let uid = r.uid.clone();
-        let Ok(i) = self.record_index_or_create(&uid, sess, cfg) else {
+        let Ok(i) = self.record_index_or_create(&r.uid, sess, cfg) else {
             return TouchResult::Full;
         };
         self.next_activation += 1;
         let activation = self.next_activation;
-        let Some(rec) = self.uids.get_mut(&uid).and_then(|v| v.get_mut(i)) else {
-            return TouchResult::Full;
-        };
+        let rec = &mut self.recs[i];
         rec.last_owner_seq = rec.last_owner_seq.max(r.owner_seq);
         let mut route = r.clone();
         route.last_active_s = Some(activity);
-        rec.active = Some(Active { route, activation });
+        rec.activate(Active { route, activation });
         self.active += 1;
-        settle(&mut self.wheel, rec, &uid, now_s, cfg, false);
-        self.publish(dir, cfg, &uid);
+        settle(&mut self.wheel, rec, i, now_s, cfg, false);
+        let u = rec.user;
+        self.publish(dir, u);
         TouchResult::Recreated
     }
 
-    /// Handles one fired wheel entry (see `Authority::expire`).
+    /// Hints the CPU to load what handling `key` will touch next: its record.
+    #[inline(always)]
+    fn prefetch_record(&self, key: &TimerKey) {
+        self.recs.prefetch(key.rec);
+    }
+
+    /// Hints the CPU to load what handling `key` touches after its record (loaded
+    /// by now): its published entry.
+    #[inline(always)]
+    fn prefetch_entry(&self, dir: &Directory, key: &TimerKey) {
+        if let Some(r) = self.recs.get(key.rec) {
+            self.table.prefetch(dir, r.user);
+        }
+    }
+
+    /// Handles one fired wheel entry, `handle` (stale now), for `key` (see
+    /// `Authority::expire`).
     fn fired(
         &mut self,
         dir: &Directory,
         cfg: &AuthorityConfig,
+        handle: TimerHandle,
         key: TimerKey,
         now_s: u64,
         stats: &mut AuthorityStats,
     ) {
-        let Some(i) = self
-            .uids
-            .get(&key.uid)
-            .and_then(|v| v.iter().position(|r| r.sess == key.sess))
-        else {
+        let i = key.rec;
+        let Some(rec) = self.recs.get_mut(i) else {
             debug_assert!(false, "fired timer of a dropped record");
-            return;
-        };
-        let Some(rec) = self.uids.get_mut(&key.uid).and_then(|v| v.get_mut(i)) else {
             return;
         };
         match key.kind {
@@ -916,60 +1172,155 @@ impl SlotWriter {
                     rec.pending = None;
                     self.pending -= 1;
                     stats.pending_expired += 1;
-                    settle(&mut self.wheel, rec, &key.uid, now_s, cfg, false);
+                    settle(&mut self.wheel, rec, i, now_s, cfg, false);
                 } else {
                     debug_assert!(false, "fired timer of a replaced candidate");
                 }
             }
             TimerKind::Record => {
                 // The fired handle is stale; a handler earlier in this pass may have
-                // set a fresh one: drop it and decide from the record's state.
+                // set a fresh one: drop it and decide from the record's state. (The
+                // fired one needs no cancel: no wheel line touched.)
                 if let Some(h) = rec.timer.take() {
-                    self.wheel.cancel(h);
+                    if h != handle {
+                        self.wheel.cancel(h);
+                    }
                 }
-                let route_due = rec
-                    .active
-                    .as_ref()
-                    .and_then(|a| route_deadline(a.route.last_active_s, cfg.route_ttl_s))
-                    .is_some_and(|d| d <= now_s);
+                // An active record's entry is its route's expiry (the wheel keeps the
+                // deadline its state asks for; `check_invariants`): it fired, so the
+                // route is due. Decided from the first line alone.
+                let route_due = rec.is_active;
+                debug_assert!(
+                    !route_due
+                        || rec
+                            .active()
+                            .and_then(|a| route_deadline(a.route.last_active_s, cfg.route_ttl_s))
+                            .is_some_and(|d| d <= now_s),
+                    "an active record's entry fired before its route's deadline"
+                );
                 if route_due {
-                    rec.active = None;
+                    rec.deactivate();
                     self.active -= 1;
                     stats.routes_expired += 1;
-                    settle(&mut self.wheel, rec, &key.uid, now_s, cfg, false);
-                    self.publish(dir, cfg, &key.uid);
-                } else if rec.active.is_none()
+                    if rec.pending.is_none()
+                        && self.retention.len() < cfg.max_fence_records_per_slot
+                    {
+                        // Orphaned: its retention goes to the queue, an append, where
+                        // a wheel insert would chase the wheel's free list (a cache
+                        // miss per record). `now_s` is the wheel's: monotonic.
+                        let until = now_s.saturating_add(cfg.fence_retention_s);
+                        rec.retain_until_s = Some(until);
+                        rec.retention_queued = true;
+                        self.retention.push_back((until, i));
+                    } else {
+                        settle(&mut self.wheel, rec, i, now_s, cfg, false);
+                    }
+                    let (u, sess) = (rec.user, &rec.sess);
+                    self.table.unpublish_one(dir, u, |e| {
+                        (e.node_id, e.boot_id, e.session_id)
+                            == (sess.node_id, sess.boot_id, sess.session_id)
+                    });
+                } else if !rec.is_active
                     && rec.pending.is_none()
                     && rec.retain_until_s.is_some_and(|d| d <= now_s)
                 {
                     stats.fence_records_dropped += 1;
-                    self.drop_record(&key.uid, i);
+                    self.drop_record(dir, i);
                 } else {
-                    settle(&mut self.wheel, rec, &key.uid, now_s, cfg, false);
+                    settle(&mut self.wheel, rec, i, now_s, cfg, false);
                 }
             }
         }
     }
 
+    /// Drops the records whose queued retention ended by `now_s` (the wheel's
+    /// time); skips stale entries. Returns the entries examined.
+    fn expire_retention(&mut self, dir: &Directory, now_s: u64, stats: &mut AuthorityStats) -> u64 {
+        let mut examined = 0;
+        while let Some(&(until, i)) = self.retention.front() {
+            if until > now_s {
+                break;
+            }
+            self.retention.pop_front();
+            examined += 1;
+            let due = self.recs.get(i).is_some_and(|r| {
+                r.retention_queued
+                    && r.retain_until_s == Some(until)
+                    && !r.is_active
+                    && r.pending.is_none()
+            });
+            if due {
+                stats.fence_records_dropped += 1;
+                self.drop_record(dir, i);
+            }
+        }
+        examined
+    }
+
     fn check_invariants(&self, dir: &Directory, cfg: &AuthorityConfig) -> Result<(), String> {
         self.wheel.check_invariants()?;
+        if self.retention.len() > cfg.max_fence_records_per_slot {
+            return Err("retention queue past its limit".into());
+        }
+        if self
+            .retention
+            .iter()
+            .zip(self.retention.iter().skip(1))
+            .any(|(a, b)| a.0 > b.0)
+        {
+            return Err("retention queue out of deadline order".into());
+        }
+        let queued: HashSet<(u64, u32)> = self.retention.iter().copied().collect();
         let (mut active, mut pending, mut records, mut timers) = (0, 0, 0, 0);
-        for (uid, recs) in &self.uids {
-            if recs.is_empty() {
-                return Err(format!("uid {uid}: empty record list"));
+        if self.by_uid.len() != self.users.len {
+            return Err(format!(
+                "{} uids mapped, {} users",
+                self.by_uid.len(),
+                self.users.len
+            ));
+        }
+        for (u, user) in self.users.iter() {
+            let uid = &user.uid;
+            if self.by_uid.get(uid) != Some(&u) {
+                return Err(format!("uid {uid}: mapped to another user"));
+            }
+            if user.records == 0 {
+                return Err(format!("uid {uid}: no record"));
             }
             if hash_slot(uid.as_bytes()) != self.target.hash_slot {
                 return Err(format!("uid {uid} in the wrong slot"));
             }
-            for r in recs {
+            let mut listed = 0u32;
+            let mut has_active = false;
+            for (i, r) in self.records_of(u) {
+                listed += 1;
+                if listed > user.records {
+                    return Err(format!("uid {uid}: record list longer than counted"));
+                }
+                if r.user != u {
+                    return Err(format!("uid {uid}: record of another user listed"));
+                }
                 records += 1;
                 if let Some(t) = r.tombstone {
                     if t > r.last_owner_seq {
                         return Err(format!("{uid}: tombstone above last owner_seq"));
                     }
                 }
-                let desired = if let Some(a) = &r.active {
+                if r.retention_queued {
+                    if r.is_active || r.pending.is_some() || r.timer.is_some() {
+                        return Err(format!("{uid}: queued retention of a record in use"));
+                    }
+                    match r.retain_until_s {
+                        Some(d) if queued.contains(&(d, i)) => continue,
+                        _ => return Err(format!("{uid}: queued retention without its entry")),
+                    }
+                }
+                let desired = if let Some(a) = r.active() {
                     active += 1;
+                    has_active = true;
+                    if a.route.uid != *uid || Sess::of_route(&a.route) != r.sess {
+                        return Err(format!("{uid}: route of another identity"));
+                    }
                     if r.tombstoned(a.route.owner_seq) {
                         return Err(format!("{uid}: active route at or below its tombstone"));
                     }
@@ -988,21 +1339,39 @@ impl SlotWriter {
                 if let Some(p) = &r.pending {
                     pending += 1;
                     timers += 1;
-                    if self.wheel.get(p.timer).is_none() {
-                        return Err(format!("{uid}: candidate without a wheel entry"));
+                    match self.wheel.get(p.timer) {
+                        Some(k) if k.rec == i && k.kind == TimerKind::Pending(p.nonce) => {}
+                        _ => return Err(format!("{uid}: candidate without its wheel entry")),
                     }
                 }
                 match (desired, r.timer) {
                     (None, None) => {}
-                    (Some(d), Some(h)) if self.wheel.deadline(h) == Some(d) => timers += 1,
+                    (Some(d), Some(h))
+                        if self.wheel.deadline(h) == Some(d)
+                            && self
+                                .wheel
+                                .get(h)
+                                .is_some_and(|k| k.rec == i && k.kind == TimerKind::Record) =>
+                    {
+                        timers += 1
+                    }
                     _ => return Err(format!("{uid}: record timer does not match its state")),
                 }
             }
+            if listed != user.records {
+                return Err(format!("uid {uid}: record list shorter than counted"));
+            }
+            if has_active && !self.table.has_entry(u) {
+                return Err(format!("uid {uid}: active but not published"));
+            }
         }
-        if (active, pending, records) != (self.active, self.pending, self.records) {
+        if records != self.recs.len {
+            return Err(format!("{records} records listed, {} kept", self.recs.len));
+        }
+        if (active, pending) != (self.active, self.pending) {
             return Err(format!(
-                "counts: counted {active}/{pending}/{records}, kept {}/{}/{}",
-                self.active, self.pending, self.records
+                "counts: counted {active}/{pending}, kept {}/{}",
+                self.active, self.pending
             ));
         }
         if timers != self.wheel.len() {
@@ -1020,27 +1389,25 @@ impl SlotWriter {
             return Err("published target differs".into());
         }
         let mut published = 0usize;
-        let mut err = None;
-        view.for_each(|uid, eps| {
-            published += eps.len();
-            let mut expect: Vec<&Route> = self
-                .uids
-                .get(uid)
-                .map(|v| {
-                    v.iter()
-                        .filter_map(|r| r.active.as_ref().map(|a| &a.route))
-                        .collect()
-                })
-                .unwrap_or_default();
-            expect.sort_unstable_by_key(|r| Sess::of_route(r));
-            let expect: Vec<Endpoint> = expect.into_iter().map(endpoint_of).collect();
-            if expect.as_slice() != eps {
-                err = Some(format!("published endpoints of {uid} differ"));
+        self.table.check(dir, |u, uid, eps| {
+            let Some(user) = self.users.get(u) else {
+                return Err(format!("published entry of {uid} owned by no user"));
+            };
+            if *user.uid != *uid {
+                return Err(format!("published entry of {uid} owned by {}", user.uid));
             }
-        });
-        if let Some(e) = err {
-            return Err(e);
-        }
+            let mut expect: Vec<&Route> = self
+                .records_of(u)
+                .filter_map(|(_, r)| r.active().map(|a| &a.route))
+                .collect();
+            expect.sort_unstable_by_key(|r| Sess::of_route(r));
+            let expect: Vec<CompactEndpoint> = expect.into_iter().map(compact_of).collect();
+            if expect.as_slice() != eps {
+                return Err(format!("published endpoints of {uid} differ"));
+            }
+            published += eps.len();
+            Ok(())
+        })?;
         if published != active {
             return Err(format!(
                 "published {published} endpoints, {active} active routes"
@@ -1058,7 +1425,9 @@ pub struct Authority {
     slots: Vec<Option<Box<SlotWriter>>>,
     view_revision: Option<Revision>,
     stats: AuthorityStats,
-    fired: Vec<(usize, TimerKey)>,
+    /// The entries the slots' wheels fired in an expiry pass, with their slot and
+    /// (stale) handle (at most the wheels' limits; capacity kept across passes).
+    fired: Vec<(HashSlot, TimerHandle, TimerKey)>,
     /// Registration nonces of each slot, kept across identities so a token of an
     /// older identity never names a candidate of a newer one.
     next_nonce: Box<[u64]>,
@@ -1160,10 +1529,23 @@ impl Authority {
         if let Some(old) = &self.slots[s] {
             self.next_nonce[s] = old.next_nonce;
         }
-        let w = SlotWriter::new(target, revision, now_s, &self.cfg, self.next_nonce[s]);
+        // Dropping the old writer first: its table bookkeeping names the old state.
+        self.slots[s] = None;
+        let table = self.dir.install(
+            s,
+            target,
+            self.cfg.initial_buckets_per_slot,
+            table_entries_max(&self.cfg),
+        );
+        let w = SlotWriter::new(
+            target,
+            revision,
+            now_s,
+            &self.cfg,
+            self.next_nonce[s],
+            table,
+        );
         self.slots[s] = Some(Box::new(w));
-        self.dir
-            .install(s, target, self.cfg.initial_buckets_per_slot);
         Ok(outcome)
     }
 
@@ -1341,26 +1723,44 @@ impl Authority {
     /// Returns the number of routes expired. A `now_s` below an earlier pass's is
     /// treated as that earlier time.
     pub fn expire(&mut self, now_s: u64) -> usize {
-        let mut expired = 0u64;
         let before = self.stats.routes_expired;
-        for s in 0..HASH_SLOTS {
-            let Some(w) = self.slots[s].as_deref_mut() else {
+        // First every slot's wheel gives its due entries, then one software pipeline
+        // handles them all: the record of entry k + 2D and the published entry of
+        // entry k + D are on their way while entry k is handled.
+        let fired = &mut self.fired;
+        fired.clear();
+        for (s, w) in self.slots.iter_mut().enumerate() {
+            let Some(w) = w.as_deref_mut() else {
                 continue;
             };
             let st0 = w.wheel.stats();
-            let fired = &mut self.fired;
-            fired.clear();
-            w.wheel.advance(now_s, |_, _, key| fired.push((s, key)));
+            w.wheel
+                .advance(now_s, |h, _, key| fired.push((s as HashSlot, h, key)));
             let st1 = w.wheel.stats();
             self.stats.expiry_buckets_visited += st1.buckets_visited - st0.buckets_visited;
             self.stats.expiry_entries_visited += st1.entries_visited - st0.entries_visited;
             let now = w.wheel.now();
-            for (_, key) in self.fired.drain(..) {
-                w.fired(&self.dir, &self.cfg, key, now, &mut self.stats);
+            self.stats.expiry_entries_visited +=
+                w.expire_retention(&self.dir, now, &mut self.stats);
+        }
+        for k in 0..self.fired.len() {
+            if let Some(&(s, _, key)) = self.fired.get(k + 2 * EXPIRE_PREFETCH_DISTANCE) {
+                if let Some(w) = self.slots[s as usize].as_deref() {
+                    w.prefetch_record(&key);
+                }
+            }
+            if let Some(&(s, _, key)) = self.fired.get(k + EXPIRE_PREFETCH_DISTANCE) {
+                if let Some(w) = self.slots[s as usize].as_deref() {
+                    w.prefetch_entry(&self.dir, &key);
+                }
+            }
+            let (s, h, key) = self.fired[k];
+            if let Some(w) = self.slots[s as usize].as_deref_mut() {
+                let now = w.wheel.now();
+                w.fired(&self.dir, &self.cfg, h, key, now, &mut self.stats);
             }
         }
-        expired += self.stats.routes_expired - before;
-        expired as usize
+        (self.stats.routes_expired - before) as usize
     }
 
     /// Cumulative counters.
@@ -1384,21 +1784,14 @@ impl Authority {
     /// The active route of `identity` as the writer keeps it (with its activity time).
     pub fn route(&self, identity: &RouteIdentity) -> Option<Route> {
         let w = self.slots[hash_slot(identity.uid.as_bytes()) as usize].as_ref()?;
-        let sess = Sess::of_identity(identity);
-        w.uids
-            .get(&identity.uid)?
-            .iter()
-            .find(|r| r.sess == sess)?
-            .active
-            .as_ref()
-            .map(|a| a.route.clone())
+        let i = w.record_of(&identity.uid, Sess::of_identity(identity))?;
+        w.recs[i].active().map(|a| a.route.clone())
     }
 
     /// The fence record of `identity`, if kept.
     pub fn fence(&self, identity: &RouteIdentity) -> Option<FenceRecord> {
         let w = self.slots[hash_slot(identity.uid.as_bytes()) as usize].as_ref()?;
-        let sess = Sess::of_identity(identity);
-        let r = w.uids.get(&identity.uid)?.iter().find(|r| r.sess == sess)?;
+        let r = &w.recs[w.record_of(&identity.uid, Sess::of_identity(identity))?];
         Some(FenceRecord {
             last_owner_seq: r.last_owner_seq,
             tombstone: r.tombstone,
@@ -1411,11 +1804,8 @@ impl Authority {
         let Some(w) = self.slots[hash_slot(identity.uid.as_bytes()) as usize].as_ref() else {
             return false;
         };
-        let sess = Sess::of_identity(identity);
-        w.uids
-            .get(&identity.uid)
-            .and_then(|v| v.iter().find(|r| r.sess == sess))
-            .is_some_and(|r| r.pending.is_some())
+        w.record_of(&identity.uid, Sess::of_identity(identity))
+            .is_some_and(|i| w.recs[i].pending.is_some())
     }
 
     /// The active routes of `hash_slot` in activation order (oldest first).
@@ -1424,10 +1814,9 @@ impl Authority {
             return Vec::new();
         };
         let mut v: Vec<(u64, Route)> = w
-            .uids
-            .values()
-            .flatten()
-            .filter_map(|r| r.active.as_ref().map(|a| (a.activation, a.route.clone())))
+            .recs
+            .iter()
+            .filter_map(|(_, r)| r.active().map(|a| (a.activation, a.route.clone())))
             .collect();
         v.sort_unstable_by_key(|(a, _)| *a);
         v.into_iter().map(|(_, r)| r).collect()
@@ -1439,24 +1828,24 @@ impl Authority {
             Some(w) => SlotCounts {
                 active_routes: w.active,
                 pending: w.pending,
-                fence_records: w.records,
+                fence_records: w.recs.len,
             },
             None => SlotCounts::default(),
         }
     }
 
-    /// Counts the routes a full scan would expire at `now_s` (the cost baseline the
-    /// wheel avoids; benches only).
+    /// Counts the routes a full scan would expire at `now_s`: visits every record
+    /// of every slot and reads its route's activity (the cost baseline the wheel
+    /// avoids; benches only).
     #[doc(hidden)]
     pub fn full_scan_due(&self, now_s: u64) -> usize {
         let ttl = self.cfg.route_ttl_s;
         self.slots
             .iter()
             .flatten()
-            .flat_map(|w| w.uids.values().flatten())
-            .filter(|r| {
-                r.active
-                    .as_ref()
+            .flat_map(|w| w.recs.iter())
+            .filter(|(_, r)| {
+                r.active()
                     .and_then(|a| route_deadline(a.route.last_active_s, ttl))
                     .is_some_and(|d| d <= now_s)
             })
@@ -1501,35 +1890,36 @@ impl AuthorityReader {
     /// of `out` holding the group's endpoints, or the group's error (`NotLeader`: no
     /// identity; `StaleTarget`: a different one; `Full`: the group would pass
     /// `max_lookup_uids` for this call). Endpoints come in the order of the input
-    /// uids, and within a uid ordered by (node_id, boot_id, session_id). One pin
-    /// for the whole call; never blocks or waits for the writers.
+    /// uids, and within a uid ordered by (node_id, boot_id, session_id); each names
+    /// its uid by `uid_index`, the uid's position in the group's slice. One pin for
+    /// the whole call; never blocks or waits for the writers; allocates only when
+    /// `out` or `results` grows. The fast form: no uid reference count touched.
+    pub fn endpoints_by_targets_compact_into(
+        &self,
+        groups: &[(Target, &[Uid])],
+        out: &mut Vec<CompactEndpoint>,
+        results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+    ) {
+        self.for_each_group(groups, results, |view, uids| {
+            let start = out.len();
+            view.lookup(uids, |e| out.push(e));
+            start..out.len()
+        });
+    }
+
+    /// [`endpoints_by_targets_compact_into`](Self::endpoints_by_targets_compact_into)
+    /// with full [`Endpoint`]s (each clones its uid's `Arc`).
     pub fn endpoints_by_targets_into(
         &self,
         groups: &[(Target, &[Uid])],
         out: &mut Vec<Endpoint>,
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     ) {
-        let guard = crossbeam_epoch::pin();
-        let mut budget = self.dir.max_lookup_uids;
-        results.reserve(groups.len());
-        for (target, uids) in groups {
-            if uids.len() > budget {
-                results.push(Err(AuthorityError::Full));
-                continue;
-            }
-            budget -= uids.len();
-            let Some(view) = self.dir.state(target.hash_slot as usize, &guard) else {
-                results.push(Err(AuthorityError::NotLeader));
-                continue;
-            };
-            if view.target != *target {
-                results.push(Err(AuthorityError::StaleTarget));
-                continue;
-            }
+        self.for_each_group(groups, results, |view, uids| {
             let start = out.len();
-            view.append_endpoints(uids, out);
-            results.push(Ok(start..out.len()));
-        }
+            view.lookup(uids, |e| out.push(e.endpoint(&uids[e.uid_index as usize])));
+            start..out.len()
+        });
     }
 
     /// [`endpoints_by_targets_into`](Self::endpoints_by_targets_into) with one owned
@@ -1545,5 +1935,37 @@ impl AuthorityReader {
             .into_iter()
             .map(|r| r.map(|range| out[range].to_vec()))
             .collect()
+    }
+
+    /// Checks each group's budget and target under one pin, pushing its error or
+    /// the range `lookup` returns for it.
+    #[inline]
+    fn for_each_group(
+        &self,
+        groups: &[(Target, &[Uid])],
+        results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+        mut lookup: impl FnMut(&SlotView<'_>, &[Uid]) -> Range<usize>,
+    ) {
+        let guard = crossbeam_epoch::pin();
+        let mut budget = self.dir.max_lookup_uids;
+        results.reserve(groups.len());
+        for (target, uids) in groups {
+            // `uid_index` is a u32: a larger group cannot be named (and would pass
+            // any sane `max_lookup_uids`).
+            if uids.len() > budget || uids.len() > u32::MAX as usize {
+                results.push(Err(AuthorityError::Full));
+                continue;
+            }
+            budget -= uids.len();
+            let Some(view) = self.dir.state(target.hash_slot as usize, &guard) else {
+                results.push(Err(AuthorityError::NotLeader));
+                continue;
+            };
+            if view.target != *target {
+                results.push(Err(AuthorityError::StaleTarget));
+                continue;
+            }
+            results.push(Ok(lookup(&view, uids)));
+        }
     }
 }

@@ -1,26 +1,52 @@
 //! The lock-free, epoch-reclaimed view of the directory that lookups read.
 //!
 //! A [`Directory`] holds one [`crossbeam_epoch::Atomic`] per hash slot, pointing to
-//! that slot's [`SlotState`]: its installed [`Target`] plus a hash table from uid to
-//! the uid's active endpoints. Only the shard that claimed a hash slot writes its
-//! state; any thread reads it without locks.
+//! that slot's [`SlotState`]: its installed [`Target`] plus an open-addressing table
+//! from uid to the uid's active endpoints. Only the shard that claimed a hash slot
+//! writes its state ([`TableWriter`]); any thread reads it without locks.
+//!
+//! # One cache line per uid
+//! An entry of a table is a 64-byte line of eight words: a version, the key (high
+//! half of the uid's hash and the uid's length), a pointer to the uid's bytes (the
+//! entry owns one count of the uid's `Arc`), and the uid's endpoints: the only one
+//! inline when the uid has exactly one, else a pointer to an immutable list. A lookup
+//! of a uid with one device reads one line of the table, plus the uid's bytes when
+//! the caller's `Arc` is not the published one. Linear probing; at most 3/4 of the
+//! entries are ever used. An entry is never emptied: a uid without endpoints keeps
+//! its entry with count 0 (readers find "no endpoint"), and once the writer forgets
+//! the uid the entry may be reused for another uid, so probe chains never break.
+//! When the used entries reach the limit, the writer builds a new table (sized for
+//! the uids that have endpoints) and swaps it in.
+//!
+//! # Writing in place, lock-free for readers
+//! The writer updates an entry in place: it first copies the entry's current value
+//! into the table's single *backup line* (tagged with the entry and its version),
+//! then makes the entry's version odd, writes the value, and makes the version even
+//! again. A reader that sees an even version reads the value and checks the version
+//! did not move (a seqlock read); a reader that sees an odd version (a write in
+//! progress) takes the previous value from the backup line instead of waiting. So a
+//! reader never waits for the writer, even for one preempted in the middle of a
+//! write, and it retries only when the writer completed a write meanwhile
+//! (lock-free). Every word is an atomic: a torn read is detected, never undefined.
 //!
 //! Contract for readers:
 //! - A lookup under one pin sees one `SlotState` per hash slot: routes are never
 //!   mixed with another identity (an identity change swaps the whole state).
-//! - The endpoints of one uid are one immutable, published list: a reader sees the
-//!   whole old list or the whole new one. Lookups copy them out (owned snapshots).
-//! - Nothing a reader may still see is freed before the reader unpins
-//!   (crossbeam-epoch deferred destruction).
+//! - The endpoints of one uid are one value: a reader sees the whole old value or
+//!   the whole new one. Lookups copy them out (owned snapshots).
+//! - Nothing a reader may still see (tables, uid `Arc`s, endpoint lists) is freed
+//!   before the reader unpins (crossbeam-epoch deferred destruction).
 
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ptr;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use shard::slots::HASH_SLOTS;
 
 use crate::cluster::Target;
-use crate::route::{Endpoint, Uid};
+use crate::route::{CompactEndpoint, DeviceLevel, Uid};
 
 /// FxHash (rustc's hasher): fast for short keys such as uids. Not DoS resistant:
 /// uids are authenticated before they reach the authority, and per-uid and per-slot
@@ -87,84 +113,404 @@ pub type FxBuildHasher = BuildHasherDefault<FxHasher>;
 /// The well-mixed 64-bit hash of a uid used by the published tables.
 #[inline]
 pub(crate) fn uid_hash(uid: &str) -> u64 {
+    uid_hash_bytes(uid.as_bytes())
+}
+
+#[inline]
+fn uid_hash_bytes(uid: &[u8]) -> u64 {
     let mut h = FxHasher::default();
-    h.write(uid.as_bytes());
+    h.write(uid);
     h.finish()
 }
 
-/// The active endpoints of one uid, immutable once published.
-pub(crate) struct UidRoutes {
-    pub(crate) hash: u64,
-    pub(crate) uid: Uid,
-    pub(crate) endpoints: Box<[Endpoint]>,
+/// "No entry" / "no user" in the writer's index maps.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// Longest uid a table can hold (the key keeps its length in 32 bits). Uids are
+/// bounded far below this by the protocol's frame limit.
+pub(crate) const UID_BYTES_MAX: usize = u32::MAX as usize;
+
+/// Entries of the smallest table (used limit 3).
+const TABLE_ENTRIES_MIN: usize = 4;
+
+/// Words of an entry (one 64-byte cache line).
+const WORDS: usize = 8;
+/// The version: odd while the writer writes the entry.
+const W_STATE: usize = 0;
+/// High 32 bits of the uid's hash, uid length in the low 32 bits.
+const W_KEY: usize = 1;
+/// Address of the uid's bytes (of an `Arc<str>` the entry owns one count of); 0 in
+/// an entry never used.
+const W_UID: usize = 2;
+/// Endpoint count (low 32 bits); with one endpoint also its device_flag (bits
+/// 32..40) and device_level (bits 40..48).
+const W_META: usize = 3;
+/// node_id with one endpoint, else the address of the endpoint list (count > 1).
+const W_NODE: usize = 4;
+const W_BOOT: usize = 5;
+const W_SESSION: usize = 6;
+const W_OWNER_SEQ: usize = 7;
+/// Words of an entry's value (all but the version).
+const VALUE_WORDS: usize = WORDS - 1;
+
+/// An entry's value: words `W_KEY..`, word `w` at index `w - 1`.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+struct Value([u64; VALUE_WORDS]);
+
+impl Value {
+    #[inline]
+    fn word(&self, w: usize) -> u64 {
+        self.0[w - 1]
+    }
+    #[inline]
+    fn set(&mut self, w: usize, x: u64) {
+        self.0[w - 1] = x;
+    }
+    #[inline]
+    fn uid_addr(&self) -> u64 {
+        self.word(W_UID)
+    }
+    #[inline]
+    fn uid_len(&self) -> usize {
+        (self.word(W_KEY) & 0xffff_ffff) as usize
+    }
+    #[inline]
+    fn count(&self) -> usize {
+        (self.word(W_META) & 0xffff_ffff) as usize
+    }
+    /// The address of the endpoint list (meaningful when `count() > 1`).
+    #[inline]
+    fn list_addr(&self) -> u64 {
+        self.word(W_NODE)
+    }
+    /// The single endpoint (meaningful when `count() == 1`).
+    #[inline]
+    fn inline_endpoint(&self, uid_index: u32) -> CompactEndpoint {
+        let meta = self.word(W_META);
+        CompactEndpoint {
+            uid_index,
+            device_flag: (meta >> 32) as u8,
+            device_level: if (meta >> 40) as u8 == DeviceLevel::Master as u8 {
+                DeviceLevel::Master
+            } else {
+                DeviceLevel::Slave
+            },
+            node_id: self.word(W_NODE),
+            boot_id: self.word(W_BOOT),
+            session_id: self.word(W_SESSION),
+            owner_seq: self.word(W_OWNER_SEQ),
+        }
+    }
+    /// `key`, `uid_addr` and endpoints `eps`; `list_addr` is the list holding `eps`
+    /// when there are more than one.
+    fn encode(key: u64, uid_addr: u64, eps: &[CompactEndpoint], list_addr: u64) -> Value {
+        let mut v = Value::default();
+        v.set(W_KEY, key);
+        v.set(W_UID, uid_addr);
+        let count = eps.len() as u64;
+        debug_assert!(count <= u64::from(u32::MAX));
+        match eps {
+            [e] => {
+                v.set(
+                    W_META,
+                    count | u64::from(e.device_flag) << 32 | (e.device_level as u64) << 40,
+                );
+                v.set(W_NODE, e.node_id);
+                v.set(W_BOOT, e.boot_id);
+                v.set(W_SESSION, e.session_id);
+                v.set(W_OWNER_SEQ, e.owner_seq);
+            }
+            _ => {
+                debug_assert!(eps.is_empty() || list_addr != 0);
+                v.set(W_META, count);
+                v.set(W_NODE, list_addr);
+            }
+        }
+        v
+    }
 }
 
-impl Clone for UidRoutes {
-    fn clone(&self) -> Self {
-        UidRoutes {
-            hash: self.hash,
-            uid: self.uid.clone(),
-            endpoints: self.endpoints.clone(),
+#[inline]
+fn key_word(hash: u64, uid_len: usize) -> u64 {
+    (hash & !0xffff_ffff) | (uid_len as u64 & 0xffff_ffff)
+}
+
+/// One uid's entry: a cache line of atomic words.
+#[repr(C, align(64))]
+struct Entry([AtomicU64; WORDS]);
+
+impl Entry {
+    fn empty() -> Entry {
+        Entry(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+    /// The value words, loaded relaxed (readers validate them with the version).
+    #[inline]
+    fn load_value(&self) -> Value {
+        Value(std::array::from_fn(|k| {
+            self.0[k + 1].load(Ordering::Relaxed)
+        }))
+    }
+    #[inline]
+    fn store_value(&self, v: &Value) {
+        for (w, x) in self.0[1..].iter().zip(v.0) {
+            w.store(x, Ordering::Relaxed);
         }
     }
 }
 
-/// The uids of one bucket: the first inline (the common case), the rest beside it.
-struct Chain {
-    first: UidRoutes,
-    rest: Box<[UidRoutes]>,
+/// The previous value of the entry the writer is writing (see the module docs).
+#[repr(C, align(64))]
+struct Backup {
+    /// Odd while the writer fills the backup.
+    state: AtomicU64,
+    /// The entry whose value this is, and that entry's (even) version of it.
+    index: AtomicU64,
+    version: AtomicU64,
+    value: [AtomicU64; VALUE_WORDS],
 }
 
-impl Chain {
-    fn from_vec(mut entries: Vec<UidRoutes>) -> Option<Chain> {
-        if entries.is_empty() {
-            return None;
-        }
-        let first = entries.swap_remove(0);
-        Some(Chain {
-            first,
-            rest: entries.into_boxed_slice(),
-        })
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &UidRoutes> {
-        std::iter::once(&self.first).chain(self.rest.iter())
-    }
-}
-
-/// An open hash table of chains; the bucket array is replaced (not resized in place)
-/// when it grows.
-struct Table {
-    mask: u64,
-    buckets: Box<[Atomic<Chain>]>,
+/// An open-addressing table of entries; replaced, never resized in place.
+pub(crate) struct Table {
+    mask: usize,
+    entries: Box<[Entry]>,
+    backup: Backup,
 }
 
 impl Table {
-    fn with_buckets(buckets: usize) -> Table {
-        let n = buckets.next_power_of_two().max(1);
+    fn with_entries(n: usize) -> Table {
+        let n = n.next_power_of_two().max(TABLE_ENTRIES_MIN);
         Table {
-            mask: n as u64 - 1,
-            buckets: (0..n).map(|_| Atomic::null()).collect(),
+            mask: n - 1,
+            entries: (0..n).map(|_| Entry::empty()).collect(),
+            backup: Backup {
+                state: AtomicU64::new(0),
+                index: AtomicU64::new(u64::MAX),
+                version: AtomicU64::new(0),
+                value: std::array::from_fn(|_| AtomicU64::new(0)),
+            },
         }
     }
 
     #[inline]
-    fn bucket(&self, hash: u64) -> &Atomic<Chain> {
-        &self.buckets[(hash & self.mask) as usize]
+    fn len(&self) -> usize {
+        self.mask + 1
+    }
+
+    #[inline]
+    fn home(&self, hash: u64) -> usize {
+        hash as usize & self.mask
+    }
+
+    /// A consistent copy of entry `i`'s value. Never waits for the writer: retries
+    /// only when a write of this entry completed while reading.
+    #[inline]
+    fn read(&self, i: usize) -> Value {
+        let e = &self.entries[i];
+        loop {
+            let s = e.0[W_STATE].load(Ordering::Acquire);
+            if s & 1 == 0 {
+                let v = e.load_value();
+                fence(Ordering::Acquire);
+                if e.0[W_STATE].load(Ordering::Relaxed) == s {
+                    return v;
+                }
+            } else if let Some(v) = self.read_backup(i, s - 1) {
+                return v;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Version `version` of entry `i`, if the backup line holds it (consistently).
+    #[cold]
+    fn read_backup(&self, i: usize, version: u64) -> Option<Value> {
+        let b = &self.backup;
+        let s = b.state.load(Ordering::Acquire);
+        if s & 1 == 1 {
+            return None;
+        }
+        let index = b.index.load(Ordering::Relaxed);
+        let ver = b.version.load(Ordering::Relaxed);
+        let v = Value(std::array::from_fn(|k| b.value[k].load(Ordering::Relaxed)));
+        fence(Ordering::Acquire);
+        if b.state.load(Ordering::Relaxed) != s || index != i as u64 || ver != version {
+            return None;
+        }
+        Some(v)
+    }
+
+    /// The current value of entry `i` (writer only: without another writer, plain
+    /// relaxed loads are exact).
+    #[inline]
+    fn current(&self, i: usize) -> Value {
+        self.entries[i].load_value()
+    }
+
+    /// Replaces the value of entry `i` (writer only).
+    #[inline]
+    fn write(&self, i: usize, v: &Value) {
+        self.begin_write(i);
+        self.finish_write(i, v);
+    }
+
+    /// First half of [`write`](Self::write): backs the value up and makes the
+    /// version odd. Split only so that tests can look between the halves.
+    #[inline]
+    fn begin_write(&self, i: usize) {
+        let e = &self.entries[i];
+        let s = e.0[W_STATE].load(Ordering::Relaxed);
+        debug_assert!(s & 1 == 0, "entry {i} written twice at once");
+        let old = e.load_value();
+        let b = &self.backup;
+        let bs = b.state.load(Ordering::Relaxed);
+        debug_assert!(bs & 1 == 0);
+        b.state.store(bs + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        b.index.store(i as u64, Ordering::Relaxed);
+        b.version.store(s, Ordering::Relaxed);
+        for (w, x) in b.value.iter().zip(old.0) {
+            w.store(x, Ordering::Relaxed);
+        }
+        b.state.store(bs + 2, Ordering::Release);
+        // Release: a reader that sees the odd version sees the complete backup.
+        e.0[W_STATE].store(s + 1, Ordering::Release);
+        fence(Ordering::Release);
+    }
+
+    /// Second half of [`write`](Self::write): stores the value, makes the version
+    /// even.
+    #[inline]
+    fn finish_write(&self, i: usize, v: &Value) {
+        let e = &self.entries[i];
+        let s = e.0[W_STATE].load(Ordering::Relaxed);
+        debug_assert!(s & 1 == 1);
+        e.store_value(v);
+        e.0[W_STATE].store(s + 1, Ordering::Release);
+    }
+
+    /// The first entry keyed with `uid` (hash `hash`) on its probe path, stopping at
+    /// an entry never used.
+    #[inline]
+    fn find(&self, hash: u64, uid: &str) -> Option<(usize, Value)> {
+        let key = key_word(hash, uid.len());
+        let mut i = self.home(hash);
+        // At most 3/4 of the entries are used: the loop ends at an unused one.
+        for _ in 0..self.len() {
+            let v = self.read(i);
+            if v.uid_addr() == 0 {
+                return None;
+            }
+            if v.word(W_KEY) == key
+                && (v.uid_addr() == uid.as_ptr() as u64
+                    // SAFETY: `v` is a consistent value of a table reachable under the
+                    // caller's pin; the uid it names is released only through
+                    // deferred destruction after it left the table, so its bytes are
+                    // live while the pin is held.
+                    || unsafe { uid_bytes(&v) } == uid.as_bytes())
+            {
+                return Some((i, v));
+            }
+            i = (i + 1) & self.mask;
+        }
+        debug_assert!(false, "table without an unused entry");
+        None
+    }
+
+    /// Hints the CPU to load entry `i`'s line.
+    #[inline(always)]
+    fn prefetch_entry(&self, i: usize) {
+        prefetch(self.entries.as_ptr().wrapping_add(i));
+    }
+
+    /// Hints the CPU to load what a lookup of `uid` at entry `i` dereferences next:
+    /// the published uid bytes (when not the caller's own) and the endpoint list.
+    /// Reads the entry without validation: only addresses for prefetches come out.
+    #[inline(always)]
+    fn prefetch_payload(&self, i: usize, uid: &str) {
+        let e = &self.entries[i];
+        let addr = e.0[W_UID].load(Ordering::Relaxed);
+        if addr != 0 && addr != uid.as_ptr() as u64 {
+            prefetch(addr as *const u8);
+        }
+        if e.0[W_META].load(Ordering::Relaxed) & 0xffff_ffff > 1 {
+            prefetch(e.0[W_NODE].load(Ordering::Relaxed) as *const u8);
+        }
+    }
+}
+
+/// The bytes of the uid a value names.
+///
+/// # Safety
+/// `v` must be a consistent value read under a pin that is still held, of a table
+/// reachable when it was read (or owned by the caller).
+#[inline]
+unsafe fn uid_bytes<'a>(v: &Value) -> &'a [u8] {
+    // SAFETY: per the contract, the uid's `Arc` is live: published values own a
+    // count of it, released only after unpinning readers.
+    unsafe { std::slice::from_raw_parts(v.uid_addr() as *const u8, v.uid_len()) }
+}
+
+/// The endpoint list a value names.
+///
+/// # Safety
+/// As for [`uid_bytes`], and `v.count() > 1`.
+#[inline]
+unsafe fn list_of<'a>(v: &Value) -> &'a [CompactEndpoint] {
+    // SAFETY: per the contract, the list is live and holds `count` endpoints.
+    unsafe { std::slice::from_raw_parts(v.list_addr() as *const CompactEndpoint, v.count()) }
+}
+
+/// The `*const str` an `Arc::into_raw` of a uid returned.
+#[inline]
+fn uid_raw(addr: u64, len: usize) -> *const str {
+    ptr::slice_from_raw_parts(addr as *const u8, len) as *const str
+}
+
+/// Releases the uid count and the list a value owns.
+///
+/// # Safety
+/// `v` is a value of an unreachable table (or one the caller alone can reach) that
+/// still owns its uid count and list.
+unsafe fn release_value(v: &Value) {
+    if v.uid_addr() != 0 {
+        // SAFETY: the entry owns one count of this `Arc`, taken by `Arc::into_raw`.
+        drop(unsafe { Arc::from_raw(uid_raw(v.uid_addr(), v.uid_len())) });
+    }
+    if v.count() > 1 {
+        // SAFETY: the entry owns the list, made by `Box::into_raw` with `count` items.
+        drop(unsafe { release_list(v.list_addr(), v.count()) });
+    }
+}
+
+/// # Safety
+/// `addr` and `count` come from [`new_list`] and the list is released once.
+unsafe fn release_list(addr: u64, count: usize) -> Box<[CompactEndpoint]> {
+    // SAFETY: per the contract.
+    unsafe {
+        Box::from_raw(ptr::slice_from_raw_parts_mut(
+            addr as *mut CompactEndpoint,
+            count,
+        ))
+    }
+}
+
+/// A list holding `eps` when there are more than one (its address), else 0.
+fn new_list(eps: &[CompactEndpoint]) -> u64 {
+    if eps.len() > 1 {
+        let b: Box<[CompactEndpoint]> = eps.into();
+        Box::into_raw(b).cast::<CompactEndpoint>() as u64
+    } else {
+        0
     }
 }
 
 impl Drop for Table {
     fn drop(&mut self) {
-        for b in self.buckets.iter() {
+        for e in self.entries.iter() {
             // SAFETY: a table is dropped only when unreachable: by deferred destruction
-            // after every reader that could see it unpinned, or by its sole owner.
-            let guard = unsafe { epoch::unprotected() };
-            let p = b.load(Ordering::Relaxed, guard);
-            if !p.is_null() {
-                // SAFETY: the chain is owned by this (unreachable) table alone.
-                drop(unsafe { p.into_owned() });
-            }
+            // after every reader that could see it unpinned, or by its sole owner. It
+            // owns the uid counts and lists of its entries.
+            unsafe { release_value(&e.load_value()) };
         }
     }
 }
@@ -230,19 +576,27 @@ impl Directory {
         Some(SlotView {
             target: state.target,
             table,
-            guard,
         })
     }
 
-    /// Installs a fresh, empty state with identity `target` for `slot` (writer only).
-    pub(crate) fn install(&self, slot: usize, target: Target, initial_buckets: usize) {
+    /// Installs a fresh, empty state with identity `target` for `slot` (writer only)
+    /// and returns its writer bookkeeping.
+    pub(crate) fn install(
+        &self,
+        slot: usize,
+        target: Target,
+        min_entries: usize,
+        max_entries: usize,
+    ) -> TableWriter {
+        let tw = TableWriter::new(slot, min_entries, max_entries);
         let guard = epoch::pin();
         let new = Owned::new(SlotState {
             target,
-            table: Atomic::new(Table::with_buckets(initial_buckets)),
+            table: Atomic::new(Table::with_entries(tw.min_entries)),
         });
         let old = self.slots[slot].swap(new, Ordering::AcqRel, &guard);
         retire(old, &guard);
+        tw
     }
 
     /// Removes the state of `slot` (writer only).
@@ -252,104 +606,77 @@ impl Directory {
         retire(old, &guard);
     }
 
-    /// Publishes `endpoints` as the active endpoints of `uid` in `slot`, or removes
-    /// the uid when empty (writer only). `published_uids` is the writer's count of
-    /// uids in the slot's table; the table's bucket array doubles when the count
-    /// passes twice the bucket count, up to `max_buckets`.
-    pub(crate) fn publish(
-        &self,
-        slot: usize,
-        uid: &Uid,
-        endpoints: Vec<Endpoint>,
-        published_uids: &mut usize,
-        max_buckets: usize,
-    ) {
+    /// The current table of `slot` (writer only), `None` when not installed.
+    #[inline]
+    fn writer_table(&self, slot: usize) -> Option<&Table> {
+        // SAFETY: only the writer of `slot`, our caller, replaces or retires the
+        // slot's state and table, and it does not use the reference past its next
+        // replacement (`TableWriter` methods, which take `&mut self`, are the only
+        // callers and hold the reference within one call, dropping it before the
+        // swap in `rebuild`). So the pointers stay valid without a pin.
+        let guard = unsafe { epoch::unprotected() };
+        let p = self.slots[slot].load(Ordering::Acquire, guard);
+        // SAFETY: see above.
+        let state = unsafe { p.as_ref() }?;
+        // SAFETY: see above.
+        unsafe { state.table.load(Ordering::Acquire, guard).as_ref() }
+    }
+
+    /// Replaces the table of `slot` with `new` (writer only).
+    fn swap_table(&self, slot: usize, new: Table) {
         let guard = epoch::pin();
-        let sp = self.slots[slot].load(Ordering::Acquire, &guard);
-        // SAFETY: the writer that owns `slot` is the only one to replace or retire its
-        // state, and it is calling us, so the state is live; the pin keeps it anyway.
-        let Some(state) = (unsafe { sp.as_ref() }) else {
-            debug_assert!(false, "publish into an uninstalled slot");
+        let p = self.slots[slot].load(Ordering::Acquire, &guard);
+        // SAFETY: pinned, and only this writer retires the slot's state.
+        let Some(state) = (unsafe { p.as_ref() }) else {
+            debug_assert!(false, "table swap in an uninstalled slot");
             return;
         };
-        let tp = state.table.load(Ordering::Acquire, &guard);
-        // SAFETY: a published state always holds a live table (see `state`).
-        let Some(table) = (unsafe { tp.as_ref() }) else {
-            return;
-        };
-        let hash = uid_hash(uid);
-        let bucket = table.bucket(hash);
-        let old = bucket.load(Ordering::Acquire, &guard);
-        let mut entries: Vec<UidRoutes> = Vec::new();
-        let mut existed = false;
-        // SAFETY: pinned, and only this writer retires chains of this table.
-        if let Some(chain) = unsafe { old.as_ref() } {
-            for e in chain.iter() {
-                if e.hash == hash && e.uid == *uid {
-                    existed = true;
-                } else {
-                    entries.push(e.clone());
-                }
-            }
-        }
-        let inserting = !endpoints.is_empty();
-        if inserting {
-            entries.push(UidRoutes {
-                hash,
-                uid: uid.clone(),
-                endpoints: endpoints.into_boxed_slice(),
-            });
-        }
-        let new = match Chain::from_vec(entries) {
-            Some(c) => Owned::new(c).into_shared(&guard),
-            None => Shared::null(),
-        };
-        bucket.store(new, Ordering::Release);
+        let old = state.table.swap(Owned::new(new), Ordering::AcqRel, &guard);
         retire(old, &guard);
-        match (existed, inserting) {
-            (false, true) => *published_uids += 1,
-            (true, false) => *published_uids -= 1,
-            _ => {}
-        }
-        let n = table.buckets.len();
-        if *published_uids > 2 * n && n < max_buckets {
-            let bigger = Table::with_buckets((n * 2).min(max_buckets.next_power_of_two()));
-            for b in table.buckets.iter() {
-                // SAFETY: pinned; only this writer retires these chains.
-                if let Some(chain) = unsafe { b.load(Ordering::Acquire, &guard).as_ref() } {
-                    for e in chain.iter() {
-                        let nb = bigger.bucket(e.hash);
-                        let prev = nb.load(Ordering::Relaxed, &guard);
-                        let mut v: Vec<UidRoutes> = Vec::new();
-                        // SAFETY: `bigger` is not yet published: its chains are ours.
-                        if let Some(c) = unsafe { prev.as_ref() } {
-                            v.extend(c.iter().cloned());
-                        }
-                        v.push(e.clone());
-                        if let Some(c) = Chain::from_vec(v) {
-                            nb.store(Owned::new(c), Ordering::Relaxed);
-                        }
-                        if !prev.is_null() {
-                            // SAFETY: unpublished chain, replaced above, owned by us.
-                            drop(unsafe { prev.into_owned() });
-                        }
-                    }
-                }
-            }
-            let old_table = state
-                .table
-                .swap(Owned::new(bigger), Ordering::AcqRel, &guard);
-            retire(old_table, &guard);
-        }
+    }
+}
+
+/// Defers destruction of an unlinked pointer until no reader can hold it.
+fn retire<T>(p: Shared<'_, T>, guard: &Guard) {
+    if !p.is_null() {
+        // SAFETY: `p` was just unlinked from the only place that published it, so no
+        // new reader can load it; readers pinned before may still use it, and
+        // `defer_destroy` waits for them. `T: Send` is not required by the API but
+        // holds for every type retired here (tables, states).
+        unsafe { guard.defer_destroy(p) };
+    }
+}
+
+/// Releases the uid count of an entry that no longer names it, once no reader can
+/// hold it.
+fn retire_uid(addr: u64, len: usize) {
+    let guard = epoch::pin();
+    // SAFETY: the entry that owned this count was rewritten (so no new reader can
+    // find it); readers pinned before may still compare its bytes, and the deferred
+    // drop waits for them. An `Arc<str>` may be dropped on any thread.
+    unsafe {
+        guard.defer_unchecked(move || drop(Arc::from_raw(uid_raw(addr, len))));
+    }
+}
+
+/// Frees an endpoint list an entry no longer names, once no reader can hold it.
+fn retire_list(addr: u64, count: usize) {
+    let guard = epoch::pin();
+    // SAFETY: as in `retire_uid`; the list came from `new_list` and only this entry
+    // owned it.
+    unsafe {
+        guard.defer_unchecked(move || drop(release_list(addr, count)));
     }
 }
 
 /// Uids looked up together, their cache misses overlapped by prefetching.
 pub(crate) const LOOKUP_LANES: usize = 16;
+/// Lanes in flight in a lookup's pipeline (hash, peek, read).
+const LOOKUP_PIPELINE_LANES: usize = 3;
 
 /// Hints the CPU to load the cache line at `p`. Never faults, whatever `p` is.
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a hint:
@@ -360,17 +687,6 @@ fn prefetch<T>(p: *const T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
-}
-
-/// Defers destruction of an unlinked pointer until no reader can hold it.
-fn retire<T>(p: Shared<'_, T>, guard: &Guard) {
-    if !p.is_null() {
-        // SAFETY: `p` was just unlinked from the only place that published it, so no
-        // new reader can load it; readers pinned before may still use it, and
-        // `defer_destroy` waits for them. `T: Send` is not required by the API but
-        // holds for every type retired here (chains, tables, states).
-        unsafe { guard.defer_destroy(p) };
-    }
 }
 
 impl Drop for Directory {
@@ -392,75 +708,628 @@ impl Drop for Directory {
 pub(crate) struct SlotView<'g> {
     pub(crate) target: Target,
     table: &'g Table,
-    guard: &'g Guard,
 }
 
-impl<'g> SlotView<'g> {
-    /// Appends the endpoints of every uid in `uids` to `out`, in input order, each
-    /// carrying the caller's `uid` (so readers never write to published cache
-    /// lines). Works in lanes of [`LOOKUP_LANES`] uids and prefetches each stage
-    /// (bucket, chain, uid bytes and endpoints) for the whole lane before using it,
-    /// so the cache misses of different uids overlap.
-    pub(crate) fn append_endpoints(&self, uids: &[Uid], out: &mut Vec<Endpoint>) {
-        for lane in uids.chunks(LOOKUP_LANES) {
-            let mut hashes = [0u64; LOOKUP_LANES];
-            let mut chains: [Shared<'g, Chain>; LOOKUP_LANES] = [Shared::null(); LOOKUP_LANES];
-            for (k, u) in lane.iter().enumerate() {
-                let h = uid_hash(u);
-                hashes[k] = h;
-                prefetch(self.table.bucket(h) as *const Atomic<Chain>);
-            }
-            for (k, c) in chains.iter_mut().enumerate().take(lane.len()) {
-                *c = self
-                    .table
-                    .bucket(hashes[k])
-                    .load(Ordering::Acquire, self.guard);
-                prefetch(c.as_raw());
-            }
-            for c in chains.iter().take(lane.len()) {
-                // SAFETY: chains are published with Release, retired only through
-                // `defer_destroy` after being unlinked, and `self.guard` pins the
-                // epoch, so a non-null chain loaded under it is valid for `'g`.
-                if let Some(chain) = unsafe { c.as_ref() } {
-                    prefetch(chain.first.uid.as_ptr());
-                    prefetch(chain.first.endpoints.as_ptr());
+impl SlotView<'_> {
+    /// Passes the endpoints of every uid in `uids` to `push`, in input order, each
+    /// with `uid_index` = the uid's position in `uids` (readers write nothing to
+    /// published lines and touch no reference count). A software pipeline over
+    /// lanes of [`LOOKUP_LANES`] uids, one step per lane: lane L is hashed and its
+    /// entries prefetched (lane L + 1's uid bytes too), lane L - 1's entries are
+    /// peeked for what they point to (published uid bytes, endpoint lists: also
+    /// prefetched), lane L - 2 is read; so each miss has a lane's work to arrive.
+    #[inline]
+    pub(crate) fn lookup(&self, uids: &[Uid], mut push: impl FnMut(CompactEndpoint)) {
+        debug_assert!(uids.len() <= u32::MAX as usize);
+        let t = self.table;
+        let lanes = uids.len().div_ceil(LOOKUP_LANES);
+        let lane = |l: usize| {
+            let start = l * LOOKUP_LANES;
+            &uids[start..uids.len().min(start + LOOKUP_LANES)]
+        };
+        // The hashes of the lanes in flight, by lane number modulo the depth.
+        let mut hashes = [[0u64; LOOKUP_LANES]; LOOKUP_PIPELINE_LANES];
+        for u in uids.iter().take(LOOKUP_LANES) {
+            prefetch(u.as_ptr());
+        }
+        for step in 0..lanes + LOOKUP_PIPELINE_LANES - 1 {
+            if step < lanes {
+                if step + 1 < lanes {
+                    for u in lane(step + 1) {
+                        prefetch(u.as_ptr());
+                    }
+                }
+                let hs = &mut hashes[step % LOOKUP_PIPELINE_LANES];
+                for (h, u) in hs.iter_mut().zip(lane(step)) {
+                    *h = uid_hash(u);
+                    t.prefetch_entry(t.home(*h));
                 }
             }
-            for (k, u) in lane.iter().enumerate() {
-                // SAFETY: chains are published with Release, retired only through
-                // `defer_destroy` after being unlinked, and `self.guard` pins the
-                // epoch, so a non-null chain loaded under it is valid for `'g`.
-                let Some(chain) = (unsafe { chains[k].as_ref() }) else {
+            if let Some(l) = step.checked_sub(1).filter(|&l| l < lanes) {
+                for (h, u) in hashes[l % LOOKUP_PIPELINE_LANES].iter().zip(lane(l)) {
+                    t.prefetch_payload(t.home(*h), u);
+                }
+            }
+            let Some(l) = step.checked_sub(2).filter(|&l| l < lanes) else {
+                continue;
+            };
+            let base = l * LOOKUP_LANES;
+            for (k, (h, u)) in hashes[l % LOOKUP_PIPELINE_LANES]
+                .iter()
+                .zip(lane(l))
+                .enumerate()
+            {
+                let Some((_, v)) = t.find(*h, u) else {
                     continue;
                 };
-                let h = hashes[k];
-                let Some(e) = chain.iter().find(|e| e.hash == h && *e.uid == **u) else {
-                    continue;
-                };
-                out.extend(e.endpoints.iter().map(|e| Endpoint {
-                    uid: u.clone(),
-                    device_flag: e.device_flag,
-                    device_level: e.device_level,
-                    node_id: e.node_id,
-                    boot_id: e.boot_id,
-                    session_id: e.session_id,
-                    owner_seq: e.owner_seq,
-                }));
+                let uid_index = (base + k) as u32;
+                match v.count() {
+                    0 => {}
+                    1 => push(v.inline_endpoint(uid_index)),
+                    _ => {
+                        // SAFETY: `v` is a consistent value read under the pin that
+                        // `'g` borrows, and it has more than one endpoint.
+                        for e in unsafe { list_of(&v) } {
+                            push(CompactEndpoint { uid_index, ..*e });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writer-private bookkeeping of one slot's published table: which writer user
+/// (uid) holds which entry. Entries are written only through it.
+pub(crate) struct TableWriter {
+    slot: usize,
+    /// Per entry of the current table: the user whose uid it holds, `NIL` when never
+    /// used or reusable (its uid forgotten by the writer).
+    owner: Vec<u32>,
+    /// Per user: its entry, `NIL` when it has none.
+    entry_of: Vec<u32>,
+    /// Entries used at least once (never unused again in this table).
+    used: usize,
+    /// Entries with at least one endpoint.
+    live: usize,
+    min_entries: usize,
+    max_entries: usize,
+    /// Endpoints of the uid being changed (at most `max_records_per_uid`).
+    scratch: Vec<CompactEndpoint>,
+}
+
+impl TableWriter {
+    fn new(slot: usize, min_entries: usize, max_entries: usize) -> TableWriter {
+        let max_entries = max_entries.next_power_of_two().max(TABLE_ENTRIES_MIN);
+        let min_entries = min_entries
+            .next_power_of_two()
+            .clamp(TABLE_ENTRIES_MIN, max_entries);
+        TableWriter {
+            slot,
+            owner: vec![NIL; min_entries],
+            entry_of: Vec::new(),
+            used: 0,
+            live: 0,
+            min_entries,
+            max_entries,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Used entries that make the writer build a new table: 3/4.
+    #[inline]
+    fn used_limit(&self) -> usize {
+        self.owner.len() - self.owner.len() / 4
+    }
+
+    #[inline]
+    fn entry(&self, user: u32) -> u32 {
+        self.entry_of.get(user as usize).copied().unwrap_or(NIL)
+    }
+
+    /// Hints the CPU to load the entry of `user` (before a `publish`).
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, dir: &Directory, user: u32) {
+        let i = self.entry(user);
+        if i != NIL {
+            if let Some(t) = dir.writer_table(self.slot) {
+                t.prefetch_entry(i as usize);
             }
         }
     }
 
-    /// Every published uid with its endpoints (diagnostics and tests).
-    pub(crate) fn for_each(&self, mut f: impl FnMut(&Uid, &[Endpoint])) {
-        for b in self.table.buckets.iter() {
-            let c = b.load(Ordering::Acquire, self.guard);
-            // SAFETY: as in `append_endpoints`: loaded under `self.guard`, retired
-            // only through `defer_destroy`.
-            if let Some(chain) = unsafe { c.as_ref() } {
-                for e in chain.iter() {
-                    f(&e.uid, &e.endpoints);
+    /// Publishes `eps` (ordered) as the endpoints of `uid`, the uid of writer user
+    /// `user` (one user per uid). O(1) but for a new uid's probe and, rarely, a new
+    /// table.
+    pub(crate) fn publish(
+        &mut self,
+        dir: &Directory,
+        user: u32,
+        uid: &Uid,
+        eps: &[CompactEndpoint],
+    ) {
+        let i = self.entry(user);
+        if i == NIL {
+            if !eps.is_empty() {
+                self.insert(dir, user, uid, eps);
+            }
+            return;
+        }
+        let Some(t) = dir.writer_table(self.slot) else {
+            debug_assert!(false, "publish into an uninstalled slot");
+            return;
+        };
+        let i = i as usize;
+        let old = t.current(i);
+        debug_assert_eq!(old.uid_len(), uid.len());
+        let v = Value::encode(old.word(W_KEY), old.uid_addr(), eps, new_list(eps));
+        t.write(i, &v);
+        match (old.count() > 0, !eps.is_empty()) {
+            (false, true) => self.live += 1,
+            (true, false) => self.live -= 1,
+            _ => {}
+        }
+        if old.count() > 1 {
+            retire_list(old.list_addr(), old.count());
+        }
+    }
+
+    /// Removes from `user`'s published endpoints the one `is_it` names: the route
+    /// of one of its records ended, no other changed. Cheaper than `publish` for an
+    /// expiry pass: it reads neither the user nor its other records, only the
+    /// entry (and with several endpoints, their list).
+    pub(crate) fn unpublish_one(
+        &mut self,
+        dir: &Directory,
+        user: u32,
+        is_it: impl Fn(&CompactEndpoint) -> bool,
+    ) {
+        let i = self.entry(user);
+        let Some(t) = dir.writer_table(self.slot) else {
+            debug_assert!(false, "unpublish in an uninstalled slot");
+            return;
+        };
+        if i == NIL {
+            debug_assert!(false, "unpublish of an unpublished uid");
+            return;
+        }
+        let i = i as usize;
+        let old = t.current(i);
+        match old.count() {
+            0 => debug_assert!(false, "unpublish of a uid without endpoints"),
+            1 => {
+                debug_assert!(is_it(&old.inline_endpoint(0)));
+                t.write(i, &Value::encode(old.word(W_KEY), old.uid_addr(), &[], 0));
+                self.live -= 1;
+            }
+            n => {
+                let mut eps = std::mem::take(&mut self.scratch);
+                eps.clear();
+                // SAFETY: the writer's own current value, with more than one endpoint.
+                eps.extend(unsafe { list_of(&old) }.iter().filter(|e| !is_it(e)));
+                debug_assert_eq!(eps.len(), n - 1, "exactly one endpoint named");
+                let v = Value::encode(old.word(W_KEY), old.uid_addr(), &eps, new_list(&eps));
+                t.write(i, &v);
+                retire_list(old.list_addr(), n);
+                self.scratch = eps;
+            }
+        }
+    }
+
+    /// Gives up the entry of `user`, whose uid the writer forgot (it has no
+    /// endpoints left). The entry keeps naming the uid, with count 0, until reused.
+    pub(crate) fn release(&mut self, dir: &Directory, user: u32) {
+        let i = self.entry(user);
+        if i == NIL {
+            return;
+        }
+        debug_assert!(dir
+            .writer_table(self.slot)
+            .is_none_or(|t| t.current(i as usize).count() == 0));
+        self.owner[i as usize] = NIL;
+        self.entry_of[user as usize] = NIL;
+    }
+
+    fn insert(&mut self, dir: &Directory, user: u32, uid: &Uid, eps: &[CompactEndpoint]) {
+        assert!(uid.len() <= UID_BYTES_MAX, "uid longer than UID_BYTES_MAX");
+        if self.used >= self.used_limit() {
+            self.rebuild(dir, self.live + 1);
+        }
+        let Some(t) = dir.writer_table(self.slot) else {
+            debug_assert!(false, "publish into an uninstalled slot");
+            return;
+        };
+        let hash = uid_hash(uid);
+        // The first unowned entry on the probe path: readers pass owned entries
+        // (other uids) and stop at the first never used, which is not before it;
+        // a stale entry of the same uid (reusable) is not before it either.
+        let mut i = t.home(hash);
+        while self.owner[i] != NIL {
+            i = (i + 1) & t.mask;
+        }
+        let old = t.current(i);
+        debug_assert_eq!(old.count(), 0, "a reusable entry has no endpoints");
+        let addr = Arc::into_raw(uid.clone()).cast::<u8>() as u64;
+        let v = Value::encode(key_word(hash, uid.len()), addr, eps, new_list(eps));
+        t.write(i, &v);
+        if old.uid_addr() == 0 {
+            self.used += 1;
+        } else {
+            retire_uid(old.uid_addr(), old.uid_len());
+        }
+        self.live += 1;
+        self.owner[i] = user;
+        let u = user as usize;
+        if self.entry_of.len() <= u {
+            self.entry_of.resize(u + 1, NIL);
+        }
+        self.entry_of[u] = i as u32;
+    }
+
+    /// Builds a table sized for `live` uids with endpoints from the current one
+    /// (leaving out entries without endpoints) and swaps it in.
+    fn rebuild(&mut self, dir: &Directory, live: usize) {
+        let Some(old) = dir.writer_table(self.slot) else {
+            return;
+        };
+        let n = live
+            .saturating_mul(2)
+            .next_power_of_two()
+            .clamp(self.min_entries, self.max_entries);
+        debug_assert!(2 * live <= n, "max_entries below twice the route limit");
+        let new = Table::with_entries(n);
+        let mut owner = vec![NIL; n];
+        let mut used = 0;
+        for (i, &user) in self.owner.iter().enumerate() {
+            if user == NIL {
+                continue;
+            }
+            let mut v = old.current(i);
+            if v.count() == 0 {
+                self.entry_of[user as usize] = NIL;
+                continue;
+            }
+            // The new table owns its own uid count and list.
+            // SAFETY: the entry owns a count of this uid, so it is live.
+            unsafe { Arc::increment_strong_count(uid_raw(v.uid_addr(), v.uid_len())) };
+            if v.count() > 1 {
+                // SAFETY: the writer's own current value, with more than one endpoint.
+                let list = unsafe { list_of(&v) };
+                v.set(W_NODE, new_list(list));
+            }
+            // SAFETY: the writer's own current value: its uid is live.
+            let hash = uid_hash_bytes(unsafe { uid_bytes(&v) });
+            let mut j = new.home(hash);
+            while owner[j] != NIL {
+                j = (j + 1) & new.mask;
+            }
+            new.entries[j].store_value(&v);
+            owner[j] = user;
+            self.entry_of[user as usize] = j as u32;
+            used += 1;
+        }
+        self.owner = owner;
+        self.used = used;
+        self.live = used;
+        dir.swap_table(self.slot, new);
+    }
+
+    /// Checks the bookkeeping against the published table (O(table); tests) and
+    /// passes each owned entry's user and endpoints to `f`.
+    pub(crate) fn check(
+        &self,
+        dir: &Directory,
+        mut f: impl FnMut(u32, &str, &[CompactEndpoint]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let Some(t) = dir.writer_table(self.slot) else {
+            return Err("no table".into());
+        };
+        if t.len() != self.owner.len() {
+            return Err("table size differs from the writer's".into());
+        }
+        let (mut used, mut live) = (0, 0);
+        let mut eps = Vec::new();
+        for i in 0..t.len() {
+            let v = t.current(i);
+            if v.uid_addr() != 0 {
+                used += 1;
+            }
+            let user = self.owner[i];
+            if user == NIL {
+                if v.count() != 0 {
+                    return Err(format!("entry {i}: endpoints without an owner"));
+                }
+                continue;
+            }
+            if v.uid_addr() == 0 {
+                return Err(format!("entry {i}: owned but never used"));
+            }
+            if self.entry(user) != i as u32 {
+                return Err(format!("entry {i}: owner {user} points elsewhere"));
+            }
+            // SAFETY: the writer's own current value: its uid is live.
+            let uid = std::str::from_utf8(unsafe { uid_bytes(&v) })
+                .map_err(|_| format!("entry {i}: uid not utf-8"))?;
+            if t.find(uid_hash(uid), uid).map(|(j, _)| j) != Some(i) {
+                return Err(format!("entry {i}: {uid} not found by a lookup"));
+            }
+            eps.clear();
+            match v.count() {
+                0 => {}
+                1 => eps.push(v.inline_endpoint(0)),
+                _ => {
+                    // SAFETY: the writer's own current value, more than one endpoint.
+                    eps.extend_from_slice(unsafe { list_of(&v) });
+                }
+            }
+            if !eps.is_empty() {
+                live += 1;
+            }
+            f(user, uid, &eps)?;
+        }
+        for (user, &i) in self.entry_of.iter().enumerate() {
+            if i != NIL && self.owner.get(i as usize) != Some(&(user as u32)) {
+                return Err(format!("user {user}: entry {i} owned by another"));
+            }
+        }
+        if (used, live) != (self.used, self.live) {
+            return Err(format!(
+                "counted {used} used / {live} live entries, kept {} / {}",
+                self.used, self.live
+            ));
+        }
+        if used > self.used_limit() {
+            return Err("table past its used limit".into());
+        }
+        Ok(())
+    }
+
+    /// Whether `user` has an entry.
+    pub(crate) fn has_entry(&self, user: u32) -> bool {
+        self.entry(user) != NIL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(session_id: u64) -> CompactEndpoint {
+        CompactEndpoint {
+            uid_index: 0,
+            device_flag: 1,
+            device_level: DeviceLevel::Slave,
+            node_id: session_id,
+            boot_id: session_id,
+            session_id,
+            owner_seq: session_id,
+        }
+    }
+
+    #[test]
+    fn a_reader_of_an_entry_in_mid_write_gets_the_previous_value_from_the_backup() {
+        let t = Table::with_entries(4);
+        // No uid address (0): the table has nothing to release, even on a failure.
+        let key = key_word(uid_hash("u"), 1);
+        let a = Value::encode(key, 0, &[ep(1)], 0);
+        let b = Value::encode(key, 0, &[ep(2)], 0);
+        t.write(1, &a);
+        assert_eq!(t.read(1), a);
+        t.begin_write(1);
+        assert_eq!(t.read(1), a, "odd version: the backup answers, no waiting");
+        t.finish_write(1, &b);
+        assert_eq!(t.read(1), b);
+        // The backup of entry 1 does not answer for entry 2 (never written).
+        t.begin_write(2);
+        assert_eq!(t.read_backup(1, 0), None);
+        assert_eq!(t.read(2), Value::default());
+        t.finish_write(2, &a);
+        assert_eq!(t.read(2), a);
+    }
+
+    /// The published table against a plain map, through growth, rebuilds, entry
+    /// reuse by other uids, multi-device uids and lookups by equal but distinct
+    /// `Arc`s. Deterministic seeds; a failure names its seed.
+    #[test]
+    fn table_writer_matches_a_reference_map() {
+        for seed in 1..=24u64 {
+            if let Err(e) = table_run(seed) {
+                panic!("seed {seed}: {e}");
+            }
+        }
+    }
+
+    fn table_run(seed: u64) -> Result<(), String> {
+        const UIDS: usize = 40;
+        const STEPS: usize = 1500;
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut rng = move |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let dir = Directory::with_limit(1 << 16);
+        let target = Target {
+            hash_slot: 0,
+            slot_id: 1,
+            leader_node_id: 1,
+            leader_term: 1,
+            config_epoch: 1,
+        };
+        let mut tw = dir.install(0, target, 4, 2 * (UIDS + 1));
+        let uids: Vec<Uid> = (0..UIDS).map(|i| format!("t{i}").into()).collect();
+        // Equal strings in other allocations: lookups compare bytes.
+        let copies: Vec<Uid> = uids.iter().map(|u| Uid::from(&**u)).collect();
+        // Per uid: its user while the writer knows it, and its endpoints.
+        let mut user_of: Vec<Option<u32>> = vec![None; UIDS];
+        let mut eps_of: Vec<Vec<CompactEndpoint>> = vec![Vec::new(); UIDS];
+        let mut free_users: Vec<u32> = (0..UIDS as u32).rev().collect();
+        for step in 0..STEPS {
+            let k = rng(UIDS);
+            if rng(4) == 0 {
+                // Forget the uid (only without endpoints, as the writer does).
+                if let Some(u) = user_of[k] {
+                    tw.publish(&dir, u, &uids[k], &[]);
+                    tw.release(&dir, u);
+                    eps_of[k].clear();
+                    user_of[k] = None;
+                    free_users.push(u);
+                }
+            } else {
+                let u = match user_of[k] {
+                    Some(u) => u,
+                    None => free_users.pop().ok_or("no free user")?,
+                };
+                user_of[k] = Some(u);
+                let eps: Vec<CompactEndpoint> =
+                    (0..rng(4)).map(|j| ep((step * 4 + j) as u64)).collect();
+                tw.publish(&dir, u, &uids[k], &eps);
+                eps_of[k] = eps;
+            }
+            tw.check(&dir, |u, uid, eps| {
+                let k = user_of
+                    .iter()
+                    .position(|&o| o == Some(u))
+                    .ok_or(format!("step {step}: entry of unknown user {u}"))?;
+                if *uids[k] != *uid || eps_of[k] != eps {
+                    return Err(format!("step {step}: entry of {uid} differs"));
+                }
+                Ok(())
+            })?;
+            let guard = epoch::pin();
+            let view = dir.state(0, &guard).ok_or("not installed")?;
+            for look in [&uids, &copies] {
+                let mut got: Vec<Vec<CompactEndpoint>> = vec![Vec::new(); UIDS];
+                view.lookup(look, |e| {
+                    got[e.uid_index as usize].push(CompactEndpoint { uid_index: 0, ..e })
+                });
+                if got != eps_of {
+                    return Err(format!("step {step}: lookup differs from the map"));
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Readers on other threads look up uids while the writer publishes lists of
+    /// several endpoints, releases and reuses entries and builds new tables: each
+    /// value a reader gets is one the writer published whole (its endpoints carry
+    /// one `owner_seq` and sessions 0..n, in order).
+    #[test]
+    fn concurrent_lookups_see_whole_values_through_rebuilds_and_reuse() {
+        const UIDS: usize = 48;
+        const READERS: usize = 2;
+        const LOOKUPS: u64 = 3_000;
+        let dir = Arc::new(Directory::with_limit(1 << 16));
+        let target = Target {
+            hash_slot: 3,
+            slot_id: 1,
+            leader_node_id: 1,
+            leader_term: 1,
+            config_epoch: 1,
+        };
+        let mut tw = dir.install(3, target, 4, 2 * (UIDS + 1));
+        let uids: Arc<Vec<Uid>> = Arc::new((0..UIDS).map(|i| format!("c{i}").into()).collect());
+        let readers: Vec<_> = (0..READERS)
+            .map(|_| {
+                let (dir, uids) = (dir.clone(), uids.clone());
+                std::thread::spawn(move || {
+                    let mut got: Vec<CompactEndpoint> = Vec::new();
+                    for _ in 0..LOOKUPS {
+                        let guard = epoch::pin();
+                        let view = dir.state(3, &guard).expect("installed");
+                        got.clear();
+                        view.lookup(&uids, |e| got.push(e));
+                        for run in got.chunk_by(|a, b| a.uid_index == b.uid_index) {
+                            for (j, e) in run.iter().enumerate() {
+                                assert_eq!(e.session_id, j as u64, "endpoints of two values");
+                                assert_eq!(e.owner_seq, run[0].owner_seq, "torn list");
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut user_of: Vec<Option<u32>> = vec![None; UIDS];
+        let mut free_users: Vec<u32> = (0..UIDS as u32).rev().collect();
+        let mut step = 0u64;
+        while !readers.iter().all(|r| r.is_finished()) {
+            step += 1;
+            let k = rng(UIDS as u64) as usize;
+            if rng(5) == 0 {
+                if let Some(u) = user_of[k].take() {
+                    tw.publish(&dir, u, &uids[k], &[]);
+                    tw.release(&dir, u);
+                    free_users.push(u);
+                }
+                continue;
+            }
+            let u = match user_of[k] {
+                Some(u) => u,
+                None => free_users.pop().expect("a user per uid"),
+            };
+            user_of[k] = Some(u);
+            let eps: Vec<CompactEndpoint> = (0..rng(4))
+                .map(|j| CompactEndpoint {
+                    session_id: j,
+                    owner_seq: step,
+                    ..ep(0)
+                })
+                .collect();
+            tw.publish(&dir, u, &uids[k], &eps);
+        }
+        for r in readers {
+            r.join().expect("a reader saw a mixed value");
+        }
+        tw.check(&dir, |_, _, _| Ok(())).unwrap();
+    }
+
+    /// A writer rewrites entries whose every word derives from one number; readers
+    /// on other threads must never see words of two numbers (a torn value). The
+    /// writer writes until every reader has read `READS` values or failed (no
+    /// clock).
+    #[test]
+    fn concurrent_readers_never_see_a_torn_value() {
+        const ENTRIES: usize = 2;
+        const READERS: usize = 2;
+        const READS: u64 = 2_000_000;
+        let t = Arc::new(Table::with_entries(ENTRIES));
+        // Every word but the uid address (0: nothing to release) derives from `x`;
+        // count 1: no list.
+        let value = |x: u64| {
+            let mut v = Value(std::array::from_fn(|k| x.wrapping_mul(k as u64 + 1)));
+            v.set(W_UID, 0);
+            v.set(W_META, x << 32 | 1);
+            v
+        };
+        let readers: Vec<_> = (0..READERS)
+            .map(|_| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for n in 0..READS {
+                        let i = (n % t.len() as u64) as usize;
+                        let v = t.read(i);
+                        assert_eq!(v, value(v.0[0]), "torn read of entry {i}");
+                    }
+                })
+            })
+            .collect();
+        let mut x = 0u64;
+        while !readers.iter().all(|r| r.is_finished()) {
+            x += 1;
+            t.write((x % t.len() as u64) as usize, &value(x));
+        }
+        for r in readers {
+            r.join().expect("a reader saw a torn value");
+        }
+        assert!(x > 0);
     }
 }
