@@ -16,12 +16,11 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use io_uring::types::{BufRingEntry, CancelBuilder, Fd, SubmitArgs, Timespec};
+use io_uring::types::{CancelBuilder, Fd, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, squeue, IoUring};
+use net::io::bufring::BufRing;
 
 /// Submission queue entries (completion queue: four times as many).
 pub const RING_ENTRIES: u32 = 4096;
@@ -49,122 +48,6 @@ fn user_data(op: u64, idx: usize) -> u64 {
 
 fn split(ud: u64) -> (u64, usize) {
     (ud >> 56, (ud & ((1 << 56) - 1)) as usize)
-}
-
-fn mmap_anon(len: usize) -> io::Result<NonNull<u8>> {
-    // SAFETY: an anonymous private mapping with no address hint has no preconditions;
-    // the result is checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
-}
-
-/// A provided-buffer ring: [`RECV_BUF_COUNT`] buffers of [`RECV_BUF_BYTES`] in
-/// anonymous mappings (page aligned, never moving), registered as group [`BGID`].
-struct BufRing {
-    ring: NonNull<BufRingEntry>,
-    ring_bytes: usize,
-    bufs: NonNull<u8>,
-    bufs_bytes: usize,
-    tail: u16,
-}
-
-impl BufRing {
-    fn new(uring: &IoUring) -> io::Result<BufRing> {
-        let count = RECV_BUF_COUNT;
-        let ring_bytes = usize::from(count) * std::mem::size_of::<BufRingEntry>();
-        let bufs_bytes = usize::from(count) * RECV_BUF_BYTES as usize;
-        let ring = mmap_anon(ring_bytes)?;
-        let bufs = match mmap_anon(bufs_bytes) {
-            Ok(b) => b,
-            Err(e) => {
-                // SAFETY: unmaps the mapping created just above, referenced nowhere else.
-                unsafe { libc::munmap(ring.as_ptr().cast(), ring_bytes) };
-                return Err(e);
-            }
-        };
-        let mut br = BufRing {
-            ring: ring.cast(),
-            ring_bytes,
-            bufs,
-            bufs_bytes,
-            tail: 0,
-        };
-        // SAFETY: the entries are page aligned, `count` long, and outlive the ring's
-        // use of them (`Ring` drops the io_uring before this, or leaks this).
-        unsafe {
-            uring.submitter().register_buf_ring_with_flags(
-                br.ring.as_ptr() as u64,
-                count,
-                BGID,
-                0,
-            )?;
-        }
-        for bid in 0..count {
-            br.push(bid);
-        }
-        br.publish();
-        Ok(br)
-    }
-
-    /// Hands buffer `bid` back (visible to the kernel after [`BufRing::publish`]).
-    fn push(&mut self, bid: u16) {
-        let slot = usize::from(self.tail & (RECV_BUF_COUNT - 1));
-        // SAFETY: `slot < count`: inside the entry mapping; the kernel reads only the
-        // entries between its head and our published tail, and this one is past it.
-        let entry = unsafe { &mut *self.ring.as_ptr().add(slot) };
-        entry.set_addr(self.buf_ptr(bid) as u64);
-        entry.set_len(RECV_BUF_BYTES);
-        entry.set_bid(bid);
-        self.tail = self.tail.wrapping_add(1);
-    }
-
-    fn buf_ptr(&self, bid: u16) -> *mut u8 {
-        assert!(bid < RECV_BUF_COUNT);
-        // SAFETY: `bid < count`, so the offset stays inside the buffer mapping.
-        unsafe {
-            self.bufs
-                .as_ptr()
-                .add(usize::from(bid) * RECV_BUF_BYTES as usize)
-        }
-    }
-
-    fn publish(&self) {
-        // SAFETY: the tail overlays the first entry's `resv` field, inside the mapping;
-        // the kernel loads it with acquire ordering, so we store it atomically.
-        let tail = unsafe { &*(BufRingEntry::tail(self.ring.as_ptr()) as *const AtomicU16) };
-        tail.store(self.tail, Ordering::Release);
-    }
-
-    /// The `len` bytes a completed recv wrote into buffer `bid`.
-    fn data(&self, bid: u16, len: usize) -> &[u8] {
-        assert!(len <= RECV_BUF_BYTES as usize);
-        // SAFETY: inside the mapping; the kernel wrote `len` bytes there and does not
-        // touch the buffer again until we push it back.
-        unsafe { std::slice::from_raw_parts(self.buf_ptr(bid), len) }
-    }
-}
-
-impl Drop for BufRing {
-    fn drop(&mut self) {
-        // SAFETY: both mappings were created in `new`; `Ring` drops this only after
-        // the io_uring is gone (and leaks it when requests may still be live).
-        unsafe {
-            libc::munmap(self.ring.as_ptr().cast(), self.ring_bytes);
-            libc::munmap(self.bufs.as_ptr().cast(), self.bufs_bytes);
-        }
-    }
 }
 
 /// The ring's view of one connection.
@@ -217,7 +100,7 @@ impl Ring {
             .setup_defer_taskrun()
             .setup_cqsize(RING_ENTRIES * 4)
             .build(RING_ENTRIES)?;
-        let bufs = BufRing::new(&uring)?;
+        let bufs = BufRing::new(&uring, RECV_BUF_COUNT, RECV_BUF_BYTES, BGID)?;
         Ok(Ring {
             uring,
             bufs: Some(bufs),
@@ -482,7 +365,9 @@ impl Drop for Ring {
         }
         if self.inflight > 0 {
             // Requests may still use the buffers: never free them.
-            std::mem::forget(self.bufs.take());
+            if let Some(b) = self.bufs.take() {
+                b.leak();
+            }
             std::mem::forget(std::mem::take(&mut self.conns));
         }
     }

@@ -47,6 +47,7 @@
 //!   hand every shard a `try_clone` of the same listener. A connection stays on the
 //!   shard that accepted it.
 
+pub mod bufring;
 mod core;
 mod mio_driver;
 mod uring_driver;
