@@ -98,6 +98,9 @@ impl Default for DeliveryConfig {
     }
 }
 
+/// How long a stop waits for the log syncer threads to end.
+const SYNCER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Everything a node needs to start.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -445,8 +448,20 @@ impl Node {
         // Dropping the shards closes their syncers' job queues: the threads end.
         let results: Vec<io::Result<()>> =
             runtime.join().into_iter().map(|r| r.map(drop)).collect();
+        // Bounded: a syncer stuck in a sync on a failing disk is left behind (logged)
+        // rather than hanging the stop.
+        let deadline = std::time::Instant::now() + SYNCER_STOP_WAIT;
+        while self.sync_handles.iter().any(|h| !h.is_finished())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
         for h in self.sync_handles.drain(..) {
-            let _ = h.join();
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                tracing::warn!("a log syncer thread is still in a sync; not waiting for it");
+            }
         }
         results.into_iter().collect()
     }
