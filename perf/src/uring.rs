@@ -16,9 +16,9 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use io_uring::types::{CancelBuilder, Fd, SubmitArgs, Timespec};
+use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, squeue, IoUring};
 use net::io::bufring::BufRing;
 
@@ -30,12 +30,6 @@ pub const RECV_BUF_COUNT: u16 = 128;
 pub const RECV_BUF_BYTES: u32 = 32 * 1024;
 /// Buffer group id of the provided receive buffers.
 const BGID: u16 = 0;
-/// How long a dropped ring waits for its cancelled requests (then leaks the buffers).
-const DROP_WAIT: Duration = Duration::from_secs(3);
-/// One wait of the drop loop.
-const DROP_WAIT_STEP_NS: u32 = 5_000_000;
-/// The drop loop repeats its cancel-all every this many waits.
-const DROP_CANCEL_EVERY_ROUNDS: usize = 20;
 
 // user_data: op (8 bits) | connection index (56 bits).
 const OP_RECV: u64 = 1;
@@ -339,30 +333,11 @@ impl Ring {
 impl Drop for Ring {
     fn drop(&mut self) {
         // Cancel every request, then wait (bounded) until none references our memory.
-        let give_up = Instant::now() + DROP_WAIT;
-        for round in 0.. {
-            if self.inflight == 0 || Instant::now() > give_up {
-                break;
-            }
-            if round % DROP_CANCEL_EVERY_ROUNDS == 0 {
-                let e = opcode::AsyncCancel2::new(CancelBuilder::any().all())
-                    .build()
-                    .user_data(user_data(OP_CANCEL, 0));
-                // SAFETY: a cancel references no memory.
-                if unsafe { self.push(&e) }.is_err() {
-                    break;
-                }
-            }
-            let ts = Timespec::new().nsec(DROP_WAIT_STEP_NS);
-            let args = SubmitArgs::new().timespec(&ts);
-            let _ = self.uring.submitter().submit_with_args(1, &args);
-            let flags: Vec<u32> = self.uring.completion().map(|c| c.flags()).collect();
-            for f in flags {
-                if !cqueue::more(f) {
-                    self.inflight -= 1;
-                }
-            }
-        }
+        net::io::bufring::cancel_all_and_drain(
+            &mut self.uring,
+            &mut self.inflight,
+            user_data(OP_CANCEL, 0),
+        );
         if self.inflight > 0 {
             // Requests may still use the buffers: never free them.
             if let Some(b) = self.bufs.take() {

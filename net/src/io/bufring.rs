@@ -10,8 +10,8 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, Ordering};
 
-use io_uring::types::BufRingEntry;
-use io_uring::IoUring;
+use io_uring::types::{BufRingEntry, CancelBuilder, SubmitArgs, Timespec};
+use io_uring::{cqueue, opcode, IoUring};
 
 /// A provided-buffer ring: `count` buffers of `size` bytes, registered as buffer
 /// group `bgid`. Memory comes from anonymous mmaps, so it is page aligned and never moves.
@@ -167,4 +167,52 @@ impl Drop for BufRing {
             libc::munmap(self.bufs.as_ptr().cast(), self.bufs_bytes);
         }
     }
+}
+
+/// How long a teardown waits for cancelled requests to finish, in waits of at most
+/// `TEARDOWN_WAIT_STEP_NS`.
+pub const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const TEARDOWN_WAIT_STEP_NS: u32 = 5_000_000;
+/// The teardown repeats its cancel-all every this many waits (requests still being
+/// issued may miss a cancel).
+const TEARDOWN_CANCEL_EVERY_ROUNDS: usize = 20;
+
+/// Cancels every request on `ring` and reaps completions until none of the
+/// `inflight` requests (final completions not yet reaped) remains or
+/// [`TEARDOWN_WAIT`] has passed. Returns whether all ended: if not, the memory they
+/// reference (a [`BufRing`], send buffers) must be leaked, never freed.
+/// `cancel_user_data` tags the cancel requests (their own completions are counted
+/// like any other request's).
+pub fn cancel_all_and_drain(
+    ring: &mut IoUring,
+    inflight: &mut usize,
+    cancel_user_data: u64,
+) -> bool {
+    let give_up = std::time::Instant::now() + TEARDOWN_WAIT;
+    for round in 0.. {
+        if *inflight == 0 || std::time::Instant::now() > give_up {
+            break;
+        }
+        if round % TEARDOWN_CANCEL_EVERY_ROUNDS == 0 {
+            let e = opcode::AsyncCancel2::new(CancelBuilder::any().all())
+                .build()
+                .user_data(cancel_user_data);
+            // SAFETY: a cancel references no memory.
+            while unsafe { ring.submission().push(&e) }.is_err() {
+                if ring.submit().is_err() {
+                    return *inflight == 0;
+                }
+            }
+            *inflight += 1;
+        }
+        let ts = Timespec::new().nsec(TEARDOWN_WAIT_STEP_NS);
+        let args = SubmitArgs::new().timespec(&ts);
+        let _ = ring.submitter().submit_with_args(1, &args);
+        for cqe in ring.completion() {
+            if !cqueue::more(cqe.flags()) {
+                *inflight -= 1;
+            }
+        }
+    }
+    *inflight == 0
 }

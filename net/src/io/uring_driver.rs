@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use io_uring::types::{CancelBuilder, Fd, SubmitArgs, Timespec};
+use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, squeue, IoUring};
 use shard::runtime::{Driver, EventFd};
 
@@ -24,12 +24,6 @@ use super::{prepare_listener, ConnId, ListenerKind, NetConfig, NetEvent, NetStat
 
 /// Buffer group id of the provided receive buffers.
 const BGID: u16 = 0;
-/// How long a dropped driver waits for its cancelled IO to finish (in waits of at
-/// most `DROP_WAIT_NS`); if it does not, the buffers are leaked rather than unmapped.
-const DROP_WAIT_MS: u64 = 3_000;
-const DROP_WAIT_NS: u32 = 5_000_000;
-/// A dropped driver repeats its cancel-all every this many waits.
-const DROP_CANCEL_EVERY_ROUNDS: usize = 20;
 
 // user_data: kind (8 bits) | slot index (24 bits) | generation (32 bits).
 const OP_ACCEPT: u64 = 1;
@@ -564,31 +558,8 @@ impl Drop for UringDriver {
                 unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
             }
         }
-        let give_up = Instant::now() + Duration::from_millis(DROP_WAIT_MS);
-        for round in 0.. {
-            if self.inflight == 0 || Instant::now() > give_up {
-                break;
-            }
-            if round % DROP_CANCEL_EVERY_ROUNDS == 0 {
-                // Again now and then: requests still being issued may miss a cancel.
-                let e = opcode::AsyncCancel2::new(CancelBuilder::any().all())
-                    .build()
-                    .user_data(user_data(OP_CANCEL_ALL, 0, 0));
-                // SAFETY: a cancel references no memory.
-                if unsafe { self.push(&e) }.is_err() {
-                    break;
-                }
-            }
-            let ts = Timespec::new().nsec(DROP_WAIT_NS);
-            let args = SubmitArgs::new().timespec(&ts);
-            let _ = self.ring.submitter().submit_with_args(1, &args);
-            let drained: Vec<u32> = self.ring.completion().map(|c| c.flags()).collect();
-            for flags in drained {
-                if !cqueue::more(flags) {
-                    self.inflight -= 1;
-                }
-            }
-        }
+        let cancel = user_data(OP_CANCEL_ALL, 0, 0);
+        super::bufring::cancel_all_and_drain(&mut self.ring, &mut self.inflight, cancel);
         if self.inflight > 0 {
             // Some IO may still write into the buffers: never unmap them.
             self.bufs_unsafe_to_free = true;
