@@ -841,12 +841,7 @@ fn track_ack(
 // --------------------------------------------------------------- 5. acknowledgement
 
 /// RECVACK: the session has the message.
-pub fn on_recvack(
-    node: &mut NodeShard,
-    _cx: &mut Context<Msg, NodeTimer>,
-    id: ConnId,
-    message_id: i64,
-) {
+pub fn on_recvack(node: &mut NodeShard, id: ConnId, message_id: i64) {
     if let Some(conn) = node.conn_mut(id) {
         let entries = &mut conn.acks.entries;
         if let Some(i) = entries

@@ -302,7 +302,7 @@ impl NodeShard {
             }
             (Frame::Recvack(p), Some(ConnState::Active)) => {
                 self.touch_on_activity(cx, id);
-                super::send::on_recvack(self, cx, id, p.message_id);
+                super::send::on_recvack(self, id, p.message_id);
                 FrameOutcome::Continue
             }
             (Frame::Sub(p), Some(ConnState::Active)) => {
