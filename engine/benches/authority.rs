@@ -350,7 +350,7 @@ fn bench_lookup_and_expiry(c: &mut Criterion) {
     let mut expired_total = 0usize;
     let mut passes = 0u64;
     // Every pass's CPU time: the minimum and median resist a machine shared with
-    // other work better than a mean (every 8th pass also drains a coarser bucket).
+    // other work better than a mean.
     let mut pass_times: Vec<Duration> = Vec::with_capacity(1 << 12);
     let stats0 = a.stats();
     g.bench_function("expire_pass_1pct_due_of_1m_cpu", |b| {
@@ -387,7 +387,7 @@ fn bench_lookup_and_expiry(c: &mut Criterion) {
     let st = a.stats();
     let examined = (st.expiry_entries_visited - stats0.expiry_entries_visited) / passes.max(1);
     eprintln!(
-        "expiry: {passes} passes, {} routes expired per pass, {examined} wheel entries examined per pass ({:.2}% of {ROUTES} routes)",
+        "expiry: {passes} passes, {} routes expired per pass, {examined} expiry entries examined per pass ({:.2}% of {ROUTES} routes)",
         expired_total as u64 / passes.max(1),
         examined as f64 * 100.0 / ROUTES as f64
     );

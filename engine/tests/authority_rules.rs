@@ -509,14 +509,14 @@ fn rule_13_replaced_route_leaves_the_expiry_index() {
     newer.last_active_s = Some(T0 + 50);
     let tok = pending_token(a.register_route(&t, newer, T0 + 50).unwrap());
     a.commit_route(&t, &tok, T0 + 50).unwrap();
-    ok(&a); // exactly one wheel entry per timed route / orphan fence record
+    ok(&a); // exactly one expiry deadline per timed route / orphan fence record
     let fired0 = a.wheel_stats().fired;
     assert_eq!(
         a.expire(T0 + TTL_S + 1),
         0,
         "the replaced route's deadline fires nothing"
     );
-    assert_eq!(a.wheel_stats().fired, fired0, "its wheel entry is gone");
+    assert_eq!(a.wheel_stats().fired, fired0, "its expiry entry is gone");
     assert_eq!(a.expire(T0 + 50 + TTL_S + 1), 1);
     // Re-registering the same identity replaces its own route's entry too.
     let s = slave(&u, "d", 3, 1);
@@ -633,7 +633,7 @@ fn rule_17_touch_moves_route_to_its_new_bucket() {
     let mut touch = s.clone();
     touch.last_active_s = Some(T0 + 500);
     a.touch_routes(&t, &[touch], T0 + 500).unwrap();
-    ok(&a); // the record's single wheel entry holds the new deadline
+    ok(&a); // the record's single expiry entry holds the new deadline
     let before = a.wheel_stats().fired;
     assert_eq!(a.expire(T0 + TTL_S + 1), 0);
     assert_eq!(
@@ -685,7 +685,7 @@ fn rule_19_unregister_tombstone_removes_only_not_newer_routes() {
     assert_eq!(a.unregister_route(&t, &s.identity(), 5, T0), Ok(true));
     assert_eq!(a.fence(&s.identity()).unwrap().tombstone, Some(5));
     assert_eq!(sessions(&r, t, &u), Vec::<u64>::new());
-    ok(&a); // the wheel entry now holds the fence retention, not the route
+    ok(&a); // the expiry entry now holds the fence retention, not the route
     let fired = a.wheel_stats().fired;
     assert_eq!(a.expire(T0 + TTL_S + 1), 0);
     assert_eq!(
@@ -777,6 +777,53 @@ fn rule_22_expiry_keeps_owner_seq_and_tombstones() {
         vec![TouchResult::Recreated]
     );
     assert_eq!(sessions(&r, t, &u), vec![1, 2]);
+    ok(&a);
+}
+
+/// Rules 20 and 22 with deadlines beyond the expiry ring's window (at most 4096
+/// one-second buckets): a retention longer than the window, and a route touched
+/// long after the last pass. Both fire exactly on time, not before.
+#[test]
+fn rule_22_deadlines_beyond_the_expiry_window_fire_on_time() {
+    let long = AuthorityConfig {
+        fence_retention_s: 10_000,
+        ..cfg()
+    };
+    let dir = Directory::new(&long).unwrap();
+    let mut a = Authority::new(long, &dir, &[44]).unwrap();
+    let view = ClusterView::single_node(NODE);
+    assert!(a.apply_view(&view, NODE, T0));
+    let t = view.target_for_slot(44);
+    let u = uid_in(44, 0);
+    let s = slave(&u, "d", 1, 1);
+    a.register_route(&t, s.clone(), T0).unwrap();
+    // No pass since T0: the new deadline is 5061 s past the ring's time.
+    let mut touch = s.clone();
+    touch.last_active_s = Some(T0 + 5000);
+    a.touch_routes(&t, &[touch], T0 + 5000).unwrap();
+    ok(&a);
+    let expired_at = T0 + 5000 + TTL_S + 1;
+    for now in (T0..expired_at).step_by(97).chain([expired_at - 1]) {
+        assert_eq!(a.expire(now), 0, "expired early at {now}");
+        ok(&a);
+    }
+    assert_eq!(a.expire(expired_at), 1);
+    let retained_until = expired_at + 10_000;
+    for now in (expired_at..retained_until)
+        .step_by(499)
+        .chain([retained_until - 1])
+    {
+        a.expire(now);
+        assert!(
+            a.fence(&s.identity()).is_some(),
+            "fence dropped early at {now}"
+        );
+        ok(&a);
+    }
+    a.expire(retained_until);
+    assert_eq!(a.fence(&s.identity()), None);
+    assert_eq!(a.stats().fence_records_dropped, 1);
+    assert!(a.wheel_stats().recascaded > 0, "went through the far path");
     ok(&a);
 }
 

@@ -5,19 +5,22 @@
 //! - [`Directory`]: the shared, lock-free view of all 256 hash slots (identity and
 //!   active endpoints per uid), created once per node.
 //! - [`Authority`]: the single writer of the hash slots one shard claimed. It keeps
-//!   the full records (routes, pending candidates, fence records, one timer-wheel
-//!   entry per record) and publishes each uid's active endpoints to the directory.
+//!   the full records (routes, pending candidates, fence records, at most one
+//!   expiry deadline per record) and publishes each uid's active endpoints to the
+//!   directory.
 //! - [`AuthorityReader`]: lookups from any thread, never blocking the writer.
 //!
 //! # Layout for speed
-//! - Per slot, records live in a slab (`u32` indices, 256-byte cache-aligned
-//!   records), linked per uid; wheel entries name their record by index. An expiry
+//! - Per slot, records live in a slab (`u32` indices, cache-aligned records),
+//!   linked per uid. Deadlines (a route's expiry, a fence record's retention) sit in
+//!   the slot's [`ExpiryRing`](expiry): one-second buckets of record indices, each
+//!   entry visited once, when due; candidates' deadlines in a timer wheel. An expiry
 //!   pass reads and writes only a record's first cache line, touches no reference
 //!   count (an expired route's data stays, stale, until replaced or dropped with its
 //!   record), removes the one endpoint from the published entry without reading the
-//!   uid's other records, and queues the retention deadline (an append) instead of
-//!   inserting a wheel entry. Fired entries of all slots go through one software
-//!   pipeline that prefetches records and published entries ahead.
+//!   uid's other records, and sets the retention deadline (a push). Due entries of
+//!   all slots go through one software pipeline that prefetches records and
+//!   published entries ahead.
 //! - The published directory is one 64-byte line per uid (see `published`);
 //!   lookups copy out [`CompactEndpoint`]s (no `Arc` clone) or full [`Endpoint`]s.
 //!
@@ -38,9 +41,8 @@
 //!   register only by the tombstone); the last owner_seq never decreases.
 //! - Fence records (last owner_seq, tombstone per identity) outlive their route by
 //!   `fence_retention_s` (counted from the moment the identity has neither route nor
-//!   candidate, restarted by each unregister), then are dropped by the same wheel
-//!   that expires routes (or, for records an expiry pass orphaned, by the slot's
-//!   retention queue, drained by the same passes). A message delayed longer than
+//!   candidate, restarted by each unregister), then are dropped by the same expiry
+//!   passes that expire routes. A message delayed longer than
 //!   that retention is no longer fenced: a register or touch at or below the
 //!   forgotten tombstone would (re)create the route. Such a route belongs to a closed session: the owner refuses pushes to
 //!   it (it revalidates uid, boot_id, session_id, owner_seq) and, never touched, it
@@ -49,14 +51,17 @@
 //! - Limits (all in [`AuthorityConfig`]): a call that would pass one fails with
 //!   [`AuthorityError::Full`] and changes nothing; nothing grows without bound.
 
+mod expiry;
 mod published;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use shard::slots::{hash_slot, HASH_SLOTS};
-use shard::timer::{TimerHandle, TimerWheel, WheelStats};
+use shard::timer::{TimerWheel, WheelStats};
+
+use expiry::{ExpiryRing, RingLink};
 
 pub use published::{Directory, FxBuildHasher, FxHasher};
 use published::{SlotView, TableWriter, NIL};
@@ -263,10 +268,10 @@ pub struct AuthorityStats {
     pub routes_expired: u64,
     pub pending_expired: u64,
     pub fence_records_dropped: u64,
-    /// Wheel buckets emptied by expiry passes.
+    /// Buckets emptied by expiry passes (expiry rings and candidate wheels).
     pub expiry_buckets_visited: u64,
-    /// Wheel entries examined by expiry passes (fired or moved to a finer level),
-    /// plus retention-queue entries examined (due ones only).
+    /// Entries examined by expiry passes (fired, or placed again: a deadline beyond
+    /// the ring's window, a wheel entry moved to a finer level).
     pub expiry_entries_visited: u64,
 }
 
@@ -313,7 +318,7 @@ struct Pending {
     route: Route,
     nonce: u64,
     acks: Vec<(Sess, OwnerSeq)>,
-    timer: TimerHandle,
+    timer: shard::timer::TimerHandle,
 }
 
 /// Everything the slot knows about one identity. Cache-line aligned, and laid out
@@ -323,14 +328,10 @@ struct Record {
     /// The user (uid) of this record, and the user's next record (`NIL`: last).
     user: u32,
     next: u32,
-    /// The record's one wheel entry: the active route's expiry (when it has an
-    /// activity time) or the retention deadline (when it has neither route nor
-    /// candidate and `retention_queued` is false); `None` otherwise.
-    timer: Option<TimerHandle>,
-    /// Its retention deadline is kept by the slot's retention queue (an entry
-    /// `(retain_until_s, this record)`), not by the wheel: set by an expiry pass
-    /// for the records it orphans, cleared by any other change of state.
-    retention_queued: bool,
+    /// The record's place in the slot's expiry ring: its active route's expiry
+    /// (when it has an activity time) or its retention deadline (when it has
+    /// neither route nor candidate); none otherwise (see [`wanted_deadline`]).
+    link: RingLink,
     /// Whether `route` is the active route. Expiry and unregister clear it without
     /// dropping the route (a pass touches no reference count: the uid's and device
     /// id's `Arc`s live on other lines); a stale route is dropped when replaced or
@@ -347,18 +348,17 @@ struct Record {
     route: Option<Active>,
 }
 
-// A vacant slab slot costs no more than a record (the niche of `is_active`), and a
-// record is four cache lines, the first the one an expiry pass touches.
+// A vacant slab slot costs no more than a record (the niche of `is_active`), and
+// what an expiry pass reads and writes is on the record's first cache line.
 const _: () = assert!(std::mem::size_of::<Option<Record>>() == std::mem::size_of::<Record>());
-const _: () = assert!(std::mem::size_of::<Record>() == 256);
+const _: () = assert!(std::mem::offset_of!(Record, sess) <= 64);
 
 impl Record {
     fn new(user: u32, next: u32, sess: Sess) -> Record {
         Record {
             user,
             next,
-            timer: None,
-            retention_queued: false,
+            link: RingLink::NONE,
             is_active: false,
             retain_until_s: None,
             pending: None,
@@ -520,17 +520,28 @@ fn records_from(recs: &Slab<Record>, first: u32) -> UserRecords<'_> {
     UserRecords { recs, next: first }
 }
 
+/// A due entry of an expiry pass: a record's deadline (from the slot's ring) or a
+/// candidate's (from the slot's wheel: the record and the candidate's nonce).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum TimerKind {
-    Record,
-    Pending(u64),
+enum Due {
+    Record(u32),
+    Pending(u32, u64),
 }
 
-/// A wheel entry: the record it is for (its index in the slot's record slab).
-#[derive(Clone, Copy, Debug)]
-struct TimerKey {
+impl Due {
+    #[inline]
+    fn rec(self) -> u32 {
+        match self {
+            Due::Record(i) | Due::Pending(i, _) => i,
+        }
+    }
+}
+
+/// A candidate's wheel entry: its record and nonce.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct PendingKey {
     rec: u32,
-    kind: TimerKind,
+    nonce: u64,
 }
 
 /// The writer state of one installed hash slot.
@@ -543,13 +554,10 @@ struct SlotWriter {
     /// Every record (at most `max_fence_records_per_slot`).
     recs: Slab<Record>,
     table: TableWriter,
-    wheel: TimerWheel<TimerKey>,
-    /// Retention deadlines of the records expiry passes orphaned, in deadline order
-    /// (pass time is monotonic): `(retain_until_s, record)`. An entry is stale once
-    /// its record changed (see [`Record::retention_queued`]); stale entries are
-    /// skipped when due. At most `max_fence_records_per_slot` entries: past that,
-    /// a pass gives the records wheel entries instead.
-    retention: VecDeque<(u64, u32)>,
+    /// The records' deadlines (see [`Record::user`]), by record index.
+    ring: ExpiryRing,
+    /// The candidates' deadlines.
+    wheel: TimerWheel<PendingKey>,
     active: usize,
     pending: usize,
     next_nonce: u64,
@@ -567,7 +575,7 @@ fn table_entries_max(cfg: &AuthorityConfig) -> usize {
         .next_power_of_two()
 }
 
-/// How many fired wheel entries ahead an expiry pass prefetches published entries
+/// How many due entries ahead an expiry pass prefetches published entries
 /// (records: twice as far).
 const EXPIRE_PREFETCH_DISTANCE: usize = 8;
 
@@ -589,62 +597,32 @@ fn compact_of(r: &Route) -> CompactEndpoint {
     }
 }
 
-/// Points `rec.timer` at the deadline its state asks for (see [`Record::timer`]).
-/// `reset_retention` restarts a running retention period. `i`: the record's index.
-/// A retention-queue entry of the record goes stale (the wheel takes over).
-fn settle(
-    wheel: &mut TimerWheel<TimerKey>,
-    rec: &mut Record,
-    i: u32,
-    now_s: u64,
-    cfg: &AuthorityConfig,
-    reset_retention: bool,
-) {
-    rec.retention_queued = false;
-    let desired = if let Some(a) = rec.active() {
-        let d = route_deadline(a.route.last_active_s, cfg.route_ttl_s);
-        rec.retain_until_s = None;
-        d
+/// The deadline record `rec`'s state asks for in the expiry ring: its active
+/// route's expiry, none while it has a candidate, else its retention deadline.
+#[inline]
+fn wanted_deadline(rec: &Record, cfg: &AuthorityConfig) -> Option<u64> {
+    if let Some(a) = rec.active() {
+        route_deadline(a.route.last_active_s, cfg.route_ttl_s)
     } else if rec.pending.is_some() {
-        rec.retain_until_s = None;
         None
     } else {
-        let d = match rec.retain_until_s {
-            Some(d) if !reset_retention => d,
-            _ => now_s.saturating_add(cfg.fence_retention_s),
-        };
-        rec.retain_until_s = Some(d);
-        Some(d)
-    };
-    match desired {
-        None => {
-            if let Some(h) = rec.timer.take() {
-                wheel.cancel(h);
-            }
-        }
-        Some(d) => {
-            if let Some(h) = rec.timer {
-                if wheel.deadline(h) == Some(d) || wheel.reschedule(h, d) {
-                    return;
-                }
-            }
-            rec.timer = match wheel.insert(
-                d,
-                TimerKey {
-                    rec: i,
-                    kind: TimerKind::Record,
-                },
-            ) {
-                Ok(h) => Some(h),
-                Err(_) => {
-                    // The wheel holds one entry per record plus one per candidate and
-                    // its limit covers both maxima (checked by `validate`).
-                    debug_assert!(false, "timer wheel full");
-                    None
-                }
-            };
-        }
+        rec.retain_until_s
     }
+}
+
+/// Brings `rec.retain_until_s` in line with its state: none while it has a route
+/// or candidate; else kept, or started at `now_s` when none ran or
+/// `reset_retention`.
+#[inline]
+fn settle_retention(rec: &mut Record, now_s: u64, cfg: &AuthorityConfig, reset_retention: bool) {
+    rec.retain_until_s = if rec.is_active || rec.pending.is_some() {
+        None
+    } else {
+        match rec.retain_until_s {
+            Some(d) if !reset_retention => Some(d),
+            _ => Some(now_s.saturating_add(cfg.fence_retention_s)),
+        }
+    };
 }
 
 impl SlotWriter {
@@ -663,18 +641,32 @@ impl SlotWriter {
             users: Slab::new(),
             recs: Slab::new(),
             table,
-            wheel: TimerWheel::new(
+            ring: ExpiryRing::new(
                 now_s,
-                cfg.max_fence_records_per_slot
-                    .saturating_add(cfg.max_pending_per_slot)
-                    .saturating_add(1),
+                cfg.route_ttl_s.max(cfg.fence_retention_s).saturating_add(1),
+                cfg.max_fence_records_per_slot,
             ),
-            retention: VecDeque::new(),
+            wheel: TimerWheel::new(now_s, cfg.max_pending_per_slot.saturating_add(1)),
             active: 0,
             pending: 0,
             next_nonce,
             next_activation: 0,
             scratch: Vec::new(),
+        }
+    }
+
+    /// Gives record `i` the retention and the ring deadline its state asks for
+    /// (see [`settle_retention`], [`wanted_deadline`]).
+    #[inline]
+    fn settle(&mut self, i: u32, now_s: u64, cfg: &AuthorityConfig, reset_retention: bool) {
+        let rec = &mut self.recs[i];
+        settle_retention(rec, now_s, cfg, reset_retention);
+        let moved = match wanted_deadline(rec, cfg) {
+            None => self.ring.cancel(i, &mut rec.link),
+            Some(d) => self.ring.set(i, &mut rec.link, d),
+        };
+        if let Some(m) = moved {
+            m.apply(&mut self.recs[m.rec].link);
         }
     }
 
@@ -769,8 +761,9 @@ impl SlotWriter {
             return;
         };
         debug_assert!(!rec.is_active && rec.pending.is_none());
-        if let Some(h) = rec.timer {
-            self.wheel.cancel(h);
+        let mut link = rec.link;
+        if let Some(m) = self.ring.cancel(i, &mut link) {
+            m.apply(&mut self.recs[m.rec].link);
         }
         let u = rec.user;
         if self.users[u].first == i {
@@ -847,8 +840,8 @@ impl SlotWriter {
             if !had_active {
                 self.active += 1;
             }
-            settle(&mut self.wheel, rec, i, now_s, cfg, false);
-            let u = rec.user;
+            self.settle(i, now_s, cfg, false);
+            let u = self.recs[i].user;
             self.publish(dir, u);
             Ok(RegisterOutcome::Active)
         } else {
@@ -861,17 +854,14 @@ impl SlotWriter {
             let nonce = self.next_nonce;
             let timer = match self.wheel.insert(
                 now_s.saturating_add(cfg.pending_ttl_s).saturating_add(1),
-                TimerKey {
-                    rec: i,
-                    kind: TimerKind::Pending(nonce),
-                },
+                PendingKey { rec: i, nonce },
             ) {
                 Ok(h) => h,
                 Err(_) => {
-                    // Cannot happen (the wheel's limit covers every record and
-                    // candidate); a record made just now goes again.
+                    // Cannot happen (the wheel's limit covers every candidate); a
+                    // record made just now goes again.
                     let r = &self.recs[i];
-                    if !r.is_active && r.pending.is_none() && r.timer.is_none() {
+                    if !r.is_active && r.pending.is_none() && !r.link.is_linked() {
                         self.drop_record(dir, i);
                     }
                     return Err(AuthorityError::Full);
@@ -908,7 +898,7 @@ impl SlotWriter {
                 acks: conflicts.iter().map(|&(s, seq, _)| (s, seq)).collect(),
                 timer,
             }));
-            settle(&mut self.wheel, rec, i, now_s, cfg, false);
+            self.settle(i, now_s, cfg, false);
             Ok(RegisterOutcome::Pending { token, actions })
         }
     }
@@ -972,7 +962,7 @@ impl SlotWriter {
                     self.pending -= 1;
                 }
             }
-            settle(&mut self.wheel, r, j, now_s, cfg, false);
+            self.settle(j, now_s, cfg, false);
         }
         self.next_activation += 1;
         let rec = &mut self.recs[i];
@@ -988,7 +978,7 @@ impl SlotWriter {
         if !had_active {
             self.active += 1;
         }
-        settle(&mut self.wheel, rec, i, now_s, cfg, false);
+        self.settle(i, now_s, cfg, false);
         self.publish(dir, u);
         Ok(())
     }
@@ -1016,7 +1006,7 @@ impl SlotWriter {
                 self.wheel.cancel(p.timer);
                 self.pending -= 1;
             }
-            settle(&mut self.wheel, rec, i, now_s, cfg, false);
+            self.settle(i, now_s, cfg, false);
         }
         Ok(())
     }
@@ -1050,9 +1040,9 @@ impl SlotWriter {
                 self.pending -= 1;
             }
         }
-        settle(&mut self.wheel, rec, i, now_s, cfg, true);
+        self.settle(i, now_s, cfg, true);
         if removed {
-            let u = rec.user;
+            let u = self.recs[i].user;
             self.publish(dir, u);
         }
         Ok(removed)
@@ -1089,14 +1079,12 @@ impl SlotWriter {
                 if rec.tombstoned(r.owner_seq) {
                     return TouchResult::IgnoredTombstoned;
                 }
-                let timer = rec.timer;
                 if let Some(a) = rec.active_mut() {
+                    let mut deadline = None;
                     if let Some(old) = a.route.last_active_s {
                         if activity > old {
                             a.route.last_active_s = Some(activity);
-                            let d = activity.saturating_add(cfg.route_ttl_s).saturating_add(1);
-                            let ok = timer.is_some_and(|h| self.wheel.reschedule(h, d));
-                            debug_assert!(ok, "active timed route without a live wheel entry");
+                            deadline = route_deadline(Some(activity), cfg.route_ttl_s);
                         }
                     }
                     let republish = r.owner_seq > a.route.owner_seq;
@@ -1104,6 +1092,15 @@ impl SlotWriter {
                         a.route.owner_seq = r.owner_seq;
                     }
                     rec.last_owner_seq = r.owner_seq;
+                    if let Some(d) = deadline {
+                        debug_assert!(
+                            rec.link.is_linked(),
+                            "active timed route without a deadline"
+                        );
+                        if let Some(m) = self.ring.set(j, &mut rec.link, d) {
+                            m.apply(&mut self.recs[m.rec].link);
+                        }
+                    }
                     if republish {
                         self.publish(dir, u);
                     }
@@ -1129,149 +1126,100 @@ impl SlotWriter {
         route.last_active_s = Some(activity);
         rec.activate(Active { route, activation });
         self.active += 1;
-        settle(&mut self.wheel, rec, i, now_s, cfg, false);
-        let u = rec.user;
+        self.settle(i, now_s, cfg, false);
+        let u = self.recs[i].user;
         self.publish(dir, u);
         TouchResult::Recreated
     }
 
-    /// Hints the CPU to load what handling `key` will touch next: its record.
+    /// Hints the CPU to load what handling `due` will touch next: its record.
     #[inline(always)]
-    fn prefetch_record(&self, key: &TimerKey) {
-        self.recs.prefetch(key.rec);
+    fn prefetch_record(&self, due: Due) {
+        self.recs.prefetch(due.rec());
     }
 
-    /// Hints the CPU to load what handling `key` touches after its record (loaded
+    /// Hints the CPU to load what handling `due` touches after its record (loaded
     /// by now): its published entry.
     #[inline(always)]
-    fn prefetch_entry(&self, dir: &Directory, key: &TimerKey) {
-        if let Some(r) = self.recs.get(key.rec) {
+    fn prefetch_entry(&self, dir: &Directory, due: Due) {
+        if let Some(r) = self.recs.get(due.rec()) {
             self.table.prefetch(dir, r.user);
         }
     }
 
-    /// Handles one fired wheel entry, `handle` (stale now), for `key` (see
-    /// `Authority::expire`).
+    /// Handles one due entry of an expiry pass at `now_s` (see `Authority::expire`);
+    /// the ring or the wheel already removed it.
     fn fired(
         &mut self,
         dir: &Directory,
         cfg: &AuthorityConfig,
-        handle: TimerHandle,
-        key: TimerKey,
+        due: Due,
         now_s: u64,
         stats: &mut AuthorityStats,
     ) {
-        let i = key.rec;
+        let i = due.rec();
         let Some(rec) = self.recs.get_mut(i) else {
-            debug_assert!(false, "fired timer of a dropped record");
+            debug_assert!(false, "due entry of a dropped record");
             return;
         };
-        match key.kind {
-            TimerKind::Pending(nonce) => {
+        match due {
+            Due::Pending(_, nonce) => {
                 if rec.pending.as_ref().is_some_and(|p| p.nonce == nonce) {
                     rec.pending = None;
                     self.pending -= 1;
                     stats.pending_expired += 1;
-                    settle(&mut self.wheel, rec, i, now_s, cfg, false);
+                    self.settle(i, now_s, cfg, false);
                 } else {
-                    debug_assert!(false, "fired timer of a replaced candidate");
+                    debug_assert!(false, "due entry of a replaced candidate");
                 }
             }
-            TimerKind::Record => {
-                // The fired handle is stale; a handler earlier in this pass may have
-                // set a fresh one: drop it and decide from the record's state. (The
-                // fired one needs no cancel: no wheel line touched.)
-                if let Some(h) = rec.timer.take() {
-                    if h != handle {
-                        self.wheel.cancel(h);
-                    }
+            Due::Record(_) => {
+                // The ring took the entry out; its link is stale.
+                let far = rec.link.take().is_far();
+                if far && wanted_deadline(rec, cfg).is_some_and(|d| d > now_s) {
+                    // Set beyond the ring's window: not due yet.
+                    self.ring.note_far_again();
+                    self.settle(i, now_s, cfg, false);
+                    return;
                 }
-                // An active record's entry is its route's expiry (the wheel keeps the
-                // deadline its state asks for; `check_invariants`): it fired, so the
-                // route is due. Decided from the first line alone.
-                let route_due = rec.is_active;
-                debug_assert!(
-                    !route_due
-                        || rec
-                            .active()
-                            .and_then(|a| route_deadline(a.route.last_active_s, cfg.route_ttl_s))
-                            .is_some_and(|d| d <= now_s),
-                    "an active record's entry fired before its route's deadline"
-                );
-                if route_due {
+                // An active record's deadline is its route's expiry (the ring keeps
+                // the deadline its state asks for; `check_invariants`): the route is
+                // due. Decided from the first line alone.
+                if rec.is_active {
+                    debug_assert!(
+                        wanted_deadline(rec, cfg).is_some_and(|d| d <= now_s),
+                        "an active record's deadline came before its route's"
+                    );
                     rec.deactivate();
                     self.active -= 1;
                     stats.routes_expired += 1;
-                    if rec.pending.is_none()
-                        && self.retention.len() < cfg.max_fence_records_per_slot
-                    {
-                        // Orphaned: its retention goes to the queue, an append, where
-                        // a wheel insert would chase the wheel's free list (a cache
-                        // miss per record). `now_s` is the wheel's: monotonic.
-                        let until = now_s.saturating_add(cfg.fence_retention_s);
-                        rec.retain_until_s = Some(until);
-                        rec.retention_queued = true;
-                        self.retention.push_back((until, i));
-                    } else {
-                        settle(&mut self.wheel, rec, i, now_s, cfg, false);
-                    }
-                    let (u, sess) = (rec.user, &rec.sess);
+                    let u = rec.user;
+                    // Orphaned (or waiting for its candidate): the retention deadline
+                    // or none, a push into the ring.
+                    self.settle(i, now_s, cfg, false);
+                    // The identity (the record's second line) is read only when the
+                    // uid has other endpoints.
+                    let recs = &self.recs;
                     self.table.unpublish_one(dir, u, |e| {
+                        let sess = &recs[i].sess;
                         (e.node_id, e.boot_id, e.session_id)
                             == (sess.node_id, sess.boot_id, sess.session_id)
                     });
-                } else if !rec.is_active
-                    && rec.pending.is_none()
-                    && rec.retain_until_s.is_some_and(|d| d <= now_s)
-                {
+                } else if rec.pending.is_none() && rec.retain_until_s.is_some_and(|d| d <= now_s) {
                     stats.fence_records_dropped += 1;
                     self.drop_record(dir, i);
                 } else {
-                    settle(&mut self.wheel, rec, i, now_s, cfg, false);
+                    debug_assert!(false, "a record's deadline that its state did not ask for");
+                    self.settle(i, now_s, cfg, false);
                 }
             }
         }
-    }
-
-    /// Drops the records whose queued retention ended by `now_s` (the wheel's
-    /// time); skips stale entries. Returns the entries examined.
-    fn expire_retention(&mut self, dir: &Directory, now_s: u64, stats: &mut AuthorityStats) -> u64 {
-        let mut examined = 0;
-        while let Some(&(until, i)) = self.retention.front() {
-            if until > now_s {
-                break;
-            }
-            self.retention.pop_front();
-            examined += 1;
-            let due = self.recs.get(i).is_some_and(|r| {
-                r.retention_queued
-                    && r.retain_until_s == Some(until)
-                    && !r.is_active
-                    && r.pending.is_none()
-            });
-            if due {
-                stats.fence_records_dropped += 1;
-                self.drop_record(dir, i);
-            }
-        }
-        examined
     }
 
     fn check_invariants(&self, dir: &Directory, cfg: &AuthorityConfig) -> Result<(), String> {
         self.wheel.check_invariants()?;
-        if self.retention.len() > cfg.max_fence_records_per_slot {
-            return Err("retention queue past its limit".into());
-        }
-        if self
-            .retention
-            .iter()
-            .zip(self.retention.iter().skip(1))
-            .any(|(a, b)| a.0 > b.0)
-        {
-            return Err("retention queue out of deadline order".into());
-        }
-        let queued: HashSet<(u64, u32)> = self.retention.iter().copied().collect();
-        let (mut active, mut pending, mut records, mut timers) = (0, 0, 0, 0);
+        self.ring.check_invariants()?;
+        let (mut active, mut pending, mut records, mut timers, mut deadlines) = (0, 0, 0, 0, 0);
         if self.by_uid.len() != self.users.len {
             return Err(format!(
                 "{} uids mapped, {} users",
@@ -1306,15 +1254,6 @@ impl SlotWriter {
                         return Err(format!("{uid}: tombstone above last owner_seq"));
                     }
                 }
-                if r.retention_queued {
-                    if r.is_active || r.pending.is_some() || r.timer.is_some() {
-                        return Err(format!("{uid}: queued retention of a record in use"));
-                    }
-                    match r.retain_until_s {
-                        Some(d) if queued.contains(&(d, i)) => continue,
-                        _ => return Err(format!("{uid}: queued retention without its entry")),
-                    }
-                }
                 let desired = if let Some(a) = r.active() {
                     active += 1;
                     has_active = true;
@@ -1340,23 +1279,22 @@ impl SlotWriter {
                     pending += 1;
                     timers += 1;
                     match self.wheel.get(p.timer) {
-                        Some(k) if k.rec == i && k.kind == TimerKind::Pending(p.nonce) => {}
+                        Some(k)
+                            if *k
+                                == (PendingKey {
+                                    rec: i,
+                                    nonce: p.nonce,
+                                }) => {}
                         _ => return Err(format!("{uid}: candidate without its wheel entry")),
                     }
                 }
-                match (desired, r.timer) {
-                    (None, None) => {}
-                    (Some(d), Some(h))
-                        if self.wheel.deadline(h) == Some(d)
-                            && self
-                                .wheel
-                                .get(h)
-                                .is_some_and(|k| k.rec == i && k.kind == TimerKind::Record) =>
-                    {
-                        timers += 1
-                    }
-                    _ => return Err(format!("{uid}: record timer does not match its state")),
+                if desired != wanted_deadline(r, cfg) {
+                    return Err(format!("{uid}: retention does not match its state"));
                 }
+                if let Err(e) = self.ring.check_link(i, &r.link, desired) {
+                    return Err(format!("{uid}: {e}"));
+                }
+                deadlines += usize::from(desired.is_some());
             }
             if listed != user.records {
                 return Err(format!("uid {uid}: record list shorter than counted"));
@@ -1376,8 +1314,14 @@ impl SlotWriter {
         }
         if timers != self.wheel.len() {
             return Err(format!(
-                "wheel holds {} entries, records need {timers}",
+                "wheel holds {} entries, candidates need {timers}",
                 self.wheel.len()
+            ));
+        }
+        if deadlines != self.ring.len() {
+            return Err(format!(
+                "ring holds {} entries, records need {deadlines}",
+                self.ring.len()
             ));
         }
         // The published view equals the writer's active routes.
@@ -1425,9 +1369,9 @@ pub struct Authority {
     slots: Vec<Option<Box<SlotWriter>>>,
     view_revision: Option<Revision>,
     stats: AuthorityStats,
-    /// The entries the slots' wheels fired in an expiry pass, with their slot and
-    /// (stale) handle (at most the wheels' limits; capacity kept across passes).
-    fired: Vec<(HashSlot, TimerHandle, TimerKey)>,
+    /// The due entries of an expiry pass, with their slot (at most the rings' and
+    /// wheels' limits; capacity kept across passes).
+    fired: Vec<(HashSlot, Due)>,
     /// Registration nonces of each slot, kept across identities so a token of an
     /// older identity never names a candidate of a newer one.
     next_nonce: Box<[u64]>,
@@ -1718,46 +1662,48 @@ impl Authority {
     }
 
     /// Expiry pass at `now_s` over this writer's slots (rules 20–23): visits only
-    /// due wheel buckets; removes routes whose activity plus TTL is before `now_s`,
+    /// due buckets; removes routes whose activity plus TTL is before `now_s`,
     /// candidates past `pending_ttl_s` and fence records past their retention.
     /// Returns the number of routes expired. A `now_s` below an earlier pass's is
     /// treated as that earlier time.
     pub fn expire(&mut self, now_s: u64) -> usize {
         let before = self.stats.routes_expired;
-        // First every slot's wheel gives its due entries, then one software pipeline
-        // handles them all: the record of entry k + 2D and the published entry of
-        // entry k + D are on their way while entry k is handled.
+        // First every slot's ring and wheel give their due entries, then one
+        // software pipeline handles them all: the record of entry k + 2D and the
+        // published entry of entry k + D are on their way while entry k is handled.
         let fired = &mut self.fired;
         fired.clear();
         for (s, w) in self.slots.iter_mut().enumerate() {
             let Some(w) = w.as_deref_mut() else {
                 continue;
             };
-            let st0 = w.wheel.stats();
-            w.wheel
-                .advance(now_s, |h, _, key| fired.push((s as HashSlot, h, key)));
-            let st1 = w.wheel.stats();
-            self.stats.expiry_buckets_visited += st1.buckets_visited - st0.buckets_visited;
-            self.stats.expiry_entries_visited += st1.entries_visited - st0.entries_visited;
-            let now = w.wheel.now();
+            let s = s as HashSlot;
+            let (r0, w0) = (w.ring.stats(), w.wheel.stats());
+            w.ring.advance(now_s, |i| fired.push((s, Due::Record(i))));
+            w.wheel.advance(now_s, |_, _, k| {
+                fired.push((s, Due::Pending(k.rec, k.nonce)))
+            });
+            let (r1, w1) = (w.ring.stats(), w.wheel.stats());
+            self.stats.expiry_buckets_visited +=
+                r1.buckets_visited - r0.buckets_visited + w1.buckets_visited - w0.buckets_visited;
             self.stats.expiry_entries_visited +=
-                w.expire_retention(&self.dir, now, &mut self.stats);
+                r1.entries_visited - r0.entries_visited + w1.entries_visited - w0.entries_visited;
         }
         for k in 0..self.fired.len() {
-            if let Some(&(s, _, key)) = self.fired.get(k + 2 * EXPIRE_PREFETCH_DISTANCE) {
+            if let Some(&(s, due)) = self.fired.get(k + 2 * EXPIRE_PREFETCH_DISTANCE) {
                 if let Some(w) = self.slots[s as usize].as_deref() {
-                    w.prefetch_record(&key);
+                    w.prefetch_record(due);
                 }
             }
-            if let Some(&(s, _, key)) = self.fired.get(k + EXPIRE_PREFETCH_DISTANCE) {
+            if let Some(&(s, due)) = self.fired.get(k + EXPIRE_PREFETCH_DISTANCE) {
                 if let Some(w) = self.slots[s as usize].as_deref() {
-                    w.prefetch_entry(&self.dir, &key);
+                    w.prefetch_entry(&self.dir, due);
                 }
             }
-            let (s, h, key) = self.fired[k];
+            let (s, due) = self.fired[k];
             if let Some(w) = self.slots[s as usize].as_deref_mut() {
-                let now = w.wheel.now();
-                w.fired(&self.dir, &self.cfg, h, key, now, &mut self.stats);
+                let now = w.ring.now();
+                w.fired(&self.dir, &self.cfg, due, now, &mut self.stats);
             }
         }
         (self.stats.routes_expired - before) as usize
@@ -1768,15 +1714,16 @@ impl Authority {
         self.stats
     }
 
-    /// Summed work counters of the slots' current wheels.
+    /// Summed work counters of the slots' current expiry rings and candidate wheels.
     pub fn wheel_stats(&self) -> WheelStats {
         let mut t = WheelStats::default();
         for w in self.slots.iter().flatten() {
-            let s = w.wheel.stats();
-            t.buckets_visited += s.buckets_visited;
-            t.entries_visited += s.entries_visited;
-            t.fired += s.fired;
-            t.recascaded += s.recascaded;
+            for s in [w.ring.stats(), w.wheel.stats()] {
+                t.buckets_visited += s.buckets_visited;
+                t.entries_visited += s.entries_visited;
+                t.fired += s.fired;
+                t.recascaded += s.recascaded;
+            }
         }
         t
     }
@@ -1853,8 +1800,9 @@ impl Authority {
     }
 
     /// Checks every invariant of every installed slot (O(size); for tests): counts,
-    /// exactly one wheel entry per timed route, per candidate and per orphan fence
-    /// record with the deadline its state asks for, no route at or below its
+    /// exactly one expiry-ring entry per timed route and per orphan fence record
+    /// and one wheel entry per candidate, each with the deadline its state asks
+    /// for, no route at or below its
     /// tombstone, and the published view equal to the writer's active routes.
     pub fn check_invariants(&self) -> Result<(), String> {
         for (s, w) in self.slots.iter().enumerate() {
