@@ -52,6 +52,7 @@
 //!   [`AuthorityError::Full`] and changes nothing; nothing grows without bound.
 
 mod expiry;
+mod huge;
 mod published;
 
 use std::collections::HashMap;

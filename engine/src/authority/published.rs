@@ -45,6 +45,7 @@ use std::sync::Arc;
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use shard::slots::HASH_SLOTS;
 
+use super::huge::{HugeBox, HugePages};
 use crate::cluster::Target;
 use crate::route::{CompactEndpoint, DeviceLevel, Uid};
 
@@ -240,9 +241,6 @@ fn key_word(hash: u64, uid_len: usize) -> u64 {
 struct Entry([AtomicU64; WORDS]);
 
 impl Entry {
-    fn empty() -> Entry {
-        Entry(std::array::from_fn(|_| AtomicU64::new(0)))
-    }
     /// The value words, loaded relaxed (readers validate them with the version).
     #[inline]
     fn load_value(&self) -> Value {
@@ -272,7 +270,8 @@ struct Backup {
 /// An open-addressing table of entries; replaced, never resized in place.
 pub(crate) struct Table {
     mask: usize,
-    entries: Box<[Entry]>,
+    /// In [`HugePages`] memory (see `huge`).
+    entries: HugeBox<[Entry]>,
     backup: Backup,
 }
 
@@ -281,7 +280,8 @@ impl Table {
         let n = n.next_power_of_two().max(TABLE_ENTRIES_MIN);
         Table {
             mask: n - 1,
-            entries: (0..n).map(|_| Entry::empty()).collect(),
+            // SAFETY: all-zero bytes are a valid, unused entry (atomic integers).
+            entries: unsafe { HugeBox::new_zeroed_slice_in(n, HugePages).assume_init() },
             backup: Backup {
                 state: AtomicU64::new(0),
                 index: AtomicU64::new(u64::MAX),
