@@ -1,6 +1,7 @@
 //! Property test: the authority against a plain reference model of the rules
 //! (linear scans over a `Vec`), on random operation sequences from deterministic
-//! seeds. `IMROUTER_MODEL_SEEDS=N` runs more seeds; a failure prints its seed.
+//! seeds (2000 by default, over up to 4 threads). `IMROUTER_MODEL_SEEDS=N` runs N
+//! seeds, `IMROUTER_MODEL_SEED=S` only seed S; a failure prints its seed.
 
 use engine::authority::{
     Authority, AuthorityConfig, AuthorityReader, Directory, FenceRecord, TouchResult,
@@ -663,15 +664,30 @@ fn authority_matches_reference_model() {
         None => (0..std::env::var("IMROUTER_MODEL_SEEDS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(100))
+            .unwrap_or(2000))
             .collect(),
     };
-    for seed in seeds {
-        if let Err(e) = run_seed(seed, 400) {
-            panic!(
-                "model mismatch, seed {seed} (rerun: IMROUTER_MODEL_SEEDS={}): {e}",
-                seed + 1
-            );
-        }
+    // Seeds in parallel (each run is independent and deterministic); the lowest
+    // failing seed is reported.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |p| p.get())
+        .min(4);
+    let failed: Option<(u64, String)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|k| {
+                let mine: Vec<u64> = seeds.iter().copied().skip(k).step_by(threads).collect();
+                sc.spawn(move || {
+                    mine.into_iter()
+                        .find_map(|s| run_seed(s, 400).err().map(|e| (s, e)))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().expect("model thread panicked"))
+            .min_by_key(|(s, _)| *s)
+    });
+    if let Some((seed, e)) = failed {
+        panic!("model mismatch, seed {seed} (rerun: IMROUTER_MODEL_SEED={seed}): {e}");
     }
 }
