@@ -1289,8 +1289,8 @@ impl SlotWriter {
                         _ => return Err(format!("{uid}: candidate without its wheel entry")),
                     }
                 }
-                if desired != wanted_deadline(r, cfg) {
-                    return Err(format!("{uid}: retention does not match its state"));
+                if (r.is_active || r.pending.is_some()) && r.retain_until_s.is_some() {
+                    return Err(format!("{uid}: retention running while in use"));
                 }
                 if let Err(e) = self.ring.check_link(i, &r.link, desired) {
                     return Err(format!("{uid}: {e}"));
