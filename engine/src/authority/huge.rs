@@ -3,13 +3,13 @@
 //! [`HugePages`] allocates from mimalloc, used directly: the process keeps the
 //! system allocator (mimalloc as the global allocator measured 5.7–9.2 KiB of RSS
 //! per idle connection against 3.2 KiB; this use adds ~4 MiB of fixed RSS at
-//! 10,000 connections). mimalloc backs its segments with transparent huge pages
+//! 10,000 connections). mimalloc backs the segments it commits eagerly with transparent huge pages
 //! where the kernel allows it (`madvise` mode, the common default;
-//! `MIMALLOC_ALLOW_THP=0` turns it off), and the tables of all 256 slots share
+//! `MIMALLOC_ALLOW_THP=0` turns THP off for the whole process), and the tables of all 256 slots share
 //! those segments. A lookup's random access then rarely misses the TLB, where 4 KiB pages cost a page walk per uid: with 1M routes in
 //! 256 slots (each slot's table ~512 KiB, too small for a huge page of its own),
 //! `cargo bench -p engine --bench authority` measured 11.2 M looked-up routes/s
-//! (compact) on 4 KiB pages and 12.8–13.5 M here. (Record slabs in the same memory
+//! (compact) on 4 KiB pages and 13.7 M here (medians of 3). (Record slabs in the same memory
 //! measured no better: an expiry pass is bound by more than the TLB.) Miri cannot
 //! run mimalloc's C code: there, the system allocator.
 

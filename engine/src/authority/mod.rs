@@ -555,7 +555,7 @@ struct SlotWriter {
     /// Every record (at most `max_fence_records_per_slot`).
     recs: Slab<Record>,
     table: TableWriter,
-    /// The records' deadlines (see [`Record::user`]), by record index.
+    /// The records' deadlines (see [`Record::link`]), by record index.
     ring: ExpiryRing,
     /// The candidates' deadlines.
     wheel: TimerWheel<PendingKey>,
