@@ -221,8 +221,8 @@ impl Api {
             ("GET", "/readyz") => {
                 return if !self.listeners_up {
                     Reply::error(503, "listeners are not up")
-                } else if !self.shared.all_shards_started() {
-                    Reply::error(503, "shards are starting")
+                } else if let Some(why) = self.shared.not_ready() {
+                    Reply::error(503, why)
                 } else {
                     Reply::ok()
                 };

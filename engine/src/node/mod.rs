@@ -198,6 +198,16 @@ impl NodeShared {
         self.started_shards.load(Ordering::SeqCst) == self.slot_map.shard_count() as usize
     }
 
+    /// Why the node should not get traffic now (`/readyz` answers 503 with it), or
+    /// `None` when it is ready. Every condition that makes the node unfit to serve
+    /// is checked here, in one place.
+    pub fn not_ready(&self) -> Option<String> {
+        if !self.all_shards_started() {
+            return Some("shards are starting".into());
+        }
+        None
+    }
+
     /// The newest cluster view.
     pub fn view(&self) -> Arc<ClusterView> {
         self.view.lock().unwrap_or_else(|e| e.into_inner()).clone()
