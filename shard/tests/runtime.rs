@@ -443,3 +443,142 @@ fn flush_to_delivers_before_the_turn_ends() {
     }
     assert!(seen.load(Ordering::SeqCst));
 }
+
+/// Shard 0 sends a burst far larger than its ring to shard 1 in one callback, with a
+/// control message last: nothing is refused or dropped, data arrives in order, and the
+/// control message overtakes the data still queued.
+struct Burst {
+    total: u64,
+    /// Set by shard 0 once it knows how many it sent (0 until then).
+    sent: Arc<std::sync::atomic::AtomicU64>,
+    received: Vec<u64>,
+    urgent_at: Option<usize>,
+}
+
+impl Shard for Burst {
+    type Msg = u64;
+    type Timer = ();
+    type Driver = PlainDriver;
+
+    fn on_start(&mut self, cx: &mut Context<u64, ()>, _: &mut PlainDriver) {
+        if cx.shard_id() != 0 {
+            // Shard 1 starts consuming only once shard 0 has queued everything, so the
+            // ring is full and the rest waits in the queue when the control message goes.
+            while self.sent.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            return;
+        }
+        for i in 0..self.total {
+            cx.send_to(1, i)
+                .expect("within peer_queue_max: never refused");
+        }
+        cx.send_urgent(1, u64::MAX).expect("control lane");
+        // The queue is bounded: one more than it holds is refused.
+        let room = cx.send_capacity(1) as u64;
+        let mut accepted = 0u64;
+        while cx.send_to(1, self.total + accepted).is_ok() {
+            accepted += 1;
+            assert!(accepted <= 10 * room, "the queue never refuses");
+        }
+        assert!(accepted >= room, "the reported room was there");
+        self.total += accepted;
+        assert_eq!(cx.stats().send_backpressure, 1);
+        self.sent.store(self.total, Ordering::SeqCst);
+    }
+
+    fn on_message(&mut self, cx: &mut Context<u64, ()>, _: &mut PlainDriver, _: ShardId, m: u64) {
+        if m == u64::MAX {
+            self.urgent_at = Some(self.received.len());
+        } else {
+            assert_eq!(m, self.received.len() as u64, "data in send order");
+            self.received.push(m);
+        }
+        if self.received.len() as u64 == self.sent.load(Ordering::SeqCst)
+            && self.urgent_at.is_some()
+        {
+            cx.stop_runtime();
+        }
+    }
+}
+
+#[test]
+fn a_burst_beyond_the_ring_waits_in_the_peer_queue_and_control_overtakes_it() {
+    const RING: usize = 16;
+    const QUEUE: usize = 10_000;
+    let cfg = RuntimeConfig {
+        shard_count: 2,
+        ring_capacity: RING,
+        outbox_batch_max: 8,
+        peer_queue_max: QUEUE,
+        ..RuntimeConfig::default()
+    };
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let rt = Runtime::start(cfg, move |init: &ShardInit| {
+        Ok((
+            Burst {
+                total: 5_000,
+                sent: sent.clone(),
+                received: Vec::new(),
+                urgent_at: None,
+            },
+            PlainDriver::new(init.doorbell.clone()),
+        ))
+    })
+    .unwrap();
+    let results: Vec<_> = rt.join().into_iter().map(|r| r.unwrap()).collect();
+    let (s1, _) = &results[1];
+    let (s0, st0) = &results[0];
+    assert_eq!(
+        s1.received.len() as u64,
+        s0.total,
+        "every accepted message arrived"
+    );
+    let at = s1.urgent_at.expect("the control message arrived");
+    assert!(
+        at <= RING,
+        "control waited only behind the ring's content, not the queue: arrived after {at}"
+    );
+    assert_eq!(st0.peer_queue_peak, QUEUE as u64);
+}
+
+/// A shard that panics is reported as the runtime's failure while the others run.
+struct Panicker;
+
+impl Shard for Panicker {
+    type Msg = ();
+    type Timer = ();
+    type Driver = PlainDriver;
+
+    fn on_start(&mut self, cx: &mut Context<(), ()>, _: &mut PlainDriver) {
+        if cx.shard_id() == 1 {
+            panic!("boom in shard 1");
+        }
+    }
+
+    fn on_message(&mut self, _: &mut Context<(), ()>, _: &mut PlainDriver, _: ShardId, _: ()) {}
+}
+
+#[test]
+fn a_panicking_shard_is_reported_as_the_runtime_failure() {
+    let rt = Runtime::start(config(2), |init: &ShardInit| {
+        Ok((Panicker, PlainDriver::new(init.doorbell.clone())))
+    })
+    .unwrap();
+    let handle = rt.handle();
+    let cause = handle
+        .wait_failure(std::time::Duration::from_secs(30))
+        .expect("the failure is reported");
+    assert!(
+        cause.contains("shard 1") && cause.contains("boom"),
+        "{cause}"
+    );
+    assert!(!handle.is_parked(1) || handle.failure().is_some());
+    handle.stop();
+    let results = rt.join();
+    assert!(
+        results[0].is_ok(),
+        "the other shard ran on and stopped cleanly"
+    );
+    assert!(results[1].is_err());
+}

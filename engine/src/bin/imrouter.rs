@@ -129,17 +129,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(sig) = signals.forever().next() {
-        tracing::info!(
-            signal = sig,
-            "shutting down: disconnecting sessions, flushing logs"
-        );
+    // A shard that ends on its own (panic, driver error) is fatal: the node stops
+    // and exits non-zero so the service manager restarts it.
+    let mut failure = None;
+    loop {
+        if let Some(sig) = signals.pending().next() {
+            tracing::info!(
+                signal = sig,
+                "shutting down: disconnecting sessions, flushing logs"
+            );
+            break;
+        }
+        if let Some(cause) = node.wait_failure(std::time::Duration::from_millis(100)) {
+            tracing::error!(%cause, "a shard failed: stopping the node");
+            failure = Some(cause);
+            break;
+        }
     }
     match node.shutdown() {
-        Ok(()) => {
+        Ok(()) if failure.is_none() => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
         }
+        Ok(()) => ExitCode::FAILURE,
         Err(e) => {
             tracing::error!(%e, "shutdown failed");
             ExitCode::FAILURE

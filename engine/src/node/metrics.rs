@@ -88,8 +88,17 @@ shard_metrics! {
     push_remote_dropped,
     /// Lookup groups refused as stale or not-leader.
     stale_lookups,
-    /// Cross-shard messages dropped on a full ring.
+    /// Cross-shard messages dropped because the peer's queue was at
+    /// `peer_queue_max` (admission keeps it below: should stay 0).
     ring_full_drops,
+    /// SENDs answered with 22 (RateLimit) at the gateway: the connection's or the
+    /// shard's SENDs in flight were at their limit.
+    sends_refused_credit,
+    /// Commits answered with 22 (RateLimit): the delivery backlog was full.
+    commits_refused_backlog,
+    /// Push batches held back because their owner shard's queue had no room (the
+    /// delivery resumes as the owner drains).
+    delivery_stalls,
     /// Authority calls refused as stale-target or not-leader.
     authority_stale_refusals,
 }

@@ -57,6 +57,9 @@ pub struct SessionConfig {
     pub ack_timeout_ms: u64,
     /// Re-sends of one RECV before it is dropped (the client recovers it by sync).
     pub ack_resends_max: u8,
+    /// SENDs of one connection waiting for their SENDACK; more are answered at once
+    /// with SENDACK 22 (RateLimit), which clients retry.
+    pub sends_in_flight_per_conn_max: u32,
 }
 
 impl Default for SessionConfig {
@@ -70,6 +73,7 @@ impl Default for SessionConfig {
             pending_acks_per_session_max: 1_024,
             ack_timeout_ms: 10_000,
             ack_resends_max: 3,
+            sends_in_flight_per_conn_max: 256,
         }
     }
 }
@@ -86,6 +90,19 @@ pub struct DeliveryConfig {
     /// under `fsync = "always"`); more are refused with SENDACK 15 until the disk
     /// catches up.
     pub commits_unsynced_max: usize,
+    /// SENDs one gateway shard may have in flight to one delivery shard (each
+    /// reserves room for its SENDACK on the way back); more are answered at once with
+    /// SENDACK 22 (RateLimit).
+    pub commit_credits_per_peer: usize,
+    /// Room each shard keeps free towards every peer for control messages
+    /// (activations, touches, owner actions, replies): pushes pause before it.
+    pub control_room_per_peer: usize,
+    /// Committed messages waiting on one shard for their delivery (paused while a
+    /// peer's queue is full); past it new commits are answered with SENDACK 22.
+    pub delivery_backlog_max: usize,
+    /// Subscriber pages one shard plans per loop turn (the rest waits for the next
+    /// turn, so sockets and rings are served in between).
+    pub pages_per_turn_max: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -94,7 +111,44 @@ impl Default for DeliveryConfig {
             subscriber_page_max: 1_024,
             push_batch_max: 256,
             commits_unsynced_max: 65_536,
+            commit_credits_per_peer: 1_024,
+            control_room_per_peer: 1_024,
+            delivery_backlog_max: 8_192,
+            pages_per_turn_max: 64,
         }
+    }
+}
+
+impl DeliveryConfig {
+    /// Room a shard keeps towards each peer beyond pushes: the commits it may have in
+    /// flight there, the SENDACKs it may owe there (the peer's credits), and control.
+    pub fn reserved_room_per_peer(&self) -> usize {
+        2 * self.commit_credits_per_peer + self.control_room_per_peer
+    }
+
+    /// Checks the delivery limits against the runtime's ring and peer queue: the
+    /// reserved room plus one page must fit, or pushes could never be sent.
+    pub fn check_room(&self, runtime: &RuntimeConfig) -> Result<(), String> {
+        let room = runtime.ring_capacity + runtime.peer_queue_max;
+        let need = self.reserved_room_per_peer() + self.subscriber_page_max;
+        if need > room {
+            return Err(format!(
+                "[delivery] 2 × commit_credits_per_peer + control_room_per_peer + \
+                 subscriber_page_max = {need} must fit in [runtime] ring_capacity + \
+                 peer_queue_max = {room}"
+            ));
+        }
+        if self.commit_credits_per_peer == 0
+            || self.delivery_backlog_max == 0
+            || self.pages_per_turn_max == 0
+        {
+            return Err(
+                "[delivery] commit_credits_per_peer, delivery_backlog_max and \
+                 pages_per_turn_max must be at least 1"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -172,6 +226,8 @@ pub struct NodeShared {
     /// sampled every expiry pass.
     pub ring_occupancy: Vec<AtomicU64>,
     started_shards: AtomicUsize,
+    /// The runtime, once started: a shard that ended on its own is fatal.
+    runtime: std::sync::OnceLock<RuntimeHandle>,
 }
 
 impl NodeShared {
@@ -202,6 +258,9 @@ impl NodeShared {
     /// `None` when it is ready. Every condition that makes the node unfit to serve
     /// is checked here, in one place.
     pub fn not_ready(&self) -> Option<String> {
+        if let Some(failure) = self.runtime.get().and_then(|r| r.failure()) {
+            return Some(format!("a shard failed ({failure}); the node is stopping"));
+        }
         if !self.all_shards_started() {
             return Some("shards are starting".into());
         }
@@ -267,6 +326,10 @@ impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
     pub fn start(config: NodeConfig) -> io::Result<Node> {
         let shards = config.runtime.shard_count as usize;
+        config
+            .delivery
+            .check_room(&config.runtime)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let boot_id: BootId = rand::random();
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
         let directory =
@@ -322,6 +385,7 @@ impl Node {
                 .collect(),
             ring_occupancy: (0..shards * shards).map(|_| AtomicU64::new(0)).collect(),
             started_shards: AtomicUsize::new(0),
+            runtime: std::sync::OnceLock::new(),
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
@@ -347,6 +411,7 @@ impl Node {
             Ok((shard, driver))
         })?;
         let handle = runtime.handle();
+        let _ = shared.runtime.set(handle.clone());
         // Serve only once every shard runs its loop (readiness; a shard whose factory
         // failed never starts, so the wait is bounded).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -437,6 +502,19 @@ impl Node {
     /// What the shards share (the HTTP API reads it).
     pub fn shared(&self) -> &Arc<NodeShared> {
         &self.shared
+    }
+
+    /// Waits up to `timeout` for a shard to end on its own (a panic, a driver error);
+    /// returns the cause if one has. A node with a shard missing must stop: the
+    /// binary exits non-zero so the service manager restarts it.
+    pub fn wait_failure(&self, timeout: std::time::Duration) -> Option<String> {
+        self.handle.wait_failure(timeout)
+    }
+
+    /// Makes shard `shard` panic (fault injection for tests of the failure path).
+    #[doc(hidden)]
+    pub fn inject_shard_panic(&self, shard: ShardId) {
+        let _ = self.injectors[shard as usize].send(Msg::InjectPanic);
     }
 
     /// The injector of each shard, in shard order.

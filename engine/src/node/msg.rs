@@ -75,6 +75,8 @@ pub enum Msg {
     LogSynced,
     /// Control → every shard: send DISCONNECT to every session, unregister them, stop.
     Shutdown,
+    /// Fault injection (tests): the shard panics.
+    InjectPanic,
 }
 
 /// Names the activation or unregister an authority reply belongs to.

@@ -41,6 +41,9 @@ mod reason {
     pub const MSG_KEY_ERROR: u8 = 8;
     pub const PAYLOAD_DECODE_ERROR: u8 = 9;
     pub const SYSTEM_ERROR: u8 = 15;
+    /// Out of credit (the connection's or the shard's SENDs in flight, or the delivery
+    /// backlog): the client retries.
+    pub const RATE_LIMIT: u8 = 22;
 }
 
 /// Who asked for a commit, and where its answer goes.
@@ -146,6 +149,19 @@ pub struct DeliveryCore {
     awaiting_sync: Vec<Unsynced>,
     /// Delivery planning buffers, reused from page to page.
     scratch: PlanScratch,
+    /// Answered messages whose delivery is not fully planned yet, oldest first
+    /// (bounded by `delivery_backlog_max`, with the unanswered commits).
+    backlog: std::collections::VecDeque<Backlogged>,
+    /// Push batches of the backlog's front message that a peer had no room for;
+    /// sent before any further page is planned.
+    stalled: Vec<(shard::slots::ShardId, Vec<Endpoint>, u64)>,
+}
+
+/// A message in the delivery backlog and how far its delivery got.
+struct Backlogged {
+    delivery: Delivery,
+    /// The next subscriber page to plan.
+    next_page: usize,
 }
 
 /// Buffers of one page's delivery planning (reused: no allocation per recipient).
@@ -172,7 +188,15 @@ impl DeliveryCore {
             unsynced: Vec::new(),
             awaiting_sync: Vec::new(),
             scratch: PlanScratch::default(),
+            backlog: std::collections::VecDeque::new(),
+            stalled: Vec::new(),
         }
+    }
+
+    /// Messages committed on this shard and not yet fully delivered or answered
+    /// (bounded by `delivery_backlog_max`).
+    fn backlog_len(&self) -> usize {
+        self.backlog.len() + self.unanswered()
     }
 
     /// Commits appended and not yet answered (bounded by `commits_unsynced_max`).
@@ -251,6 +275,23 @@ pub fn on_send(
         }
         plain
     };
+    let to = node.shared.slot_map.shard_of_key(channel.key().as_bytes());
+    // Credits: a connection's SENDs in flight, and this shard's towards `to` (each
+    // reserves room for its SENDACK on the way back). Out of credit: retry later.
+    let per_conn_max = node.shared.config.session.sends_in_flight_per_conn_max;
+    let per_peer_max = node.shared.config.delivery.commit_credits_per_peer;
+    let out_of_credit = conn.sends_in_flight >= per_conn_max
+        || (to != node.me && node.commit_credits[to as usize] >= per_peer_max);
+    if out_of_credit {
+        node.metrics.sends_refused_credit.inc();
+        return sendack(node, driver, reason::RATE_LIMIT);
+    }
+    if let Some(conn) = node.conn_mut(id) {
+        conn.sends_in_flight += 1;
+    }
+    if to != node.me {
+        node.commit_credits[to as usize] += 1;
+    }
     node.metrics.sends.inc();
     let request = CommitRequest {
         origin: Origin::Client {
@@ -274,10 +315,6 @@ pub fn on_send(
         channel,
         decoded_ns,
     };
-    let to = node
-        .shared
-        .slot_map
-        .shard_of_key(request.channel.key().as_bytes());
     if to == node.me {
         on_commit(node, cx, driver, request);
     } else {
@@ -316,6 +353,11 @@ pub fn on_commit(
         // The disk is behind: refuse (the client retries) rather than queue without
         // bound.
         return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
+    }
+    if node.delivery.backlog_len() >= node.shared.config.delivery.delivery_backlog_max {
+        // Deliveries are behind (a slow owner shard): refuse until they catch up.
+        node.metrics.commits_refused_backlog.inc();
+        return answer(node, cx, driver, r.origin, 0, 0, reason::RATE_LIMIT);
     }
     let now_ms = node.shared.wall_ms();
     let now_s = now_ms / 1000;
@@ -550,17 +592,14 @@ fn release(
             u.message_seq,
             reason::SUCCESS,
         );
-        if let Some(d) = u.delivery {
-            deliver(
-                node,
-                cx,
-                driver,
-                &d.message,
-                d.sender,
-                d.subscribers.as_deref(),
-            );
+        if let Some(delivery) = u.delivery {
+            node.delivery.backlog.push_back(Backlogged {
+                delivery,
+                next_page: 0,
+            });
         }
     }
+    pump_deliveries(node, cx, driver);
 }
 
 /// A graceful stop: everything appended is made durable here and now (the job in
@@ -582,91 +621,162 @@ pub fn flush_commits_for_stop(
     release(node, cx, driver, batch, durable);
 }
 
-/// Plans and sends the pushes of one committed message.
-fn deliver(
+/// Delivers from the backlog, oldest message first, page by page: at most
+/// `pages_per_turn_max` pages per call, and none while a batch waits for a full peer
+/// (delivery pauses; the peer drains its ring meanwhile). Returns the work done (1 at
+/// least while anything waits, so the shard keeps turning until it is delivered).
+pub fn pump_deliveries(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+) -> usize {
+    if node.delivery.backlog.is_empty() {
+        return 0;
+    }
+    let cfg = &node.shared.config.delivery;
+    let (reserve, page_max, pages_max) = (
+        cfg.reserved_room_per_peer(),
+        cfg.subscriber_page_max,
+        cfg.pages_per_turn_max,
+    );
+    let mut work = 0;
+    if !node.delivery.stalled.is_empty() {
+        let Some(front) = node.delivery.backlog.front() else {
+            unreachable!("stalled batches belong to the backlog's front message");
+        };
+        let message = front.delivery.message.clone();
+        let mut stalled = std::mem::take(&mut node.delivery.stalled);
+        stalled.retain_mut(|(to, endpoints, planned_ns)| {
+            if cx.send_capacity(*to) <= reserve {
+                return true;
+            }
+            let endpoints = std::mem::take(endpoints);
+            node.send_msg(
+                cx,
+                *to,
+                Msg::Push {
+                    message: message.clone(),
+                    endpoints,
+                    planned_ns: *planned_ns,
+                },
+            );
+            cx.flush_to(*to);
+            work += 1;
+            false
+        });
+        node.delivery.stalled = stalled;
+        if !node.delivery.stalled.is_empty() {
+            return work.max(1);
+        }
+    }
+    let mut pages = 0;
+    while pages < pages_max && node.delivery.stalled.is_empty() {
+        let Some(front) = node.delivery.backlog.front_mut() else {
+            break;
+        };
+        let start = front.next_page * page_max;
+        let d = &front.delivery;
+        let (message, sender, subscribers) = (d.message.clone(), d.sender, d.subscribers.clone());
+        let person;
+        let recipients: &[Uid] = match &subscribers {
+            Some(s) => &s.uids,
+            None => {
+                person = person_recipients(&message);
+                &person
+            }
+        };
+        if start >= recipients.len() {
+            node.delivery.backlog.pop_front();
+            continue;
+        }
+        front.next_page += 1;
+        let page = &recipients[start..recipients.len().min(start + page_max)];
+        deliver_page(node, cx, driver, &message, sender, page, reserve);
+        pages += 1;
+        work += 1;
+    }
+    work + usize::from(!node.delivery.backlog.is_empty())
+}
+
+/// A person channel's recipients: the peer, and the sender's other devices.
+fn person_recipients(message: &Committed) -> Vec<Uid> {
+    let peer = recv_channel_id(
+        &message.channel_key,
+        message.channel_type,
+        &message.from_uid,
+    );
+    if *peer == *message.from_uid {
+        vec![message.from_uid.clone()]
+    } else {
+        vec![Uid::from(peer), message.from_uid.clone()]
+    }
+}
+
+/// Plans and sends the pushes of one subscriber page of a committed message; a batch
+/// for a peer without room beyond `reserve` waits in `stalled`.
+fn deliver_page(
     node: &mut NodeShard,
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
     message: &Arc<Committed>,
     sender: Option<Sender>,
-    subscribers: Option<&crate::node::meta::Subscribers>,
+    page: &[Uid],
+    reserve: usize,
 ) {
-    let person;
-    let recipients: &[Uid] = match subscribers {
-        Some(s) => &s.uids,
-        None => {
-            // A person channel: the peer, and the sender's other devices.
-            let peer = recv_channel_id(
-                &message.channel_key,
-                message.channel_type,
-                &message.from_uid,
-            );
-            person = if *peer == *message.from_uid {
-                vec![message.from_uid.clone()]
-            } else {
-                vec![Uid::from(peer), message.from_uid.clone()]
-            };
-            &person
-        }
-    };
     let cfg = &node.shared.config.delivery;
-    let (page_max, batch_max, local_node) = (
-        cfg.subscriber_page_max,
-        cfg.push_batch_max,
-        node.shared.config.node_id,
-    );
+    let (batch_max, local_node) = (cfg.push_batch_max, node.shared.config.node_id);
     let mut scratch = std::mem::take(&mut node.delivery.scratch);
-    for page in recipients.chunks(page_max) {
-        let lookup_ns = node.shared.mono_ns();
-        group_by_target(&node.view, page, &mut scratch.groups);
-        let lookups: Vec<(crate::cluster::Target, &[Uid])> = scratch.groups.lookups().collect();
-        scratch.endpoints.clear();
-        scratch.results.clear();
-        node.reader.endpoints_by_targets_into(
-            &lookups,
-            &mut scratch.endpoints,
-            &mut scratch.results,
-        );
-        let failed_groups = scratch.results.iter().filter(|r| r.is_err()).count();
-        let plan = plan_pushes(
-            local_node,
-            scratch.endpoints.drain(..),
-            failed_groups,
-            sender,
-            batch_max,
-        );
-        let planned_ns = node.shared.mono_ns();
-        node.stages
-            .route_lookup
-            .observe_ns(planned_ns.saturating_sub(lookup_ns));
-        node.metrics.stale_lookups.add(plan.failed_groups as u64);
-        // Other shards' batches first, handed over at once so those shards write their
-        // sockets while this one writes its own.
-        for (to, endpoints) in plan.batches {
-            match to {
-                PushTo::Shard(s) if s == node.me => scratch.local.push(endpoints),
-                PushTo::Shard(s) => {
-                    node.send_msg(
-                        cx,
-                        s,
-                        Msg::Push {
-                            message: message.clone(),
-                            endpoints,
-                            planned_ns,
-                        },
-                    );
-                    cx.flush_to(s);
-                }
-                PushTo::Node(n) => {
-                    // Remote owners come with the cluster (owner-push RPC).
-                    tracing::debug!(node = n, "remote owner: push not delivered (single node)");
-                    node.metrics.push_remote_dropped.add(endpoints.len() as u64);
-                }
+    let lookup_ns = node.shared.mono_ns();
+    group_by_target(&node.view, page, &mut scratch.groups);
+    let lookups: Vec<(crate::cluster::Target, &[Uid])> = scratch.groups.lookups().collect();
+    scratch.endpoints.clear();
+    scratch.results.clear();
+    node.reader
+        .endpoints_by_targets_into(&lookups, &mut scratch.endpoints, &mut scratch.results);
+    let failed_groups = scratch.results.iter().filter(|r| r.is_err()).count();
+    let plan = plan_pushes(
+        local_node,
+        scratch.endpoints.drain(..),
+        failed_groups,
+        sender,
+        batch_max,
+    );
+    let planned_ns = node.shared.mono_ns();
+    node.stages
+        .route_lookup
+        .observe_ns(planned_ns.saturating_sub(lookup_ns));
+    node.metrics.stale_lookups.add(plan.failed_groups as u64);
+    // Other shards' batches first, handed over at once so those shards write their
+    // sockets while this one writes its own. A peer without room beyond what is
+    // reserved for SENDACKs, commits and control gets its batch later.
+    for (to, endpoints) in plan.batches {
+        match to {
+            PushTo::Shard(s) if s == node.me => scratch.local.push(endpoints),
+            PushTo::Shard(s) if cx.send_capacity(s) <= reserve => {
+                node.metrics.delivery_stalls.inc();
+                node.delivery.stalled.push((s, endpoints, planned_ns));
+            }
+            PushTo::Shard(s) => {
+                node.send_msg(
+                    cx,
+                    s,
+                    Msg::Push {
+                        message: message.clone(),
+                        endpoints,
+                        planned_ns,
+                    },
+                );
+                cx.flush_to(s);
+            }
+            PushTo::Node(n) => {
+                // Remote owners come with the cluster (owner-push RPC).
+                tracing::debug!(node = n, "remote owner: push not delivered (single node)");
+                node.metrics.push_remote_dropped.add(endpoints.len() as u64);
             }
         }
-        for endpoints in scratch.local.drain(..) {
-            on_push(node, cx, driver, message, &endpoints, planned_ns);
-        }
+    }
+    for endpoints in scratch.local.drain(..) {
+        on_push(node, cx, driver, message, &endpoints, planned_ns);
     }
     node.delivery.scratch = scratch;
 }
@@ -918,14 +1028,16 @@ pub fn on_ack_timeout(
     }
 }
 
-/// SENDACK back on the gateway shard, if the sending session is still there.
+/// SENDACK back on the gateway shard, if the sending session is still there (its
+/// SEND's shard credit returns when the SENDACK arrives, in `NodeShard::on_message`).
 pub fn on_sendack(node: &mut NodeShard, driver: &mut NetDriver, ack: SendAck) {
-    let Some(conn) = node.conn(ack.conn) else {
+    let Some(conn) = node.conn_mut(ack.conn) else {
         return;
     };
     if conn.session_id != ack.session_id {
         return;
     }
+    conn.sends_in_flight = conn.sends_in_flight.saturating_sub(1);
     let p = SendackPacket {
         message_id: ack.message_id,
         client_seq: ack.client_seq,

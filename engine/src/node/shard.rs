@@ -79,6 +79,8 @@ pub(crate) struct Conn {
     pub handle: Option<SessionHandle>,
     /// Unacknowledged RECVs of this session.
     pub acks: PendingAcks,
+    /// SENDs waiting for their SENDACK (bounded by `sends_in_flight_per_conn_max`).
+    pub sends_in_flight: u32,
 }
 
 /// One shard's state.
@@ -112,6 +114,9 @@ pub struct NodeShard {
     /// Scratch buffer for encoding frames.
     pub(crate) frame_buf: Vec<u8>,
     pub(crate) delivery: DeliveryCore,
+    /// Per delivery shard: this gateway's SENDs in flight there (bounded by
+    /// `commit_credits_per_peer`; each returns with its SENDACK).
+    pub(crate) commit_credits: Vec<usize>,
     stopping: bool,
 }
 
@@ -133,7 +138,9 @@ impl NodeShard {
             .map_err(|e| std::io::Error::other(format!("authority: {e:?}")))?;
         authority.apply_view(&view, cfg.node_id, 0);
         let reader = authority.reader();
+        let commit_credits = vec![0; shared.slot_map.shard_count() as usize];
         Ok(NodeShard {
+            commit_credits,
             me,
             rng: StdRng::from_entropy(),
             rx_frame: Vec::new(),
@@ -172,14 +179,30 @@ impl NodeShard {
             .filter(|c| c.id == id)
     }
 
-    /// Sends `msg` to `to`, or handles it here if `to` is this shard. A full ring
-    /// drops the message with a log line and a counter: every cross-shard message
-    /// either has a timeout behind it (activation, touch, unregister retry) or is a
-    /// delivery the client recovers by sync.
+    /// Sends `msg` to shard `to`: control on the urgent lane, commits, SENDACKs and
+    /// pushes on the data lane. What the ring cannot take waits in the peer's queue;
+    /// admission (commit credits, paused deliveries, the control room) keeps that queue
+    /// below `peer_queue_max`, so a refusal here is a broken bound: it is counted and
+    /// logged (at a bounded rate), and what it drops has a timeout behind it
+    /// (activation, touch, unregister retry) or is recovered by sync.
     pub(crate) fn send_msg(&mut self, cx: &mut Context<Msg, NodeTimer>, to: ShardId, msg: Msg) {
-        if let Err(_dropped) = cx.send_to(to, msg) {
+        let data = matches!(msg, Msg::Commit(_) | Msg::SendAck(_) | Msg::Push { .. });
+        let sent = if data {
+            cx.send_to(to, msg)
+        } else {
+            cx.send_urgent(to, msg)
+        };
+        if sent.is_err() {
             self.metrics.ring_full_drops.inc();
-            tracing::warn!(from = self.me, to, "shard ring full: message dropped");
+            let n = self.metrics.ring_full_drops.get();
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    from = self.me,
+                    to,
+                    dropped_total = n,
+                    "peer queue full: message dropped"
+                );
+            }
         }
     }
 
@@ -203,6 +226,7 @@ impl NodeShard {
             session_id: 0,
             handle: None,
             acks: PendingAcks::default(),
+            sends_in_flight: 0,
         });
         self.metrics.connections.inc();
     }
@@ -1012,7 +1036,7 @@ impl Shard for NodeShard {
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         driver: &mut NetDriver,
-        _from: ShardId,
+        from: ShardId,
         msg: Msg,
     ) {
         match msg {
@@ -1070,7 +1094,13 @@ impl Shard for NodeShard {
                 );
             }
             Msg::Commit(request) => super::send::on_commit(self, cx, driver, *request),
-            Msg::SendAck(ack) => super::send::on_sendack(self, driver, ack),
+            Msg::SendAck(ack) => {
+                // The SEND's credit towards that delivery shard comes back.
+                if let Some(c) = self.commit_credits.get_mut(from as usize) {
+                    *c = c.saturating_sub(1);
+                }
+                super::send::on_sendack(self, driver, ack)
+            }
             Msg::Push {
                 message,
                 endpoints,
@@ -1094,6 +1124,7 @@ impl Shard for NodeShard {
             }
             Msg::LogSynced => {}
             Msg::Shutdown => self.shutdown(cx, driver),
+            Msg::InjectPanic => panic!("injected fault"),
         }
     }
 
@@ -1150,8 +1181,9 @@ impl Shard for NodeShard {
         // This turn's driver poll has handed earlier RECVs to the kernel.
         super::send::observe_socket_writes(self);
         // Group commit: everything appended this turn is synced once, then acknowledged
-        // and delivered.
+        // and queued for delivery; then deliveries go on where peers have room.
         super::send::flush_commits(self, cx, driver)
+            + super::send::pump_deliveries(self, cx, driver)
     }
 
     fn on_stop(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
@@ -1161,6 +1193,7 @@ impl Shard for NodeShard {
         // A graceful stop makes everything appended durable, whatever the fsync
         // policy, and answers what waited for it.
         super::send::flush_commits_for_stop(self, cx, driver);
+        super::send::pump_deliveries(self, cx, driver);
         // Flush queued output (DISCONNECTs) before the sockets go.
         let _ =
             shard::runtime::Driver::poll(driver, Some(std::time::Duration::ZERO), &mut Vec::new());

@@ -16,11 +16,26 @@
 //! one wait covers sockets, messages from peers (their eventfd write) and timers.
 //!
 //! # Messages and backpressure
-//! [`Context::send_to`] appends to a bounded per-peer outbox (`outbox_batch_max`);
-//! a full outbox is flushed into the ring at once; if the ring is full too, the message
-//! comes back as `Err` — backpressure to the caller, never unbounded growth. Messages
-//! between one pair of shards arrive in send order. Messages a shard sends to itself go
-//! through a local queue with the same bound as a ring.
+//! [`Context::send_to`] appends to the peer's queue; a queue of `outbox_batch_max`
+//! messages is flushed into the ring at once, the rest at the end of the turn. What a
+//! full ring cannot take stays queued (in order) and moves on as the peer drains: a
+//! shard never blocks on a peer and never drops what it accepted. The queue is
+//! bounded (`peer_queue_max`): past it `send_to` gives the message back as `Err`.
+//! Producers keep far below that bound by admission ([`Context::send_capacity`]
+//! tells how much room is left), so `Err` means a broken admission rule.
+//!
+//! Two lanes per peer: [`Context::send_urgent`] (control: activations, touches,
+//! replies) is flushed before [`Context::send_to`] (data: commits, pushes), so
+//! control never waits behind queued data, only behind what is already in the ring.
+//! Within a lane, messages between one pair of shards arrive in send order. Messages
+//! a shard sends to itself go through a local queue with the same bound as a ring
+//! plus a peer queue.
+//!
+//! # A shard that fails
+//! A shard whose handler panics or whose driver fails ends its thread; the runtime
+//! records the cause ([`RuntimeHandle::failure`], [`RuntimeHandle::wait_failure`]) so
+//! the process can stop (a node must not serve with a shard missing). The other
+//! shards keep running until told to stop.
 //!
 //! # From outside the runtime
 //! Threads that are not shards (the HTTP API, signal handling, tests) reach a shard
@@ -55,6 +70,10 @@ pub struct RuntimeConfig {
     pub ring_capacity: usize,
     /// Messages buffered per peer before a flush into its ring.
     pub outbox_batch_max: usize,
+    /// Messages queued per peer (both lanes) beyond what its ring holds; `send_to`
+    /// refuses past it. Worst case per shard: `(shard_count - 1) × peer_queue_max`
+    /// messages.
+    pub peer_queue_max: usize,
     /// Messages taken from one peer's ring per loop turn (fairness between peers).
     pub inbound_batch_max: usize,
     /// Messages queued per shard from outside the runtime ([`Injector`]).
@@ -75,6 +94,7 @@ impl Default for RuntimeConfig {
             shard_count: std::thread::available_parallelism().map_or(1, |n| n.get() as u16),
             ring_capacity: 4096,
             outbox_batch_max: 64,
+            peer_queue_max: 16_384,
             inbound_batch_max: 256,
             injector_capacity: 1024,
             idle_spin_us: 50,
@@ -94,8 +114,9 @@ pub struct Context<M, T> {
     now_ms: u64,
     outbox_batch_max: usize,
     ring_capacity: usize,
+    peer_queue_max: usize,
     /// `outboxes[p]`: messages for peer `p` not yet in its ring (`p != shard`).
-    outboxes: Vec<Vec<M>>,
+    outboxes: Vec<PeerQueue<M>>,
     /// `producers[p]`: the ring into peer `p` (`None` for this shard itself).
     producers: Vec<Option<Producer<M>>>,
     peer_doorbells: Vec<Arc<Doorbell>>,
@@ -106,6 +127,22 @@ pub struct Context<M, T> {
     stats: ShardStats,
 }
 
+/// The messages for one peer that are not in its ring yet: control first.
+struct PeerQueue<M> {
+    urgent: VecDeque<M>,
+    normal: VecDeque<M>,
+}
+
+impl<M> PeerQueue<M> {
+    fn len(&self) -> usize {
+        self.urgent.len() + self.normal.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.urgent.is_empty() && self.normal.is_empty()
+    }
+}
+
 /// Counters of one shard, readable by its handler ([`Context::stats`]) and returned by
 /// [`Runtime::join`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -113,8 +150,10 @@ pub struct ShardStats {
     pub turns: u64,
     pub messages_received: u64,
     pub messages_sent: u64,
-    /// Sends refused because the peer's outbox and ring were full.
+    /// Sends refused because the peer's queue was at `peer_queue_max`.
     pub send_backpressure: u64,
+    /// The most messages ever queued for one peer beyond its ring.
+    pub peer_queue_peak: u64,
     /// Batches flushed into rings.
     pub batches_flushed: u64,
     /// Eventfd writes to wake a sleeping peer.
@@ -145,17 +184,28 @@ impl<M: Send, T> Context<M, T> {
         &self.stats
     }
 
-    /// Queues `msg` for shard `to`. It is flushed into the ring at the end of the turn
-    /// (or now, when the outbox is full). `Err(msg)`: the outbox and the ring are both
-    /// full; retry later (backpressure).
+    /// Queues `msg` (data lane) for shard `to`. It is flushed into the ring at the end
+    /// of the turn (or now, when `outbox_batch_max` are queued); what the ring cannot
+    /// take waits in the peer's queue. `Err(msg)`: the queue holds `peer_queue_max`
+    /// messages already (admission should have kept it far below: see
+    /// [`Context::send_capacity`]).
     pub fn send_to(&mut self, to: ShardId, msg: M) -> Result<(), M> {
+        self.enqueue(to, msg, false)
+    }
+
+    /// Like [`Context::send_to`], on the control lane: flushed before any queued data.
+    pub fn send_urgent(&mut self, to: ShardId, msg: M) -> Result<(), M> {
+        self.enqueue(to, msg, true)
+    }
+
+    fn enqueue(&mut self, to: ShardId, msg: M, urgent: bool) -> Result<(), M> {
         let to_i = to as usize;
         assert!(
             to_i < self.shard_count as usize,
             "send_to: shard {to} does not exist"
         );
         if to == self.shard {
-            if self.self_queue.len() >= self.ring_capacity {
+            if self.self_queue.len() >= self.ring_capacity + self.peer_queue_max {
                 self.stats.send_backpressure += 1;
                 return Err(msg);
             }
@@ -163,26 +213,39 @@ impl<M: Send, T> Context<M, T> {
             self.stats.messages_sent += 1;
             return Ok(());
         }
-        if self.outboxes[to_i].len() >= self.outbox_batch_max {
+        let mut queued = self.outboxes[to_i].len();
+        if queued >= self.outbox_batch_max {
             self.flush_peer(to_i);
-            if self.outboxes[to_i].len() >= self.outbox_batch_max {
+            queued = self.outboxes[to_i].len();
+            if queued >= self.peer_queue_max {
                 self.stats.send_backpressure += 1;
                 return Err(msg);
             }
         }
-        self.outboxes[to_i].push(msg);
+        let q = &mut self.outboxes[to_i];
+        if urgent {
+            q.urgent.push_back(msg);
+        } else {
+            q.normal.push_back(msg);
+        }
+        self.stats.peer_queue_peak = self.stats.peer_queue_peak.max(queued as u64 + 1);
         self.stats.messages_sent += 1;
         Ok(())
     }
 
-    /// Room left for messages to `to` before `send_to` pushes back (outbox plus ring).
+    /// Room left for messages to `to` before `send_to` pushes back (its ring's free
+    /// slots plus the peer queue's).
     pub fn send_capacity(&mut self, to: ShardId) -> usize {
         let to_i = to as usize;
         if to == self.shard {
-            return self.ring_capacity - self.self_queue.len();
+            return (self.ring_capacity + self.peer_queue_max)
+                .saturating_sub(self.self_queue.len());
         }
         let ring_free = self.producers[to_i].as_ref().map_or(0, |p| p.free_slots());
-        ring_free + self.outbox_batch_max - self.outboxes[to_i].len()
+        ring_free
+            + self
+                .peer_queue_max
+                .saturating_sub(self.outboxes[to_i].len())
     }
 
     /// Messages queued for `to` and not yet taken by it (its ring plus this shard's
@@ -238,13 +301,20 @@ impl<M: Send, T> Context<M, T> {
         let Some(producer) = self.producers[peer].as_mut() else {
             return false;
         };
-        // Take only what fits, so draining never drops a message.
-        let fits = producer.free_slots().min(outbox.len());
-        let pushed = producer.push_batch(&mut outbox.drain(..fits));
-        debug_assert_eq!(
-            pushed, fits,
-            "a single-producer ring cannot shrink its free space"
-        );
+        // Take only what fits, so draining never drops a message; control first.
+        let mut pushed = 0;
+        for lane in [&mut outbox.urgent, &mut outbox.normal] {
+            let fits = producer.free_slots().min(lane.len());
+            if fits == 0 {
+                continue;
+            }
+            let n = producer.push_batch(&mut lane.drain(..fits));
+            assert_eq!(
+                n, fits,
+                "a single-producer ring cannot shrink its free space"
+            );
+            pushed += n;
+        }
         if pushed == 0 {
             return false;
         }
@@ -337,12 +407,24 @@ pub struct ShardInit {
 
 struct Shared {
     stopping: AtomicBool,
+    /// The first shard failure (`"shard N: cause"`), announced on `failed`.
+    failure: Mutex<Option<String>>,
+    failed: std::sync::Condvar,
     eventfds: Vec<Arc<EventFd>>,
     /// Per shard: 1 while parked in the driver (for observers and tests).
     parked: Vec<AtomicU64>,
 }
 
 impl Shared {
+    /// Records a shard's failure (the first one wins) and wakes its waiters.
+    fn fail(&self, cause: String) {
+        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if failure.is_none() {
+            *failure = Some(cause);
+        }
+        self.failed.notify_all();
+    }
+
     fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         for fd in &self.eventfds {
@@ -366,6 +448,30 @@ impl RuntimeHandle {
     /// Whether shard `shard` is parked in its driver right now.
     pub fn is_parked(&self, shard: ShardId) -> bool {
         self.shared.parked[shard as usize].load(Ordering::SeqCst) == 1
+    }
+
+    /// Why a shard ended on its own (a panic, a driver or factory error), if one did.
+    pub fn failure(&self) -> Option<String> {
+        self.shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Waits up to `timeout` for a shard to fail; returns the cause if one has.
+    pub fn wait_failure(&self, timeout: Duration) -> Option<String> {
+        let guard = self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self
+            .shared
+            .failed
+            .wait_timeout_while(guard, timeout, |f| f.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        guard.clone()
     }
 }
 
@@ -460,12 +566,13 @@ impl<S: Shard> Runtime<S> {
             ));
         }
         if config.outbox_batch_max == 0
+            || config.peer_queue_max < config.outbox_batch_max
             || config.inbound_batch_max == 0
             || config.injector_capacity == 0
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "batch limits must be at least 1",
+                "batch limits must be at least 1 (and peer_queue_max at least outbox_batch_max)",
             ));
         }
         let eventfds: Vec<Arc<EventFd>> = (0..n)
@@ -474,6 +581,8 @@ impl<S: Shard> Runtime<S> {
         let doorbells: Vec<Arc<Doorbell>> = (0..n).map(|_| Arc::new(Doorbell::new())).collect();
         let shared = Arc::new(Shared {
             stopping: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            failed: std::sync::Condvar::new(),
             eventfds: eventfds.clone(),
             parked: (0..n).map(|_| AtomicU64::new(0)).collect(),
         });
@@ -528,8 +637,29 @@ impl<S: Shard> Runtime<S> {
                         shard_count: config.shard_count,
                         doorbell: eventfds[i].clone(),
                     };
-                    let (handler, driver) = factory(&init)?;
-                    run_shard(config, part, eventfds, shared, handler, driver)
+                    let watch = shared.clone();
+                    // A panic or an error ends this shard only; it is recorded so the
+                    // process can stop instead of serving with a shard missing.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let (handler, driver) = factory(&init)?;
+                        run_shard(config, part, eventfds, shared, handler, driver)
+                    }));
+                    let result = match result {
+                        Ok(r) => r,
+                        Err(panic) => {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "unknown panic".into());
+                            Err(io::Error::other(format!("panicked: {what}")))
+                        }
+                    };
+                    if let Err(err) = &result {
+                        tracing::error!(shard = i, %err, "shard thread ended");
+                        watch.fail(format!("shard {i}: {err}"));
+                    }
+                    result
                 })?;
             threads.push(thread);
         }
@@ -595,8 +725,12 @@ fn run_shard<S: Shard>(
         now_ms: 0,
         outbox_batch_max: config.outbox_batch_max,
         ring_capacity: config.ring_capacity,
+        peer_queue_max: config.peer_queue_max,
         outboxes: (0..config.shard_count)
-            .map(|_| Vec::with_capacity(config.outbox_batch_max))
+            .map(|_| PeerQueue {
+                urgent: VecDeque::new(),
+                normal: VecDeque::with_capacity(config.outbox_batch_max),
+            })
             .collect(),
         producers: part.producers,
         peer_doorbells: part.doorbells,

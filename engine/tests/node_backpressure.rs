@@ -1,0 +1,184 @@
+//! Ring backpressure end to end (issue "Group SEND under load", item 1, and the
+//! review's "full rings drop pushes"): with tiny rings and peer queues, a burst of
+//! group SENDs from many connections is answered in full, every message answered with
+//! success reaches every online recipient, and no inter-shard message is dropped.
+
+// Test configs change a few nested fields of the defaults.
+#![allow(clippy::field_reassign_with_default)]
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use engine::node::Node;
+use net::client::{Client, Login, Received, Transport};
+use net::io::Backend;
+use serde_json::json;
+
+#[macro_use]
+mod support;
+use support::{api, config, set_token};
+
+/// Bounds every blocking read: only a failing test ever waits this long.
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+const MEMBERS: usize = 24;
+const SENDS_PER_MEMBER: u32 = 60;
+
+/// The group member `i` sends its SEND `client_seq` to.
+fn group_of(i: usize, client_seq: u32) -> &'static str {
+    ["ga", "gb", "gc", "gd"][(i + client_seq as usize) % 4]
+}
+
+fn burst_through_tiny_rings(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), backend);
+    cfg.runtime.ring_capacity = 4;
+    cfg.runtime.outbox_batch_max = 2;
+    cfg.runtime.peer_queue_max = 48;
+    cfg.delivery.commit_credits_per_peer = 8;
+    cfg.delivery.control_room_per_peer = 8;
+    cfg.delivery.subscriber_page_max = 8;
+    cfg.delivery.push_batch_max = 2;
+    cfg.session.sends_in_flight_per_conn_max = 16;
+    let node = Node::start(cfg).unwrap();
+    let uids: Vec<String> = (0..MEMBERS).map(|i| format!("m{i}")).collect();
+    for u in &uids {
+        set_token(&node, u, 1, 1);
+    }
+    // Two groups, so commits land on both shards' delivery cores.
+    for g in ["ga", "gb", "gc", "gd"] {
+        let (status, _) = api(
+            &node,
+            "/channel/subscriber_add",
+            json!({"channel_id": g, "channel_type": 2, "subscribers": uids}),
+        );
+        assert_eq!(status, 200);
+    }
+    let mut clients: Vec<Client> = uids
+        .iter()
+        .map(|u| {
+            let (c, reason) = Client::connect_via(
+                Transport::Tcp,
+                node.tcp_addr().unwrap(),
+                &Login::new(u, &format!("tok-{u}")),
+                READ_TIMEOUT,
+            )
+            .unwrap();
+            assert_eq!(reason, 1, "CONNACK for {u}");
+            c
+        })
+        .collect();
+
+    // The burst: every member sends all its SENDs without waiting.
+    for (i, c) in clients.iter_mut().enumerate() {
+        for s in 1..=SENDS_PER_MEMBER {
+            c.send(group_of(i, s), 2, s, &format!("m{i}-{s}"), b"burst", false)
+                .unwrap();
+        }
+    }
+
+    // Every SEND is answered: success (1) or RateLimit (22), nothing else, none missing.
+    // (group, message_seq) -> sender
+    let mut ok: HashMap<(String, u64), usize> = HashMap::new();
+    let mut got: Vec<HashSet<(String, u64)>> = vec![HashSet::new(); MEMBERS];
+    let mut refused = 0usize;
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut answered = HashSet::new();
+        while answered.len() < SENDS_PER_MEMBER as usize {
+            match c.read().unwrap_or_else(|e| {
+                panic!(
+                    "member {i}: {} of {SENDS_PER_MEMBER} SENDs answered, then: {e}",
+                    answered.len()
+                )
+            }) {
+                Received::Sendack {
+                    client_seq,
+                    message_seq,
+                    reason,
+                    ..
+                } => {
+                    assert!(answered.insert(client_seq), "one SENDACK per SEND");
+                    let key = (group_of(i, client_seq).to_string(), message_seq);
+                    match reason {
+                        1 => assert!(ok.insert(key, i).is_none(), "one seq per message"),
+                        22 => refused += 1,
+                        r => panic!("member {i} SEND {client_seq}: reason {r}"),
+                    }
+                }
+                Received::Recv(m) => {
+                    c.recvack(m.message_id, m.message_seq).unwrap();
+                    got[i].insert((m.channel_id, m.message_seq));
+                }
+                Received::Pong => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert!(!ok.is_empty(), "some SENDs succeeded");
+
+    // Every message answered with success reaches every member but its sender.
+    for (i, c) in clients.iter_mut().enumerate() {
+        let want = ok.iter().filter(|(_, &from)| from != i).count();
+        while got[i].len() < want {
+            match c.read().unwrap_or_else(|e| {
+                panic!(
+                    "member {i}: {} of {want} RECVs, then: {e} ({} SENDs refused)",
+                    got[i].len(),
+                    refused
+                )
+            }) {
+                Received::Recv(m) => {
+                    c.recvack(m.message_id, m.message_seq).unwrap();
+                    let key = (m.channel_id, m.message_seq);
+                    assert!(ok.contains_key(&key), "RECV of an answered message {key:?}");
+                    got[i].insert(key);
+                }
+                Received::Pong => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    let drops: u64 = node
+        .shared()
+        .shard_metrics
+        .iter()
+        .map(|m| m.ring_full_drops.get())
+        .sum();
+    assert_eq!(drops, 0, "no message between shards was dropped");
+    let stalls: u64 = node
+        .shared()
+        .shard_metrics
+        .iter()
+        .map(|m| m.delivery_stalls.get())
+        .sum();
+    eprintln!("delivery stalls: {stalls}");
+    eprintln!(
+        "{} SENDs succeeded, {refused} refused with 22 ({backend:?})",
+        ok.len()
+    );
+}
+
+on_both_drivers!(burst_through_tiny_rings);
+
+/// A shard that dies is fatal: the node reports it (not ready, the cause) instead of
+/// serving half a node.
+fn a_dead_shard_is_reported(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
+    assert_eq!(node.shared().not_ready(), None);
+    assert_eq!(node.wait_failure(Duration::ZERO), None);
+    node.inject_shard_panic(1);
+    let cause = node
+        .wait_failure(READ_TIMEOUT)
+        .expect("the shard's end is reported");
+    assert!(
+        cause.contains("shard 1") && cause.contains("injected fault"),
+        "{cause}"
+    );
+    let why = node.shared().not_ready().expect("/readyz is false");
+    assert!(why.contains("shard 1"), "{why}");
+    let status = node.api().handle("GET", "/readyz", None, b"").status;
+    assert_eq!(status, 503);
+    assert!(node.shutdown().is_err(), "the stop reports the dead shard");
+}
+
+on_both_drivers!(a_dead_shard_is_reported);
