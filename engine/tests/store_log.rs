@@ -26,6 +26,8 @@ fn small_config() -> LogConfig {
         segment_bytes: 256 << 10,
         max_segments: 1000,
         max_channels: 10_000,
+        max_retired_channels: 10_000,
+        seq_floor_buckets: 64,
         max_indexed_messages: 1_000_000,
         max_payload_bytes: 4096,
         max_read_messages: 1000,
@@ -386,19 +388,12 @@ fn index_budget_retires_oldest_segments_and_appends_go_on() {
 }
 
 #[test]
-fn channel_limit_and_bad_input_are_errors_that_change_nothing() {
+fn bad_input_is_an_error_that_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = LogConfig {
-        max_channels: 2,
-        ..small_config()
-    };
+    let config = small_config();
     let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
     append_n(&mut log, "one", 2, 4);
     append_n(&mut log, "two", 1, 4);
-    assert!(matches!(
-        log.append(&msg("three", "", b"x", 1)),
-        Err(LogError::TooManyChannels { max_channels: 2 })
-    ));
     assert!(matches!(
         log.append(&msg("", "", b"x", 1)),
         Err(LogError::EmptyChannelId)
@@ -439,6 +434,10 @@ fn channel_limit_and_bad_input_are_errors_that_change_nothing() {
         },
         LogConfig {
             max_read_messages: 0,
+            ..config.clone()
+        },
+        LogConfig {
+            seq_floor_buckets: 0,
             ..config.clone()
         },
     ] {
@@ -677,4 +676,160 @@ fn prefault_populates_ahead_and_changes_no_contents() {
     let (log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
     assert_eq!((report.records, report.truncated_bytes), (310, 0));
     assert_eq!(check_channel(&log, "p", 100), Some((1, 310)));
+}
+
+/// Every channel's retained records, ascending, found by scanning the segments on
+/// disk (what a read must return, whatever the in-memory index holds).
+fn on_disk_seqs(log: &MessageLog) -> HashMap<String, Vec<u64>> {
+    let mut out: HashMap<String, Vec<u64>> = HashMap::new();
+    log.scan(|m| {
+        assert_eq!(m.channel_type, 2);
+        out.entry(m.channel_id.to_owned())
+            .or_default()
+            .push(m.message_seq);
+    })
+    .unwrap();
+    out
+}
+
+/// All of `channel`'s retained messages through `read` (paging Up), checked against
+/// their payloads.
+fn read_all(log: &MessageLog, channel: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut next = 1;
+    loop {
+        let r = log.read(2, channel, next, 0, 0, PullMode::Up).unwrap();
+        for m in &r.messages {
+            assert_eq!(m.channel_id, channel);
+            assert_eq!(m.payload, &payload_for(channel, m.message_seq, 1500)[..]);
+            out.push(m.message_seq);
+            next = m.message_seq + 1;
+        }
+        if !r.more {
+            return out;
+        }
+    }
+}
+
+/// Issue 11.3: `max_channels` bounds the channels held in memory, not the channels a
+/// log may ever see. Over its life the log takes appends to many more distinct
+/// channels than `max_channels`; every append succeeds, each channel's seqs continue
+/// across eviction (never reused, never skipped), and a read returns exactly the
+/// channel's records still on disk.
+#[test]
+fn more_distinct_channels_than_max_channels_all_work_and_seqs_continue() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_channels: 8,
+        max_segments: 4,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    let channels: Vec<String> = (0..60).map(|i| format!("ch-{i}")).collect();
+    let mut model: HashMap<String, u64> = HashMap::new();
+    let check = |log: &MessageLog, model: &HashMap<String, u64>| {
+        let mut disk = on_disk_seqs(log);
+        for c in &channels {
+            let want = model.get(c).copied().unwrap_or(0);
+            assert_eq!(log.last_seq(2, c), want, "last seq of {c}, seed {seed}");
+            let on_disk = disk.remove(c).unwrap_or_default();
+            if let (Some(&f), Some(&l)) = (on_disk.first(), on_disk.last()) {
+                assert_eq!(on_disk, range(f, l), "{c}: on disk, seed {seed}");
+                assert_eq!(l, want, "{c}: newest on disk, seed {seed}");
+            }
+            assert_eq!(read_all(log, c), on_disk, "{c}: read, seed {seed}");
+        }
+        assert!(log.stats().channels <= 8, "{:?}", log.stats());
+    };
+    let (mut retired_segments, mut returns_after_eviction) = (0, 0);
+    for round in 0..6 {
+        for _ in 0..400 {
+            // a few busy channels and a long tail of new and returning ones
+            let c = if rng.gen_bool(0.3) {
+                &channels[rng.gen_range(0..3)]
+            } else {
+                &channels[rng.gen_range(0..channels.len())]
+            };
+            let seq = model.get(c).copied().unwrap_or(0) + 1;
+            if seq > 1 && log.first_retained_seq(2, c).is_none() {
+                returns_after_eviction += 1;
+            }
+            let p = payload_for(c, seq, 1500);
+            let a = log
+                .append(&msg(c, "", &p, seq as i64))
+                .unwrap_or_else(|e| panic!("append to {c} (round {round}, seed {seed}): {e}"));
+            assert_eq!(a.message_seq, seq, "{c}, seed {seed}");
+            model.insert(c.clone(), seq);
+        }
+        assert!(model.len() > 8);
+        check(&log, &model);
+        if round % 2 == 1 {
+            retired_segments += log.stats().retired_segments;
+            log.sync(0).unwrap();
+            drop(log);
+            log = MessageLog::open(tmp.path(), config.clone()).unwrap().0;
+            check(&log, &model);
+        }
+    }
+    assert_eq!(model.len(), channels.len(), "every channel was used");
+    assert!(retired_segments > 0);
+    assert!(
+        returns_after_eviction > 100,
+        "{returns_after_eviction} appends to evicted channels"
+    );
+}
+
+/// The retired-seq table is bounded: beyond `max_retired_channels` its oldest entries
+/// fold into `seq_floor_buckets` high-water marks. Seqs may then skip but never go
+/// back or repeat, also across reopens that change the bucket count.
+#[test]
+fn retired_channels_beyond_their_budget_never_reuse_a_seq() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_channels: 2,
+        max_segments: 2,
+        max_retired_channels: 3,
+        seq_floor_buckets: 2,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    let mut model: HashMap<String, u64> = HashMap::new();
+    let mut skips = 0;
+    for round in 0..4 {
+        for _ in 0..200 {
+            let c = format!("c{}", rng.gen_range(0..40));
+            let before = model.get(&c).copied().unwrap_or(0);
+            let a = log.append(&msg(&c, "", b"x", 1)).unwrap();
+            assert_eq!(log.last_seq(2, &c), a.message_seq);
+            assert!(a.message_seq > before, "{c} went back, seed {seed}");
+            skips += u64::from(a.message_seq > before + 1);
+            model.insert(c, a.message_seq);
+        }
+        let stats = log.stats();
+        assert!(
+            stats.retired_channels <= 3 && stats.channels <= 2,
+            "{stats:?}"
+        );
+        log.sync(0).unwrap();
+        drop(log);
+        let buckets = if round % 2 == 0 { 5 } else { 2 };
+        let (l, report) = MessageLog::open(
+            tmp.path(),
+            LogConfig {
+                seq_floor_buckets: buckets,
+                ..config.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(report.seq_discontinuities, 0);
+        log = l;
+        for (c, &last) in &model {
+            assert!(log.last_seq(2, c) >= last, "{c}, seed {seed}");
+        }
+    }
+    assert!(skips > 0, "the floors were used");
 }
