@@ -41,6 +41,7 @@ mod reason {
     pub const MSG_KEY_ERROR: u8 = 8;
     pub const PAYLOAD_DECODE_ERROR: u8 = 9;
     pub const SYSTEM_ERROR: u8 = 15;
+    pub const RATE_LIMIT: u8 = 22;
 }
 
 /// Who asked for a commit, and where its answer goes.
@@ -234,6 +235,18 @@ pub fn on_send(
         Ok(c) => c,
         Err(e) => return sendack(node, driver, e.reason_code()),
     };
+    // How fast this connection starts new channels (node/new_channels.rs).
+    let limits = super::new_channels::NewChannelLimits::from(&node.shared.config.session);
+    let hash = super::new_channels::channel_hash(channel.channel_type(), channel.key());
+    let now_ms = decoded_ns / 1_000_000;
+    if !node
+        .conn_mut(id)
+        .is_some_and(|c| c.new_channels.admit(limits, hash, now_ms))
+    {
+        node.metrics.sends_rate_limited.inc();
+        return sendack(node, driver, reason::RATE_LIMIT);
+    }
+    let Some(conn) = node.conn(id) else { return };
     let payload = if p.setting.contains(Setting::NO_ENCRYPT) {
         p.payload.to_vec()
     } else {

@@ -79,6 +79,8 @@ pub(crate) struct Conn {
     pub handle: Option<SessionHandle>,
     /// Unacknowledged RECVs of this session.
     pub acks: PendingAcks,
+    /// How fast this connection may start sending to new channels.
+    pub new_channels: super::new_channels::NewChannelGate,
 }
 
 /// One shard's state.
@@ -203,6 +205,7 @@ impl NodeShard {
             session_id: 0,
             handle: None,
             acks: PendingAcks::default(),
+            new_channels: Default::default(),
         });
         self.metrics.connections.inc();
     }
