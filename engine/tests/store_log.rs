@@ -637,6 +637,7 @@ fn idempotency_window_is_rebuilt_from_the_log() {
     let mut w = IdempotencyWindow::new(IdempotencyConfig {
         max_entries: 4,
         ttl_s: 100,
+        budget_bytes: 1 << 20,
     })
     .unwrap();
     // at 1103, records stamped at or before 1003 are past the ttl; of the 6 others,
@@ -832,4 +833,91 @@ fn retired_channels_beyond_their_budget_never_reuse_a_seq() {
         }
     }
     assert!(skips > 0, "the floors were used");
+}
+
+/// Issue 11.8: the idempotency window is bounded by bytes. Keys of very different
+/// sizes (up to 2 × 64 KiB) totalling far more than `budget_bytes`: the accounted
+/// bytes never pass the budget, the oldest entries go first, the newest stay, and an
+/// entry larger than the whole budget is not kept (nor does it evict anything).
+#[test]
+fn idempotency_window_keeps_its_byte_budget_evicting_oldest_first() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let budget = 512 << 10;
+    let mut w = IdempotencyWindow::new(IdempotencyConfig {
+        max_entries: 1_000_000,
+        ttl_s: 1_000,
+        budget_bytes: budget,
+    })
+    .unwrap();
+    let mut inserted: Vec<(String, String, usize)> = Vec::new();
+    let mut total = 0;
+    for i in 0..400u64 {
+        let uid = format!("u{}", rng.gen_range(0..5));
+        let len = if rng.gen_bool(0.1) {
+            65_000
+        } else {
+            rng.gen_range(1..4000)
+        };
+        let no = format!("{i}-{}", "n".repeat(len));
+        let ids = SentIds {
+            message_id: i as i64,
+            message_seq: i,
+        };
+        assert_eq!(w.insert(&uid, &no, ids, 10), None);
+        total += IdempotencyWindow::entry_bytes(&uid, &no);
+        inserted.push((uid, no, i as usize));
+        assert!(w.bytes() <= budget, "{} > {budget}, seed {seed}", w.bytes());
+    }
+    assert!(total > 4 * budget);
+    // what is kept is a suffix of the insertions (oldest evicted first) that fits
+    let kept: Vec<bool> = inserted
+        .iter()
+        .map(|(u, n, _)| w.get(u, n, 10).is_some())
+        .collect();
+    let first_kept = kept.iter().position(|&k| k).expect("the newest is kept");
+    assert!(kept[first_kept..].iter().all(|&k| k), "seed {seed}");
+    let sum: usize = inserted[first_kept..]
+        .iter()
+        .map(|(u, n, _)| IdempotencyWindow::entry_bytes(u, n))
+        .sum();
+    assert_eq!(sum, w.bytes());
+    let before_oldest = &inserted[first_kept - 1];
+    assert!(
+        sum + IdempotencyWindow::entry_bytes(&before_oldest.0, &before_oldest.1) > budget,
+        "the next older one would not have fit"
+    );
+    // an entry larger than the budget is not kept and evicts nothing
+    let len_before = w.len();
+    let huge = "h".repeat(65_535);
+    let tiny = IdempotencyWindow::new(IdempotencyConfig {
+        budget_bytes: 1000,
+        ..IdempotencyConfig::default()
+    });
+    let mut tiny = tiny.unwrap();
+    tiny.insert(
+        "a",
+        "1",
+        SentIds {
+            message_id: 1,
+            message_seq: 1,
+        },
+        0,
+    );
+    tiny.insert(
+        &huge,
+        &huge,
+        SentIds {
+            message_id: 2,
+            message_seq: 2,
+        },
+        0,
+    );
+    assert_eq!(tiny.len(), 1);
+    assert!(tiny.get(&huge, &huge, 0).is_none());
+    assert!(tiny.get("a", "1", 0).is_some());
+    assert_eq!(w.len(), len_before);
+    // expiry gives the bytes back
+    assert!(w.get("u0", "x", 1_010).is_none());
+    assert_eq!((w.len(), w.bytes()), (0, 0));
 }
