@@ -140,13 +140,14 @@ pub struct LogConfig {
     /// beyond it retires the oldest segment first.
     pub max_channels: usize,
     /// Channels whose messages were all retired, remembered exactly by last seq
-    /// (~40 bytes each in memory, 16 in `channel_seqs.snap`); older ones fold into
-    /// `seq_floor_buckets`.
+    /// (~48 bytes each in memory, 16 in `channel_seqs.snap`, which every segment
+    /// retirement rewrites in full); older ones fold into `seq_floor_buckets`.
     pub max_retired_channels: usize,
     /// High-water seqs (8 bytes each) of retired channels beyond
     /// `max_retired_channels`. At least 1.
     pub seq_floor_buckets: usize,
-    /// Message positions held in the in-memory index (8 bytes each).
+    /// Message positions held in the in-memory index (8 bytes each, up to 16 with
+    /// growth slack). See [`LogConfig::memory_worst_case_bytes`] for the whole log.
     pub max_indexed_messages: usize,
     /// Largest payload an append accepts.
     pub max_payload_bytes: u32,
@@ -207,7 +208,8 @@ impl LogConfig {
     pub fn memory_worst_case_bytes(&self) -> u64 {
         let retained_log = u64::from(self.segment_bytes) * u64::from(self.max_segments);
         let ids = (self.max_channels as u64 * MAX_FIELD_BYTES as u64).min(retained_log);
-        self.max_indexed_messages as u64 * 8
+        // positions: 8 bytes each, up to twice that in Vec capacity
+        self.max_indexed_messages as u64 * 16
             + self.max_channels as u64 * CHANNEL_ENTRY_BYTES
             + ids
             + self.max_retired_channels as u64 * RETIRED_ENTRY_BYTES
