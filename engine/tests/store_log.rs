@@ -835,6 +835,40 @@ fn retired_channels_beyond_their_budget_never_reuse_a_seq() {
     assert!(skips > 0, "the floors were used");
 }
 
+/// A `channel_seqs.snap` of format 1 (listed ids, written by earlier versions) is
+/// still read: its channels continue from their last seq.
+#[test]
+fn a_format_1_seq_snapshot_is_still_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(b"ICSQ");
+    v1.extend_from_slice(&1u64.to_le_bytes());
+    v1.push(2);
+    v1.extend_from_slice(&3u16.to_le_bytes());
+    v1.extend_from_slice(b"old");
+    v1.extend_from_slice(&41u64.to_le_bytes());
+    let crc = crc32fast::hash(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(tmp.path().join("channel_seqs.snap"), &v1).unwrap();
+    let (mut log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!(report.snapshot_channels, 1);
+    assert_eq!(log.last_seq(2, "old"), 41);
+    assert_eq!(
+        log.append(&msg("old", "", b"x", 1)).unwrap().message_seq,
+        42
+    );
+    assert_eq!(log.last_seq(2, "new"), 0);
+    // a corrupt snapshot is an error, not a silent restart of every seq
+    drop(log);
+    let mut bad = v1.clone();
+    bad[14] ^= 1;
+    std::fs::write(tmp.path().join("channel_seqs.snap"), &bad).unwrap();
+    assert!(matches!(
+        MessageLog::open(tmp.path(), small_config()),
+        Err(LogError::SnapshotCorrupt)
+    ));
+}
+
 /// Issue 11.8: the idempotency window is bounded by bytes. Keys of very different
 /// sizes (up to 2 × 64 KiB) totalling far more than `budget_bytes`: the accounted
 /// bytes never pass the budget, the oldest entries go first, the newest stay, and an

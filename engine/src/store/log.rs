@@ -426,6 +426,9 @@ pub struct LogStats {
     pub channels: usize,
     /// Entries of the retired-seq table.
     pub retired_channels: usize,
+    /// Retired-seq entries folded into the floors since open (beyond
+    /// `max_retired_channels`).
+    pub folded_channels: u64,
     pub indexed_messages: usize,
     pub unsynced_bytes: u64,
     pub retired_segments: u64,
@@ -529,6 +532,8 @@ struct RetiredSeqs {
     order: VecDeque<u64>,
     floors: Vec<u64>,
     max_entries: usize,
+    /// Entries folded into the floors (their channels' seqs may skip).
+    folded: u64,
 }
 
 impl RetiredSeqs {
@@ -539,6 +544,7 @@ impl RetiredSeqs {
             order: VecDeque::new(),
             floors: vec![0; buckets],
             max_entries,
+            folded: 0,
         }
     }
 
@@ -578,6 +584,7 @@ impl RetiredSeqs {
             let seq = self.exact.remove(&old).expect("order lists only entries");
             let b = self.bucket(old);
             self.floors[b] = self.floors[b].max(seq);
+            self.folded += 1;
         }
         debug_assert_eq!(self.exact.len(), self.order.len());
     }
@@ -1383,6 +1390,7 @@ impl MessageLog {
             segments: self.segments.len() as u32,
             channels: self.table.channels,
             retired_channels: self.retired.exact.len(),
+            folded_channels: self.retired.folded,
             indexed_messages: self.table.indexed,
             unsynced_bytes: unsynced,
             retired_segments: self.retired_segments,
