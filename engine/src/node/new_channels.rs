@@ -71,7 +71,8 @@ impl NewChannelGate {
             None => cap,
             Some(last) => {
                 let elapsed = now_ms.saturating_sub(last);
-                (self.milli_tokens + elapsed.saturating_mul(u64::from(limits.per_s))).min(cap)
+                let refill = elapsed.saturating_mul(u64::from(limits.per_s));
+                self.milli_tokens.saturating_add(refill).min(cap)
             }
         };
         self.last_ms = Some(self.last_ms.map_or(now_ms, |l| l.max(now_ms)));
@@ -134,6 +135,13 @@ mod tests {
         }
         assert!(!g.admit(LIMITS, 13, 1_000_000));
         assert!(g.recent.len() <= 2);
+        // extreme values neither overflow nor give more than the burst
+        let wide = NewChannelLimits {
+            per_s: u32::MAX,
+            ..LIMITS
+        };
+        assert!((20..23).all(|c| g.admit(wide, c, u64::MAX)));
+        assert!(!g.admit(wide, 23, u64::MAX));
     }
 
     #[test]
