@@ -20,6 +20,7 @@ fn config() -> LogConfig {
         max_payload_bytes: 4096,
         max_read_messages: 1000,
         fsync: FsyncPolicy::Always,
+        ..LogConfig::default()
     }
 }
 

@@ -127,9 +127,30 @@ impl Config {
         toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// The configuration as TOML.
+    /// The configuration as TOML, after comment lines with the worst-case memory of
+    /// the byte-bounded tables.
     pub fn to_toml(&self) -> Result<String, String> {
-        toml::to_string_pretty(self).map_err(|e| e.to_string())
+        let body = toml::to_string_pretty(self).map_err(|e| e.to_string())?;
+        Ok(format!("{}{body}", self.worst_case_comments()))
+    }
+
+    /// `# ...` lines: the most memory each bounded table can take, per shard.
+    pub fn worst_case_comments(&self) -> String {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        let log = self.log.memory_worst_case_bytes();
+        let idem = self.idempotency.budget_bytes as u64;
+        let recent = (self.net.max_connections_per_shard as u64)
+            * (self.session.recent_channels_per_conn as u64)
+            * 8;
+        format!(
+            "# Worst-case memory per shard (bytes):\n\
+             #   [log] index + retired seqs: {log} ({:.1} MiB)\n\
+             #   [idempotency] window (budget_bytes): {idem} ({:.1} MiB)\n\
+             #   [session] recent channels of every connection: {recent} ({:.1} MiB)\n",
+            mib(log),
+            mib(idem),
+            mib(recent),
+        )
     }
 
     /// The node configuration this file describes.

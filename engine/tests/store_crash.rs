@@ -30,6 +30,7 @@ fn config() -> LogConfig {
         max_payload_bytes: 4096,
         max_read_messages: 100_000,
         fsync: FsyncPolicy::Always,
+        ..LogConfig::default()
     }
 }
 

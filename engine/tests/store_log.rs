@@ -26,6 +26,8 @@ fn small_config() -> LogConfig {
         segment_bytes: 256 << 10,
         max_segments: 1000,
         max_channels: 10_000,
+        max_retired_channels: 10_000,
+        seq_floor_buckets: 64,
         max_indexed_messages: 1_000_000,
         max_payload_bytes: 4096,
         max_read_messages: 1000,
@@ -386,19 +388,12 @@ fn index_budget_retires_oldest_segments_and_appends_go_on() {
 }
 
 #[test]
-fn channel_limit_and_bad_input_are_errors_that_change_nothing() {
+fn bad_input_is_an_error_that_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = LogConfig {
-        max_channels: 2,
-        ..small_config()
-    };
+    let config = small_config();
     let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
     append_n(&mut log, "one", 2, 4);
     append_n(&mut log, "two", 1, 4);
-    assert!(matches!(
-        log.append(&msg("three", "", b"x", 1)),
-        Err(LogError::TooManyChannels { max_channels: 2 })
-    ));
     assert!(matches!(
         log.append(&msg("", "", b"x", 1)),
         Err(LogError::EmptyChannelId)
@@ -439,6 +434,10 @@ fn channel_limit_and_bad_input_are_errors_that_change_nothing() {
         },
         LogConfig {
             max_read_messages: 0,
+            ..config.clone()
+        },
+        LogConfig {
+            seq_floor_buckets: 0,
             ..config.clone()
         },
     ] {
@@ -638,6 +637,7 @@ fn idempotency_window_is_rebuilt_from_the_log() {
     let mut w = IdempotencyWindow::new(IdempotencyConfig {
         max_entries: 4,
         ttl_s: 100,
+        budget_bytes: 1 << 20,
     })
     .unwrap();
     // at 1103, records stamped at or before 1003 are past the ttl; of the 6 others,
@@ -677,4 +677,281 @@ fn prefault_populates_ahead_and_changes_no_contents() {
     let (log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
     assert_eq!((report.records, report.truncated_bytes), (310, 0));
     assert_eq!(check_channel(&log, "p", 100), Some((1, 310)));
+}
+
+/// Every channel's retained records, ascending, found by scanning the segments on
+/// disk (what a read must return, whatever the in-memory index holds).
+fn on_disk_seqs(log: &MessageLog) -> HashMap<String, Vec<u64>> {
+    let mut out: HashMap<String, Vec<u64>> = HashMap::new();
+    log.scan(|m| {
+        assert_eq!(m.channel_type, 2);
+        out.entry(m.channel_id.to_owned())
+            .or_default()
+            .push(m.message_seq);
+    })
+    .unwrap();
+    out
+}
+
+/// All of `channel`'s retained messages through `read` (paging Up), checked against
+/// their payloads.
+fn read_all(log: &MessageLog, channel: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut next = 1;
+    loop {
+        let r = log.read(2, channel, next, 0, 0, PullMode::Up).unwrap();
+        for m in &r.messages {
+            assert_eq!(m.channel_id, channel);
+            assert_eq!(m.payload, &payload_for(channel, m.message_seq, 1500)[..]);
+            out.push(m.message_seq);
+            next = m.message_seq + 1;
+        }
+        if !r.more {
+            return out;
+        }
+    }
+}
+
+/// Issue 11.3: `max_channels` bounds the channels held in memory, not the channels a
+/// log may ever see. Over its life the log takes appends to many more distinct
+/// channels than `max_channels`; every append succeeds, each channel's seqs continue
+/// across eviction (never reused, never skipped), and a read returns exactly the
+/// channel's records still on disk.
+#[test]
+fn more_distinct_channels_than_max_channels_all_work_and_seqs_continue() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_channels: 8,
+        max_segments: 4,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    let channels: Vec<String> = (0..60).map(|i| format!("ch-{i}")).collect();
+    let mut model: HashMap<String, u64> = HashMap::new();
+    let check = |log: &MessageLog, model: &HashMap<String, u64>| {
+        let mut disk = on_disk_seqs(log);
+        for c in &channels {
+            let want = model.get(c).copied().unwrap_or(0);
+            assert_eq!(log.last_seq(2, c), want, "last seq of {c}, seed {seed}");
+            let on_disk = disk.remove(c).unwrap_or_default();
+            if let (Some(&f), Some(&l)) = (on_disk.first(), on_disk.last()) {
+                assert_eq!(on_disk, range(f, l), "{c}: on disk, seed {seed}");
+                assert_eq!(l, want, "{c}: newest on disk, seed {seed}");
+            }
+            assert_eq!(read_all(log, c), on_disk, "{c}: read, seed {seed}");
+        }
+        assert!(log.stats().channels <= 8, "{:?}", log.stats());
+    };
+    let (mut retired_segments, mut returns_after_eviction) = (0, 0);
+    for round in 0..6 {
+        for _ in 0..400 {
+            // a few busy channels and a long tail of new and returning ones
+            let c = if rng.gen_bool(0.3) {
+                &channels[rng.gen_range(0..3)]
+            } else {
+                &channels[rng.gen_range(0..channels.len())]
+            };
+            let seq = model.get(c).copied().unwrap_or(0) + 1;
+            if seq > 1 && log.first_retained_seq(2, c).is_none() {
+                returns_after_eviction += 1;
+            }
+            let p = payload_for(c, seq, 1500);
+            let a = log
+                .append(&msg(c, "", &p, seq as i64))
+                .unwrap_or_else(|e| panic!("append to {c} (round {round}, seed {seed}): {e}"));
+            assert_eq!(a.message_seq, seq, "{c}, seed {seed}");
+            model.insert(c.clone(), seq);
+        }
+        assert!(model.len() > 8);
+        check(&log, &model);
+        if round % 2 == 1 {
+            retired_segments += log.stats().retired_segments;
+            log.sync(0).unwrap();
+            drop(log);
+            log = MessageLog::open(tmp.path(), config.clone()).unwrap().0;
+            check(&log, &model);
+        }
+    }
+    assert_eq!(model.len(), channels.len(), "every channel was used");
+    assert!(retired_segments > 0);
+    assert!(
+        returns_after_eviction > 100,
+        "{returns_after_eviction} appends to evicted channels"
+    );
+}
+
+/// The retired-seq table is bounded: beyond `max_retired_channels` its oldest entries
+/// fold into `seq_floor_buckets` high-water marks. Seqs may then skip but never go
+/// back or repeat, also across reopens that change the bucket count.
+#[test]
+fn retired_channels_beyond_their_budget_never_reuse_a_seq() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_channels: 2,
+        max_segments: 2,
+        max_retired_channels: 3,
+        seq_floor_buckets: 2,
+        ..small_config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
+    let mut model: HashMap<String, u64> = HashMap::new();
+    let mut skips = 0;
+    for round in 0..4 {
+        for _ in 0..200 {
+            let c = format!("c{}", rng.gen_range(0..40));
+            let before = model.get(&c).copied().unwrap_or(0);
+            let a = log.append(&msg(&c, "", b"x", 1)).unwrap();
+            assert_eq!(log.last_seq(2, &c), a.message_seq);
+            assert!(a.message_seq > before, "{c} went back, seed {seed}");
+            skips += u64::from(a.message_seq > before + 1);
+            model.insert(c, a.message_seq);
+        }
+        let stats = log.stats();
+        assert!(
+            stats.retired_channels <= 3 && stats.channels <= 2,
+            "{stats:?}"
+        );
+        log.sync(0).unwrap();
+        drop(log);
+        let buckets = if round % 2 == 0 { 5 } else { 2 };
+        let (l, report) = MessageLog::open(
+            tmp.path(),
+            LogConfig {
+                seq_floor_buckets: buckets,
+                ..config.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(report.seq_discontinuities, 0);
+        log = l;
+        for (c, &last) in &model {
+            assert!(log.last_seq(2, c) >= last, "{c}, seed {seed}");
+        }
+    }
+    assert!(skips > 0, "the floors were used");
+}
+
+/// A `channel_seqs.snap` of format 1 (listed ids, written by earlier versions) is
+/// still read: its channels continue from their last seq.
+#[test]
+fn a_format_1_seq_snapshot_is_still_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(b"ICSQ");
+    v1.extend_from_slice(&1u64.to_le_bytes());
+    v1.push(2);
+    v1.extend_from_slice(&3u16.to_le_bytes());
+    v1.extend_from_slice(b"old");
+    v1.extend_from_slice(&41u64.to_le_bytes());
+    let crc = crc32fast::hash(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(tmp.path().join("channel_seqs.snap"), &v1).unwrap();
+    let (mut log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!(report.snapshot_channels, 1);
+    assert_eq!(log.last_seq(2, "old"), 41);
+    assert_eq!(
+        log.append(&msg("old", "", b"x", 1)).unwrap().message_seq,
+        42
+    );
+    assert_eq!(log.last_seq(2, "new"), 0);
+    // a corrupt snapshot is an error, not a silent restart of every seq
+    drop(log);
+    let mut bad = v1.clone();
+    bad[14] ^= 1;
+    std::fs::write(tmp.path().join("channel_seqs.snap"), &bad).unwrap();
+    assert!(matches!(
+        MessageLog::open(tmp.path(), small_config()),
+        Err(LogError::SnapshotCorrupt)
+    ));
+}
+
+/// Issue 11.8: the idempotency window is bounded by bytes. Keys of very different
+/// sizes (up to 2 × 64 KiB) totalling far more than `budget_bytes`: the accounted
+/// bytes never pass the budget, the oldest entries go first, the newest stay, and an
+/// entry larger than the whole budget is not kept (nor does it evict anything).
+#[test]
+fn idempotency_window_keeps_its_byte_budget_evicting_oldest_first() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let budget = 512 << 10;
+    let mut w = IdempotencyWindow::new(IdempotencyConfig {
+        max_entries: 1_000_000,
+        ttl_s: 1_000,
+        budget_bytes: budget,
+    })
+    .unwrap();
+    let mut inserted: Vec<(String, String, usize)> = Vec::new();
+    let mut total = 0;
+    for i in 0..400u64 {
+        let uid = format!("u{}", rng.gen_range(0..5));
+        let len = if rng.gen_bool(0.1) {
+            65_000
+        } else {
+            rng.gen_range(1..4000)
+        };
+        let no = format!("{i}-{}", "n".repeat(len));
+        let ids = SentIds {
+            message_id: i as i64,
+            message_seq: i,
+        };
+        assert_eq!(w.insert(&uid, &no, ids, 10), None);
+        total += IdempotencyWindow::entry_bytes(&uid, &no);
+        inserted.push((uid, no, i as usize));
+        assert!(w.bytes() <= budget, "{} > {budget}, seed {seed}", w.bytes());
+    }
+    assert!(total > 4 * budget);
+    // what is kept is a suffix of the insertions (oldest evicted first) that fits
+    let kept: Vec<bool> = inserted
+        .iter()
+        .map(|(u, n, _)| w.get(u, n, 10).is_some())
+        .collect();
+    let first_kept = kept.iter().position(|&k| k).expect("the newest is kept");
+    assert!(kept[first_kept..].iter().all(|&k| k), "seed {seed}");
+    let sum: usize = inserted[first_kept..]
+        .iter()
+        .map(|(u, n, _)| IdempotencyWindow::entry_bytes(u, n))
+        .sum();
+    assert_eq!(sum, w.bytes());
+    let before_oldest = &inserted[first_kept - 1];
+    assert!(
+        sum + IdempotencyWindow::entry_bytes(&before_oldest.0, &before_oldest.1) > budget,
+        "the next older one would not have fit"
+    );
+    // an entry larger than the budget is not kept and evicts nothing
+    let len_before = w.len();
+    let huge = "h".repeat(65_535);
+    let tiny = IdempotencyWindow::new(IdempotencyConfig {
+        budget_bytes: 1000,
+        ..IdempotencyConfig::default()
+    });
+    let mut tiny = tiny.unwrap();
+    tiny.insert(
+        "a",
+        "1",
+        SentIds {
+            message_id: 1,
+            message_seq: 1,
+        },
+        0,
+    );
+    tiny.insert(
+        &huge,
+        &huge,
+        SentIds {
+            message_id: 2,
+            message_seq: 2,
+        },
+        0,
+    );
+    assert_eq!(tiny.len(), 1);
+    assert!(tiny.get(&huge, &huge, 0).is_none());
+    assert!(tiny.get("a", "1", 0).is_some());
+    assert_eq!(w.len(), len_before);
+    // expiry gives the bytes back
+    assert!(w.get("u0", "x", 1_010).is_none());
+    assert_eq!((w.len(), w.bytes()), (0, 0));
 }

@@ -72,6 +72,8 @@ shard_metrics! {
     sends,
     /// SENDs refused by the gateway (msg_key, payload).
     send_refused,
+    /// SENDs refused with RateLimit: over `new_channels_per_conn_per_s`.
+    sends_rate_limited,
     /// SENDs answered from the idempotency window.
     sends_deduplicated,
     /// RECV frames written.

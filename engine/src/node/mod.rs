@@ -10,6 +10,7 @@
 pub mod meta;
 pub mod metrics;
 pub mod msg;
+pub mod new_channels;
 pub mod send;
 pub mod shard;
 pub mod syncer;
@@ -43,6 +44,15 @@ use self::shard::NodeShard;
 #[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {
     pub max_sessions_per_shard: u32,
+    /// Sends one connection may make per second to channels it has not sent to
+    /// recently (token bucket; 0: no limit). Over it: SENDACK 22 (RateLimit). Bounds
+    /// how fast one client creates channels.
+    pub new_channels_per_conn_per_s: u32,
+    /// The bucket's size: new channels a connection may start at once.
+    pub new_channels_per_conn_burst: u32,
+    /// Channels a connection sent to recently (8 bytes each, per connection) whose
+    /// sends take no token.
+    pub recent_channels_per_conn: usize,
     /// How often the touch worker flushes dirty routes (and drains unregisters).
     pub touch_flush_interval_ms: u64,
     /// Most routes one touch flush sends.
@@ -66,6 +76,9 @@ impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
             max_sessions_per_shard: 1 << 20,
+            new_channels_per_conn_per_s: 10,
+            new_channels_per_conn_burst: 64,
+            recent_channels_per_conn: 32,
             touch_flush_interval_ms: 1_000,
             touch_batch_max_routes: 512,
             unregister_batch_max: 512,

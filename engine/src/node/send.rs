@@ -258,6 +258,18 @@ pub fn on_send(
         Ok(c) => c,
         Err(e) => return sendack(node, driver, e.reason_code()),
     };
+    // How fast this connection starts new channels (node/new_channels.rs).
+    let limits = super::new_channels::NewChannelLimits::from(&node.shared.config.session);
+    let hash = super::new_channels::channel_hash(channel.channel_type(), channel.key());
+    let now_ms = decoded_ns / 1_000_000;
+    if !node
+        .conn_mut(id)
+        .is_some_and(|c| c.new_channels.admit(limits, hash, now_ms))
+    {
+        node.metrics.sends_rate_limited.inc();
+        return sendack(node, driver, reason::RATE_LIMIT);
+    }
+    let Some(conn) = node.conn(id) else { return };
     let payload = if p.setting.contains(Setting::NO_ENCRYPT) {
         p.payload.to_vec()
     } else {

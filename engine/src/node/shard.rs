@@ -81,6 +81,8 @@ pub(crate) struct Conn {
     pub acks: PendingAcks,
     /// SENDs waiting for their SENDACK (bounded by `sends_in_flight_per_conn_max`).
     pub sends_in_flight: u32,
+    /// How fast this connection may start sending to new channels.
+    pub new_channels: super::new_channels::NewChannelGate,
 }
 
 /// One shard's state.
@@ -227,6 +229,7 @@ impl NodeShard {
             handle: None,
             acks: PendingAcks::default(),
             sends_in_flight: 0,
+            new_channels: Default::default(),
         });
         self.metrics.connections.inc();
     }

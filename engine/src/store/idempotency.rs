@@ -1,6 +1,7 @@
 //! The idempotent-send window (Flow 7): `(sender uid, client_msg_no)` → the first
-//! SENDACK's `(message_id, message_seq)`, for the last `max_entries` sends no older than
-//! `ttl_s`. A SEND found here is answered with the stored ids and neither committed nor
+//! SENDACK's `(message_id, message_seq)`, for the last sends no older than `ttl_s`, at
+//! most `max_entries` of them taking at most `budget_bytes` (keys counted with their
+//! length: one key may be 128 KiB, so the count alone bounds nothing useful). A SEND found here is answered with the stored ids and neither committed nor
 //! delivered again.
 //!
 //! One window per delivery shard: a resent SEND names the same channel, so it reaches
@@ -22,13 +23,22 @@ pub struct IdempotencyConfig {
     pub max_entries: usize,
     /// A send is forgotten once `now_s >= inserted_s + ttl_s`.
     pub ttl_s: u64,
+    /// Memory the window may hold, in bytes: each entry counts its key (sender uid +
+    /// client_msg_no, up to 2 × 65535 bytes) plus [`ENTRY_OVERHEAD_BYTES`]; the oldest
+    /// are evicted first. This, not `max_entries`, is the worst case (per shard).
+    pub budget_bytes: usize,
 }
+
+/// Bytes one entry costs besides its key: the key's allocation header, the map slot
+/// (key pointer, ids, control byte, load factor) and the insertion-order slot.
+pub const ENTRY_OVERHEAD_BYTES: usize = 112;
 
 impl Default for IdempotencyConfig {
     fn default() -> Self {
         IdempotencyConfig {
             max_entries: 100_000,
             ttl_s: 600,
+            budget_bytes: 32 << 20,
         }
     }
 }
@@ -47,16 +57,19 @@ pub struct IdempotencyWindow {
     map: HashMap<Arc<[u8]>, SentIds>,
     /// Keys in insertion order with their insertion second.
     order: VecDeque<(Arc<[u8]>, u64)>,
+    /// What the entries cost, as [`IdempotencyConfig::budget_bytes`] counts it.
+    bytes: usize,
     scratch: Vec<u8>,
 }
 
 impl IdempotencyWindow {
-    /// `None` when `max_entries` is 0.
+    /// `None` when `max_entries` or `budget_bytes` is 0.
     pub fn new(config: IdempotencyConfig) -> Option<IdempotencyWindow> {
-        (config.max_entries > 0).then(|| IdempotencyWindow {
+        (config.max_entries > 0 && config.budget_bytes > 0).then(|| IdempotencyWindow {
             config,
             map: HashMap::new(),
             order: VecDeque::new(),
+            bytes: 0,
             scratch: Vec::new(),
         })
     }
@@ -74,6 +87,7 @@ impl IdempotencyWindow {
             if now_s < at.saturating_add(self.config.ttl_s) {
                 break;
             }
+            self.bytes -= key.len() + ENTRY_OVERHEAD_BYTES;
             self.map.remove(key);
             self.order.pop_front();
         }
@@ -91,7 +105,8 @@ impl IdempotencyWindow {
 
     /// Remembers a committed send. If the pair is already in the window, the first ids
     /// are kept and returned (`Some`); otherwise `None`. Evicts the oldest entries
-    /// beyond `max_entries`.
+    /// beyond `max_entries` or `budget_bytes`; an entry costing more than
+    /// `budget_bytes` on its own is not remembered.
     pub fn insert(
         &mut self,
         uid: &str,
@@ -107,11 +122,19 @@ impl IdempotencyWindow {
         if let Some(first) = self.map.get(key) {
             return Some(*first);
         }
+        let cost = key.len() + ENTRY_OVERHEAD_BYTES;
+        if cost > self.config.budget_bytes {
+            // Larger than the whole window: not remembered (a resend of it commits
+            // again), and nothing else is evicted for it.
+            return None;
+        }
         let key: Arc<[u8]> = Arc::from(key);
         self.map.insert(key.clone(), ids);
         self.order.push_back((key, now_s));
-        while self.order.len() > self.config.max_entries {
-            let (old, _) = self.order.pop_front().expect("len > max_entries >= 1");
+        self.bytes += cost;
+        while self.order.len() > self.config.max_entries || self.bytes > self.config.budget_bytes {
+            let (old, _) = self.order.pop_front().expect("an entry is over a bound");
+            self.bytes -= old.len() + ENTRY_OVERHEAD_BYTES;
             self.map.remove(&old);
         }
         debug_assert_eq!(self.map.len(), self.order.len());
@@ -120,6 +143,16 @@ impl IdempotencyWindow {
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// The bytes the entries are accounted for (at most `budget_bytes`).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// What an entry for `(uid, client_msg_no)` is accounted for.
+    pub fn entry_bytes(uid: &str, client_msg_no: &str) -> usize {
+        4 + uid.len() + client_msg_no.len() + ENTRY_OVERHEAD_BYTES
     }
 
     pub fn is_empty(&self) -> bool {
@@ -162,6 +195,7 @@ mod tests {
         let mut w = IdempotencyWindow::new(IdempotencyConfig {
             max_entries: 3,
             ttl_s: 100,
+            budget_bytes: 1 << 20,
         })
         .unwrap();
         for n in 1..=4u64 {
@@ -186,7 +220,8 @@ mod tests {
         assert_eq!(w.get("u", "", 0), None);
         assert!(IdempotencyWindow::new(IdempotencyConfig {
             max_entries: 0,
-            ttl_s: 1
+            ttl_s: 1,
+            budget_bytes: 1 << 20,
         })
         .is_none());
     }

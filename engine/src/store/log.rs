@@ -58,13 +58,27 @@
 //!   segment first (rolling first if it is the active one). So this memory budget is a
 //!   second retention bound; size it above `max_segments` × messages per segment to
 //!   let `max_segments` bind first.
-//! - `max_channels`: an append to a new channel beyond it is refused with
-//!   [`LogError::TooManyChannels`]. Channels are never forgotten, even when all their
-//!   messages are retired, because their next seq must continue from their last one.
+//! - `max_channels`: channels indexed in memory. Only channels with at least one
+//!   retained message are indexed; an append to a new channel beyond it retires the
+//!   oldest segment(s) first, until some channel has no retained message left (so it
+//!   is a third retention bound, never a refusal).
 //!
-//! Before a segment is retired, the last seqs of the channels left without retained
-//! messages are written atomically to `channel_seqs.snap`, which recovery merges
-//! (max) with what the scan finds, so seqs never restart after retention.
+//! # Retired channels (no retained message)
+//! A channel whose last retained message is retired leaves the index: all it still
+//! needs is its last seq, which goes to a compact **retired-seq table**: a keyed
+//! 64-bit SipHash of `(channel_type, channel_id)` → last seq (16 bytes, whatever the
+//! id's length), at most `max_retired_channels` entries; beyond that the oldest
+//! entries fold into `seq_floor_buckets` high-water marks (`floor[hash % n] =
+//! max(floor, last seq)`). A channel not in the index starts from `max(its entry, its
+//! bucket's floor)`. Before a segment is retired the table is written atomically to
+//! `channel_seqs.snap` (with its hash key), which recovery loads.
+//!
+//! Invariant: a channel's seqs never go back or repeat, through eviction, retention
+//! and restart (every merge is a `max`; a hash collision can only raise a value). They
+//! do not skip either, except for a channel that was folded into a bucket, or that
+//! shares a bucket with a folded one (its next seq is then above its last + 1), or
+//! after a 64-bit collision (negligible). A read returns exactly the channel's
+//! records still on disk: an evicted channel has none.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -85,6 +99,14 @@ const SEGMENT_SUFFIX: &str = ".seg";
 const SEQ_SNAPSHOT_NAME: &str = "channel_seqs.snap";
 const SEQ_SNAPSHOT_MAGIC: u32 = u32::from_le_bytes(*b"ICSQ");
 const PAGE_BYTES: usize = 4096;
+/// Snapshot format 2: the retired-seq table (format 1, `ICSQ`, listed ids).
+const RETIRED_SNAPSHOT_MAGIC: u32 = u32::from_le_bytes(*b"ICS2");
+/// Memory of one indexed channel besides its id and positions: map slot (boxed id
+/// pointer + state, load factor), allocation headers.
+const CHANNEL_ENTRY_BYTES: u64 = 120;
+/// Memory of one retired-seq entry: map slot (hash, seq, control byte, load factor)
+/// and its place in the eviction order.
+const RETIRED_ENTRY_BYTES: u64 = 48;
 
 /// `<data_dir>/shard-<n>/log`: the conventional directory of shard `n`'s log.
 pub fn log_dir(data_dir: &Path, shard: usize) -> PathBuf {
@@ -113,9 +135,19 @@ pub struct LogConfig {
     pub segment_bytes: u32,
     /// Segments kept on disk; older ones are retired (deleted) on roll. At least 1.
     pub max_segments: u32,
-    /// Distinct channels this log tracks (including channels whose messages were all retired).
+    /// Channels with retained messages held in the in-memory index (~120 bytes each
+    /// plus the channel id; ids are bounded by the retained log bytes). A new channel
+    /// beyond it retires the oldest segment first.
     pub max_channels: usize,
-    /// Message positions held in the in-memory index (8 bytes each).
+    /// Channels whose messages were all retired, remembered exactly by last seq
+    /// (~48 bytes each in memory, 16 in `channel_seqs.snap`, which every segment
+    /// retirement rewrites in full); older ones fold into `seq_floor_buckets`.
+    pub max_retired_channels: usize,
+    /// High-water seqs (8 bytes each) of retired channels beyond
+    /// `max_retired_channels`. At least 1.
+    pub seq_floor_buckets: usize,
+    /// Message positions held in the in-memory index (8 bytes each, up to 16 with
+    /// growth slack). See [`LogConfig::memory_worst_case_bytes`] for the whole log.
     pub max_indexed_messages: usize,
     /// Largest payload an append accepts.
     pub max_payload_bytes: u32,
@@ -130,6 +162,8 @@ impl Default for LogConfig {
             segment_bytes: 64 << 20,
             max_segments: 16,
             max_channels: 1_000_000,
+            max_retired_channels: 1_000_000,
+            seq_floor_buckets: 65_536,
             max_indexed_messages: 16_000_000,
             max_payload_bytes: 1 << 20,
             max_read_messages: 10_000,
@@ -161,7 +195,25 @@ impl LogConfig {
                 "max_channels, max_indexed_messages and max_read_messages must be at least 1",
             );
         }
+        if self.seq_floor_buckets == 0 {
+            return bad("seq_floor_buckets must be at least 1");
+        }
         Ok(())
+    }
+
+    /// The most memory the log's in-memory state can take, in bytes: the index
+    /// (positions, channel entries, channel ids; the ids are copies of ids in retained
+    /// records, so they are bounded by the retained log bytes too), the retired-seq
+    /// table and its floors. The segment mappings are page cache, not counted here.
+    pub fn memory_worst_case_bytes(&self) -> u64 {
+        let retained_log = u64::from(self.segment_bytes) * u64::from(self.max_segments);
+        let ids = (self.max_channels as u64 * MAX_FIELD_BYTES as u64).min(retained_log);
+        // positions: 8 bytes each, up to twice that in Vec capacity
+        self.max_indexed_messages as u64 * 16
+            + self.max_channels as u64 * CHANNEL_ENTRY_BYTES
+            + ids
+            + self.max_retired_channels as u64 * RETIRED_ENTRY_BYTES
+            + self.seq_floor_buckets as u64 * 8
     }
 }
 
@@ -182,8 +234,6 @@ pub enum LogError {
     FieldTooLong { field: &'static str, len: usize },
     /// The payload exceeds `max_payload_bytes`.
     PayloadTooLarge { len: usize, max_payload_bytes: u32 },
-    /// A new channel would exceed `max_channels`.
-    TooManyChannels { max_channels: usize },
     /// The segment id space (u32) is exhausted.
     SegmentIdsExhausted,
     /// A record read back failed validation (media corruption after recovery).
@@ -216,9 +266,6 @@ impl fmt::Display for LogError {
                     f,
                     "payload is {len} bytes, more than max_payload_bytes {max_payload_bytes}"
                 )
-            }
-            LogError::TooManyChannels { max_channels } => {
-                write!(f, "log already tracks max_channels {max_channels} channels")
             }
             LogError::SegmentIdsExhausted => write!(f, "segment ids exhausted"),
             LogError::Corrupt { position } => {
@@ -355,7 +402,7 @@ pub struct RecoveryReport {
     pub segments: u32,
     /// Valid records found and indexed (before any retirement at open).
     pub records: u64,
-    /// Distinct channels known after recovery.
+    /// Channels in the index after recovery (with retained messages).
     pub channels: usize,
     /// Bytes after the last valid record that were not zero and have been zeroed
     /// (a torn tail, or the rest of a segment after a corrupt record).
@@ -365,7 +412,7 @@ pub struct RecoveryReport {
     /// Records whose seq did not follow their channel's previous one, plus snapshot
     /// entries that disagreed with the scan (both should be 0).
     pub seq_discontinuities: u64,
-    /// Channels whose last seq came from `channel_seqs.snap`.
+    /// Entries of the retired-seq table loaded from `channel_seqs.snap`.
     pub snapshot_channels: usize,
     /// Segments retired at open to satisfy `max_segments` / `max_indexed_messages`.
     pub retired_segments: u32,
@@ -375,7 +422,13 @@ pub struct RecoveryReport {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogStats {
     pub segments: u32,
+    /// Channels in the index (with retained messages).
     pub channels: usize,
+    /// Entries of the retired-seq table.
+    pub retired_channels: usize,
+    /// Retired-seq entries folded into the floors since open (beyond
+    /// `max_retired_channels`).
+    pub folded_channels: u64,
     pub indexed_messages: usize,
     pub unsynced_bytes: u64,
     pub retired_segments: u64,
@@ -466,9 +519,137 @@ impl ChannelTable {
             .iter()
             .flat_map(|(t, m)| m.iter().map(move |(k, v)| (*t, &**k, v)))
     }
+}
 
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut ChannelState> {
-        self.by_type.iter_mut().flat_map(|(_, m)| m.values_mut())
+/// The retired-seq table (see the module docs): last seqs of channels with no
+/// retained message, keyed by a keyed hash, bounded, with high-water floors for what
+/// it forgets.
+struct RetiredSeqs {
+    /// SipHash-1-3 key, random per log (kept in the snapshot).
+    key: (u64, u64),
+    exact: HashMap<u64, u64>,
+    /// The hashes of `exact`, oldest first (its eviction order).
+    order: VecDeque<u64>,
+    floors: Vec<u64>,
+    max_entries: usize,
+    /// Entries folded into the floors (their channels' seqs may skip).
+    folded: u64,
+}
+
+impl RetiredSeqs {
+    fn new(key: (u64, u64), max_entries: usize, buckets: usize) -> Self {
+        RetiredSeqs {
+            key,
+            exact: HashMap::new(),
+            order: VecDeque::new(),
+            floors: vec![0; buckets],
+            max_entries,
+            folded: 0,
+        }
+    }
+
+    fn hash(&self, channel_type: u8, channel_id: &str) -> u64 {
+        use std::hash::Hasher;
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(self.key.0, self.key.1);
+        h.write_u8(channel_type);
+        h.write(channel_id.as_bytes());
+        h.finish()
+    }
+
+    fn bucket(&self, hash: u64) -> usize {
+        (hash % self.floors.len() as u64) as usize
+    }
+
+    /// The last seq a channel outside the index continues from (0: none known).
+    fn last_seq(&self, hash: u64) -> u64 {
+        let exact = self.exact.get(&hash).copied().unwrap_or(0);
+        exact.max(self.floors[self.bucket(hash)])
+    }
+
+    /// Remembers a channel's last seq (keeping the larger one), folding the oldest
+    /// entries beyond `max_entries` into the floors.
+    fn record(&mut self, hash: u64, last_seq: u64) {
+        match self.exact.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let v = e.get_mut();
+                *v = (*v).max(last_seq);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(last_seq);
+                self.order.push_back(hash);
+            }
+        }
+        while self.exact.len() > self.max_entries {
+            let old = self.order.pop_front().expect("order lists every entry");
+            let seq = self.exact.remove(&old).expect("order lists only entries");
+            let b = self.bucket(old);
+            self.floors[b] = self.floors[b].max(seq);
+            self.folded += 1;
+        }
+        debug_assert_eq!(self.exact.len(), self.order.len());
+    }
+
+    /// `magic ‖ key 2×u64 ‖ count u64 ‖ count × (hash u64 ‖ last_seq u64), oldest
+    /// first ‖ buckets u64 ‖ buckets × floor u64 ‖ crc32`, little-endian.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(40 + 16 * self.order.len() + 8 * self.floors.len());
+        out.extend_from_slice(&RETIRED_SNAPSHOT_MAGIC.to_le_bytes());
+        for v in [self.key.0, self.key.1, self.order.len() as u64] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for h in &self.order {
+            out.extend_from_slice(&h.to_le_bytes());
+            out.extend_from_slice(&self.exact[h].to_le_bytes());
+        }
+        out.extend_from_slice(&(self.floors.len() as u64).to_le_bytes());
+        for f in &self.floors {
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Loads a format-2 snapshot under this config's bounds. When the bucket count
+    /// changed, every floor becomes the largest old floor (safe: nothing goes back).
+    fn decode(bytes: &[u8], max_entries: usize, buckets: usize) -> Option<RetiredSeqs> {
+        let (body, crc) = bytes.split_at(bytes.len().checked_sub(4)?);
+        if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().ok()?) {
+            return None;
+        }
+        let u64_at = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(body.get(at..at + 8)?.try_into().ok()?))
+        };
+        if u32::from_le_bytes(body.get(..4)?.try_into().ok()?) != RETIRED_SNAPSHOT_MAGIC {
+            return None;
+        }
+        let mut t = RetiredSeqs::new((u64_at(4)?, u64_at(12)?), max_entries, buckets);
+        let count = usize::try_from(u64_at(20)?).ok()?;
+        let mut at = 28usize;
+        if count > body.len() / 16 {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(count);
+        for _ in 0..count {
+            entries.push((u64_at(at)?, u64_at(at + 8)?));
+            at += 16;
+        }
+        let n = usize::try_from(u64_at(at)?).ok()?;
+        at += 8;
+        if n == 0 || body.len() != at.checked_add(n.checked_mul(8)?)? {
+            return None;
+        }
+        let old: Vec<u64> = (0..n).map(|i| u64_at(at + 8 * i)).collect::<Option<_>>()?;
+        if n == buckets {
+            t.floors = old;
+        } else {
+            let top = old.iter().copied().max().unwrap_or(0);
+            t.floors.fill(top);
+        }
+        for (h, seq) in entries {
+            t.record(h, seq);
+        }
+        Some(t)
     }
 }
 
@@ -479,6 +660,7 @@ pub struct MessageLog {
     config: LogConfig,
     segments: VecDeque<Segment>,
     table: ChannelTable,
+    retired: RetiredSeqs,
     /// Offset in the active segment of the first unsynced byte.
     dirty_from: Option<u32>,
     last_sync_ms: u64,
@@ -564,11 +746,17 @@ impl MessageLog {
         }
         ids.sort_unstable();
 
+        let retired = RetiredSeqs::new(
+            (rand::random(), rand::random()),
+            config.max_retired_channels,
+            config.seq_floor_buckets,
+        );
         let mut log = MessageLog {
             dir: dir.to_path_buf(),
             config,
             segments: VecDeque::new(),
             table: ChannelTable::default(),
+            retired,
             dirty_from: None,
             last_sync_ms: 0,
             jobs_in_flight: 0,
@@ -640,22 +828,21 @@ impl MessageLog {
         // Seqs of channels whose messages were all retired earlier.
         match std::fs::read(dir.join(SEQ_SNAPSHOT_NAME)) {
             Ok(bytes) => {
-                let entries = decode_seq_snapshot(&bytes).ok_or(LogError::SnapshotCorrupt)?;
-                for (t, id, last) in entries {
-                    let st = log.table.get_or_insert(t, id);
-                    if last > st.last_seq {
-                        if st.positions.is_empty() {
-                            st.last_seq = last;
-                            st.first_seq = last + 1;
-                            report.snapshot_channels += 1;
-                        } else {
-                            // Cannot happen with this log's own files (a channel in
-                            // the snapshot had no retained record when it was
-                            // written); keep the scanned records readable.
-                            report.seq_discontinuities += 1;
-                        }
+                let (max, buckets) = (
+                    log.config.max_retired_channels,
+                    log.config.seq_floor_buckets,
+                );
+                if let Some(t) = RetiredSeqs::decode(&bytes, max, buckets) {
+                    log.retired = t;
+                } else {
+                    // Format 1 (listed ids), written by earlier versions.
+                    let entries = decode_seq_snapshot(&bytes).ok_or(LogError::SnapshotCorrupt)?;
+                    for (t, id, last) in entries {
+                        let h = log.retired.hash(t, id);
+                        log.retired.record(h, last);
                     }
                 }
+                report.snapshot_channels = log.retired.exact.len();
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -665,6 +852,19 @@ impl MessageLog {
                 })
             }
         }
+        for (t, id, st) in log.table.iter() {
+            // Cannot happen with this log's own files (a channel's entry is written
+            // when its last retained record is retired, and only grows).
+            let h = log.retired.hash(t, id);
+            if log
+                .retired
+                .exact
+                .get(&h)
+                .is_some_and(|&last| last > st.last_seq)
+            {
+                report.seq_discontinuities += 1;
+            }
+        }
 
         if log.segments.is_empty() {
             log.create_segment(0)?;
@@ -672,6 +872,7 @@ impl MessageLog {
         let before = log.retired_segments;
         while log.segments.len() > log.config.max_segments as usize
             || log.table.indexed > log.config.max_indexed_messages
+            || log.table.channels > log.config.max_channels
         {
             log.retire_oldest()?;
         }
@@ -701,7 +902,10 @@ impl MessageLog {
             };
             let st = self.table.get_or_insert(view.channel_type, view.channel_id);
             let mut dropped = 0;
-            if view.message_seq != st.last_seq + 1 || view.message_seq == 0 {
+            if st.positions.is_empty() {
+                // The channel's oldest retained record (older ones may be retired).
+                st.first_seq = view.message_seq;
+            } else if view.message_seq != st.last_seq + 1 || view.message_seq == 0 {
                 report.seq_discontinuities += 1;
                 dropped = st.positions.len();
                 st.positions.clear();
@@ -795,29 +999,40 @@ impl MessageLog {
         }
         let oldest = self.segments.front().expect("checked above");
         let limit = position(oldest.id, 0) + (1u64 << 32);
-        let mut cold: Vec<(u8, &str, u64)> = Vec::new();
+        // Channels left with no retained message leave the index; their last seq
+        // goes to the retired-seq table, persisted before the segment goes.
         for (t, id, st) in self.table.iter() {
             if st.positions.last().is_none_or(|&p| p < limit) {
-                cold.push((t, id, st.last_seq));
+                let h = self.retired.hash(t, id);
+                self.retired.record(h, st.last_seq);
             }
         }
-        write_atomic(&self.dir, SEQ_SNAPSHOT_NAME, &encode_seq_snapshot(&cold))
+        write_atomic(&self.dir, SEQ_SNAPSHOT_NAME, &self.retired.encode())
             .map_err(io_err("write seq snapshot"))?;
         std::fs::remove_file(&oldest.path).map_err(io_err("delete retired segment"))?;
         drop(self.segments.pop_front());
         let mut dropped = 0usize;
-        for st in self.table.iter_mut() {
-            let k = st.positions.partition_point(|&p| p < limit);
-            if k == 0 {
-                continue;
-            }
-            st.positions.drain(..k);
-            st.first_seq += k as u64;
-            dropped += k;
-            if st.positions.capacity() > 2 * st.positions.len() + 8 {
-                st.positions.shrink_to_fit();
-            }
+        let mut gone = 0usize;
+        for (_, map) in &mut self.table.by_type {
+            map.retain(|_, st| {
+                let k = st.positions.partition_point(|&p| p < limit);
+                if k == st.positions.len() {
+                    dropped += k;
+                    gone += 1;
+                    return false;
+                }
+                if k > 0 {
+                    st.positions.drain(..k);
+                    st.first_seq += k as u64;
+                    dropped += k;
+                    if st.positions.capacity() > 2 * st.positions.len() + 8 {
+                        st.positions.shrink_to_fit();
+                    }
+                }
+                true
+            });
         }
+        self.table.channels -= gone;
         self.table.indexed -= dropped;
         self.retired_segments += 1;
         self.retired_messages += dropped as u64;
@@ -880,12 +1095,14 @@ impl MessageLog {
         }
         let last_seq = match self.table.get(msg.channel_type, msg.channel_id) {
             Some(st) => st.last_seq,
-            None if self.table.channels >= self.config.max_channels => {
-                return Err(LogError::TooManyChannels {
-                    max_channels: self.config.max_channels,
-                })
+            None => {
+                // Make room in the index: retire until a channel leaves it.
+                while self.table.channels >= self.config.max_channels {
+                    self.retire_oldest()?;
+                }
+                let h = self.retired.hash(msg.channel_type, msg.channel_id);
+                self.retired.last_seq(h)
             }
-            None => 0,
         };
         let fields = RecordFields {
             message_id: msg.message_id,
@@ -919,8 +1136,8 @@ impl MessageLog {
         if self.dirty_from.is_none() {
             self.dirty_from = Some(off);
         }
+        // (A retirement above may have taken the channel out of the index.)
         let st = self.table.get_or_insert(msg.channel_type, msg.channel_id);
-        debug_assert_eq!(st.last_seq, last_seq);
         if st.positions.is_empty() {
             st.first_seq = last_seq + 1;
         }
@@ -1004,11 +1221,14 @@ impl MessageLog {
             }
     }
 
-    /// The channel's last seq (0: no message yet).
+    /// The channel's last seq (0: no message yet); its next append gets this + 1.
     pub fn last_seq(&self, channel_type: u8, channel_id: &str) -> u64 {
-        self.table
-            .get(channel_type, channel_id)
-            .map_or(0, |s| s.last_seq)
+        match self.table.get(channel_type, channel_id) {
+            Some(s) => s.last_seq,
+            None => self
+                .retired
+                .last_seq(self.retired.hash(channel_type, channel_id)),
+        }
     }
 
     /// The channel's oldest retained seq, if any message is retained.
@@ -1169,6 +1389,8 @@ impl MessageLog {
         LogStats {
             segments: self.segments.len() as u32,
             channels: self.table.channels,
+            retired_channels: self.retired.exact.len(),
+            folded_channels: self.retired.folded,
             indexed_messages: self.table.indexed,
             unsynced_bytes: unsynced,
             retired_segments: self.retired_segments,
@@ -1190,8 +1412,10 @@ impl MessageLog {
     }
 }
 
-/// `magic u32 ‖ count u64 ‖ count × (type u8 ‖ id_len u16 ‖ id ‖ last_seq u64) ‖ crc32`,
-/// little-endian; the crc covers everything before it.
+/// Snapshot format 1 (read at open for logs of earlier versions): `magic u32 ‖ count
+/// u64 ‖ count × (type u8 ‖ id_len u16 ‖ id ‖ last_seq u64) ‖ crc32`, little-endian;
+/// the crc covers everything before it.
+#[cfg(test)]
 fn encode_seq_snapshot(entries: &[(u8, &str, u64)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + entries.iter().map(|e| 11 + e.1.len()).sum::<usize>());
     out.extend_from_slice(&SEQ_SNAPSHOT_MAGIC.to_le_bytes());
@@ -1246,6 +1470,37 @@ mod tests {
         }
         assert!(decode_seq_snapshot(&bytes[..bytes.len() - 1]).is_none());
         assert!(decode_seq_snapshot(&[]).is_none());
+    }
+
+    #[test]
+    fn retired_seqs_round_trip_fold_and_corruption() {
+        let mut t = RetiredSeqs::new((1, 2), 2, 4);
+        for (h, seq) in [(10u64, 5u64), (11, 7), (10, 3), (12, 9)] {
+            t.record(h, seq);
+        }
+        // 10 (max 5) was the oldest: folded into bucket 10 % 4
+        assert_eq!(t.exact.len(), 2);
+        assert_eq!(t.last_seq(10), 5);
+        assert_eq!(t.last_seq(14), 5, "same bucket: raised, never lowered");
+        assert_eq!(t.last_seq(11), 7);
+        assert_eq!(t.last_seq(13), 0);
+        let bytes = t.encode();
+        let back = RetiredSeqs::decode(&bytes, 2, 4).unwrap();
+        assert_eq!(
+            (back.key, back.exact.clone(), back.order.clone()),
+            (t.key, t.exact.clone(), t.order.clone())
+        );
+        assert_eq!(back.floors, t.floors);
+        let fewer = RetiredSeqs::decode(&bytes, 1, 3).unwrap();
+        for h in [10, 11, 12, 13, 14] {
+            assert!(fewer.last_seq(h) >= t.last_seq(h), "hash {h}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(RetiredSeqs::decode(&b, 2, 4).is_none(), "byte {i}");
+        }
+        assert!(RetiredSeqs::decode(&[], 2, 4).is_none());
     }
 
     #[test]
