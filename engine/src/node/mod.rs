@@ -172,6 +172,8 @@ pub struct NodeShared {
     /// sampled every expiry pass.
     pub ring_occupancy: Vec<AtomicU64>,
     started_shards: AtomicUsize,
+    /// The HTTP API's own counters (`imrouter_api_*`).
+    pub api_metrics: crate::http::ApiMetrics,
 }
 
 impl NodeShared {
@@ -322,6 +324,7 @@ impl Node {
                 .collect(),
             ring_occupancy: (0..shards * shards).map(|_| AtomicU64::new(0)).collect(),
             started_shards: AtomicUsize::new(0),
+            api_metrics: Default::default(),
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
