@@ -149,6 +149,39 @@ fn busy_connections_at_the_cap_refuse_new_ones_at_once() {
 }
 
 #[test]
+fn stalled_heads_idle_keep_alive_and_slow_bodies_are_ended_by_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_api(dir.path(), |c| {
+        c.api.header_read_timeout_ms = 200;
+        c.api.request_timeout_ms = 400;
+    });
+    let addr = node.api_addr().unwrap();
+    // Half a head: closed by the server (EOF, no answer).
+    let mut half = TcpStream::connect(addr).unwrap();
+    half.set_read_timeout(Some(FAILURE_TIMEOUT)).unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHo").unwrap();
+    let mut rest = Vec::new();
+    half.read_to_end(&mut rest).expect("closed by the server");
+    // An idle keep-alive connection after one answer: closed too.
+    let mut keep = TcpStream::connect(addr).unwrap();
+    keep.set_read_timeout(Some(FAILURE_TIMEOUT)).unwrap();
+    keep.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut all = Vec::new();
+    keep.read_to_end(&mut all)
+        .expect("closed by the server after its idle time");
+    assert!(String::from_utf8_lossy(&all).starts_with("HTTP/1.1 200"));
+    // A body that never completes: 408.
+    let (status, _) = raw(
+        addr,
+        b"POST /user/token HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .expect("408 for the slow body");
+    assert_eq!(status, 408);
+    node.shutdown().unwrap();
+}
+
+#[test]
 fn stalled_clients_do_not_stop_healthz() {
     let dir = tempfile::tempdir().unwrap();
     let node = node_with_api(dir.path(), |_| {});

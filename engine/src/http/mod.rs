@@ -335,6 +335,15 @@ impl Api {
             ("POST", "/cluster/slots/leader") => self.move_leaders(body),
             #[cfg(test)]
             ("GET", "/test/panic") => panic!("a test handler panics"),
+            #[cfg(test)]
+            ("POST", "/test/wait") => {
+                let (open, cv) = &tests::GATE;
+                let mut g = open.lock().unwrap();
+                while !*g {
+                    g = cv.wait(g).unwrap();
+                }
+                Ok(Reply::ok())
+            }
             _ => Err(Reply::error(404, format!("no route {method} {path}"))),
         };
         result.unwrap_or_else(|e| e)
@@ -647,6 +656,7 @@ impl Api {
 mod tests {
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpStream};
+    use std::sync::{Condvar, Mutex};
     use std::time::Duration;
 
     use crate::node::{Node, NodeConfig};
@@ -673,14 +683,47 @@ mod tests {
         )
     }
 
-    fn panics_counted(text: &str) -> u64 {
+    /// Holds `POST /test/wait` until opened.
+    pub(super) static GATE: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+    fn metric(text: &str, name: &str) -> u64 {
         text.lines()
-            .find_map(|l| l.strip_prefix("imrouter_api_panics_total ")?.parse().ok())
-            .expect("imrouter_api_panics_total in /metrics")
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
     }
 
-    #[test]
-    fn a_panicking_handler_answers_500_and_is_counted() {
+    fn panics_counted(text: &str) -> u64 {
+        metric(text, "imrouter_api_panics_total")
+    }
+
+    fn post(addr: SocketAddr, path: &str) -> (u16, String) {
+        request(
+            addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    }
+
+    fn request(addr: SocketAddr, text: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        // A failure detector only: a hung server fails the test.
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(text.as_bytes()).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let status = reply.split(' ').nth(1).and_then(|c| c.parse().ok());
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        (
+            status.unwrap_or_else(|| panic!("bad reply {reply:?}")),
+            body,
+        )
+    }
+
+    fn start(edit: impl FnOnce(&mut NodeConfig)) -> (tempfile::TempDir, Node) {
         let dir = tempfile::tempdir().unwrap();
         let mut c = NodeConfig {
             data_dir: dir.path().to_path_buf(),
@@ -692,7 +735,52 @@ mod tests {
         c.runtime.shard_count = 1;
         c.runtime.pin_cores = Vec::new();
         c.log.segment_bytes = 4 << 20;
+        edit(&mut c);
         let node = Node::start(c).unwrap();
+        (dir, node)
+    }
+
+    #[test]
+    fn a_full_blocking_pool_answers_503_at_once_and_health_still_answers() {
+        let (_dir, node) = start(|c| c.api.blocking_threads = 2);
+        let addr = node.api_addr().unwrap();
+        let waiting: Vec<_> = (0..2)
+            .map(|_| std::thread::spawn(move || post(addr, "/test/wait")))
+            .collect();
+        let api = node.api();
+        let in_use = || {
+            metric(
+                &api.handle("GET", "/metrics", None, b"").body,
+                "imrouter_api_blocking_in_use",
+            )
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while in_use() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pool never filled"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(post(addr, "/test/wait").0, 503);
+        assert_eq!(post(addr, "/user/token").0, 503);
+        for path in ["/healthz", "/readyz", "/metrics", "/cluster/slots"] {
+            assert_eq!(get(addr, path).0, 200, "{path} while the pool is full");
+        }
+        let text = get(addr, "/metrics").1;
+        assert_eq!(metric(&text, "imrouter_api_pool_refusals_total"), 2);
+        *GATE.0.lock().unwrap() = true;
+        GATE.1.notify_all();
+        for w in waiting {
+            assert_eq!(w.join().unwrap().0, 200);
+        }
+        assert_eq!(in_use(), 0);
+        node.shutdown().unwrap();
+    }
+
+    #[test]
+    fn a_panicking_handler_answers_500_and_is_counted() {
+        let (_dir, node) = start(|_| {});
         let addr = node.api_addr().unwrap();
         assert_eq!(get(addr, "/test/panic").0, 500);
         let before = panics_counted(&get(addr, "/metrics").1);

@@ -29,6 +29,8 @@ pub struct ApiMetrics {
     pub connections: AtomicU64,
     /// Requests whose answer is not yet fully written.
     pub requests_in_progress: AtomicU64,
+    /// Requests holding a place of the blocking pool.
+    pub blocking_in_use: AtomicU64,
 }
 
 impl ApiMetrics {
@@ -216,6 +218,12 @@ pub fn render(shared: &NodeShared) -> String {
             "gauge",
             "HTTP API requests whose answer is not yet fully written.",
             get(&api.requests_in_progress),
+        ),
+        (
+            "imrouter_api_blocking_in_use",
+            "gauge",
+            "HTTP API requests holding a place of the blocking pool (blocking_threads).",
+            get(&api.blocking_in_use),
         ),
     ] {
         out.family(name, ty, help);

@@ -205,9 +205,24 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
         return to_response(Reply::error(503, "the API is busy; retry"));
     };
     let api = app.api.clone();
+    ApiMetrics::inc(&app.metrics().blocking_in_use);
     let task = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        api.handle_authorized(&method, &path, &body)
+        /// Gives the place back however the handler ends.
+        struct Place {
+            _permit: tokio::sync::OwnedSemaphorePermit,
+            api: Api,
+        }
+        impl Drop for Place {
+            fn drop(&mut self) {
+                let m = &self.api.shared.api_metrics;
+                m.blocking_in_use.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let place = Place {
+            _permit: permit,
+            api,
+        };
+        place.api.handle_authorized(&method, &path, &body)
     });
     match task.await {
         Ok(reply) => to_response(reply),
