@@ -436,3 +436,52 @@ fn metrics_text_is_prometheus_exposition() {
     check_exposition(&node.api().handle("GET", "/metrics", None, b"").body);
     node.shutdown().unwrap();
 }
+
+#[test]
+fn a_client_that_never_reads_its_answer_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_api(dir.path(), |c| {
+        c.api.answer_write_timeout_ms = 300;
+        c.api.max_sync_response_bytes = 64 << 20;
+    });
+    let addr = node.api_addr().unwrap();
+    // ~19 MB of JSON: more than the loopback socket buffers hold.
+    let payload = base64::engine::general_purpose::STANDARD.encode(vec![b'r'; 700 << 10]);
+    for i in 0..20 {
+        let body = json!({"from_uid": "u1", "channel_id": "u2", "channel_type": 1,
+                          "client_msg_no": format!("r-{i}"), "payload": payload});
+        let r = node
+            .api()
+            .handle("POST", "/message/send", None, body.to_string().as_bytes());
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let sync = json!({"login_uid": "u2", "channel_id": "u1", "channel_type": 1,
+                      "start_message_seq": 1, "limit": 0, "pull_mode": 1})
+    .to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /channel/messagesync HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{sync}",
+        sync.len()
+    )
+    .unwrap();
+    // Never read. The server gives up on the answer and closes the connection.
+    let api = node.api();
+    let gauge = |name: &str| metric(&api.handle("GET", "/metrics", None, b"").body, name);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while gauge("imrouter_api_requests_total{class=\"2xx\"}") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no answer started");
+        std::thread::yield_now();
+    }
+    while gauge("imrouter_api_connections") > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection of a client that never reads stays open"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(gauge("imrouter_api_requests_in_progress"), 0);
+    assert!(gauge("imrouter_api_write_timeouts_total") >= 1);
+    drop(s);
+    node.shutdown().unwrap();
+}

@@ -61,8 +61,11 @@ pub struct ApiConfig {
     /// A connection must send a whole request head within this long of being accepted
     /// or of its previous answer (the idle keep-alive timeout too).
     pub header_read_timeout_ms: u64,
-    /// A whole request, body and answer included, within this long (else 408).
+    /// A request's body read and its answer produced within this long (else 408).
     pub request_timeout_ms: u64,
+    /// A connection whose client accepts no byte of its answer for this long is
+    /// closed (a client that does not read holds no place for ever).
+    pub answer_write_timeout_ms: u64,
     /// Largest `/channel/messagesync` answer: messages stop before the one that would
     /// pass it (`more` is then 1). A single larger message is still sent alone.
     pub max_sync_response_bytes: usize,
@@ -81,6 +84,7 @@ impl Default for ApiConfig {
             max_connections: 256,
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 15_000,
+            answer_write_timeout_ms: 15_000,
             max_sync_response_bytes: 8 << 20,
         }
     }
@@ -94,10 +98,12 @@ impl ApiConfig {
             || self.max_connections == 0
             || self.header_read_timeout_ms == 0
             || self.request_timeout_ms == 0
+            || self.answer_write_timeout_ms == 0
             || self.max_sync_response_bytes == 0
         {
             return Err("api: worker_threads, blocking_threads, max_connections, \
-                 header_read_timeout_ms, request_timeout_ms and max_sync_response_bytes \
+                 header_read_timeout_ms, request_timeout_ms, answer_write_timeout_ms and \
+                 max_sync_response_bytes \
                  must be at least 1"
                 .into());
         }

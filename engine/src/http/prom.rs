@@ -25,6 +25,9 @@ pub struct ApiMetrics {
     pub panics: AtomicU64,
     /// Requests refused (503) because the blocking pool was full.
     pub pool_refusals: AtomicU64,
+    /// Connections closed because their client accepted no byte of an answer for
+    /// `answer_write_timeout_ms`.
+    pub write_timeouts: AtomicU64,
     /// Open API connections.
     pub connections: AtomicU64,
     /// Requests whose answer is not yet fully written.
@@ -206,6 +209,12 @@ pub fn render(shared: &NodeShared) -> String {
             "counter",
             "HTTP API requests refused (503) because the blocking pool was full.",
             get(&api.pool_refusals),
+        ),
+        (
+            "imrouter_api_write_timeouts_total",
+            "counter",
+            "HTTP API connections closed because their client accepted no byte of an answer for answer_write_timeout_ms.",
+            get(&api.write_timeouts),
         ),
         (
             "imrouter_api_connections",

@@ -7,7 +7,9 @@
 //!   (no request in progress) is closed for the new one; with none idle the new one
 //!   gets a canned 503 and is reset at once;
 //! - `header_read_timeout_ms` for a request head, which is also the idle keep-alive
-//!   timeout; `request_timeout_ms` for a whole request (408);
+//!   timeout; `request_timeout_ms` to produce an answer (408);
+//!   a connection whose client accepts no byte of its answer for
+//!   `answer_write_timeout_ms` is closed;
 //! - accept errors (EMFILE, ENFILE, ENOBUFS, ENOMEM, …) are counted and back off
 //!   ([`AcceptBackoff`]); the loop never ends on them;
 //! - the bearer token is checked before the body is read;
@@ -81,6 +83,9 @@ struct ConnState {
     busy: AtomicU32,
     /// Milliseconds since the server started of the last accept or answer.
     last_active_ms: AtomicU64,
+    /// 1 + the milliseconds since the server started when a write to the client
+    /// last found its socket full; 0 when the last write went through.
+    write_blocked_ms: AtomicU64,
     /// Wakes the connection's task to close it.
     close: Notify,
 }
@@ -105,7 +110,11 @@ impl Conns {
         if open.len() >= self.max {
             let mut idle: Vec<(u64, u64)> = open
                 .iter()
-                .filter(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+                .filter(|(_, c)| {
+                    // Neither a request in progress nor an answer waiting to be sent.
+                    c.busy.load(Ordering::Acquire) == 0
+                        && c.write_blocked_ms.load(Ordering::Relaxed) == 0
+                })
                 .map(|(&id, c)| (c.last_active_ms.load(Ordering::Relaxed), id))
                 .collect();
             idle.sort_unstable();
@@ -125,6 +134,7 @@ impl Conns {
         let state = Arc::new(ConnState {
             busy: AtomicU32::new(0),
             last_active_ms: AtomicU64::new(self.now_ms()),
+            write_blocked_ms: AtomicU64::new(0),
             close: Notify::new(),
         });
         open.insert(id, state.clone());
@@ -298,6 +308,72 @@ impl http_body::Body for Tracked {
     }
 }
 
+/// A connection's socket that records when writes find it full (the write
+/// watchdog of [`serve_connection`]).
+struct Watched {
+    inner: tokio::net::TcpStream,
+    state: Arc<ConnState>,
+    conns: Arc<Conns>,
+}
+
+impl Watched {
+    fn record<T>(&self, r: &Poll<std::io::Result<T>>) {
+        let blocked = &self.state.write_blocked_ms;
+        match r {
+            Poll::Pending => {
+                if blocked.load(Ordering::Relaxed) == 0 {
+                    blocked.store(self.conns.now_ms() + 1, Ordering::Relaxed);
+                }
+            }
+            Poll::Ready(_) => blocked.store(0, Ordering::Relaxed),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.record(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.record(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// The running HTTP API.
 pub struct HttpServer {
     addr: SocketAddr,
@@ -348,15 +424,11 @@ impl HttpServer {
             started: Instant::now(),
         });
         let (shutdown, stop) = watch::channel(false);
-        let header_timeout = Duration::from_millis(config.header_read_timeout_ms);
-        runtime.spawn(accept_loop(
-            listener,
-            router,
-            app,
-            conns,
-            header_timeout,
-            stop,
-        ));
+        let timeouts = (
+            Duration::from_millis(config.header_read_timeout_ms),
+            Duration::from_millis(config.answer_write_timeout_ms),
+        );
+        runtime.spawn(accept_loop(listener, router, app, conns, timeouts, stop));
         tracing::info!(%addr, "HTTP API up");
         Ok(HttpServer {
             addr,
@@ -413,7 +485,7 @@ async fn accept_loop(
     router: Router,
     app: Arc<App>,
     conns: Arc<Conns>,
-    header_timeout: Duration,
+    timeouts: (Duration, Duration),
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = AcceptBackoff::new();
@@ -459,7 +531,7 @@ async fn accept_loop(
             conns.clone(),
             id,
             state,
-            header_timeout,
+            timeouts,
             stop.clone(),
         ));
     }
@@ -473,9 +545,10 @@ async fn serve_connection(
     conns: Arc<Conns>,
     id: u64,
     state: Arc<ConnState>,
-    header_timeout: Duration,
+    timeouts: (Duration, Duration),
     mut stop: watch::Receiver<bool>,
 ) {
+    let (header_timeout, write_timeout) = timeouts;
     ApiMetrics::inc(&app.metrics().connections);
     let service = {
         let (state, conns, app) = (state.clone(), conns.clone(), app.clone());
@@ -511,13 +584,35 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(
+            TokioIo::new(Watched {
+                inner: stream,
+                state: state.clone(),
+                conns: conns.clone(),
+            }),
+            service,
+        );
     tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        // Evicted for a new connection (the map entry is gone already).
-        _ = state.close.notified() => {}
-        _ = stop.changed() => {}
+    // A client that does not read its answer would hold the connection (and its
+    // place under max_connections) forever: close it once no byte could be written
+    // to it for answer_write_timeout_ms.
+    let mut watchdog = tokio::time::interval(write_timeout);
+    watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let write_timeout_ms = write_timeout.as_millis() as u64;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            // Evicted for a new connection (the map entry is gone already).
+            _ = state.close.notified() => break,
+            _ = stop.changed() => break,
+            _ = watchdog.tick() => {
+                let blocked = state.write_blocked_ms.load(Ordering::Relaxed);
+                if blocked != 0 && conns.now_ms() + 1 - blocked >= write_timeout_ms {
+                    ApiMetrics::inc(&app.metrics().write_timeouts);
+                    break;
+                }
+            }
+        }
     }
     conns.remove(id);
     app.metrics().connections.fetch_sub(1, Ordering::Relaxed);
