@@ -100,6 +100,21 @@ fn api_survives_emfile_and_answers_after() {
         assert!(Instant::now() < deadline, "no accept error was counted");
         std::thread::yield_now();
     }
+    // While descriptors stay exhausted the server backs off (5 ms doubling to 1 s):
+    // its failed accepts stay within the backoff steps plus one a second, a bound a
+    // spinning accept loop would pass by orders of magnitude.
+    let since = Instant::now();
+    while accept_errors() < 8 {
+        assert!(Instant::now() < deadline, "accepting was never retried");
+        std::thread::yield_now();
+    }
+    let errors = accept_errors();
+    let bound = 10 + since.elapsed().as_secs();
+    eprintln!("{errors} failed accepts in {:?} of EMFILE", since.elapsed());
+    assert!(
+        errors <= bound,
+        "{errors} failed accepts, more than {bound}"
+    );
     // Descriptors free up: the connection waiting in the backlog is accepted by
     // itself (no new arrival) and served.
     drop(filler);

@@ -15,7 +15,8 @@ use crate::node::NodeShared;
 pub struct ApiMetrics {
     /// Answers by status class: `[1xx, 2xx, 3xx, 4xx, 5xx]`.
     pub requests: [AtomicU64; 5],
-    /// `accept` failures (EMFILE, ENFILE, ENOBUFS, ENOMEM, …), each followed by a backoff.
+    /// `accept` failures; those of the process (EMFILE, ENFILE, ENOBUFS, ENOMEM, …)
+    /// are each followed by a backoff.
     pub accept_errors: AtomicU64,
     /// New connections refused (503, closed) at `max_connections` with none idle.
     pub connections_refused: AtomicU64,
@@ -183,7 +184,7 @@ pub fn render(shared: &NodeShared) -> String {
         (
             "imrouter_api_accept_errors_total",
             "counter",
-            "HTTP API accept failures (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...), each backed off.",
+            "HTTP API accept failures; those of the process (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...) pause accepting (5 ms doubling to 1 s).",
             get(&api.accept_errors),
         ),
         (

@@ -500,7 +500,11 @@ async fn accept_loop(
                 backoff.on_success();
                 stream
             }
-            Err(e) if is_connection_error(&e) => continue,
+            Err(e) if is_connection_error(&e) => {
+                // That connection's own failure: the next accept may succeed at once.
+                ApiMetrics::inc(&app.metrics().accept_errors);
+                continue;
+            }
             Err(e) => {
                 ApiMetrics::inc(&app.metrics().accept_errors);
                 let pause = backoff.on_error();
