@@ -123,7 +123,7 @@ fn sends_to_new_channels_beyond_the_rate_get_sendack_22(backend: Backend) {
         "{} accepted in {refilled} s",
         accepted.len()
     );
-    assert_eq!(metric(&node, "imrouter_sends_rate_limited"), limited);
+    assert_eq!(metric(&node, "imrouter_sends_rate_limited_total"), limited);
     // the last accepted channel is remembered: its sends take no token
     let last = *accepted.last().unwrap();
     for k in 0..5 {

@@ -21,9 +21,23 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const CHILD_ENV: &str = "IMROUTER_CRASH_CHILD_DIR";
 
 fn config(dir: &std::path::Path) -> NodeConfig {
-    NodeConfig {
+    let mut c = NodeConfig {
         token_auth: false,
         ..support::config(dir, net::io::Backend::Mio)
+    };
+    // The test pipelines all its SENDs: let them all in flight.
+    c.session.sends_in_flight_per_conn_max = 1024;
+    c
+}
+
+/// The child node process, killed when the test ends however it ends (a failing
+/// assertion must not leave it running and the test harness waiting on its output).
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -58,6 +72,7 @@ fn kill_9_after_sendack_loses_nothing_acknowledged() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut child = ChildGuard(child);
     let addr: SocketAddr = loop {
         let line = lines.next().expect("child printed its address").unwrap();
         // The harness prints "test crash_child ... " before it on the same line.
@@ -91,8 +106,8 @@ fn kill_9_after_sendack_loses_nothing_acknowledged() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
     // Whatever else was acknowledged before the kill was read into the socket buffer.
     while let Ok(Received::Sendack {
         message_seq,

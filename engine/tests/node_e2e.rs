@@ -164,8 +164,8 @@ fn person_and_group(backend: Backend, transport: Transport) {
         4,
         "u2, u1, then u2 and u3 got one RECV each"
     );
-    assert_eq!(value("imrouter_recvs"), 4);
-    assert_eq!(value("imrouter_sends"), 5);
+    assert_eq!(value("imrouter_recvs_total"), 4);
+    assert_eq!(value("imrouter_sends_total"), 5);
     // Stage histograms: 3 commits (two person messages, one group message), one
     // lookup page each; 4 push batches (u2 and u3 may be on different shards, u1's
     // person RECV and u2's are separate messages), each timed until its socket write.

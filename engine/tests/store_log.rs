@@ -955,3 +955,31 @@ fn idempotency_window_keeps_its_byte_budget_evicting_oldest_first() {
     assert!(w.get("u0", "x", 1_010).is_none());
     assert_eq!((w.len(), w.bytes()), (0, 0));
 }
+
+#[test]
+fn reads_bounded_by_bytes_keep_the_start_of_the_pull_and_say_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    append_n(&mut log, "c", 20, 100);
+    use PullMode::{Down, Up};
+    let read = |start, end, mode, max_bytes| {
+        let r = log
+            .read_within(2, "c", start, end, 0, mode, max_bytes)
+            .unwrap();
+        let bytes: usize = r.messages.iter().map(|m| m.copy_bytes()).sum();
+        let seqs: Vec<u64> = r.messages.iter().map(|m| m.message_seq).collect();
+        (seqs, r.more, bytes)
+    };
+    // 107 bytes a message (100 payload, channel "c", sender "sender").
+    assert_eq!(read(1, 0, Up, 350), (range(1, 3), true, 321));
+    assert_eq!(read(4, 0, Up, 321), (range(4, 6), true, 321));
+    assert_eq!(read(18, 0, Up, 350), (range(18, 20), false, 321));
+    assert_eq!(read(0, 0, Down, 350), (range(18, 20), true, 321));
+    assert_eq!(read(17, 0, Down, 350), (range(15, 17), true, 321));
+    assert_eq!(read(3, 0, Down, 350), (range(1, 3), false, 321));
+    // One message over the bound alone is still returned, so paging advances.
+    assert_eq!(read(5, 0, Up, 10), (vec![5], true, 107));
+    assert_eq!(read(5, 0, Down, 10), (vec![5], true, 107));
+    // Unbounded: as `read`.
+    assert_eq!(read(1, 0, Up, usize::MAX).0, range(1, 20));
+}

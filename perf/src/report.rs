@@ -438,7 +438,7 @@ mod tests {
         imrouter_stage_push_hop_seconds_bucket{le=\"+Inf\"} 101\n\
         imrouter_stage_push_hop_seconds_sum 0.0000452\n\
         imrouter_stage_push_hop_seconds_count 101\n\
-        imrouter_recvs 100\n\
+        imrouter_recvs_total 100\n\
         imrouter_stage_append_seconds_bucket{le=\"0.0000001\"} 4\n\
         imrouter_stage_append_seconds_bucket{le=\"+Inf\"} 4\n\
         imrouter_stage_append_seconds_sum 0.0000002\n\

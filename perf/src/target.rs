@@ -421,8 +421,8 @@ mod tests {
         imrouter_recv_latency_seconds_bucket{le=\"+Inf\"} 100\n\
         imrouter_recv_latency_seconds_sum 0.004\n\
         imrouter_recv_latency_seconds_count 100\n\
-        imrouter_recvs 100\n\
-        imrouter_shard_recvs{shard=\"0\"} 60\n";
+        imrouter_recvs_total 100\n\
+        imrouter_shard_recvs_total{shard=\"0\"} 60\n";
 
     #[test]
     fn parses_stage_histograms_and_counters() {
@@ -435,6 +435,9 @@ mod tests {
         assert!(h[0].quantile_bound_us(0.99).is_infinite());
         let d = h[0].minus(Some(&h[0]));
         assert_eq!(d.count, 0);
-        assert_eq!(Control::counters(TEXT), vec![("recvs".to_string(), 100)]);
+        assert_eq!(
+            Control::counters(TEXT),
+            vec![("recvs_total".to_string(), 100)]
+        );
     }
 }

@@ -1310,6 +1310,11 @@ mod tests {
             v.set(W_META, x << 32 | 1);
             v
         };
+        // Every entry holds a value of that form before any reader starts (a zeroed
+        // entry is not one: reading it is no torn read).
+        for i in 0..t.len() {
+            t.write(i, &value(0));
+        }
         let readers: Vec<_> = (0..READERS)
             .map(|_| {
                 let t = t.clone();

@@ -39,12 +39,17 @@ impl Counter {
 pub const GAUGES: &[&str] = &["connections"];
 
 macro_rules! shard_metrics {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
         /// The counters of one shard.
         #[derive(Debug, Default)]
-        pub struct ShardMetrics { $($(#[$doc])* pub $name: Counter,)* }
+        pub struct ShardMetrics { $($(#[doc = $doc])* pub $name: Counter,)* }
 
         impl ShardMetrics {
+            /// `(name, help)` of every counter, in [`ShardMetrics::snapshot`] order: the
+            /// help is the field's doc comment (the `# HELP` line of `/metrics`).
+            pub const DESCRIPTIONS: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($name), concat!($($doc),*)),)*];
+
             /// `(name, value)` of every counter.
             pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($name), self.$name.get()),)*]
@@ -171,6 +176,34 @@ pub struct StageHistograms {
     /// Commit → RECV queued on the socket, per RECV (`imrouter_recv_latency_seconds`).
     pub recv_latency: LatencyHistogram,
 }
+
+/// `(name, help)` of each stage in [`StageHistograms::named`] (the `# HELP` lines).
+pub const STAGE_HELP: [(&str, &str); 6] = [
+    (
+        "stage_gateway_to_commit",
+        "SEND decoded on the gateway shard to appended to the delivery shard's log.",
+    ),
+    (
+        "stage_commit_to_durable",
+        "Appended to durable and acknowledged (the turn's group commit).",
+    ),
+    (
+        "stage_route_lookup",
+        "Route lookup and push planning of one subscriber page.",
+    ),
+    (
+        "stage_push_hop",
+        "Push planned on the delivery shard to received by the owner shard.",
+    ),
+    (
+        "stage_socket_write",
+        "RECVs queued by the owner shard to handed to the kernel, per push batch.",
+    ),
+    (
+        "recv_latency",
+        "Commit to RECV queued on the socket, per RECV.",
+    ),
+];
 
 impl StageHistograms {
     /// `(metric name, histogram)` in path order; exported as `imrouter_<name>_seconds`.

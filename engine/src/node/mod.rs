@@ -241,6 +241,8 @@ pub struct NodeShared {
     started_shards: AtomicUsize,
     /// The runtime, once started: a shard that ended on its own is fatal.
     runtime: std::sync::OnceLock<RuntimeHandle>,
+    /// The HTTP API's own counters (`imrouter_api_*`).
+    pub api_metrics: crate::http::ApiMetrics,
 }
 
 impl NodeShared {
@@ -399,6 +401,7 @@ impl Node {
             ring_occupancy: (0..shards * shards).map(|_| AtomicU64::new(0)).collect(),
             started_shards: AtomicUsize::new(0),
             runtime: std::sync::OnceLock::new(),
+            api_metrics: Default::default(),
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();

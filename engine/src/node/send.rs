@@ -114,6 +114,8 @@ pub struct SyncRequest {
     pub end_seq: u64,
     pub limit: usize,
     pub pull_mode: PullMode,
+    /// At most this many bytes copied (`MessageView::copy_bytes`); `more` says the rest.
+    pub max_bytes: usize,
     pub reply: SyncSender<Result<(Vec<StoredMessage>, bool), String>>,
 }
 
@@ -1083,13 +1085,14 @@ pub fn on_sync(node: &mut NodeShard, r: SyncRequest) {
     let result = node
         .delivery
         .log
-        .read(
+        .read_within(
             r.channel_type,
             &r.channel_key,
             r.start_seq,
             r.end_seq,
             r.limit,
             r.pull_mode,
+            r.max_bytes,
         )
         .map(|res| {
             (

@@ -351,6 +351,11 @@ pub struct StoredMessage {
 }
 
 impl MessageView<'_> {
+    /// The bytes [`MessageView::to_stored`] copies (payload and strings).
+    pub fn copy_bytes(&self) -> usize {
+        self.payload.len() + self.channel_id.len() + self.from_uid.len() + self.client_msg_no.len()
+    }
+
     pub fn to_stored(&self) -> StoredMessage {
         StoredMessage {
             message_id: self.message_id,
@@ -1280,6 +1285,32 @@ impl MessageLog {
         limit: usize,
         mode: PullMode,
     ) -> Result<ReadResult<'_>, LogError> {
+        self.read_within(
+            channel_type,
+            channel_id,
+            start_seq,
+            end_seq,
+            limit,
+            mode,
+            usize::MAX,
+        )
+    }
+
+    /// [`MessageLog::read`] bounded by bytes as well: stops before the message whose
+    /// [`MessageView::copy_bytes`] would take the total past `max_bytes` (then `more`
+    /// is set), keeping the messages nearest the start of the pull. At least one
+    /// message is returned when any is in range, so paging always advances.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_within(
+        &self,
+        channel_type: u8,
+        channel_id: &str,
+        start_seq: u64,
+        end_seq: u64,
+        limit: usize,
+        mode: PullMode,
+        max_bytes: usize,
+    ) -> Result<ReadResult<'_>, LogError> {
         let limit = if limit == 0 {
             self.config.max_read_messages
         } else {
@@ -1324,16 +1355,34 @@ impl MessageLog {
             (lo, to, to < hi)
         };
         let mut messages = Vec::with_capacity((to - from + 1) as usize);
-        for seq in from..=to {
+        let (mut bytes, mut cut) = (0usize, false);
+        // Up: from the oldest; down: from the newest (reversed below).
+        let seqs: Box<dyn Iterator<Item = u64>> = if down {
+            Box::new((from..=to).rev())
+        } else {
+            Box::new(from..=to)
+        };
+        for seq in seqs {
             let pos = st.positions[(seq - first) as usize];
             let v = self.get(pos)?;
             if v.message_seq != seq || v.channel_type != channel_type || v.channel_id != channel_id
             {
                 return Err(LogError::Corrupt { position: pos });
             }
+            bytes = bytes.saturating_add(v.copy_bytes());
+            if bytes > max_bytes && !messages.is_empty() {
+                cut = true;
+                break;
+            }
             messages.push(v);
         }
-        Ok(ReadResult { messages, more })
+        if down {
+            messages.reverse();
+        }
+        Ok(ReadResult {
+            messages,
+            more: more || cut,
+        })
     }
 
     /// Calls `f` with every retained record in log order (oldest first). O(log size):

@@ -4,18 +4,25 @@
 //! Requests are parsed and validated here ([`Api::handle`] is independent of the
 //! HTTP server, so it is tested without sockets); what touches shard state goes to
 //! the owning shard through its injector and waits for the answer with a bound.
+//! The server itself (hyper through axum, on its own small tokio runtime) is in
+//! [`server`]; the `/metrics` text in [`prom`].
 
-use std::io::Read;
+mod prom;
+mod server;
+
 use std::net::SocketAddr;
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use shard::runtime::Injector;
+use subtle::ConstantTimeEq as _;
+
+pub use prom::ApiMetrics;
+pub use server::HttpServer;
 
 use crate::channel::{person_channel_key, Channel, CHANNEL_TYPE_GROUP, CHANNEL_TYPE_PERSON};
 use crate::delivery::{group_by_target, TargetGroups};
@@ -36,14 +43,32 @@ pub struct ApiConfig {
     /// /readyz when set. Set from `[auth] api_bearer_token`.
     #[serde(skip)]
     pub bearer_token: Option<String>,
-    /// Largest request body.
+    /// Largest request body (413 over it, checked after the bearer token).
     pub max_body_bytes: usize,
     /// Most uids in one request (onlinestatus, subscribers).
     pub max_uids_per_request: usize,
     /// How long a request waits for a shard's answer.
     pub shard_reply_timeout_ms: u64,
-    /// Worker threads serving requests.
+    /// Threads of the API's async runtime (accepting, parsing, /healthz, /readyz,
+    /// /metrics).
     pub worker_threads: usize,
+    /// Requests that may wait on a shard or the metadata store at once (the blocking
+    /// pool); over it a request gets 503 at once.
+    pub blocking_threads: usize,
+    /// Open API connections; at the cap the oldest idle one is closed for a new one,
+    /// and with none idle the new one gets 503 and is closed.
+    pub max_connections: usize,
+    /// A connection must send a whole request head within this long of being accepted
+    /// or of its previous answer (the idle keep-alive timeout too).
+    pub header_read_timeout_ms: u64,
+    /// A request's body read and its answer produced within this long (else 408).
+    pub request_timeout_ms: u64,
+    /// A connection whose client accepts no byte of its answer for this long is
+    /// closed (a client that does not read holds no place for ever).
+    pub answer_write_timeout_ms: u64,
+    /// Largest `/channel/messagesync` answer: messages stop before the one that would
+    /// pass it (`more` is then 1). A single larger message is still sent alone.
+    pub max_sync_response_bytes: usize,
 }
 
 impl Default for ApiConfig {
@@ -54,10 +79,40 @@ impl Default for ApiConfig {
             max_body_bytes: 1 << 20,
             max_uids_per_request: 10_000,
             shard_reply_timeout_ms: 5_000,
-            worker_threads: 2,
+            worker_threads: 1,
+            blocking_threads: 8,
+            max_connections: 256,
+            header_read_timeout_ms: 10_000,
+            request_timeout_ms: 15_000,
+            answer_write_timeout_ms: 15_000,
+            max_sync_response_bytes: 8 << 20,
         }
     }
 }
+
+impl ApiConfig {
+    /// Refuses limits that cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.worker_threads == 0
+            || self.blocking_threads == 0
+            || self.max_connections == 0
+            || self.header_read_timeout_ms == 0
+            || self.request_timeout_ms == 0
+            || self.answer_write_timeout_ms == 0
+            || self.max_sync_response_bytes == 0
+        {
+            return Err("api: worker_threads, blocking_threads, max_connections, \
+                 header_read_timeout_ms, request_timeout_ms, answer_write_timeout_ms and \
+                 max_sync_response_bytes \
+                 must be at least 1"
+                .into());
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of a `messagesync` answer around its messages (two seqs, `more`, keys).
+const SYNC_ENVELOPE_BYTES: usize = 128;
 
 /// An HTTP answer: status and JSON body (or Prometheus text for /metrics).
 #[derive(Debug, PartialEq)]
@@ -216,28 +271,63 @@ impl Api {
         body: &[u8],
     ) -> Reply {
         let path = path.split('?').next().unwrap_or(path);
-        match (method, path) {
-            ("GET", "/healthz") => return Reply::ok(),
-            ("GET", "/readyz") => {
-                return if !self.listeners_up {
-                    Reply::error(503, "listeners are not up")
-                } else if let Some(why) = self.shared.not_ready() {
-                    Reply::error(503, why)
-                } else {
-                    Reply::ok()
-                };
-            }
-            _ => {}
+        if let Some(reply) = self.handle_open(method, path) {
+            return reply;
         }
-        if let Some(token) = &self.config.bearer_token {
-            let expected = format!("Bearer {token}");
-            if authorization != Some(expected.as_str()) {
-                return Reply::error(401, "missing or wrong bearer token");
-            }
+        if let Err(reply) = self.authorize(authorization) {
+            return reply;
         }
         if body.len() > self.config.max_body_bytes {
             return Reply::error(413, "request body too large");
         }
+        self.handle_authorized(method, path, body)
+    }
+
+    /// The routes open without a token (`/healthz`, `/readyz`); `None` for the rest.
+    /// Never waits.
+    pub fn handle_open(&self, method: &str, path: &str) -> Option<Reply> {
+        match (method, path) {
+            ("GET", "/healthz") => Some(Reply::ok()),
+            ("GET", "/readyz") => Some(if !self.listeners_up {
+                Reply::error(503, "listeners are not up")
+            } else if let Some(why) = self.shared.not_ready() {
+                Reply::error(503, why)
+            } else {
+                Reply::ok()
+            }),
+            _ => None,
+        }
+    }
+
+    /// Checks the bearer token, if one is configured, in constant time (for tokens
+    /// of the same length).
+    pub fn authorize(&self, authorization: Option<&str>) -> Result<(), Reply> {
+        let Some(token) = &self.config.bearer_token else {
+            return Ok(());
+        };
+        let given = authorization
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if bool::from(given.as_bytes().ct_eq(token.as_bytes())) && !given.is_empty() {
+            Ok(())
+        } else {
+            Err(Reply::error(401, "missing or wrong bearer token"))
+        }
+    }
+
+    /// Whether the route answers from memory at once (no shard, no disk): served on
+    /// the API's runtime, never queued behind the blocking pool.
+    pub fn is_immediate(method: &str, path: &str) -> bool {
+        matches!(
+            (method, path),
+            ("GET", "/metrics") | ("GET", "/cluster/slots")
+        )
+    }
+
+    /// Answers a request whose token has been checked and whose body is within
+    /// `max_body_bytes`. May wait on a shard (up to `shard_reply_timeout_ms`) or the
+    /// metadata store's fsync unless [`Api::is_immediate`].
+    pub fn handle_authorized(&self, method: &str, path: &str, body: &[u8]) -> Reply {
         let result = match (method, path) {
             ("POST", "/user/token") => self.user_token(body),
             ("POST", "/user/device_quit") => self.device_quit(body),
@@ -249,6 +339,17 @@ impl Api {
             ("GET", "/metrics") => Ok(self.metrics()),
             ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
             ("POST", "/cluster/slots/leader") => self.move_leaders(body),
+            #[cfg(test)]
+            ("GET", "/test/panic") => panic!("a test handler panics"),
+            #[cfg(test)]
+            ("POST", "/test/wait") => {
+                let (open, cv) = &tests::GATE;
+                let mut g = open.lock().unwrap();
+                while !*g {
+                    g = cv.wait(g).unwrap();
+                }
+                Ok(Reply::ok())
+            }
             _ => Err(Reply::error(404, format!("no route {method} {path}"))),
         };
         result.unwrap_or_else(|e| e)
@@ -435,6 +536,7 @@ impl Api {
             end_seq: r.end_message_seq,
             limit: r.limit,
             pull_mode: PullMode::from_wire(r.pull_mode),
+            max_bytes: self.config.max_sync_response_bytes,
             reply: tx,
         };
         self.injectors[shard as usize]
@@ -445,108 +547,69 @@ impl Api {
             .map_err(|_| Reply::error(504, "read did not finish in time"))?
             .map_err(|e| Reply::error(500, e))?;
         let b64 = base64::engine::general_purpose::STANDARD;
-        let list: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                let channel_id =
-                    crate::channel::recv_channel_id(&m.channel_id, m.channel_type, &r.login_uid);
-                json!({
-                    "message_id": m.message_id,
-                    "message_idstr": m.message_id.to_string(),
-                    "message_seq": m.message_seq,
-                    "client_msg_no": m.client_msg_no,
-                    "from_uid": m.from_uid,
-                    "channel_id": channel_id,
-                    "channel_type": m.channel_type,
-                    "timestamp": m.timestamp_s,
-                    "setting": m.setting,
-                    "payload": b64.encode(&m.payload),
-                })
-            })
-            .collect();
-        Ok(Reply::json(
-            200,
+        let encode = |m: &crate::store::StoredMessage| {
+            let channel_id =
+                crate::channel::recv_channel_id(&m.channel_id, m.channel_type, &r.login_uid);
             json!({
-                "start_message_seq": r.start_message_seq,
-                "end_message_seq": r.end_message_seq,
-                "more": u8::from(more),
-                "messages": list,
-            }),
-        ))
+                "message_id": m.message_id,
+                "message_idstr": m.message_id.to_string(),
+                "message_seq": m.message_seq,
+                "client_msg_no": m.client_msg_no,
+                "from_uid": m.from_uid,
+                "channel_id": channel_id,
+                "channel_type": m.channel_type,
+                "timestamp": m.timestamp_s,
+                "setting": m.setting,
+                "payload": b64.encode(&m.payload),
+            })
+            .to_string()
+        };
+        // The answer stays within max_sync_response_bytes: messages nearest the start
+        // of the pull first (the oldest going up, the newest going down), the first
+        // always, then each only if it fits.
+        let budget = self
+            .config
+            .max_sync_response_bytes
+            .saturating_sub(SYNC_ENVELOPE_BYTES);
+        let down = PullMode::from_wire(r.pull_mode) == PullMode::Down
+            || (r.start_message_seq == 0 && r.end_message_seq == 0);
+        let order: Box<dyn Iterator<Item = &crate::store::StoredMessage>> = if down {
+            Box::new(messages.iter().rev())
+        } else {
+            Box::new(messages.iter())
+        };
+        let (mut list, mut used, mut more) = (Vec::new(), 0usize, more);
+        for m in order {
+            let text = encode(m);
+            if !list.is_empty() && used + text.len() + 1 > budget {
+                more = true;
+                break;
+            }
+            used += text.len() + 1;
+            list.push(text);
+        }
+        if down {
+            list.reverse();
+        }
+        let body = format!(
+            "{{\"start_message_seq\":{},\"end_message_seq\":{},\"more\":{},\"messages\":[{}]}}",
+            r.start_message_seq,
+            r.end_message_seq,
+            u8::from(more),
+            list.join(",")
+        );
+        Ok(Reply {
+            status: 200,
+            body,
+            content_type: "application/json",
+        })
     }
 
     fn metrics(&self) -> Reply {
-        let mut text = String::new();
-        let mut totals: Vec<(&'static str, u64)> = Vec::new();
-        for m in &self.shared.shard_metrics {
-            for (i, (name, v)) in m.snapshot().into_iter().enumerate() {
-                if totals.len() <= i {
-                    totals.push((name, 0));
-                }
-                totals[i].1 += v;
-            }
-        }
-        for (name, v) in totals {
-            text.push_str(&format!(
-                "# TYPE imrouter_{name} counter\nimrouter_{name} {v}\n"
-            ));
-        }
-        for (shard, m) in self.shared.shard_metrics.iter().enumerate() {
-            for (name, v) in m.snapshot() {
-                text.push_str(&format!("imrouter_shard_{name}{{shard=\"{shard}\"}} {v}\n"));
-            }
-        }
-        // The message path's stage latencies, all shards together.
-        let buckets = crate::node::metrics::LATENCY_BUCKETS_NS;
-        let names = self.shared.stages[0].named().map(|(name, _)| name);
-        for (k, name) in names.iter().enumerate() {
-            let mut counts = vec![0u64; buckets.len() + 1];
-            let (mut sum_ns, mut count) = (0u64, 0u64);
-            for stages in &self.shared.stages {
-                let h = stages.named()[k].1;
-                for (i, c) in h.buckets.iter().enumerate() {
-                    counts[i] += c.get();
-                }
-                sum_ns += h.sum_ns.get();
-                count += h.count.get();
-            }
-            text.push_str(&format!("# TYPE imrouter_{name}_seconds histogram\n"));
-            let mut cumulative = 0;
-            for (i, n) in counts.iter().enumerate() {
-                cumulative += n;
-                let le = buckets
-                    .get(i)
-                    .map_or("+Inf".to_string(), |ns| format!("{}", *ns as f64 / 1e9));
-                text.push_str(&format!(
-                    "imrouter_{name}_seconds_bucket{{le=\"{le}\"}} {cumulative}\n"
-                ));
-            }
-            text.push_str(&format!(
-                "imrouter_{name}_seconds_sum {}\n",
-                sum_ns as f64 / 1e9
-            ));
-            text.push_str(&format!("imrouter_{name}_seconds_count {count}\n"));
-        }
-        text.push_str("# TYPE imrouter_routes gauge\n");
-        for (slot, n) in self.shared.routes_per_slot.iter().enumerate() {
-            let n = n.load(std::sync::atomic::Ordering::Relaxed);
-            if n > 0 {
-                text.push_str(&format!("imrouter_routes{{hash_slot=\"{slot}\"}} {n}\n"));
-            }
-        }
-        text.push_str("# TYPE imrouter_ring_queued gauge\n");
-        let shards = self.shared.slot_map.shard_count() as usize;
-        for (i, n) in self.shared.ring_occupancy.iter().enumerate() {
-            let (from, to) = (i / shards, i % shards);
-            let n = n.load(std::sync::atomic::Ordering::Relaxed);
-            text.push_str(&format!(
-                "imrouter_ring_queued{{from=\"{from}\",to=\"{to}\"}} {n}\n"
-            ));
-        }
         Reply {
             status: 200,
-            body: text,
-            content_type: "text/plain; version=0.0.4",
+            body: prom::render(&self.shared),
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
         }
     }
 
@@ -595,87 +658,143 @@ impl Api {
     }
 }
 
-/// The HTTP server: `worker_threads` threads answering with [`Api::handle`].
-pub struct HttpServer {
-    server: Arc<tiny_http::Server>,
-    addr: SocketAddr,
-    workers: Vec<JoinHandle<()>>,
-}
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
 
-impl HttpServer {
-    /// Binds `addr` and starts the workers.
-    pub fn start(api: Api, addr: SocketAddr) -> std::io::Result<HttpServer> {
-        let server = tiny_http::Server::http(addr).map_err(std::io::Error::other)?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| std::io::Error::other("API address is not IP"))?;
-        let server = Arc::new(server);
-        let workers = (0..api.config.worker_threads.max(1))
-            .map(|i| {
-                let server = server.clone();
-                let api = api.clone();
-                std::thread::Builder::new()
-                    .name(format!("imrouter-http-{i}"))
-                    .spawn(move || serve(&server, &api))
-            })
-            .collect::<std::io::Result<_>>()?;
-        tracing::info!(%addr, "HTTP API up");
-        Ok(HttpServer {
-            server,
+    use crate::node::{Node, NodeConfig};
+
+    fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        // A failure detector only: a hung server fails the test.
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let status = reply.split(' ').nth(1).and_then(|c| c.parse().ok());
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        (
+            status.unwrap_or_else(|| panic!("bad reply {reply:?}")),
+            body,
+        )
+    }
+
+    /// Holds `POST /test/wait` until opened.
+    pub(super) static GATE: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+    fn metric(text: &str, name: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+    }
+
+    fn panics_counted(text: &str) -> u64 {
+        metric(text, "imrouter_api_panics_total")
+    }
+
+    fn post(addr: SocketAddr, path: &str) -> (u16, String) {
+        request(
             addr,
-            workers,
-        })
-    }
-
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops accepting and joins the workers.
-    pub fn stop(self) {
-        self.server.unblock();
-        for _ in 1..self.workers.len() {
-            self.server.unblock();
-        }
-        for w in self.workers {
-            let _ = w.join();
-        }
-    }
-}
-
-fn serve(server: &tiny_http::Server, api: &Api) {
-    while let Ok(mut request) = server.recv() {
-        let limit = api.config.max_body_bytes;
-        let mut body = Vec::new();
-        let read = request
-            .as_reader()
-            .take(limit as u64 + 1)
-            .read_to_end(&mut body);
-        let auth = request
-            .headers()
-            .iter()
-            .find(|h| h.field.equiv("Authorization"))
-            .map(|h| h.value.as_str().to_owned());
-        let reply = match read {
-            Err(e) => Reply::error(400, format!("could not read the body: {e}")),
-            Ok(_) => api.handle(
-                request.method().as_str(),
-                request.url(),
-                auth.as_deref(),
-                &body,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
             ),
+        )
+    }
+
+    fn request(addr: SocketAddr, text: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        // A failure detector only: a hung server fails the test.
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(text.as_bytes()).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let status = reply.split(' ').nth(1).and_then(|c| c.parse().ok());
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        (
+            status.unwrap_or_else(|| panic!("bad reply {reply:?}")),
+            body,
+        )
+    }
+
+    fn start(edit: impl FnOnce(&mut NodeConfig)) -> (tempfile::TempDir, Node) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = NodeConfig {
+            data_dir: dir.path().to_path_buf(),
+            tcp_addr: None,
+            ws_addr: None,
+            ..NodeConfig::default()
         };
-        if reply.status >= 400 {
-            tracing::info!(method = %request.method(), url = request.url(), status = reply.status, body = %reply.body, "API request refused");
+        c.api.addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.runtime.shard_count = 1;
+        c.runtime.pin_cores = Vec::new();
+        c.log.segment_bytes = 4 << 20;
+        edit(&mut c);
+        let node = Node::start(c).unwrap();
+        (dir, node)
+    }
+
+    #[test]
+    fn a_full_blocking_pool_answers_503_at_once_and_health_still_answers() {
+        let (_dir, node) = start(|c| c.api.blocking_threads = 2);
+        let addr = node.api_addr().unwrap();
+        let waiting: Vec<_> = (0..2)
+            .map(|_| std::thread::spawn(move || post(addr, "/test/wait")))
+            .collect();
+        let api = node.api();
+        let in_use = || {
+            metric(
+                &api.handle("GET", "/metrics", None, b"").body,
+                "imrouter_api_blocking_in_use",
+            )
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while in_use() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pool never filled"
+            );
+            std::thread::yield_now();
         }
-        let header =
-            tiny_http::Header::from_bytes(&b"Content-Type"[..], reply.content_type.as_bytes())
-                .expect("static header is valid");
-        let response = tiny_http::Response::from_string(reply.body)
-            .with_status_code(reply.status)
-            .with_header(header);
-        let _ = request.respond(response);
+        assert_eq!(post(addr, "/test/wait").0, 503);
+        assert_eq!(post(addr, "/user/token").0, 503);
+        for path in ["/healthz", "/readyz", "/metrics", "/cluster/slots"] {
+            assert_eq!(get(addr, path).0, 200, "{path} while the pool is full");
+        }
+        let text = get(addr, "/metrics").1;
+        assert_eq!(metric(&text, "imrouter_api_pool_refusals_total"), 2);
+        *GATE.0.lock().unwrap() = true;
+        GATE.1.notify_all();
+        for w in waiting {
+            assert_eq!(w.join().unwrap().0, 200);
+        }
+        assert_eq!(in_use(), 0);
+        node.shutdown().unwrap();
+    }
+
+    #[test]
+    fn a_panicking_handler_answers_500_and_is_counted() {
+        let (_dir, node) = start(|_| {});
+        let addr = node.api_addr().unwrap();
+        assert_eq!(get(addr, "/test/panic").0, 500);
+        let before = panics_counted(&get(addr, "/metrics").1);
+        for _ in 0..3 {
+            assert_eq!(get(addr, "/test/panic").0, 500);
+        }
+        assert_eq!(get(addr, "/healthz").0, 200);
+        assert_eq!(panics_counted(&get(addr, "/metrics").1), before + 3);
+        node.shutdown().unwrap();
     }
 }

@@ -1,0 +1,243 @@
+//! `/metrics` in the Prometheus text exposition format (0.0.4): every family has a
+//! `# HELP` and a `# TYPE` line, counters end in `_total`, gauges are typed `gauge`.
+//! The families come from data: [`ShardMetrics::DESCRIPTIONS`] (the fields' doc
+//! comments) with [`GAUGES`], the stage histograms with [`STAGE_HELP`], and the
+//! API's own counters in [`ApiMetrics`].
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::node::metrics::{ShardMetrics, GAUGES, LATENCY_BUCKETS_NS, STAGE_HELP};
+use crate::node::NodeShared;
+
+/// The HTTP API's counters, written by any of its threads.
+#[derive(Debug, Default)]
+pub struct ApiMetrics {
+    /// Answers by status class: `[1xx, 2xx, 3xx, 4xx, 5xx]`.
+    pub requests: [AtomicU64; 5],
+    /// `accept` failures; those of the process (EMFILE, ENFILE, ENOBUFS, ENOMEM, …)
+    /// are each followed by a backoff.
+    pub accept_errors: AtomicU64,
+    /// New connections refused (503, closed) at `max_connections` with none idle.
+    pub connections_refused: AtomicU64,
+    /// Idle connections closed to make room for a new one at `max_connections`.
+    pub connections_evicted: AtomicU64,
+    /// Handlers that panicked (answered 500).
+    pub panics: AtomicU64,
+    /// Requests refused (503) because the blocking pool was full.
+    pub pool_refusals: AtomicU64,
+    /// Connections closed because their client accepted no byte of an answer for
+    /// `answer_write_timeout_ms`.
+    pub write_timeouts: AtomicU64,
+    /// Open API connections.
+    pub connections: AtomicU64,
+    /// Requests whose answer is not yet fully written.
+    pub requests_in_progress: AtomicU64,
+    /// Requests holding a place of the blocking pool.
+    pub blocking_in_use: AtomicU64,
+}
+
+impl ApiMetrics {
+    /// Counts one answer of `status`.
+    pub fn count_status(&self, status: u16) {
+        let class = (status / 100).clamp(1, 5) as usize - 1;
+        self.requests[class].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Writes one family after another; each family's HELP and TYPE come first.
+struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, ty: &str, help: &str) {
+        // HELP text escapes: backslash and newline.
+        let help = help.trim().replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {ty}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.text, "{name} {value}");
+        } else {
+            let _ = writeln!(self.text, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+/// The exported name of a shard metric: gauges as they are, counters with `_total`.
+fn shard_metric_name(prefix: &str, name: &str) -> (String, &'static str) {
+    if GAUGES.contains(&name) {
+        (format!("{prefix}{name}"), "gauge")
+    } else {
+        (format!("{prefix}{name}_total"), "counter")
+    }
+}
+
+/// The whole `/metrics` text of a node.
+pub fn render(shared: &NodeShared) -> String {
+    let mut out = Exposition {
+        text: String::with_capacity(16 << 10),
+    };
+    let snapshots: Vec<Vec<(&'static str, u64)>> =
+        shared.shard_metrics.iter().map(|m| m.snapshot()).collect();
+
+    // Shard counters: the node's total, then one series per shard.
+    for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
+        let (full, ty) = shard_metric_name("imrouter_", name);
+        out.family(&full, ty, help);
+        let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
+        out.sample(&full, "", total);
+    }
+    for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
+        let (full, ty) = shard_metric_name("imrouter_shard_", name);
+        out.family(&full, ty, &format!("{} Per shard.", help.trim()));
+        for (shard, s) in snapshots.iter().enumerate() {
+            out.sample(&full, &format!("shard=\"{shard}\""), s[i].1);
+        }
+    }
+
+    // The message path's stage latencies, all shards together.
+    let buckets = LATENCY_BUCKETS_NS;
+    let names = shared.stages[0].named().map(|(name, _)| name);
+    for (k, name) in names.iter().enumerate() {
+        let mut counts = vec![0u64; buckets.len() + 1];
+        let (mut sum_ns, mut count) = (0u64, 0u64);
+        for stages in &shared.stages {
+            let h = stages.named()[k].1;
+            for (i, c) in h.buckets.iter().enumerate() {
+                counts[i] += c.get();
+            }
+            sum_ns += h.sum_ns.get();
+            count += h.count.get();
+        }
+        let help = STAGE_HELP
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or("A stage of the message path.", |(_, h)| h);
+        let family = format!("imrouter_{name}_seconds");
+        out.family(&family, "histogram", help);
+        let mut cumulative = 0;
+        for (i, n) in counts.iter().enumerate() {
+            cumulative += n;
+            let le = buckets
+                .get(i)
+                .map_or("+Inf".to_string(), |ns| format!("{}", *ns as f64 / 1e9));
+            out.sample(
+                &format!("{family}_bucket"),
+                &format!("le=\"{le}\""),
+                cumulative,
+            );
+        }
+        out.sample(&format!("{family}_sum"), "", sum_ns as f64 / 1e9);
+        out.sample(&format!("{family}_count"), "", count);
+    }
+
+    out.family(
+        "imrouter_routes",
+        "gauge",
+        "Active routes per hash slot (slots with none are left out).",
+    );
+    for (slot, n) in shared.routes_per_slot.iter().enumerate() {
+        let n = n.load(Ordering::Relaxed);
+        if n > 0 {
+            out.sample("imrouter_routes", &format!("hash_slot=\"{slot}\""), n);
+        }
+    }
+    out.family(
+        "imrouter_ring_queued",
+        "gauge",
+        "Messages queued on the ring from one shard to another, sampled every expiry pass.",
+    );
+    let shards = shared.slot_map.shard_count() as usize;
+    for (i, n) in shared.ring_occupancy.iter().enumerate() {
+        let (from, to) = (i / shards, i % shards);
+        let n = n.load(Ordering::Relaxed);
+        out.sample(
+            "imrouter_ring_queued",
+            &format!("from=\"{from}\",to=\"{to}\""),
+            n,
+        );
+    }
+
+    // The HTTP API.
+    let api = &shared.api_metrics;
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    out.family(
+        "imrouter_api_requests_total",
+        "counter",
+        "HTTP API answers by status class.",
+    );
+    for (i, c) in api.requests.iter().enumerate() {
+        out.sample(
+            "imrouter_api_requests_total",
+            &format!("class=\"{}xx\"", i + 1),
+            get(c),
+        );
+    }
+    for (name, ty, help, value) in [
+        (
+            "imrouter_api_accept_errors_total",
+            "counter",
+            "HTTP API accept failures; those of the process (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...) pause accepting (5 ms doubling to 1 s).",
+            get(&api.accept_errors),
+        ),
+        (
+            "imrouter_api_connections_refused_total",
+            "counter",
+            "HTTP API connections refused at max_connections with none idle (503, closed).",
+            get(&api.connections_refused),
+        ),
+        (
+            "imrouter_api_connections_evicted_total",
+            "counter",
+            "Idle HTTP API connections closed to admit a new one at max_connections.",
+            get(&api.connections_evicted),
+        ),
+        (
+            "imrouter_api_panics_total",
+            "counter",
+            "HTTP API handlers that panicked (answered 500).",
+            get(&api.panics),
+        ),
+        (
+            "imrouter_api_pool_refusals_total",
+            "counter",
+            "HTTP API requests refused (503) because the blocking pool was full.",
+            get(&api.pool_refusals),
+        ),
+        (
+            "imrouter_api_write_timeouts_total",
+            "counter",
+            "HTTP API connections closed because their client accepted no byte of an answer for answer_write_timeout_ms.",
+            get(&api.write_timeouts),
+        ),
+        (
+            "imrouter_api_connections",
+            "gauge",
+            "Open HTTP API connections.",
+            get(&api.connections),
+        ),
+        (
+            "imrouter_api_requests_in_progress",
+            "gauge",
+            "HTTP API requests whose answer is not yet fully written.",
+            get(&api.requests_in_progress),
+        ),
+        (
+            "imrouter_api_blocking_in_use",
+            "gauge",
+            "HTTP API requests holding a place of the blocking pool (blocking_threads).",
+            get(&api.blocking_in_use),
+        ),
+    ] {
+        out.family(name, ty, help);
+        out.sample(name, "", value);
+    }
+    out.text
+}
