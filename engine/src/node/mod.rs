@@ -263,6 +263,23 @@ fn bind_per_shard(
     Ok((actual, all))
 }
 
+/// The message id generator of shard `shard`: distinct node and shard bits
+/// (`store::idgen` documents the layout).
+pub fn id_generator(config: &NodeConfig, shard: usize) -> io::Result<MessageIdGen> {
+    MessageIdGen::new(
+        config.node_id,
+        shard,
+        usize::from(config.runtime.shard_count),
+    )
+    .ok_or_else(|| {
+        io::Error::other(format!(
+            "message ids need node_id < {} and at most {} shards",
+            crate::store::idgen::MAX_NODE_IDS,
+            crate::store::idgen::MAX_SHARDS
+        ))
+    })
+}
+
 impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
     pub fn start(config: NodeConfig) -> io::Result<Node> {
@@ -302,7 +319,7 @@ impl Node {
             let (log, report) = MessageLog::open(&dir, config.log.clone())
                 .map_err(|e| io::Error::other(format!("log {}: {e}", dir.display())))?;
             tracing::info!(shard = i, records = report.records, "message log opened");
-            logs.push(log);
+            logs.push((log, report.max_message_id));
         }
 
         let shared = Arc::new(NodeShared {
@@ -335,12 +352,13 @@ impl Node {
         let s = shared.clone();
         let runtime = Runtime::start(shared.config.runtime.clone(), move |init: &ShardInit| {
             let me = init.shard as usize;
-            let (listeners, log, syncer) = parts.lock().unwrap_or_else(|e| e.into_inner())[me]
-                .take()
-                .ok_or_else(|| io::Error::other("shard started twice"))?;
+            let (listeners, (log, max_message_id), syncer) =
+                parts.lock().unwrap_or_else(|e| e.into_inner())[me]
+                    .take()
+                    .ok_or_else(|| io::Error::other("shard started twice"))?;
             let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
-            let ids = MessageIdGen::new(s.config.node_id)
-                .ok_or_else(|| io::Error::other("node_id out of range for message ids"))?;
+            let mut ids = id_generator(&s.config, me)?;
+            ids.resume_after(max_message_id);
             let idem = IdempotencyWindow::new(s.config.idempotency);
             let delivery = send::DeliveryCore::new(log, ids, idem, syncer);
             let shard = NodeShard::new(init.shard as ShardId, s.clone(), delivery)?;

@@ -369,6 +369,9 @@ pub struct RecoveryReport {
     pub snapshot_channels: usize,
     /// Segments retired at open to satisfy `max_segments` / `max_indexed_messages`.
     pub retired_segments: u32,
+    /// The largest message id of the scanned records (0: none): the shard's id
+    /// generator resumes after it ([`super::MessageIdGen::resume_after`]).
+    pub max_message_id: i64,
 }
 
 /// Counters of a running log.
@@ -710,6 +713,7 @@ impl MessageLog {
             st.positions.push(pos);
             st.last_seq = view.message_seq;
             self.table.indexed = self.table.indexed - dropped + 1;
+            report.max_message_id = report.max_message_id.max(view.message_id);
             off += len;
         }
         let clean = bytes[off..].iter().all(|&b| b == 0);
