@@ -103,3 +103,53 @@ fn message_ids_are_distinct_across_shards(backend: Backend) {
 }
 
 on_both_drivers!(message_ids_are_distinct_across_shards);
+
+fn messagesync(node: &Node, login_uid: &str, channel_id: &str) -> Vec<serde_json::Value> {
+    let (status, body) = api(
+        node,
+        "/channel/messagesync",
+        json!({"login_uid": login_uid, "channel_id": channel_id, "channel_type": 1,
+               "start_message_seq": 0, "end_message_seq": 0, "limit": 1000, "pull_mode": 1}),
+    );
+    assert_eq!(status, 200, "{body}");
+    body["messages"].as_array().unwrap().clone()
+}
+
+/// SEND with a client_msg_no, restart on the same data dir, resend it: the first
+/// answer comes back and the log holds one copy.
+fn idempotent_resend_after_a_restart_gets_the_first_answer(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), backend);
+    let node = Node::start(c.clone()).unwrap();
+    set_token(&node, "u1", 1, 1);
+    let mut a = login(&node, "u1");
+    a.send("u2", 1, 1, "once-1", b"first", true).unwrap();
+    let (_, first_id, first_seq, reason) = next_sendack(&mut a);
+    assert_eq!((first_seq, reason), (1, 1));
+    drop(a);
+    node.shutdown().unwrap();
+
+    let node = Node::start(c).unwrap();
+    let mut a = login(&node, "u1");
+    a.send("u2", 1, 7, "once-1", b"first", true).unwrap();
+    let (client_seq, id, seq, reason) = next_sendack(&mut a);
+    assert_eq!(
+        (client_seq, id, seq, reason),
+        (7, first_id, first_seq, 1),
+        "the resend after the restart gets the first answer"
+    );
+    // A new message continues the channel: next seq, a larger id.
+    a.send("u2", 1, 8, "once-2", b"second", true).unwrap();
+    let (_, id2, seq2, reason) = next_sendack(&mut a);
+    assert_eq!((seq2, reason), (2, 1));
+    assert!(id2 > first_id);
+    let messages = messagesync(&node, "u2", "u1");
+    let seqs: Vec<u64> = messages
+        .iter()
+        .map(|m| m["message_seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![1, 2], "one copy of the resent message");
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(idempotent_resend_after_a_restart_gets_the_first_answer);

@@ -359,7 +359,18 @@ impl Node {
             let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
             let mut ids = id_generator(&s.config, me)?;
             ids.resume_after(max_message_id);
-            let idem = IdempotencyWindow::new(s.config.idempotency);
+            let mut idem = IdempotencyWindow::new(s.config.idempotency);
+            if let Some(w) = idem.as_mut() {
+                // A resend after a restart gets the first answer (Flow 7).
+                let entries = w.rebuild_from_log(&log, s.wall_ms() / 1000).map_err(|e| {
+                    io::Error::other(format!("idempotency window of shard {me}: {e}"))
+                })?;
+                tracing::info!(
+                    shard = me,
+                    entries,
+                    "idempotency window rebuilt from the log"
+                );
+            }
             let delivery = send::DeliveryCore::new(log, ids, idem, syncer);
             let shard = NodeShard::new(init.shard as ShardId, s.clone(), delivery)?;
             Ok((shard, driver))
