@@ -153,3 +153,120 @@ fn idempotent_resend_after_a_restart_gets_the_first_answer(backend: Backend) {
 }
 
 on_both_drivers!(idempotent_resend_after_a_restart_gets_the_first_answer);
+
+fn start_err(c: &engine::node::NodeConfig) -> String {
+    match Node::start(c.clone()) {
+        Ok(_) => panic!("the node started with {} shards", c.runtime.shard_count),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The data dir records its shard count: a start with another count is refused with
+/// what to do; the same count serves every message and continues the seqs.
+fn a_changed_shard_count_is_refused_and_the_same_one_keeps_history(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    let mut peers = peers_on_shard("u1", 0, 2, 2);
+    peers.extend(peers_on_shard("u1", 1, 2, 2));
+    {
+        let node = Node::start(c.clone()).unwrap();
+        set_token(&node, "u1", 1, 1);
+        let mut a = login(&node, "u1");
+        for (i, p) in peers.iter().enumerate() {
+            for k in 0..3u32 {
+                a.send(p, 1, i as u32 * 10 + k, "", b"x", true).unwrap();
+                assert_eq!(next_sendack(&mut a).3, 1);
+            }
+        }
+        drop(a);
+        node.shutdown().unwrap();
+    }
+    let expected = format!(
+        "data dir {} was written with 2 shards; start with --shards 2 (or [runtime] shard_count = 2)",
+        dir.path().display()
+    );
+    for shards in [1u16, 3] {
+        c.runtime.shard_count = shards;
+        let err = start_err(&c);
+        assert!(err.contains(&expected), "{shards} shards: {err}");
+    }
+    c.runtime.shard_count = 2;
+    let node = Node::start(c.clone()).unwrap();
+    let mut a = login(&node, "u1");
+    for (i, p) in peers.iter().enumerate() {
+        let seqs: Vec<u64> = messagesync(&node, p, "u1")
+            .iter()
+            .map(|m| m["message_seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, vec![1, 2, 3], "history of {p}");
+        a.send(p, 1, 100 + i as u32, "", b"y", true).unwrap();
+        let (_, _, seq, reason) = next_sendack(&mut a);
+        assert_eq!((seq, reason), (4, 1), "the seqs of {p} continue");
+    }
+    drop(a);
+    node.shutdown().unwrap();
+
+    // A layout version newer than this binary knows is refused too.
+    let path = dir.path().join("layout.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("layout_version = 1"), "{text}");
+    std::fs::write(
+        &path,
+        text.replace("layout_version = 1", "layout_version = 99"),
+    )
+    .unwrap();
+    let err = start_err(&c);
+    assert!(err.contains("layout version 99"), "{err}");
+}
+
+/// A data dir written before layout.toml existed: its shard-N directories tell.
+#[test]
+fn a_data_dir_without_layout_file_is_checked_by_its_shard_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), Backend::Mio);
+    Node::start(c.clone()).unwrap().shutdown().unwrap();
+    std::fs::remove_file(dir.path().join("layout.toml")).unwrap();
+    c.runtime.shard_count = 1;
+    let err = start_err(&c);
+    assert!(err.contains("was written with 2 shards"), "{err}");
+    c.runtime.shard_count = 2;
+    Node::start(c).unwrap().shutdown().unwrap();
+    assert!(dir.path().join("layout.toml").exists(), "recorded now");
+}
+
+on_both_drivers!(a_changed_shard_count_is_refused_and_the_same_one_keeps_history);
+
+/// The data dir and its subdirectories are 0700, every file in them 0600.
+#[test]
+fn data_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let c = config(&data, Backend::Mio);
+    let node = Node::start(c).unwrap();
+    set_token(&node, "u1", 1, 1);
+    let mut a = login(&node, "u1");
+    a.send("u2", 1, 1, "", b"x", true).unwrap();
+    assert_eq!(next_sendack(&mut a).3, 1);
+    drop(a);
+    node.shutdown().unwrap();
+    let mut stack = vec![data];
+    let (mut dirs, mut files) = (0, 0);
+    while let Some(d) = stack.pop() {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", d.display());
+        dirs += 1;
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                let mode = e.metadata().unwrap().permissions().mode() & 0o777;
+                assert_eq!(mode, 0o600, "{}", e.path().display());
+                files += 1;
+            }
+        }
+    }
+    // data, meta, shard-0, shard-0/log, shard-1, shard-1/log
+    assert!(dirs >= 6 && files >= 4, "{dirs} dirs, {files} files");
+}

@@ -288,6 +288,15 @@ impl Node {
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
         let directory =
             Directory::new(&config.authority).map_err(|e| io::Error::other(format!("{e:?}")))?;
+        crate::store::create_private_dir_all(&config.data_dir).map_err(|e| {
+            io::Error::other(format!("data dir {}: {e}", config.data_dir.display()))
+        })?;
+        crate::store::layout::check_or_record(
+            &config.data_dir,
+            config.runtime.shard_count,
+            ::shard::slots::HASH_SLOTS as u16,
+        )
+        .map_err(io::Error::other)?;
         let meta_dir = config.data_dir.join("meta");
         let (meta, recovery) = Meta::open(&meta_dir, config.meta)
             .map_err(|e| io::Error::other(format!("metadata store {}: {e}", meta_dir.display())))?;

@@ -75,7 +75,9 @@ use std::sync::Arc;
 
 use memmap2::MmapMut;
 
-use super::fsutil::{preallocate, sync_dir, write_atomic, DirLock};
+use super::fsutil::{
+    create_private_dir_all, preallocate, private_file, sync_dir, write_atomic, DirLock,
+};
 use super::record::{align_up, decode, RecordFields, MAX_FIELD_BYTES, RECORD_HEADER_BYTES};
 
 /// Where a record lives: `segment_id << 32 | byte offset in the segment`.
@@ -547,7 +549,7 @@ impl MessageLog {
     /// module docs. The directory is locked for the life of the value.
     pub fn open(dir: &Path, config: LogConfig) -> Result<(MessageLog, RecoveryReport), LogError> {
         config.validate()?;
-        std::fs::create_dir_all(dir).map_err(io_err("create log dir"))?;
+        create_private_dir_all(dir).map_err(io_err("create log dir"))?;
         let lock = DirLock::acquire(dir).map_err(|e| {
             if e.kind() == io::ErrorKind::WouldBlock {
                 LogError::Locked
@@ -722,9 +724,7 @@ impl MessageLog {
 
     fn create_segment(&mut self, id: u32) -> Result<(), LogError> {
         let path = segment_path(&self.dir, id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
+        let file = private_file()
             .create_new(true)
             .open(&path)
             .map_err(io_err("create segment"))?;
