@@ -283,6 +283,11 @@ pub fn id_generator(config: &NodeConfig, shard: usize) -> io::Result<MessageIdGe
 impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
     pub fn start(config: NodeConfig) -> io::Result<Node> {
+        Node::start_with(config, syncer::NodeHooks::default())
+    }
+
+    /// [`Node::start`] with test hooks.
+    pub fn start_with(config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
         let shards = config.runtime.shard_count as usize;
         let boot_id: BootId = rand::random();
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
@@ -325,8 +330,11 @@ impl Node {
         let mut logs = Vec::with_capacity(shards);
         for i in 0..shards {
             let dir = log_dir(&config.data_dir, i);
-            let (log, report) = MessageLog::open(&dir, config.log.clone())
+            let (mut log, report) = MessageLog::open(&dir, config.log.clone())
                 .map_err(|e| io::Error::other(format!("log {}: {e}", dir.display())))?;
+            if let Some(h) = &hooks.log_sync {
+                log.set_sync_hook(h.clone());
+            }
             tracing::info!(shard = i, records = report.records, "message log opened");
             logs.push((log, report.max_message_id));
         }

@@ -18,6 +18,19 @@ use shard::runtime::Injector;
 use super::msg::Msg;
 use crate::store::SyncJob;
 
+pub use crate::store::log::SyncHook;
+
+/// Test-only injection points of a node ([`super::Node::start_with`]). Production
+/// passes none: each costs one `Option` check per sync job.
+#[derive(Clone, Default)]
+pub struct NodeHooks {
+    /// Runs every sync of every shard's log instead of `fdatasync` (it is given the
+    /// segment file, its path and the length the sync must cover): a test holds a
+    /// sync to observe that nothing is acknowledged meanwhile, fails it to see a
+    /// disk error, or records it to simulate a power cut.
+    pub log_sync: Option<Arc<dyn SyncHook>>,
+}
+
 /// Jobs queued per shard: one in flight, by contract.
 const JOBS_IN_FLIGHT_MAX: usize = 1;
 

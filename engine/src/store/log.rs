@@ -387,23 +387,48 @@ pub struct LogStats {
     pub retired_messages: u64,
 }
 
+/// Makes a segment's bytes durable. Every sync of the log goes through it: the
+/// syncer's jobs, a roll's seal, the final sync of a stop. Without one (production)
+/// the log calls `fdatasync`; tests install one ([`MessageLog::set_sync_hook`]) to
+/// hold a sync, fail it, or record what it covered (a simulated power cut).
+pub trait SyncHook: Send + Sync + 'static {
+    /// Makes `file` (the segment at `path`) durable at least up to byte `len`.
+    fn sync(&self, file: &File, path: &Path, len: u32) -> io::Result<()>;
+}
+
+fn sync_file(
+    hook: Option<&Arc<dyn SyncHook>>,
+    file: &File,
+    path: &Path,
+    len: u32,
+) -> io::Result<()> {
+    match hook {
+        Some(h) => h.sync(file, path, len),
+        None => file.sync_data(),
+    }
+}
+
 /// The sync of a log's appends up to [`MessageLog::begin_sync`], run on another
 /// thread (`fdatasync` of the segment file: milliseconds on a virtual disk, which
 /// the shard thread must not wait for).
 pub struct SyncJob {
     file: Arc<File>,
+    path: Arc<Path>,
+    /// The active segment's end when the job was made: what it makes durable.
+    len: u32,
+    hook: Option<Arc<dyn SyncHook>>,
 }
 
 impl SyncJob {
     /// Blocks until the appends are on disk.
     pub fn run(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+        sync_file(self.hook.as_ref(), &self.file, &self.path, self.len)
     }
 }
 
 struct Segment {
     id: u32,
-    path: PathBuf,
+    path: Arc<Path>,
     map: MmapMut,
     /// Bytes of valid records (the write offset).
     end: u32,
@@ -492,6 +517,8 @@ pub struct MessageLog {
     poisoned: bool,
     retired_segments: u64,
     retired_messages: u64,
+    /// Runs every sync instead of `fdatasync` (tests).
+    sync_hook: Option<Arc<dyn SyncHook>>,
     _lock: DirLock,
 }
 
@@ -580,6 +607,7 @@ impl MessageLog {
             poisoned: false,
             retired_segments: 0,
             retired_messages: 0,
+            sync_hook: None,
             _lock: lock,
         };
         let mut report = RecoveryReport::default();
@@ -611,7 +639,7 @@ impl MessageLog {
             let map = map_segment(&file).map_err(io_err("map segment"))?;
             let mut seg = Segment {
                 id,
-                path,
+                path: path.into(),
                 map,
                 end: 0,
                 prefaulted_to: 0,
@@ -740,7 +768,7 @@ impl MessageLog {
             Ok(map) => {
                 self.segments.push_back(Segment {
                     id,
-                    path,
+                    path: path.into(),
                     map,
                     end: 0,
                     prefaulted_to: 0,
@@ -764,17 +792,7 @@ impl MessageLog {
     /// Seals the active segment (syncs it in full) and starts the next one; retires
     /// the oldest segments beyond `max_segments`.
     fn roll(&mut self) -> Result<(), LogError> {
-        self.flush_dirty()?;
-        if self.jobs_in_flight > 0 {
-            // Sealed in full, whatever a job still running on another thread covers.
-            if let Err(source) = self.active().file.sync_data() {
-                self.poisoned = true;
-                return Err(LogError::Io {
-                    op: "fdatasync",
-                    source,
-                });
-            }
-        }
+        self.seal_active()?;
         let next = self
             .active()
             .id
@@ -829,29 +847,31 @@ impl MessageLog {
         sync_dir(&self.dir).map_err(io_err("sync log dir"))
     }
 
-    fn flush_dirty(&mut self) -> Result<(), LogError> {
+    /// Syncs the active segment in full (its unsynced appends, and whatever a job
+    /// still running on another thread covers). A failure poisons the log.
+    fn seal_active(&mut self) -> Result<(), LogError> {
         if self.poisoned {
             return Err(LogError::Poisoned);
         }
-        let Some(from) = self.dirty_from else {
+        if self.dirty_from.is_none() && self.jobs_in_flight == 0 {
             return Ok(());
-        };
-        let seg = self
-            .segments
-            .back()
-            .expect("a log always has an active segment");
-        if let Err(e) = seg
-            .map
-            .flush_range(from as usize, (seg.end - from) as usize)
-        {
+        }
+        let seg = self.active();
+        if let Err(source) = sync_file(self.sync_hook.as_ref(), &seg.file, &seg.path, seg.end) {
             self.poisoned = true;
             return Err(LogError::Io {
-                op: "msync",
-                source: e,
+                op: "fdatasync",
+                source,
             });
         }
         self.dirty_from = None;
         Ok(())
+    }
+
+    /// Every later sync runs `hook` instead of `fdatasync` (tests: hold, fail or
+    /// record syncs). Jobs already handed out keep the previous one.
+    pub fn set_sync_hook(&mut self, hook: Arc<dyn SyncHook>) {
+        self.sync_hook = Some(hook);
     }
 
     /// Appends one message to its channel: `message_seq` = the channel's last seq + 1.
@@ -937,24 +957,14 @@ impl MessageLog {
         })
     }
 
-    /// Makes every append so far durable (msync of the dirty range); `now_ms` is
+    /// Makes every append so far durable (`fdatasync` of the active segment); `now_ms` is
     /// remembered for [`MessageLog::sync_due`]. A failure poisons the log.
     ///
     /// Also covers the appends of a [`SyncJob`] still running elsewhere (both sync
     /// the same file), so a caller that needs everything durable now (a graceful
     /// stop) does not wait for the job.
     pub fn sync(&mut self, now_ms: u64) -> Result<(), LogError> {
-        self.flush_dirty()?;
-        if self.jobs_in_flight > 0 {
-            // A job's range is in the active segment: a roll syncs the old one in full.
-            if let Err(source) = self.active().file.sync_data() {
-                self.poisoned = true;
-                return Err(LogError::Io {
-                    op: "fdatasync",
-                    source,
-                });
-            }
-        }
+        self.seal_active()?;
         self.last_sync_ms = now_ms;
         Ok(())
     }
@@ -972,8 +982,12 @@ impl MessageLog {
             return Ok(None);
         }
         self.jobs_in_flight += 1;
+        let seg = self.active();
         Ok(Some(SyncJob {
-            file: self.active().file.clone(),
+            file: seg.file.clone(),
+            path: seg.path.clone(),
+            len: seg.end,
+            hook: self.sync_hook.clone(),
         }))
     }
 
