@@ -298,11 +298,9 @@ impl Drop for OpenOnDrop {
 /// Reads `c` up to the PONG of a PING sent now; panics on any SENDACK or RECV.
 fn nothing_before_pong(c: &mut Client, who: &str) {
     c.ping().unwrap();
-    loop {
-        match c.read().unwrap() {
-            Received::Pong => return,
-            other => panic!("{who} got {other:?} while the sync was held"),
-        }
+    match c.read().unwrap() {
+        Received::Pong => {}
+        other => panic!("{who} got {other:?} while the sync was held"),
     }
 }
 
