@@ -270,3 +270,98 @@ fn data_files_are_private() {
     // data, meta, shard-0, shard-0/log, shard-1, shard-1/log
     assert!(dirs >= 6 && files >= 4, "{dirs} dirs, {files} files");
 }
+
+/// A sync hook that fails every sync once armed (a disk returning EIO).
+#[derive(Default)]
+struct FailingDisk {
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl engine::node::syncer::SyncHook for FailingDisk {
+    fn sync(&self, file: &std::fs::File, _: &std::path::Path, _: u32) -> std::io::Result<()> {
+        if self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        file.sync_data()
+    }
+}
+
+fn get(node: &Node, path: &str) -> (u16, String) {
+    let r = node.api().handle("GET", path, None, b"");
+    (r.status, r.body)
+}
+
+/// A disk I/O error: sends are refused (SENDACK 15), `/readyz` says why, and
+/// `/metrics` shows it; nothing acknowledged before is lost.
+fn a_disk_error_stops_sends_and_shows_in_readyz_and_metrics(policy: engine::store::FsyncPolicy) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), Backend::Mio);
+    c.log.fsync = policy;
+    let disk = std::sync::Arc::new(FailingDisk::default());
+    let hooks = engine::node::syncer::NodeHooks {
+        log_sync: Some(disk.clone()),
+    };
+    let node = Node::start_with(c.clone(), hooks).unwrap();
+    set_token(&node, "u1", 1, 1);
+    let mut a = login(&node, "u1");
+    a.send("u2", 1, 1, "", b"before", true).unwrap();
+    assert_eq!(next_sendack(&mut a).3, 1);
+    assert_eq!(get(&node, "/readyz").0, 200);
+    assert!(get(&node, "/metrics")
+        .1
+        .contains("\nimrouter_log_write_failed 0\n"));
+
+    disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The failing sync: under "always" it refuses its batch; under the interval
+    // policy it comes with the next timer. Either way, sends are refused once it
+    // failed (bounded: the deadline only ends a failing test).
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    let mut client_seq = 1;
+    loop {
+        client_seq += 1;
+        a.send("u2", 1, client_seq, "", b"after", true).unwrap();
+        let (_, _, _, reason) = next_sendack(&mut a);
+        if reason == 15 {
+            break;
+        }
+        assert_eq!(reason, 1);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sends still accepted on a failing disk"
+        );
+    }
+    a.send("u2", 1, client_seq + 1, "", b"refused", true)
+        .unwrap();
+    assert_eq!(next_sendack(&mut a).3, 15, "the log stays failed");
+    let (status, body) = get(&node, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("disk I/O error"), "{body}");
+    let metrics = get(&node, "/metrics").1;
+    assert!(
+        metrics.contains("\nimrouter_log_write_failed 1\n"),
+        "{metrics}"
+    );
+    drop(a);
+    // The stop's final sync fails too; what was acknowledged before is on disk.
+    let _ = node.shutdown();
+    disk.armed.store(false, std::sync::atomic::Ordering::SeqCst);
+    let node = Node::start(c).unwrap();
+    let payloads: Vec<String> = messagesync(&node, "u2", "u1")
+        .iter()
+        .map(|m| m["payload"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!payloads.is_empty());
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn a_disk_error_under_always_fsync() {
+    a_disk_error_stops_sends_and_shows_in_readyz_and_metrics(engine::store::FsyncPolicy::Always);
+}
+
+#[test]
+fn a_disk_error_under_the_interval_policy() {
+    a_disk_error_stops_sends_and_shows_in_readyz_and_metrics(
+        engine::store::FsyncPolicy::IntervalMs(20),
+    );
+}

@@ -36,7 +36,7 @@ impl Counter {
 }
 
 /// The counters that go down as well as up.
-pub const GAUGES: &[&str] = &["connections"];
+pub const GAUGES: &[&str] = &["connections", "log_write_failed"];
 
 macro_rules! shard_metrics {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
@@ -92,6 +92,10 @@ shard_metrics! {
     ring_full_drops,
     /// Authority calls refused as stale-target or not-leader.
     authority_stale_refusals,
+    /// 1 once this shard's message log failed a write or sync (a disk I/O error):
+    /// the shard refuses sends (SENDACK 15) and `/readyz` is 503 until a restart
+    /// (gauge).
+    log_write_failed,
 }
 
 /// Upper bounds (ns) of the latency histogram buckets; the last bucket is +Inf.

@@ -205,6 +205,16 @@ impl NodeShared {
         if !self.all_shards_started() {
             return Some("shards are starting".into());
         }
+        if let Some(shard) = self
+            .shard_metrics
+            .iter()
+            .position(|m| m.log_write_failed.get() > 0)
+        {
+            return Some(format!(
+                "shard {shard}: message log failed (disk I/O error); sends are refused \
+                 until the node restarts"
+            ));
+        }
         None
     }
 
