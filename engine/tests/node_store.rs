@@ -365,3 +365,71 @@ fn a_disk_error_under_the_interval_policy() {
         engine::store::FsyncPolicy::IntervalMs(20),
     );
 }
+
+/// Rolling under load, with retention: small segments fill many times over while
+/// SENDs are pipelined to channels on both shards; every SEND is acknowledged, each
+/// channel reads back contiguous up to its last seq, the disk holds at most
+/// `max_segments` + 2 segments per shard (one retired awaiting its job, one spare),
+/// and after a restart the seqs continue.
+fn rolling_under_load_keeps_the_seqs_and_the_segment_budget(backend: Backend) {
+    const PER_PEER: u32 = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    c.log.fsync = engine::store::FsyncPolicy::Always;
+    c.log.max_payload_bytes = 4096;
+    c.log.segment_bytes = 256 << 10;
+    c.log.max_segments = 3;
+    let mut peers = peers_on_shard("u1", 0, 2, 2);
+    peers.extend(peers_on_shard("u1", 1, 2, 2));
+    let node = Node::start(c.clone()).unwrap();
+    set_token(&node, "u1", 1, 1);
+    let mut a = login(&node, "u1");
+    let payload = vec![b'x'; 1500];
+    let mut client_seq = 0;
+    for _ in 0..PER_PEER {
+        for p in &peers {
+            client_seq += 1;
+            a.send(p, 1, client_seq, "", &payload, true).unwrap();
+        }
+    }
+    for _ in 0..client_seq {
+        assert_eq!(next_sendack(&mut a).3, 1);
+    }
+    for p in &peers {
+        let seqs: Vec<u64> = messagesync(&node, p, "u1")
+            .iter()
+            .map(|m| m["message_seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs.last().copied(), Some(u64::from(PER_PEER)), "{p}");
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{p}: {seqs:?}");
+        assert!(seqs[0] > 1, "{p}: retention deleted the oldest");
+    }
+    for shard in 0..2 {
+        let segs = std::fs::read_dir(engine::store::log_dir(dir.path(), shard))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .unwrap()
+                    .ends_with(".seg")
+            })
+            .count();
+        assert!(segs <= 5, "shard {shard}: {segs} segment files");
+    }
+    drop(a);
+    node.shutdown().unwrap();
+    let node = Node::start(c).unwrap();
+    let mut a = login(&node, "u1");
+    for p in &peers {
+        client_seq += 1;
+        a.send(p, 1, client_seq, "", b"after", true).unwrap();
+        let (_, _, seq, reason) = next_sendack(&mut a);
+        assert_eq!((seq, reason), (u64::from(PER_PEER) + 1, 1), "{p}");
+    }
+    drop(a);
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(rolling_under_load_keeps_the_seqs_and_the_segment_budget);

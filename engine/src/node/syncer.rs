@@ -124,13 +124,16 @@ impl SyncThread {
             .name(format!("imrouter-sync-{shard}"))
             .spawn(move || {
                 for (ticket, job) in self.jobs {
-                    let result = job.run();
-                    *self.done.result.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Some((ticket, result));
-                    self.done.ticket.store(ticket, Ordering::Release);
-                    // Only a wake-up: the shard also checks `done` on every turn, so a
-                    // full injector queue (the shard is awake then) loses nothing.
-                    let _ = wake.send(Msg::LogSynced);
+                    // The result is handed back as soon as the sync ended; the job's
+                    // file work (the next segment, retired segments) follows here.
+                    job.run_then(|result| {
+                        *self.done.result.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some((ticket, result));
+                        self.done.ticket.store(ticket, Ordering::Release);
+                        // Only a wake-up: the shard also checks `done` on every turn, so
+                        // a full injector queue (the shard is awake then) loses nothing.
+                        let _ = wake.send(Msg::LogSynced);
+                    });
                 }
             })
     }

@@ -71,7 +71,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use memmap2::MmapMut;
 
@@ -385,6 +385,9 @@ pub struct LogStats {
     pub unsynced_bytes: u64,
     pub retired_segments: u64,
     pub retired_messages: u64,
+    /// Rolls that had to create the next segment on the calling (shard) thread
+    /// because no sync job had created it ahead.
+    pub segments_created_inline: u64,
 }
 
 /// Makes a segment's bytes durable. Every sync of the log goes through it: the
@@ -411,18 +414,166 @@ fn sync_file(
 /// The sync of a log's appends up to [`MessageLog::begin_sync`], run on another
 /// thread (`fdatasync` of the segment file: milliseconds on a virtual disk, which
 /// the shard thread must not wait for).
+///
+/// A job also carries the log's file work, done after the sync: creating and
+/// preallocating the next segment ahead of its roll, and deleting retired segments
+/// (after writing the seq snapshot they need). So the shard thread neither creates
+/// nor deletes files in steady state.
 pub struct SyncJob {
     file: Arc<File>,
     path: Arc<Path>,
     /// The active segment's end when the job was made: what it makes durable.
     len: u32,
     hook: Option<Arc<dyn SyncHook>>,
+    work: Option<FileWork>,
 }
 
 impl SyncJob {
-    /// Blocks until the appends are on disk.
-    pub fn run(&self) -> std::io::Result<()> {
-        sync_file(self.hook.as_ref(), &self.file, &self.path, self.len)
+    /// Blocks until the appends are on disk, then does the job's file work.
+    pub fn run(self) -> io::Result<()> {
+        let mut out = Ok(());
+        self.run_then(|r| out = r);
+        out
+    }
+
+    /// Blocks until the appends are on disk, hands the result to `synced` (which
+    /// may wake whoever waits for it), then does the job's file work.
+    pub fn run_then(self, synced: impl FnOnce(io::Result<()>)) {
+        synced(sync_file(
+            self.hook.as_ref(),
+            &self.file,
+            &self.path,
+            self.len,
+        ));
+        if let Some(work) = self.work {
+            work.run();
+        }
+    }
+}
+
+/// The next segment, created by a job ahead of the roll that needs it.
+struct Spare {
+    id: u32,
+    path: Arc<Path>,
+    file: File,
+    map: MmapMut,
+}
+
+enum SpareState {
+    /// None, and none being made.
+    Idle,
+    /// A job's file work is making it.
+    Preparing,
+    Ready(Spare),
+    /// The job could not make it (the roll then tries itself).
+    Failed(io::Error),
+}
+
+/// What the log and its jobs' file work share.
+struct FileShared {
+    state: Mutex<FileState>,
+    changed: Condvar,
+}
+
+struct FileState {
+    spare: SpareState,
+    /// A retirement (snapshot write, delete, dir sync) that failed.
+    retire_error: Option<io::Error>,
+}
+
+impl FileShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// File work handed to a [`SyncJob`].
+struct FileWork {
+    dir: Arc<Path>,
+    /// Create the next segment: its id and size.
+    prepare: Option<(u32, u32)>,
+    /// The seq snapshot to make durable before the retired segments go.
+    snapshot: Option<Vec<u8>>,
+    /// Retired segments: unmapped and deleted here.
+    retired: Vec<Segment>,
+    shared: Arc<FileShared>,
+}
+
+impl FileWork {
+    fn run(mut self) {
+        if let Some((id, bytes)) = self.prepare.take() {
+            let made = new_segment_file(&self.dir, id, bytes);
+            let mut st = self.shared.lock();
+            st.spare = match made {
+                Ok((path, file, map)) => SpareState::Ready(Spare {
+                    id,
+                    path: path.into(),
+                    file,
+                    map,
+                }),
+                Err(e) => SpareState::Failed(e),
+            };
+            drop(st);
+            self.shared.changed.notify_all();
+        }
+        if let Err(e) = retire_files(&self.dir, self.snapshot.take(), &mut self.retired) {
+            self.shared.lock().retire_error = Some(e);
+        }
+    }
+}
+
+impl Drop for FileWork {
+    fn drop(&mut self) {
+        // Dropped without running (its job was never run): the roll must not wait.
+        if self.prepare.is_some() {
+            let mut st = self.shared.lock();
+            if matches!(st.spare, SpareState::Preparing) {
+                st.spare = SpareState::Idle;
+            }
+            drop(st);
+            self.shared.changed.notify_all();
+        }
+    }
+}
+
+/// Writes `snapshot` durably, then unmaps and deletes `retired` and syncs `dir`.
+fn retire_files(
+    dir: &Path,
+    snapshot: Option<Vec<u8>>,
+    retired: &mut Vec<Segment>,
+) -> io::Result<()> {
+    if retired.is_empty() {
+        return Ok(());
+    }
+    if let Some(bytes) = snapshot {
+        write_atomic(dir, SEQ_SNAPSHOT_NAME, &bytes)?;
+    }
+    for seg in retired.drain(..) {
+        let path = seg.path.clone();
+        drop(seg);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    sync_dir(dir)
+}
+
+/// Creates segment `id` of `bytes` in `dir`: preallocated, mapped, its directory
+/// entry synced. Nothing is left behind on failure.
+fn new_segment_file(dir: &Path, id: u32, bytes: u32) -> io::Result<(PathBuf, File, MmapMut)> {
+    let path = segment_path(dir, id);
+    let file = private_file().create_new(true).open(&path)?;
+    let res = preallocate(&file, u64::from(bytes))
+        .and_then(|()| map_segment(&file))
+        .and_then(|map| sync_dir(dir).map(|()| map));
+    match res {
+        Ok(map) => Ok((path, file, map)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            Err(e)
+        }
     }
 }
 
@@ -519,6 +670,13 @@ pub struct MessageLog {
     retired_messages: u64,
     /// Runs every sync instead of `fdatasync` (tests).
     sync_hook: Option<Arc<dyn SyncHook>>,
+    /// The spare segment and retirement errors, shared with jobs' file work.
+    files: Arc<FileShared>,
+    /// Retired segments whose files the next job deletes.
+    pending_retired: Vec<Segment>,
+    /// The seq snapshot the next job writes before deleting them.
+    pending_snapshot: Option<Vec<u8>>,
+    segments_created_inline: u64,
     _lock: DirLock,
 }
 
@@ -528,6 +686,16 @@ impl fmt::Debug for MessageLog {
             .field("dir", &self.dir)
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+impl Drop for MessageLog {
+    fn drop(&mut self) {
+        // Retired segments no job deleted yet (best effort: a reopen retires them
+        // again).
+        if let Err(err) = self.retire_files_now() {
+            tracing::warn!(%err, dir = %self.dir.display(), "deleting retired segments at close");
+        }
     }
 }
 
@@ -608,6 +776,16 @@ impl MessageLog {
             retired_segments: 0,
             retired_messages: 0,
             sync_hook: None,
+            files: Arc::new(FileShared {
+                state: Mutex::new(FileState {
+                    spare: SpareState::Idle,
+                    retire_error: None,
+                }),
+                changed: Condvar::new(),
+            }),
+            pending_retired: Vec::new(),
+            pending_snapshot: None,
+            segments_created_inline: 0,
             _lock: lock,
         };
         let mut report = RecoveryReport::default();
@@ -709,6 +887,7 @@ impl MessageLog {
             log.retire_oldest()?;
         }
         report.retired_segments = (log.retired_segments - before) as u32;
+        log.retire_files_now()?;
         report.segments = log.segments.len() as u32;
         report.channels = log.table.channels;
         if report.truncated_bytes > 0
@@ -751,36 +930,91 @@ impl MessageLog {
     }
 
     fn create_segment(&mut self, id: u32) -> Result<(), LogError> {
-        let path = segment_path(&self.dir, id);
-        let file = private_file()
-            .create_new(true)
-            .open(&path)
+        let (path, file, map) = new_segment_file(&self.dir, id, self.config.segment_bytes)
             .map_err(io_err("create segment"))?;
-        let res = preallocate(&file, u64::from(self.config.segment_bytes))
-            .map_err(io_err("preallocate segment"))
-            .and_then(|()| map_segment(&file).map_err(io_err("map segment")))
-            .and_then(|map| {
-                sync_dir(&self.dir)
-                    .map_err(io_err("sync log dir"))
-                    .map(|()| map)
-            });
-        match res {
-            Ok(map) => {
-                self.segments.push_back(Segment {
-                    id,
-                    path: path.into(),
-                    map,
-                    end: 0,
-                    prefaulted_to: 0,
-                    file: Arc::new(file),
-                });
-                Ok(())
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                Err(e)
+        self.segments.push_back(Segment {
+            id,
+            path: path.into(),
+            map,
+            end: 0,
+            prefaulted_to: 0,
+            file: Arc::new(file),
+        });
+        Ok(())
+    }
+
+    /// The spare segment a job made, waiting for a job still making it (`None`:
+    /// none was asked for, or making it failed).
+    fn take_spare(&mut self) -> Option<Spare> {
+        let mut st = self.files.lock();
+        loop {
+            match std::mem::replace(&mut st.spare, SpareState::Idle) {
+                SpareState::Ready(spare) => return Some(spare),
+                SpareState::Preparing => {
+                    st.spare = SpareState::Preparing;
+                    st = self
+                        .files
+                        .changed
+                        .wait(st)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                SpareState::Failed(err) => {
+                    tracing::warn!(%err, dir = %self.dir.display(), "creating the next segment ahead failed");
+                    return None;
+                }
+                SpareState::Idle => return None,
             }
         }
+    }
+
+    /// The file work for the next job: the next segment if none is made or being
+    /// made, and the retired segments to delete.
+    fn take_file_work(&mut self) -> Option<FileWork> {
+        let prepare = match self.active().id.checked_add(1) {
+            // (exhausted: the roll reports it)
+            None => None,
+            Some(next) => {
+                let mut st = self.files.lock();
+                if matches!(st.spare, SpareState::Idle) {
+                    st.spare = SpareState::Preparing;
+                    Some((next, self.config.segment_bytes))
+                } else {
+                    None
+                }
+            }
+        };
+        if prepare.is_none() && self.pending_retired.is_empty() {
+            return None;
+        }
+        Some(FileWork {
+            dir: self.dir.clone().into(),
+            prepare,
+            snapshot: self.pending_snapshot.take(),
+            retired: std::mem::take(&mut self.pending_retired),
+            shared: self.files.clone(),
+        })
+    }
+
+    /// A retirement a job could not finish poisons the log (a disk error).
+    fn check_file_errors(&mut self) -> Result<(), LogError> {
+        if let Some(source) = self.files.lock().retire_error.take() {
+            self.poisoned = true;
+            return Err(LogError::Io {
+                op: "retire segment",
+                source,
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes the retired segments here and now (open, a full sync).
+    fn retire_files_now(&mut self) -> Result<(), LogError> {
+        retire_files(
+            &self.dir,
+            self.pending_snapshot.take(),
+            &mut self.pending_retired,
+        )
+        .map_err(io_err("retire segment"))
     }
 
     fn active(&self) -> &Segment {
@@ -798,7 +1032,24 @@ impl MessageLog {
             .id
             .checked_add(1)
             .ok_or(LogError::SegmentIdsExhausted)?;
-        self.create_segment(next)?;
+        match self.take_spare() {
+            Some(spare) if spare.id == next => self.segments.push_back(Segment {
+                id: spare.id,
+                path: spare.path,
+                map: spare.map,
+                end: 0,
+                prefaulted_to: 0,
+                file: Arc::new(spare.file),
+            }),
+            other => {
+                if let Some(stale) = other {
+                    // Cannot happen (only rolls advance ids); never leave it around.
+                    let _ = std::fs::remove_file(&stale.path);
+                }
+                self.create_segment(next)?;
+                self.segments_created_inline += 1;
+            }
+        }
         while self.segments.len() > self.config.max_segments as usize {
             self.retire_oldest()?;
         }
@@ -823,10 +1074,12 @@ impl MessageLog {
                 cold.push((t, id, st.last_seq));
             }
         }
-        write_atomic(&self.dir, SEQ_SNAPSHOT_NAME, &encode_seq_snapshot(&cold))
-            .map_err(io_err("write seq snapshot"))?;
-        std::fs::remove_file(&oldest.path).map_err(io_err("delete retired segment"))?;
-        drop(self.segments.pop_front());
+        // Written (durably) by the next job's file work before it deletes the
+        // segment; a later retirement's snapshot supersedes this one (a channel cold
+        // now is still cold then, or has newer retained records).
+        self.pending_snapshot = Some(encode_seq_snapshot(&cold));
+        let oldest = self.segments.pop_front().expect("checked above");
+        self.pending_retired.push(oldest);
         let mut dropped = 0usize;
         for st in self.table.iter_mut() {
             let k = st.positions.partition_point(|&p| p < limit);
@@ -843,8 +1096,7 @@ impl MessageLog {
         self.table.indexed -= dropped;
         self.retired_segments += 1;
         self.retired_messages += dropped as u64;
-        // memory already matches the directory; only the deletion's durability is at stake
-        sync_dir(&self.dir).map_err(io_err("sync log dir"))
+        Ok(())
     }
 
     /// Syncs the active segment in full (its unsynced appends, and whatever a job
@@ -965,6 +1217,11 @@ impl MessageLog {
     /// stop) does not wait for the job.
     pub fn sync(&mut self, now_ms: u64) -> Result<(), LogError> {
         self.seal_active()?;
+        self.check_file_errors()?;
+        if let Err(e) = self.retire_files_now() {
+            self.poisoned = true;
+            return Err(e);
+        }
         self.last_sync_ms = now_ms;
         Ok(())
     }
@@ -978,16 +1235,19 @@ impl MessageLog {
         if self.poisoned {
             return Err(LogError::Poisoned);
         }
+        self.check_file_errors()?;
         if self.dirty_from.take().is_none() {
             return Ok(None);
         }
         self.jobs_in_flight += 1;
+        let work = self.take_file_work();
         let seg = self.active();
         Ok(Some(SyncJob {
             file: seg.file.clone(),
             path: seg.path.clone(),
             len: seg.end,
             hook: self.sync_hook.clone(),
+            work,
         }))
     }
 
@@ -1191,6 +1451,7 @@ impl MessageLog {
             unsynced_bytes: unsynced,
             retired_segments: self.retired_segments,
             retired_messages: self.retired_messages,
+            segments_created_inline: self.segments_created_inline,
         }
     }
 
