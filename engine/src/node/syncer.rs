@@ -8,6 +8,13 @@
 //! injector when a job ends. Under `fsync = "always"` the commits appended before
 //! the job wait for it (group commit, pipelined: appends of the following turns
 //! form the next job); under the interval policy nothing waits for it.
+//!
+//! A job also carries the log's file work (creating the next segment ahead,
+//! deleting retired ones: `store::log`, "File work and threads"); the thread does
+//! it after it has handed back the sync's result, so no commit waits for it.
+//!
+//! [`NodeHooks`] is the test-only injection point: a [`SyncHook`] replaces the
+//! `fdatasync` of every sync (hold it, fail it, record what it covered).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};

@@ -11,7 +11,7 @@ pub const FILE_MODE: u32 = 0o600;
 /// Mode of every directory the stores create.
 pub const DIR_MODE: u32 = 0o700;
 
-/// `create_dir_all` with [`DIR_MODE`] for every directory it creates (existing ones
+/// `create_dir_all` with mode 0700 for every directory it creates (existing ones
 /// keep their mode).
 pub fn create_private_dir_all(dir: &Path) -> io::Result<()> {
     std::fs::DirBuilder::new()

@@ -9,10 +9,10 @@
 //! 8-byte-aligned offsets. A record's [`LogPosition`] is `segment_id << 32 | offset`.
 //!
 //! Why mmap for writes (not `pwrite`): an append is a `memcpy` into the page cache, no
-//! syscall per message; group commit then costs one `msync(MS_SYNC)` of the dirty range
-//! per batch, which on Linux is `vfs_fsync_range(.., datasync=1)`, i.e. `fdatasync` of
-//! that range (including the unwritten→written extent conversion the preallocation
-//! needs). Preallocating real blocks means a store can never fault with SIGBUS on a
+//! syscall per message; group commit then costs one `fdatasync` of the segment per
+//! batch, which writes back the pages dirtied through the shared mapping (the same
+//! `vfs_fsync_range(.., datasync=1)` that `msync(MS_SYNC)` calls, including the
+//! unwritten→written extent conversion the preallocation needs). Preallocating real blocks means a store can never fault with SIGBUS on a
 //! full disk. Reads are slices of the same mappings (zero copy).
 //!
 //! # Durability contract
@@ -33,15 +33,20 @@
 //! - A failed `sync` (EIO) **poisons** the log: the kernel may have dropped the dirty
 //!   pages, so a later `sync` could report success for lost data (the "fsyncgate"
 //!   lesson). Every later append/sync returns [`LogError::Poisoned`]; the process must
-//!   restart and recover.
+//!   restart and recover. (The node then refuses sends with SENDACK 15 and reports
+//!   the shard in `/readyz` and the `log_write_failed` gauge.)
+//! - Every sync goes through one function: `fdatasync`, or a [`SyncHook`] a test
+//!   installs to hold, fail or record syncs (`engine/tests/store_power_cut.rs`
+//!   simulates a power cut from what the syncs covered).
 //! - Messages with the NoPersist flag are never given to the log (the engine skips it).
 //!
 //! # Recovery ([`MessageLog::open`])
 //! Segments are scanned in id order; each record is validated (magic, version, length
 //! within the segment, CRC, UTF-8 ids). The bytes after a segment's last valid record
-//! must all be zero: a segment is sealed (synced in full) before the next one is
-//! created, so a zero tail is a clean end and the scan continues with the next
-//! segment. **The first invalid record ends the log** (a torn tail, or a CRC mismatch
+//! must all be zero: a segment is sealed (synced in full) before any record is
+//! written to the next one, so a zero tail is a clean end and the scan continues with
+//! the next segment (an empty spare segment created ahead, see below, is such a
+//! next one: it becomes the active segment). **The first invalid record ends the log** (a torn tail, or a CRC mismatch
 //! in the middle): the rest of that segment is zeroed and synced, and every later
 //! segment is deleted (Kafka's choice). Skipping over a bad record is not possible
 //! safely (its length field is not trusted), and serving records after a hole would
@@ -53,7 +58,9 @@
 //! positions of its retained messages (seqs of one channel are contiguous, so
 //! `positions[seq - first_seq]`, 8 bytes per message). Bounds:
 //! - `max_segments`: when a roll makes more, the oldest segment is **retired**: its
-//!   file is deleted and its messages leave the index (retention).
+//!   messages leave the index at once and its file is deleted by the next sync job
+//!   (retention). On disk a log holds up to `max_segments` + 2 segment files (one
+//!   retired awaiting its job, one spare).
 //! - `max_indexed_messages`: an append that would index more retires the oldest
 //!   segment first (rolling first if it is the active one). So this memory budget is a
 //!   second retention bound; size it above `max_segments` × messages per segment to
@@ -62,9 +69,23 @@
 //!   [`LogError::TooManyChannels`]. Channels are never forgotten, even when all their
 //!   messages are retired, because their next seq must continue from their last one.
 //!
-//! Before a segment is retired, the last seqs of the channels left without retained
-//! messages are written atomically to `channel_seqs.snap`, which recovery merges
-//! (max) with what the scan finds, so seqs never restart after retention.
+//! Before a retired segment's file is deleted, the last seqs of the channels left
+//! without retained messages are written atomically to `channel_seqs.snap`, which
+//! recovery merges (max) with what the scan finds, so seqs never restart after
+//! retention.
+//!
+//! # File work and threads
+//! A [`SyncJob`] (run by the node's syncer thread) also carries the log's file work,
+//! done after its sync has been reported: it creates and preallocates the next
+//! segment ahead of its roll (the *spare*), and writes the seq snapshot then deletes
+//! (and unmaps) the retired segments. A roll on the shard thread then seals the
+//! active segment (one `fdatasync` of its unsynced tail: the one sync left on the
+//! shard thread in steady state) and switches to the spare. Still on the caller's
+//! thread: the seal; building the seq snapshot (a pass over the channel table) when
+//! a segment is retired; creating a segment when no job made one ahead (counted in
+//! [`LogStats::segments_created_inline`]), or waiting for a job still making it;
+//! [`MessageLog::sync`] (a graceful stop: seal and delete retired files); and
+//! [`MessageLog::open`] (recovery, retirement at open).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
