@@ -1067,7 +1067,12 @@ impl MessageLog {
                     // Cannot happen (only rolls advance ids); never leave it around.
                     let _ = std::fs::remove_file(&stale.path);
                 }
-                self.create_segment(next)?;
+                if let Err(e) = self.create_segment(next) {
+                    // No room for the next segment (ENOSPC, EIO): a disk error like
+                    // a failed sync; the log takes nothing more until a restart.
+                    self.poisoned = true;
+                    return Err(e);
+                }
                 self.segments_created_inline += 1;
             }
         }
