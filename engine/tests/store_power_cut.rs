@@ -55,6 +55,25 @@ impl SyncHook for Recorder {
     }
 }
 
+/// After the node stopped: whether its messages span more than one segment (the
+/// batches rolled, so seals were part of the test).
+fn rolled(c: &NodeConfig, data: &Path) -> bool {
+    let map = shard::slots::SlotMap::modulo(c.runtime.shard_count).unwrap();
+    let logs: Vec<MessageLog> = (0..c.runtime.shard_count as usize)
+        .map(|i| {
+            MessageLog::open(&log_dir(data, i), c.log.clone())
+                .unwrap()
+                .0
+        })
+        .collect();
+    PEERS.iter().any(|peer| {
+        let key = person_channel_key("u1", peer);
+        let log = &logs[map.shard_of_key(key.as_bytes()) as usize];
+        let read = log.read(1, &key, 0, 0, 0, PullMode::Up).unwrap();
+        read.messages.iter().any(|m| m.position >> 32 > 0)
+    })
+}
+
 /// Copies the node's logs into `to` as a power cut at this instant would leave them.
 fn power_cut(data: &Path, shards: usize, rec: &Recorder, to: &Path, rng: &mut impl Rng) {
     let synced = rec.synced.lock().unwrap().clone();
@@ -116,7 +135,7 @@ fn recover(
 
 fn payload(peer: usize, n: u32) -> Vec<u8> {
     let mut p = format!("{peer}/{n}/").into_bytes();
-    p.extend((0..(n * 37 % 700)).map(|i| (i + n) as u8));
+    p.extend((0..(500 + n * 37 % 1500)).map(|i| (i + n) as u8));
     p
 }
 
@@ -202,6 +221,7 @@ fn always_every_sendacked_message_survives_a_power_cut() {
     }
     drop(a);
     node.shutdown().unwrap();
+    assert!(rolled(&c, &dir.path().join("data")), "the batches roll");
 }
 
 #[test]
@@ -251,4 +271,5 @@ fn interval_everything_the_last_sync_covered_survives_a_power_cut() {
     }
     drop(a);
     node.shutdown().unwrap();
+    assert!(rolled(&c, &dir.path().join("data")), "the batches roll");
 }
