@@ -418,6 +418,11 @@ fn rolling_under_load_keeps_the_seqs_and_the_segment_budget(backend: Backend) {
             .count();
         assert!(segs <= 5, "shard {shard}: {segs} segment files");
     }
+    let metrics = node.api().handle("GET", "/metrics", None, b"").body;
+    assert!(
+        metrics.contains("\nimrouter_log_segments_created_inline 0\n"),
+        "every roll switched to a segment made ahead by the syncer: {metrics}"
+    );
     drop(a);
     node.shutdown().unwrap();
     let node = Node::start(c).unwrap();

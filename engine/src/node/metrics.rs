@@ -96,6 +96,9 @@ shard_metrics! {
     /// the shard refuses sends (SENDACK 15) and `/readyz` is 503 until a restart
     /// (gauge).
     log_write_failed,
+    /// Log segments this shard's thread had to create itself at a roll, because no
+    /// sync job had created one ahead (normally 0).
+    log_segments_created_inline,
 }
 
 /// Upper bounds (ns) of the latency histogram buckets; the last bucket is +Inf.

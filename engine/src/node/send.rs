@@ -512,6 +512,9 @@ pub fn flush_commits(
 /// durable.
 fn end_sync(node: &mut NodeShard, result: std::io::Result<()>) -> bool {
     let now_ms = node.shared.wall_ms();
+    let inline = node.delivery.log.stats().segments_created_inline;
+    let m = &node.metrics.log_segments_created_inline;
+    m.add(inline.saturating_sub(m.get()));
     match node.delivery.log.end_sync(result, now_ms) {
         Ok(()) => true,
         Err(err) => {
