@@ -438,3 +438,50 @@ fn rolling_under_load_keeps_the_seqs_and_the_segment_budget(backend: Backend) {
 }
 
 on_both_drivers!(rolling_under_load_keeps_the_seqs_and_the_segment_budget);
+
+/// Ids continue after the newest one in the log, even when the wall clock is behind
+/// it at the restart (here: the log holds an id from an hour ahead).
+#[test]
+fn ids_continue_after_the_logs_newest_id_when_the_clock_is_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), Backend::Mio);
+    Node::start(c.clone()).unwrap().shutdown().unwrap();
+    let key = engine::channel::person_channel_key("u1", "u2");
+    let map = shard::slots::SlotMap::modulo(2).unwrap();
+    let shard = map.shard_of_key(key.as_bytes()) as usize;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut ahead = engine::store::MessageIdGen::new(c.node_id, shard, 2).unwrap();
+    let future_id = ahead.next_id(now_ms + 3_600_000).unwrap();
+    {
+        let (mut log, _) = engine::store::MessageLog::open(
+            &engine::store::log_dir(dir.path(), shard),
+            c.log.clone(),
+        )
+        .unwrap();
+        log.append(&engine::store::NewMessage {
+            message_id: future_id,
+            channel_type: 1,
+            channel_id: &key,
+            from_uid: "u1",
+            client_msg_no: "",
+            setting: 0,
+            msg_flags: 0,
+            timestamp_s: (now_ms / 1000) as u32,
+            payload: b"from the future",
+        })
+        .unwrap();
+        log.sync(now_ms).unwrap();
+    }
+    let node = Node::start(c).unwrap();
+    set_token(&node, "u1", 1, 1);
+    let mut a = login(&node, "u1");
+    a.send("u2", 1, 1, "", b"now", true).unwrap();
+    let (_, id, seq, reason) = next_sendack(&mut a);
+    assert_eq!((seq, reason), (2, 1));
+    assert!(id > future_id, "{id} after {future_id}");
+    drop(a);
+    node.shutdown().unwrap();
+}
