@@ -2,6 +2,10 @@
 //! node (this test binary re-executed with `IMROUTER_CRASH_CHILD_DIR`), the parent
 //! sends through it and collects SENDACKs, kills it with SIGKILL mid-stream, restarts
 //! a node on the same data directory and syncs every acknowledged message back.
+//!
+//! SIGKILL keeps the kernel's page cache, so this passes even if nothing is ever
+//! synced: `store_power_cut.rs` is the test that needs the syncs (it keeps only what
+//! they covered).
 
 // Test configs change a few nested fields of the defaults.
 #![allow(clippy::field_reassign_with_default)]

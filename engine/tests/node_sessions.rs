@@ -239,12 +239,85 @@ fn idempotent_resend_gets_the_first_answer_and_is_delivered_once(backend: Backen
 /// `fsync = "always"`: SENDACKs wait for the shard's background sync (pipelined
 /// group commit); every message is acknowledged in order, delivered once, and is
 /// in the log after a restart.
+/// A sync hook that holds every sync while closed (the test's view of the syncer).
+struct SyncGate {
+    /// (open, syncs waiting at the gate)
+    state: std::sync::Mutex<(bool, u32)>,
+    changed: std::sync::Condvar,
+}
+
+impl SyncGate {
+    fn closed() -> SyncGate {
+        SyncGate {
+            state: std::sync::Mutex::new((false, 0)),
+            changed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn wait_until_holding(&self) {
+        let deadline = Instant::now() + TIMEOUT;
+        let mut g = self.state.lock().unwrap();
+        while g.1 == 0 {
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .expect("timed out waiting for a sync to reach the gate");
+            g = self.changed.wait_timeout(g, left).unwrap().0;
+        }
+    }
+
+    fn open(&self) {
+        self.state.lock().unwrap().0 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl engine::node::syncer::SyncHook for SyncGate {
+    fn sync(&self, file: &std::fs::File, _: &std::path::Path, _: u32) -> std::io::Result<()> {
+        let mut g = self.state.lock().unwrap();
+        g.1 += 1;
+        self.changed.notify_all();
+        while !g.0 {
+            g = self.changed.wait(g).unwrap();
+        }
+        g.1 -= 1;
+        drop(g);
+        file.sync_data()
+    }
+}
+
+/// Opens the gate when dropped: a failing test must not leave the node's final
+/// sync waiting at a closed gate.
+struct OpenOnDrop(std::sync::Arc<SyncGate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// Reads `c` up to the PONG of a PING sent now; panics on any SENDACK or RECV.
+fn nothing_before_pong(c: &mut Client, who: &str) {
+    c.ping().unwrap();
+    match c.read().unwrap() {
+        Received::Pong => {}
+        other => panic!("{who} got {other:?} while the sync was held"),
+    }
+}
+
 fn always_fsync_acknowledges_after_the_background_sync(backend: Backend) {
     const MESSAGES: u32 = 40;
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), backend);
     c.log.fsync = engine::store::FsyncPolicy::Always;
-    let node = Node::start(c.clone()).unwrap();
+    // One shard: a PING sent after the sync was submitted is handled after every
+    // answer the shard could have given before the sync, on the same connection.
+    c.runtime.shard_count = 1;
+    let gate = std::sync::Arc::new(SyncGate::closed());
+    let hooks = engine::node::syncer::NodeHooks {
+        log_sync: Some(gate.clone()),
+    };
+    let node = Node::start_with(c.clone(), hooks).unwrap();
+    let _open_on_drop = OpenOnDrop(gate.clone());
     set_token(&node, "u1", 1);
     set_token(&node, "u2", 1);
     let mut a = login_device(&node, "u1", "d");
@@ -261,6 +334,11 @@ fn always_fsync_acknowledges_after_the_background_sync(backend: Backend) {
         )
         .unwrap();
     }
+    // The first sync is held: no SENDACK and no RECV may leave meanwhile.
+    gate.wait_until_holding();
+    nothing_before_pong(&mut a, "the sender");
+    nothing_before_pong(&mut b, "the recipient");
+    gate.open();
     let mut acks = Vec::new();
     while acks.len() < MESSAGES as usize {
         if let Received::Sendack {

@@ -7,6 +7,10 @@
 //! `FsyncPolicy::Always`); `nosync` acknowledges right after `append`, checking the
 //! claim that a process crash loses nothing that was appended (the page cache
 //! outlives the process).
+//!
+//! SIGKILL keeps the kernel's page cache, so this passes even if nothing is ever
+//! synced: `store_power_cut.rs` is the test that needs the syncs (it keeps only what
+//! they covered).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};

@@ -178,9 +178,27 @@ impl Meta {
     }
 }
 
+/// Whether the token a CONNECT carries is the stored one, in time independent of
+/// where they differ (`subtle`), so response timing does not reveal a prefix. Only
+/// the length may show (a mismatch in length is refused at once).
+pub fn token_matches(stored: &str, given: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    bool::from(stored.as_bytes().ct_eq(given.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(token_matches("tok-u1", "tok-u1"));
+        assert!(!token_matches("tok-u1", "tok-u2"));
+        assert!(!token_matches("tok-u1", "tok-u"));
+        assert!(!token_matches("tok-u1", "tok-u12"));
+        assert!(!token_matches("tok-u1", ""));
+        assert!(token_matches("", ""));
+    }
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

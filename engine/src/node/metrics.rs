@@ -36,7 +36,7 @@ impl Counter {
 }
 
 /// The counters that go down as well as up.
-pub const GAUGES: &[&str] = &["connections"];
+pub const GAUGES: &[&str] = &["connections", "log_write_failed"];
 
 macro_rules! shard_metrics {
     ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
@@ -108,6 +108,13 @@ shard_metrics! {
     delivery_stalls,
     /// Authority calls refused as stale-target or not-leader.
     authority_stale_refusals,
+    /// 1 once this shard's message log failed a write or sync (a disk I/O error):
+    /// the shard refuses sends (SENDACK 15) and `/readyz` is 503 until a restart
+    /// (gauge).
+    log_write_failed,
+    /// Log segments this shard's thread had to create itself at a roll, because no
+    /// sync job had created one ahead (normally 0).
+    log_segments_created_inline,
 }
 
 /// Upper bounds (ns) of the latency histogram buckets; the last bucket is +Inf.

@@ -86,7 +86,7 @@ impl Default for SessionConfig {
             pending_acks_per_session_max: 1_024,
             ack_timeout_ms: 10_000,
             ack_resends_max: 3,
-            sends_in_flight_per_conn_max: 256,
+            sends_in_flight_per_conn_max: 1_024,
         }
     }
 }
@@ -279,6 +279,16 @@ impl NodeShared {
         if !self.all_shards_started() {
             return Some("shards are starting".into());
         }
+        if let Some(shard) = self
+            .shard_metrics
+            .iter()
+            .position(|m| m.log_write_failed.get() > 0)
+        {
+            return Some(format!(
+                "shard {shard}: message log failed (disk I/O error); sends are refused \
+                 until the node restarts"
+            ));
+        }
         None
     }
 
@@ -337,9 +347,31 @@ fn bind_per_shard(
     Ok((actual, all))
 }
 
+/// The message id generator of shard `shard`: distinct node and shard bits
+/// (`store::idgen` documents the layout).
+pub fn id_generator(config: &NodeConfig, shard: usize) -> io::Result<MessageIdGen> {
+    MessageIdGen::new(
+        config.node_id,
+        shard,
+        usize::from(config.runtime.shard_count),
+    )
+    .ok_or_else(|| {
+        io::Error::other(format!(
+            "message ids need node_id < {} and at most {} shards",
+            crate::store::idgen::MAX_NODE_IDS,
+            crate::store::idgen::MAX_SHARDS
+        ))
+    })
+}
+
 impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
     pub fn start(config: NodeConfig) -> io::Result<Node> {
+        Node::start_with(config, syncer::NodeHooks::default())
+    }
+
+    /// [`Node::start`] with test hooks.
+    pub fn start_with(config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
         let shards = config.runtime.shard_count as usize;
         config
             .delivery
@@ -349,6 +381,15 @@ impl Node {
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
         let directory =
             Directory::new(&config.authority).map_err(|e| io::Error::other(format!("{e:?}")))?;
+        crate::store::create_private_dir_all(&config.data_dir).map_err(|e| {
+            io::Error::other(format!("data dir {}: {e}", config.data_dir.display()))
+        })?;
+        crate::store::layout::check_or_record(
+            &config.data_dir,
+            config.runtime.shard_count,
+            ::shard::slots::HASH_SLOTS as u16,
+        )
+        .map_err(io::Error::other)?;
         let meta_dir = config.data_dir.join("meta");
         let (meta, recovery) = Meta::open(&meta_dir, config.meta)
             .map_err(|e| io::Error::other(format!("metadata store {}: {e}", meta_dir.display())))?;
@@ -377,10 +418,13 @@ impl Node {
         let mut logs = Vec::with_capacity(shards);
         for i in 0..shards {
             let dir = log_dir(&config.data_dir, i);
-            let (log, report) = MessageLog::open(&dir, config.log.clone())
+            let (mut log, report) = MessageLog::open(&dir, config.log.clone())
                 .map_err(|e| io::Error::other(format!("log {}: {e}", dir.display())))?;
+            if let Some(h) = &hooks.log_sync {
+                log.set_sync_hook(h.clone());
+            }
             tracing::info!(shard = i, records = report.records, "message log opened");
-            logs.push(log);
+            logs.push((log, report.max_message_id));
         }
 
         let shared = Arc::new(NodeShared {
@@ -415,13 +459,25 @@ impl Node {
         let s = shared.clone();
         let runtime = Runtime::start(shared.config.runtime.clone(), move |init: &ShardInit| {
             let me = init.shard as usize;
-            let (listeners, log, syncer) = parts.lock().unwrap_or_else(|e| e.into_inner())[me]
-                .take()
-                .ok_or_else(|| io::Error::other("shard started twice"))?;
+            let (listeners, (log, max_message_id), syncer) =
+                parts.lock().unwrap_or_else(|e| e.into_inner())[me]
+                    .take()
+                    .ok_or_else(|| io::Error::other("shard started twice"))?;
             let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
-            let ids = MessageIdGen::new(s.config.node_id)
-                .ok_or_else(|| io::Error::other("node_id out of range for message ids"))?;
-            let idem = IdempotencyWindow::new(s.config.idempotency);
+            let mut ids = id_generator(&s.config, me)?;
+            ids.resume_after(max_message_id);
+            let mut idem = IdempotencyWindow::new(s.config.idempotency);
+            if let Some(w) = idem.as_mut() {
+                // A resend after a restart gets the first answer (Flow 7).
+                let entries = w.rebuild_from_log(&log, s.wall_ms() / 1000).map_err(|e| {
+                    io::Error::other(format!("idempotency window of shard {me}: {e}"))
+                })?;
+                tracing::info!(
+                    shard = me,
+                    entries,
+                    "idempotency window rebuilt from the log"
+                );
+            }
             let delivery = send::DeliveryCore::new(log, ids, idem, syncer);
             let shard = NodeShard::new(init.shard as ShardId, s.clone(), delivery)?;
             Ok((shard, driver))

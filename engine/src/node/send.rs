@@ -415,6 +415,7 @@ pub fn on_commit(
         match appended {
             Ok(a) => a.message_seq,
             Err(err) => {
+                log_failed(node, &err);
                 tracing::warn!(%err, channel = r.channel.key(), "append failed");
                 return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
             }
@@ -555,6 +556,7 @@ pub fn flush_commits(
             }
         },
         Err(err) => {
+            log_failed(node, &err);
             tracing::error!(%err, "log sync failed: refusing the batch");
             release(node, cx, driver, batch, false);
         }
@@ -566,12 +568,27 @@ pub fn flush_commits(
 /// durable.
 fn end_sync(node: &mut NodeShard, result: std::io::Result<()>) -> bool {
     let now_ms = node.shared.wall_ms();
+    let inline = node.delivery.log.stats().segments_created_inline;
+    let m = &node.metrics.log_segments_created_inline;
+    m.add(inline.saturating_sub(m.get()));
     match node.delivery.log.end_sync(result, now_ms) {
         Ok(()) => true,
         Err(err) => {
+            log_failed(node, &err);
             tracing::error!(%err, shard = node.me, "log sync failed: refusing the batch");
             false
         }
+    }
+}
+
+/// A disk I/O error (or a log poisoned by one) marks the shard failed: its gauge
+/// `log_write_failed` turns `/readyz` to 503 (`NodeShared::not_ready`).
+fn log_failed(node: &NodeShard, err: &crate::store::LogError) {
+    use crate::store::LogError;
+    if matches!(err, LogError::Io { .. } | LogError::Poisoned)
+        && node.metrics.log_write_failed.get() == 0
+    {
+        node.metrics.log_write_failed.inc();
     }
 }
 
@@ -626,6 +643,7 @@ pub fn flush_commits_for_stop(
     let durable = match node.delivery.log.sync(node.shared.wall_ms()) {
         Ok(()) => true,
         Err(err) => {
+            log_failed(node, &err);
             tracing::error!(%err, shard = node.me, "final log sync failed");
             false
         }
@@ -1076,7 +1094,10 @@ pub fn on_log_sync_timer(node: &mut NodeShard) {
                 end_sync(node, ran_here);
             }
         }
-        Err(err) => tracing::error!(%err, shard = node.me, "interval log sync failed"),
+        Err(err) => {
+            log_failed(node, &err);
+            tracing::error!(%err, shard = node.me, "interval log sync failed");
+        }
     }
 }
 

@@ -482,7 +482,7 @@ impl NodeShard {
         }
         let level = if cfg.token_auth {
             match self.shared.meta.token(&c.uid, c.device_flag) {
-                Some((token, level)) if *token == *c.token => level,
+                Some((token, level)) if super::meta::token_matches(&token, &c.token) => level,
                 _ => return self.refuse_connect(driver, id, 2, "token mismatch"),
             }
         } else {

@@ -8,6 +8,13 @@
 //! injector when a job ends. Under `fsync = "always"` the commits appended before
 //! the job wait for it (group commit, pipelined: appends of the following turns
 //! form the next job); under the interval policy nothing waits for it.
+//!
+//! A job also carries the log's file work (creating the next segment ahead,
+//! deleting retired ones: `store::log`, "File work and threads"); the thread does
+//! it after it has handed back the sync's result, so no commit waits for it.
+//!
+//! [`NodeHooks`] is the test-only injection point: a [`SyncHook`] replaces the
+//! `fdatasync` of every sync (hold it, fail it, record what it covered).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -17,6 +24,19 @@ use shard::runtime::Injector;
 
 use super::msg::Msg;
 use crate::store::SyncJob;
+
+pub use crate::store::log::SyncHook;
+
+/// Test-only injection points of a node ([`super::Node::start_with`]). Production
+/// passes none: each costs one `Option` check per sync job.
+#[derive(Clone, Default)]
+pub struct NodeHooks {
+    /// Runs every sync of every shard's log instead of `fdatasync` (it is given the
+    /// segment file, its path and the length the sync must cover): a test holds a
+    /// sync to observe that nothing is acknowledged meanwhile, fails it to see a
+    /// disk error, or records it to simulate a power cut.
+    pub log_sync: Option<Arc<dyn SyncHook>>,
+}
 
 /// Jobs queued per shard: one in flight, by contract.
 const JOBS_IN_FLIGHT_MAX: usize = 1;
@@ -111,13 +131,16 @@ impl SyncThread {
             .name(format!("imrouter-sync-{shard}"))
             .spawn(move || {
                 for (ticket, job) in self.jobs {
-                    let result = job.run();
-                    *self.done.result.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Some((ticket, result));
-                    self.done.ticket.store(ticket, Ordering::Release);
-                    // Only a wake-up: the shard also checks `done` on every turn, so a
-                    // full injector queue (the shard is awake then) loses nothing.
-                    let _ = wake.send(Msg::LogSynced);
+                    // The result is handed back as soon as the sync ended; the job's
+                    // file work (the next segment, retired segments) follows here.
+                    job.run_then(|result| {
+                        *self.done.result.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some((ticket, result));
+                        self.done.ticket.store(ticket, Ordering::Release);
+                        // Only a wake-up: the shard also checks `done` on every turn, so
+                        // a full injector queue (the shard is awake then) loses nothing.
+                        let _ = wake.send(Msg::LogSynced);
+                    });
                 }
             })
     }

@@ -3,7 +3,29 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
+
+/// Mode of every file the stores create: the owner only (message contents, tokens).
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of every directory the stores create.
+pub const DIR_MODE: u32 = 0o700;
+
+/// `create_dir_all` with mode 0700 for every directory it creates (existing ones
+/// keep their mode).
+pub fn create_private_dir_all(dir: &Path) -> io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)
+}
+
+/// Options for a new file of the stores: read-write, created with [`FILE_MODE`].
+pub fn private_file() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).mode(FILE_MODE);
+    o
+}
 
 /// Reserves `len_bytes` of real disk blocks for `file` (and sets its size), so that
 /// later stores through a shared mapping cannot hit ENOSPC (which would be a SIGBUS).
@@ -34,11 +56,9 @@ pub struct DirLock {
 
 impl DirLock {
     pub fn acquire(dir: &Path) -> io::Result<DirLock> {
-        let file = OpenOptions::new()
+        let file = private_file()
             .create(true)
             .truncate(false)
-            .read(true)
-            .write(true)
             .open(dir.join("LOCK"))?;
         // SAFETY: plain FFI call on a file descriptor that `file` keeps open; the lock
         // is released when the descriptor is closed (when `DirLock` drops).
@@ -57,11 +77,7 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
     let tmp = dir.join(format!("{name}.tmp"));
     {
-        let mut f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&tmp)?;
+        let mut f = private_file().create(true).truncate(true).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
     }

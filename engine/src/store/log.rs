@@ -9,10 +9,10 @@
 //! 8-byte-aligned offsets. A record's [`LogPosition`] is `segment_id << 32 | offset`.
 //!
 //! Why mmap for writes (not `pwrite`): an append is a `memcpy` into the page cache, no
-//! syscall per message; group commit then costs one `msync(MS_SYNC)` of the dirty range
-//! per batch, which on Linux is `vfs_fsync_range(.., datasync=1)`, i.e. `fdatasync` of
-//! that range (including the unwritten→written extent conversion the preallocation
-//! needs). Preallocating real blocks means a store can never fault with SIGBUS on a
+//! syscall per message; group commit then costs one `fdatasync` of the segment per
+//! batch, which writes back the pages dirtied through the shared mapping (the same
+//! `vfs_fsync_range(.., datasync=1)` that `msync(MS_SYNC)` calls, including the
+//! unwritten→written extent conversion the preallocation needs). Preallocating real blocks means a store can never fault with SIGBUS on a
 //! full disk. Reads are slices of the same mappings (zero copy).
 //!
 //! # Durability contract
@@ -33,15 +33,20 @@
 //! - A failed `sync` (EIO) **poisons** the log: the kernel may have dropped the dirty
 //!   pages, so a later `sync` could report success for lost data (the "fsyncgate"
 //!   lesson). Every later append/sync returns [`LogError::Poisoned`]; the process must
-//!   restart and recover.
+//!   restart and recover. (The node then refuses sends with SENDACK 15 and reports
+//!   the shard in `/readyz` and the `log_write_failed` gauge.)
+//! - Every sync goes through one function: `fdatasync`, or a [`SyncHook`] a test
+//!   installs to hold, fail or record syncs (`engine/tests/store_power_cut.rs`
+//!   simulates a power cut from what the syncs covered).
 //! - Messages with the NoPersist flag are never given to the log (the engine skips it).
 //!
 //! # Recovery ([`MessageLog::open`])
 //! Segments are scanned in id order; each record is validated (magic, version, length
 //! within the segment, CRC, UTF-8 ids). The bytes after a segment's last valid record
-//! must all be zero: a segment is sealed (synced in full) before the next one is
-//! created, so a zero tail is a clean end and the scan continues with the next
-//! segment. **The first invalid record ends the log** (a torn tail, or a CRC mismatch
+//! must all be zero: a segment is sealed (synced in full) before any record is
+//! written to the next one, so a zero tail is a clean end and the scan continues with
+//! the next segment (an empty spare segment created ahead, see below, is such a
+//! next one: it becomes the active segment). **The first invalid record ends the log** (a torn tail, or a CRC mismatch
 //! in the middle): the rest of that segment is zeroed and synced, and every later
 //! segment is deleted (Kafka's choice). Skipping over a bad record is not possible
 //! safely (its length field is not trusted), and serving records after a hole would
@@ -53,7 +58,9 @@
 //! positions of its retained messages (seqs of one channel are contiguous, so
 //! `positions[seq - first_seq]`, 8 bytes per message). Bounds:
 //! - `max_segments`: when a roll makes more, the oldest segment is **retired**: its
-//!   file is deleted and its messages leave the index (retention).
+//!   messages leave the index at once and its file is deleted by the next sync job
+//!   (retention). On disk a log holds up to `max_segments` + 2 segment files (one
+//!   retired awaiting its job, one spare).
 //! - `max_indexed_messages`: an append that would index more retires the oldest
 //!   segment first (rolling first if it is the active one). So this memory budget is a
 //!   second retention bound; size it above `max_segments` × messages per segment to
@@ -70,8 +77,8 @@
 //! id's length), at most `max_retired_channels` entries; beyond that the oldest
 //! entries fold into `seq_floor_buckets` high-water marks (`floor[hash % n] =
 //! max(floor, last seq)`). A channel not in the index starts from `max(its entry, its
-//! bucket's floor)`. Before a segment is retired the table is written atomically to
-//! `channel_seqs.snap` (with its hash key), which recovery loads.
+//! bucket's floor)`. Before a retired segment's file is deleted the table is written
+//! atomically to `channel_seqs.snap` (with its hash key), which recovery loads.
 //!
 //! Invariant: a channel's seqs never go back or repeat, through eviction, retention
 //! and restart (every merge is a `max`; a hash collision can only raise a value). They
@@ -79,17 +86,32 @@
 //! shares a bucket with a folded one (its next seq is then above its last + 1), or
 //! after a 64-bit collision (negligible). A read returns exactly the channel's
 //! records still on disk: an evicted channel has none.
+//!
+//! # File work and threads
+//! A [`SyncJob`] (run by the node's syncer thread) also carries the log's file work,
+//! done after its sync has been reported: it creates and preallocates the next
+//! segment ahead of its roll (the *spare*), and writes the seq snapshot then deletes
+//! (and unmaps) the retired segments. A roll on the shard thread then seals the
+//! active segment (one `fdatasync` of its unsynced tail: the one sync left on the
+//! shard thread in steady state) and switches to the spare. Still on the caller's
+//! thread: the seal; building the seq snapshot (a pass over the channel table) when
+//! a segment is retired; creating a segment when no job made one ahead (counted in
+//! [`LogStats::segments_created_inline`]), or waiting for a job still making it;
+//! [`MessageLog::sync`] (a graceful stop: seal and delete retired files); and
+//! [`MessageLog::open`] (recovery, retirement at open).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use memmap2::MmapMut;
 
-use super::fsutil::{preallocate, sync_dir, write_atomic, DirLock};
+use super::fsutil::{
+    create_private_dir_all, preallocate, private_file, sync_dir, write_atomic, DirLock,
+};
 use super::record::{align_up, decode, RecordFields, MAX_FIELD_BYTES, RECORD_HEADER_BYTES};
 
 /// Where a record lives: `segment_id << 32 | byte offset in the segment`.
@@ -421,6 +443,9 @@ pub struct RecoveryReport {
     pub snapshot_channels: usize,
     /// Segments retired at open to satisfy `max_segments` / `max_indexed_messages`.
     pub retired_segments: u32,
+    /// The largest message id of the scanned records (0: none): the shard's id
+    /// generator resumes after it ([`super::MessageIdGen::resume_after`]).
+    pub max_message_id: i64,
 }
 
 /// Counters of a running log.
@@ -438,25 +463,201 @@ pub struct LogStats {
     pub unsynced_bytes: u64,
     pub retired_segments: u64,
     pub retired_messages: u64,
+    /// Rolls that had to create the next segment on the calling (shard) thread
+    /// because no sync job had created it ahead.
+    pub segments_created_inline: u64,
+}
+
+/// Makes a segment's bytes durable. Every sync of the log goes through it: the
+/// syncer's jobs, a roll's seal, the final sync of a stop. Without one (production)
+/// the log calls `fdatasync`; tests install one ([`MessageLog::set_sync_hook`]) to
+/// hold a sync, fail it, or record what it covered (a simulated power cut).
+pub trait SyncHook: Send + Sync + 'static {
+    /// Makes `file` (the segment at `path`) durable at least up to byte `len`.
+    fn sync(&self, file: &File, path: &Path, len: u32) -> io::Result<()>;
+}
+
+fn sync_file(
+    hook: Option<&Arc<dyn SyncHook>>,
+    file: &File,
+    path: &Path,
+    len: u32,
+) -> io::Result<()> {
+    match hook {
+        Some(h) => h.sync(file, path, len),
+        None => file.sync_data(),
+    }
 }
 
 /// The sync of a log's appends up to [`MessageLog::begin_sync`], run on another
 /// thread (`fdatasync` of the segment file: milliseconds on a virtual disk, which
 /// the shard thread must not wait for).
+///
+/// A job also carries the log's file work, done after the sync: creating and
+/// preallocating the next segment ahead of its roll, and deleting retired segments
+/// (after writing the seq snapshot they need). So the shard thread neither creates
+/// nor deletes files in steady state.
 pub struct SyncJob {
     file: Arc<File>,
+    path: Arc<Path>,
+    /// The active segment's end when the job was made: what it makes durable.
+    len: u32,
+    hook: Option<Arc<dyn SyncHook>>,
+    work: Option<FileWork>,
 }
 
 impl SyncJob {
-    /// Blocks until the appends are on disk.
-    pub fn run(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+    /// Blocks until the appends are on disk, then does the job's file work.
+    pub fn run(self) -> io::Result<()> {
+        let mut out = Ok(());
+        self.run_then(|r| out = r);
+        out
+    }
+
+    /// Blocks until the appends are on disk, hands the result to `synced` (which
+    /// may wake whoever waits for it), then does the job's file work.
+    pub fn run_then(self, synced: impl FnOnce(io::Result<()>)) {
+        synced(sync_file(
+            self.hook.as_ref(),
+            &self.file,
+            &self.path,
+            self.len,
+        ));
+        if let Some(work) = self.work {
+            work.run();
+        }
+    }
+}
+
+/// The next segment, created by a job ahead of the roll that needs it.
+struct Spare {
+    id: u32,
+    path: Arc<Path>,
+    file: File,
+    map: MmapMut,
+}
+
+enum SpareState {
+    /// None, and none being made.
+    Idle,
+    /// A job's file work is making it.
+    Preparing,
+    Ready(Spare),
+    /// The job could not make it (the roll then tries itself).
+    Failed(io::Error),
+}
+
+/// What the log and its jobs' file work share.
+struct FileShared {
+    state: Mutex<FileState>,
+    changed: Condvar,
+}
+
+struct FileState {
+    spare: SpareState,
+    /// A retirement (snapshot write, delete, dir sync) that failed.
+    retire_error: Option<io::Error>,
+}
+
+impl FileShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// File work handed to a [`SyncJob`].
+struct FileWork {
+    dir: Arc<Path>,
+    /// Create the next segment: its id and size.
+    prepare: Option<(u32, u32)>,
+    /// The seq snapshot to make durable before the retired segments go.
+    snapshot: Option<Vec<u8>>,
+    /// Retired segments: unmapped and deleted here.
+    retired: Vec<Segment>,
+    shared: Arc<FileShared>,
+}
+
+impl FileWork {
+    fn run(mut self) {
+        if let Some((id, bytes)) = self.prepare.take() {
+            let made = new_segment_file(&self.dir, id, bytes);
+            let mut st = self.shared.lock();
+            st.spare = match made {
+                Ok((path, file, map)) => SpareState::Ready(Spare {
+                    id,
+                    path: path.into(),
+                    file,
+                    map,
+                }),
+                Err(e) => SpareState::Failed(e),
+            };
+            drop(st);
+            self.shared.changed.notify_all();
+        }
+        if let Err(e) = retire_files(&self.dir, self.snapshot.take(), &mut self.retired) {
+            self.shared.lock().retire_error = Some(e);
+        }
+    }
+}
+
+impl Drop for FileWork {
+    fn drop(&mut self) {
+        // Dropped without running (its job was never run): the roll must not wait.
+        if self.prepare.is_some() {
+            let mut st = self.shared.lock();
+            if matches!(st.spare, SpareState::Preparing) {
+                st.spare = SpareState::Idle;
+            }
+            drop(st);
+            self.shared.changed.notify_all();
+        }
+    }
+}
+
+/// Writes `snapshot` durably, then unmaps and deletes `retired` and syncs `dir`.
+fn retire_files(
+    dir: &Path,
+    snapshot: Option<Vec<u8>>,
+    retired: &mut Vec<Segment>,
+) -> io::Result<()> {
+    if retired.is_empty() {
+        return Ok(());
+    }
+    if let Some(bytes) = snapshot {
+        write_atomic(dir, SEQ_SNAPSHOT_NAME, &bytes)?;
+    }
+    for seg in retired.drain(..) {
+        let path = seg.path.clone();
+        drop(seg);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    sync_dir(dir)
+}
+
+/// Creates segment `id` of `bytes` in `dir`: preallocated, mapped, its directory
+/// entry synced. Nothing is left behind on failure.
+fn new_segment_file(dir: &Path, id: u32, bytes: u32) -> io::Result<(PathBuf, File, MmapMut)> {
+    let path = segment_path(dir, id);
+    let file = private_file().create_new(true).open(&path)?;
+    let res = preallocate(&file, u64::from(bytes))
+        .and_then(|()| map_segment(&file))
+        .and_then(|map| sync_dir(dir).map(|()| map));
+    match res {
+        Ok(map) => Ok((path, file, map)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            Err(e)
+        }
     }
 }
 
 struct Segment {
     id: u32,
-    path: PathBuf,
+    path: Arc<Path>,
     map: MmapMut,
     /// Bytes of valid records (the write offset).
     end: u32,
@@ -674,6 +875,15 @@ pub struct MessageLog {
     poisoned: bool,
     retired_segments: u64,
     retired_messages: u64,
+    /// Runs every sync instead of `fdatasync` (tests).
+    sync_hook: Option<Arc<dyn SyncHook>>,
+    /// The spare segment and retirement errors, shared with jobs' file work.
+    files: Arc<FileShared>,
+    /// Retired segments whose files the next job deletes.
+    pending_retired: Vec<Segment>,
+    /// The seq snapshot the next job writes before deleting them.
+    pending_snapshot: Option<Vec<u8>>,
+    segments_created_inline: u64,
     _lock: DirLock,
 }
 
@@ -683,6 +893,16 @@ impl fmt::Debug for MessageLog {
             .field("dir", &self.dir)
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+impl Drop for MessageLog {
+    fn drop(&mut self) {
+        // Retired segments no job deleted yet (best effort: a reopen retires them
+        // again).
+        if let Err(err) = self.retire_files_now() {
+            tracing::warn!(%err, dir = %self.dir.display(), "deleting retired segments at close");
+        }
     }
 }
 
@@ -731,7 +951,7 @@ impl MessageLog {
     /// module docs. The directory is locked for the life of the value.
     pub fn open(dir: &Path, config: LogConfig) -> Result<(MessageLog, RecoveryReport), LogError> {
         config.validate()?;
-        std::fs::create_dir_all(dir).map_err(io_err("create log dir"))?;
+        create_private_dir_all(dir).map_err(io_err("create log dir"))?;
         let lock = DirLock::acquire(dir).map_err(|e| {
             if e.kind() == io::ErrorKind::WouldBlock {
                 LogError::Locked
@@ -768,6 +988,17 @@ impl MessageLog {
             poisoned: false,
             retired_segments: 0,
             retired_messages: 0,
+            sync_hook: None,
+            files: Arc::new(FileShared {
+                state: Mutex::new(FileState {
+                    spare: SpareState::Idle,
+                    retire_error: None,
+                }),
+                changed: Condvar::new(),
+            }),
+            pending_retired: Vec::new(),
+            pending_snapshot: None,
+            segments_created_inline: 0,
             _lock: lock,
         };
         let mut report = RecoveryReport::default();
@@ -799,7 +1030,7 @@ impl MessageLog {
             let map = map_segment(&file).map_err(io_err("map segment"))?;
             let mut seg = Segment {
                 id,
-                path,
+                path: path.into(),
                 map,
                 end: 0,
                 prefaulted_to: 0,
@@ -882,6 +1113,7 @@ impl MessageLog {
             log.retire_oldest()?;
         }
         report.retired_segments = (log.retired_segments - before) as u32;
+        log.retire_files_now()?;
         report.segments = log.segments.len() as u32;
         report.channels = log.table.channels;
         if report.truncated_bytes > 0
@@ -919,6 +1151,7 @@ impl MessageLog {
             st.positions.push(pos);
             st.last_seq = view.message_seq;
             self.table.indexed = self.table.indexed - dropped + 1;
+            report.max_message_id = report.max_message_id.max(view.message_id);
             off += len;
         }
         let clean = bytes[off..].iter().all(|&b| b == 0);
@@ -926,38 +1159,91 @@ impl MessageLog {
     }
 
     fn create_segment(&mut self, id: u32) -> Result<(), LogError> {
-        let path = segment_path(&self.dir, id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let (path, file, map) = new_segment_file(&self.dir, id, self.config.segment_bytes)
             .map_err(io_err("create segment"))?;
-        let res = preallocate(&file, u64::from(self.config.segment_bytes))
-            .map_err(io_err("preallocate segment"))
-            .and_then(|()| map_segment(&file).map_err(io_err("map segment")))
-            .and_then(|map| {
-                sync_dir(&self.dir)
-                    .map_err(io_err("sync log dir"))
-                    .map(|()| map)
-            });
-        match res {
-            Ok(map) => {
-                self.segments.push_back(Segment {
-                    id,
-                    path,
-                    map,
-                    end: 0,
-                    prefaulted_to: 0,
-                    file: Arc::new(file),
-                });
-                Ok(())
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                Err(e)
+        self.segments.push_back(Segment {
+            id,
+            path: path.into(),
+            map,
+            end: 0,
+            prefaulted_to: 0,
+            file: Arc::new(file),
+        });
+        Ok(())
+    }
+
+    /// The spare segment a job made, waiting for a job still making it (`None`:
+    /// none was asked for, or making it failed).
+    fn take_spare(&mut self) -> Option<Spare> {
+        let mut st = self.files.lock();
+        loop {
+            match std::mem::replace(&mut st.spare, SpareState::Idle) {
+                SpareState::Ready(spare) => return Some(spare),
+                SpareState::Preparing => {
+                    st.spare = SpareState::Preparing;
+                    st = self
+                        .files
+                        .changed
+                        .wait(st)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                SpareState::Failed(err) => {
+                    tracing::warn!(%err, dir = %self.dir.display(), "creating the next segment ahead failed");
+                    return None;
+                }
+                SpareState::Idle => return None,
             }
         }
+    }
+
+    /// The file work for the next job: the next segment if none is made or being
+    /// made, and the retired segments to delete.
+    fn take_file_work(&mut self) -> Option<FileWork> {
+        let prepare = match self.active().id.checked_add(1) {
+            // (exhausted: the roll reports it)
+            None => None,
+            Some(next) => {
+                let mut st = self.files.lock();
+                if matches!(st.spare, SpareState::Idle) {
+                    st.spare = SpareState::Preparing;
+                    Some((next, self.config.segment_bytes))
+                } else {
+                    None
+                }
+            }
+        };
+        if prepare.is_none() && self.pending_retired.is_empty() {
+            return None;
+        }
+        Some(FileWork {
+            dir: self.dir.clone().into(),
+            prepare,
+            snapshot: self.pending_snapshot.take(),
+            retired: std::mem::take(&mut self.pending_retired),
+            shared: self.files.clone(),
+        })
+    }
+
+    /// A retirement a job could not finish poisons the log (a disk error).
+    fn check_file_errors(&mut self) -> Result<(), LogError> {
+        if let Some(source) = self.files.lock().retire_error.take() {
+            self.poisoned = true;
+            return Err(LogError::Io {
+                op: "retire segment",
+                source,
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes the retired segments here and now (open, a full sync).
+    fn retire_files_now(&mut self) -> Result<(), LogError> {
+        retire_files(
+            &self.dir,
+            self.pending_snapshot.take(),
+            &mut self.pending_retired,
+        )
+        .map_err(io_err("retire segment"))
     }
 
     fn active(&self) -> &Segment {
@@ -969,23 +1255,35 @@ impl MessageLog {
     /// Seals the active segment (syncs it in full) and starts the next one; retires
     /// the oldest segments beyond `max_segments`.
     fn roll(&mut self) -> Result<(), LogError> {
-        self.flush_dirty()?;
-        if self.jobs_in_flight > 0 {
-            // Sealed in full, whatever a job still running on another thread covers.
-            if let Err(source) = self.active().file.sync_data() {
-                self.poisoned = true;
-                return Err(LogError::Io {
-                    op: "fdatasync",
-                    source,
-                });
-            }
-        }
+        self.seal_active()?;
         let next = self
             .active()
             .id
             .checked_add(1)
             .ok_or(LogError::SegmentIdsExhausted)?;
-        self.create_segment(next)?;
+        match self.take_spare() {
+            Some(spare) if spare.id == next => self.segments.push_back(Segment {
+                id: spare.id,
+                path: spare.path,
+                map: spare.map,
+                end: 0,
+                prefaulted_to: 0,
+                file: Arc::new(spare.file),
+            }),
+            other => {
+                if let Some(stale) = other {
+                    // Cannot happen (only rolls advance ids); never leave it around.
+                    let _ = std::fs::remove_file(&stale.path);
+                }
+                if let Err(e) = self.create_segment(next) {
+                    // No room for the next segment (ENOSPC, EIO): a disk error like
+                    // a failed sync; the log takes nothing more until a restart.
+                    self.poisoned = true;
+                    return Err(e);
+                }
+                self.segments_created_inline += 1;
+            }
+        }
         while self.segments.len() > self.config.max_segments as usize {
             self.retire_oldest()?;
         }
@@ -1012,10 +1310,12 @@ impl MessageLog {
                 self.retired.record(h, st.last_seq);
             }
         }
-        write_atomic(&self.dir, SEQ_SNAPSHOT_NAME, &self.retired.encode())
-            .map_err(io_err("write seq snapshot"))?;
-        std::fs::remove_file(&oldest.path).map_err(io_err("delete retired segment"))?;
-        drop(self.segments.pop_front());
+        // Written (durably) by the next job's file work before it deletes the
+        // segment; a later retirement's snapshot supersedes this one (the table only
+        // grows or folds, every merge a max).
+        self.pending_snapshot = Some(self.retired.encode());
+        let oldest = self.segments.pop_front().expect("checked above");
+        self.pending_retired.push(oldest);
         let mut dropped = 0usize;
         let mut gone = 0usize;
         for (_, map) in &mut self.table.by_type {
@@ -1041,33 +1341,34 @@ impl MessageLog {
         self.table.indexed -= dropped;
         self.retired_segments += 1;
         self.retired_messages += dropped as u64;
-        // memory already matches the directory; only the deletion's durability is at stake
-        sync_dir(&self.dir).map_err(io_err("sync log dir"))
+        Ok(())
     }
 
-    fn flush_dirty(&mut self) -> Result<(), LogError> {
+    /// Syncs the active segment in full (its unsynced appends, and whatever a job
+    /// still running on another thread covers). A failure poisons the log.
+    fn seal_active(&mut self) -> Result<(), LogError> {
         if self.poisoned {
             return Err(LogError::Poisoned);
         }
-        let Some(from) = self.dirty_from else {
+        if self.dirty_from.is_none() && self.jobs_in_flight == 0 {
             return Ok(());
-        };
-        let seg = self
-            .segments
-            .back()
-            .expect("a log always has an active segment");
-        if let Err(e) = seg
-            .map
-            .flush_range(from as usize, (seg.end - from) as usize)
-        {
+        }
+        let seg = self.active();
+        if let Err(source) = sync_file(self.sync_hook.as_ref(), &seg.file, &seg.path, seg.end) {
             self.poisoned = true;
             return Err(LogError::Io {
-                op: "msync",
-                source: e,
+                op: "fdatasync",
+                source,
             });
         }
         self.dirty_from = None;
         Ok(())
+    }
+
+    /// Every later sync runs `hook` instead of `fdatasync` (tests: hold, fail or
+    /// record syncs). Jobs already handed out keep the previous one.
+    pub fn set_sync_hook(&mut self, hook: Arc<dyn SyncHook>) {
+        self.sync_hook = Some(hook);
     }
 
     /// Appends one message to its channel: `message_seq` = the channel's last seq + 1.
@@ -1155,23 +1456,18 @@ impl MessageLog {
         })
     }
 
-    /// Makes every append so far durable (msync of the dirty range); `now_ms` is
+    /// Makes every append so far durable (`fdatasync` of the active segment); `now_ms` is
     /// remembered for [`MessageLog::sync_due`]. A failure poisons the log.
     ///
     /// Also covers the appends of a [`SyncJob`] still running elsewhere (both sync
     /// the same file), so a caller that needs everything durable now (a graceful
     /// stop) does not wait for the job.
     pub fn sync(&mut self, now_ms: u64) -> Result<(), LogError> {
-        self.flush_dirty()?;
-        if self.jobs_in_flight > 0 {
-            // A job's range is in the active segment: a roll syncs the old one in full.
-            if let Err(source) = self.active().file.sync_data() {
-                self.poisoned = true;
-                return Err(LogError::Io {
-                    op: "fdatasync",
-                    source,
-                });
-            }
+        self.seal_active()?;
+        self.check_file_errors()?;
+        if let Err(e) = self.retire_files_now() {
+            self.poisoned = true;
+            return Err(e);
         }
         self.last_sync_ms = now_ms;
         Ok(())
@@ -1186,12 +1482,19 @@ impl MessageLog {
         if self.poisoned {
             return Err(LogError::Poisoned);
         }
+        self.check_file_errors()?;
         if self.dirty_from.take().is_none() {
             return Ok(None);
         }
         self.jobs_in_flight += 1;
+        let work = self.take_file_work();
+        let seg = self.active();
         Ok(Some(SyncJob {
-            file: self.active().file.clone(),
+            file: seg.file.clone(),
+            path: seg.path.clone(),
+            len: seg.end,
+            hook: self.sync_hook.clone(),
+            work,
         }))
     }
 
@@ -1444,6 +1747,7 @@ impl MessageLog {
             unsynced_bytes: unsynced,
             retired_segments: self.retired_segments,
             retired_messages: self.retired_messages,
+            segments_created_inline: self.segments_created_inline,
         }
     }
 

@@ -37,7 +37,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::fsutil::{write_atomic, DirLock};
+use super::fsutil::{create_private_dir_all, write_atomic, DirLock};
 use crate::route::{DeviceLevel, Uid};
 
 const JOURNAL_NAME: &str = "meta.journal";
@@ -368,7 +368,7 @@ impl MetaStore {
                 "max_subscribers_per_group must fit in u32",
             ));
         }
-        std::fs::create_dir_all(dir).map_err(io_err("create meta dir"))?;
+        create_private_dir_all(dir).map_err(io_err("create meta dir"))?;
         let lock = DirLock::acquire(dir).map_err(|e| {
             if e.kind() == io::ErrorKind::WouldBlock {
                 MetaError::Locked

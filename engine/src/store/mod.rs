@@ -7,6 +7,8 @@
 //!   state exactly what survives a process crash and what survives power loss.
 //! - [`record`]: the on-disk record format (fixed `bytemuck` header + fields, CRC-32).
 //! - [`idgen`]: [`MessageIdGen`], cluster-unique snowflake-like message ids.
+//! - [`layout`]: `DATA_DIR/layout.toml`, the shard count the data was written with;
+//!   a start with another one is refused.
 //! - [`idempotency`]: [`IdempotencyWindow`], the bounded `(uid, client_msg_no)` window
 //!   of Flow 7.
 //! - [`meta`]: [`MetaStore`], tokens and subscribers with a fsynced journal and snapshots.
@@ -17,10 +19,12 @@
 mod fsutil;
 pub mod idempotency;
 pub mod idgen;
+pub mod layout;
 pub mod log;
 pub mod meta;
 pub mod record;
 
+pub use fsutil::create_private_dir_all;
 pub use idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
 pub use idgen::MessageIdGen;
 pub use log::{
