@@ -19,8 +19,11 @@ use io_uring::{cqueue, opcode, squeue, IoUring};
 use shard::runtime::{Driver, EventFd};
 
 use super::bufring::BufRing;
-use super::core::{AfterFlush, Core, Phase};
-use super::{prepare_listener, ConnId, ListenerKind, NetConfig, NetEvent, NetStats, SendError};
+use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
+use super::{
+    accept_with_spare, prepare_listener, reset, ConnId, ListenerKind, NetConfig, NetEvent,
+    NetStats, SendError, Spare, SpareOutcome,
+};
 
 /// Buffer group id of the provided receive buffers.
 const BGID: u16 = 0;
@@ -32,6 +35,8 @@ const OP_SEND: u64 = 3;
 const OP_DOORBELL: u64 = 4;
 const OP_CANCEL: u64 = 5;
 const OP_CANCEL_ALL: u64 = 6;
+/// Cancels the multishot accept of a paused listener (slot index = listener index).
+const OP_CANCEL_ACCEPT: u64 = 7;
 
 fn user_data(op: u64, idx: u32, generation: u32) -> u64 {
     debug_assert!(idx < (1 << 24));
@@ -83,6 +88,10 @@ pub struct UringDriver {
     cqes: Vec<(u64, i32, u32)>,
     start: Instant,
     pause_bytes: usize,
+    /// Closed to accept (and reset) one connection when out of descriptors.
+    spare: Spare,
+    /// Listeners whose pause ended (reused).
+    resumed: Vec<usize>,
 }
 
 impl UringDriver {
@@ -106,13 +115,17 @@ impl UringDriver {
             prepare_listener(l, config.listen_backlog)?;
         }
         let n = listeners.len();
+        // Completions already posted when reading pauses still deliver: at most one
+        // batch, which cannot hold more than every provided buffer.
+        let mut core = Core::new(
+            config,
+            usize::from(config.uring_buf_count) * config.uring_buf_bytes as usize,
+        );
+        for (kind, _) in &listeners {
+            core.add_listener(*kind);
+        }
         let mut d = UringDriver {
-            // Completions already posted when reading pauses still deliver: at most one
-            // batch, which cannot hold more than every provided buffer.
-            core: Core::new(
-                config,
-                usize::from(config.uring_buf_count) * config.uring_buf_bytes as usize,
-            ),
+            core,
             ring,
             bufs,
             bufs_unsafe_to_free: false,
@@ -131,6 +144,8 @@ impl UringDriver {
                 .inbound_buffer_bytes_max
                 .saturating_sub(config.uring_buf_bytes as usize)
                 .max(1),
+            spare: Spare::open(),
+            resumed: Vec::new(),
         };
         d.arm_static()?;
         d.ring.submit()?;
@@ -162,7 +177,18 @@ impl UringDriver {
     }
 
     pub fn stats(&self) -> NetStats {
-        self.core.stats
+        NetStats {
+            outbound_bytes: self.core.outbound_total() as u64,
+            ..self.core.stats
+        }
+    }
+
+    pub fn mark_established(&mut self, conn: ConnId) {
+        self.core.mark_established(conn)
+    }
+
+    pub fn outbound_total_bytes(&self) -> usize {
+        self.core.outbound_total()
     }
 
     fn now_ms(&self) -> u64 {
@@ -196,7 +222,8 @@ impl UringDriver {
             self.doorbell_armed = true;
         }
         for i in 0..self.listeners.len() {
-            if !self.listener_armed[i] {
+            // A paused listener is re-armed when its pause ends.
+            if !self.listener_armed[i] && !self.core.listener_paused(i) {
                 let fd = self.listeners[i].1.as_raw_fd();
                 let e = opcode::AcceptMulti::new(Fd(fd))
                     .flags(libc::SOCK_CLOEXEC)
@@ -307,9 +334,41 @@ impl UringDriver {
         }
     }
 
-    fn on_accept(&mut self, li: usize, res: i32) -> io::Result<()> {
+    fn on_accept(&mut self, li: usize, res: i32, more: bool) -> io::Result<()> {
+        if res == -libc::ECANCELED {
+            return Ok(());
+        }
         if res < 0 {
-            self.core.accept_error(&io::Error::from_raw_os_error(-res));
+            let err = io::Error::from_raw_os_error(-res);
+            match classify_accept_error(&err) {
+                // A multishot accept that ended is re-armed by the next poll.
+                AcceptFailure::Retry => {}
+                AcceptFailure::Dropped => self.core.accept_refused(li, Refusal::Other),
+                AcceptFailure::Resources => loop {
+                    // Out of descriptors: reset what queued, one spare descriptor at a
+                    // time, until the queue is empty or even that fails.
+                    let first = io::Error::from_raw_os_error(-res);
+                    let l = &self.listeners[li].1;
+                    match accept_with_spare(&mut self.spare, first, || l.accept().map(|(s, _)| s)) {
+                        SpareOutcome::ResetOne => self.core.accept_refused(li, Refusal::FdLimit),
+                        SpareOutcome::Empty => break,
+                        SpareOutcome::Failed(e) => {
+                            self.core.accept_failed(li, &e);
+                            break;
+                        }
+                    }
+                },
+                AcceptFailure::Other => self.core.accept_failed(li, &err),
+            }
+            if more && self.core.listener_paused(li) {
+                // Stop the multishot accept until the pause ends (a failed one
+                // normally ends by itself).
+                let e = opcode::AsyncCancel::new(user_data(OP_ACCEPT, li as u32, 0))
+                    .build()
+                    .user_data(user_data(OP_CANCEL_ACCEPT, li as u32, 0));
+                // SAFETY: a cancel references no memory.
+                unsafe { self.push(&e)? };
+            }
             return Ok(());
         }
         // SAFETY: a successful accept returns a new descriptor that we now own.
@@ -317,9 +376,9 @@ impl UringDriver {
         let peer = stream
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let kind = self.listeners[li].0;
-        let Some(idx) = self.core.alloc(kind, peer) else {
-            return Ok(()); // At max_connections_per_shard: refused (dropped here).
+        let Some(idx) = self.core.alloc(li, peer) else {
+            reset(stream); // Over the shard's connection cap.
+            return Ok(());
         };
         let _ = stream.set_nodelay(true);
         let raw: RawFd = stream.into_raw_fd();
@@ -414,10 +473,11 @@ impl UringDriver {
                         }
                     }
                     OP_ACCEPT => {
-                        if !cqueue::more(flags) {
+                        let more = cqueue::more(flags);
+                        if !more {
                             self.listener_armed[idx as usize] = false;
                         }
-                        self.on_accept(idx as usize, res)?;
+                        self.on_accept(idx as usize, res, more)?;
                     }
                     OP_RECV => self.on_recv(idx, res, flags)?,
                     OP_SEND => self.on_send(idx, res)?,
@@ -542,6 +602,11 @@ impl Driver for UringDriver {
         let blocks = wait.is_none_or(|d| !d.is_zero());
         now_ms = self.submit_and_collect(wait, (!blocks).then_some(now_ms))?;
         self.core.advance(now_ms);
+        // Listeners whose pause ended are re-armed by the next poll's `arm_static`,
+        // submitted by that poll's enter.
+        let mut resumed = std::mem::take(&mut self.resumed);
+        self.core.take_resumed(&mut resumed);
+        self.resumed = resumed;
         self.core.take_events(out);
         Ok(())
     }
