@@ -172,6 +172,9 @@ pub struct NodeShared {
     /// sampled every expiry pass.
     pub ring_occupancy: Vec<AtomicU64>,
     started_shards: AtomicUsize,
+    /// The descriptor budget the connection caps came from (`imrouter_fd_limit` is
+    /// its `limit`; `imrouter_open_fds` is [`NodeShared::open_fds`]).
+    pub fd_budget: net::io::fd::FdBudget,
 }
 
 impl NodeShared {
@@ -205,7 +208,22 @@ impl NodeShared {
         if !self.all_shards_started() {
             return Some("shards are starting".into());
         }
+        if let Some(shard) = self
+            .shard_metrics
+            .iter()
+            .position(|m| m.listener_paused_tcp.get() + m.listener_paused_ws.get() > 0)
+        {
+            return Some(format!(
+                "client listener of shard {shard} paused: accept failed (out of file descriptors or memory)"
+            ));
+        }
         None
+    }
+
+    /// Descriptors the process has open now (the `imrouter_open_fds` gauge; `None`
+    /// when `/proc/self/fd` cannot be read, e.g. out of descriptors).
+    pub fn open_fds(&self) -> Option<u64> {
+        net::io::fd::open_fds()
     }
 
     /// The newest cluster view.
@@ -265,8 +283,25 @@ fn bind_per_shard(
 
 impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
-    pub fn start(config: NodeConfig) -> io::Result<Node> {
+    pub fn start(mut config: NodeConfig) -> io::Result<Node> {
         let shards = config.runtime.shard_count as usize;
+        // The descriptor budget: the soft limit raised to the hard one, the reserve
+        // kept, the rest split between the shards as their connection cap.
+        let fd_limit = match net::io::fd::raise_nofile_limit() {
+            Ok((_, soft)) => soft,
+            Err(err) => {
+                tracing::warn!(%err, "could not raise RLIMIT_NOFILE");
+                net::io::fd::nofile_limit()?.0
+            }
+        };
+        let fd_budget = net::io::fd::plan(
+            fd_limit,
+            config.net.fd_reserve as u64,
+            shards as u64,
+            config.net.max_connections_per_shard as u64,
+        );
+        fd_budget.log();
+        config.net.max_connections_per_shard = fd_budget.per_shard_cap as usize;
         let boot_id: BootId = rand::random();
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
         let directory =
@@ -322,6 +357,7 @@ impl Node {
                 .collect(),
             ring_occupancy: (0..shards * shards).map(|_| AtomicU64::new(0)).collect(),
             started_shards: AtomicUsize::new(0),
+            fd_budget,
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();

@@ -336,6 +336,11 @@ impl Core {
     /// accepting pauses until the backoff's retry time, which
     /// [`Core::next_deadline_ms`] includes. Logged at powers of two.
     pub(crate) fn accept_failed(&mut self, li: usize, err: &std::io::Error) {
+        if self.listeners[li].paused_until_ms.is_some() {
+            // Another accept that was already in flight (io_uring): the same round.
+            self.stats.accept_errors += 1;
+            return;
+        }
         let now = self.now_ms;
         let l = &mut self.listeners[li];
         let retry = l.backoff.on_failure(now);

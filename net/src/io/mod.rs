@@ -146,6 +146,10 @@ pub struct NetConfig {
     pub mio_events_capacity: usize,
     /// io_uring: submission queue entries (the completion queue has 4 times as many).
     pub uring_entries: u32,
+    /// io_uring: accepts in flight per listener. Their descriptors exist before the
+    /// shard sees them, so a shard may briefly hold this many per listener beyond
+    /// its connection cap (`fd_reserve` covers it).
+    pub uring_accepts_inflight: u32,
     /// io_uring: provided receive buffers per shard (a power of two, at most 32768).
     pub uring_buf_count: u16,
     /// io_uring: bytes per provided receive buffer.
@@ -176,6 +180,7 @@ impl Default for NetConfig {
             listen_backlog: 4096,
             mio_events_capacity: 1024,
             uring_entries: 4096,
+            uring_accepts_inflight: 8,
             uring_buf_count: 1024,
             uring_buf_bytes: 16 * 1024,
             backend: Backend::Auto,
@@ -200,8 +205,15 @@ impl NetConfig {
         if !self.uring_buf_count.is_power_of_two() || self.uring_buf_count > 32768 {
             return bad("uring_buf_count must be a power of two <= 32768");
         }
-        if self.uring_buf_bytes == 0 || self.uring_entries == 0 || self.mio_events_capacity == 0 {
-            return bad("uring_buf_bytes, uring_entries and mio_events_capacity must be positive");
+        if self.uring_buf_bytes == 0
+            || self.uring_entries == 0
+            || self.mio_events_capacity == 0
+            || self.uring_accepts_inflight == 0
+        {
+            return bad(
+                "uring_buf_bytes, uring_entries, uring_accepts_inflight and mio_events_capacity \
+                 must be positive",
+            );
         }
         if self.outbound_budget_bytes_per_shard < self.outbound_queue_bytes_max {
             return bad("outbound_budget_bytes_per_shard must be >= outbound_queue_bytes_max");

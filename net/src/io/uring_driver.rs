@@ -1,6 +1,6 @@
 //! The io_uring backend. One ring per shard (`SINGLE_ISSUER | COOP_TASKRUN |
 //! DEFER_TASKRUN | TASKRUN_FLAG`, so it must be created and used on the shard thread):
-//! multishot accept per listener, multishot recv per connection into a ring of
+//! a few single-shot accepts in flight per listener, multishot recv per connection into a ring of
 //! provided buffers (copied into the connection's input and returned at once, so an
 //! idle connection holds no receive buffer), one outstanding `send` per connection
 //! from its queue, the doorbell eventfd through a multishot `PollAdd`, and the park
@@ -35,8 +35,6 @@ const OP_SEND: u64 = 3;
 const OP_DOORBELL: u64 = 4;
 const OP_CANCEL: u64 = 5;
 const OP_CANCEL_ALL: u64 = 6;
-/// Cancels the multishot accept of a paused listener (slot index = listener index).
-const OP_CANCEL_ACCEPT: u64 = 7;
 
 fn user_data(op: u64, idx: u32, generation: u32) -> u64 {
     debug_assert!(idx < (1 << 24));
@@ -77,7 +75,11 @@ pub struct UringDriver {
     doorbell: Arc<EventFd>,
     doorbell_armed: bool,
     listeners: Vec<(ListenerKind, TcpListener)>,
-    listener_armed: Vec<bool>,
+    /// Single-shot accepts in flight per listener (at most
+    /// `uring_accepts_inflight`): each completion carries a descriptor the kernel
+    /// already installed, so they bound how far past its cap a shard's descriptors
+    /// can go before it resets the extra ones.
+    accepts_inflight: Vec<u32>,
     conns: Vec<UConn>,
     /// SQEs pushed whose final CQE has not arrived.
     inflight: usize,
@@ -132,7 +134,7 @@ impl UringDriver {
             doorbell,
             doorbell_armed: false,
             listeners,
-            listener_armed: vec![false; n],
+            accepts_inflight: vec![0; n],
             conns: Vec::new(),
             inflight: 0,
             rearm: Vec::new(),
@@ -223,15 +225,22 @@ impl UringDriver {
         }
         for i in 0..self.listeners.len() {
             // A paused listener is re-armed when its pause ends.
-            if !self.listener_armed[i] && !self.core.listener_paused(i) {
-                let fd = self.listeners[i].1.as_raw_fd();
-                let e = opcode::AcceptMulti::new(Fd(fd))
+            if self.core.listener_paused(i) {
+                continue;
+            }
+            let fd = self.listeners[i].1.as_raw_fd();
+            while self.accepts_inflight[i] < self.core.cfg.uring_accepts_inflight {
+                // Single-shot: each accept is prepared with the current descriptor
+                // limit, and the accepted descriptors not yet handled stay bounded
+                // (a multishot accept would fill the descriptor table in a flood
+                // before the shard resets what is over its cap).
+                let e = opcode::Accept::new(Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
                     .flags(libc::SOCK_CLOEXEC)
                     .build()
                     .user_data(user_data(OP_ACCEPT, i as u32, 0));
-                // SAFETY: multishot accept passes no address buffer.
+                // SAFETY: the accept passes no address buffer.
                 unsafe { self.push(&e)? };
-                self.listener_armed[i] = true;
+                self.accepts_inflight[i] += 1;
             }
         }
         Ok(())
@@ -334,14 +343,14 @@ impl UringDriver {
         }
     }
 
-    fn on_accept(&mut self, li: usize, res: i32, more: bool) -> io::Result<()> {
+    fn on_accept(&mut self, li: usize, res: i32) -> io::Result<()> {
         if res == -libc::ECANCELED {
             return Ok(());
         }
         if res < 0 {
             let err = io::Error::from_raw_os_error(-res);
             match classify_accept_error(&err) {
-                // A multishot accept that ended is re-armed by the next poll.
+                // Re-armed by the next poll.
                 AcceptFailure::Retry => {}
                 AcceptFailure::Dropped => self.core.accept_refused(li, Refusal::Other),
                 AcceptFailure::Resources => loop {
@@ -359,15 +368,6 @@ impl UringDriver {
                     }
                 },
                 AcceptFailure::Other => self.core.accept_failed(li, &err),
-            }
-            if more && self.core.listener_paused(li) {
-                // Stop the multishot accept until the pause ends (a failed one
-                // normally ends by itself).
-                let e = opcode::AsyncCancel::new(user_data(OP_ACCEPT, li as u32, 0))
-                    .build()
-                    .user_data(user_data(OP_CANCEL_ACCEPT, li as u32, 0));
-                // SAFETY: a cancel references no memory.
-                unsafe { self.push(&e)? };
             }
             return Ok(());
         }
@@ -473,11 +473,8 @@ impl UringDriver {
                         }
                     }
                     OP_ACCEPT => {
-                        let more = cqueue::more(flags);
-                        if !more {
-                            self.listener_armed[idx as usize] = false;
-                        }
-                        self.on_accept(idx as usize, res, more)?;
+                        self.accepts_inflight[idx as usize] -= 1;
+                        self.on_accept(idx as usize, res)?;
                     }
                     OP_RECV => self.on_recv(idx, res, flags)?,
                     OP_SEND => self.on_send(idx, res)?,
