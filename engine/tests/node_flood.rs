@@ -457,3 +457,43 @@ on_both_drivers!(
     accept_backs_off_on_emfile,
     healthz_answers_through_fd_exhaustion
 );
+
+/// `imrouter --print-config` under a 1024-descriptor limit shows the computed budget
+/// (as TOML comments: the output still parses) and warns that the configured cap
+/// does not fit.
+#[test]
+fn print_config_shows_the_descriptor_budget() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_imrouter"));
+    cmd.arg("--print-config");
+    // SAFETY: only setrlimit (async-signal-safe) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: NODE_NOFILE,
+                rlim_max: NODE_NOFILE,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let config: engine::config::Config = toml::from_str(&text).unwrap();
+    let budget = engine::node::fd_budget(&config.to_node_config().unwrap(), NODE_NOFILE);
+    assert!(budget.over_committed());
+    assert!(
+        text.contains(&format!(
+            "accepts at most {} connections",
+            budget.per_shard_cap
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("# WARNING: max_connections_per_shard"),
+        "{text}"
+    );
+}

@@ -154,20 +154,22 @@ fn computed_limits(config: &Config) -> String {
     let net = &config.net;
     let shards = u64::from(config.runtime.shard_count.max(1));
     let mut out = String::from("\n# Computed at start (not settings):\n");
-    match net::io::fd::nofile_limit() {
-        Ok((soft, hard)) => {
+    let mut cap = net.max_connections_per_shard as u64;
+    match (net::io::fd::nofile_limit(), config.to_node_config()) {
+        (Ok((soft, hard)), Ok(node_config)) => {
             let limit = net::io::fd::raisable_limit(hard).max(soft);
-            let b = net::io::fd::plan(
-                limit,
-                net.fd_reserve as u64,
-                shards,
-                net.max_connections_per_shard as u64,
-            );
+            let b = engine::node::fd_budget(&node_config, limit);
+            cap = b.per_shard_cap;
             out.push_str(&format!(
                 "# RLIMIT_NOFILE: soft {soft}, hard {hard}; raised at start to {limit}.\n\
-                 # fd_reserve {}: each of the {shards} shards accepts at most {} connections \
-                 (TCP and WebSocket together).\n",
-                b.reserve, b.per_shard_cap
+                 # Reserved descriptors: {} (fd_reserve {} + {} per shard for log segments, \
+                 listeners, accepts in flight, rings).\n\
+                 # Each of the {shards} shards accepts at most {} connections (TCP and \
+                 WebSocket together).\n",
+                b.reserve,
+                net.fd_reserve,
+                engine::node::fd_per_shard(&node_config),
+                b.per_shard_cap
             ));
             if b.over_committed() {
                 out.push_str(&format!(
@@ -179,17 +181,15 @@ fn computed_limits(config: &Config) -> String {
                 ));
             }
         }
-        Err(e) => out.push_str(&format!("# RLIMIT_NOFILE unreadable: {e}\n")),
+        (Err(e), _) => out.push_str(&format!("# RLIMIT_NOFILE unreadable: {e}\n")),
+        (_, Err(e)) => out.push_str(&format!("# invalid configuration: {e}\n")),
     }
     let keep = 2 * 4096u64; // Both output buffers' kept capacity per connection.
     out.push_str(&format!(
         "# Client output memory, worst case per shard: outbound_budget_bytes_per_shard {} \
-         + {} connections x {} B of kept buffers = {} MiB.\n",
+         + {cap} connections x {keep} B of kept buffers = {} MiB.\n",
         net.outbound_budget_bytes_per_shard,
-        net.max_connections_per_shard,
-        keep,
-        (net.outbound_budget_bytes_per_shard as u64 + net.max_connections_per_shard as u64 * keep)
-            >> 20
+        (net.outbound_budget_bytes_per_shard as u64 + cap * keep) >> 20
     ));
     out
 }

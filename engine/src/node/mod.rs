@@ -253,6 +253,29 @@ impl NodeShared {
     }
 }
 
+/// Descriptors each shard holds besides its client connections: its log's segment
+/// files, per listener the socket and the accepts in flight (io_uring), the ring or
+/// epoll instance, the doorbell eventfd, the spare descriptor and a margin.
+pub fn fd_per_shard(config: &NodeConfig) -> u64 {
+    let listeners = u64::from(config.tcp_addr.is_some()) + u64::from(config.ws_addr.is_some());
+    u64::from(config.log.max_segments)
+        + listeners * (1 + u64::from(config.net.uring_accepts_inflight))
+        + 8
+}
+
+/// The descriptor budget of `config` under a soft limit of `limit`: `[net]
+/// fd_reserve` plus [`fd_per_shard`] for every shard are kept, the rest is split
+/// between the shards as their connection cap.
+pub fn fd_budget(config: &NodeConfig, limit: u64) -> net::io::fd::FdBudget {
+    let shards = u64::from(config.runtime.shard_count.max(1));
+    net::io::fd::plan(
+        limit,
+        config.net.fd_reserve as u64 + shards * fd_per_shard(config),
+        shards,
+        config.net.max_connections_per_shard as u64,
+    )
+}
+
 /// A running node.
 pub struct Node {
     shared: Arc<NodeShared>,
@@ -294,12 +317,7 @@ impl Node {
                 net::io::fd::nofile_limit()?.0
             }
         };
-        let fd_budget = net::io::fd::plan(
-            fd_limit,
-            config.net.fd_reserve as u64,
-            shards as u64,
-            config.net.max_connections_per_shard as u64,
-        );
+        let fd_budget = fd_budget(&config, fd_limit);
         fd_budget.log();
         config.net.max_connections_per_shard = fd_budget.per_shard_cap as usize;
         let boot_id: BootId = rand::random();

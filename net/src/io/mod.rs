@@ -101,10 +101,12 @@ pub struct NetConfig {
     /// sockets are reset at once. The node lowers it to the shard's share of the
     /// descriptor limit (see `fd_reserve`).
     pub max_connections_per_shard: usize,
-    /// Descriptors the node keeps out of the connection caps: log segments, the
-    /// metadata journal, the HTTP API's connections, rings, eventfds, listeners,
-    /// spare descriptors (and, with the cluster, RPC links). The rest of
-    /// `RLIMIT_NOFILE` is split between the shards as their connection cap.
+    /// Descriptors the node keeps out of the connection caps for the process as a
+    /// whole: the metadata journal, the HTTP API's connections, threads' files,
+    /// stdio (and, with the cluster, RPC links). The node adds what each shard holds
+    /// besides connections (log segments, listeners, accepts in flight, rings,
+    /// eventfds, the spare descriptor); the rest of `RLIMIT_NOFILE` is split between
+    /// the shards as their connection cap.
     pub fd_reserve: usize,
     /// Queued, unsent output per connection; a send past it closes the connection.
     pub outbound_queue_bytes_max: usize,
