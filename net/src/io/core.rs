@@ -512,8 +512,9 @@ impl Core {
         true
     }
 
-    /// Bytes appended to `idx`'s queue outside [`Core::reserve_out`] (handshake
-    /// answers and close frames: small and once per connection).
+    /// Bytes appended to a closing connection's queue outside [`Core::reserve_out`]
+    /// (a refused upgrade's answer or a close frame: at most ~100 bytes, once per
+    /// connection, so the budget may be passed by that much per closing connection).
     fn queued_unchecked(&mut self, n: usize) {
         self.out_total += n;
     }
@@ -663,9 +664,11 @@ impl Core {
                 self.begin_close(idx, CloseReason::WebSocketProtocol, ws::CLOSE_PROTOCOL);
             }
             Handshake::Done { response, consumed } => {
-                c.out_next.extend_from_slice(&response);
-                self.out_total += response.len();
+                if !self.reserve_out(idx, response.len()) {
+                    return;
+                }
                 let c = &mut self.conns[idx as usize];
+                c.out_next.extend_from_slice(&response);
                 c.raw.drain(..consumed);
                 c.phase = Phase::Open;
                 self.mark_dirty(idx);
@@ -1408,5 +1411,122 @@ mod tests {
         let conn = &c.conns[a as usize];
         assert!(conn.out_cur.capacity() <= OUTPUT_KEEP_BYTES);
         assert!(conn.out_next.capacity() <= OUTPUT_KEEP_BYTES);
+    }
+
+    /// The budget's running total equals the queued output of the live connections.
+    fn assert_out_total(c: &Core) {
+        let sum: usize = c
+            .conns
+            .iter()
+            .filter(|x| x.in_use && x.phase != Phase::Dead)
+            .map(Conn::out_len)
+            .sum();
+        assert_eq!(c.outbound_total(), sum);
+    }
+
+    #[test]
+    fn the_output_budget_total_stays_exact_under_random_operations() {
+        for seed in 1..=200u64 {
+            let mut x = seed;
+            let mut rnd = move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let mut c = core(NetConfig {
+                outbound_queue_bytes_max: 3_000,
+                outbound_budget_bytes_per_shard: 8_000,
+                ..NetConfig::default()
+            });
+            let mut ev = Vec::new();
+            let mut dead = Vec::new();
+            for step in 0..400 {
+                let live: Vec<u32> = (0..c.conns.len() as u32)
+                    .filter(|&i| c.conns[i as usize].in_use)
+                    .collect();
+                let pick = |r: u64| live.get(r as usize % live.len().max(1)).copied();
+                match rnd(8) {
+                    0 => {
+                        let li = if rnd(2) == 0 { TCP } else { WS };
+                        if let Some(i) = c.alloc(li, peer()) {
+                            if li == WS {
+                                c.on_recv(
+                                    i,
+                                    b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                                      Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                                      Sec-WebSocket-Version: 13\r\n\r\n",
+                                );
+                            }
+                        }
+                    }
+                    1 | 2 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            let _ = c.send(c.id(i), &vec![0; rnd(1500) as usize]);
+                        }
+                    }
+                    3 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            if c.phase(i) == Phase::Open
+                                && c.conns[i as usize].kind == ListenerKind::WebSocket
+                            {
+                                c.on_recv(i, &ping(&[1; 100]));
+                            }
+                        }
+                    }
+                    4 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            let n = c.out_chunk(i).len();
+                            let w = rnd(n as u64 + 1) as usize;
+                            c.out_advance(i, w);
+                        }
+                    }
+                    5 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            let (a, b) = c.out_slices(i);
+                            let n = a.len() + b.len();
+                            let w = rnd(n as u64 + 1) as usize;
+                            c.out_advance_vectored(i, w);
+                        }
+                    }
+                    6 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            match rnd(3) {
+                                0 => c.close(c.id(i)),
+                                1 => c.on_eof(i),
+                                _ => c.on_error(i, std::io::ErrorKind::BrokenPipe),
+                            }
+                        }
+                    }
+                    _ => {
+                        c.take_events(&mut ev);
+                        ev.clear();
+                        c.take_dead(&mut dead);
+                        for &i in &dead {
+                            c.free(i);
+                        }
+                    }
+                }
+                let total = c.outbound_total();
+                // Close frames may pass the budget, by a few bytes per closing one.
+                let closing = c
+                    .conns
+                    .iter()
+                    .filter(|x| x.in_use && x.phase == Phase::Flushing)
+                    .count();
+                assert!(
+                    total <= 8_000 + 4 * closing,
+                    "seed {seed} step {step}: over budget {total}"
+                );
+                let sum: usize = c
+                    .conns
+                    .iter()
+                    .filter(|x| x.in_use && x.phase != Phase::Dead)
+                    .map(Conn::out_len)
+                    .sum();
+                assert_eq!(total, sum, "seed {seed} step {step}");
+            }
+            assert_out_total(&c);
+        }
     }
 }
