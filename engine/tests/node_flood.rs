@@ -452,9 +452,45 @@ fn healthz_answers_through_fd_exhaustion(backend: net::io::Backend) {
     }
 }
 
+/// At the descriptor limit with the spare descriptor still usable, every arrival is
+/// accepted (while a descriptor is free) or accepted with the spare and reset
+/// (`fd_limit`): nothing waits in the queue and the listener never pauses.
+fn spare_descriptor_resets_connections_at_the_limit(backend: net::io::Backend) {
+    let mut node = NodeChild::start(backend, None);
+    let (mut a, mut b) = (login(node.tcp, "u1"), login(node.tcp, "u2"));
+    exchange(&mut a, &mut b, "u2", 1);
+    // The limit at the lowest free descriptor: the next accept fails with EMFILE,
+    // and the spare (opened when the driver started, below it) is what frees one.
+    let used: std::collections::BTreeSet<u64> =
+        std::fs::read_dir(format!("/proc/{}/fd", node.pid()))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .collect();
+    let lowest_free = (0..).find(|k| !used.contains(k)).unwrap();
+    node.set_soft_nofile(lowest_free);
+    const N: usize = 200;
+    let mut flood = open_flood(node.tcp, N);
+    let s = node.wait_stats("every flood connection handled", |s| {
+        tcp_handled(s) >= (N + 2) as u64
+    });
+    println!("{backend:?}: {s:?}");
+    let reset = tcp_stat(&s, "accept_refused_fd_limit");
+    assert!(reset > 0, "{s:?}");
+    assert_eq!(tcp_stat(&s, "accept_pauses"), 0, "{s:?}");
+    assert_eq!(
+        count_resets(&mut flood),
+        reset as usize,
+        "each refusal is a reset"
+    );
+    node.set_soft_nofile(NODE_NOFILE);
+    drop(flood);
+    exchange(&mut b, &mut a, "u1", 2);
+}
+
 on_both_drivers!(
     flood_past_the_connection_cap,
     accept_backs_off_on_emfile,
+    spare_descriptor_resets_connections_at_the_limit,
     healthz_answers_through_fd_exhaustion
 );
 
