@@ -187,7 +187,7 @@ impl Client {
         };
         let mut client = Client {
             stream,
-            version: login.version,
+            version: crate::wkproto::negotiate_version(login.version),
             cipher: None,
             rx: Vec::new(),
             frame: Vec::new(),
@@ -211,7 +211,7 @@ impl Client {
         let reason = loop {
             let (reason, server_key, salt) = {
                 let bytes = client.next_frame_bytes()?;
-                match decode(&bytes, login.version, MAX_FRAME_BYTES)
+                match decode(&bytes, client.version, MAX_FRAME_BYTES)
                     .map_err(|e| bad(e.to_string()))?
                 {
                     Some((Frame::Connack(c), _)) => {

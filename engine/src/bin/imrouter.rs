@@ -88,7 +88,7 @@ fn main() -> ExitCode {
     if args.print_config {
         match config.to_toml() {
             Ok(text) => {
-                print!("{text}");
+                print!("{text}{}", computed_limits(&config));
                 return ExitCode::SUCCESS;
             }
             Err(e) => {
@@ -157,4 +157,51 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What the node computes at start from the configuration and the machine, as TOML
+/// comments for `--print-config`: the descriptor budget and the worst cases of the
+/// byte budgets.
+fn computed_limits(config: &Config) -> String {
+    let net = &config.net;
+    let shards = u64::from(config.runtime.shard_count.max(1));
+    let mut out = String::from("\n# Computed at start (not settings):\n");
+    let mut cap = net.max_connections_per_shard as u64;
+    match (net::io::fd::nofile_limit(), config.to_node_config()) {
+        (Ok((soft, hard)), Ok(node_config)) => {
+            let limit = net::io::fd::raisable_limit(hard).max(soft);
+            let b = engine::node::fd_budget(&node_config, limit);
+            cap = b.per_shard_cap;
+            out.push_str(&format!(
+                "# RLIMIT_NOFILE: soft {soft}, hard {hard}; raised at start to {limit}.\n\
+                 # Reserved descriptors: {} (fd_reserve {} + {} per shard for log segments, \
+                 listeners, accepts in flight, rings).\n\
+                 # Each of the {shards} shards accepts at most {} connections (TCP and \
+                 WebSocket together).\n",
+                b.reserve,
+                net.fd_reserve,
+                engine::node::fd_per_shard(&node_config),
+                b.per_shard_cap
+            ));
+            if b.over_committed() {
+                out.push_str(&format!(
+                    "# WARNING: max_connections_per_shard = {} needs {} descriptors; the limit \
+                     allows {} per shard (raise the hard limit, e.g. LimitNOFILE=).\n",
+                    b.configured_cap,
+                    b.configured_cap * shards + b.reserve,
+                    b.per_shard_cap
+                ));
+            }
+        }
+        (Err(e), _) => out.push_str(&format!("# RLIMIT_NOFILE unreadable: {e}\n")),
+        (_, Err(e)) => out.push_str(&format!("# invalid configuration: {e}\n")),
+    }
+    let keep = 2 * 4096u64; // Both output buffers' kept capacity per connection.
+    out.push_str(&format!(
+        "# Client output memory, worst case per shard: outbound_budget_bytes_per_shard {} \
+         + {cap} connections x {keep} B of kept buffers = {} MiB.\n",
+        net.outbound_budget_bytes_per_shard,
+        (net.outbound_budget_bytes_per_shard as u64 + cap * keep) >> 20
+    ));
+    out
 }

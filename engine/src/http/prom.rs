@@ -70,6 +70,123 @@ impl Exposition {
     }
 }
 
+/// A shard counter exported as one series of a labelled family.
+struct Labelled {
+    field: &'static str,
+    family: &'static str,
+    ty: &'static str,
+    labels: &'static str,
+    help: &'static str,
+}
+
+const ACCEPTS_HELP: &str = "Client connections accepted, by listener.";
+const REFUSED_HELP: &str = "Client connections accepted and reset at once, by listener and \
+     reason: conn_cap (the shard was at its connection cap), fd_limit (out of descriptors: \
+     accepted with the spare one), other (other accept errors).";
+const PAUSES_HELP: &str =
+    "Failed accept rounds that paused a client listener (backoff 5 ms doubling to 1 s).";
+const PAUSED_HELP: &str = "Shards whose client listener is paused after failed accepts.";
+
+macro_rules! labelled {
+    ($field:literal, $family:literal, $ty:literal, $labels:literal, $help:expr) => {
+        Labelled {
+            field: $field,
+            family: $family,
+            ty: $ty,
+            labels: $labels,
+            help: $help,
+        }
+    };
+}
+
+/// The listener counters of [`ShardMetrics`], as Prometheus families with labels.
+const LISTENER_FAMILIES: &[Labelled] = &[
+    labelled!(
+        "accepts_tcp",
+        "imrouter_accepts_total",
+        "counter",
+        "listener=\"tcp\"",
+        ACCEPTS_HELP
+    ),
+    labelled!(
+        "accepts_ws",
+        "imrouter_accepts_total",
+        "counter",
+        "listener=\"ws\"",
+        ACCEPTS_HELP
+    ),
+    labelled!(
+        "accept_refused_conn_cap_tcp",
+        "imrouter_accept_refused_total",
+        "counter",
+        "listener=\"tcp\",reason=\"conn_cap\"",
+        REFUSED_HELP
+    ),
+    labelled!(
+        "accept_refused_conn_cap_ws",
+        "imrouter_accept_refused_total",
+        "counter",
+        "listener=\"ws\",reason=\"conn_cap\"",
+        REFUSED_HELP
+    ),
+    labelled!(
+        "accept_refused_fd_limit_tcp",
+        "imrouter_accept_refused_total",
+        "counter",
+        "listener=\"tcp\",reason=\"fd_limit\"",
+        REFUSED_HELP
+    ),
+    labelled!(
+        "accept_refused_fd_limit_ws",
+        "imrouter_accept_refused_total",
+        "counter",
+        "listener=\"ws\",reason=\"fd_limit\"",
+        REFUSED_HELP
+    ),
+    labelled!(
+        "accept_refused_other_tcp",
+        "imrouter_accept_refused_total",
+        "counter",
+        "listener=\"tcp\",reason=\"other\"",
+        REFUSED_HELP
+    ),
+    labelled!(
+        "accept_refused_other_ws",
+        "imrouter_accept_refused_total",
+        "counter",
+        "listener=\"ws\",reason=\"other\"",
+        REFUSED_HELP
+    ),
+    labelled!(
+        "accept_pauses_tcp",
+        "imrouter_accept_pauses_total",
+        "counter",
+        "listener=\"tcp\"",
+        PAUSES_HELP
+    ),
+    labelled!(
+        "accept_pauses_ws",
+        "imrouter_accept_pauses_total",
+        "counter",
+        "listener=\"ws\"",
+        PAUSES_HELP
+    ),
+    labelled!(
+        "listener_paused_tcp",
+        "imrouter_listener_paused",
+        "gauge",
+        "listener=\"tcp\"",
+        PAUSED_HELP
+    ),
+    labelled!(
+        "listener_paused_ws",
+        "imrouter_listener_paused",
+        "gauge",
+        "listener=\"ws\"",
+        PAUSED_HELP
+    ),
+];
+
 /// The exported name of a shard metric: gauges as they are, counters with `_total`.
 fn shard_metric_name(prefix: &str, name: &str) -> (String, &'static str) {
     if GAUGES.contains(&name) {
@@ -87,19 +204,58 @@ pub fn render(shared: &NodeShared) -> String {
     let snapshots: Vec<Vec<(&'static str, u64)>> =
         shared.shard_metrics.iter().map(|m| m.snapshot()).collect();
 
-    // Shard counters: the node's total, then one series per shard.
+    // Shard counters: the node's total, then one series per shard (the listener
+    // counters are exported below as labelled families instead).
+    let labelled = |name: &str| LISTENER_FAMILIES.iter().any(|f| f.field == name);
     for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
+        if labelled(name) {
+            continue;
+        }
         let (full, ty) = shard_metric_name("imrouter_", name);
         out.family(&full, ty, help);
         let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
         out.sample(&full, "", total);
     }
     for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
+        if labelled(name) {
+            continue;
+        }
         let (full, ty) = shard_metric_name("imrouter_shard_", name);
         out.family(&full, ty, &format!("{} Per shard.", help.trim()));
         for (shard, s) in snapshots.iter().enumerate() {
             out.sample(&full, &format!("shard=\"{shard}\""), s[i].1);
         }
+    }
+
+    // Accepts by listener (and refusals by reason), summed over shards.
+    let mut family_done: Vec<&str> = Vec::new();
+    for f in LISTENER_FAMILIES {
+        let Some(i) = ShardMetrics::DESCRIPTIONS
+            .iter()
+            .position(|(n, _)| *n == f.field)
+        else {
+            continue;
+        };
+        if !family_done.contains(&f.family) {
+            family_done.push(f.family);
+            out.family(f.family, f.ty, f.help);
+        }
+        let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
+        out.sample(f.family, f.labels, total);
+    }
+    out.family(
+        "imrouter_fd_limit",
+        "gauge",
+        "The process's soft RLIMIT_NOFILE, which the connection caps were computed from.",
+    );
+    out.sample("imrouter_fd_limit", "", shared.fd_budget.limit);
+    if let Some(open) = shared.open_fds() {
+        out.family(
+            "imrouter_open_fds",
+            "gauge",
+            "File descriptors the process has open.",
+        );
+        out.sample("imrouter_open_fds", "", open);
     }
 
     // The message path's stage latencies, all shards together.

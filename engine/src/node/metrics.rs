@@ -33,10 +33,25 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+
+    /// Sets a counter mirrored from another owner's count (the IO driver's); no
+    /// store when it did not change.
+    #[inline]
+    pub fn set(&self, v: u64) {
+        if self.0.load(Ordering::Relaxed) != v {
+            self.0.store(v, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The counters that go down as well as up.
-pub const GAUGES: &[&str] = &["connections", "log_write_failed"];
+pub const GAUGES: &[&str] = &[
+    "connections",
+    "log_write_failed",
+    "listener_paused_tcp",
+    "listener_paused_ws",
+    "outbound_bytes",
+];
 
 macro_rules! shard_metrics {
     ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
@@ -115,6 +130,74 @@ shard_metrics! {
     /// Log segments this shard's thread had to create itself at a roll, because no
     /// sync job had created one ahead (normally 0).
     log_segments_created_inline,
+    /// Connections accepted on the TCP listener (`imrouter_accepts_total{listener="tcp"}`).
+    accepts_tcp,
+    /// Connections accepted on the WebSocket listener (`imrouter_accepts_total{listener="ws"}`).
+    accepts_ws,
+    /// TCP connections reset at once: the shard was at its connection cap
+    /// (`imrouter_accept_refused_total{listener="tcp",reason="conn_cap"}`).
+    accept_refused_conn_cap_tcp,
+    /// WebSocket connections reset at once: the shard was at its connection cap
+    /// (`imrouter_accept_refused_total{listener="ws",reason="conn_cap"}`).
+    accept_refused_conn_cap_ws,
+    /// TCP connections reset while out of descriptors (accepted with the spare one)
+    /// (`imrouter_accept_refused_total{listener="tcp",reason="fd_limit"}`).
+    accept_refused_fd_limit_tcp,
+    /// WebSocket connections reset while out of descriptors
+    /// (`imrouter_accept_refused_total{listener="ws",reason="fd_limit"}`).
+    accept_refused_fd_limit_ws,
+    /// TCP connections lost to other accept errors
+    /// (`imrouter_accept_refused_total{listener="tcp",reason="other"}`).
+    accept_refused_other_tcp,
+    /// WebSocket connections lost to other accept errors
+    /// (`imrouter_accept_refused_total{listener="ws",reason="other"}`).
+    accept_refused_other_ws,
+    /// Failed accept rounds that paused the TCP listener (backoff)
+    /// (`imrouter_accept_pauses_total{listener="tcp"}`).
+    accept_pauses_tcp,
+    /// Failed accept rounds that paused the WebSocket listener
+    /// (`imrouter_accept_pauses_total{listener="ws"}`).
+    accept_pauses_ws,
+    /// 1 while this shard's TCP listener is paused after failed accepts (gauge,
+    /// `imrouter_listener_paused{listener="tcp"}`).
+    listener_paused_tcp,
+    /// 1 while this shard's WebSocket listener is paused (gauge,
+    /// `imrouter_listener_paused{listener="ws"}`).
+    listener_paused_ws,
+    /// Connections closed for not completing CONNECT within `connect_timeout_ms`.
+    connect_timeouts,
+    /// Connections closed because their own output queue passed
+    /// `outbound_queue_bytes_max`.
+    outbound_overflow_closes,
+    /// Connections closed as slow readers: the shard's output passed
+    /// `outbound_budget_bytes_per_shard` and theirs was the largest queue.
+    slow_reader_closes,
+    /// Queued, unwritten client output of the shard (gauge).
+    outbound_bytes,
+}
+
+impl ShardMetrics {
+    /// Mirrors the IO driver's counters (called once per loop turn; stores only
+    /// what changed).
+    pub fn record_net(&self, s: &net::io::NetStats) {
+        self.accepts_tcp.set(s.tcp.accepted);
+        self.accepts_ws.set(s.ws.accepted);
+        self.accept_refused_conn_cap_tcp.set(s.tcp.refused_conn_cap);
+        self.accept_refused_conn_cap_ws.set(s.ws.refused_conn_cap);
+        self.accept_refused_fd_limit_tcp.set(s.tcp.refused_fd_limit);
+        self.accept_refused_fd_limit_ws.set(s.ws.refused_fd_limit);
+        self.accept_refused_other_tcp.set(s.tcp.refused_other);
+        self.accept_refused_other_ws.set(s.ws.refused_other);
+        self.accept_pauses_tcp.set(s.tcp.accept_pauses);
+        self.accept_pauses_ws.set(s.ws.accept_pauses);
+        self.listener_paused_tcp.set(s.tcp.paused);
+        self.listener_paused_ws.set(s.ws.paused);
+        self.connect_timeouts.set(s.connect_timeouts);
+        self.outbound_overflow_closes
+            .set(s.outbound_overflow_closes);
+        self.slow_reader_closes.set(s.slow_reader_closes);
+        self.outbound_bytes.set(s.outbound_bytes);
+    }
 }
 
 /// Upper bounds (ns) of the latency histogram buckets; the last bucket is +Inf.

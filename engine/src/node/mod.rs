@@ -243,6 +243,9 @@ pub struct NodeShared {
     runtime: std::sync::OnceLock<RuntimeHandle>,
     /// The HTTP API's own counters (`imrouter_api_*`).
     pub api_metrics: crate::http::ApiMetrics,
+    /// The descriptor budget the connection caps came from (`imrouter_fd_limit` is
+    /// its `limit`; `imrouter_open_fds` is [`NodeShared::open_fds`]).
+    pub fd_budget: net::io::fd::FdBudget,
 }
 
 impl NodeShared {
@@ -289,7 +292,23 @@ impl NodeShared {
                  until the node restarts"
             ));
         }
+        if let Some(shard) = self
+            .shard_metrics
+            .iter()
+            .position(|m| m.listener_paused_tcp.get() + m.listener_paused_ws.get() > 0)
+        {
+            return Some(format!(
+                "client listener of shard {shard} paused: accept failed (out of file \
+                 descriptors or memory)"
+            ));
+        }
         None
+    }
+
+    /// Descriptors the process has open now (the `imrouter_open_fds` gauge; `None`
+    /// when `/proc/self/fd` cannot be read, e.g. out of descriptors).
+    pub fn open_fds(&self) -> Option<u64> {
+        net::io::fd::open_fds()
     }
 
     /// The newest cluster view.
@@ -317,6 +336,29 @@ impl NodeShared {
     pub fn authority_reader(&self) -> AuthorityReader {
         AuthorityReader::new(&self.directory)
     }
+}
+
+/// Descriptors each shard holds besides its client connections: its log's segment
+/// files, per listener the socket and the accepts in flight (io_uring), the ring or
+/// epoll instance, the doorbell eventfd, the spare descriptor and a margin.
+pub fn fd_per_shard(config: &NodeConfig) -> u64 {
+    let listeners = u64::from(config.tcp_addr.is_some()) + u64::from(config.ws_addr.is_some());
+    u64::from(config.log.max_segments)
+        + listeners * (1 + u64::from(config.net.uring_accepts_inflight))
+        + 8
+}
+
+/// The descriptor budget of `config` under a soft limit of `limit`: `[net]
+/// fd_reserve` plus [`fd_per_shard`] for every shard are kept, the rest is split
+/// between the shards as their connection cap.
+pub fn fd_budget(config: &NodeConfig, limit: u64) -> net::io::fd::FdBudget {
+    let shards = u64::from(config.runtime.shard_count.max(1));
+    net::io::fd::plan(
+        limit,
+        config.net.fd_reserve as u64 + shards * fd_per_shard(config),
+        shards,
+        config.net.max_connections_per_shard as u64,
+    )
 }
 
 /// A running node.
@@ -371,12 +413,24 @@ impl Node {
     }
 
     /// [`Node::start`] with test hooks.
-    pub fn start_with(config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
+    pub fn start_with(mut config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
         let shards = config.runtime.shard_count as usize;
         config
             .delivery
             .check_room(&config.runtime)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // The descriptor budget: the soft limit raised to the hard one, the reserve
+        // kept, the rest split between the shards as their connection cap.
+        let fd_limit = match net::io::fd::raise_nofile_limit() {
+            Ok((_, soft)) => soft,
+            Err(err) => {
+                tracing::warn!(%err, "could not raise RLIMIT_NOFILE");
+                net::io::fd::nofile_limit()?.0
+            }
+        };
+        let fd_budget = fd_budget(&config, fd_limit);
+        fd_budget.log();
+        config.net.max_connections_per_shard = fd_budget.per_shard_cap as usize;
         let boot_id: BootId = rand::random();
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
         let directory =
@@ -446,6 +500,7 @@ impl Node {
             started_shards: AtomicUsize::new(0),
             runtime: std::sync::OnceLock::new(),
             api_metrics: Default::default(),
+            fd_budget,
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();

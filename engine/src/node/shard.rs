@@ -69,6 +69,8 @@ pub(crate) struct Conn {
     pub state: ConnState,
     /// Negotiated protocol version.
     pub version: u8,
+    /// The CONNACK's server_version field (`wkproto::negotiate`).
+    pub connack_server_version: Option<u8>,
     pub cipher: Option<SessionCipher>,
     /// CONNACK strings of the key agreement, kept until CONNACK is written.
     pub server_key: Box<str>,
@@ -220,6 +222,7 @@ impl NodeShard {
             listener,
             state: ConnState::AwaitConnect,
             version: LATEST_VERSION,
+            connack_server_version: None,
             cipher: None,
             server_key: Box::from(""),
             salt: Box::from(""),
@@ -465,13 +468,12 @@ impl NodeShard {
     ) {
         let shared = self.shared.clone();
         let cfg = &shared.config;
-        let version = if c.version == 0 {
-            LATEST_VERSION
-        } else {
-            c.version.min(LATEST_VERSION)
-        };
+        // One negotiation for the connection's version and the CONNACK's encoding.
+        let negotiated = net::wkproto::negotiate(c.version);
+        let version = negotiated.version;
         if let Some(conn) = self.conn_mut(id) {
             conn.version = version.max(OLDEST_VERSION);
+            conn.connack_server_version = negotiated.connack_server_version;
             conn.client_timestamp_ms = c.client_timestamp_ms;
         }
         if version < OLDEST_VERSION {
@@ -570,11 +572,11 @@ impl NodeShard {
 
     fn write_connack(&mut self, driver: &mut NetDriver, id: ConnId, reason: u8) {
         let Some(conn) = self.conn(id) else { return };
-        let version = conn.version;
+        let server_version = conn.connack_server_version;
         let time_diff_ms = self.shared.wall_ms() as i64 - conn.client_timestamp_ms;
         let (server_key, salt) = (conn.server_key.clone(), conn.salt.clone());
         let p = ConnackPacket {
-            server_version: (version > 3).then_some(version),
+            server_version,
             time_diff_ms,
             reason_code: ReasonCode(reason),
             server_key: &server_key,
@@ -645,6 +647,8 @@ impl NodeShard {
                     let Some(id) = conn else { continue };
                     self.write_connack(driver, id, reason);
                     if reason == activation::reason::SUCCESS {
+                        // Authenticated: only the idle timer applies from now on.
+                        driver.mark_established(id);
                         if let Some(c) = self.conn_mut(id) {
                             c.state = ConnState::Active;
                             c.server_key = Box::from("");
@@ -1181,6 +1185,7 @@ impl Shard for NodeShard {
     }
 
     fn on_turn(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) -> usize {
+        self.metrics.record_net(&driver.stats());
         // This turn's driver poll has handed earlier RECVs to the kernel.
         super::send::observe_socket_writes(self);
         // Group commit: everything appended this turn is synced once, then acknowledged

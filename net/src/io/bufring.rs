@@ -93,12 +93,22 @@ impl BufRing {
     }
 
     /// Hands buffer `bid` back to the kernel (visible after [`BufRing::publish`]).
+    ///
+    /// # Panics
+    /// If `bid >= count` (not a buffer of this ring: a completion's buffer id is the
+    /// kernel's word, checked rather than trusted).
     pub fn push(&mut self, bid: u16) {
+        assert!(
+            bid < self.count,
+            "buffer id {bid} out of range (count {})",
+            self.count
+        );
         let slot = usize::from(self.tail & (self.count - 1));
         // SAFETY: `slot < count`, inside the ring mapping; the kernel only reads
         // entries between its head and our published tail, and this one is past it.
         let entry = unsafe { &mut *self.ring.as_ptr().add(slot) };
-        // SAFETY: `bid < count`, so the buffer lies inside the buffer mapping.
+        // SAFETY: `bid < count` (asserted above), so the buffer lies inside the buffer
+        // mapping.
         let addr = unsafe {
             self.bufs
                 .as_ptr()
@@ -215,4 +225,27 @@ pub fn cancel_all_and_drain(
         }
     }
     *inflight == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_refuses_a_buffer_id_out_of_range() {
+        let Ok(ring) = io_uring::IoUring::new(8) else {
+            println!("NOTE: io_uring refused by the kernel; test skipped");
+            return;
+        };
+        let Ok(mut br) = BufRing::new(&ring, 4, 256, 0) else {
+            println!("NOTE: provided buffer rings refused by the kernel; test skipped");
+            return;
+        };
+        br.push(3); // In range: fine.
+        let out_of_range = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| br.push(4)));
+        assert!(
+            out_of_range.is_err(),
+            "a buffer id >= count must be refused, not point past the mapping"
+        );
+    }
 }

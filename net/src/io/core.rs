@@ -13,11 +13,141 @@ use std::net::SocketAddr;
 use shard::timer::{TimerHandle, TimerWheel};
 
 use super::ws::{self, Handshake, WsControl, WsDecoder};
-use super::{CloseReason, ConnId, ListenerKind, NetConfig, NetEvent, NetStats, SendError};
+use super::{
+    CloseReason, ConnId, ListenerKind, ListenerStats, NetConfig, NetEvent, NetStats, SendError,
+};
 
 /// An input buffer whose capacity passed this is released when fully consumed, so
 /// idle connections hold no large receive buffer.
 const INPUT_KEEP_BYTES: usize = 4096;
+/// An output buffer whose capacity passed this is released once written, so a
+/// connection does not keep a burst's buffer.
+pub(crate) const OUTPUT_KEEP_BYTES: usize = 4096;
+
+/// Clears a written output buffer, releasing its memory when it grew past
+/// [`OUTPUT_KEEP_BYTES`].
+fn recycle(buf: &mut Vec<u8>) {
+    if buf.capacity() > OUTPUT_KEEP_BYTES {
+        *buf = Vec::new();
+    } else {
+        buf.clear();
+    }
+}
+
+/// The retry schedule of a listener whose accept failed for lack of resources
+/// (EMFILE, ENFILE, ENOBUFS, ENOMEM, even after the spare descriptor was used):
+/// the first retry after `initial_ms`, each next one after twice as long, at most
+/// `max_ms`; the first successful accept resets it. Sans-IO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcceptBackoff {
+    initial_ms: u64,
+    max_ms: u64,
+    /// The delay of the last failure (0: no failure since the last success).
+    current_ms: u64,
+}
+
+impl AcceptBackoff {
+    /// A schedule from `initial_ms` doubling to `max_ms`.
+    pub fn new(initial_ms: u64, max_ms: u64) -> Self {
+        let initial_ms = initial_ms.max(1);
+        AcceptBackoff {
+            initial_ms,
+            max_ms: max_ms.max(initial_ms),
+            current_ms: 0,
+        }
+    }
+
+    /// The schedule of `cfg` (`accept_backoff_initial_ms`, `accept_backoff_max_ms`).
+    pub fn from_config(cfg: &NetConfig) -> Self {
+        Self::new(cfg.accept_backoff_initial_ms, cfg.accept_backoff_max_ms)
+    }
+
+    /// A failed accept round at `now_ms`: the time of the retry.
+    pub fn on_failure(&mut self, now_ms: u64) -> u64 {
+        self.current_ms = match self.current_ms {
+            0 => self.initial_ms,
+            d => d.saturating_mul(2).min(self.max_ms),
+        };
+        now_ms.saturating_add(self.current_ms)
+    }
+
+    /// An accept succeeded: the next failure starts the schedule again.
+    pub fn on_success(&mut self) {
+        self.current_ms = 0;
+    }
+
+    /// The delay before the last scheduled retry (0 after a success).
+    pub fn delay_ms(&self) -> u64 {
+        self.current_ms
+    }
+
+    /// Distinct delays of this schedule before it stays at its maximum.
+    pub fn schedule_len(&self) -> u32 {
+        let mut b = *self;
+        b.current_ms = 0;
+        let mut n = 0;
+        loop {
+            b.on_failure(0);
+            n += 1;
+            if b.current_ms >= b.max_ms {
+                return n;
+            }
+        }
+    }
+
+    /// [`AcceptBackoff::schedule_len`] of the default configuration.
+    pub fn steps() -> u32 {
+        Self::from_config(&NetConfig::default()).schedule_len()
+    }
+}
+
+/// What a failed `accept` means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AcceptFailure {
+    /// Interrupted: try again at once.
+    Retry,
+    /// The connection vanished from the queue (ECONNABORTED, EPROTO, EPERM): it is
+    /// counted; the next one is accepted at once.
+    Dropped,
+    /// Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the spare
+    /// descriptor, then a backoff.
+    Resources,
+    /// Anything else: counted, and the listener backs off.
+    Other,
+}
+
+/// Classifies an `accept` error (`WouldBlock` is not an error: the queue is empty).
+pub(crate) fn classify_accept_error(err: &std::io::Error) -> AcceptFailure {
+    match err.raw_os_error() {
+        Some(libc::EINTR) => AcceptFailure::Retry,
+        Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM) => AcceptFailure::Dropped,
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+            AcceptFailure::Resources
+        }
+        _ if err.kind() == std::io::ErrorKind::Interrupted => AcceptFailure::Retry,
+        _ => AcceptFailure::Other,
+    }
+}
+
+/// Why a listener refused a connection (the `reason` label of
+/// `imrouter_accept_refused_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Over the shard's connection cap: accepted and reset.
+    ConnCap,
+    /// Out of descriptors: accepted with the spare descriptor and reset.
+    FdLimit,
+    /// Another accept error.
+    Other,
+}
+
+/// One listening socket's accept state.
+struct ListenerState {
+    kind: ListenerKind,
+    backoff: AcceptBackoff,
+    /// Accepting is paused until then (a failed round's retry time).
+    paused_until_ms: Option<u64>,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -56,6 +186,11 @@ pub(crate) struct Conn {
     out_cur: Vec<u8>,
     out_off: usize,
     last_input_ms: u64,
+    /// When the socket was accepted: the connect deadline counts from it.
+    accepted_ms: u64,
+    /// The handler called `mark_established` (the client authenticated): from then
+    /// on only the idle timer applies.
+    established: bool,
     linger_deadline_ms: u64,
     timer: Option<TimerHandle>,
     peer_eof: bool,
@@ -84,6 +219,8 @@ impl Conn {
             out_cur: Vec::new(),
             out_off: 0,
             last_input_ms: 0,
+            accepted_ms: 0,
+            established: false,
             linger_deadline_ms: 0,
             timer: None,
             peer_eof: false,
@@ -126,6 +263,10 @@ pub(crate) struct Core {
     /// Timers fired by one `advance` (reused).
     fired: Vec<(u32, u32)>,
     now_ms: u64,
+    /// Queued output of every connection that is not dead, against
+    /// `outbound_budget_bytes_per_shard`.
+    out_total: usize,
+    listeners: Vec<ListenerState>,
     pub(crate) stats: NetStats,
 }
 
@@ -147,7 +288,99 @@ impl Core {
             timers: TimerWheel::new(0, cfg.max_connections_per_shard),
             fired: Vec::new(),
             now_ms: 0,
+            out_total: 0,
+            listeners: Vec::new(),
             stats: NetStats::default(),
+        }
+    }
+
+    /// Registers listener number `listeners.len()` (the backend's listener index).
+    pub(crate) fn add_listener(&mut self, kind: ListenerKind) -> usize {
+        self.listeners.push(ListenerState {
+            kind,
+            backoff: AcceptBackoff::from_config(&self.cfg),
+            paused_until_ms: None,
+        });
+        self.listeners.len() - 1
+    }
+
+    fn listener_stats(&mut self, kind: ListenerKind) -> &mut ListenerStats {
+        match kind {
+            ListenerKind::Tcp => &mut self.stats.tcp,
+            ListenerKind::WebSocket => &mut self.stats.ws,
+        }
+    }
+
+    /// Whether listener `li` waits for its retry time.
+    pub(crate) fn listener_paused(&self, li: usize) -> bool {
+        self.listeners[li].paused_until_ms.is_some()
+    }
+
+    /// Listener `li` accepted a socket: its backoff starts over.
+    pub(crate) fn accept_succeeded(&mut self, li: usize) {
+        self.listeners[li].backoff.on_success();
+    }
+
+    /// Counts a connection listener `li` accepted and reset (or lost), by reason.
+    pub(crate) fn accept_refused(&mut self, li: usize, why: Refusal) {
+        let kind = self.listeners[li].kind;
+        let s = self.listener_stats(kind);
+        match why {
+            Refusal::ConnCap => s.refused_conn_cap += 1,
+            Refusal::FdLimit => s.refused_fd_limit += 1,
+            Refusal::Other => s.refused_other += 1,
+        }
+    }
+
+    /// An accept round of listener `li` failed (even with the spare descriptor):
+    /// accepting pauses until the backoff's retry time, which
+    /// [`Core::next_deadline_ms`] includes. Logged at powers of two.
+    pub(crate) fn accept_failed(&mut self, li: usize, err: &std::io::Error) {
+        if self.listeners[li].paused_until_ms.is_some() {
+            // Another accept that was already in flight (io_uring): the same round.
+            self.stats.accept_errors += 1;
+            return;
+        }
+        let now = self.now_ms;
+        let l = &mut self.listeners[li];
+        let retry = l.backoff.on_failure(now);
+        let delay = l.backoff.delay_ms();
+        let kind = l.kind;
+        if l.paused_until_ms.replace(retry).is_none() {
+            self.listener_stats(kind).paused += 1;
+        }
+        let s = self.listener_stats(kind);
+        s.accept_pauses += 1;
+        if classify_accept_error(err) == AcceptFailure::Other {
+            s.refused_other += 1;
+        }
+        self.stats.accept_errors += 1;
+        let n = self.stats.accept_errors;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                error = %err,
+                listener = ?kind,
+                failures = n,
+                retry_in_ms = delay,
+                "accept failed: listener paused"
+            );
+        }
+    }
+
+    /// Listeners whose pause ended by `now_ms` (set by [`Core::advance`]): the
+    /// backend accepts on them again (mio: until `WouldBlock`; io_uring: re-arms).
+    pub(crate) fn take_resumed(&mut self, out: &mut Vec<usize>) {
+        out.clear();
+        let now = self.now_ms;
+        for (li, l) in self.listeners.iter_mut().enumerate() {
+            if l.paused_until_ms.is_some_and(|t| t <= now) {
+                l.paused_until_ms = None;
+                out.push(li);
+                match l.kind {
+                    ListenerKind::Tcp => self.stats.tcp.paused -= 1,
+                    ListenerKind::WebSocket => self.stats.ws.paused -= 1,
+                }
+            }
         }
     }
 
@@ -171,12 +404,17 @@ impl Core {
         self.conns[idx as usize].phase
     }
 
-    /// A new socket. `None`: at `max_connections_per_shard` (the caller closes it).
-    pub(crate) fn alloc(&mut self, kind: ListenerKind, peer: SocketAddr) -> Option<u32> {
+    /// A new socket accepted by listener `li`. `None`: at the shard's connection cap
+    /// (`max_connections_per_shard`); counted as `conn_cap`, the caller resets it.
+    pub(crate) fn alloc(&mut self, li: usize, peer: SocketAddr) -> Option<u32> {
+        self.accept_succeeded(li);
+        let kind = self.listeners[li].kind;
         if self.live >= self.cfg.max_connections_per_shard {
             self.stats.refused += 1;
+            self.accept_refused(li, Refusal::ConnCap);
             return None;
         }
+        self.listener_stats(kind).accepted += 1;
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -186,13 +424,15 @@ impl Core {
         };
         self.live += 1;
         let now = self.now_ms;
-        let deadline = now + self.cfg.idle_timeout_ms;
+        let deadline = now + self.cfg.idle_timeout_ms.min(self.cfg.connect_timeout_ms);
         let c = &mut self.conns[idx as usize];
         debug_assert!(!c.in_use);
         c.in_use = true;
         c.kind = kind;
         c.peer = peer;
         c.last_input_ms = now;
+        c.accepted_ms = now;
+        c.established = false;
         c.peer_eof = false;
         c.phase = match kind {
             ListenerKind::Tcp => Phase::Open,
@@ -206,14 +446,82 @@ impl Core {
         Some(idx)
     }
 
-    /// Counts a failed accept; logs the 1st, 2nd, 4th, 8th... so a persistent
-    /// failure (out of file descriptors) cannot flood the log.
-    pub(crate) fn accept_error(&mut self, err: &std::io::Error) {
-        self.stats.accept_errors += 1;
-        let n = self.stats.accept_errors;
-        if n.is_power_of_two() {
-            tracing::warn!(error = %err, failures = n, "accept failed");
+    /// The handler authenticated `conn` (CONNECT accepted): the connect deadline no
+    /// longer applies, only the idle timer. No-op for a stale id.
+    pub(crate) fn mark_established(&mut self, conn: ConnId) {
+        if let Some(i) = self.lookup(conn) {
+            self.conns[i].established = true;
         }
+    }
+
+    /// When an open connection is closed for silence, and why: `idle_timeout_ms`
+    /// after its last input, or `connect_timeout_ms` after its accept while the
+    /// handler has not marked it established (PINGs do not extend that one).
+    fn open_deadline(&self, c: &Conn) -> (u64, CloseReason) {
+        let idle = c.last_input_ms + self.cfg.idle_timeout_ms;
+        let connect = c.accepted_ms + self.cfg.connect_timeout_ms;
+        if !c.established && connect < idle {
+            (connect, CloseReason::ConnectTimeout)
+        } else {
+            (idle, CloseReason::IdleTimeout)
+        }
+    }
+
+    /// Makes room for `n` more queued bytes on `idx`: its own queue stays within
+    /// `outbound_queue_bytes_max` and the shard's within
+    /// `outbound_budget_bytes_per_shard`, closing the largest queues (slow readers)
+    /// until it fits. `false`: `idx` itself was closed.
+    fn reserve_out(&mut self, idx: u32, n: usize) -> bool {
+        let c = &self.conns[idx as usize];
+        if c.out_len() + n > self.cfg.outbound_queue_bytes_max {
+            tracing::warn!(
+                conn = idx,
+                peer = %c.peer,
+                queued_bytes = c.out_len(),
+                limit_bytes = self.cfg.outbound_queue_bytes_max,
+                "outbound queue overflow: closing connection"
+            );
+            self.stats.outbound_overflow_closes += 1;
+            self.abort(idx, CloseReason::OutboundOverflow);
+            return false;
+        }
+        while self.out_total + n > self.cfg.outbound_budget_bytes_per_shard {
+            // The largest queue, `idx` counted with what it is about to queue.
+            let (mut victim, mut largest) = (idx, self.conns[idx as usize].out_len() + n);
+            for (i, c) in self.conns.iter().enumerate() {
+                if c.in_use && c.phase != Phase::Dead && c.out_len() > largest {
+                    (victim, largest) = (i as u32, c.out_len());
+                }
+            }
+            let c = &self.conns[victim as usize];
+            tracing::warn!(
+                conn = victim,
+                peer = %c.peer,
+                queued_bytes = c.out_len(),
+                shard_queued_bytes = self.out_total,
+                budget_bytes = self.cfg.outbound_budget_bytes_per_shard,
+                "outbound budget of the shard exhausted: closing the largest queue (slow reader)"
+            );
+            self.stats.slow_reader_closes += 1;
+            self.abort(victim, CloseReason::SlowReader);
+            if victim == idx {
+                return false;
+            }
+        }
+        self.out_total += n;
+        true
+    }
+
+    /// Bytes appended to a closing connection's queue outside [`Core::reserve_out`]
+    /// (a refused upgrade's answer or a close frame: at most ~100 bytes, once per
+    /// connection, so the budget may be passed by that much per closing connection).
+    fn queued_unchecked(&mut self, n: usize) {
+        self.out_total += n;
+    }
+
+    /// Queued output of the shard (every connection not yet dead).
+    pub(crate) fn outbound_total(&self) -> usize {
+        self.out_total
     }
 
     fn accept_visible(&mut self, idx: u32) {
@@ -278,6 +586,8 @@ impl Core {
         if c.phase == Phase::Dead {
             return;
         }
+        // A dead connection's output is never written: out of the budget now.
+        self.out_total -= c.out_len();
         c.phase = Phase::Dead;
         if let Some(t) = c.timer.take() {
             self.timers.cancel(t);
@@ -294,11 +604,14 @@ impl Core {
         if !matches!(c.phase, Phase::Open | Phase::Handshake) {
             return;
         }
+        let before = c.out_next.len();
         if c.kind == ListenerKind::WebSocket && c.phase == Phase::Open {
             ws::write_close(&mut c.out_next, ws_code);
         }
+        let added = c.out_next.len() - before;
         c.phase = Phase::Flushing;
         c.linger_deadline_ms = linger;
+        self.queued_unchecked(added);
         self.mark_dirty(idx);
     }
 
@@ -338,17 +651,23 @@ impl Core {
         match ws::handshake(&c.raw) {
             Handshake::Partial => {
                 if c.raw.len() > max {
-                    c.out_next.extend_from_slice(
-                        b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n",
-                    );
+                    const TOO_LARGE: &[u8] =
+                        b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n";
+                    c.out_next.extend_from_slice(TOO_LARGE);
+                    self.queued_unchecked(TOO_LARGE.len());
                     self.begin_close(idx, CloseReason::WebSocketProtocol, ws::CLOSE_PROTOCOL);
                 }
             }
             Handshake::Reject(response) => {
                 c.out_next.extend_from_slice(&response);
+                self.queued_unchecked(response.len());
                 self.begin_close(idx, CloseReason::WebSocketProtocol, ws::CLOSE_PROTOCOL);
             }
             Handshake::Done { response, consumed } => {
+                if !self.reserve_out(idx, response.len()) {
+                    return;
+                }
+                let c = &mut self.conns[idx as usize];
                 c.out_next.extend_from_slice(&response);
                 c.raw.drain(..consumed);
                 c.phase = Phase::Open;
@@ -395,9 +714,14 @@ impl Core {
         for ctl in controls {
             match ctl {
                 WsControl::Ping(payload) => {
-                    let c = &mut self.conns[idx as usize];
-                    if c.phase == Phase::Open {
-                        ws::write_pong(&mut c.out_next, &payload);
+                    // A PONG is output like any other: within the connection's and
+                    // the shard's limits, or the connection closes.
+                    if self.conns[idx as usize].phase == Phase::Open {
+                        let n = ws::header_len(payload.len()) + payload.len();
+                        if !self.reserve_out(idx, n) {
+                            return;
+                        }
+                        ws::write_pong(&mut self.conns[idx as usize].out_next, &payload);
                         self.mark_dirty(idx);
                     }
                 }
@@ -445,7 +769,7 @@ impl Core {
     pub(crate) fn out_chunk(&mut self, idx: u32) -> &[u8] {
         let c = &mut self.conns[idx as usize];
         if c.out_off == c.out_cur.len() && !c.out_next.is_empty() {
-            c.out_cur.clear();
+            recycle(&mut c.out_cur);
             c.out_off = 0;
             std::mem::swap(&mut c.out_cur, &mut c.out_next);
         }
@@ -467,9 +791,17 @@ impl Core {
             c.out_off += n;
         } else {
             // The current buffer is done; the next one becomes current.
-            c.out_cur.clear();
+            recycle(&mut c.out_cur);
             std::mem::swap(&mut c.out_cur, &mut c.out_next);
             c.out_off = (n - cur_left).min(c.out_cur.len());
+        }
+        if c.out_off == c.out_cur.len() {
+            // Written out: a burst's buffer is released.
+            recycle(&mut c.out_cur);
+            c.out_off = 0;
+        }
+        if c.phase != Phase::Dead {
+            self.out_total -= n;
         }
         self.stats.bytes_out += n as u64;
     }
@@ -478,7 +810,17 @@ impl Core {
     pub(crate) fn out_advance(&mut self, idx: u32, n: usize) {
         let c = &mut self.conns[idx as usize];
         debug_assert!(c.out_off + n <= c.out_cur.len());
-        c.out_off = (c.out_off + n).min(c.out_cur.len());
+        let n = n.min(c.out_cur.len() - c.out_off);
+        c.out_off += n;
+        if c.out_off == c.out_cur.len() {
+            // Written out (the send that referenced it completed): a burst's buffer
+            // is released.
+            recycle(&mut c.out_cur);
+            c.out_off = 0;
+        }
+        if c.phase != Phase::Dead {
+            self.out_total -= n;
+        }
         self.stats.bytes_out += n as u64;
     }
 
@@ -564,7 +906,15 @@ impl Core {
 
     /// The earliest timer deadline, if any.
     pub(crate) fn next_deadline_ms(&self) -> Option<u64> {
-        self.timers.next_deadline()
+        let paused = self
+            .listeners
+            .iter()
+            .filter_map(|l| l.paused_until_ms)
+            .min();
+        match (self.timers.next_deadline(), paused) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Sets the time used for new deadlines (call after a wait, before feeding IO),
@@ -586,18 +936,23 @@ impl Core {
                 continue;
             }
             c.timer = None;
-            let deadline = match c.phase {
-                Phase::Handshake | Phase::Open => c.last_input_ms + self.cfg.idle_timeout_ms,
-                Phase::Flushing | Phase::Lingering => c.linger_deadline_ms,
+            let c = &self.conns[idx as usize];
+            let (deadline, reason) = match c.phase {
+                Phase::Handshake | Phase::Open => self.open_deadline(c),
+                Phase::Flushing | Phase::Lingering => (c.linger_deadline_ms, CloseReason::Local),
                 Phase::Dead => continue,
             };
+            let c = &mut self.conns[idx as usize];
             if self.now_ms < deadline {
                 c.timer = self.timers.insert(deadline, (idx, generation)).ok();
                 continue;
             }
+            if reason == CloseReason::ConnectTimeout {
+                self.stats.connect_timeouts += 1;
+            }
             match c.phase {
                 Phase::Open => {
-                    self.begin_close(idx, CloseReason::IdleTimeout, ws::CLOSE_NORMAL);
+                    self.begin_close(idx, reason, ws::CLOSE_NORMAL);
                     // The linger timer.
                     let c = &mut self.conns[idx as usize];
                     c.timer = self
@@ -636,7 +991,7 @@ impl Core {
         let Some(i) = self.lookup(conn) else {
             return Err(SendError::Closed);
         };
-        let c = &mut self.conns[i];
+        let c = &self.conns[i];
         if c.phase != Phase::Open {
             return Err(SendError::Closed);
         }
@@ -644,17 +999,10 @@ impl Core {
             ListenerKind::Tcp => bytes.len(),
             ListenerKind::WebSocket => ws::header_len(bytes.len()) + bytes.len(),
         };
-        if c.out_len() + framed > self.cfg.outbound_queue_bytes_max {
-            tracing::warn!(
-                conn = i,
-                peer = %c.peer,
-                queued_bytes = c.out_len(),
-                limit_bytes = self.cfg.outbound_queue_bytes_max,
-                "outbound queue overflow: closing connection"
-            );
-            self.abort(i as u32, CloseReason::OutboundOverflow);
+        if !self.reserve_out(i as u32, framed) {
             return Err(SendError::Overflow);
         }
+        let c = &mut self.conns[i];
         match c.kind {
             ListenerKind::Tcp => c.out_next.extend_from_slice(bytes),
             ListenerKind::WebSocket => ws::write_binary(&mut c.out_next, bytes),
@@ -679,8 +1027,15 @@ impl Core {
 mod tests {
     use super::*;
 
+    /// The listener indices of [`core`].
+    const TCP: usize = 0;
+    const WS: usize = 1;
+
     fn core(cfg: NetConfig) -> Core {
-        Core::new(&cfg, 0)
+        let mut c = Core::new(&cfg, 0);
+        assert_eq!(c.add_listener(ListenerKind::Tcp), TCP);
+        assert_eq!(c.add_listener(ListenerKind::WebSocket), WS);
+        c
     }
 
     fn peer() -> SocketAddr {
@@ -690,7 +1045,7 @@ mod tests {
     #[test]
     fn stale_id_never_reaches_new_connection() {
         let mut c = core(NetConfig::default());
-        let a = c.alloc(ListenerKind::Tcp, peer()).unwrap();
+        let a = c.alloc(TCP, peer()).unwrap();
         let old = c.id(a);
         c.on_recv(a, b"xy");
         c.abort(a, CloseReason::Local);
@@ -703,7 +1058,7 @@ mod tests {
         c.take_dead(&mut dead);
         assert_eq!(dead, vec![a]);
         c.free(a);
-        let b = c.alloc(ListenerKind::Tcp, peer()).unwrap();
+        let b = c.alloc(TCP, peer()).unwrap();
         assert_eq!(a, b, "slot reused");
         assert_ne!(c.id(b), old);
         assert_eq!(c.send(old, b"x"), Err(SendError::Closed));
@@ -718,8 +1073,8 @@ mod tests {
             outbound_queue_bytes_max: 10,
             ..NetConfig::default()
         });
-        let a = c.alloc(ListenerKind::Tcp, peer()).unwrap();
-        let b = c.alloc(ListenerKind::Tcp, peer()).unwrap();
+        let a = c.alloc(TCP, peer()).unwrap();
+        let b = c.alloc(TCP, peer()).unwrap();
         let (ia, ib) = (c.id(a), c.id(b));
         assert_eq!(c.send(ia, &[0; 8]), Ok(()));
         assert_eq!(c.send(ia, &[0; 3]), Err(SendError::Overflow));
@@ -741,7 +1096,7 @@ mod tests {
             idle_timeout_ms: 100,
             ..NetConfig::default()
         });
-        let a = c.alloc(ListenerKind::Tcp, peer()).unwrap();
+        let a = c.alloc(TCP, peer()).unwrap();
         let id = c.id(a);
         c.advance(60);
         c.on_recv(a, b"x");
@@ -764,7 +1119,7 @@ mod tests {
     #[test]
     fn vectored_and_chunked_output_keep_order() {
         let mut c = core(NetConfig::default());
-        let a = c.alloc(ListenerKind::Tcp, peer()).unwrap();
+        let a = c.alloc(TCP, peer()).unwrap();
         let id = c.id(a);
         c.send(id, b"abc").unwrap();
         assert_eq!(c.out_chunk(a), b"abc");
@@ -788,7 +1143,7 @@ mod tests {
         });
         c.advance(10);
         c.set_now(10_000); // The driver slept long; then a connection arrived.
-        let a = c.alloc(ListenerKind::Tcp, peer()).unwrap();
+        let a = c.alloc(TCP, peer()).unwrap();
         let id = c.id(a);
         let mut ev = Vec::new();
         c.take_events(&mut ev);
@@ -813,12 +1168,365 @@ mod tests {
             inbound_buffer_bytes_max: 4,
             ..NetConfig::default()
         });
-        let a = c.alloc(ListenerKind::Tcp, peer()).unwrap();
+        let a = c.alloc(TCP, peer()).unwrap();
         c.on_recv(a, b"abc");
         c.consume(c.id(a), 2);
         c.on_recv(a, b"def");
         assert_eq!(c.input(c.id(a)), b"cdef");
         c.on_recv(a, b"g");
         assert_eq!(c.phase(a), Phase::Dead);
+    }
+
+    #[test]
+    fn accept_backoff_doubles_to_its_maximum_and_resets_on_success() {
+        let mut b = AcceptBackoff::new(10, 1_000);
+        let retries: Vec<u64> = (0..10).map(|_| b.on_failure(5_000) - 5_000).collect();
+        assert_eq!(
+            retries,
+            [10, 20, 40, 80, 160, 320, 640, 1_000, 1_000, 1_000]
+        );
+        assert_eq!(b.schedule_len(), 8);
+        b.on_success();
+        assert_eq!(b.delay_ms(), 0);
+        assert_eq!(b.on_failure(7), 17, "a success starts the schedule again");
+        assert_eq!(
+            AcceptBackoff::steps(),
+            8,
+            "the default schedule: 10 ms .. 1 s"
+        );
+    }
+
+    #[test]
+    fn a_paused_listener_bounds_the_wait_and_resumes_at_its_retry_time() {
+        let mut c = core(NetConfig::default());
+        c.advance(100);
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        c.accept_failed(TCP, &emfile);
+        assert!(c.listener_paused(TCP));
+        assert_eq!(c.next_deadline_ms(), Some(110));
+        assert_eq!(c.stats.tcp.paused, 1);
+        let mut resumed = Vec::new();
+        c.advance(109);
+        c.take_resumed(&mut resumed);
+        assert!(resumed.is_empty());
+        c.advance(110);
+        c.take_resumed(&mut resumed);
+        assert_eq!(resumed, vec![TCP]);
+        assert!(!c.listener_paused(TCP));
+        assert_eq!(c.stats.tcp.paused, 0);
+        // Failing again doubles; a successful accept resets the schedule.
+        c.accept_failed(TCP, &emfile);
+        assert_eq!(c.next_deadline_ms(), Some(130));
+        c.advance(130);
+        c.take_resumed(&mut resumed);
+        c.alloc(TCP, peer()).unwrap();
+        c.accept_failed(TCP, &emfile);
+        assert_eq!(c.next_deadline_ms(), Some(140));
+        assert_eq!(c.stats.tcp.accept_pauses, 3);
+        assert_eq!(c.stats.tcp.refused_other, 0, "EMFILE is not `other`");
+    }
+
+    #[test]
+    fn over_the_cap_is_counted_per_listener() {
+        let mut c = core(NetConfig {
+            max_connections_per_shard: 1,
+            ..NetConfig::default()
+        });
+        c.alloc(TCP, peer()).unwrap();
+        assert_eq!(c.alloc(WS, peer()), None);
+        assert_eq!(c.alloc(TCP, peer()), None);
+        assert_eq!((c.stats.tcp.accepted, c.stats.tcp.refused_conn_cap), (1, 1));
+        assert_eq!((c.stats.ws.accepted, c.stats.ws.refused_conn_cap), (0, 1));
+    }
+
+    /// A WebSocket connection after its upgrade (the 101 answer written out).
+    fn ws_open(c: &mut Core) -> u32 {
+        let a = c.alloc(WS, peer()).unwrap();
+        c.on_recv(
+            a,
+            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        );
+        assert_eq!(c.phase(a), Phase::Open);
+        let n = c.out_chunk(a).len();
+        c.out_advance(a, n);
+        a
+    }
+
+    fn ping(payload: &[u8]) -> Vec<u8> {
+        let mask = [1, 2, 3, 4];
+        let mut f = vec![0x89, 0x80 | payload.len() as u8];
+        f.extend_from_slice(&mask);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        f
+    }
+
+    #[test]
+    fn pings_without_connect_are_closed_at_the_connect_deadline() {
+        let mut c = core(NetConfig {
+            connect_timeout_ms: 1_000,
+            idle_timeout_ms: 90_000,
+            ..NetConfig::default()
+        });
+        let a = ws_open(&mut c);
+        let id = c.id(a);
+        let mut ev = Vec::new();
+        for t in (100..1_000).step_by(100) {
+            c.advance(t);
+            c.on_recv(a, &ping(b"hi"));
+            let n = c.out_chunk(a).len();
+            c.out_advance(a, n);
+        }
+        c.take_events(&mut ev);
+        assert!(!ev.iter().any(|e| matches!(e, NetEvent::Closed { .. })));
+        c.advance(1_000);
+        ev.clear();
+        c.take_events(&mut ev);
+        assert_eq!(
+            ev,
+            vec![NetEvent::Closed {
+                conn: id,
+                reason: CloseReason::ConnectTimeout
+            }]
+        );
+        assert_eq!(c.stats.connect_timeouts, 1);
+        // An established connection only has the idle timer.
+        let b = c.alloc(TCP, peer()).unwrap();
+        c.mark_established(c.id(b));
+        c.advance(5_000);
+        c.on_recv(b, b"x");
+        c.advance(60_000);
+        ev.clear();
+        c.take_events(&mut ev);
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, NetEvent::Closed { conn, .. } if *conn == c.id(b))),
+            "{ev:?}"
+        );
+    }
+
+    #[test]
+    fn pongs_count_against_the_outbound_limit() {
+        let mut c = core(NetConfig {
+            outbound_queue_bytes_max: 1_000,
+            ..NetConfig::default()
+        });
+        let a = ws_open(&mut c);
+        let id = c.id(a);
+        let flood: Vec<u8> = (0..100).flat_map(|_| ping(&[7; 100])).collect();
+        c.on_recv(a, &flood); // Never written: the peer does not read.
+        assert!(c.outbound_bytes(id) <= 1_000);
+        let mut ev = Vec::new();
+        c.take_events(&mut ev);
+        assert!(ev.contains(&NetEvent::Closed {
+            conn: id,
+            reason: CloseReason::OutboundOverflow
+        }));
+        assert_eq!(
+            c.outbound_total(),
+            0,
+            "a dead connection's output leaves the budget"
+        );
+    }
+
+    #[test]
+    fn the_shard_budget_closes_the_largest_queue() {
+        let mut c = core(NetConfig {
+            outbound_queue_bytes_max: 1_000,
+            outbound_budget_bytes_per_shard: 2_000,
+            ..NetConfig::default()
+        });
+        let ids: Vec<ConnId> = (0..3)
+            .map(|_| {
+                let i = c.alloc(TCP, peer()).unwrap();
+                c.id(i)
+            })
+            .collect();
+        let mut ev = Vec::new();
+        c.take_events(&mut ev);
+        c.send(ids[0], &[0; 900]).unwrap();
+        c.send(ids[1], &[0; 600]).unwrap();
+        c.send(ids[2], &[0; 400]).unwrap();
+        assert_eq!(c.outbound_total(), 1_900);
+        // 200 more for the smallest queue: the largest (ids[0]) is closed for it.
+        c.send(ids[2], &[0; 200]).unwrap();
+        assert_eq!(c.outbound_total(), 1_200);
+        assert_eq!(c.stats.slow_reader_closes, 1);
+        ev.clear();
+        c.take_events(&mut ev);
+        assert_eq!(
+            ev,
+            vec![NetEvent::Closed {
+                conn: ids[0],
+                reason: CloseReason::SlowReader
+            }]
+        );
+        // The sender itself when its queue would be the largest.
+        let mut c = core(NetConfig {
+            outbound_queue_bytes_max: 1_000,
+            outbound_budget_bytes_per_shard: 1_500,
+            ..NetConfig::default()
+        });
+        let (a, b) = (c.alloc(TCP, peer()).unwrap(), c.alloc(TCP, peer()).unwrap());
+        let (a, b) = (c.id(a), c.id(b));
+        c.send(a, &[0; 900]).unwrap();
+        c.send(b, &[0; 600]).unwrap();
+        assert_eq!(c.send(a, &[0; 50]), Err(SendError::Overflow));
+        assert_eq!(c.outbound_total(), 600);
+        assert_eq!(c.outbound_bytes(b), 600, "the smaller queue stays");
+    }
+
+    #[test]
+    fn output_buffers_shrink_after_a_burst() {
+        let mut c = core(NetConfig::default());
+        let a = c.alloc(TCP, peer()).unwrap();
+        let id = c.id(a);
+        for _ in 0..64 {
+            c.send(id, &[1; 16 * 1024]).unwrap();
+        }
+        assert!(c.outbound_total() >= 1 << 20);
+        // Written in pieces, as a backend does.
+        loop {
+            let n = c.out_chunk(a).len().min(100_000);
+            if n == 0 {
+                break;
+            }
+            c.out_advance(a, n);
+        }
+        let conn = &c.conns[a as usize];
+        assert_eq!(c.outbound_total(), 0);
+        assert!(
+            conn.out_cur.capacity() <= OUTPUT_KEEP_BYTES
+                && conn.out_next.capacity() <= OUTPUT_KEEP_BYTES,
+            "kept {} + {} bytes",
+            conn.out_cur.capacity(),
+            conn.out_next.capacity()
+        );
+        // Vectored writes (mio) too.
+        c.send(id, &[1; 100_000]).unwrap();
+        let _ = c.out_chunk(a);
+        c.send(id, &[2; 100_000]).unwrap();
+        c.out_advance_vectored(a, 150_000);
+        c.out_advance_vectored(a, 50_000);
+        let conn = &c.conns[a as usize];
+        assert!(conn.out_cur.capacity() <= OUTPUT_KEEP_BYTES);
+        assert!(conn.out_next.capacity() <= OUTPUT_KEEP_BYTES);
+    }
+
+    /// The budget's running total equals the queued output of the live connections.
+    fn assert_out_total(c: &Core) {
+        let sum: usize = c
+            .conns
+            .iter()
+            .filter(|x| x.in_use && x.phase != Phase::Dead)
+            .map(Conn::out_len)
+            .sum();
+        assert_eq!(c.outbound_total(), sum);
+    }
+
+    #[test]
+    fn the_output_budget_total_stays_exact_under_random_operations() {
+        for seed in 1..=200u64 {
+            let mut x = seed;
+            let mut rnd = move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let mut c = core(NetConfig {
+                outbound_queue_bytes_max: 3_000,
+                outbound_budget_bytes_per_shard: 8_000,
+                ..NetConfig::default()
+            });
+            let mut ev = Vec::new();
+            let mut dead = Vec::new();
+            for step in 0..400 {
+                let live: Vec<u32> = (0..c.conns.len() as u32)
+                    .filter(|&i| c.conns[i as usize].in_use)
+                    .collect();
+                let pick = |r: u64| live.get(r as usize % live.len().max(1)).copied();
+                match rnd(8) {
+                    0 => {
+                        let li = if rnd(2) == 0 { TCP } else { WS };
+                        if let Some(i) = c.alloc(li, peer()) {
+                            if li == WS {
+                                c.on_recv(
+                                    i,
+                                    b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                                      Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                                      Sec-WebSocket-Version: 13\r\n\r\n",
+                                );
+                            }
+                        }
+                    }
+                    1 | 2 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            let _ = c.send(c.id(i), &vec![0; rnd(1500) as usize]);
+                        }
+                    }
+                    3 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            if c.phase(i) == Phase::Open
+                                && c.conns[i as usize].kind == ListenerKind::WebSocket
+                            {
+                                c.on_recv(i, &ping(&[1; 100]));
+                            }
+                        }
+                    }
+                    4 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            let n = c.out_chunk(i).len();
+                            let w = rnd(n as u64 + 1) as usize;
+                            c.out_advance(i, w);
+                        }
+                    }
+                    5 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            let (a, b) = c.out_slices(i);
+                            let n = a.len() + b.len();
+                            let w = rnd(n as u64 + 1) as usize;
+                            c.out_advance_vectored(i, w);
+                        }
+                    }
+                    6 => {
+                        if let Some(i) = pick(rnd(1000)) {
+                            match rnd(3) {
+                                0 => c.close(c.id(i)),
+                                1 => c.on_eof(i),
+                                _ => c.on_error(i, std::io::ErrorKind::BrokenPipe),
+                            }
+                        }
+                    }
+                    _ => {
+                        c.take_events(&mut ev);
+                        ev.clear();
+                        c.take_dead(&mut dead);
+                        for &i in &dead {
+                            c.free(i);
+                        }
+                    }
+                }
+                let total = c.outbound_total();
+                // Close frames may pass the budget, by a few bytes per closing one.
+                let closing = c
+                    .conns
+                    .iter()
+                    .filter(|x| x.in_use && x.phase == Phase::Flushing)
+                    .count();
+                assert!(
+                    total <= 8_000 + 4 * closing,
+                    "seed {seed} step {step}: over budget {total}"
+                );
+                let sum: usize = c
+                    .conns
+                    .iter()
+                    .filter(|x| x.in_use && x.phase != Phase::Dead)
+                    .map(Conn::out_len)
+                    .sum();
+                assert_eq!(total, sum, "seed {seed} step {step}");
+            }
+            assert_out_total(&c);
+        }
     }
 }

@@ -15,8 +15,11 @@ use mio::unix::SourceFd;
 use mio::{Interest, Poll, Token};
 use shard::runtime::{Driver, EventFd};
 
-use super::core::{AfterFlush, Core, Phase};
-use super::{prepare_listener, ConnId, ListenerKind, NetConfig, NetEvent, NetStats, SendError};
+use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
+use super::{
+    accept_with_spare, prepare_listener, reset, ConnId, ListenerKind, NetConfig, NetEvent,
+    NetStats, SendError, Spare, SpareOutcome,
+};
 
 const DOORBELL: Token = Token(usize::MAX);
 /// Listener `i` has token `LISTENER_BASE - i`; connection tokens are slot indices
@@ -56,6 +59,10 @@ pub struct MioDriver {
     ready: Vec<Ready>,
     /// Reading pauses when a connection's unconsumed input reaches this.
     pause_bytes: usize,
+    /// Closed to accept (and reset) one connection when out of descriptors.
+    spare: Spare,
+    /// Listeners whose pause ended (reused).
+    resumed: Vec<usize>,
 }
 
 impl MioDriver {
@@ -72,8 +79,10 @@ impl MioDriver {
             DOORBELL,
             Interest::READABLE,
         )?;
+        let mut core = Core::new(config, 0);
         let mut mio_listeners = Vec::with_capacity(listeners.len());
         for (i, (kind, l)) in listeners.into_iter().enumerate() {
+            core.add_listener(kind);
             prepare_listener(&l, config.listen_backlog)?;
             let mut l = MioListener::from_std(l);
             poll.registry()
@@ -82,7 +91,7 @@ impl MioDriver {
         }
         Ok(MioDriver {
             // Reads stop at the pause threshold, one chunk below the limit: no slack.
-            core: Core::new(config, 0),
+            core,
             poll,
             events: mio::Events::with_capacity(config.mio_events_capacity),
             doorbell,
@@ -97,7 +106,17 @@ impl MioDriver {
                 .inbound_buffer_bytes_max
                 .saturating_sub(config.read_chunk_bytes)
                 .max(1),
+            spare: Spare::open(),
+            resumed: Vec::new(),
         })
+    }
+
+    pub fn mark_established(&mut self, conn: ConnId) {
+        self.core.mark_established(conn)
+    }
+
+    pub fn outbound_total_bytes(&self) -> usize {
+        self.core.outbound_total()
     }
 
     pub fn input(&self, conn: ConnId) -> &[u8] {
@@ -125,7 +144,10 @@ impl MioDriver {
     }
 
     pub fn stats(&self) -> NetStats {
-        self.core.stats
+        NetStats {
+            outbound_bytes: self.core.outbound_total() as u64,
+            ..self.core.stats
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -223,22 +245,45 @@ impl MioDriver {
         }
     }
 
+    /// Accepts until the queue is empty (epoll is edge-triggered: a connection left
+    /// in the queue would wait for the next arrival) or the listener pauses.
     fn accept(&mut self, li: usize) {
+        if self.core.listener_paused(li) {
+            return; // Retried when the pause ends.
+        }
         loop {
-            let (kind, listener) = &self.listeners[li];
-            let kind = *kind;
+            let listener = &self.listeners[li].1;
             let (mut stream, peer) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // EMFILE and friends: the next connection retries.
-                    self.core.accept_error(&e);
-                    return;
-                }
+                Err(e) => match classify_accept_error(&e) {
+                    AcceptFailure::Retry => continue,
+                    AcceptFailure::Dropped => {
+                        self.core.accept_refused(li, Refusal::Other);
+                        continue;
+                    }
+                    AcceptFailure::Resources => {
+                        let l = &self.listeners[li].1;
+                        match accept_with_spare(&mut self.spare, e, || l.accept().map(|(s, _)| s)) {
+                            SpareOutcome::ResetOne => {
+                                self.core.accept_refused(li, Refusal::FdLimit);
+                                continue;
+                            }
+                            SpareOutcome::Empty => return,
+                            SpareOutcome::Failed(e) => {
+                                self.core.accept_failed(li, &e);
+                                return;
+                            }
+                        }
+                    }
+                    AcceptFailure::Other => {
+                        self.core.accept_failed(li, &e);
+                        return;
+                    }
+                },
             };
-            let Some(idx) = self.core.alloc(kind, peer) else {
-                drop(stream); // At max_connections_per_shard: refused.
+            let Some(idx) = self.core.alloc(li, peer) else {
+                reset(stream); // Over the shard's connection cap.
                 continue;
             };
             let _ = stream.set_nodelay(true);
@@ -339,6 +384,14 @@ impl Driver for MioDriver {
         }
         self.ready = ready;
         self.core.advance(self.now_ms());
+        // Listeners whose pause ended: accept what queued meanwhile (no new arrival
+        // would signal it).
+        let mut resumed = std::mem::take(&mut self.resumed);
+        self.core.take_resumed(&mut resumed);
+        for &li in &resumed {
+            self.accept(li);
+        }
+        self.resumed = resumed;
         self.core.take_events(out);
         Ok(())
     }

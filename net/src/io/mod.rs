@@ -40,8 +40,23 @@
 //!   write side is shut down and the socket is closed when the peer closes or after
 //!   [`NetConfig::close_linger_ms`].
 //! - A connection without input for [`NetConfig::idle_timeout_ms`] is closed
-//!   ([`CloseReason::IdleTimeout`]). Past [`NetConfig::max_connections_per_shard`]
-//!   accepted sockets are closed at once and never reported.
+//!   ([`CloseReason::IdleTimeout`]); one the handler has not marked established
+//!   ([`NetDriver::mark_established`], after CONNECT) is closed
+//!   [`NetConfig::connect_timeout_ms`] after its accept whatever it sends
+//!   ([`CloseReason::ConnectTimeout`]; WebSocket PINGs do not keep it open).
+//! - Output of the whole shard is bounded by
+//!   [`NetConfig::outbound_budget_bytes_per_shard`]: a send (or a PONG) that would
+//!   pass it closes the connection with the largest queue
+//!   ([`CloseReason::SlowReader`]). Written output buffers larger than 4 KiB are
+//!   released, so a burst's memory does not stay with the connection.
+//! - Accepting: past [`NetConfig::max_connections_per_shard`] (TCP and WebSocket
+//!   together) an accepted socket is reset at once (`SO_LINGER` 0, counted as
+//!   `conn_cap`) and never reported. When `accept` fails for lack of descriptors or
+//!   memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the driver closes its spare descriptor,
+//!   accepts and resets one connection (`fd_limit`), and reopens the spare; if even
+//!   that fails the listener pauses on the schedule of [`AcceptBackoff`] (the retry
+//!   time bounds the driver's wait, so accepting resumes by itself, and the whole
+//!   queue is drained then). Nothing spins on a failing accept.
 //! - Listeners: each shard's driver gets its own listening sockets. Bind one per
 //!   shard with [`bind_reuseport`] (the kernel spreads connections over shards), or
 //!   hand every shard a `try_clone` of the same listener. A connection stays on the
@@ -49,9 +64,12 @@
 
 pub mod bufring;
 mod core;
+pub mod fd;
 mod mio_driver;
 mod uring_driver;
 mod ws;
+
+pub use self::core::AcceptBackoff;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -79,10 +97,27 @@ pub enum Backend {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetConfig {
-    /// Open connections per shard; further accepted sockets are closed at once.
+    /// Open connections per shard (TCP and WebSocket together); further accepted
+    /// sockets are reset at once. The node lowers it to the shard's share of the
+    /// descriptor limit (see `fd_reserve`).
     pub max_connections_per_shard: usize,
+    /// Descriptors the node keeps out of the connection caps for the process as a
+    /// whole: the metadata journal, the HTTP API's connections, threads' files,
+    /// stdio (and, with the cluster, RPC links). The node adds what each shard holds
+    /// besides connections (log segments, listeners, accepts in flight, rings,
+    /// eventfds, the spare descriptor); the rest of `RLIMIT_NOFILE` is split between
+    /// the shards as their connection cap.
+    pub fd_reserve: usize,
     /// Queued, unsent output per connection; a send past it closes the connection.
     pub outbound_queue_bytes_max: usize,
+    /// Queued, unsent output of all of a shard's connections together; a send past
+    /// it closes the connection with the largest queue (a slow reader). Worst case
+    /// of a shard's output memory: this budget, plus up to 4 KiB of kept buffer
+    /// capacity per connection (`max_connections_per_shard` × 8 KiB with both
+    /// buffers), plus a WebSocket handshake answer or close frame per connection.
+    /// Without it the bound would be `outbound_queue_bytes_max` ×
+    /// `max_connections_per_shard` (4 MiB × 65,536 = 256 GiB).
+    pub outbound_budget_bytes_per_shard: usize,
     /// Bytes read per `read` call (mio: one per-shard scratch buffer of this size).
     pub read_chunk_bytes: usize,
     /// Largest wkproto frame the handler accepts (1 MiB body plus header).
@@ -97,6 +132,14 @@ pub struct NetConfig {
     pub ws_handshake_bytes_max: usize,
     /// A connection without input for this long is closed.
     pub idle_timeout_ms: u64,
+    /// A connection the handler has not marked established (no successful CONNECT)
+    /// this long after its accept is closed, whatever it sends (PINGs included).
+    pub connect_timeout_ms: u64,
+    /// First pause of a listener whose accept failed for lack of descriptors or
+    /// memory; each further failure doubles it.
+    pub accept_backoff_initial_ms: u64,
+    /// Longest pause of a failing listener.
+    pub accept_backoff_max_ms: u64,
     /// After a graceful close has flushed, how long to wait for the peer's close.
     pub close_linger_ms: u64,
     /// `listen(2)` backlog of the listening sockets (the kernel caps it at somaxconn).
@@ -105,6 +148,10 @@ pub struct NetConfig {
     pub mio_events_capacity: usize,
     /// io_uring: submission queue entries (the completion queue has 4 times as many).
     pub uring_entries: u32,
+    /// io_uring: accepts in flight per listener. Their descriptors exist before the
+    /// shard sees them, so a shard may briefly hold this many per listener beyond
+    /// its connection cap (`fd_reserve` covers it).
+    pub uring_accepts_inflight: u32,
     /// io_uring: provided receive buffers per shard (a power of two, at most 32768).
     pub uring_buf_count: u16,
     /// io_uring: bytes per provided receive buffer.
@@ -119,17 +166,23 @@ impl Default for NetConfig {
         let max_frame_bytes = (1 << 20) + 5;
         NetConfig {
             max_connections_per_shard: 65536,
+            fd_reserve: 256,
             outbound_queue_bytes_max: 4 << 20,
+            outbound_budget_bytes_per_shard: 256 << 20,
             read_chunk_bytes,
             max_frame_bytes,
             inbound_buffer_bytes_max: max_frame_bytes + read_chunk_bytes,
             ws_message_bytes_max: max_frame_bytes,
             ws_handshake_bytes_max: 8 * 1024,
             idle_timeout_ms: 90_000,
+            connect_timeout_ms: 10_000,
+            accept_backoff_initial_ms: 10,
+            accept_backoff_max_ms: 1_000,
             close_linger_ms: 2_000,
             listen_backlog: 4096,
             mio_events_capacity: 1024,
             uring_entries: 4096,
+            uring_accepts_inflight: 8,
             uring_buf_count: 1024,
             uring_buf_bytes: 16 * 1024,
             backend: Backend::Auto,
@@ -154,8 +207,23 @@ impl NetConfig {
         if !self.uring_buf_count.is_power_of_two() || self.uring_buf_count > 32768 {
             return bad("uring_buf_count must be a power of two <= 32768");
         }
-        if self.uring_buf_bytes == 0 || self.uring_entries == 0 || self.mio_events_capacity == 0 {
-            return bad("uring_buf_bytes, uring_entries and mio_events_capacity must be positive");
+        if self.uring_buf_bytes == 0
+            || self.uring_entries == 0
+            || self.mio_events_capacity == 0
+            || self.uring_accepts_inflight == 0
+        {
+            return bad(
+                "uring_buf_bytes, uring_entries, uring_accepts_inflight and mio_events_capacity \
+                 must be positive",
+            );
+        }
+        if self.outbound_budget_bytes_per_shard < self.outbound_queue_bytes_max {
+            return bad("outbound_budget_bytes_per_shard must be >= outbound_queue_bytes_max");
+        }
+        if self.accept_backoff_initial_ms == 0
+            || self.accept_backoff_max_ms < self.accept_backoff_initial_ms
+        {
+            return bad("accept_backoff_initial_ms must be positive and <= accept_backoff_max_ms");
         }
         Ok(())
     }
@@ -194,8 +262,13 @@ pub enum CloseReason {
     Error(io::ErrorKind),
     /// No input for `idle_timeout_ms`.
     IdleTimeout,
+    /// Not marked established within `connect_timeout_ms` of the accept.
+    ConnectTimeout,
     /// The outbound queue passed `outbound_queue_bytes_max`.
     OutboundOverflow,
+    /// The shard's output passed `outbound_budget_bytes_per_shard` and this
+    /// connection had the largest queue.
+    SlowReader,
     /// Unconsumed input passed `inbound_buffer_bytes_max`.
     InboundOverflow,
     /// Bad WebSocket input (unmasked or malformed frame, oversized message, text).
@@ -250,6 +323,65 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> io::Result<TcpListener>
     socket.bind(&addr.into())?;
     socket.listen(backlog)?;
     Ok(socket.into())
+}
+
+/// Closes an accepted socket with a reset (`SO_LINGER` 0): the client learns at
+/// once that it was refused instead of waiting on an idle connection.
+fn reset<S: std::os::fd::AsFd>(stream: S) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+}
+
+/// The spare descriptor of a driver (`/dev/null`): closed to make room for one
+/// `accept` when the process is out of descriptors, reopened after.
+struct Spare(Option<std::fs::File>);
+
+impl Spare {
+    fn open() -> Spare {
+        Spare(std::fs::File::open("/dev/null").ok())
+    }
+
+    fn reopen(&mut self) {
+        if self.0.is_none() {
+            self.0 = std::fs::File::open("/dev/null").ok();
+        }
+    }
+}
+
+/// What one attempt with the spare descriptor gave.
+enum SpareOutcome {
+    /// A connection was accepted with it and reset: try the queue again.
+    ResetOne,
+    /// The queue is empty.
+    Empty,
+    /// Even with the spare descriptor the accept failed (or there was no spare).
+    Failed(io::Error),
+}
+
+/// The classic answer to EMFILE: close the spare descriptor, `accept` one
+/// connection (non-blocking) and reset it, reopen the spare.
+fn accept_with_spare<S: std::os::fd::AsFd>(
+    spare: &mut Spare,
+    first: io::Error,
+    mut accept: impl FnMut() -> io::Result<S>,
+) -> SpareOutcome {
+    spare.reopen();
+    if spare.0.take().is_none() {
+        return SpareOutcome::Failed(first);
+    }
+    let outcome = loop {
+        match accept() {
+            Ok(stream) => {
+                reset(stream);
+                break SpareOutcome::ResetOne;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break SpareOutcome::Empty,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break SpareOutcome::Failed(e),
+        }
+    };
+    spare.reopen();
+    outcome
 }
 
 /// Prepares a listener handed to a driver: non-blocking, backlog raised.
@@ -346,6 +478,18 @@ impl NetDriver {
         dispatch!(self, d => d.close(conn))
     }
 
+    /// `conn` authenticated (CONNECT accepted): `connect_timeout_ms` no longer
+    /// applies to it, only `idle_timeout_ms`. No-op for a stale id.
+    pub fn mark_established(&mut self, conn: ConnId) {
+        dispatch!(self, d => d.mark_established(conn))
+    }
+
+    /// Queued, unwritten output of all connections (against
+    /// `outbound_budget_bytes_per_shard`).
+    pub fn outbound_total_bytes(&self) -> usize {
+        dispatch!(self, d => d.outbound_total_bytes())
+    }
+
     /// Bytes queued and not yet written for `conn` (0 for a stale id).
     pub fn outbound_bytes(&self, conn: ConnId) -> usize {
         dispatch!(self, d => d.outbound_bytes(conn))
@@ -370,15 +514,47 @@ impl Driver for NetDriver {
     }
 }
 
+/// Accept counters of one driver's listeners of one kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    /// Sockets accepted and kept (WebSocket: before the upgrade).
+    pub accepted: u64,
+    /// Sockets reset at once: the shard was at its connection cap.
+    pub refused_conn_cap: u64,
+    /// Sockets reset at once: accepted with the spare descriptor while out of
+    /// descriptors.
+    pub refused_fd_limit: u64,
+    /// Connections lost to other accept errors (ECONNABORTED, ...).
+    pub refused_other: u64,
+    /// Failed accept rounds (even the spare descriptor did not help): each pauses
+    /// the listener for the backoff's next delay.
+    pub accept_pauses: u64,
+    /// Listeners of this kind paused now (gauge).
+    pub paused: u64,
+}
+
 /// Counters of one driver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NetStats {
-    /// Connections accepted and kept.
+    /// Connections accepted and kept (TCP; WebSocket after the upgrade).
     pub accepted: u64,
-    /// Accepted sockets closed at once because the shard was at its limit.
+    /// Accepted sockets reset at once because the shard was at its limit.
     pub refused: u64,
-    /// Failed accepts (e.g. out of file descriptors); logged at powers of two.
+    /// Failed accept rounds (e.g. out of file descriptors); logged at powers of two.
     pub accept_errors: u64,
+    /// Accepting on the TCP listeners.
+    pub tcp: ListenerStats,
+    /// Accepting on the WebSocket listeners.
+    pub ws: ListenerStats,
+    /// Connections closed for not authenticating within `connect_timeout_ms`.
+    pub connect_timeouts: u64,
+    /// Connections closed because their queue passed `outbound_queue_bytes_max`.
+    pub outbound_overflow_closes: u64,
+    /// Connections closed as slow readers: the shard's output passed
+    /// `outbound_budget_bytes_per_shard` and theirs was the largest queue.
+    pub slow_reader_closes: u64,
+    /// Queued, unwritten output of the shard (gauge).
+    pub outbound_bytes: u64,
     /// Connections closed (each reason).
     pub closed: u64,
     /// Bytes received from sockets.

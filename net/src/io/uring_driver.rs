@@ -1,6 +1,6 @@
 //! The io_uring backend. One ring per shard (`SINGLE_ISSUER | COOP_TASKRUN |
 //! DEFER_TASKRUN | TASKRUN_FLAG`, so it must be created and used on the shard thread):
-//! multishot accept per listener, multishot recv per connection into a ring of
+//! a few single-shot accepts in flight per listener, multishot recv per connection into a ring of
 //! provided buffers (copied into the connection's input and returned at once, so an
 //! idle connection holds no receive buffer), one outstanding `send` per connection
 //! from its queue, the doorbell eventfd through a multishot `PollAdd`, and the park
@@ -19,8 +19,11 @@ use io_uring::{cqueue, opcode, squeue, IoUring};
 use shard::runtime::{Driver, EventFd};
 
 use super::bufring::BufRing;
-use super::core::{AfterFlush, Core, Phase};
-use super::{prepare_listener, ConnId, ListenerKind, NetConfig, NetEvent, NetStats, SendError};
+use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
+use super::{
+    accept_with_spare, prepare_listener, reset, ConnId, ListenerKind, NetConfig, NetEvent,
+    NetStats, SendError, Spare, SpareOutcome,
+};
 
 /// Buffer group id of the provided receive buffers.
 const BGID: u16 = 0;
@@ -72,7 +75,11 @@ pub struct UringDriver {
     doorbell: Arc<EventFd>,
     doorbell_armed: bool,
     listeners: Vec<(ListenerKind, TcpListener)>,
-    listener_armed: Vec<bool>,
+    /// Single-shot accepts in flight per listener (at most
+    /// `uring_accepts_inflight`): each completion carries a descriptor the kernel
+    /// already installed, so they bound how far past its cap a shard's descriptors
+    /// can go before it resets the extra ones.
+    accepts_inflight: Vec<u32>,
     conns: Vec<UConn>,
     /// SQEs pushed whose final CQE has not arrived.
     inflight: usize,
@@ -83,6 +90,10 @@ pub struct UringDriver {
     cqes: Vec<(u64, i32, u32)>,
     start: Instant,
     pause_bytes: usize,
+    /// Closed to accept (and reset) one connection when out of descriptors.
+    spare: Spare,
+    /// Listeners whose pause ended (reused).
+    resumed: Vec<usize>,
 }
 
 impl UringDriver {
@@ -106,20 +117,24 @@ impl UringDriver {
             prepare_listener(l, config.listen_backlog)?;
         }
         let n = listeners.len();
+        // Completions already posted when reading pauses still deliver: at most one
+        // batch, which cannot hold more than every provided buffer.
+        let mut core = Core::new(
+            config,
+            usize::from(config.uring_buf_count) * config.uring_buf_bytes as usize,
+        );
+        for (kind, _) in &listeners {
+            core.add_listener(*kind);
+        }
         let mut d = UringDriver {
-            // Completions already posted when reading pauses still deliver: at most one
-            // batch, which cannot hold more than every provided buffer.
-            core: Core::new(
-                config,
-                usize::from(config.uring_buf_count) * config.uring_buf_bytes as usize,
-            ),
+            core,
             ring,
             bufs,
             bufs_unsafe_to_free: false,
             doorbell,
             doorbell_armed: false,
             listeners,
-            listener_armed: vec![false; n],
+            accepts_inflight: vec![0; n],
             conns: Vec::new(),
             inflight: 0,
             rearm: Vec::new(),
@@ -131,6 +146,8 @@ impl UringDriver {
                 .inbound_buffer_bytes_max
                 .saturating_sub(config.uring_buf_bytes as usize)
                 .max(1),
+            spare: Spare::open(),
+            resumed: Vec::new(),
         };
         d.arm_static()?;
         d.ring.submit()?;
@@ -162,7 +179,18 @@ impl UringDriver {
     }
 
     pub fn stats(&self) -> NetStats {
-        self.core.stats
+        NetStats {
+            outbound_bytes: self.core.outbound_total() as u64,
+            ..self.core.stats
+        }
+    }
+
+    pub fn mark_established(&mut self, conn: ConnId) {
+        self.core.mark_established(conn)
+    }
+
+    pub fn outbound_total_bytes(&self) -> usize {
+        self.core.outbound_total()
     }
 
     fn now_ms(&self) -> u64 {
@@ -196,15 +224,23 @@ impl UringDriver {
             self.doorbell_armed = true;
         }
         for i in 0..self.listeners.len() {
-            if !self.listener_armed[i] {
-                let fd = self.listeners[i].1.as_raw_fd();
-                let e = opcode::AcceptMulti::new(Fd(fd))
+            // A paused listener is re-armed when its pause ends.
+            if self.core.listener_paused(i) {
+                continue;
+            }
+            let fd = self.listeners[i].1.as_raw_fd();
+            while self.accepts_inflight[i] < self.core.cfg.uring_accepts_inflight {
+                // Single-shot: each accept is prepared with the current descriptor
+                // limit, and the accepted descriptors not yet handled stay bounded
+                // (a multishot accept would fill the descriptor table in a flood
+                // before the shard resets what is over its cap).
+                let e = opcode::Accept::new(Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
                     .flags(libc::SOCK_CLOEXEC)
                     .build()
                     .user_data(user_data(OP_ACCEPT, i as u32, 0));
-                // SAFETY: multishot accept passes no address buffer.
+                // SAFETY: the accept passes no address buffer.
                 unsafe { self.push(&e)? };
-                self.listener_armed[i] = true;
+                self.accepts_inflight[i] += 1;
             }
         }
         Ok(())
@@ -308,8 +344,31 @@ impl UringDriver {
     }
 
     fn on_accept(&mut self, li: usize, res: i32) -> io::Result<()> {
+        if res == -libc::ECANCELED {
+            return Ok(());
+        }
         if res < 0 {
-            self.core.accept_error(&io::Error::from_raw_os_error(-res));
+            let err = io::Error::from_raw_os_error(-res);
+            match classify_accept_error(&err) {
+                // Re-armed by the next poll.
+                AcceptFailure::Retry => {}
+                AcceptFailure::Dropped => self.core.accept_refused(li, Refusal::Other),
+                AcceptFailure::Resources => loop {
+                    // Out of descriptors: reset what queued, one spare descriptor at a
+                    // time, until the queue is empty or even that fails.
+                    let first = io::Error::from_raw_os_error(-res);
+                    let l = &self.listeners[li].1;
+                    match accept_with_spare(&mut self.spare, first, || l.accept().map(|(s, _)| s)) {
+                        SpareOutcome::ResetOne => self.core.accept_refused(li, Refusal::FdLimit),
+                        SpareOutcome::Empty => break,
+                        SpareOutcome::Failed(e) => {
+                            self.core.accept_failed(li, &e);
+                            break;
+                        }
+                    }
+                },
+                AcceptFailure::Other => self.core.accept_failed(li, &err),
+            }
             return Ok(());
         }
         // SAFETY: a successful accept returns a new descriptor that we now own.
@@ -317,9 +376,9 @@ impl UringDriver {
         let peer = stream
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let kind = self.listeners[li].0;
-        let Some(idx) = self.core.alloc(kind, peer) else {
-            return Ok(()); // At max_connections_per_shard: refused (dropped here).
+        let Some(idx) = self.core.alloc(li, peer) else {
+            reset(stream); // Over the shard's connection cap.
+            return Ok(());
         };
         let _ = stream.set_nodelay(true);
         let raw: RawFd = stream.into_raw_fd();
@@ -414,9 +473,7 @@ impl UringDriver {
                         }
                     }
                     OP_ACCEPT => {
-                        if !cqueue::more(flags) {
-                            self.listener_armed[idx as usize] = false;
-                        }
+                        self.accepts_inflight[idx as usize] -= 1;
                         self.on_accept(idx as usize, res)?;
                     }
                     OP_RECV => self.on_recv(idx, res, flags)?,
@@ -542,6 +599,11 @@ impl Driver for UringDriver {
         let blocks = wait.is_none_or(|d| !d.is_zero());
         now_ms = self.submit_and_collect(wait, (!blocks).then_some(now_ms))?;
         self.core.advance(now_ms);
+        // Listeners whose pause ended are re-armed by the next poll's `arm_static`,
+        // submitted by that poll's enter.
+        let mut resumed = std::mem::take(&mut self.resumed);
+        self.core.take_resumed(&mut resumed);
+        self.resumed = resumed;
         self.core.take_events(out);
         Ok(())
     }

@@ -133,3 +133,49 @@ pub const fn negotiate_version(client_version: u8) -> u8 {
 pub const fn connack_has_server_version(client_version: u8) -> bool {
     client_version > 3
 }
+
+/// What a CONNECT's version byte negotiates: the one decision used both for the
+/// connection's version and for the CONNACK's encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    /// The connection's version ([`negotiate_version`]): every later frame, and the
+    /// CONNACK's body, are encoded at it.
+    pub version: u8,
+    /// `ConnackPacket::server_version`: `Some(version)` exactly when
+    /// [`connack_has_server_version`] of the client's byte (so a client that sent 0,
+    /// "latest", gets no server_version byte).
+    pub connack_server_version: Option<u8>,
+}
+
+/// Negotiates a CONNECT's `client_version`.
+#[inline]
+pub const fn negotiate(client_version: u8) -> Negotiated {
+    let version = negotiate_version(client_version);
+    Negotiated {
+        version,
+        connack_server_version: if connack_has_server_version(client_version) {
+            Some(version)
+        } else {
+            None
+        },
+    }
+}
+
+#[cfg(test)]
+mod negotiation_tests {
+    use super::*;
+
+    #[test]
+    fn version_zero_means_latest_without_a_server_version_byte() {
+        assert_eq!(
+            negotiate(0),
+            Negotiated {
+                version: LATEST_VERSION,
+                connack_server_version: None
+            }
+        );
+        assert_eq!(negotiate(3).connack_server_version, None);
+        assert_eq!(negotiate(4).connack_server_version, Some(4));
+        assert_eq!(negotiate(200).connack_server_version, Some(LATEST_VERSION));
+    }
+}
