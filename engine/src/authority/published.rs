@@ -1106,6 +1106,18 @@ mod tests {
         }
     }
 
+    // Sizes: miri (`.ci/run`) interprets these tests some 10,000 times slower, so
+    // it runs them small; every path (growth, rebuilds, reuse, lists, backup reads)
+    // is still taken.
+    /// Seeds of `table_writer_matches_a_reference_map`.
+    const SEEDS: u64 = if cfg!(miri) { 1 } else { 24 };
+    /// Steps of one seed.
+    const STEPS: usize = if cfg!(miri) { 60 } else { 1500 };
+    /// Lookup batches of each reader of `concurrent_lookups_see_whole_values_...`.
+    const LOOKUPS: u64 = if cfg!(miri) { 12 } else { 3_000 };
+    /// Reads of each reader of `concurrent_readers_never_see_a_torn_value`.
+    const READS: u64 = if cfg!(miri) { 300 } else { 2_000_000 };
+
     #[test]
     fn a_reader_of_an_entry_in_mid_write_gets_the_previous_value_from_the_backup() {
         let t = Table::with_entries(4);
@@ -1132,7 +1144,7 @@ mod tests {
     /// `Arc`s. Deterministic seeds; a failure names its seed.
     #[test]
     fn table_writer_matches_a_reference_map() {
-        for seed in 1..=24u64 {
+        for seed in 1..=SEEDS {
             if let Err(e) = table_run(seed) {
                 panic!("seed {seed}: {e}");
             }
@@ -1140,8 +1152,7 @@ mod tests {
     }
 
     fn table_run(seed: u64) -> Result<(), String> {
-        const UIDS: usize = 40;
-        const STEPS: usize = 1500;
+        const UIDS: usize = if cfg!(miri) { 12 } else { 40 };
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut rng = move |n: usize| {
             x ^= x << 13;
@@ -1220,7 +1231,6 @@ mod tests {
     fn concurrent_lookups_see_whole_values_through_rebuilds_and_reuse() {
         const UIDS: usize = 48;
         const READERS: usize = 2;
-        const LOOKUPS: u64 = 3_000;
         let dir = Arc::new(Directory::with_limit(1 << 16));
         let target = Target {
             hash_slot: 3,
@@ -1300,7 +1310,6 @@ mod tests {
     fn concurrent_readers_never_see_a_torn_value() {
         const ENTRIES: usize = 2;
         const READERS: usize = 2;
-        const READS: u64 = 2_000_000;
         let t = Arc::new(Table::with_entries(ENTRIES));
         // Every word but the uid address (0: nothing to release) derives from `x`;
         // count 1: no list.
@@ -1310,6 +1319,11 @@ mod tests {
             v.set(W_META, x << 32 | 1);
             v
         };
+        // Every entry holds a value of the form before the readers start (the zeroed
+        // entry does not: its count is 0).
+        for i in 0..t.len() {
+            t.write(i, &value(0));
+        }
         let readers: Vec<_> = (0..READERS)
             .map(|_| {
                 let t = t.clone();
