@@ -1680,10 +1680,17 @@ impl Authority {
             };
             let s = s as HashSlot;
             let (r0, w0) = (w.ring.stats(), w.wheel.stats());
-            w.ring.advance(now_s, |i| fired.push((s, Due::Record(i))));
-            w.wheel.advance(now_s, |_, _, k| {
-                fired.push((s, Due::Pending(k.rec, k.nonce)))
-            });
+            // Never backward (the wheel asserts it): a pass below the install time
+            // or an earlier pass's counts as that time.
+            let now = now_s.max(w.ring.now()).max(w.wheel.now());
+            // Order matters: the slot's ring entries go into `fired` before its wheel
+            // entries, so a record due in both is handled as a ring entry first (its
+            // stale link taken) before its candidate's expiry sets its deadline
+            // again. The other order would set it through the stale link (rule test
+            // `rule_20_a_route_and_its_candidate_due_in_the_same_pass`).
+            w.ring.advance(now, |i| fired.push((s, Due::Record(i))));
+            w.wheel
+                .advance(now, |_, _, k| fired.push((s, Due::Pending(k.rec, k.nonce))));
             let (r1, w1) = (w.ring.stats(), w.wheel.stats());
             self.stats.expiry_buckets_visited +=
                 r1.buckets_visited - r0.buckets_visited + w1.buckets_visited - w0.buckets_visited;
