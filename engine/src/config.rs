@@ -134,6 +134,8 @@ impl Config {
 
     /// The node configuration this file describes.
     pub fn to_node_config(&self) -> Result<NodeConfig, String> {
+        self.session.validate()?;
+        self.delivery.validate()?;
         let runtime = self.runtime.clone();
         let net = self.net.clone();
         let mut api = self.api.clone();
@@ -174,6 +176,16 @@ mod tests {
             text.contains("route_ttl_s"),
             "limits carry their units:\n{text}"
         );
+    }
+
+    #[test]
+    fn limits_that_must_be_at_least_one_are_refused_by_name() {
+        let c: Config = toml::from_str("[delivery]\nsubscriber_page_max = 0\n").unwrap();
+        let e = c.to_node_config().unwrap_err();
+        assert!(e.contains("delivery.subscriber_page_max"), "{e}");
+        let c: Config = toml::from_str("[session]\nexpiry_interval_ms = 0\n").unwrap();
+        let e = c.to_node_config().unwrap_err();
+        assert!(e.contains("session.expiry_interval_ms"), "{e}");
     }
 
     #[test]

@@ -444,3 +444,25 @@ fn a_connect_without_room_for_its_activation_timer_is_refused(backend: Backend) 
 }
 
 on_both_drivers!(a_connect_without_room_for_its_activation_timer_is_refused);
+
+/// A limit that must be at least 1 is refused at start with a message naming it
+/// (`subscriber_page_max = 0` used to start, then panic a shard at its first
+/// delivery).
+#[test]
+fn a_zero_limit_is_refused_at_start_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), Backend::Mio);
+    c.delivery.subscriber_page_max = 0;
+    let err = Node::start(c).err().expect("refused at start");
+    assert!(
+        err.to_string().contains("delivery.subscriber_page_max"),
+        "{err}"
+    );
+    let mut c = config(dir.path(), Backend::Mio);
+    c.session.touch_batch_max_routes = 0;
+    let err = Node::start(c).err().expect("refused at start");
+    assert!(
+        err.to_string().contains("session.touch_batch_max_routes"),
+        "{err}"
+    );
+}

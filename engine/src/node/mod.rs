@@ -74,6 +74,39 @@ impl Default for SessionConfig {
     }
 }
 
+/// `Err("section.name must be at least 1")` for each limit that is 0.
+fn at_least_one(section: &str, limits: &[(&str, u64)]) -> Result<(), String> {
+    match limits.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(format!("{section}.{name} must be at least 1 (is 0)")),
+        None => Ok(()),
+    }
+}
+
+impl SessionConfig {
+    /// Refuses limits the node cannot run with, naming them (`ack_resends_max`
+    /// may be 0: no re-send).
+    pub fn validate(&self) -> Result<(), String> {
+        at_least_one(
+            "session",
+            &[
+                (
+                    "max_sessions_per_shard",
+                    u64::from(self.max_sessions_per_shard),
+                ),
+                ("touch_flush_interval_ms", self.touch_flush_interval_ms),
+                ("touch_batch_max_routes", self.touch_batch_max_routes as u64),
+                ("unregister_batch_max", self.unregister_batch_max as u64),
+                ("expiry_interval_ms", self.expiry_interval_ms),
+                (
+                    "pending_acks_per_session_max",
+                    self.pending_acks_per_session_max as u64,
+                ),
+                ("ack_timeout_ms", self.ack_timeout_ms),
+            ],
+        )
+    }
+}
+
 /// Delivery planning limits.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -95,6 +128,20 @@ impl Default for DeliveryConfig {
             push_batch_max: 256,
             commits_unsynced_max: 65_536,
         }
+    }
+}
+
+impl DeliveryConfig {
+    /// Refuses limits the node cannot run with, naming them.
+    pub fn validate(&self) -> Result<(), String> {
+        at_least_one(
+            "delivery",
+            &[
+                ("subscriber_page_max", self.subscriber_page_max as u64),
+                ("push_batch_max", self.push_batch_max as u64),
+                ("commits_unsynced_max", self.commits_unsynced_max as u64),
+            ],
+        )
     }
 }
 
@@ -266,6 +313,16 @@ fn bind_per_shard(
 impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
     pub fn start(config: NodeConfig) -> io::Result<Node> {
+        config
+            .session
+            .validate()
+            .and_then(|()| config.delivery.validate())
+            .map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("invalid configuration: {e}"),
+                )
+            })?;
         let shards = config.runtime.shard_count as usize;
         let boot_id: BootId = rand::random();
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
