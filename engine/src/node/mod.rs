@@ -163,6 +163,8 @@ pub struct NodeConfig {
     pub net: NetConfig,
     pub authority: AuthorityConfig,
     pub activation: ActivationConfig,
+    /// `[registry]`: each shard's registry (its unregister queue).
+    pub registry: crate::registry::RegistryLimits,
     pub session: SessionConfig,
     pub delivery: DeliveryConfig,
     pub log: LogConfig,
@@ -187,6 +189,7 @@ impl Default for NodeConfig {
             net: NetConfig::default(),
             authority: AuthorityConfig::default(),
             activation: ActivationConfig::default(),
+            registry: crate::registry::RegistryLimits::default(),
             session: SessionConfig::default(),
             delivery: DeliveryConfig::default(),
             log: LogConfig::default(),
@@ -317,6 +320,7 @@ impl Node {
             .session
             .validate()
             .and_then(|()| config.delivery.validate())
+            .and_then(|()| config.registry.validate())
             .map_err(|e| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,

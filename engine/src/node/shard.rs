@@ -124,8 +124,13 @@ impl NodeShard {
     ) -> std::io::Result<NodeShard> {
         let cfg = &shared.config;
         let view = shared.initial_view.clone();
-        let mut rcfg = crate::registry::RegistryConfig::new(me, cfg.node_id, shared.boot_id);
-        rcfg.max_sessions = cfg.session.max_sessions_per_shard;
+        let rcfg = crate::registry::RegistryConfig::with_limits(
+            me,
+            cfg.node_id,
+            shared.boot_id,
+            cfg.session.max_sessions_per_shard,
+            &cfg.registry,
+        );
         let registry = Registry::new(rcfg)
             .map_err(|e| std::io::Error::other(format!("registry config: {e:?}")))?;
         let my_slots: Vec<_> = shared.slot_map.slots_of(me).collect();
