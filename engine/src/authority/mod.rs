@@ -54,6 +54,25 @@
 mod expiry;
 mod huge;
 mod published;
+mod seqline;
+
+/// The atomics of `seqline` (the loom model, `tests/published_loom.rs`, gives it
+/// loom's instead).
+mod line_sync {
+    pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+    /// In a reader's retry loop.
+    #[inline(always)]
+    pub(crate) fn spin() {
+        std::hint::spin_loop();
+    }
+
+    /// The writer's load of a word only it stores: its last store.
+    #[inline(always)]
+    pub(crate) fn own_load(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+}
 
 use std::collections::HashMap;
 use std::ops::Range;
