@@ -50,9 +50,12 @@
 //!   action failed, commit refused, timeout, session gone or closed) → 15 SystemError.
 //!
 //! ## Timeout
-//! One deadline per activation, `start + activation_timeout_ms` (default 3 s),
-//! checked on [`Event::Tick`] only: a reply that the driver delivers is processed
-//! even if its tick is late.
+//! One deadline per activation, `start + activation_timeout_ms` (default 3 s,
+//! [`deadline_ms_for`]), checked on [`Event::Tick`] only: a reply that the driver
+//! delivers is processed even if its tick is late. The driver arms the deadline's
+//! timer before it starts the activation and refuses the CONNECT (CONNACK 15,
+//! nothing registered) when it cannot: an activation without its tick would never
+//! time out.
 
 use crate::cluster::{ClusterView, Target};
 use crate::registry::{NewSession, RegisterError, Registry, SessionHandle};
@@ -228,6 +231,11 @@ pub struct Activation {
     state: State,
 }
 
+/// The deadline of an activation started at `start_ms`.
+pub fn deadline_ms_for(config: &ActivationConfig, start_ms: u64) -> u64 {
+    start_ms.saturating_add(config.activation_timeout_ms)
+}
+
 /// CONNACK reason for a refused register.
 pub fn register_refused_reason(error: AuthorityError) -> u8 {
     match error {
@@ -263,7 +271,7 @@ impl Activation {
             identity,
             owner_seq: 0,
             target,
-            deadline_ms: now_ms.saturating_add(config.activation_timeout_ms),
+            deadline_ms: deadline_ms_for(config, now_ms),
             max_owner_actions: config.max_owner_actions,
             state: State::AwaitRegister,
         };

@@ -10,6 +10,7 @@ use crate::activation::ActivationConfig;
 use crate::authority::AuthorityConfig;
 use crate::http::ApiConfig;
 use crate::node::{DeliveryConfig, NodeConfig, SessionConfig};
+use crate::registry::RegistryLimits;
 use crate::route::DeviceLevel;
 use crate::store::{IdempotencyConfig, LogConfig, MetaConfig};
 
@@ -103,6 +104,7 @@ pub struct Config {
     pub net: net::io::NetConfig,
     pub authority: AuthorityConfig,
     pub activation: ActivationConfig,
+    pub registry: RegistryLimits,
     pub session: SessionConfig,
     pub delivery: DeliveryConfig,
     pub log: LogConfig,
@@ -155,6 +157,9 @@ impl Config {
 
     /// The node configuration this file describes.
     pub fn to_node_config(&self) -> Result<NodeConfig, String> {
+        self.session.validate()?;
+        self.delivery.validate()?;
+        self.registry.validate()?;
         let runtime = self.runtime.clone();
         let net = self.net.clone();
         let mut api = self.api.clone();
@@ -172,6 +177,7 @@ impl Config {
             net,
             authority: self.authority.clone(),
             activation: self.activation,
+            registry: self.registry,
             session: self.session.clone(),
             delivery: self.delivery.clone(),
             log: self.log.clone(),
@@ -195,6 +201,42 @@ mod tests {
             text.contains("route_ttl_s"),
             "limits carry their units:\n{text}"
         );
+    }
+
+    /// `[registry]` (the unregister queue's limits) is in the printed TOML, and a
+    /// changed value goes through the file into the node configuration and back.
+    #[test]
+    fn the_registry_section_round_trips_through_the_printed_toml() {
+        let text = Config::default().to_toml().unwrap();
+        assert!(text.contains("[registry]"), "{text}");
+        for key in [
+            "max_pending_unregisters",
+            "unregister_max_attempts",
+            "unregister_retry_base_ms",
+            "unregister_retry_max_ms",
+        ] {
+            assert!(text.contains(key), "{key} missing:\n{text}");
+        }
+        let text = text.replace("unregister_max_attempts = 8", "unregister_max_attempts = 3");
+        let c: Config = toml::from_str(&text).unwrap();
+        assert_eq!(
+            c.to_node_config().unwrap().registry.unregister_max_attempts,
+            3
+        );
+        assert!(c.to_toml().unwrap().contains("unregister_max_attempts = 3"));
+        let c: Config = toml::from_str("[registry]\nunregister_max_attempts = 0\n").unwrap();
+        let e = c.to_node_config().unwrap_err();
+        assert!(e.contains("registry.unregister_max_attempts"), "{e}");
+    }
+
+    #[test]
+    fn limits_that_must_be_at_least_one_are_refused_by_name() {
+        let c: Config = toml::from_str("[delivery]\nsubscriber_page_max = 0\n").unwrap();
+        let e = c.to_node_config().unwrap_err();
+        assert!(e.contains("delivery.subscriber_page_max"), "{e}");
+        let c: Config = toml::from_str("[session]\nexpiry_interval_ms = 0\n").unwrap();
+        let e = c.to_node_config().unwrap_err();
+        assert!(e.contains("session.expiry_interval_ms"), "{e}");
     }
 
     #[test]

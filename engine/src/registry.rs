@@ -102,6 +102,81 @@ impl RegistryConfig {
     }
 }
 
+/// The limits of the `[registry]` section of the node's configuration: those of
+/// [`RegistryConfig`] that are not the process's identity (`max_sessions` is
+/// `[session] max_sessions_per_shard`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryLimits {
+    /// Most authority unregisters waiting to be sent or retried, per shard.
+    pub max_pending_unregisters: usize,
+    /// Attempts of one unregister before it is abandoned. At least 1.
+    pub unregister_max_attempts: u32,
+    /// Backoff before retry `n` (1-based) is `base << (n - 1)`. At least 1.
+    pub unregister_retry_base_ms: u64,
+    /// Cap of the retry backoff; at least the base.
+    pub unregister_retry_max_ms: u64,
+}
+
+impl Default for RegistryLimits {
+    fn default() -> Self {
+        RegistryLimits {
+            max_pending_unregisters: DEFAULT_MAX_PENDING_UNREGISTERS,
+            unregister_max_attempts: DEFAULT_UNREGISTER_MAX_ATTEMPTS,
+            unregister_retry_base_ms: DEFAULT_UNREGISTER_RETRY_BASE_MS,
+            unregister_retry_max_ms: DEFAULT_UNREGISTER_RETRY_MAX_MS,
+        }
+    }
+}
+
+impl RegistryLimits {
+    /// Refuses limits a registry cannot run with, naming them (`registry.name`).
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            (
+                "max_pending_unregisters",
+                self.max_pending_unregisters as u64,
+            ),
+            (
+                "unregister_max_attempts",
+                u64::from(self.unregister_max_attempts),
+            ),
+            ("unregister_retry_base_ms", self.unregister_retry_base_ms),
+        ] {
+            if v == 0 {
+                return Err(format!("registry.{name} must be at least 1 (is 0)"));
+            }
+        }
+        if self.unregister_retry_max_ms < self.unregister_retry_base_ms {
+            return Err("registry.unregister_retry_max_ms must be at least \
+                        registry.unregister_retry_base_ms"
+                .into());
+        }
+        Ok(())
+    }
+}
+
+impl RegistryConfig {
+    /// The configuration of shard `shard`'s registry: `limits` from the node's
+    /// `[registry]` section, at most `max_sessions` sessions.
+    pub fn with_limits(
+        shard: u16,
+        node_id: NodeId,
+        boot_id: BootId,
+        max_sessions: u32,
+        limits: &RegistryLimits,
+    ) -> Self {
+        RegistryConfig {
+            max_sessions,
+            max_pending_unregisters: limits.max_pending_unregisters,
+            unregister_max_attempts: limits.unregister_max_attempts,
+            unregister_retry_base_ms: limits.unregister_retry_base_ms,
+            unregister_retry_max_ms: limits.unregister_retry_max_ms,
+            ..RegistryConfig::new(shard, node_id, boot_id)
+        }
+    }
+}
+
 /// A configuration the registry cannot run with.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum RegistryConfigError {

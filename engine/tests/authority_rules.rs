@@ -827,6 +827,67 @@ fn rule_22_deadlines_beyond_the_expiry_window_fire_on_time() {
     ok(&a);
 }
 
+/// Rules 20–21 with a clock below the install time (a pass run with an older
+/// `now`, e.g. a view installed from a later clock reading): no panic, nothing
+/// expires early, and later passes fire on time.
+#[test]
+fn rule_20_a_pass_before_the_install_time_expires_nothing() {
+    let (mut a, r, view) = setup();
+    let t = view.target_for_slot(45);
+    let [u, c] = [uid_in(45, 0), uid_in(45, 1)];
+    a.register_route(&t, slave(&u, "d", 1, 1), T0).unwrap();
+    // A candidate too (a Slave of the same device): the slot's wheel holds it.
+    a.register_route(&t, slave(&c, "d", 2, 1), T0).unwrap();
+    let tok = pending_token(a.register_route(&t, slave(&c, "d", 3, 1), T0).unwrap());
+    assert_eq!(a.expire(T0 - 5), 0);
+    assert_eq!(sessions(&r, t, &u), vec![1]);
+    assert!(a.has_pending(&tok.identity), "nothing expired early");
+    ok(&a);
+    assert_eq!(a.expire(T0 + TTL_S), 0);
+    assert_eq!(a.expire(T0 + TTL_S + 1), 2);
+    assert!(
+        !a.has_pending(&tok.identity),
+        "the candidate expired on time"
+    );
+    ok(&a);
+}
+
+/// Rules 20–22: one record whose route and candidate come due in the same pass
+/// (the ring's entry and the wheel's). The pass handles the ring's entries of a
+/// slot before its wheel's: handling the candidate first would set the record's
+/// deadline through its stale ring link.
+#[test]
+fn rule_20_a_route_and_its_candidate_due_in_the_same_pass() {
+    let (mut a, r, view) = setup();
+    let t = view.target_for_slot(46);
+    let u = uid_in(46, 0);
+    a.register_route(&t, slave(&u, "d1", 1, 1), T0).unwrap();
+    a.register_route(&t, slave(&u, "d2", 2, 1), T0).unwrap();
+    // Session 1 again, as Master: it conflicts with d2, so session 1's record keeps
+    // its active route (deadline T0 + TTL + 1) and gets a candidate (deadline
+    // now + pending TTL + 1): the same second.
+    let now = T0 + TTL_S - cfg().pending_ttl_s;
+    let mut m = master(&u, "d1", 1, 2);
+    m.last_active_s = Some(T0);
+    let tok = pending_token(a.register_route(&t, m, now).unwrap());
+    ok(&a);
+    let due = T0 + TTL_S + 1;
+    assert_eq!(a.expire(due - 1), 0);
+    assert_eq!(a.expire(due), 2, "both routes expired");
+    assert!(!a.has_pending(&tok.identity), "the candidate expired");
+    assert_eq!(sessions(&r, t, &u), Vec::<u64>::new());
+    ok(&a);
+    let f = a.fence(&tok.identity).expect("retained");
+    assert_eq!(f.last_owner_seq, 2);
+    // The record's retention deadline is in the ring: it goes on time.
+    a.expire(due + cfg().fence_retention_s - 1);
+    assert!(a.fence(&tok.identity).is_some());
+    a.expire(due + cfg().fence_retention_s);
+    assert_eq!(a.fence(&tok.identity), None);
+    assert_eq!(a.counts(46).fence_records, 0);
+    ok(&a);
+}
+
 #[test]
 fn rule_23_route_without_activity_time_never_expires() {
     let (mut a, r, view) = setup();

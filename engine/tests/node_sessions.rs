@@ -492,3 +492,55 @@ on_both_drivers!(
     shutdown_sends_disconnect_to_every_session,
     moving_slot_leadership_away_fences_the_old_routes,
 );
+
+/// A CONNECT whose activation timer cannot be armed (the shard's timer wheel is
+/// full) is refused with CONNACK 15 and closed, before anything is registered: an
+/// activation without its timer would never time out. Counted in
+/// `imrouter_connect_refused`.
+fn a_connect_without_room_for_its_activation_timer_is_refused(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    // Each shard's own periodic timers (touch flush, expiry, log sync) fill it.
+    c.runtime.max_timers = 3;
+    let node = Node::start(c).unwrap();
+    set_token(&node, "u1", 1);
+    let (mut client, reason) = Client::connect(
+        node.tcp_addr().unwrap(),
+        &Login::new("u1", "tok-u1"),
+        TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(reason, 15, "CONNACK SystemError");
+    assert!(client.wait_closed().is_ok(), "the connection is closed");
+    assert_eq!(online_devices(&node, "u1"), 0, "no session, no route");
+    let metrics = node.api().handle("GET", "/metrics", None, b"").body;
+    assert!(
+        metrics.lines().any(|l| l == "imrouter_connect_refused 1"),
+        "counted:\n{metrics}"
+    );
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(a_connect_without_room_for_its_activation_timer_is_refused);
+
+/// A limit that must be at least 1 is refused at start with a message naming it
+/// (`subscriber_page_max = 0` used to start, then panic a shard at its first
+/// delivery).
+#[test]
+fn a_zero_limit_is_refused_at_start_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), Backend::Mio);
+    c.delivery.subscriber_page_max = 0;
+    let err = Node::start(c).err().expect("refused at start");
+    assert!(
+        err.to_string().contains("delivery.subscriber_page_max"),
+        "{err}"
+    );
+    let mut c = config(dir.path(), Backend::Mio);
+    c.session.touch_batch_max_routes = 0;
+    let err = Node::start(c).err().expect("refused at start");
+    assert!(
+        err.to_string().contains("session.touch_batch_max_routes"),
+        "{err}"
+    );
+}

@@ -30,7 +30,12 @@
 //!   deadline the slot sets plus [`RING_SLACK_S`] of pass lag). A deadline beyond
 //!   the window goes to the bucket that comes due last in it, marked far.
 //! - O(1) set and cancel (a push, a swap-remove); memory: a bucket array that
-//!   empties keeps at most `retain_entries` of capacity.
+//!   empties (drained, or by cancels) with more than twice `retain_entries` of
+//!   capacity shrinks to `retain_entries`, so an empty bucket holds at most twice
+//!   that; a bucket with entries holds what a `Vec` of them holds.
+//! - A link that does not name its record's place (a [`Moved`] not applied) is a
+//!   caller bug that would take another record out of the ring: refused with a
+//!   panic in every build.
 
 use shard::timer::WheelStats;
 
@@ -46,6 +51,8 @@ pub(crate) const RING_SLACK_S: u64 = 60;
 const BUCKET_RETAIN_MIN_ENTRIES: usize = 64;
 /// `RingLink::bucket` of a record without a deadline.
 const UNLINKED: u16 = u16::MAX;
+// Bucket numbers (the due list is number `buckets()`) fit a `u16` below UNLINKED.
+const _: () = assert!(RING_BUCKETS_MAX < UNLINKED as usize);
 
 /// Where a record's deadline sits in its slot's ring; kept in the record.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -83,7 +90,6 @@ impl RingLink {
 
 /// A record `set` or `cancel` moved within its bucket: its link's new position.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[must_use]
 pub(crate) struct Moved {
     pub(crate) rec: u32,
     pub(crate) pos: u32,
@@ -131,6 +137,12 @@ impl ExpiryRing {
         }
     }
 
+    /// Entries of capacity of all buckets (memory bound tests).
+    #[cfg(test)]
+    fn capacity_entries(&self) -> usize {
+        self.buckets.iter().map(Vec::capacity).sum()
+    }
+
     /// Buckets of the window (seconds covered).
     #[cfg(test)]
     pub(crate) fn buckets(&self) -> usize {
@@ -173,11 +185,14 @@ impl ExpiryRing {
 
     /// The time at which bucket `b` (not the due list) is next drained.
     fn next_drain_s(&self, b: u16) -> u64 {
-        self.now_s + ((u64::from(b).wrapping_sub(self.now_s).wrapping_sub(1)) & self.mask) + 1
+        let ahead = (u64::from(b).wrapping_sub(self.now_s).wrapping_sub(1)) & self.mask;
+        self.now_s.wrapping_add(ahead).wrapping_add(1)
     }
 
-    /// Sets the deadline of record `rec`, whose link is `link`.
+    /// Sets the deadline of record `rec`, whose link is `link`. The caller applies
+    /// the returned [`Moved`] to that record's link.
     #[inline]
+    #[must_use = "a moved record's link must be updated"]
     pub(crate) fn set(&mut self, rec: u32, link: &mut RingLink, deadline_s: u64) -> Option<Moved> {
         let (b, far) = self.bucket_for(deadline_s);
         let mut moved = None;
@@ -201,7 +216,9 @@ impl ExpiryRing {
     }
 
     /// Removes the deadline of record `rec`, whose link is `link` (nothing if none).
+    /// The caller applies the returned [`Moved`] to that record's link.
     #[inline]
+    #[must_use = "a moved record's link must be updated"]
     pub(crate) fn cancel(&mut self, rec: u32, link: &mut RingLink) -> Option<Moved> {
         if !link.is_linked() {
             return None;
@@ -217,8 +234,12 @@ impl ExpiryRing {
     fn unlink(&mut self, rec: u32, link: &RingLink) -> Option<Moved> {
         let list = &mut self.buckets[link.bucket as usize];
         let pos = link.pos as usize;
-        debug_assert_eq!(list.get(pos), Some(&rec), "ring link out of date");
+        assert_eq!(list.get(pos), Some(&rec), "ring link out of date");
         list.swap_remove(pos);
+        if list.is_empty() {
+            shrink_emptied(list, self.retain_entries);
+            return None;
+        }
         list.get(pos).map(|&moved| Moved {
             rec: moved,
             pos: link.pos,
@@ -252,9 +273,7 @@ impl ExpiryRing {
             report(rec);
         }
         list.clear();
-        if list.capacity() > self.retain_entries {
-            list.shrink_to(self.retain_entries);
-        }
+        shrink_emptied(list, self.retain_entries);
         self.len -= n;
         self.stats.buckets_visited += 1;
         self.stats.entries_visited += n as u64;
@@ -312,6 +331,15 @@ impl ExpiryRing {
             true => Ok(()),
             false => Err(format!("ring: {count} entries, len {}", self.len)),
         }
+    }
+}
+
+/// Gives an emptied bucket's peak capacity back beyond twice `retain` (twice:
+/// a bucket that fills and empties around `retain` does not reallocate each time).
+#[inline]
+fn shrink_emptied(list: &mut Vec<u32>, retain: usize) {
+    if list.capacity() > 2 * retain {
+        list.shrink_to(retain);
     }
 }
 
@@ -448,6 +476,53 @@ mod tests {
         assert_eq!(h.advance(50), [3]);
         assert_eq!(h.advance(1_000_000), [0, 2]);
         h.check().unwrap();
+    }
+
+    /// A link the caller failed to update (a `Moved` not applied) is refused with a
+    /// panic in every build: it would otherwise take another record out of the ring
+    /// (that record then never expires).
+    #[test]
+    #[should_panic(expected = "ring link out of date")]
+    fn a_stale_link_is_refused_in_every_build() {
+        let mut ring = ExpiryRing::new(0, 100, 8);
+        let mut links = [RingLink::NONE; 4];
+        for (rec, link) in links.iter_mut().enumerate().take(3) {
+            assert_eq!(ring.set(rec as u32, link, 50), None);
+        }
+        // Record 2 moves into record 0's place; its `Moved` is dropped here, so its
+        // link still names position 2, which record 3 takes next.
+        assert!(ring.cancel(0, &mut links[0]).is_some());
+        assert_eq!(ring.set(3, &mut links[3], 50), None);
+        let _ = ring.cancel(2, &mut links[2]);
+    }
+
+    /// A bucket emptied by cancels gives its peak capacity back, as a drained one
+    /// does (beyond twice `retain_entries`): empty buckets hold a bounded amount.
+    #[test]
+    fn buckets_emptied_by_cancel_shrink_like_drained_ones() {
+        let mut h = Harness::new(0, 100, 8);
+        let retain = h.ring.retain_entries;
+        let n = 20 * retain as u32;
+        h.links.resize(n as usize, RingLink::NONE);
+        h.deadlines.resize(n as usize, None);
+        for rec in 0..n {
+            h.set(rec, 50);
+        }
+        assert!(h.ring.capacity_entries() >= n as usize);
+        for rec in 0..n {
+            assert!(h.cancel(rec));
+        }
+        h.check().unwrap();
+        assert!(
+            h.ring.capacity_entries() <= 2 * retain,
+            "{} entries of capacity kept, retain {retain}",
+            h.ring.capacity_entries()
+        );
+        for rec in 0..n {
+            h.set(rec, 60);
+        }
+        assert_eq!(h.advance(60).len(), n as usize);
+        assert!(h.ring.capacity_entries() <= 2 * retain);
     }
 
     /// Random sets, cancels and advances (jumps within and beyond a window, far

@@ -54,6 +54,25 @@
 mod expiry;
 mod huge;
 mod published;
+mod seqline;
+
+/// The atomics of `seqline` (the loom model, `tests/published_loom.rs`, gives it
+/// loom's instead).
+mod line_sync {
+    pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+    /// In a reader's retry loop.
+    #[inline(always)]
+    pub(crate) fn spin() {
+        std::hint::spin_loop();
+    }
+
+    /// The writer's load of a word only it stores: its last store.
+    #[inline(always)]
+    pub(crate) fn own_load(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+}
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -1680,10 +1699,17 @@ impl Authority {
             };
             let s = s as HashSlot;
             let (r0, w0) = (w.ring.stats(), w.wheel.stats());
-            w.ring.advance(now_s, |i| fired.push((s, Due::Record(i))));
-            w.wheel.advance(now_s, |_, _, k| {
-                fired.push((s, Due::Pending(k.rec, k.nonce)))
-            });
+            // Never backward (the wheel asserts it): a pass below the install time
+            // or an earlier pass's counts as that time.
+            let now = now_s.max(w.ring.now()).max(w.wheel.now());
+            // Order matters: the slot's ring entries go into `fired` before its wheel
+            // entries, so a record due in both is handled as a ring entry first (its
+            // stale link taken) before its candidate's expiry sets its deadline
+            // again. The other order would set it through the stale link (rule test
+            // `rule_20_a_route_and_its_candidate_due_in_the_same_pass`).
+            w.ring.advance(now, |i| fired.push((s, Due::Record(i))));
+            w.wheel
+                .advance(now, |_, _, k| fired.push((s, Due::Pending(k.rec, k.nonce))));
             let (r1, w1) = (w.ring.stats(), w.wheel.stats());
             self.stats.expiry_buckets_visited +=
                 r1.buckets_visited - r0.buckets_visited + w1.buckets_visited - w0.buckets_visited;

@@ -28,6 +28,9 @@
 //! reader never waits for the writer, even for one preempted in the middle of a
 //! write, and it retries only when the writer completed a write meanwhile
 //! (lock-free). Every word is an atomic: a torn read is detected, never undefined.
+//! The protocol is `seqline` (a version and a backup line per table), checked by
+//! loom models (`tests/published_loom.rs`) and, with the reclamation, by miri
+//! (`.ci/run`).
 //!
 //! Contract for readers:
 //! - A lookup under one pin sees one `SlotState` per hash slot: routes are never
@@ -39,13 +42,14 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use shard::slots::HASH_SLOTS;
 
 use super::huge::{HugeBox, HugePages};
+use super::seqline::{Line, Lines};
 use crate::cluster::Target;
 use crate::route::{CompactEndpoint, DeviceLevel, Uid};
 
@@ -134,10 +138,9 @@ pub(crate) const UID_BYTES_MAX: usize = u32::MAX as usize;
 /// Entries of the smallest table (used limit 3).
 const TABLE_ENTRIES_MIN: usize = 4;
 
-/// Words of an entry (one 64-byte cache line).
+/// Words of an entry (one 64-byte cache line): word 0 is the version (odd while
+/// the writer writes the entry, see `seqline`), then the value.
 const WORDS: usize = 8;
-/// The version: odd while the writer writes the entry.
-const W_STATE: usize = 0;
 /// High 32 bits of the uid's hash, uid length in the low 32 bits.
 const W_KEY: usize = 1;
 /// Address of the uid's bytes (of an `Arc<str>` the entry owns one count of); 0 in
@@ -236,43 +239,16 @@ fn key_word(hash: u64, uid_len: usize) -> u64 {
     (hash & !0xffff_ffff) | (uid_len as u64 & 0xffff_ffff)
 }
 
-/// One uid's entry: a cache line of atomic words.
-#[repr(C, align(64))]
-struct Entry([AtomicU64; WORDS]);
-
-impl Entry {
-    /// The value words, loaded relaxed (readers validate them with the version).
-    #[inline]
-    fn load_value(&self) -> Value {
-        Value(std::array::from_fn(|k| {
-            self.0[k + 1].load(Ordering::Relaxed)
-        }))
-    }
-    #[inline]
-    fn store_value(&self, v: &Value) {
-        for (w, x) in self.0[1..].iter().zip(v.0) {
-            w.store(x, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The previous value of the entry the writer is writing (see the module docs).
-#[repr(C, align(64))]
-struct Backup {
-    /// Odd while the writer fills the backup.
-    state: AtomicU64,
-    /// The entry whose value this is, and that entry's (even) version of it.
-    index: AtomicU64,
-    version: AtomicU64,
-    value: [AtomicU64; VALUE_WORDS],
-}
+/// One uid's entry: a cache line of a version and the value's atomic words.
+type Entry = Line<VALUE_WORDS>;
+const _: () = assert!(std::mem::size_of::<Entry>() == 64 && std::mem::align_of::<Entry>() == 64);
 
 /// An open-addressing table of entries; replaced, never resized in place.
 pub(crate) struct Table {
     mask: usize,
-    /// In [`HugePages`] memory (see `huge`).
-    entries: HugeBox<[Entry]>,
-    backup: Backup,
+    /// In [`HugePages`] memory (see `huge`), with the table's backup line; written
+    /// in place with the `seqline` protocol (see the module docs).
+    lines: Lines<HugeBox<[Entry]>, VALUE_WORDS>,
 }
 
 impl Table {
@@ -280,14 +256,9 @@ impl Table {
         let n = n.next_power_of_two().max(TABLE_ENTRIES_MIN);
         Table {
             mask: n - 1,
-            // SAFETY: all-zero bytes are a valid, unused entry (atomic integers).
-            entries: unsafe { HugeBox::new_zeroed_slice_in(n, HugePages).assume_init() },
-            backup: Backup {
-                state: AtomicU64::new(0),
-                index: AtomicU64::new(u64::MAX),
-                version: AtomicU64::new(0),
-                value: std::array::from_fn(|_| AtomicU64::new(0)),
-            },
+            // SAFETY: all-zero bytes are a valid, unused entry (`Line::new`: atomic
+            // integers, version 0, every word 0).
+            lines: Lines::new(unsafe { HugeBox::new_zeroed_slice_in(n, HugePages).assume_init() }),
         }
     }
 
@@ -305,87 +276,37 @@ impl Table {
     /// only when a write of this entry completed while reading.
     #[inline]
     fn read(&self, i: usize) -> Value {
-        let e = &self.entries[i];
-        loop {
-            let s = e.0[W_STATE].load(Ordering::Acquire);
-            if s & 1 == 0 {
-                let v = e.load_value();
-                fence(Ordering::Acquire);
-                if e.0[W_STATE].load(Ordering::Relaxed) == s {
-                    return v;
-                }
-            } else if let Some(v) = self.read_backup(i, s - 1) {
-                return v;
-            }
-            std::hint::spin_loop();
-        }
+        Value(self.lines.read(i))
     }
 
     /// Version `version` of entry `i`, if the backup line holds it (consistently).
-    #[cold]
+    #[cfg(test)]
     fn read_backup(&self, i: usize, version: u64) -> Option<Value> {
-        let b = &self.backup;
-        let s = b.state.load(Ordering::Acquire);
-        if s & 1 == 1 {
-            return None;
-        }
-        let index = b.index.load(Ordering::Relaxed);
-        let ver = b.version.load(Ordering::Relaxed);
-        let v = Value(std::array::from_fn(|k| b.value[k].load(Ordering::Relaxed)));
-        fence(Ordering::Acquire);
-        if b.state.load(Ordering::Relaxed) != s || index != i as u64 || ver != version {
-            return None;
-        }
-        Some(v)
+        self.lines.read_backup(i, version).map(Value)
     }
 
-    /// The current value of entry `i` (writer only: without another writer, plain
-    /// relaxed loads are exact).
+    /// The current value of entry `i` (writer only).
     #[inline]
     fn current(&self, i: usize) -> Value {
-        self.entries[i].load_value()
+        Value(self.lines.current(i))
     }
 
     /// Replaces the value of entry `i` (writer only).
     #[inline]
     fn write(&self, i: usize, v: &Value) {
-        self.begin_write(i);
-        self.finish_write(i, v);
+        self.lines.write(i, &v.0);
     }
 
-    /// First half of [`write`](Self::write): backs the value up and makes the
-    /// version odd. Split only so that tests can look between the halves.
-    #[inline]
+    /// First half of [`write`](Self::write) (tests look between the halves).
+    #[cfg(test)]
     fn begin_write(&self, i: usize) {
-        let e = &self.entries[i];
-        let s = e.0[W_STATE].load(Ordering::Relaxed);
-        debug_assert!(s & 1 == 0, "entry {i} written twice at once");
-        let old = e.load_value();
-        let b = &self.backup;
-        let bs = b.state.load(Ordering::Relaxed);
-        debug_assert!(bs & 1 == 0);
-        b.state.store(bs + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        b.index.store(i as u64, Ordering::Relaxed);
-        b.version.store(s, Ordering::Relaxed);
-        for (w, x) in b.value.iter().zip(old.0) {
-            w.store(x, Ordering::Relaxed);
-        }
-        b.state.store(bs + 2, Ordering::Release);
-        // Release: a reader that sees the odd version sees the complete backup.
-        e.0[W_STATE].store(s + 1, Ordering::Release);
-        fence(Ordering::Release);
+        self.lines.begin_write(i);
     }
 
-    /// Second half of [`write`](Self::write): stores the value, makes the version
-    /// even.
-    #[inline]
+    /// Second half of [`write`](Self::write).
+    #[cfg(test)]
     fn finish_write(&self, i: usize, v: &Value) {
-        let e = &self.entries[i];
-        let s = e.0[W_STATE].load(Ordering::Relaxed);
-        debug_assert!(s & 1 == 1);
-        e.store_value(v);
-        e.0[W_STATE].store(s + 1, Ordering::Release);
+        self.lines.finish_write(i, &v.0);
     }
 
     /// The first entry keyed with `uid` (hash `hash`) on its probe path, stopping at
@@ -419,7 +340,7 @@ impl Table {
     /// Hints the CPU to load entry `i`'s line.
     #[inline(always)]
     fn prefetch_entry(&self, i: usize) {
-        prefetch(self.entries.as_ptr().wrapping_add(i));
+        prefetch(self.lines.as_ptr().wrapping_add(i));
     }
 
     /// Hints the CPU to load what a lookup of `uid` at entry `i` dereferences next:
@@ -427,13 +348,14 @@ impl Table {
     /// Reads the entry without validation: only addresses for prefetches come out.
     #[inline(always)]
     fn prefetch_payload(&self, i: usize, uid: &str) {
-        let e = &self.entries[i];
-        let addr = e.0[W_UID].load(Ordering::Relaxed);
+        let e = self.lines.line(i);
+        let word = |w: usize| e.word(w - 1).load(Ordering::Relaxed);
+        let addr = word(W_UID);
         if addr != 0 && addr != uid.as_ptr() as u64 {
             prefetch(addr as *const u8);
         }
-        if e.0[W_META].load(Ordering::Relaxed) & 0xffff_ffff > 1 {
-            prefetch(e.0[W_NODE].load(Ordering::Relaxed) as *const u8);
+        if word(W_META) & 0xffff_ffff > 1 {
+            prefetch(word(W_NODE) as *const u8);
         }
     }
 }
@@ -506,11 +428,11 @@ fn new_list(eps: &[CompactEndpoint]) -> u64 {
 
 impl Drop for Table {
     fn drop(&mut self) {
-        for e in self.entries.iter() {
+        for i in 0..self.len() {
             // SAFETY: a table is dropped only when unreachable: by deferred destruction
             // after every reader that could see it unpinned, or by its sole owner. It
             // owns the uid counts and lists of its entries.
-            unsafe { release_value(&e.load_value()) };
+            unsafe { release_value(&self.current(i)) };
         }
     }
 }
@@ -1003,7 +925,7 @@ impl TableWriter {
             while owner[j] != NIL {
                 j = (j + 1) & new.mask;
             }
-            new.entries[j].store_value(&v);
+            new.lines.init(j, &v.0);
             owner[j] = user;
             self.entry_of[user as usize] = j as u32;
             used += 1;
@@ -1106,6 +1028,18 @@ mod tests {
         }
     }
 
+    // Sizes: miri (`.ci/run`) interprets these tests some 10,000 times slower, so
+    // it runs them small; every path (growth, rebuilds, reuse, lists, backup reads)
+    // is still taken.
+    /// Seeds of `table_writer_matches_a_reference_map`.
+    const SEEDS: u64 = if cfg!(miri) { 1 } else { 24 };
+    /// Steps of one seed.
+    const STEPS: usize = if cfg!(miri) { 60 } else { 1500 };
+    /// Lookup batches of each reader of `concurrent_lookups_see_whole_values_...`.
+    const LOOKUPS: u64 = if cfg!(miri) { 12 } else { 3_000 };
+    /// Reads of each reader of `concurrent_readers_never_see_a_torn_value`.
+    const READS: u64 = if cfg!(miri) { 300 } else { 2_000_000 };
+
     #[test]
     fn a_reader_of_an_entry_in_mid_write_gets_the_previous_value_from_the_backup() {
         let t = Table::with_entries(4);
@@ -1132,7 +1066,7 @@ mod tests {
     /// `Arc`s. Deterministic seeds; a failure names its seed.
     #[test]
     fn table_writer_matches_a_reference_map() {
-        for seed in 1..=24u64 {
+        for seed in 1..=SEEDS {
             if let Err(e) = table_run(seed) {
                 panic!("seed {seed}: {e}");
             }
@@ -1140,8 +1074,7 @@ mod tests {
     }
 
     fn table_run(seed: u64) -> Result<(), String> {
-        const UIDS: usize = 40;
-        const STEPS: usize = 1500;
+        const UIDS: usize = if cfg!(miri) { 12 } else { 40 };
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut rng = move |n: usize| {
             x ^= x << 13;
@@ -1220,7 +1153,6 @@ mod tests {
     fn concurrent_lookups_see_whole_values_through_rebuilds_and_reuse() {
         const UIDS: usize = 48;
         const READERS: usize = 2;
-        const LOOKUPS: u64 = 3_000;
         let dir = Arc::new(Directory::with_limit(1 << 16));
         let target = Target {
             hash_slot: 3,
@@ -1300,7 +1232,6 @@ mod tests {
     fn concurrent_readers_never_see_a_torn_value() {
         const ENTRIES: usize = 2;
         const READERS: usize = 2;
-        const READS: u64 = 2_000_000;
         let t = Arc::new(Table::with_entries(ENTRIES));
         // Every word but the uid address (0: nothing to release) derives from `x`;
         // count 1: no list.

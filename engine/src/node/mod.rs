@@ -91,6 +91,43 @@ impl Default for SessionConfig {
     }
 }
 
+/// `Err("section.name must be at least 1")` for each limit that is 0.
+fn at_least_one(section: &str, limits: &[(&str, u64)]) -> Result<(), String> {
+    match limits.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(format!("{section}.{name} must be at least 1 (is 0)")),
+        None => Ok(()),
+    }
+}
+
+impl SessionConfig {
+    /// Refuses limits the node cannot run with, naming them (`ack_resends_max`
+    /// may be 0: no re-send).
+    pub fn validate(&self) -> Result<(), String> {
+        at_least_one(
+            "session",
+            &[
+                (
+                    "max_sessions_per_shard",
+                    u64::from(self.max_sessions_per_shard),
+                ),
+                ("touch_flush_interval_ms", self.touch_flush_interval_ms),
+                ("touch_batch_max_routes", self.touch_batch_max_routes as u64),
+                ("unregister_batch_max", self.unregister_batch_max as u64),
+                ("expiry_interval_ms", self.expiry_interval_ms),
+                (
+                    "pending_acks_per_session_max",
+                    self.pending_acks_per_session_max as u64,
+                ),
+                ("ack_timeout_ms", self.ack_timeout_ms),
+                (
+                    "sends_in_flight_per_conn_max",
+                    u64::from(self.sends_in_flight_per_conn_max),
+                ),
+            ],
+        )
+    }
+}
+
 /// Delivery planning limits.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -151,17 +188,25 @@ impl DeliveryConfig {
                  peer_queue_max = {room}"
             ));
         }
-        if self.commit_credits_per_peer == 0
-            || self.delivery_backlog_max == 0
-            || self.pages_per_turn_max == 0
-        {
-            return Err(
-                "[delivery] commit_credits_per_peer, delivery_backlog_max and \
-                 pages_per_turn_max must be at least 1"
-                    .into(),
-            );
-        }
         Ok(())
+    }
+
+    /// Refuses limits the node cannot run with, naming them.
+    pub fn validate(&self) -> Result<(), String> {
+        at_least_one(
+            "delivery",
+            &[
+                ("subscriber_page_max", self.subscriber_page_max as u64),
+                ("push_batch_max", self.push_batch_max as u64),
+                ("commits_unsynced_max", self.commits_unsynced_max as u64),
+                (
+                    "commit_credits_per_peer",
+                    self.commit_credits_per_peer as u64,
+                ),
+                ("delivery_backlog_max", self.delivery_backlog_max as u64),
+                ("pages_per_turn_max", self.pages_per_turn_max as u64),
+            ],
+        )
     }
 }
 
@@ -183,6 +228,8 @@ pub struct NodeConfig {
     pub net: NetConfig,
     pub authority: AuthorityConfig,
     pub activation: ActivationConfig,
+    /// `[registry]`: each shard's registry (its unregister queue).
+    pub registry: crate::registry::RegistryLimits,
     pub session: SessionConfig,
     pub delivery: DeliveryConfig,
     pub log: LogConfig,
@@ -207,6 +254,7 @@ impl Default for NodeConfig {
             net: NetConfig::default(),
             authority: AuthorityConfig::default(),
             activation: ActivationConfig::default(),
+            registry: crate::registry::RegistryLimits::default(),
             session: SessionConfig::default(),
             delivery: DeliveryConfig::default(),
             log: LogConfig::default(),
@@ -414,6 +462,17 @@ impl Node {
 
     /// [`Node::start`] with test hooks.
     pub fn start_with(mut config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
+        config
+            .session
+            .validate()
+            .and_then(|()| config.delivery.validate())
+            .and_then(|()| config.registry.validate())
+            .map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("invalid configuration: {e}"),
+                )
+            })?;
         let shards = config.runtime.shard_count as usize;
         config
             .delivery

@@ -133,8 +133,13 @@ impl NodeShard {
     ) -> std::io::Result<NodeShard> {
         let cfg = &shared.config;
         let view = shared.initial_view.clone();
-        let mut rcfg = crate::registry::RegistryConfig::new(me, cfg.node_id, shared.boot_id);
-        rcfg.max_sessions = cfg.session.max_sessions_per_shard;
+        let rcfg = crate::registry::RegistryConfig::with_limits(
+            me,
+            cfg.node_id,
+            shared.boot_id,
+            cfg.session.max_sessions_per_shard,
+            &cfg.registry,
+        );
         let registry = Registry::new(rcfg)
             .map_err(|e| std::io::Error::other(format!("registry config: {e:?}")))?;
         let my_slots: Vec<_> = shared.slot_map.slots_of(me).collect();
@@ -512,6 +517,13 @@ impl NodeShard {
         self.next_session += 1;
         let aid = ActivationId(((self.me as u64) << 48) | self.next_activation);
         self.next_activation += 1;
+        // The activation's timeout timer first: without it the activation could
+        // wait forever, so no timer, no activation (nothing registered yet).
+        let now_ms = cx.now_ms();
+        let deadline = crate::activation::deadline_ms_for(&cfg.activation, now_ms);
+        if cx.set_timer(deadline, NodeTimer::Activation(aid)).is_err() {
+            return self.refuse_connect(driver, id, 15, "timer wheel full (runtime.max_timers)");
+        }
         let uid = Uid::from(c.uid.as_str());
         let Some(conn) = self.conn_mut(id) else {
             return;
@@ -536,7 +548,6 @@ impl NodeShard {
             listener,
             connected_at_ms: self.shared.wall_ms(),
         };
-        let now_ms = cx.now_ms();
         let mut out = std::mem::take(&mut self.outputs);
         let activation = Activation::start(
             aid,
@@ -552,9 +563,8 @@ impl NodeShard {
                 conn.handle = Some(handle);
             }
         }
-        let deadline = activation.deadline_ms();
+        debug_assert_eq!(activation.deadline_ms(), deadline);
         self.activations.insert(aid, (activation, id));
-        let _ = cx.set_timer(deadline, NodeTimer::Activation(aid));
         self.run_outputs(cx, driver, aid, &mut out);
         self.outputs = out;
         self.drain_local_events(cx, driver);

@@ -1,0 +1,138 @@
+//! Loom models of the published tables' in-place write protocol
+//! (`engine/src/authority/seqline.rs`, included here with loom's atomics): a writer
+//! rewrites lines (version, backup line), readers read them; a reader never gets a
+//! torn value, a value of another line, or a value older than one it already got.
+//!
+//! Each model explores every interleaving (and every value the C11 memory model
+//! lets a relaxed load return) up to `LOOM_MAX_PREEMPTIONS` preemptions, default 2
+//! here; run more with e.g. `LOOM_MAX_PREEMPTIONS=3 cargo test -p engine --release
+//! --test published_loom`. Reclamation (crossbeam-epoch) is not modelled: miri runs
+//! the table's tests for that (`.ci/run`).
+
+use loom::sync::Arc;
+use loom::thread;
+
+#[path = "../src/authority/seqline.rs"]
+#[allow(dead_code)]
+mod seqline;
+
+/// What `seqline` takes its atomics from (the library: `std`'s).
+mod line_sync {
+    pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
+
+    /// A reader's retry lets the writer run.
+    pub(crate) fn spin() {
+        loom::thread::yield_now();
+    }
+
+    /// The writer's load of a word only it stores: its last store, untracked
+    /// (see `seqline`'s docs).
+    pub(crate) fn own_load(a: &AtomicU64) -> u64 {
+        // SAFETY: only the calling thread (the single writer) stores to `a`, so
+        // no store races with this load.
+        unsafe { a.unsync_load() }
+    }
+}
+
+use seqline::{Line, Lines};
+
+/// Two words per line: enough to see a torn value (words of two writes).
+type Table = Lines<Box<[Line<2>]>, 2>;
+
+fn table(values: &[u64]) -> Arc<Table> {
+    let t = Lines::new(values.iter().map(|_| Line::new()).collect::<Box<[_]>>());
+    for (i, &x) in values.iter().enumerate() {
+        t.init(i, &value(x));
+    }
+    Arc::new(t)
+}
+
+/// A value whose two words derive from `x` differently: a mix of two is caught.
+fn value(x: u64) -> [u64; 2] {
+    [x, x.wrapping_mul(0x9e37_79b9_7f4a_7c15)]
+}
+
+/// The `x` of a whole value; panics on a torn one.
+fn whole(v: [u64; 2], what: &str) -> u64 {
+    assert_eq!(v, value(v[0]), "torn value of {what}");
+    v[0]
+}
+
+/// Runs `f` under loom (preemption bound 2 unless `LOOM_MAX_PREEMPTIONS` says)
+/// and returns the number of executions explored.
+fn model(f: impl Fn() + Sync + Send + 'static) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(2);
+    }
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    b.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        f()
+    });
+    let n = runs.load(Ordering::Relaxed);
+    eprintln!("{n} executions explored");
+    n
+}
+
+/// One line written twice while a reader reads it twice: each read is a whole
+/// value the line held, the second not older than the first.
+#[test]
+fn a_reader_gets_whole_values_never_older_ones() {
+    model(|| {
+        let t = table(&[0]);
+        let w = {
+            let t = t.clone();
+            thread::spawn(move || {
+                t.write(0, &value(1));
+                t.write(0, &value(2));
+            })
+        };
+        let a = whole(t.read(0), "line 0");
+        let b = whole(t.read(0), "line 0");
+        assert!(a <= 2 && a <= b, "read {a} then {b}");
+        w.join().unwrap();
+        assert_eq!(t.read(0), value(2));
+    });
+}
+
+/// Two lines share the backup: while the writer rewrites line 1, then line 0, then
+/// line 1 again, readers of line 0 get only line 0's values (the backup answers for
+/// its own line and version only).
+#[test]
+fn the_backup_answers_only_for_its_own_line_and_version() {
+    model(|| {
+        let t = table(&[10, 20]);
+        let w = {
+            let t = t.clone();
+            thread::spawn(move || {
+                t.write(1, &value(21));
+                t.write(0, &value(11));
+                t.write(1, &value(22));
+            })
+        };
+        let a = whole(t.read(0), "line 0");
+        assert!(a == 10 || a == 11, "line 0 read {a}");
+        let b = whole(t.read(1), "line 1");
+        assert!((20..=22).contains(&b), "line 1 read {b}");
+        w.join().unwrap();
+    });
+}
+
+/// Two readers of one line, a writer in between: both get whole values.
+#[test]
+fn concurrent_readers_get_whole_values() {
+    model(|| {
+        let t = table(&[0]);
+        let r = {
+            let t = t.clone();
+            thread::spawn(move || whole(t.read(0), "line 0"))
+        };
+        t.write(0, &value(1));
+        let mine = whole(t.read(0), "line 0");
+        assert_eq!(mine, 1, "the writer reads its own write");
+        assert!(r.join().unwrap() <= 1);
+    });
+}
