@@ -182,3 +182,71 @@ fn a_dead_shard_is_reported(backend: Backend) {
 }
 
 on_both_drivers!(a_dead_shard_is_reported);
+
+/// Unacknowledged RECVs are bounded by bytes per shard: a recipient that never acks
+/// still gets every RECV, but past the budget they are sent untracked (counted), and
+/// the shard's charge never passes the budget.
+fn pending_acks_stay_within_their_byte_budget(backend: Backend) {
+    const BUDGET: usize = 8 << 10;
+    const MESSAGES: u32 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), backend);
+    cfg.session.pending_acks_budget_bytes_per_shard = BUDGET;
+    let node = Node::start(cfg).unwrap();
+    for u in ["s", "r"] {
+        set_token(&node, u, 1, 1);
+    }
+    let login = |u: &str| {
+        let (c, reason) = Client::connect_via(
+            Transport::Tcp,
+            node.tcp_addr().unwrap(),
+            &Login::new(u, &format!("tok-{u}")),
+            READ_TIMEOUT,
+        )
+        .unwrap();
+        assert_eq!(reason, 1);
+        c
+    };
+    let (mut s, mut r) = (login("s"), login("r"));
+    let payload = vec![b'x'; 1000];
+    for i in 1..=MESSAGES {
+        s.send("r", 1, i, &format!("p{i}"), &payload, false)
+            .unwrap();
+    }
+    let mut got = 0;
+    while got < MESSAGES {
+        match r.read().unwrap() {
+            Received::Recv(m) => {
+                assert_eq!(m.payload, payload);
+                got += 1;
+            }
+            Received::Pong => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // The owner shard has finished the turn that wrote them.
+    r.ping().unwrap();
+    while r.read().unwrap() != Received::Pong {}
+    let metrics = &node.shared().shard_metrics;
+    let charged: u64 = metrics.iter().map(|m| m.pending_ack_bytes.get()).sum();
+    let untracked: u64 = metrics.iter().map(|m| m.acks_dropped.get()).sum();
+    assert!(charged > 0 && charged <= BUDGET as u64, "charged {charged}");
+    assert!(untracked > 0, "RECVs past the budget went untracked");
+    // Closing the connection gives the charge back.
+    drop(r);
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    while metrics
+        .iter()
+        .map(|m| m.pending_ack_bytes.get())
+        .sum::<u64>()
+        > 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "charge returned on close"
+        );
+        std::thread::yield_now();
+    }
+}
+
+on_both_drivers!(pending_acks_stay_within_their_byte_budget);

@@ -492,7 +492,9 @@ fn spare_descriptor_resets_connections_at_the_limit(backend: net::io::Backend) {
     println!("{backend:?}: {s:?}");
     let reset = tcp_stat(&s, "accept_refused_fd_limit");
     assert!(reset > 0, "{s:?}");
-    assert_eq!(tcp_stat(&s, "accept_pauses"), 0, "{s:?}");
+    // Pauses may still happen: any other thread of the process (an accept in flight
+    // on io_uring, the syncer, the API) can take the descriptor the spare frees at
+    // this exact limit; the listener then backs off and resumes by itself.
     assert_eq!(
         count_resets(&mut flood),
         reset as usize,

@@ -515,7 +515,9 @@ fn a_connect_without_room_for_its_activation_timer_is_refused(backend: Backend) 
     assert_eq!(online_devices(&node, "u1"), 0, "no session, no route");
     let metrics = node.api().handle("GET", "/metrics", None, b"").body;
     assert!(
-        metrics.lines().any(|l| l == "imrouter_connect_refused 1"),
+        metrics
+            .lines()
+            .any(|l| l == "imrouter_connect_refused_total 1"),
         "counted:\n{metrics}"
     );
     node.shutdown().unwrap();

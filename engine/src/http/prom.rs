@@ -84,7 +84,7 @@ const REFUSED_HELP: &str = "Client connections accepted and reset at once, by li
      reason: conn_cap (the shard was at its connection cap), fd_limit (out of descriptors: \
      accepted with the spare one), other (other accept errors).";
 const PAUSES_HELP: &str =
-    "Failed accept rounds that paused a client listener (backoff 5 ms doubling to 1 s).";
+    "Failed accept rounds that paused a client listener (backoff from [net] accept_backoff_initial_ms doubling to accept_backoff_max_ms).";
 const PAUSED_HELP: &str = "Shards whose client listener is paused after failed accepts.";
 
 macro_rules! labelled {

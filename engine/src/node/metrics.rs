@@ -51,6 +51,7 @@ pub const GAUGES: &[&str] = &[
     "listener_paused_tcp",
     "listener_paused_ws",
     "outbound_bytes",
+    "pending_ack_bytes",
 ];
 
 macro_rules! shard_metrics {
@@ -104,6 +105,9 @@ shard_metrics! {
     acks_dropped,
     /// RECVs dropped after their last re-send.
     acks_expired,
+    /// What the shard's unacknowledged RECVs are charged against
+    /// `pending_acks_budget_bytes_per_shard` (gauge).
+    pending_ack_bytes,
     /// Endpoints whose owner revalidation failed.
     push_stale,
     /// Endpoints on other nodes (not delivered until the cluster milestone).

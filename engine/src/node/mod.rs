@@ -67,6 +67,12 @@ pub struct SessionConfig {
     pub ack_timeout_ms: u64,
     /// Re-sends of one RECV before it is dropped (the client recovers it by sync).
     pub ack_resends_max: u8,
+    /// What the unacknowledged RECVs of one shard may be charged (each: its message's
+    /// payload and strings, whether or not other sessions share the message, plus 192
+    /// bytes); past it a RECV is sent untracked (counted in `acks_dropped`). Without
+    /// it the worst case is `pending_acks_per_session_max` × `max_payload_bytes` per
+    /// session.
+    pub pending_acks_budget_bytes_per_shard: usize,
     /// SENDs of one connection waiting for their SENDACK; more are answered at once
     /// with SENDACK 22 (RateLimit), which clients retry.
     pub sends_in_flight_per_conn_max: u32,
@@ -87,6 +93,7 @@ impl Default for SessionConfig {
             ack_timeout_ms: 10_000,
             ack_resends_max: 3,
             sends_in_flight_per_conn_max: 1_024,
+            pending_acks_budget_bytes_per_shard: 128 << 20,
         }
     }
 }
@@ -119,6 +126,10 @@ impl SessionConfig {
                     self.pending_acks_per_session_max as u64,
                 ),
                 ("ack_timeout_ms", self.ack_timeout_ms),
+                (
+                    "pending_acks_budget_bytes_per_shard",
+                    self.pending_acks_budget_bytes_per_shard as u64,
+                ),
                 (
                     "sends_in_flight_per_conn_max",
                     u64::from(self.sends_in_flight_per_conn_max),

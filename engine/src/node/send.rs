@@ -233,7 +233,50 @@ impl PendingAcks {
     pub fn timer(&self) -> Option<TimerHandle> {
         self.timer
     }
+
+    fn push(&mut self, entry: AckEntry, shard_bytes: &mut usize) {
+        *shard_bytes += entry.bytes();
+        self.entries.push_back(entry);
+    }
+
+    fn pop_front(&mut self, shard_bytes: &mut usize) -> Option<AckEntry> {
+        let entry = self.entries.pop_front()?;
+        *shard_bytes -= entry.bytes();
+        Some(entry)
+    }
+
+    fn remove(&mut self, i: usize, shard_bytes: &mut usize) {
+        if let Some(entry) = self.entries.remove(i) {
+            *shard_bytes -= entry.bytes();
+        }
+    }
+
+    /// Forgets every entry (the session went); returns how many there were.
+    pub fn clear(&mut self, shard_bytes: &mut usize) -> usize {
+        let n = self.entries.len();
+        while self.pop_front(shard_bytes).is_some() {}
+        n
+    }
 }
+
+impl AckEntry {
+    /// What the entry is charged against `pending_acks_budget_bytes_per_shard`: its
+    /// message's variable parts and a fixed overhead, whether or not other sessions
+    /// share the message (an upper bound of the memory the entries keep alive).
+    fn bytes(&self) -> usize {
+        let m = &self.message;
+        ACK_ENTRY_OVERHEAD_BYTES
+            + m.payload.len()
+            + m.topic.len()
+            + m.client_msg_no.len()
+            + m.from_uid.len()
+            + m.channel_key.len()
+    }
+}
+
+/// The fixed part of an [`AckEntry`]'s charge: the entry, the message's header and
+/// allocation overheads.
+const ACK_ENTRY_OVERHEAD_BYTES: usize = 192;
 
 // ------------------------------------------------------------------ 1. gateway
 
@@ -950,8 +993,23 @@ fn track_ack(
     message: &Arc<Committed>,
 ) {
     let s = &node.shared.config.session;
-    let (max, timeout_ms) = (s.pending_acks_per_session_max, s.ack_timeout_ms);
+    let (max, timeout_ms, budget) = (
+        s.pending_acks_per_session_max,
+        s.ack_timeout_ms,
+        s.pending_acks_budget_bytes_per_shard,
+    );
     let deadline_ms = cx.now_ms() + timeout_ms;
+    let entry = AckEntry {
+        message: message.clone(),
+        deadline_ms,
+        resends: 0,
+    };
+    let mut shard_bytes = node.pending_ack_bytes;
+    if shard_bytes + entry.bytes() > budget {
+        // Sent untracked: the client recovers it by sync if it is lost.
+        node.metrics.acks_dropped.inc();
+        return;
+    }
     let Some(conn) = node.conn_mut(id) else {
         return;
     };
@@ -973,24 +1031,24 @@ fn track_ack(
         .entries
         .back()
         .is_none_or(|last| last.deadline_ms <= deadline_ms));
-    conn.acks.entries.push_back(AckEntry {
-        message: message.clone(),
-        deadline_ms,
-        resends: 0,
-    });
+    conn.acks.push(entry, &mut shard_bytes);
+    node.set_pending_ack_bytes(shard_bytes);
 }
 
 // --------------------------------------------------------------- 5. acknowledgement
 
 /// RECVACK: the session has the message.
 pub fn on_recvack(node: &mut NodeShard, id: ConnId, message_id: i64) {
+    let mut shard_bytes = node.pending_ack_bytes;
     if let Some(conn) = node.conn_mut(id) {
-        let entries = &mut conn.acks.entries;
-        if let Some(i) = entries
+        if let Some(i) = conn
+            .acks
+            .entries
             .iter()
             .position(|e| e.message.message_id == message_id)
         {
-            entries.remove(i);
+            conn.acks.remove(i, &mut shard_bytes);
+            node.set_pending_ack_bytes(shard_bytes);
             node.metrics.recvacks.inc();
         }
         // The timer stays armed; when it fires with nothing due it re-arms for the
@@ -1009,6 +1067,7 @@ pub fn on_ack_timeout(
     let s = &node.shared.config.session;
     let (timeout_ms, resends_max) = (s.ack_timeout_ms, s.ack_resends_max);
     let now_ms = cx.now_ms();
+    let mut shard_bytes = node.pending_ack_bytes;
     let Some(conn) = node.conn_mut(id) else {
         return;
     };
@@ -1024,7 +1083,7 @@ pub fn on_ack_timeout(
         if front.deadline_ms > now_ms {
             break;
         }
-        let Some(mut entry) = conn.acks.entries.pop_front() else {
+        let Some(mut entry) = conn.acks.pop_front(&mut shard_bytes) else {
             break;
         };
         if entry.resends >= resends_max {
@@ -1034,7 +1093,7 @@ pub fn on_ack_timeout(
         entry.resends += 1;
         entry.deadline_ms = now_ms + timeout_ms;
         resend.push(entry.message.clone());
-        conn.acks.entries.push_back(entry);
+        conn.acks.push(entry, &mut shard_bytes);
     }
     let next = conn.acks.entries.front().map(|e| e.deadline_ms);
     node.metrics.acks_expired.add(expired);
@@ -1048,13 +1107,13 @@ pub fn on_ack_timeout(
             Err(_) => {
                 // No timer left: stop tracking this session's RECVs (sync recovers).
                 if let Some(conn) = node.conn_mut(id) {
-                    let n = conn.acks.entries.len() as u64;
-                    conn.acks.entries.clear();
+                    let n = conn.acks.clear(&mut shard_bytes) as u64;
                     node.metrics.acks_dropped.add(n);
                 }
             }
         }
     }
+    node.set_pending_ack_bytes(shard_bytes);
     for message in resend {
         let _ = write_recv(node, driver, id, &uid, &message, true);
     }

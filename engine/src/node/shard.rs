@@ -121,6 +121,9 @@ pub struct NodeShard {
     /// Per delivery shard: this gateway's SENDs in flight there (bounded by
     /// `commit_credits_per_peer`; each returns with its SENDACK).
     pub(crate) commit_credits: Vec<usize>,
+    /// What this shard's pending-ACK entries are charged (bounded by
+    /// `pending_acks_budget_bytes_per_shard`; see `send::PendingAcks`).
+    pub(crate) pending_ack_bytes: usize,
     stopping: bool,
 }
 
@@ -150,6 +153,7 @@ impl NodeShard {
         let commit_credits = vec![0; shared.slot_map.shard_count() as usize];
         Ok(NodeShard {
             commit_credits,
+            pending_ack_bytes: 0,
             me,
             rng: StdRng::from_entropy(),
             rx_frame: Vec::new(),
@@ -179,6 +183,12 @@ impl NodeShard {
             .get(id.index())
             .and_then(|c| c.as_ref())
             .filter(|c| c.id == id)
+    }
+
+    /// Records the shard's pending-ACK charge (and its gauge).
+    pub(crate) fn set_pending_ack_bytes(&mut self, bytes: usize) {
+        self.pending_ack_bytes = bytes;
+        self.metrics.pending_ack_bytes.set(bytes as u64);
     }
 
     pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
@@ -447,6 +457,10 @@ impl NodeShard {
         if let Some(timer) = conn.acks.timer() {
             cx.cancel_timer(timer);
         }
+        let mut conn = conn;
+        let mut shard_bytes = self.pending_ack_bytes;
+        conn.acks.clear(&mut shard_bytes);
+        self.set_pending_ack_bytes(shard_bytes);
         match conn.state {
             ConnState::Activating(aid) => {
                 self.session_conns.remove(&conn.session_id);

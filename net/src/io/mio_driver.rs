@@ -17,8 +17,8 @@ use shard::runtime::{Driver, EventFd};
 
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, prepare_listener, reset, ConnId, ListenerKind, NetConfig, NetEvent,
-    NetStats, SendError, Spare, SpareOutcome,
+    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, ListenerKind, NetConfig,
+    NetEvent, NetStats, SendError, Spare, SpareOutcome,
 };
 
 const DOORBELL: Token = Token(usize::MAX);
@@ -253,7 +253,7 @@ impl MioDriver {
         }
         loop {
             let listener = &self.listeners[li].1;
-            let (mut stream, peer) = match listener.accept() {
+            let (stream, peer) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => match classify_accept_error(&e) {
@@ -281,6 +281,10 @@ impl MioDriver {
                         return;
                     }
                 },
+            };
+            let Some(mut stream) = restore_spare(&mut self.spare, stream) else {
+                self.core.accept_refused(li, Refusal::FdLimit);
+                continue;
             };
             let Some(idx) = self.core.alloc(li, peer) else {
                 reset(stream); // Over the shard's connection cap.

@@ -150,7 +150,9 @@ pub struct NetConfig {
     pub uring_entries: u32,
     /// io_uring: accepts in flight per listener. Their descriptors exist before the
     /// shard sees them, so a shard may briefly hold this many per listener beyond
-    /// its connection cap (`fd_reserve` covers it).
+    /// its connection cap (`fd_reserve` covers it). At EMFILE one of them may take
+    /// the descriptor the spare freed; the connection it gives is then reset to get
+    /// the spare back (`restore_spare`).
     pub uring_accepts_inflight: u32,
     /// io_uring: provided receive buffers per shard (a power of two, at most 32768).
     pub uring_buf_count: u16,
@@ -382,6 +384,24 @@ fn accept_with_spare<S: std::os::fd::AsFd>(
     };
     spare.reopen();
     outcome
+}
+
+/// A connection accepted normally while the spare descriptor is missing (another
+/// thread, or an accept in flight, took the one it freed): the spare comes first, so
+/// the next EMFILE can be answered. If it cannot be reopened the process is at its
+/// limit: the new connection is reset to make room for it (`None`: counted as an
+/// `fd_limit` refusal by the caller).
+fn restore_spare<S: std::os::fd::AsFd>(spare: &mut Spare, stream: S) -> Option<S> {
+    if spare.0.is_some() {
+        return Some(stream);
+    }
+    spare.reopen();
+    if spare.0.is_some() {
+        return Some(stream);
+    }
+    reset(stream);
+    spare.reopen();
+    None
 }
 
 /// Prepares a listener handed to a driver: non-blocking, backlog raised.

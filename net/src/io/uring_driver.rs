@@ -21,8 +21,8 @@ use shard::runtime::{Driver, EventFd};
 use super::bufring::BufRing;
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, prepare_listener, reset, ConnId, ListenerKind, NetConfig, NetEvent,
-    NetStats, SendError, Spare, SpareOutcome,
+    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, ListenerKind, NetConfig,
+    NetEvent, NetStats, SendError, Spare, SpareOutcome,
 };
 
 /// Buffer group id of the provided receive buffers.
@@ -373,6 +373,10 @@ impl UringDriver {
         }
         // SAFETY: a successful accept returns a new descriptor that we now own.
         let stream = unsafe { TcpStream::from_raw_fd(res) };
+        let Some(stream) = restore_spare(&mut self.spare, stream) else {
+            self.core.accept_refused(li, Refusal::FdLimit);
+            return Ok(());
+        };
         let peer = stream
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
