@@ -144,14 +144,27 @@ impl Config {
         let recent = (self.net.max_connections_per_shard as u64)
             * (self.session.recent_channels_per_conn as u64)
             * 8;
+        let acks = self.session.pending_acks_budget_bytes_per_shard as u64;
+        let peers = u64::from(self.runtime.shard_count.max(1)) - 1;
+        let queued = peers * (self.runtime.ring_capacity + self.runtime.peer_queue_max) as u64;
+        let waiting = self.delivery.backlog_budget_bytes as u64;
         format!(
             "# Worst-case memory per shard (bytes):\n\
              #   [log] index + retired seqs: {log} ({:.1} MiB)\n\
              #   [idempotency] window (budget_bytes): {idem} ({:.1} MiB)\n\
-             #   [session] recent channels of every connection: {recent} ({:.1} MiB)\n",
+             #   [session] recent channels of every connection: {recent} ({:.1} MiB)\n\
+             #   [session] unacknowledged RECVs (pending_acks_budget_bytes_per_shard): \
+             {acks} ({:.1} MiB)\n\
+             #   [delivery] messages committed and not yet delivered \
+             (backlog_budget_bytes): {waiting} ({:.1} MiB)\n\
+             #   [runtime] messages queued towards other shards: at most {queued} \
+             ((shard_count - 1) x (ring_capacity + peer_queue_max)); a push or commit \
+             shares its message, the rest are small\n",
             mib(log),
             mib(idem),
             mib(recent),
+            mib(acks),
+            mib(waiting),
         )
     }
 

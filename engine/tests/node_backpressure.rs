@@ -250,3 +250,47 @@ fn pending_acks_stay_within_their_byte_budget(backend: Backend) {
 }
 
 on_both_drivers!(pending_acks_stay_within_their_byte_budget);
+
+/// Messages committed and not yet delivered are bounded by bytes: a commit that
+/// would pass `backlog_budget_bytes` is answered with SENDACK 22 and counted.
+fn commits_past_the_backlog_byte_budget_get_22(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), backend);
+    cfg.delivery.backlog_budget_bytes = 4 << 10;
+    let node = Node::start(cfg).unwrap();
+    for u in ["s", "r"] {
+        set_token(&node, u, 1, 1);
+    }
+    let (mut s, reason) = Client::connect_via(
+        Transport::Tcp,
+        node.tcp_addr().unwrap(),
+        &Login::new("s", "tok-s"),
+        READ_TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(reason, 1);
+    // Small: within the budget. Larger than the whole budget: refused, every time.
+    s.send("r", 1, 1, "small", b"hi", false).unwrap();
+    s.send("r", 1, 2, "big", &vec![b'x'; 8 << 10], false)
+        .unwrap();
+    let mut reasons = std::collections::BTreeMap::new();
+    while reasons.len() < 2 {
+        if let Received::Sendack {
+            client_seq, reason, ..
+        } = s.read().unwrap()
+        {
+            reasons.insert(client_seq, reason);
+        }
+    }
+    assert_eq!(reasons[&1], 1);
+    assert_eq!(reasons[&2], 22, "past backlog_budget_bytes: RateLimit");
+    let refused: u64 = node
+        .shared()
+        .shard_metrics
+        .iter()
+        .map(|m| m.commits_refused_backlog.get())
+        .sum();
+    assert_eq!(refused, 1);
+}
+
+on_both_drivers!(commits_past_the_backlog_byte_budget_get_22);

@@ -418,11 +418,9 @@ fn rolling_under_load_keeps_the_seqs_and_the_segment_budget(backend: Backend) {
             .count();
         assert!(segs <= 5, "shard {shard}: {segs} segment files");
     }
-    let metrics = node.api().handle("GET", "/metrics", None, b"").body;
-    assert!(
-        metrics.contains("\nimrouter_log_segments_created_inline_total 0\n"),
-        "every roll switched to a segment made ahead by the syncer: {metrics}"
-    );
+    // Whether each roll found its segment made ahead depends on the syncer thread's
+    // timing (a roll may come before the job that makes it): store_segments tests the
+    // make-ahead itself, deterministically.
     drop(a);
     node.shutdown().unwrap();
     let node = Node::start(c).unwrap();

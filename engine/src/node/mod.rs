@@ -161,6 +161,10 @@ pub struct DeliveryConfig {
     /// Committed messages waiting on one shard for their delivery (paused while a
     /// peer's queue is full); past it new commits are answered with SENDACK 22.
     pub delivery_backlog_max: usize,
+    /// What the messages committed on one shard and not yet delivered may hold (each
+    /// charged its payload and strings plus 1 KiB); past it new commits are answered
+    /// with SENDACK 22.
+    pub backlog_budget_bytes: usize,
     /// Subscriber pages one shard plans per loop turn (the rest waits for the next
     /// turn, so sockets and rings are served in between).
     pub pages_per_turn_max: usize,
@@ -175,6 +179,7 @@ impl Default for DeliveryConfig {
             commit_credits_per_peer: 1_024,
             control_room_per_peer: 1_024,
             delivery_backlog_max: 8_192,
+            backlog_budget_bytes: 256 << 20,
             pages_per_turn_max: 64,
         }
     }
@@ -216,6 +221,7 @@ impl DeliveryConfig {
                 ),
                 ("delivery_backlog_max", self.delivery_backlog_max as u64),
                 ("pages_per_turn_max", self.pages_per_turn_max as u64),
+                ("backlog_budget_bytes", self.backlog_budget_bytes as u64),
             ],
         )
     }

@@ -135,6 +135,15 @@ struct Delivery {
     message: Arc<Committed>,
     sender: Option<Sender>,
     subscribers: Option<Arc<crate::node::meta::Subscribers>>,
+    /// What it is charged against `backlog_budget_bytes` until delivered.
+    charge_bytes: usize,
+}
+
+/// What a committed message is charged against `[delivery] backlog_budget_bytes`
+/// while it waits for its answer and delivery: its payload and strings, plus a fixed
+/// part for the message and its bookkeeping.
+fn delivery_charge_bytes(r: &CommitRequest) -> usize {
+    1024 + r.payload.len() + r.topic.len() + r.client_msg_no.len() + r.from_uid.len()
 }
 
 /// The delivery core of one shard: its log and what it committed this turn.
@@ -157,6 +166,9 @@ pub struct DeliveryCore {
     /// Push batches of the backlog's front message that a peer had no room for;
     /// sent before any further page is planned.
     stalled: Vec<(shard::slots::ShardId, Vec<Endpoint>, u64)>,
+    /// What the messages committed and not yet delivered are charged (bounded by
+    /// `backlog_budget_bytes`).
+    backlog_bytes: usize,
 }
 
 /// A message in the delivery backlog and how far its delivery got.
@@ -192,6 +204,7 @@ impl DeliveryCore {
             scratch: PlanScratch::default(),
             backlog: std::collections::VecDeque::new(),
             stalled: Vec::new(),
+            backlog_bytes: 0,
         }
     }
 
@@ -411,7 +424,11 @@ pub fn on_commit(
         // bound.
         return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
     }
-    if node.delivery.backlog_len() >= node.shared.config.delivery.delivery_backlog_max {
+    let charge_bytes = delivery_charge_bytes(&r);
+    let cfg = &node.shared.config.delivery;
+    if node.delivery.backlog_len() >= cfg.delivery_backlog_max
+        || node.delivery.backlog_bytes + charge_bytes > cfg.backlog_budget_bytes
+    {
         // Deliveries are behind (a slow owner shard): refuse until they catch up.
         node.metrics.commits_refused_backlog.inc();
         return answer(node, cx, driver, r.origin, 0, 0, reason::RATE_LIMIT);
@@ -508,8 +525,10 @@ pub fn on_commit(
             message: committed,
             sender,
             subscribers,
+            charge_bytes,
         }),
     });
+    node.delivery.backlog_bytes += charge_bytes;
 }
 
 /// Sends the commit's answer: SENDACK to the gateway, or the API reply.
@@ -646,6 +665,9 @@ fn release(
 ) {
     if !durable {
         for u in batch {
+            if let Some(d) = &u.delivery {
+                node.delivery.backlog_bytes -= d.charge_bytes;
+            }
             answer(node, cx, driver, u.origin, 0, 0, reason::SYSTEM_ERROR);
         }
         return;
@@ -761,7 +783,8 @@ pub fn pump_deliveries(
             }
         };
         if start >= recipients.len() {
-            node.delivery.backlog.pop_front();
+            let done = node.delivery.backlog.pop_front();
+            node.delivery.backlog_bytes -= done.map_or(0, |b| b.delivery.charge_bytes);
             continue;
         }
         front.next_page += 1;
