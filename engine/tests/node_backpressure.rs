@@ -10,13 +10,13 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use engine::node::Node;
-use net::client::{Client, Login, Received, Transport};
+use net::client::{Client, Received};
 use net::io::Backend;
 use serde_json::json;
 
 #[macro_use]
 mod support;
-use support::{api, config, set_token};
+use support::{api, config, login, set_token};
 
 /// Bounds every blocking read: only a failing test ever waits this long.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
@@ -53,20 +53,7 @@ fn burst_through_tiny_rings(backend: Backend) {
         );
         assert_eq!(status, 200);
     }
-    let mut clients: Vec<Client> = uids
-        .iter()
-        .map(|u| {
-            let (c, reason) = Client::connect_via(
-                Transport::Tcp,
-                node.tcp_addr().unwrap(),
-                &Login::new(u, &format!("tok-{u}")),
-                READ_TIMEOUT,
-            )
-            .unwrap();
-            assert_eq!(reason, 1, "CONNACK for {u}");
-            c
-        })
-        .collect();
+    let mut clients: Vec<Client> = uids.iter().map(|u| login(&node, u)).collect();
 
     // The burst: every member sends all its SENDs without waiting.
     for (i, c) in clients.iter_mut().enumerate() {
@@ -196,18 +183,7 @@ fn pending_acks_stay_within_their_byte_budget(backend: Backend) {
     for u in ["s", "r"] {
         set_token(&node, u, 1, 1);
     }
-    let login = |u: &str| {
-        let (c, reason) = Client::connect_via(
-            Transport::Tcp,
-            node.tcp_addr().unwrap(),
-            &Login::new(u, &format!("tok-{u}")),
-            READ_TIMEOUT,
-        )
-        .unwrap();
-        assert_eq!(reason, 1);
-        c
-    };
-    let (mut s, mut r) = (login("s"), login("r"));
+    let (mut s, mut r) = (login(&node, "s"), login(&node, "r"));
     let payload = vec![b'x'; 1000];
     for i in 1..=MESSAGES {
         s.send("r", 1, i, &format!("p{i}"), &payload, false)
@@ -261,14 +237,7 @@ fn commits_past_the_backlog_byte_budget_get_22(backend: Backend) {
     for u in ["s", "r"] {
         set_token(&node, u, 1, 1);
     }
-    let (mut s, reason) = Client::connect_via(
-        Transport::Tcp,
-        node.tcp_addr().unwrap(),
-        &Login::new("s", "tok-s"),
-        READ_TIMEOUT,
-    )
-    .unwrap();
-    assert_eq!(reason, 1);
+    let mut s = login(&node, "s");
     // Small: within the budget. Larger than the whole budget: refused, every time.
     s.send("r", 1, 1, "small", b"hi", false).unwrap();
     s.send("r", 1, 2, "big", &vec![b'x'; 8 << 10], false)

@@ -4,29 +4,13 @@
 // Test configs change a few nested fields of the defaults.
 #![allow(clippy::field_reassign_with_default)]
 
-use std::time::Duration;
-
 use engine::node::Node;
-use net::client::{Client, Login, Received};
+use net::client::{Client, Received};
 use net::io::Backend;
 
 #[macro_use]
 mod support;
-use support::{config, set_token};
-
-/// Bounds every blocking read: only a failing test ever waits this long.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn login(node: &Node, uid: &str) -> Client {
-    let (client, reason) = Client::connect(
-        node.tcp_addr().unwrap(),
-        &Login::new(uid, &format!("tok-{uid}")),
-        READ_TIMEOUT,
-    )
-    .unwrap();
-    assert_eq!(reason, 1, "CONNACK for {uid}");
-    client
-}
+use support::{config, login, set_token};
 
 /// `(client_seq, message_seq, reason)` of the next SENDACK.
 fn next_sendack(c: &mut Client) -> (u32, u64, u8) {

@@ -10,27 +10,16 @@ use std::time::Duration;
 
 use engine::node::{id_generator, Node};
 use engine::store::idgen::ID_EPOCH_MS;
-use net::client::{Client, Login, Received};
+use net::client::{Client, Received};
 use net::io::Backend;
 use serde_json::json;
 
 #[macro_use]
 mod support;
-use support::{api, config, set_token};
+use support::{api, config, login, set_token};
 
 /// Bounds every blocking read: only a failing test ever waits this long.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn login(node: &Node, uid: &str) -> Client {
-    let (client, reason) = Client::connect(
-        node.tcp_addr().unwrap(),
-        &Login::new(uid, &format!("tok-{uid}")),
-        READ_TIMEOUT,
-    )
-    .unwrap();
-    assert_eq!(reason, 1, "CONNACK for {uid}");
-    client
-}
 
 fn next_sendack(c: &mut Client) -> (u32, i64, u64, u8) {
     loop {

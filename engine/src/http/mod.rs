@@ -668,24 +668,9 @@ mod tests {
     use crate::node::{Node, NodeConfig};
 
     fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(addr).unwrap();
-        // A failure detector only: a hung server fails the test.
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut reply = String::new();
-        s.read_to_string(&mut reply).unwrap();
-        let status = reply.split(' ').nth(1).and_then(|c| c.parse().ok());
-        let body = reply
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_string();
-        (
-            status.unwrap_or_else(|| panic!("bad reply {reply:?}")),
-            body,
+        request(
+            addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         )
     }
 

@@ -63,3 +63,16 @@ pub fn set_token(node: &Node, uid: &str, flag: u8, level: u8) {
     let (status, reply) = api(node, "/user/token", body);
     assert_eq!(status, 200, "{reply}");
 }
+
+/// A client of `uid` logged in over TCP with token `tok-{uid}` (CONNACK success
+/// asserted); reads time out after 10 s (a failure detector, not a wait).
+pub fn login(node: &Node, uid: &str) -> net::client::Client {
+    let (client, reason) = net::client::Client::connect(
+        node.tcp_addr().unwrap(),
+        &net::client::Login::new(uid, &format!("tok-{uid}")),
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(reason, 1, "CONNACK for {uid}");
+    client
+}
