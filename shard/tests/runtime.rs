@@ -484,6 +484,10 @@ impl Shard for Burst {
         assert!(accepted >= room, "the reported room was there");
         self.total += accepted;
         assert_eq!(cx.stats().send_backpressure, 1);
+        // A message its sender bounds by credits is never refused, even now.
+        cx.send_reserved(1, self.total);
+        self.total += 1;
+        assert_eq!(cx.stats().send_backpressure, 1);
         self.sent.store(self.total, Ordering::SeqCst);
     }
 
@@ -539,7 +543,11 @@ fn a_burst_beyond_the_ring_waits_in_the_peer_queue_and_control_overtakes_it() {
         at <= RING,
         "control waited only behind the ring's content, not the queue: arrived after {at}"
     );
-    assert_eq!(st0.peer_queue_peak, QUEUE as u64);
+    assert_eq!(
+        st0.peer_queue_peak,
+        QUEUE as u64 + 1,
+        "the bound, plus the reserved one"
+    );
 }
 
 /// A shard that panics is reported as the runtime's failure while the others run.

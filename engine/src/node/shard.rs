@@ -199,17 +199,24 @@ impl NodeShard {
     }
 
     /// Sends `msg` to shard `to`: control on the urgent lane, commits, SENDACKs and
-    /// pushes on the data lane. What the ring cannot take waits in the peer's queue;
-    /// admission (commit credits, paused deliveries, the control room) keeps that queue
-    /// below `peer_queue_max`, so a refusal here is a broken bound: it is counted and
-    /// logged (at a bounded rate), and what it drops has a timeout behind it
-    /// (activation, touch, unregister retry) or is recovered by sync.
+    /// pushes on the data lane. What the ring cannot take waits in the peer's queue.
+    /// Commits and SENDACKs are never refused (their number is bounded by the
+    /// gateway's credits, which a lost one would leak); pushes are admitted by the
+    /// delivery core against the peer's room beyond the reserve. So only control can
+    /// meet a full queue (more than `control_room_per_peer` of it while the peer does
+    /// not drain): it is counted and logged at a bounded rate, and what it drops has a
+    /// timeout behind it (activation, touch, unregister retry).
     pub(crate) fn send_msg(&mut self, cx: &mut Context<Msg, NodeTimer>, to: ShardId, msg: Msg) {
-        let data = matches!(msg, Msg::Commit(_) | Msg::SendAck(_) | Msg::Push { .. });
-        let sent = if data {
-            cx.send_to(to, msg)
-        } else {
-            cx.send_urgent(to, msg)
+        let sent = match msg {
+            // Bounded by the gateway's credits, and holding credits: never refused
+            // (a lost one would leak its credit for good).
+            Msg::Commit(_) | Msg::SendAck(_) => {
+                cx.send_reserved(to, msg);
+                Ok(())
+            }
+            // Admitted by the delivery core against the peer's room.
+            Msg::Push { .. } => cx.send_to(to, msg),
+            _ => cx.send_urgent(to, msg),
         };
         if sent.is_err() {
             self.metrics.ring_full_drops.inc();

@@ -557,6 +557,10 @@ struct FileState {
     spare: SpareState,
     /// A retirement (snapshot write, delete, dir sync) that failed.
     retire_error: Option<io::Error>,
+    /// File work handed to jobs and not yet run or dropped: a retirement on the
+    /// shard thread waits for it, so two writers never race on the seq snapshot (an
+    /// older snapshot must not replace a newer one) or on its temporary file.
+    work_in_flight: usize,
 }
 
 impl FileShared {
@@ -602,15 +606,16 @@ impl FileWork {
 
 impl Drop for FileWork {
     fn drop(&mut self) {
-        // Dropped without running (its job was never run): the roll must not wait.
-        if self.prepare.is_some() {
-            let mut st = self.shared.lock();
-            if matches!(st.spare, SpareState::Preparing) {
-                st.spare = SpareState::Idle;
-            }
-            drop(st);
-            self.shared.changed.notify_all();
+        // Run (at the end of `run`) or dropped without running (its job was never
+        // run): either way it is no longer in flight, and a roll must not wait for a
+        // segment it will not make.
+        let mut st = self.shared.lock();
+        st.work_in_flight -= 1;
+        if self.prepare.is_some() && matches!(st.spare, SpareState::Preparing) {
+            st.spare = SpareState::Idle;
         }
+        drop(st);
+        self.shared.changed.notify_all();
     }
 }
 
@@ -993,6 +998,7 @@ impl MessageLog {
                 state: Mutex::new(FileState {
                     spare: SpareState::Idle,
                     retire_error: None,
+                    work_in_flight: 0,
                 }),
                 changed: Condvar::new(),
             }),
@@ -1215,6 +1221,7 @@ impl MessageLog {
         if prepare.is_none() && self.pending_retired.is_empty() {
             return None;
         }
+        self.files.lock().work_in_flight += 1;
         Some(FileWork {
             dir: self.dir.clone().into(),
             prepare,
@@ -1236,8 +1243,19 @@ impl MessageLog {
         Ok(())
     }
 
-    /// Deletes the retired segments here and now (open, a full sync).
+    /// Deletes the retired segments here and now (open, a full sync, close), after
+    /// the file work handed to jobs has run (it may write an older seq snapshot).
     fn retire_files_now(&mut self) -> Result<(), LogError> {
+        {
+            let mut st = self.files.lock();
+            while st.work_in_flight > 0 {
+                st = self
+                    .files
+                    .changed
+                    .wait(st)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        }
         retire_files(
             &self.dir,
             self.pending_snapshot.take(),

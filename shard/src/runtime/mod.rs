@@ -198,6 +198,25 @@ impl<M: Send, T> Context<M, T> {
         self.enqueue(to, msg, true)
     }
 
+    /// Like [`Context::send_to`] (data lane), never refused: for messages whose
+    /// number the caller bounds itself by credits it holds (a commit, or the answer a
+    /// credit reserved room for), which must not be lost to a queue that other
+    /// traffic filled. The queue may then pass `peer_queue_max` by at most those
+    /// credits.
+    pub fn send_reserved(&mut self, to: ShardId, msg: M) {
+        if let Err(msg) = self.enqueue(to, msg, false) {
+            self.stats.send_backpressure -= 1;
+            if to == self.shard {
+                self.self_queue.push_back(msg);
+            } else {
+                let q = &mut self.outboxes[to as usize];
+                q.normal.push_back(msg);
+                self.stats.peer_queue_peak = self.stats.peer_queue_peak.max(q.len() as u64);
+            }
+            self.stats.messages_sent += 1;
+        }
+    }
+
     fn enqueue(&mut self, to: ShardId, msg: M, urgent: bool) -> Result<(), M> {
         let to_i = to as usize;
         assert!(
