@@ -320,19 +320,25 @@ impl<M: Send, T> Context<M, T> {
         let Some(producer) = self.producers[peer].as_mut() else {
             return false;
         };
-        // Take only what fits, so draining never drops a message; control first.
+        // Take only what fits, so draining never drops a message; control first: data
+        // moves only once no control waits (the free space is read once, so data cannot
+        // take room the consumer freed after control found none).
+        let mut free = producer.free_slots();
         let mut pushed = 0;
         for lane in [&mut outbox.urgent, &mut outbox.normal] {
-            let fits = producer.free_slots().min(lane.len());
-            if fits == 0 {
-                continue;
+            let fits = free.min(lane.len());
+            if fits > 0 {
+                let n = producer.push_batch(&mut lane.drain(..fits));
+                assert_eq!(
+                    n, fits,
+                    "a single-producer ring cannot shrink its free space"
+                );
+                pushed += n;
+                free -= n;
             }
-            let n = producer.push_batch(&mut lane.drain(..fits));
-            assert_eq!(
-                n, fits,
-                "a single-producer ring cannot shrink its free space"
-            );
-            pushed += n;
+            if !lane.is_empty() {
+                break;
+            }
         }
         if pushed == 0 {
             return false;
