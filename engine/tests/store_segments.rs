@@ -118,3 +118,73 @@ fn without_sync_jobs_a_roll_creates_the_segment_itself() {
         );
     }
 }
+
+fn append_to(log: &mut MessageLog, channel: &str, n: u64) -> u64 {
+    log.append(&NewMessage {
+        message_id: n as i64,
+        channel_type: 2,
+        channel_id: channel,
+        from_uid: "u",
+        client_msg_no: "",
+        setting: 0,
+        msg_flags: 0,
+        timestamp_s: 1_700_000_000,
+        payload: &[7u8; 1000],
+    })
+    .unwrap()
+    .message_seq
+}
+
+/// A full sync on the caller's thread (a graceful stop) waits for the file work a
+/// job still holds: that work writes the seq snapshot of an earlier retirement, and
+/// written after the stop's newer one it would drop a channel retired in between,
+/// whose seqs would then start over after a restart.
+#[test]
+fn a_full_sync_waits_for_the_file_work_of_a_job_in_flight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = LogConfig {
+        max_segments: 10,
+        max_channels: 3,
+        ..config()
+    };
+    let (mut log, _) = MessageLog::open(tmp.path(), cfg.clone()).unwrap();
+    // Segment 0: "a" once, then "c"; segment 1: "c", "x" once, "c"; segment 2: "c".
+    let mut n = 1;
+    append_to(&mut log, "a", n);
+    while log.segment_ids().len() < 2 {
+        n += 1;
+        append_to(&mut log, "c", n);
+        sync_elsewhere(&mut log, n); // keeps the next segment made ahead
+    }
+    assert_eq!(append_to(&mut log, "x", n), 1);
+    while log.segment_ids().len() < 3 {
+        n += 1;
+        append_to(&mut log, "c", n);
+        sync_elsewhere(&mut log, n);
+    }
+    // A fourth channel retires segment 0 ("a" goes cold) without a roll: the job
+    // that carries the deletion has no segment to make.
+    append_to(&mut log, "d", n);
+    let job = log.begin_sync().unwrap().expect("a job with file work");
+    // A fifth retires segment 1: "x" goes cold; the newer snapshot knows it.
+    append_to(&mut log, "e", n);
+    let stop = std::thread::spawn(move || {
+        log.sync(0).unwrap();
+        log
+    });
+    // Give an unfixed sync its chance to finish first (a fixed one waits for the
+    // job, so this bound never decides the outcome).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !stop.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    job.run().unwrap();
+    drop(stop.join().unwrap());
+    let (mut log, _) = MessageLog::open(tmp.path(), cfg).unwrap();
+    assert_eq!(
+        log.last_seq(2, "x"),
+        1,
+        "x's last seq survived its retirement"
+    );
+    assert_eq!(append_to(&mut log, "x", n + 1), 2, "seqs continue");
+}
