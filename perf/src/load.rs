@@ -164,8 +164,12 @@ pub struct Errors {
     pub connect_failed: u64,
     /// CONNACK reason → count (reason != 1).
     pub connack_reasons: HashMap<u8, u64>,
-    /// SENDACK reason → count (reason != 1).
+    /// SENDACK reason → count (reason != 1 and != 22).
     pub sendack_reasons: HashMap<u8, u64>,
+    /// SENDs the node refused with SENDACK 22 (RateLimit: its credits or delivery
+    /// backlog were full): the node's retryable answer to overload, counted apart and
+    /// not an error (a client retries them; their RECVs are not expected).
+    pub sendack_rate_limited: u64,
     /// SENDs never acknowledged by the end of the drain.
     pub sendack_missing: u64,
     /// SENDs not made: the sender was not connected or had too many in flight.
@@ -189,6 +193,7 @@ impl Errors {
             *self.sendack_reasons.entry(*k).or_default() += v;
         }
         self.sendack_missing += o.sendack_missing;
+        self.sendack_rate_limited += o.sendack_rate_limited;
         self.sends_skipped += o.sends_skipped;
         self.msg_key_mismatch += o.msg_key_mismatch;
         self.decrypt_failed += o.decrypt_failed;
@@ -198,7 +203,17 @@ impl Errors {
         self.unexpected_frames += o.unexpected_frames;
     }
 
-    /// Sum of every error counter.
+    /// Counts a SENDACK whose reason is not success: 22 (RateLimit) is a refusal
+    /// under overload, any other reason an error.
+    pub fn count_sendack_refusal(&mut self, reason: u8) {
+        if reason == 22 {
+            self.sendack_rate_limited += 1;
+        } else {
+            *self.sendack_reasons.entry(reason).or_default() += 1;
+        }
+    }
+
+    /// Sum of every error counter (SENDACK 22 refusals are not errors).
     pub fn total(&self) -> u64 {
         self.connect_failed
             + self.connack_reasons.values().sum::<u64>()
@@ -939,11 +954,7 @@ fn on_frame(
             );
             shared.acked.fetch_add(1, Ordering::Relaxed);
             if a.reason_code.0 != 1 {
-                *stats
-                    .errors
-                    .sendack_reasons
-                    .entry(a.reason_code.0)
-                    .or_default() += 1;
+                stats.errors.count_sendack_refusal(a.reason_code.0);
                 if let Some(e) = shared.expected.get(m.idx as usize) {
                     e.store(0, Ordering::Relaxed);
                 }
@@ -1320,4 +1331,27 @@ fn worker_main(
         .collect();
     r?;
     Ok((w.stats, cpu_connect, cpu_send, unacked, ranges, io_counts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Errors;
+
+    /// SENDACK 22 is the node's retryable refusal under overload: counted apart, not
+    /// an error (a run at an offered load above capacity stays clean); any other
+    /// reason is an error.
+    #[test]
+    fn sendack_22_is_a_refusal_and_other_reasons_are_errors() {
+        let mut a = Errors::default();
+        a.count_sendack_refusal(22);
+        a.count_sendack_refusal(22);
+        assert_eq!((a.sendack_rate_limited, a.total()), (2, 0));
+        let mut b = Errors::default();
+        b.count_sendack_refusal(15);
+        b.count_sendack_refusal(22);
+        a.merge(&b);
+        assert_eq!(a.sendack_rate_limited, 3);
+        assert_eq!(a.sendack_reasons.get(&15), Some(&1));
+        assert_eq!(a.total(), 1, "only reason 15 is an error");
+    }
 }

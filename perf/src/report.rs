@@ -337,13 +337,14 @@ pub fn table(s: &Summary) -> String {
     }
     let _ = writeln!(
         t,
-        "errors {} {}  dup-flagged {}  drained {}",
+        "errors {} {}  refused-22 {}  dup-flagged {}  drained {}",
         s.errors_total,
         if s.errors_total > 0 {
             s.errors.to_string()
         } else {
             String::new()
         },
+        s.errors["sendack_rate_limited"].as_u64().unwrap_or(0),
         s.dup_flagged_recvs,
         s.drained
     );
