@@ -4,9 +4,11 @@
 //! - [`shard`]: one shard: connections, activation, the authority service, touches.
 //! - [`send`]: the SEND → commit → SENDACK → delivery → RECV → RECVACK flow.
 //! - [`msg`]: every message between shards.
+//! - [`acks`]: the owner's unacknowledged RECVs of a session (a sans-IO machine).
 //! - [`meta`]: tokens and group subscribers, read lock-free by the shards.
 //! - [`metrics`]: per-shard counters.
 
+pub mod acks;
 pub mod meta;
 pub mod metrics;
 pub mod msg;

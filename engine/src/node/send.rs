@@ -20,7 +20,6 @@ use net::wkproto::{
     ChannelType, Flags, ReasonCode, RecvPacket, SendPacket, SendackPacket, Setting,
 };
 use shard::runtime::Context;
-use shard::timer::TimerHandle;
 
 use crate::channel::{recv_channel_id, Channel};
 use crate::delivery::{group_by_target, plan_pushes, PushTo, Sender, TargetGroups};
@@ -220,76 +219,34 @@ impl DeliveryCore {
     }
 }
 
-/// One unacknowledged RECV.
-struct AckEntry {
-    message: Arc<Committed>,
-    /// When it is re-sent (shard clock, ms).
-    deadline_ms: u64,
-    resends: u8,
-}
-
-/// Unacknowledged RECVs of one session, oldest first (bounded by
-/// `pending_acks_per_session_max`), with one timer for the oldest deadline.
-///
-/// Every entry gets the same timeout when (re-)sent, so the queue is ordered by
-/// deadline. RECVACKs come back mostly in order, so a match is found at or near the
-/// front. One timer per session, not per RECV: it stays armed while RECVs flow and
-/// fires at most once per ack timeout.
-#[derive(Default)]
-pub struct PendingAcks {
-    entries: std::collections::VecDeque<AckEntry>,
-    timer: Option<TimerHandle>,
-}
-
-impl PendingAcks {
-    /// The timer to cancel when the session goes.
-    pub fn timer(&self) -> Option<TimerHandle> {
-        self.timer
+/// A RECV's message as the pending-ACK machine sees it.
+impl super::acks::AckMessage for Arc<Committed> {
+    fn message_id(&self) -> i64 {
+        self.message_id
     }
 
-    fn push(&mut self, entry: AckEntry, shard_bytes: &mut usize) {
-        *shard_bytes += entry.bytes();
-        self.entries.push_back(entry);
-    }
-
-    fn pop_front(&mut self, shard_bytes: &mut usize) -> Option<AckEntry> {
-        let entry = self.entries.pop_front()?;
-        *shard_bytes -= entry.bytes();
-        Some(entry)
-    }
-
-    fn remove(&mut self, i: usize, shard_bytes: &mut usize) {
-        if let Some(entry) = self.entries.remove(i) {
-            *shard_bytes -= entry.bytes();
-        }
-    }
-
-    /// Forgets every entry (the session went); returns how many there were.
-    pub fn clear(&mut self, shard_bytes: &mut usize) -> usize {
-        let n = self.entries.len();
-        while self.pop_front(shard_bytes).is_some() {}
-        n
+    /// Its payload and strings, whether or not other sessions share the message.
+    fn charge_bytes(&self) -> usize {
+        self.payload.len()
+            + self.topic.len()
+            + self.client_msg_no.len()
+            + self.from_uid.len()
+            + self.channel_key.len()
     }
 }
 
-impl AckEntry {
-    /// What the entry is charged against `pending_acks_budget_bytes_per_shard`: its
-    /// message's variable parts and a fixed overhead, whether or not other sessions
-    /// share the message (an upper bound of the memory the entries keep alive).
-    fn bytes(&self) -> usize {
-        let m = &self.message;
-        ACK_ENTRY_OVERHEAD_BYTES
-            + m.payload.len()
-            + m.topic.len()
-            + m.client_msg_no.len()
-            + m.from_uid.len()
-            + m.channel_key.len()
+/// The unacknowledged RECVs of one session (`node/acks.rs`).
+pub type PendingAcks = super::acks::PendingAcks<Arc<Committed>>;
+
+/// The pending-ACK limits of `[session]`.
+fn ack_limits(s: &super::SessionConfig) -> super::acks::AckLimits {
+    super::acks::AckLimits {
+        per_session_max: s.pending_acks_per_session_max,
+        shard_budget_bytes: s.pending_acks_budget_bytes_per_shard,
+        timeout_ms: s.ack_timeout_ms,
+        resends_max: s.ack_resends_max,
     }
 }
-
-/// The fixed part of an [`AckEntry`]'s charge: the entry, the message's header and
-/// allocation overheads.
-const ACK_ENTRY_OVERHEAD_BYTES: usize = 192;
 
 // ------------------------------------------------------------------ 1. gateway
 
@@ -1015,47 +972,49 @@ fn track_ack(
     id: ConnId,
     message: &Arc<Committed>,
 ) {
-    let s = &node.shared.config.session;
-    let (max, timeout_ms, budget) = (
-        s.pending_acks_per_session_max,
-        s.ack_timeout_ms,
-        s.pending_acks_budget_bytes_per_shard,
-    );
-    let deadline_ms = cx.now_ms() + timeout_ms;
-    let entry = AckEntry {
-        message: message.clone(),
-        deadline_ms,
-        resends: 0,
-    };
+    use super::acks::Tracked;
+    let limits = ack_limits(&node.shared.config.session);
+    let now_ms = cx.now_ms();
     let mut shard_bytes = node.pending_ack_bytes;
-    if shard_bytes + entry.bytes() > budget {
-        // Sent untracked: the client recovers it by sync if it is lost.
-        node.metrics.acks_dropped.inc();
-        return;
-    }
     let Some(conn) = node.conn_mut(id) else {
         return;
     };
-    if conn.acks.entries.len() >= max {
-        node.metrics.acks_dropped.inc();
-        return;
-    }
-    if conn.acks.timer.is_none() {
-        match cx.set_timer(deadline_ms, NodeTimer::Ack { conn: id }) {
-            Ok(timer) => conn.acks.timer = Some(timer),
-            Err(_) => {
-                node.metrics.acks_dropped.inc();
-                return;
+    match conn
+        .acks
+        .track(message.clone(), now_ms, &limits, &mut shard_bytes)
+    {
+        // Past a limit the RECV goes untracked: the client recovers it by sync.
+        Tracked::SessionFull | Tracked::OverBudget => node.metrics.acks_dropped.inc(),
+        Tracked::Yes { arm_timer_at } => {
+            if let Some(deadline_ms) = arm_timer_at {
+                arm_ack_timer(node, cx, id, deadline_ms, &mut shard_bytes);
             }
+            node.set_pending_ack_bytes(shard_bytes);
         }
     }
-    debug_assert!(conn
-        .acks
-        .entries
-        .back()
-        .is_none_or(|last| last.deadline_ms <= deadline_ms));
-    conn.acks.push(entry, &mut shard_bytes);
-    node.set_pending_ack_bytes(shard_bytes);
+}
+
+/// Arms connection `id`'s ack timer for `deadline_ms`; without a timer nothing could
+/// time out, so its pending RECVs are forgotten (counted; the client recovers by sync).
+fn arm_ack_timer(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    id: ConnId,
+    deadline_ms: u64,
+    shard_bytes: &mut usize,
+) {
+    let armed = cx.set_timer(deadline_ms, NodeTimer::Ack { conn: id });
+    let Some(conn) = node.conn_mut(id) else {
+        return;
+    };
+    match armed {
+        Ok(timer) => conn.ack_timer = Some(timer),
+        Err(_) => {
+            conn.ack_timer = None;
+            let n = conn.acks.timer_refused(shard_bytes) as u64;
+            node.metrics.acks_dropped.add(n);
+        }
+    }
 }
 
 // --------------------------------------------------------------- 5. acknowledgement
@@ -1063,23 +1022,16 @@ fn track_ack(
 /// RECVACK: the session has the message.
 pub fn on_recvack(node: &mut NodeShard, id: ConnId, message_id: i64) {
     let mut shard_bytes = node.pending_ack_bytes;
-    if let Some(conn) = node.conn_mut(id) {
-        if let Some(i) = conn
-            .acks
-            .entries
-            .iter()
-            .position(|e| e.message.message_id == message_id)
-        {
-            conn.acks.remove(i, &mut shard_bytes);
-            node.set_pending_ack_bytes(shard_bytes);
-            node.metrics.recvacks.inc();
-        }
-        // The timer stays armed; when it fires with nothing due it re-arms for the
-        // oldest entry or disarms (cheaper than a cancel and a set per RECV).
+    let Some(conn) = node.conn_mut(id) else {
+        return;
+    };
+    if conn.acks.ack(message_id, &mut shard_bytes) {
+        node.set_pending_ack_bytes(shard_bytes);
+        node.metrics.recvacks.inc();
     }
 }
 
-/// The oldest RECV's ack timeout: every RECV now due is re-sent with DUP, up to
+/// The session's ack timer: every RECV now due is re-sent with DUP, up to
 /// `ack_resends_max` times, then dropped (the client recovers by sync).
 pub fn on_ack_timeout(
     node: &mut NodeShard,
@@ -1087,59 +1039,27 @@ pub fn on_ack_timeout(
     driver: &mut NetDriver,
     id: ConnId,
 ) {
-    let s = &node.shared.config.session;
-    let (timeout_ms, resends_max) = (s.ack_timeout_ms, s.ack_resends_max);
+    let limits = ack_limits(&node.shared.config.session);
     let now_ms = cx.now_ms();
     let mut shard_bytes = node.pending_ack_bytes;
+    let mut resend = std::mem::take(&mut node.ack_resend_buf);
     let Some(conn) = node.conn_mut(id) else {
         return;
     };
-    conn.acks.timer = None;
+    conn.ack_timer = None;
     let uid = conn.uid.clone();
-    let mut resend = Vec::new();
-    let mut expired = 0u64;
-    // Each entry is looked at once: re-sent ones go to the back with a later deadline.
-    for _ in 0..conn.acks.entries.len() {
-        let Some(front) = conn.acks.entries.front() else {
-            break;
-        };
-        if front.deadline_ms > now_ms {
-            break;
-        }
-        let Some(mut entry) = conn.acks.pop_front(&mut shard_bytes) else {
-            break;
-        };
-        if entry.resends >= resends_max {
-            expired += 1;
-            continue;
-        }
-        entry.resends += 1;
-        entry.deadline_ms = now_ms + timeout_ms;
-        resend.push(entry.message.clone());
-        conn.acks.push(entry, &mut shard_bytes);
-    }
-    let next = conn.acks.entries.front().map(|e| e.deadline_ms);
-    node.metrics.acks_expired.add(expired);
-    if let Some(deadline_ms) = next {
-        match cx.set_timer(deadline_ms, NodeTimer::Ack { conn: id }) {
-            Ok(timer) => {
-                if let Some(conn) = node.conn_mut(id) {
-                    conn.acks.timer = Some(timer);
-                }
-            }
-            Err(_) => {
-                // No timer left: stop tracking this session's RECVs (sync recovers).
-                if let Some(conn) = node.conn_mut(id) {
-                    let n = conn.acks.clear(&mut shard_bytes) as u64;
-                    node.metrics.acks_dropped.add(n);
-                }
-            }
-        }
+    let out = conn
+        .acks
+        .on_timeout(now_ms, &limits, &mut shard_bytes, &mut resend);
+    node.metrics.acks_expired.add(out.expired);
+    if let Some(deadline_ms) = out.next_deadline_ms {
+        arm_ack_timer(node, cx, id, deadline_ms, &mut shard_bytes);
     }
     node.set_pending_ack_bytes(shard_bytes);
-    for message in resend {
+    for message in resend.drain(..) {
         let _ = write_recv(node, driver, id, &uid, &message, true);
     }
+    node.ack_resend_buf = resend;
 }
 
 /// SENDACK back on the gateway shard, if the sending session is still there (its

@@ -81,6 +81,8 @@ pub(crate) struct Conn {
     pub handle: Option<SessionHandle>,
     /// Unacknowledged RECVs of this session.
     pub acks: PendingAcks,
+    /// The session's ack timer, while armed (the machine in `acks` says when).
+    pub ack_timer: Option<TimerHandle>,
     /// SENDs waiting for their SENDACK (bounded by `sends_in_flight_per_conn_max`).
     pub sends_in_flight: u32,
     /// How fast this connection may start sending to new channels.
@@ -124,6 +126,8 @@ pub struct NodeShard {
     /// What this shard's pending-ACK entries are charged (bounded by
     /// `pending_acks_budget_bytes_per_shard`; see `send::PendingAcks`).
     pub(crate) pending_ack_bytes: usize,
+    /// RECVs an ack timeout re-sends (reused).
+    pub(crate) ack_resend_buf: Vec<Arc<super::send::Committed>>,
     stopping: bool,
 }
 
@@ -154,6 +158,7 @@ impl NodeShard {
         Ok(NodeShard {
             commit_credits,
             pending_ack_bytes: 0,
+            ack_resend_buf: Vec::new(),
             me,
             rng: StdRng::from_entropy(),
             rx_frame: Vec::new(),
@@ -253,6 +258,7 @@ impl NodeShard {
             session_id: 0,
             handle: None,
             acks: PendingAcks::default(),
+            ack_timer: None,
             sends_in_flight: 0,
             new_channels: Default::default(),
         });
@@ -461,7 +467,7 @@ impl NodeShard {
         };
         self.metrics.connections.dec();
         tracing::debug!(?id, ?reason, uid = %conn.uid, "connection closed");
-        if let Some(timer) = conn.acks.timer() {
+        if let Some(timer) = conn.ack_timer {
             cx.cancel_timer(timer);
         }
         let mut conn = conn;
