@@ -740,17 +740,36 @@ pub fn pump_deliveries(
             }
         };
         if start >= recipients.len() {
-            let done = node.delivery.backlog.pop_front();
-            node.delivery.backlog_bytes -= done.map_or(0, |b| b.delivery.charge_bytes);
+            // Its last page's batches were stalled; they have gone since.
+            finish_front(&mut node.delivery);
             continue;
         }
         front.next_page += 1;
-        let page = &recipients[start..recipients.len().min(start + page_max)];
-        deliver_page(node, cx, driver, &message, sender, page, reserve);
+        let end = recipients.len().min(start + page_max);
+        deliver_page(
+            node,
+            cx,
+            driver,
+            &message,
+            sender,
+            &recipients[start..end],
+            reserve,
+        );
         pages += 1;
         work += 1;
+        // Done with its last page: leave the backlog now (not on another pass), unless
+        // batches of it wait for room (they belong to the front message).
+        if end == recipients.len() && node.delivery.stalled.is_empty() {
+            finish_front(&mut node.delivery);
+        }
     }
     work + usize::from(!node.delivery.backlog.is_empty())
+}
+
+/// The backlog's front message is delivered: it leaves, with its byte charge.
+fn finish_front(delivery: &mut DeliveryCore) {
+    let done = delivery.backlog.pop_front();
+    delivery.backlog_bytes -= done.map_or(0, |b| b.delivery.charge_bytes);
 }
 
 /// A person channel's recipients: the peer, and the sender's other devices.
