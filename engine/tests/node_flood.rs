@@ -282,25 +282,42 @@ fn http_get_text(api: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
     Ok((status, text))
 }
 
-fn open_flood(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
-    (0..n)
-        .map(|_| {
-            let s = TcpStream::connect(addr).unwrap();
-            s.set_nonblocking(true).unwrap();
-            s
-        })
-        .collect()
+/// The flood's connections: those still open, and those the node reset before
+/// `connect` returned (a reset can overtake the handshake's last step on loopback).
+struct Flood {
+    socks: Vec<TcpStream>,
+    reset_at_connect: usize,
 }
 
-/// How many of `socks` were reset by the node.
-fn count_resets(socks: &mut [TcpStream]) -> usize {
+fn open_flood(addr: SocketAddr, n: usize) -> Flood {
+    let mut flood = Flood {
+        socks: Vec::with_capacity(n),
+        reset_at_connect: 0,
+    };
+    for _ in 0..n {
+        match TcpStream::connect(addr) {
+            Ok(s) => {
+                s.set_nonblocking(true).unwrap();
+                flood.socks.push(s);
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => flood.reset_at_connect += 1,
+            Err(e) => panic!("flood connect: {e}"),
+        }
+    }
+    flood
+}
+
+/// How many of the flood's connections were reset by the node.
+fn count_resets(flood: &mut Flood) -> usize {
     let mut buf = [0u8; 16];
-    socks
-        .iter_mut()
-        .filter(
-            |s| matches!((&**s).read(&mut buf), Err(e) if e.kind() == ErrorKind::ConnectionReset),
-        )
-        .count()
+    flood.reset_at_connect
+        + flood
+            .socks
+            .iter_mut()
+            .filter(|s| {
+                matches!((&**s).read(&mut buf), Err(e) if e.kind() == ErrorKind::ConnectionReset)
+            })
+            .count()
 }
 
 /// 1500 idle connections against a node with 1024 descriptors: the ones over the
@@ -420,10 +437,10 @@ fn accept_backs_off_on_emfile(backend: net::io::Backend) {
     );
     // Descriptors free up: the limit is restored and some flood connections close.
     node.set_soft_nofile(NODE_NOFILE);
-    for s in flood.iter_mut().take(200) {
+    for s in flood.socks.iter_mut().take(200) {
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
-    flood.drain(..200);
+    flood.socks.drain(..200);
     // Every queued connection is handled without a new arrival.
     let s = node.wait_stats("the backlog drained", |s| {
         tcp_handled(s) >= (FLOOD + 2) as u64 && tcp_stat(s, "listener_paused") == 0
