@@ -8,8 +8,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use domain::idgen::ID_EPOCH_MS;
 use engine::node::{id_generator, Node};
-use engine::store::idgen::ID_EPOCH_MS;
 use net::client::{Client, Received};
 use net::io::Backend;
 use serde_json::json;

@@ -642,7 +642,10 @@ fn idempotency_window_is_rebuilt_from_the_log() {
     .unwrap();
     // at 1103, records stamped at or before 1003 are past the ttl; of the 6 others,
     // the newest 4 fit the bound
-    assert_eq!(w.rebuild_from_log(&log, 1103).unwrap(), 4);
+    assert_eq!(
+        engine::store::refill_idempotency(&mut w, &log, 1103).unwrap(),
+        4
+    );
     assert_eq!(
         w.get("u1", "cm9", 1103),
         Some(SentIds {

@@ -8,11 +8,9 @@
 //! - [`meta`]: tokens and group subscribers, read lock-free by the shards.
 //! - [`metrics`]: per-shard counters.
 
-pub mod acks;
 pub mod meta;
 pub mod metrics;
 pub mod msg;
-pub mod new_channels;
 pub mod send;
 pub mod shard;
 pub mod syncer;
@@ -109,6 +107,15 @@ fn at_least_one(section: &str, limits: &[(&str, u64)]) -> Result<(), String> {
 }
 
 impl SessionConfig {
+    /// The gateway's new-channel budget per connection (`domain::new_channels`).
+    pub fn new_channel_limits(&self) -> domain::new_channels::NewChannelLimits {
+        domain::new_channels::NewChannelLimits {
+            per_s: self.new_channels_per_conn_per_s,
+            burst: self.new_channels_per_conn_burst,
+            recent: self.recent_channels_per_conn,
+        }
+    }
+
     /// Refuses limits the node cannot run with, naming them (`ack_resends_max`
     /// may be 0: no re-send).
     pub fn validate(&self) -> Result<(), String> {
@@ -467,8 +474,8 @@ pub fn id_generator(config: &NodeConfig, shard: usize) -> io::Result<MessageIdGe
     .ok_or_else(|| {
         io::Error::other(format!(
             "message ids need node_id < {} and at most {} shards",
-            crate::store::idgen::MAX_NODE_IDS,
-            crate::store::idgen::MAX_SHARDS
+            domain::idgen::MAX_NODE_IDS,
+            domain::idgen::MAX_SHARDS
         ))
     })
 }
@@ -602,9 +609,10 @@ impl Node {
             let mut idem = IdempotencyWindow::new(s.config.idempotency);
             if let Some(w) = idem.as_mut() {
                 // A resend after a restart gets the first answer (Flow 7).
-                let entries = w.rebuild_from_log(&log, s.wall_ms() / 1000).map_err(|e| {
-                    io::Error::other(format!("idempotency window of shard {me}: {e}"))
-                })?;
+                let entries = crate::store::refill_idempotency(w, &log, s.wall_ms() / 1000)
+                    .map_err(|e| {
+                        io::Error::other(format!("idempotency window of shard {me}: {e}"))
+                    })?;
                 tracing::info!(
                     shard = me,
                     entries,

@@ -27,6 +27,7 @@ use crate::route::{Endpoint, SessionId, Uid};
 use crate::store::{
     IdempotencyWindow, MessageIdGen, MessageLog, NewMessage, PullMode, SentIds, StoredMessage,
 };
+pub use domain::commit::Committed;
 
 use super::msg::{Msg, SendAck};
 use super::shard::{ConnState, NodeShard, NodeTimer};
@@ -83,25 +84,6 @@ pub struct CommitRequest {
     pub payload: Vec<u8>,
     /// When the gateway decoded the SEND ([`crate::node::NodeShared::mono_ns`]).
     pub decoded_ns: u64,
-}
-
-/// A committed message, shared by every push batch of its fan-out.
-pub struct Committed {
-    /// When the commit was appended ([`crate::node::NodeShared::mono_ns`]): the start
-    /// of the RECV latency.
-    pub committed_ns: u64,
-    pub message_id: i64,
-    pub message_seq: u64,
-    pub timestamp_s: u32,
-    pub from_uid: Uid,
-    pub channel_key: String,
-    pub channel_type: u8,
-    pub client_msg_no: String,
-    pub setting: u8,
-    pub flags: u8,
-    pub expire_s: u32,
-    pub topic: String,
-    pub payload: Vec<u8>,
 }
 
 /// A `/channel/messagesync` read, served by the channel's delivery shard.
@@ -219,28 +201,12 @@ impl DeliveryCore {
     }
 }
 
-/// A RECV's message as the pending-ACK machine sees it.
-impl super::acks::AckMessage for Arc<Committed> {
-    fn message_id(&self) -> i64 {
-        self.message_id
-    }
-
-    /// Its payload and strings, whether or not other sessions share the message.
-    fn charge_bytes(&self) -> usize {
-        self.payload.len()
-            + self.topic.len()
-            + self.client_msg_no.len()
-            + self.from_uid.len()
-            + self.channel_key.len()
-    }
-}
-
 /// The unacknowledged RECVs of one session (`node/acks.rs`).
-pub type PendingAcks = super::acks::PendingAcks<Arc<Committed>>;
+pub type PendingAcks = domain::acks::PendingAcks<Arc<Committed>>;
 
 /// The pending-ACK limits of `[session]`.
-fn ack_limits(s: &super::SessionConfig) -> super::acks::AckLimits {
-    super::acks::AckLimits {
+fn ack_limits(s: &super::SessionConfig) -> domain::acks::AckLimits {
+    domain::acks::AckLimits {
         per_session_max: s.pending_acks_per_session_max,
         shard_budget_bytes: s.pending_acks_budget_bytes_per_shard,
         timeout_ms: s.ack_timeout_ms,
@@ -274,8 +240,8 @@ pub fn on_send(
         Err(e) => return sendack(node, driver, e.reason_code()),
     };
     // How fast this connection starts new channels (node/new_channels.rs).
-    let limits = super::new_channels::NewChannelLimits::from(&node.shared.config.session);
-    let hash = super::new_channels::channel_hash(channel.channel_type(), channel.key());
+    let limits = node.shared.config.session.new_channel_limits();
+    let hash = domain::new_channels::channel_hash(channel.channel_type(), channel.key());
     let now_ms = decoded_ns / 1_000_000;
     if !node
         .conn_mut(id)
@@ -991,7 +957,7 @@ fn track_ack(
     id: ConnId,
     message: &Arc<Committed>,
 ) {
-    use super::acks::Tracked;
+    use domain::acks::Tracked;
     let limits = ack_limits(&node.shared.config.session);
     let now_ms = cx.now_ms();
     let mut shard_bytes = node.pending_ack_bytes;

@@ -86,7 +86,7 @@ pub(crate) struct Conn {
     /// SENDs waiting for their SENDACK (bounded by `sends_in_flight_per_conn_max`).
     pub sends_in_flight: u32,
     /// How fast this connection may start sending to new channels.
-    pub new_channels: super::new_channels::NewChannelGate,
+    pub new_channels: domain::new_channels::NewChannelGate,
 }
 
 /// One shard's state.

@@ -6,29 +6,43 @@
 //!   seq index; `/channel/messagesync` reads; crash recovery; retention. Its module docs
 //!   state exactly what survives a process crash and what survives power loss.
 //! - [`record`]: the on-disk record format (fixed `bytemuck` header + fields, CRC-32).
-//! - [`idgen`]: [`MessageIdGen`], cluster-unique snowflake-like message ids.
 //! - [`layout`]: `DATA_DIR/layout.toml`, the shard count the data was written with;
 //!   a start with another one is refused.
-//! - [`idempotency`]: [`IdempotencyWindow`], the bounded `(uid, client_msg_no)` window
-//!   of Flow 7.
+//! - [`refill_idempotency`]: the idempotency window (`domain::idempotency`) refilled
+//!   from a log at start.
 //! - [`meta`]: [`MetaStore`], tokens and subscribers with a fsynced journal and snapshots.
 //!
 //! Everything here is single-threaded (owned by one shard or the API thread) and
 //! takes time as an argument; the only IO is to its own directory.
 
 mod fsutil;
-pub mod idempotency;
-pub mod idgen;
 pub mod layout;
 pub mod log;
 pub mod meta;
 pub mod record;
 
+pub use domain::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
+pub use domain::idgen::MessageIdGen;
 pub use fsutil::create_private_dir_all;
-pub use idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
-pub use idgen::MessageIdGen;
 pub use log::{
     log_dir, AppendedMessage, FsyncPolicy, LogConfig, LogError, LogPosition, LogStats, MessageLog,
     MessageView, NewMessage, PullMode, ReadResult, RecoveryReport, StoredMessage, SyncJob,
 };
 pub use meta::{MetaConfig, MetaError, MetaRecovery, MetaStore};
+
+/// Refills `window` from the records still in `log`, oldest first (each record's
+/// `timestamp_s` standing for its insertion time); returns how many entries it holds.
+pub fn refill_idempotency(
+    window: &mut IdempotencyWindow,
+    log: &MessageLog,
+    now_s: u64,
+) -> Result<usize, LogError> {
+    log.scan(|m| {
+        let ids = SentIds {
+            message_id: m.message_id,
+            message_seq: m.message_seq,
+        };
+        window.refill(m.from_uid, m.client_msg_no, ids, m.timestamp_s, now_s);
+    })?;
+    Ok(window.refill_done(now_s))
+}

@@ -1,16 +1,20 @@
 //! The randomized activation harness of `activation_random.rs` against the real
-//! `engine::authority` (one writer leading all 256 hash slots of a single-node view),
+//! `domain::authority` (one writer leading all 256 hash slots of a single-node view),
 //! with the authority's own invariant check every few steps.
 //!
 //! Seeds: `ACTIVATION_SEED=n` runs only seed `n`; `ACTIVATION_SEEDS=k` runs seeds
 //! `0..k` (default 8). A failure prints its seed.
 
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 #[path = "activation_harness.rs"]
 mod harness;
 
-use engine::authority::{Authority, AuthorityConfig, Directory, TouchResult};
-use engine::cluster::{HashSlot, Target};
-use engine::route::{
+use domain::authority::{Authority, AuthorityConfig, Directory, TouchResult};
+use domain::cluster::{HashSlot, Target};
+use domain::route::{
     AuthorityError, OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity,
 };
 use harness::common::{view, NODE};

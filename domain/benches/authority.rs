@@ -6,6 +6,10 @@
 //!
 //! `cargo bench -p engine --bench authority -- --warm-up-time 1 --measurement-time 3`
 
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 use std::hint::black_box;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,9 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use engine::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
-use engine::cluster::{ClusterView, HashSlot, Target};
-use engine::route::{
+use domain::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
+use domain::cluster::{ClusterView, HashSlot, Target};
+use domain::route::{
     AuthorityError, CompactEndpoint, DeviceLevel, Endpoint, Listener, RegisterOutcome, Route, Uid,
 };
 use shard::slots::{hash_slot, HASH_SLOTS};

@@ -3,11 +3,15 @@
 //! seeds (2000 by default, over up to 4 threads). `IMROUTER_MODEL_SEEDS=N` runs N
 //! seeds, `IMROUTER_MODEL_SEED=S` only seed S; a failure prints its seed.
 
-use engine::authority::{
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use domain::authority::{
     Authority, AuthorityConfig, AuthorityReader, Directory, FenceRecord, TouchResult,
 };
-use engine::cluster::{HashSlot, Target};
-use engine::route::{
+use domain::cluster::{HashSlot, Target};
+use domain::route::{
     AuthorityError, DeviceLevel, Endpoint, Listener, OwnerAction, OwnerActionKind, PendingToken,
     RegisterOutcome, Route, RouteIdentity, Uid,
 };

@@ -17,9 +17,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use super::SessionConfig;
-
-/// The limits, copied out of [`SessionConfig`].
+/// The limits (`[session] new_channels_per_conn_*` and `recent_channels_per_conn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NewChannelLimits {
     /// 0: no limit.
@@ -27,16 +25,6 @@ pub struct NewChannelLimits {
     /// Tokens the bucket holds (at least 1 when `per_s` > 0).
     pub burst: u32,
     pub recent: usize,
-}
-
-impl From<&SessionConfig> for NewChannelLimits {
-    fn from(c: &SessionConfig) -> Self {
-        NewChannelLimits {
-            per_s: c.new_channels_per_conn_per_s,
-            burst: c.new_channels_per_conn_burst,
-            recent: c.recent_channels_per_conn,
-        }
-    }
 }
 
 /// A stable 64-bit hash of a channel (`DefaultHasher`, SipHash-1-3: finding another

@@ -9,11 +9,15 @@
 //! `IMROUTER_SIM_SEEDS=N` runs N seeds (default 2000, spread over up to 4 threads:
 //! ~40 s on 2 cores in a debug build); `IMROUTER_SIM_SEED=S` runs only seed S. A failure prints its seed.
 
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 use std::collections::HashMap;
 
-use engine::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
-use engine::cluster::{ClusterView, HashSlot, NodeId, Target};
-use engine::route::{
+use domain::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
+use domain::cluster::{ClusterView, HashSlot, NodeId, Target};
+use domain::route::{
     AuthorityError, DeviceLevel, Endpoint, Listener, PendingToken, RegisterOutcome, Route,
     RouteIdentity, Uid,
 };

@@ -9,6 +9,10 @@
 //! --test published_loom`. Reclamation (crossbeam-epoch) is not modelled: miri runs
 //! the table's tests for that (`.ci/run`).
 
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 use loom::sync::Arc;
 use loom::thread;
 

@@ -14,18 +14,22 @@
 //! session is active with its route.
 //!
 //! `activation_random_authority.rs` runs the same harness against the real
-//! `engine::authority`.
+//! `domain::authority`.
 //!
 //! Seeds: `ACTIVATION_SEED=n` runs only seed `n`; `ACTIVATION_SEEDS=k` runs seeds
 //! `0..k` (default 48). A failure prints its seed.
+
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 #[path = "activation_harness.rs"]
 mod harness;
 
 use std::collections::HashMap;
 
-use engine::cluster::Target;
-use engine::route::{
+use domain::cluster::Target;
+use domain::route::{
     AuthorityError, DeviceLevel, OwnerAction, OwnerActionKind, OwnerSeq, PendingToken,
     RegisterOutcome, Route, RouteIdentity,
 };

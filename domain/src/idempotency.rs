@@ -7,13 +7,11 @@
 //! One window per delivery shard: a resent SEND names the same channel, so it reaches
 //! the same shard as the first one. Time (whole seconds) is passed in. An empty
 //! `client_msg_no` identifies nothing: such sends are never recorded nor matched.
-//! After a restart, [`IdempotencyWindow::rebuild_from_log`] refills the window from the
-//! records still in the log (their timestamps stand for the insertion time).
+//! After a restart, the store refills the window ([`IdempotencyWindow::refill`]) from the
+//! records still in its log (their timestamps stand for the insertion time).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-
-use super::log::{LogError, MessageLog};
 
 /// Bounds of the window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -159,23 +157,28 @@ impl IdempotencyWindow {
         self.map.is_empty()
     }
 
-    /// Refills the window from the log's retained records, oldest first, using each
-    /// record's `timestamp_s` as its insertion time (records already past `ttl_s` at
-    /// `now_s` are skipped). Returns how many entries the window holds afterwards.
-    pub fn rebuild_from_log(&mut self, log: &MessageLog, now_s: u64) -> Result<usize, LogError> {
-        let ttl_s = self.config.ttl_s;
-        log.scan(|m| {
-            let at = u64::from(m.timestamp_s);
-            if now_s < at.saturating_add(ttl_s) {
-                let ids = SentIds {
-                    message_id: m.message_id,
-                    message_seq: m.message_seq,
-                };
-                self.insert(m.from_uid, m.client_msg_no, ids, at);
-            }
-        })?;
+    /// Refills the window with one retained record of the log (the store's rebuild
+    /// at start feeds them oldest first), its `timestamp_s` standing for the
+    /// insertion time; a record already past `ttl_s` at `now_s` is skipped.
+    pub fn refill(
+        &mut self,
+        uid: &str,
+        client_msg_no: &str,
+        ids: SentIds,
+        timestamp_s: u32,
+        now_s: u64,
+    ) {
+        let at = u64::from(timestamp_s);
+        if now_s < at.saturating_add(self.config.ttl_s) {
+            self.insert(uid, client_msg_no, ids, at);
+        }
+    }
+
+    /// Ends a refill: forgets what is past `ttl_s` at `now_s`; returns how many
+    /// entries the window holds.
+    pub fn refill_done(&mut self, now_s: u64) -> usize {
         self.expire(now_s);
-        Ok(self.len())
+        self.len()
     }
 }
 

@@ -1,12 +1,16 @@
 //! Rules 28–33 of `authority-rules.md`: activation and the owner-local registry.
 
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 #[path = "activation_common.rs"]
 mod common;
 
 use common::*;
-use engine::activation::{reason, AuthorityRequest, Event, Failure, Outcome, Output, Stage};
-use engine::registry::SessionState;
-use engine::route::{AuthorityError, OwnerActionKind, RegisterOutcome};
+use domain::activation::{reason, AuthorityRequest, Event, Failure, Outcome, Output, Stage};
+use domain::registry::SessionState;
+use domain::route::{AuthorityError, OwnerActionKind, RegisterOutcome};
 
 #[test]
 fn rule_28_order_local_pending_then_register_then_owner_actions_then_commit_then_active_then_connack(
@@ -269,7 +273,7 @@ fn rule_32_deactivation_removes_the_local_session_first_then_queues_the_unregist
     cfg.unregister_max_attempts = 3;
     cfg.unregister_retry_base_ms = 100;
     cfg.unregister_retry_max_ms = 150;
-    let mut reg = engine::registry::Registry::new(cfg).unwrap();
+    let mut reg = domain::registry::Registry::new(cfg).unwrap();
     let (mut a, _) = start(&mut reg, simple("erin", 15), 0);
     let h = a.handle().unwrap();
     step(

@@ -344,6 +344,8 @@ fn shrink_emptied(list: &mut Vec<u32>, retain: usize) {
 }
 
 #[cfg(test)]
+// Tests may read their seed count from the environment.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;

@@ -1013,6 +1013,8 @@ impl TableWriter {
 }
 
 #[cfg(test)]
+// The concurrency tests run readers on threads.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 

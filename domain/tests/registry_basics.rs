@@ -1,16 +1,20 @@
 //! The owner-local registry: handles, bounds, indexes, touches, revalidation and the
 //! unregister queue.
 
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 #[path = "activation_common.rs"]
 mod common;
 
 use common::*;
-use engine::cluster::ClusterView;
-use engine::registry::{
+use domain::cluster::ClusterView;
+use domain::registry::{
     Gone, RegisterError, Registry, RegistryConfigError, SessionHandle, SessionState,
     UnregisterQueueFull,
 };
-use engine::route::{DeviceLevel, Route};
+use domain::route::{DeviceLevel, Route};
 
 fn active(reg: &mut Registry, uid: &str, sid: u64) -> SessionHandle {
     let h = reg
@@ -199,7 +203,7 @@ fn revalidation_accepts_only_the_live_active_session_with_its_route_seq() {
     assert_eq!(reg.revalidate("a", BOOT, 1, nseq), Some(again));
 }
 
-fn routes_of(batches: &[(engine::cluster::Target, Vec<Route>)]) -> Vec<u64> {
+fn routes_of(batches: &[(domain::cluster::Target, Vec<Route>)]) -> Vec<u64> {
     batches
         .iter()
         .flat_map(|(_, rs)| rs.iter().map(|r| r.session_id))

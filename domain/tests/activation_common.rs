@@ -1,13 +1,17 @@
 //! Helpers shared by the activation and registry tests (`#[path]`-included by them;
 //! compiled on its own it is an empty test crate).
+
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
-use engine::activation::{Activation, ActivationConfig, ActivationId, Event, Output};
-use engine::cluster::ClusterView;
-use engine::registry::{NewSession, Registry, RegistryConfig};
-use engine::route::{
+use domain::activation::{Activation, ActivationConfig, ActivationId, Event, Output};
+use domain::cluster::ClusterView;
+use domain::registry::{NewSession, Registry, RegistryConfig};
+use domain::route::{
     DeviceLevel, Listener, OwnerAction, OwnerActionKind, PendingToken, RouteIdentity,
 };
 

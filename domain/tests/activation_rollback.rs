@@ -1,14 +1,18 @@
 //! Every rollback path of the activation machine, and late replies.
 
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 #[path = "activation_common.rs"]
 mod common;
 
 use common::*;
-use engine::activation::{
+use domain::activation::{
     reason, Activation, AuthorityRequest, Event, Failure, Outcome, Output, OwnerActionFailed, Stage,
 };
-use engine::registry::{Registry, SessionState};
-use engine::route::{AuthorityError, OwnerActionKind, PendingToken, RegisterOutcome};
+use domain::registry::{Registry, SessionState};
+use domain::route::{AuthorityError, OwnerActionKind, PendingToken, RegisterOutcome};
 
 const FAIL: [Output; 2] = [
     Output::SendConnack {

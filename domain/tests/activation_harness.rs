@@ -1,17 +1,21 @@
 //! The randomized activation harness, generic over the authority [`Model`]
 //! (`#[path]`-included by `activation_random*.rs`; compiled on its own it is an empty
 //! test crate). See `activation_random.rs` for what it checks.
+
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment, time itself and run threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 
-use engine::activation::{
+use domain::activation::{
     reason, Activation, ActivationConfig, ActivationId, AuthorityRequest, Event, Outcome, Output,
     OwnerActionFailed,
 };
-use engine::cluster::{ClusterView, Target};
-use engine::registry::{Registry, SessionState, UnregisterRequest};
-use engine::route::{
+use domain::cluster::{ClusterView, Target};
+use domain::registry::{Registry, SessionState, UnregisterRequest};
+use domain::route::{
     AuthorityError, DeviceLevel, OwnerAction, OwnerSeq, PendingToken, RegisterOutcome, Route,
     RouteIdentity,
 };

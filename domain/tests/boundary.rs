@@ -1,0 +1,147 @@
+//! The sans-IO boundary of `domain`, the part the compiler and clippy cannot see.
+//!
+//! `engine` is not a dependency (so `node`, `store` and `http` cannot be named), and
+//! `clippy.toml` forbids std's clocks, files, sockets and threads (clippy runs with
+//! `-D warnings` in CI). Left to check here: the crate's dependencies stay pure data
+//! structures, and the two it shares with the drivers (`shard`, `net`) are used only
+//! for their sans-IO parts (hash slots and the timer wheel; the wkproto codec and
+//! crypto), never `shard::runtime` or `net::io`.
+
+// A test driver, outside the sans-IO boundary: it reads the crate's files.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use std::path::{Path, PathBuf};
+
+/// What `domain` may depend on: none of these reaches a socket, a file, a thread or
+/// a clock through the parts named in the module docs above.
+const ALLOWED_DEPENDENCIES: &[&str] = &[
+    "shard",
+    "net",
+    "crossbeam-epoch",
+    "crc32fast",
+    "tracing",
+    "serde",
+    "mimalloc",
+    "allocator-api2",
+];
+
+/// Paths no source file of `domain` (tests excepted) may name.
+const FORBIDDEN_PATHS: &[&str] = &[
+    "std::net",
+    "std::fs",
+    "std::thread",
+    "std::process",
+    "std::env",
+    "std::time::Instant",
+    "std::time::SystemTime",
+    "shard::runtime",
+    "shard::doorbell",
+    "net::io",
+    "net::client",
+    "tokio",
+    "mio",
+    "io_uring",
+    "libc",
+];
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("domain/src is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn dependencies_are_only_the_allowed_pure_ones() {
+    let manifest = std::fs::read_to_string(crate_dir().join("Cargo.toml")).unwrap();
+    let mut section = "";
+    let mut found = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+            continue;
+        }
+        if section == "[dependencies]" && !line.is_empty() && !line.starts_with('#') {
+            let name = line.split(['=', ' ', '.']).next().unwrap().to_owned();
+            found.push(name);
+        }
+    }
+    assert!(
+        found.contains(&"shard".to_owned()),
+        "the parser reads the manifest"
+    );
+    for name in &found {
+        assert!(
+            ALLOWED_DEPENDENCIES.contains(&name.as_str()),
+            "domain depends on `{name}`: the sans-IO crate may depend only on {ALLOWED_DEPENDENCIES:?} \
+             (add IO to engine instead, or extend the list with a reason)"
+        );
+    }
+}
+
+/// The forbidden paths `text` names outside its unit tests and comments, with their
+/// line numbers.
+fn io_paths_named(text: &str) -> Vec<(usize, &'static str)> {
+    // Unit tests sit at the bottom of a file, after `#[cfg(test)]`: drivers of their
+    // own (threads, seeds from the environment).
+    let code = text.split("#[cfg(test)]").next().unwrap();
+    let mut named = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let line = line.split("//").next().unwrap();
+        for path in FORBIDDEN_PATHS {
+            let whole_word = line.match_indices(path).any(|(i, _)| {
+                let before = line[..i].chars().next_back();
+                let after = line[i + path.len()..].chars().next();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if whole_word {
+                named.push((n + 1, *path));
+            }
+        }
+    }
+    named
+}
+
+#[test]
+fn no_source_file_names_an_io_path() {
+    let mut files = Vec::new();
+    sources(&crate_dir().join("src"), &mut files);
+    assert!(files.len() > 10, "found the sources: {files:?}");
+    let mut offences = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (line, path) in io_paths_named(&text) {
+            offences.push(format!("{}:{line}: names `{path}`", file.display()));
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "IO in the sans-IO crate:\n{}",
+        offences.join("\n")
+    );
+}
+
+/// The scan finds what it looks for (a check that cannot fail is a defect), and
+/// only that: whole paths in code, not in comments, words or unit tests.
+#[test]
+fn the_scan_sees_io_paths_in_code_only() {
+    let text = "use std::sync::Arc;\n\
+                fn f() { let t = std::time::Instant::now(); }\n\
+                use net::io::NetDriver; // the driver\n\
+                let minstd = 1; // std::fs here is a comment\n\
+                use tokio_like::X;\n\
+                #[cfg(test)]\nmod tests { use std::thread; }\n";
+    assert_eq!(
+        io_paths_named(text),
+        vec![(2, "std::time::Instant"), (3, "net::io")]
+    );
+}
