@@ -16,7 +16,7 @@
 //! names a reply exactly.
 //!
 //! ## What every activation ends with
-//! Exactly one [`Output::SendConnack`]: `reason::SUCCESS` once the session is active,
+//! Exactly one [`Output::SendConnack`]: `ReasonCode::SUCCESS` once the session is active,
 //! or a failure reason followed by [`Output::CloseConnection`] (also when the client
 //! already closed: the driver drops what it cannot send). Every failure rolls back
 //! both sides:
@@ -63,17 +63,7 @@ use crate::route::{
     AuthorityError, OwnerAction, OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity,
 };
 
-/// CONNACK reason codes used by activation (WuKongIM values).
-pub mod reason {
-    /// 1 Success.
-    pub const SUCCESS: u8 = 1;
-    /// 15 SystemError: any failure without a more precise code.
-    pub const SYSTEM_ERROR: u8 = 15;
-    /// 17 NodeMatchError: the authority answered `NotLeader`.
-    pub const NODE_MATCH_ERROR: u8 = 17;
-    /// 18 NodeNotMatch: the authority answered `StaleTarget`.
-    pub const NODE_NOT_MATCH: u8 = 18;
-}
+pub use net::wkproto::ReasonCode;
 
 /// Default for [`ActivationConfig::activation_timeout_ms`].
 pub const DEFAULT_ACTIVATION_TIMEOUT_MS: u64 = 3_000;
@@ -133,7 +123,7 @@ pub enum Output {
     /// one) perform `action`; report with [`Event::OwnerActionDone`] and this `index`.
     PerformOwnerAction { index: u32, action: OwnerAction },
     /// Send CONNACK with `reason` (exactly once per activation).
-    SendConnack { reason: u8 },
+    SendConnack { reason: ReasonCode },
     /// Close the connection (after the failure CONNACK).
     CloseConnection,
 }
@@ -201,7 +191,10 @@ pub enum Outcome {
     /// The session is active; CONNACK Success was sent.
     Active(SessionHandle),
     /// Rolled back; CONNACK `reason` was sent and the connection closed.
-    Failed { reason: u8, failure: Failure },
+    Failed {
+        reason: ReasonCode,
+        failure: Failure,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -237,11 +230,11 @@ pub fn deadline_ms_for(config: &ActivationConfig, start_ms: u64) -> u64 {
 }
 
 /// CONNACK reason for a refused register.
-pub fn register_refused_reason(error: AuthorityError) -> u8 {
+pub fn register_refused_reason(error: AuthorityError) -> ReasonCode {
     match error {
-        AuthorityError::NotLeader => reason::NODE_MATCH_ERROR,
-        AuthorityError::StaleTarget => reason::NODE_NOT_MATCH,
-        _ => reason::SYSTEM_ERROR,
+        AuthorityError::NotLeader => ReasonCode::NODE_MATCH_ERROR,
+        AuthorityError::StaleTarget => ReasonCode::NODE_NOT_MATCH,
+        _ => ReasonCode::SYSTEM_ERROR,
     }
 }
 
@@ -296,7 +289,7 @@ impl Activation {
                 activation.fail(
                     registry,
                     failure,
-                    reason::SYSTEM_ERROR,
+                    ReasonCode::SYSTEM_ERROR,
                     None,
                     false,
                     now_ms,
@@ -412,7 +405,7 @@ impl Activation {
                     self.fail(
                         registry,
                         Failure::BadRegisterReply,
-                        reason::SYSTEM_ERROR,
+                        ReasonCode::SYSTEM_ERROR,
                         None,
                         true,
                         now_ms,
@@ -422,7 +415,7 @@ impl Activation {
                     self.fail(
                         registry,
                         Failure::TooManyOwnerActions,
-                        reason::SYSTEM_ERROR,
+                        ReasonCode::SYSTEM_ERROR,
                         Some(token),
                         true,
                         now_ms,
@@ -495,7 +488,7 @@ impl Activation {
                 self.fail(
                     registry,
                     Failure::OwnerActionFailed,
-                    reason::SYSTEM_ERROR,
+                    ReasonCode::SYSTEM_ERROR,
                     Some(token),
                     true,
                     now_ms,
@@ -525,7 +518,7 @@ impl Activation {
                 self.fail(
                     registry,
                     Failure::CommitRefused(e),
-                    reason::SYSTEM_ERROR,
+                    ReasonCode::SYSTEM_ERROR,
                     abort,
                     false,
                     now_ms,
@@ -560,7 +553,7 @@ impl Activation {
         self.fail(
             registry,
             failure,
-            reason::SYSTEM_ERROR,
+            ReasonCode::SYSTEM_ERROR,
             abort,
             true,
             now_ms,
@@ -584,7 +577,7 @@ impl Activation {
             self.fail(
                 registry,
                 Failure::SessionGone,
-                reason::SYSTEM_ERROR,
+                ReasonCode::SYSTEM_ERROR,
                 Some(token),
                 true,
                 now_ms,
@@ -609,7 +602,7 @@ impl Activation {
         match registry.mark_active(handle) {
             Ok(()) => {
                 out.push(Output::SendConnack {
-                    reason: reason::SUCCESS,
+                    reason: ReasonCode::SUCCESS,
                 });
                 self.state = State::Done(Outcome::Active(handle));
             }
@@ -617,7 +610,7 @@ impl Activation {
                 self.fail(
                     registry,
                     Failure::SessionGone,
-                    reason::SYSTEM_ERROR,
+                    ReasonCode::SYSTEM_ERROR,
                     None,
                     true,
                     now_ms,
@@ -634,7 +627,7 @@ impl Activation {
         &mut self,
         registry: &mut Registry,
         failure: Failure,
-        reason: u8,
+        reason: ReasonCode,
         abort: Option<PendingToken>,
         unregister_authority: bool,
         now_ms: u64,
@@ -657,7 +650,7 @@ impl Activation {
         tracing::debug!(
             activation = self.id.0,
             ?failure,
-            reason,
+            reason = reason.0,
             "activation failed"
         );
         out.push(Output::SendConnack { reason });

@@ -6,6 +6,8 @@
 //! full `x@y` key, which must contain the sender. In a RECV, a person channel's id is
 //! the other party's uid, not the stored key.
 
+use net::wkproto::ReasonCode;
+
 /// channel_type of a person (one-to-one) channel.
 pub const CHANNEL_TYPE_PERSON: u8 = 1;
 /// channel_type of a group channel.
@@ -35,10 +37,10 @@ pub enum ChannelError {
 
 impl ChannelError {
     /// The wkproto reason code.
-    pub fn reason_code(self) -> u8 {
+    pub fn reason_code(self) -> ReasonCode {
         match self {
-            ChannelError::ChannelIdError => 16,
-            ChannelError::NotSupportedType => 23,
+            ChannelError::ChannelIdError => ReasonCode::CHANNEL_ID_ERROR,
+            ChannelError::NotSupportedType => ReasonCode::NOT_SUPPORT_CHANNEL_TYPE,
         }
     }
 }
@@ -167,7 +169,7 @@ mod tests {
         );
         assert_eq!(
             Channel::resolve("u1", "g", 3).map_err(|e| e.reason_code()),
-            Err(23)
+            Err(ReasonCode::NOT_SUPPORT_CHANNEL_TYPE)
         );
         // A reversed key that names the sender is not its stored key.
         let key = person_channel_key("u1", "u2");

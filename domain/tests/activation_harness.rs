@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use domain::activation::{
-    reason, Activation, ActivationConfig, ActivationId, AuthorityRequest, Event, Outcome, Output,
-    OwnerActionFailed,
+    Activation, ActivationConfig, ActivationId, AuthorityRequest, Event, Outcome, Output,
+    OwnerActionFailed, ReasonCode,
 };
 use domain::cluster::{ClusterView, Target};
 use domain::registry::{Registry, SessionState, UnregisterRequest};
@@ -172,7 +172,7 @@ impl<M: Model> Harness<M> {
                 Output::SendConnack { reason: r } => {
                     self.connacks[act] += 1;
                     let a = &self.acts[act];
-                    if r == reason::SUCCESS {
+                    if r == ReasonCode::SUCCESS {
                         let Some(Outcome::Active(h)) = a.outcome() else {
                             panic!("seed {}: success CONNACK without active outcome", self.seed)
                         };

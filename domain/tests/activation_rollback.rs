@@ -9,14 +9,15 @@ mod common;
 
 use common::*;
 use domain::activation::{
-    reason, Activation, AuthorityRequest, Event, Failure, Outcome, Output, OwnerActionFailed, Stage,
+    Activation, AuthorityRequest, Event, Failure, Outcome, Output, OwnerActionFailed, ReasonCode,
+    Stage,
 };
 use domain::registry::{Registry, SessionState};
 use domain::route::{AuthorityError, OwnerActionKind, PendingToken, RegisterOutcome};
 
 const FAIL: [Output; 2] = [
     Output::SendConnack {
-        reason: reason::SYSTEM_ERROR,
+        reason: ReasonCode::SYSTEM_ERROR,
     },
     Output::CloseConnection,
 ];
@@ -96,7 +97,7 @@ fn registry_full_or_duplicate_session_fails_before_any_authority_call() {
     assert_eq!(
         full.outcome(),
         Some(Outcome::Failed {
-            reason: reason::SYSTEM_ERROR,
+            reason: ReasonCode::SYSTEM_ERROR,
             failure: Failure::RegistryFull
         })
     );
@@ -134,7 +135,9 @@ fn register_refused_not_leader_stale_tombstoned_full_rolls_back_locally_only() {
         assert_eq!(
             out,
             vec![
-                Output::SendConnack { reason: code },
+                Output::SendConnack {
+                    reason: ReasonCode(code)
+                },
                 Output::CloseConnection
             ]
         );
@@ -301,7 +304,7 @@ fn commit_refused_superseded_or_stale_fails_without_abort() {
         assert_eq!(
             a.outcome(),
             Some(Outcome::Failed {
-                reason: reason::SYSTEM_ERROR,
+                reason: ReasonCode::SYSTEM_ERROR,
                 failure: Failure::CommitRefused(err)
             })
         );
@@ -332,7 +335,7 @@ fn timeout_at_each_stage_rolls_back_both_sides() {
         assert_eq!(
             a.outcome(),
             Some(Outcome::Failed {
-                reason: reason::SYSTEM_ERROR,
+                reason: ReasonCode::SYSTEM_ERROR,
                 failure: Failure::Timeout(stage)
             })
         );
@@ -359,7 +362,7 @@ fn session_closed_at_each_stage_rolls_back_both_sides() {
         assert_eq!(
             a.outcome(),
             Some(Outcome::Failed {
-                reason: reason::SYSTEM_ERROR,
+                reason: ReasonCode::SYSTEM_ERROR,
                 failure: Failure::SessionClosed(stage)
             })
         );
@@ -409,7 +412,7 @@ fn late_replies_after_the_end_are_ignored() {
     assert_eq!(
         out,
         vec![Output::SendConnack {
-            reason: reason::SUCCESS
+            reason: ReasonCode::SUCCESS
         }]
     );
     let h = a.handle().unwrap();

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use domain::activation::{reason, AuthorityRequest, Event, Failure, Outcome, Output, Stage};
+use domain::activation::{AuthorityRequest, Event, Failure, Outcome, Output, ReasonCode, Stage};
 use domain::registry::SessionState;
 use domain::route::{AuthorityError, OwnerActionKind, RegisterOutcome};
 
@@ -105,7 +105,7 @@ fn rule_28_order_local_pending_then_register_then_owner_actions_then_commit_then
     assert_eq!(
         out,
         vec![Output::SendConnack {
-            reason: reason::SUCCESS
+            reason: ReasonCode::SUCCESS
         }]
     );
     assert_eq!(reg.state(h), Some(SessionState::Active));
@@ -117,10 +117,10 @@ fn rule_28_order_local_pending_then_register_then_owner_actions_then_commit_then
 #[test]
 fn rule_29_authority_register_failure_removes_the_local_pending_session() {
     for (err, code) in [
-        (AuthorityError::NotLeader, reason::NODE_MATCH_ERROR),
-        (AuthorityError::StaleTarget, reason::NODE_NOT_MATCH),
-        (AuthorityError::Tombstoned, reason::SYSTEM_ERROR),
-        (AuthorityError::Full, reason::SYSTEM_ERROR),
+        (AuthorityError::NotLeader, ReasonCode::NODE_MATCH_ERROR),
+        (AuthorityError::StaleTarget, ReasonCode::NODE_NOT_MATCH),
+        (AuthorityError::Tombstoned, ReasonCode::SYSTEM_ERROR),
+        (AuthorityError::Full, ReasonCode::SYSTEM_ERROR),
     ] {
         let mut reg = registry();
         let (mut a, _) = start(&mut reg, simple("bob", 11), 0);
@@ -164,7 +164,7 @@ fn rule_30_session_closing_during_activation_unregisters_its_authority_route() {
         out,
         vec![
             Output::SendConnack {
-                reason: reason::SYSTEM_ERROR
+                reason: ReasonCode::SYSTEM_ERROR
             },
             Output::CloseConnection
         ]
@@ -199,7 +199,7 @@ fn rule_30_session_closing_during_activation_unregisters_its_authority_route() {
     assert_eq!(
         a.outcome(),
         Some(Outcome::Failed {
-            reason: reason::SYSTEM_ERROR,
+            reason: ReasonCode::SYSTEM_ERROR,
             failure: Failure::SessionClosed(Stage::AwaitRegister)
         })
     );
@@ -228,7 +228,7 @@ fn rule_31_mark_active_failing_queues_the_authority_unregister_and_cleans_local_
         out,
         vec![
             Output::SendConnack {
-                reason: reason::SYSTEM_ERROR
+                reason: ReasonCode::SYSTEM_ERROR
             },
             Output::CloseConnection
         ]
@@ -241,7 +241,7 @@ fn rule_31_mark_active_failing_queues_the_authority_unregister_and_cleans_local_
     assert_eq!(
         a.outcome(),
         Some(Outcome::Failed {
-            reason: reason::SYSTEM_ERROR,
+            reason: ReasonCode::SYSTEM_ERROR,
             failure: Failure::SessionGone
         })
     );

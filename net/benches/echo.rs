@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use net::io::{bind_reuseport, Backend, ListenerKind, NetConfig, NetDriver, NetEvent};
-use shard::runtime::{Context, Runtime, RuntimeConfig, Shard, ShardInit};
+use shard::runtime::{Context, Handler, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 
 const MESSAGE_BYTES: usize = 64;
@@ -25,7 +25,7 @@ const CLIENT_CORE: usize = 1;
 
 struct Echo;
 
-impl Shard for Echo {
+impl Handler for Echo {
     type Msg = ();
     type Timer = ();
     type Driver = NetDriver;

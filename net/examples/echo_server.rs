@@ -9,14 +9,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use net::io::{bind_reuseport, Backend, ListenerKind, NetConfig, NetDriver, NetEvent, NetStats};
-use shard::runtime::{Context, Runtime, RuntimeConfig, Shard, ShardInit};
+use shard::runtime::{Context, Handler, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 
 struct Echo {
     stats: NetStats,
 }
 
-impl Shard for Echo {
+impl Handler for Echo {
     type Msg = ();
     type Timer = ();
     type Driver = NetDriver;

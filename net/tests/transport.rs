@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use net::io::{
     bind_reuseport, Backend, CloseReason, ConnId, ListenerKind, NetConfig, NetDriver, NetEvent,
 };
-use shard::runtime::{Context, EventFd, Runtime, RuntimeConfig, Shard, ShardInit};
+use shard::runtime::{Context, EventFd, Handler, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 use tungstenite::Message;
 
@@ -32,7 +32,7 @@ struct Echo {
     max_input_bytes: Arc<AtomicUsize>,
 }
 
-impl Shard for Echo {
+impl Handler for Echo {
     type Msg = ();
     type Timer = ();
     type Driver = NetDriver;

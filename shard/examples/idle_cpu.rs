@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use shard::runtime::{Context, PlainDriver, Runtime, RuntimeConfig, Shard, ShardInit};
+use shard::runtime::{Context, Handler, PlainDriver, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 
 struct Idle;
 
-impl Shard for Idle {
+impl Handler for Idle {
     type Msg = ();
     type Timer = ();
     type Driver = PlainDriver;

@@ -5,7 +5,7 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use shard::runtime::{Context, PlainDriver, Runtime, RuntimeConfig, Shard, ShardInit};
+use shard::runtime::{Context, Handler, PlainDriver, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 use shard::timer::TimerHandle;
 
@@ -28,7 +28,7 @@ struct Streamer {
     finished: bool,
 }
 
-impl Shard for Streamer {
+impl Handler for Streamer {
     type Msg = u64;
     type Timer = ();
     type Driver = PlainDriver;
@@ -131,7 +131,7 @@ struct Waker {
     got: bool,
 }
 
-impl Shard for Waker {
+impl Handler for Waker {
     type Msg = &'static str;
     type Timer = ();
     type Driver = PlainDriver;
@@ -190,7 +190,7 @@ struct Sleeper {
     handle: Option<TimerHandle>,
 }
 
-impl Shard for Sleeper {
+impl Handler for Sleeper {
     type Msg = ();
     type Timer = u32;
     type Driver = PlainDriver;
@@ -251,7 +251,7 @@ fn timers_fire_on_an_idle_shard_and_cancelled_ones_do_not() {
 #[test]
 fn an_idle_runtime_parks_every_shard_and_stops_from_outside() {
     struct Idle;
-    impl Shard for Idle {
+    impl Handler for Idle {
         type Msg = ();
         type Timer = ();
         type Driver = PlainDriver;
@@ -277,7 +277,7 @@ fn an_idle_runtime_parks_every_shard_and_stops_from_outside() {
 #[test]
 fn bad_configs_are_refused() {
     struct Nop;
-    impl Shard for Nop {
+    impl Handler for Nop {
         type Msg = ();
         type Timer = ();
         type Driver = PlainDriver;
@@ -305,7 +305,7 @@ fn injected_messages_wake_a_parked_shard_in_order() {
     struct Collector {
         got: Vec<u32>,
     }
-    impl Shard for Collector {
+    impl Handler for Collector {
         type Msg = u32;
         type Timer = ();
         type Driver = PlainDriver;
@@ -350,7 +350,7 @@ fn injected_messages_wake_a_parked_shard_in_order() {
 #[test]
 fn a_full_injector_pushes_back() {
     struct Nop;
-    impl Shard for Nop {
+    impl Handler for Nop {
         type Msg = u32;
         type Timer = ();
         type Driver = PlainDriver;
@@ -393,7 +393,7 @@ fn flush_to_delivers_before_the_turn_ends() {
         seen: Arc<AtomicBool>,
         started: bool,
     }
-    impl Shard for Handoff {
+    impl Handler for Handoff {
         type Msg = u32;
         type Timer = ();
         type Driver = PlainDriver;
@@ -455,7 +455,7 @@ struct Burst {
     urgent_at: Option<usize>,
 }
 
-impl Shard for Burst {
+impl Handler for Burst {
     type Msg = u64;
     type Timer = ();
     type Driver = PlainDriver;
@@ -553,7 +553,7 @@ fn a_burst_beyond_the_ring_waits_in_the_peer_queue_and_control_overtakes_it() {
 /// A shard that panics is reported as the runtime's failure while the others run.
 struct Panicker;
 
-impl Shard for Panicker {
+impl Handler for Panicker {
     type Msg = ();
     type Timer = ();
     type Driver = PlainDriver;

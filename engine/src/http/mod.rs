@@ -27,7 +27,7 @@ pub use server::HttpServer;
 use crate::channel::{person_channel_key, Channel, CHANNEL_TYPE_GROUP, CHANNEL_TYPE_PERSON};
 use crate::delivery::{group_by_target, TargetGroups};
 use crate::node::msg::Msg;
-use crate::node::send::{ApiSendResult, CommitRequest, Origin, SyncRequest};
+use crate::node::send::{ApiSendResult, CommitRequest, MessageSyncRequest, Origin};
 use crate::node::NodeShared;
 use crate::route::{DeviceLevel, Uid};
 use crate::store::PullMode;
@@ -371,7 +371,7 @@ impl Api {
             }
         };
         self.shared
-            .meta
+            .catalog
             .set_token(&r.uid, r.device_flag, &r.token, level)
             .map_err(meta_error)?;
         Ok(Reply::ok())
@@ -426,7 +426,7 @@ impl Api {
         let r: SubscribersReq = parse(body)?;
         self.check_group(&r)?;
         self.shared
-            .meta
+            .catalog
             .add_subscribers(&r.channel_id, &r.subscribers, r.reset == 1)
             .map_err(meta_error)?;
         Ok(Reply::ok())
@@ -436,7 +436,7 @@ impl Api {
         let r: SubscribersReq = parse(body)?;
         self.check_group(&r)?;
         self.shared
-            .meta
+            .catalog
             .remove_subscribers(&r.channel_id, &r.subscribers)
             .map_err(meta_error)?;
         Ok(Reply::ok())
@@ -466,8 +466,10 @@ impl Api {
         let payload = base64::engine::general_purpose::STANDARD
             .decode(r.payload.as_bytes())
             .map_err(|e| Reply::error(400, format!("payload is not base64: {e}")))?;
-        let channel = Channel::resolve(&r.from_uid, &r.channel_id, r.channel_type)
-            .map_err(|e| Reply::error(400, format!("bad channel (reason {})", e.reason_code())))?;
+        let channel =
+            Channel::resolve(&r.from_uid, &r.channel_id, r.channel_type).map_err(|e| {
+                Reply::error(400, format!("bad channel (reason {})", e.reason_code().0))
+            })?;
         let mut flags = 0u8;
         if r.header.no_persist == 1 {
             flags |= 0x01;
@@ -499,15 +501,16 @@ impl Api {
         let res = rx
             .recv_timeout(self.timeout())
             .map_err(|_| Reply::error(504, "commit did not finish in time"))?;
-        if res.reason != 1 {
+        let reason = res.reason.0;
+        if res.reason != net::wkproto::ReasonCode::SUCCESS {
             return Err(Reply::json(
                 400,
-                json!({"status": 400, "msg": format!("send refused, reason {}", res.reason), "reason": res.reason}),
+                json!({"status": 400, "msg": format!("send refused, reason {reason}"), "reason": reason}),
             ));
         }
         Ok(Reply::json(
             200,
-            json!({"message_id": res.message_id, "message_seq": res.message_seq, "reason": res.reason}),
+            json!({"message_id": res.message_id, "message_seq": res.message_seq, "reason": reason}),
         ))
     }
 
@@ -516,7 +519,7 @@ impl Api {
         let key = match r.channel_type {
             CHANNEL_TYPE_PERSON => person_channel_key(&r.login_uid, &r.channel_id),
             CHANNEL_TYPE_GROUP => {
-                let members = self.shared.meta.subscribers(&r.channel_id);
+                let members = self.shared.catalog.subscribers(&r.channel_id);
                 if !members.is_some_and(|m| m.contains(&r.login_uid)) {
                     return Err(Reply::error(
                         403,
@@ -529,7 +532,7 @@ impl Api {
         };
         let (tx, rx) = sync_channel(1);
         let shard = self.shared.slot_map.shard_of_key(key.as_bytes());
-        let request = SyncRequest {
+        let request = MessageSyncRequest {
             channel_type: r.channel_type,
             channel_key: key,
             start_seq: r.start_message_seq,
@@ -540,7 +543,7 @@ impl Api {
             reply: tx,
         };
         self.injectors[shard as usize]
-            .send(Msg::Sync(Box::new(request)))
+            .send(Msg::MessageSync(Box::new(request)))
             .map_err(|_| Reply::error(503, "the channel's shard is busy; retry"))?;
         let (messages, more) = rx
             .recv_timeout(self.timeout())

@@ -8,7 +8,7 @@
 //! - [`meta`]: tokens and group subscribers, read lock-free by the shards.
 //! - [`metrics`]: per-shard counters.
 
-pub mod meta;
+pub mod catalog;
 pub mod metrics;
 pub mod msg;
 pub mod send;
@@ -34,7 +34,7 @@ use crate::store::{
     log_dir, IdempotencyConfig, IdempotencyWindow, LogConfig, MessageIdGen, MessageLog, MetaConfig,
 };
 
-use self::meta::Meta;
+use self::catalog::Catalog;
 use self::metrics::ShardMetrics;
 use self::msg::Msg;
 use self::shard::NodeShard;
@@ -297,7 +297,7 @@ pub struct NodeShared {
     pub boot_id: BootId,
     pub slot_map: SlotMap,
     pub directory: Arc<Directory>,
-    pub meta: Meta,
+    pub catalog: Catalog,
     /// The view the node started with.
     pub initial_view: ClusterView,
     /// The newest view (the control path replaces it and sends it to every shard).
@@ -530,7 +530,7 @@ impl Node {
         )
         .map_err(io::Error::other)?;
         let meta_dir = config.data_dir.join("meta");
-        let (meta, recovery) = Meta::open(&meta_dir, config.meta)
+        let (catalog, recovery) = Catalog::open(&meta_dir, config.meta)
             .map_err(|e| io::Error::other(format!("metadata store {}: {e}", meta_dir.display())))?;
         tracing::info!(?recovery, "metadata store opened");
         let shard_metrics = (0..shards)
@@ -570,7 +570,7 @@ impl Node {
             boot_id,
             slot_map,
             directory,
-            meta,
+            catalog,
             view: std::sync::Mutex::new(Arc::new(initial_view.clone())),
             initial_view,
             shard_metrics,

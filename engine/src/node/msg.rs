@@ -67,7 +67,7 @@ pub enum Msg {
         done: std::sync::mpsc::SyncSender<usize>,
     },
     /// Control → a delivery shard: read committed messages of a channel.
-    Sync(Box<super::send::SyncRequest>),
+    MessageSync(Box<super::send::MessageSyncRequest>),
     /// Control → every shard: a new cluster view (slot leadership moved).
     View(Arc<crate::cluster::ClusterView>),
     /// The shard's log syncer thread → the shard: a sync job ended (a wake-up; the
@@ -103,7 +103,7 @@ pub struct SendAck {
     pub client_seq: u32,
     pub message_id: i64,
     pub message_seq: u64,
-    pub reason: u8,
+    pub reason: net::wkproto::ReasonCode,
 }
 
 /// What a touch result means for the owner: requeue `Full` only.

@@ -33,19 +33,6 @@ use super::msg::{Msg, SendAck};
 use super::shard::{ConnState, NodeShard, NodeTimer};
 use super::syncer::LogSyncer;
 
-/// wkproto reason codes of SENDACK used here.
-mod reason {
-    pub const SUCCESS: u8 = 1;
-    pub const SUBSCRIBER_NOT_EXIST: u8 = 3;
-    pub const CHANNEL_NOT_EXIST: u8 = 5;
-    pub const MSG_KEY_ERROR: u8 = 8;
-    pub const PAYLOAD_DECODE_ERROR: u8 = 9;
-    pub const SYSTEM_ERROR: u8 = 15;
-    /// Out of credit (the connection's or the shard's SENDs in flight, or the delivery
-    /// backlog): the client retries.
-    pub const RATE_LIMIT: u8 = 22;
-}
-
 /// Who asked for a commit, and where its answer goes.
 pub enum Origin {
     /// A client's SEND: SENDACK to this connection of this gateway shard.
@@ -65,7 +52,7 @@ pub enum Origin {
 pub struct ApiSendResult {
     pub message_id: i64,
     pub message_seq: u64,
-    pub reason: u8,
+    pub reason: ReasonCode,
 }
 
 /// A message to commit on its channel's delivery shard.
@@ -87,7 +74,7 @@ pub struct CommitRequest {
 }
 
 /// A `/channel/messagesync` read, served by the channel's delivery shard.
-pub struct SyncRequest {
+pub struct MessageSyncRequest {
     pub channel_type: u8,
     /// The stored channel key.
     pub channel_key: String,
@@ -115,7 +102,7 @@ struct Unsynced {
 struct Delivery {
     message: Arc<Committed>,
     sender: Option<Sender>,
-    subscribers: Option<Arc<crate::node::meta::Subscribers>>,
+    subscribers: Option<Arc<crate::node::catalog::Subscribers>>,
     /// What it is charged against `backlog_budget_bytes` until delivered.
     charge_bytes: usize,
 }
@@ -227,10 +214,10 @@ pub fn on_send(
     let decoded_ns = node.shared.mono_ns();
     let Some(conn) = node.conn(id) else { return };
     let (uid, session_id) = (conn.uid.clone(), conn.session_id);
-    let sendack = |node: &mut NodeShard, driver: &mut NetDriver, reason: u8| {
+    let sendack = |node: &mut NodeShard, driver: &mut NetDriver, reason: ReasonCode| {
         let ack = SendackPacket {
             client_seq: p.client_seq,
-            reason_code: ReasonCode(reason),
+            reason_code: reason,
             ..Default::default()
         };
         node.write_frame(driver, id, |v, out| ack.encode(v, out));
@@ -248,23 +235,23 @@ pub fn on_send(
         .is_some_and(|c| c.new_channels.admit(limits, hash, now_ms))
     {
         node.metrics.sends_rate_limited.inc();
-        return sendack(node, driver, reason::RATE_LIMIT);
+        return sendack(node, driver, ReasonCode::RATE_LIMIT);
     }
     let Some(conn) = node.conn(id) else { return };
     let payload = if p.setting.contains(Setting::NO_ENCRYPT) {
         p.payload.to_vec()
     } else {
         let Some(cipher) = conn.cipher.as_ref() else {
-            return sendack(node, driver, reason::SYSTEM_ERROR);
+            return sendack(node, driver, ReasonCode::SYSTEM_ERROR);
         };
         if !cipher.send_msg_key_ok(p) {
             node.metrics.send_refused.inc();
-            return sendack(node, driver, reason::MSG_KEY_ERROR);
+            return sendack(node, driver, ReasonCode::MSG_KEY_ERROR);
         }
         let mut plain = Vec::with_capacity(p.payload.len());
         if cipher.open_send(p, &mut plain).is_err() {
             node.metrics.send_refused.inc();
-            return sendack(node, driver, reason::PAYLOAD_DECODE_ERROR);
+            return sendack(node, driver, ReasonCode::PAYLOAD_DECODE_ERROR);
         }
         plain
     };
@@ -277,7 +264,7 @@ pub fn on_send(
         || (to != node.me && node.commit_credits[to as usize] >= per_peer_max);
     if out_of_credit {
         node.metrics.sends_refused_credit.inc();
-        return sendack(node, driver, reason::RATE_LIMIT);
+        return sendack(node, driver, ReasonCode::RATE_LIMIT);
     }
     if let Some(conn) = node.conn_mut(id) {
         conn.sends_in_flight += 1;
@@ -325,8 +312,18 @@ pub fn on_commit(
     r: CommitRequest,
 ) {
     let subscribers = match &r.channel {
-        Channel::Group { id } => match node.shared.meta.subscribers(id) {
-            None => return answer(node, cx, driver, r.origin, 0, 0, reason::CHANNEL_NOT_EXIST),
+        Channel::Group { id } => match node.shared.catalog.subscribers(id) {
+            None => {
+                return answer(
+                    node,
+                    cx,
+                    driver,
+                    r.origin,
+                    0,
+                    0,
+                    ReasonCode::CHANNEL_NOT_EXIST,
+                )
+            }
             Some(s) if matches!(r.origin, Origin::Client { .. }) && !s.contains(&r.from_uid) => {
                 return answer(
                     node,
@@ -335,7 +332,7 @@ pub fn on_commit(
                     r.origin,
                     0,
                     0,
-                    reason::SUBSCRIBER_NOT_EXIST,
+                    ReasonCode::SUBSCRIBER_NOT_EXIST,
                 );
             }
             Some(s) => Some(s),
@@ -345,7 +342,7 @@ pub fn on_commit(
     if node.delivery.unanswered() >= node.shared.config.delivery.commits_unsynced_max {
         // The disk is behind: refuse (the client retries) rather than queue without
         // bound.
-        return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
+        return answer(node, cx, driver, r.origin, 0, 0, ReasonCode::SYSTEM_ERROR);
     }
     let charge_bytes = delivery_charge_bytes(&r);
     let cfg = &node.shared.config.delivery;
@@ -354,7 +351,7 @@ pub fn on_commit(
     {
         // Deliveries are behind (a slow owner shard): refuse until they catch up.
         node.metrics.commits_refused_backlog.inc();
-        return answer(node, cx, driver, r.origin, 0, 0, reason::RATE_LIMIT);
+        return answer(node, cx, driver, r.origin, 0, 0, ReasonCode::RATE_LIMIT);
     }
     let now_ms = node.shared.wall_ms();
     let now_s = now_ms / 1000;
@@ -378,7 +375,7 @@ pub fn on_commit(
         }
     }
     let Some(message_id) = node.delivery.ids.next_id(now_ms) else {
-        return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
+        return answer(node, cx, driver, r.origin, 0, 0, ReasonCode::SYSTEM_ERROR);
     };
     let no_persist = r.flags & Flags::NO_PERSIST.0 != 0;
     let message_seq = if no_persist {
@@ -400,7 +397,7 @@ pub fn on_commit(
             Err(err) => {
                 log_failed(node, &err);
                 tracing::warn!(%err, channel = r.channel.key(), "append failed");
-                return answer(node, cx, driver, r.origin, 0, 0, reason::SYSTEM_ERROR);
+                return answer(node, cx, driver, r.origin, 0, 0, ReasonCode::SYSTEM_ERROR);
             }
         }
     };
@@ -462,7 +459,7 @@ fn answer(
     origin: Origin,
     message_id: i64,
     message_seq: u64,
-    reason: u8,
+    reason: ReasonCode,
 ) {
     match origin {
         Origin::Client {
@@ -591,7 +588,7 @@ fn release(
             if let Some(d) = &u.delivery {
                 node.delivery.backlog_bytes -= d.charge_bytes;
             }
-            answer(node, cx, driver, u.origin, 0, 0, reason::SYSTEM_ERROR);
+            answer(node, cx, driver, u.origin, 0, 0, ReasonCode::SYSTEM_ERROR);
         }
         return;
     }
@@ -609,7 +606,7 @@ fn release(
             u.origin,
             u.message_id,
             u.message_seq,
-            reason::SUCCESS,
+            ReasonCode::SUCCESS,
         );
         if let Some(delivery) = u.delivery {
             node.delivery.backlog.push_back(Backlogged {
@@ -1061,7 +1058,7 @@ pub fn on_sendack(node: &mut NodeShard, driver: &mut NetDriver, ack: SendAck) {
         message_id: ack.message_id,
         client_seq: ack.client_seq,
         message_seq: ack.message_seq,
-        reason_code: ReasonCode(ack.reason),
+        reason_code: ack.reason,
         ..Default::default()
     };
     node.write_frame(driver, ack.conn, |v, out| p.encode(v, out));
@@ -1089,7 +1086,7 @@ pub fn on_log_sync_timer(node: &mut NodeShard) {
 }
 
 /// `/channel/messagesync` on the channel's delivery shard.
-pub fn on_sync(node: &mut NodeShard, r: SyncRequest) {
+pub fn on_message_sync(node: &mut NodeShard, r: MessageSyncRequest) {
     let result = node
         .delivery
         .log

@@ -14,7 +14,7 @@ use net::io::{CloseReason, ConnId, ListenerKind, NetDriver, NetEvent};
 use net::wkproto::{self, ConnackPacket, ConnectPacket, DisconnectPacket, Frame, ReasonCode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shard::runtime::{Context, Shard};
+use shard::runtime::{Context, Handler};
 use shard::slots::ShardId;
 use shard::timer::TimerHandle;
 
@@ -28,11 +28,6 @@ use crate::route::{Listener, OwnerAction, OwnerActionKind, SessionId, Uid};
 use super::msg::{AuthorityReply, Corr, Msg};
 use super::send::{DeliveryCore, PendingAcks};
 use super::NodeShared;
-
-/// The newest protocol version this server speaks.
-pub const LATEST_VERSION: u8 = 6;
-/// The oldest protocol version this server speaks.
-pub const OLDEST_VERSION: u8 = 2;
 
 /// What a shard's timers carry.
 #[derive(Clone, Copy, Debug)]
@@ -248,7 +243,7 @@ impl NodeShard {
             id: conn,
             listener,
             state: ConnState::AwaitConnect,
-            version: LATEST_VERSION,
+            version: wkproto::LATEST_VERSION,
             connack_server_version: None,
             cipher: None,
             server_key: Box::from(""),
@@ -504,40 +499,57 @@ impl NodeShard {
         let negotiated = net::wkproto::negotiate(c.version);
         let version = negotiated.version;
         if let Some(conn) = self.conn_mut(id) {
-            conn.version = version.max(OLDEST_VERSION);
+            conn.version = version.max(wkproto::OLDEST_VERSION);
             conn.connack_server_version = negotiated.connack_server_version;
             conn.client_timestamp_ms = c.client_timestamp_ms;
         }
-        if version < OLDEST_VERSION {
-            return self.refuse_connect(driver, id, 27, "protocol version too old");
+        if version < wkproto::OLDEST_VERSION {
+            return self.refuse_connect(
+                driver,
+                id,
+                ReasonCode::PROTOCOL_UPGRADE_REQUIRED,
+                "protocol version too old",
+            );
         }
         if c.uid.is_empty() {
-            return self.refuse_connect(driver, id, 2, "empty uid");
+            return self.refuse_connect(driver, id, ReasonCode::AUTH_FAIL, "empty uid");
         }
         let level = if cfg.token_auth {
-            match self.shared.meta.token(&c.uid, c.device_flag) {
-                Some((token, level)) if super::meta::token_matches(&token, &c.token) => level,
-                _ => return self.refuse_connect(driver, id, 2, "token mismatch"),
+            match self.shared.catalog.token(&c.uid, c.device_flag) {
+                Some((token, level)) if super::catalog::token_matches(&token, &c.token) => level,
+                _ => {
+                    return self.refuse_connect(driver, id, ReasonCode::AUTH_FAIL, "token mismatch")
+                }
             }
         } else {
             self.shared
-                .meta
+                .catalog
                 .token(&c.uid, c.device_flag)
                 .map_or(cfg.default_device_level, |(_, l)| l)
         };
         if c.client_key.is_empty() {
-            return self.refuse_connect(driver, id, 21, "empty client key");
+            return self.refuse_connect(
+                driver,
+                id,
+                ReasonCode::CLIENT_KEY_IS_EMPTY,
+                "empty client key",
+            );
         }
         let seed: [u8; 32] = self.rng.gen();
         let salt: [u8; 16] = self.rng.gen();
         let hs = match server_handshake(&c.client_key, seed, salt) {
             Ok(hs) => hs,
             Err(CryptoError::EmptyClientKey) => {
-                return self.refuse_connect(driver, id, 21, "empty client key")
+                return self.refuse_connect(
+                    driver,
+                    id,
+                    ReasonCode::CLIENT_KEY_IS_EMPTY,
+                    "empty client key",
+                )
             }
             Err(err) => {
                 tracing::info!(?id, %err, "bad client key");
-                return self.refuse_connect(driver, id, 2, "bad client key");
+                return self.refuse_connect(driver, id, ReasonCode::AUTH_FAIL, "bad client key");
             }
         };
         let session_id = session_id(self.me, self.next_session);
@@ -549,7 +561,12 @@ impl NodeShard {
         let now_ms = cx.now_ms();
         let deadline = crate::activation::deadline_ms_for(&cfg.activation, now_ms);
         if cx.set_timer(deadline, NodeTimer::Activation(aid)).is_err() {
-            return self.refuse_connect(driver, id, 15, "timer wheel full (runtime.max_timers)");
+            return self.refuse_connect(
+                driver,
+                id,
+                ReasonCode::SYSTEM_ERROR,
+                "timer wheel full (runtime.max_timers)",
+            );
         }
         let uid = Uid::from(c.uid.as_str());
         let Some(conn) = self.conn_mut(id) else {
@@ -597,8 +614,14 @@ impl NodeShard {
         self.drain_local_events(cx, driver);
     }
 
-    fn refuse_connect(&mut self, driver: &mut NetDriver, id: ConnId, reason: u8, why: &str) {
-        tracing::info!(?id, reason, why, "CONNECT refused");
+    fn refuse_connect(
+        &mut self,
+        driver: &mut NetDriver,
+        id: ConnId,
+        reason: ReasonCode,
+        why: &str,
+    ) {
+        tracing::info!(?id, reason = reason.0, why, "CONNECT refused");
         self.metrics.connect_refused.inc();
         self.write_connack(driver, id, reason);
         if let Some(conn) = self.conn_mut(id) {
@@ -607,7 +630,7 @@ impl NodeShard {
         driver.close(id);
     }
 
-    fn write_connack(&mut self, driver: &mut NetDriver, id: ConnId, reason: u8) {
+    fn write_connack(&mut self, driver: &mut NetDriver, id: ConnId, reason: ReasonCode) {
         let Some(conn) = self.conn(id) else { return };
         let server_version = conn.connack_server_version;
         let time_diff_ms = self.shared.wall_ms() as i64 - conn.client_timestamp_ms;
@@ -615,7 +638,7 @@ impl NodeShard {
         let p = ConnackPacket {
             server_version,
             time_diff_ms,
-            reason_code: ReasonCode(reason),
+            reason_code: reason,
             server_key: &server_key,
             salt: &salt,
             node_id: self.shared.config.node_id,
@@ -683,7 +706,7 @@ impl NodeShard {
                 Output::SendConnack { reason } => {
                     let Some(id) = conn else { continue };
                     self.write_connack(driver, id, reason);
-                    if reason == activation::reason::SUCCESS {
+                    if reason == ReasonCode::SUCCESS {
                         // Authenticated: only the idle timer applies from now on.
                         driver.mark_established(id);
                         if let Some(c) = self.conn_mut(id) {
@@ -898,7 +921,12 @@ impl NodeShard {
         }
         match action.kind {
             OwnerActionKind::KickThenClose => {
-                self.disconnect(driver, id, ReasonCode(12), "login on another device");
+                self.disconnect(
+                    driver,
+                    id,
+                    ReasonCode::CONNECT_KICK,
+                    "login on another device",
+                );
             }
             OwnerActionKind::Close => self.close(driver, id),
         }
@@ -1058,7 +1086,7 @@ fn reply_error(request: &AuthorityRequest, err: crate::route::AuthorityError) ->
     }
 }
 
-impl Shard for NodeShard {
+impl Handler for NodeShard {
     type Msg = Msg;
     type Timer = NodeTimer;
     type Driver = NetDriver;
@@ -1158,7 +1186,7 @@ impl Shard for NodeShard {
                 let n = self.device_quit(cx, driver, &uid, device_flag);
                 let _ = done.try_send(n);
             }
-            Msg::Sync(request) => super::send::on_sync(self, *request),
+            Msg::MessageSync(request) => super::send::on_message_sync(self, *request),
             Msg::View(view) => {
                 // Slots this node gained get a fresh identity, lost ones drop their
                 // state; touches drained from now on go to the new targets.

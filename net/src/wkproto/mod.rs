@@ -114,6 +114,9 @@ pub const MAX_STRING_BYTES: usize = i16::MAX as usize;
 
 /// The server's latest protocol version.
 pub const LATEST_VERSION: u8 = 6;
+/// The oldest protocol version the server accepts: a CONNECT below it is refused
+/// with CONNACK 27 (ProtocolUpgradeRequired).
+pub const OLDEST_VERSION: u8 = 2;
 
 /// The connection's version for a CONNECT `version` byte:
 /// `min(client_version, LATEST_VERSION)`, with 0 meaning latest.

@@ -3,10 +3,10 @@
 //!
 //! # One loop turn
 //! 1. drain the inbound ring of every peer, at most `inbound_batch_max` messages per
-//!    peer ([`Shard::on_message`]);
-//! 2. fire due timers ([`Shard::on_timer`]);
-//! 3. poll the IO driver without blocking ([`Shard::on_io`]);
-//! 4. let the handler do its own work ([`Shard::on_turn`]);
+//!    peer ([`Handler::on_message`]);
+//! 2. fire due timers ([`Handler::on_timer`]);
+//! 3. poll the IO driver without blocking ([`Handler::on_io`]);
+//! 4. let the handler do its own work ([`Handler::on_turn`]);
 //! 5. flush the outboxes: each peer's batch goes into its ring with one index publish,
 //!    and the peer's doorbell is rung at most once per batch, only if it sleeps.
 //!
@@ -280,7 +280,7 @@ impl<M: Send, T> Context<M, T> {
         in_ring + self.outboxes[to_i].len()
     }
 
-    /// Arms a timer firing [`Shard::on_timer`] once `now_ms() >= deadline_ms`.
+    /// Arms a timer firing [`Handler::on_timer`] once `now_ms() >= deadline_ms`.
     /// `Err(value)`: the shard is at `max_timers`.
     pub fn set_timer(&mut self, deadline_ms: u64, value: T) -> Result<TimerHandle, T> {
         self.timers
@@ -366,7 +366,7 @@ impl<M: Send, T> Context<M, T> {
 }
 
 /// The per-shard application: created on its shard thread, driven by one loop.
-pub trait Shard: Sized + Send + 'static {
+pub trait Handler: Sized + Send + 'static {
     /// Messages exchanged between shards.
     type Msg: Send + 'static;
     /// What a timer carries.
@@ -533,7 +533,7 @@ impl<M: Send> Injector<M> {
         self.shard
     }
 
-    /// Queues `msg` for the shard ([`Shard::on_message`] with `from == INJECTED`);
+    /// Queues `msg` for the shard ([`Handler::on_message`] with `from == INJECTED`);
     /// `Err(msg)` when its queue holds `injector_capacity` messages already.
     pub fn send(&self, msg: M) -> Result<(), M> {
         {
@@ -555,7 +555,7 @@ impl<M: Send> Injector<M> {
 pub const INJECTED: ShardId = ShardId::MAX;
 
 /// A started runtime: its shard threads run until stopped.
-pub struct Runtime<S: Shard> {
+pub struct Runtime<S: Handler> {
     handle: RuntimeHandle,
     injectors: Vec<Injector<S::Msg>>,
     threads: Vec<JoinHandle<io::Result<(S, ShardStats)>>>,
@@ -570,7 +570,7 @@ struct ShardParts<M> {
     doorbells: Vec<Arc<Doorbell>>,
 }
 
-impl<S: Shard> Runtime<S> {
+impl<S: Handler> Runtime<S> {
     /// Starts `config.shard_count` shard threads. `factory` runs on each shard thread
     /// and builds that shard's handler and driver.
     pub fn start<F>(config: RuntimeConfig, factory: F) -> io::Result<Self>
@@ -732,7 +732,7 @@ fn pin_to_core(config: &RuntimeConfig, shard: usize) {
     }
 }
 
-fn run_shard<S: Shard>(
+fn run_shard<S: Handler>(
     config: RuntimeConfig,
     part: ShardParts<S::Msg>,
     eventfds: Vec<Arc<EventFd>>,

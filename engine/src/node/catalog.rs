@@ -87,15 +87,15 @@ impl Writers {
 
 /// The shared metadata: readers for the shards, a mutex-guarded writer for control.
 #[derive(Clone)]
-pub struct Meta {
+pub struct Catalog {
     writers: Arc<Mutex<Writers>>,
     tokens: MapReader<Box<str>, UserTokens>,
     groups: MapReader<Box<str>, Arc<Subscribers>>,
 }
 
-impl Meta {
+impl Catalog {
     /// Opens the store in `dir` (replaying its journal) and publishes its content.
-    pub fn open(dir: &Path, config: MetaConfig) -> Result<(Meta, MetaRecovery), MetaError> {
+    pub fn open(dir: &Path, config: MetaConfig) -> Result<(Catalog, MetaRecovery), MetaError> {
         let (store, recovery) = MetaStore::open(dir, config)?;
         let (tokens_w, tokens) = epoch_map(1024, config.max_tokens);
         let (groups_w, groups) = epoch_map(1024, config.max_groups);
@@ -113,7 +113,7 @@ impl Meta {
             w.publish_group(&id);
         }
         Ok((
-            Meta {
+            Catalog {
                 writers: Arc::new(Mutex::new(w)),
                 tokens,
                 groups,
@@ -208,7 +208,7 @@ mod tests {
     fn tokens_are_per_uid_and_device_flag_and_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let (meta, _) = Meta::open(dir.path(), MetaConfig::default()).unwrap();
+            let (meta, _) = Catalog::open(dir.path(), MetaConfig::default()).unwrap();
             meta.set_token("u1", 1, "t-web", DeviceLevel::Master)
                 .unwrap();
             meta.set_token("u1", 0, "t-app", DeviceLevel::Slave)
@@ -217,7 +217,7 @@ mod tests {
                 .unwrap();
             meta.add_subscribers("g", &s(&["b", "a"]), false).unwrap();
         }
-        let (meta, _) = Meta::open(dir.path(), MetaConfig::default()).unwrap();
+        let (meta, _) = Catalog::open(dir.path(), MetaConfig::default()).unwrap();
         assert_eq!(
             meta.token("u1", 1),
             Some(("t-web2".into(), DeviceLevel::Slave))
@@ -238,7 +238,7 @@ mod tests {
             max_subscribers_per_group: 3,
             ..MetaConfig::default()
         };
-        let (meta, _) = Meta::open(dir.path(), config).unwrap();
+        let (meta, _) = Catalog::open(dir.path(), config).unwrap();
         assert!(meta.subscribers("g").is_none());
         meta.add_subscribers("g", &s(&["b", "a"]), false).unwrap();
         meta.add_subscribers("g", &s(&["c", "a"]), false).unwrap();
