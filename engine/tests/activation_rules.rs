@@ -1,4 +1,4 @@
-//! Rules 28–33 of `authority-rules.md`: activation and the owner-local registry.
+//! Rules 28–33 of `docs/authority-rules.md`: activation and the owner-local registry.
 
 #[path = "activation_common.rs"]
 mod common;

@@ -1,4 +1,4 @@
-//! One test per presence-authority rule 1–27 (`authority-rules.md`).
+//! One test per presence-authority rule 1–27 (`docs/authority-rules.md`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
