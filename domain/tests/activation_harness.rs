@@ -315,7 +315,7 @@ impl<M: Model> Harness<M> {
         if let Some(&act) = self.running_by_session.get(&sid) {
             if self.rng.gen_bool(0.3) {
                 // The driver removed it without telling the machine (a race the
-                // machine must survive: rule 31).
+                // machine must survive: rule 31 of docs/authority-rules.md).
                 self.reg.deactivate(h, self.now_ms).unwrap();
             } else {
                 self.feed(act, Event::SessionClosed);

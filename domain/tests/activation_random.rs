@@ -41,7 +41,8 @@ struct Candidate {
     acked: Vec<RouteIdentity>,
 }
 
-/// A model of the authority (rules 6–19 as far as activation needs them).
+/// A model of the authority (rules 6–19 of `docs/authority-rules.md`, as far as
+/// activation needs them).
 #[derive(Default)]
 struct FakeAuthority {
     active: HashMap<RouteIdentity, Route>,

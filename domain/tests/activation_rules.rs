@@ -1,4 +1,4 @@
-//! Rules 28–33 of `authority-rules.md`: activation and the owner-local registry.
+//! Rules 28–33 of `docs/authority-rules.md`: activation and the owner-local registry.
 
 // A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
 // the environment, time itself and run threads.

@@ -1,4 +1,4 @@
-//! One test per presence-authority rule 1–27 (`authority-rules.md`).
+//! One test per presence-authority rule 1–27 (`docs/authority-rules.md`).
 
 // A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
 // the environment, time itself and run threads.

@@ -432,7 +432,8 @@ impl Sim {
                                 s.state = State::Active;
                             }
                         } else {
-                            // Closed during activation: unregister (rule 30).
+                            // Closed during activation: unregister (rule 30 of
+                            // docs/authority-rules.md).
                             self.queue.push(Msg::Unregister {
                                 target,
                                 id: RouteIdentity {

@@ -1,7 +1,7 @@
 //! Golden tests against `tests/data/wkproto-vectors.json` (computed
 //! independently with Node.js's crypto) and the JS SDK's CONNECT frames of
-//! the spec: byte-for-byte decode and re-encode, key agreement, AES,
-//! msg_keys, and the crypto error paths.
+//! `docs/wkproto.md` ("Golden bytes"): byte-for-byte decode and re-encode, key
+//! agreement, AES, msg_keys, and the crypto error paths.
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
