@@ -182,6 +182,9 @@ pub struct LogConfig {
     pub max_payload_bytes: u32,
     /// Most messages one read returns (a `limit` of 0 or above it means this).
     pub max_read_messages: usize,
+    /// When the engine syncs: every `interval_ms` (the default; a SENDACK does not
+    /// wait for the disk, the node's syncer thread syncs in the background) or
+    /// `"always"` (every SENDACK waits for the sync that covers its message).
     pub fsync: FsyncPolicy,
 }
 
@@ -2003,6 +2006,37 @@ mod tests {
             assert!(RetiredSeqs::decode(&b, 2, 4).is_none(), "byte {i}");
         }
         assert!(RetiredSeqs::decode(&[], 2, 4).is_none());
+    }
+
+    #[test]
+    fn read_spans_clip_to_the_retained_seqs_and_the_limit() {
+        // Seqs 5..=9 retained.
+        let st = ChannelState {
+            last_seq: 9,
+            first_seq: 5,
+            positions: vec![0; 5],
+        };
+        let span = |start, end, limit, mode| {
+            ReadSpan::of(&st, start, end, limit, mode).map(|s| (s.from, s.to, s.more))
+        };
+        // 0/0: the newest `limit`, whatever the mode.
+        assert_eq!(span(0, 0, 2, PullMode::Up), Some((8, 9, true)));
+        assert_eq!(span(0, 0, 10, PullMode::Down), Some((5, 9, false)));
+        // Down: (end, start], the newest of them.
+        assert_eq!(span(8, 6, 10, PullMode::Down), Some((7, 8, false)));
+        assert_eq!(span(100, 0, 2, PullMode::Down), Some((8, 9, true)));
+        // Up: [start, end), the oldest of them.
+        assert_eq!(span(6, 9, 10, PullMode::Up), Some((6, 8, false)));
+        assert_eq!(span(1, 0, 2, PullMode::Up), Some((5, 6, true)));
+        // Empty ranges.
+        assert_eq!(span(10, 0, 5, PullMode::Up), None);
+        assert_eq!(span(3, 0, 5, PullMode::Down), None);
+        assert_eq!(span(6, 6, 5, PullMode::Up), None);
+        let down: Vec<u64> = ReadSpan::of(&st, 0, 0, 3, PullMode::Down)
+            .unwrap()
+            .seqs()
+            .collect();
+        assert_eq!(down, [9, 8, 7], "down reads from the newest");
     }
 
     #[test]
