@@ -1,6 +1,8 @@
 //! `imrouter`: one node. With no arguments it serves WuKongIM's default ports on
 //! 127.0.0.1 (TCP 5100, WebSocket 5200, HTTP API 5001) with data under `./data`.
 
+#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -51,14 +53,42 @@ fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
+    let config = match load_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("imrouter: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.print_config {
+        return print_config(&config);
+    }
+    let node = match start(&config) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    let failure = match wait_for_stop(&node) {
+        Ok(f) => f,
+        Err(code) => return code,
+    };
+    match node.shutdown() {
+        Ok(()) if failure.is_none() => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Ok(()) => ExitCode::FAILURE,
+        Err(e) => {
+            tracing::error!(%e, "shutdown failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The configuration: the defaults, or the `--config` file, with the flags applied
+/// over it. Refuses a file that cannot be read or parsed.
+fn load_config(args: &Args) -> Result<Config, String> {
     let mut config = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("imrouter: {e}");
-                return ExitCode::from(2);
-            }
-        },
+        Some(path) => Config::load(path)?,
         None => Config::default(),
     };
     if let Some(v) = args.node_id {
@@ -73,8 +103,8 @@ fn main() -> ExitCode {
     if let Some(v) = args.api_addr {
         config.listen.api_addr = v.to_string();
     }
-    if let Some(v) = args.data_dir {
-        config.node.data_dir = v;
+    if let Some(v) = &args.data_dir {
+        config.node.data_dir = v.clone();
     }
     if let Some(v) = args.shards {
         config.runtime.shard_count = v;
@@ -85,32 +115,35 @@ fn main() -> ExitCode {
     if let Some(v) = &args.token_auth {
         config.auth.token_auth = v == "on";
     }
-    if args.print_config {
-        match config.to_toml() {
-            Ok(text) => {
-                print!("{text}{}", computed_limits(&config));
-                return ExitCode::SUCCESS;
-            }
-            Err(e) => {
-                eprintln!("imrouter: {e}");
-                return ExitCode::from(2);
-            }
+    Ok(config)
+}
+
+/// `--print-config`: the configuration as TOML, then what the node computes from it
+/// at start. Exit 2 when it cannot be written as TOML.
+fn print_config(config: &Config) -> ExitCode {
+    match config.to_toml() {
+        Ok(text) => {
+            print!("{text}{}", computed_limits(config));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("imrouter: {e}");
+            ExitCode::from(2)
         }
     }
-    let node_config = match config.to_node_config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("imrouter: invalid configuration: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let node = match Node::start(node_config) {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::error!(%e, "could not start");
-            return ExitCode::FAILURE;
-        }
-    };
+}
+
+/// Starts the node and logs its addresses. Refuses an invalid configuration (exit 2)
+/// and a node that cannot start (exit 1), each with its error.
+fn start(config: &Config) -> Result<Node, ExitCode> {
+    let node_config = config.to_node_config().map_err(|e| {
+        eprintln!("imrouter: invalid configuration: {e}");
+        ExitCode::from(2)
+    })?;
+    let node = Node::start(node_config).map_err(|e| {
+        tracing::error!(%e, "could not start");
+        ExitCode::FAILURE
+    })?;
     tracing::info!(
         tcp = ?node.tcp_addr(),
         ws = ?node.ws_addr(),
@@ -118,43 +151,33 @@ fn main() -> ExitCode {
         "imrouter node {} serving",
         config.node.node_id
     );
-    // Wait for SIGTERM or SIGINT, then shut down gracefully.
-    let mut signals = match signal_hook::iterator::Signals::new([
+    Ok(node)
+}
+
+/// Waits for SIGTERM or SIGINT (then `None`) or for a shard that ends on its own, a
+/// panic or a driver error (then its cause: fatal, the node stops and exits non-zero
+/// so the service manager restarts it). Exit 1 when the signal handlers cannot be
+/// installed.
+fn wait_for_stop(node: &Node) -> Result<Option<String>, ExitCode> {
+    let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
-    ]) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(%e, "could not install signal handlers");
-            return ExitCode::FAILURE;
-        }
-    };
-    // A shard that ends on its own (panic, driver error) is fatal: the node stops
-    // and exits non-zero so the service manager restarts it.
-    let mut failure = None;
+    ])
+    .map_err(|e| {
+        tracing::error!(%e, "could not install signal handlers");
+        ExitCode::FAILURE
+    })?;
     loop {
         if let Some(sig) = signals.pending().next() {
             tracing::info!(
                 signal = sig,
                 "shutting down: disconnecting sessions, flushing logs"
             );
-            break;
+            return Ok(None);
         }
         if let Some(cause) = node.wait_failure(std::time::Duration::from_millis(100)) {
             tracing::error!(%cause, "a shard failed: stopping the node");
-            failure = Some(cause);
-            break;
-        }
-    }
-    match node.shutdown() {
-        Ok(()) if failure.is_none() => {
-            tracing::info!("stopped");
-            ExitCode::SUCCESS
-        }
-        Ok(()) => ExitCode::FAILURE,
-        Err(e) => {
-            tracing::error!(%e, "shutdown failed");
-            ExitCode::FAILURE
+            return Ok(Some(cause));
         }
     }
 }

@@ -7,6 +7,8 @@
 //! The server itself (hyper through axum, on its own small tokio runtime) is in
 //! [`server`]; the `/metrics` text in [`prom`].
 
+#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
+
 mod prom;
 mod server;
 
@@ -30,7 +32,7 @@ use crate::node::msg::Msg;
 use crate::node::send::{ApiSendResult, CommitRequest, MessageSyncRequest, Origin};
 use crate::node::NodeShared;
 use crate::route::{DeviceLevel, Uid};
-use crate::store::PullMode;
+use crate::store::{PullMode, StoredMessage};
 
 /// Limits of the HTTP API.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -516,8 +518,16 @@ impl Api {
 
     fn message_sync(&self, body: &[u8]) -> Result<Reply, Reply> {
         let r: SyncReq = parse(body)?;
-        let key = match r.channel_type {
-            CHANNEL_TYPE_PERSON => person_channel_key(&r.login_uid, &r.channel_id),
+        let key = self.sync_channel_key(&r)?;
+        let (messages, more) = self.read_channel(&r, key)?;
+        Ok(self.sync_answer(&r, &messages, more))
+    }
+
+    /// The stored key of the channel `r` reads. Refuses (403) a group the login uid
+    /// does not subscribe to and (400) a channel type other than person or group.
+    fn sync_channel_key(&self, r: &SyncReq) -> Result<String, Reply> {
+        match r.channel_type {
+            CHANNEL_TYPE_PERSON => Ok(person_channel_key(&r.login_uid, &r.channel_id)),
             CHANNEL_TYPE_GROUP => {
                 let members = self.shared.catalog.subscribers(&r.channel_id);
                 if !members.is_some_and(|m| m.contains(&r.login_uid)) {
@@ -526,10 +536,17 @@ impl Api {
                         "login_uid is not a subscriber of the channel",
                     ));
                 }
-                r.channel_id.clone()
+                Ok(r.channel_id.clone())
             }
-            t => return Err(Reply::error(400, format!("unsupported channel_type {t}"))),
-        };
+            t => Err(Reply::error(400, format!("unsupported channel_type {t}"))),
+        }
+    }
+
+    /// Reads the channel `key` on its delivery shard: the messages (ascending, at
+    /// most `max_sync_response_bytes` copied) and whether more are in range. Refuses
+    /// (503) when the shard's injector is full, (504) when no answer came in time and
+    /// (500) when the log failed the read.
+    fn read_channel(&self, r: &SyncReq, key: String) -> Result<(Vec<StoredMessage>, bool), Reply> {
         let (tx, rx) = sync_channel(1);
         let shard = self.shared.slot_map.shard_of_key(key.as_bytes());
         let request = MessageSyncRequest {
@@ -545,45 +562,29 @@ impl Api {
         self.injectors[shard as usize]
             .send(Msg::MessageSync(Box::new(request)))
             .map_err(|_| Reply::error(503, "the channel's shard is busy; retry"))?;
-        let (messages, more) = rx
-            .recv_timeout(self.timeout())
+        rx.recv_timeout(self.timeout())
             .map_err(|_| Reply::error(504, "read did not finish in time"))?
-            .map_err(|e| Reply::error(500, e))?;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let encode = |m: &crate::store::StoredMessage| {
-            let channel_id =
-                crate::channel::recv_channel_id(&m.channel_id, m.channel_type, &r.login_uid);
-            json!({
-                "message_id": m.message_id,
-                "message_idstr": m.message_id.to_string(),
-                "message_seq": m.message_seq,
-                "client_msg_no": m.client_msg_no,
-                "from_uid": m.from_uid,
-                "channel_id": channel_id,
-                "channel_type": m.channel_type,
-                "timestamp": m.timestamp_s,
-                "setting": m.setting,
-                "payload": b64.encode(&m.payload),
-            })
-            .to_string()
-        };
-        // The answer stays within max_sync_response_bytes: messages nearest the start
-        // of the pull first (the oldest going up, the newest going down), the first
-        // always, then each only if it fits.
+            .map_err(|e| Reply::error(500, e))
+    }
+
+    /// The `messagesync` answer, within `max_sync_response_bytes`: messages nearest
+    /// the start of the pull first (the oldest going up, the newest going down), the
+    /// first always, then each only if it fits (`more` set when one did not).
+    fn sync_answer(&self, r: &SyncReq, messages: &[StoredMessage], more: bool) -> Reply {
         let budget = self
             .config
             .max_sync_response_bytes
             .saturating_sub(SYNC_ENVELOPE_BYTES);
         let down = PullMode::from_wire(r.pull_mode) == PullMode::Down
             || (r.start_message_seq == 0 && r.end_message_seq == 0);
-        let order: Box<dyn Iterator<Item = &crate::store::StoredMessage>> = if down {
+        let order: Box<dyn Iterator<Item = &StoredMessage>> = if down {
             Box::new(messages.iter().rev())
         } else {
             Box::new(messages.iter())
         };
         let (mut list, mut used, mut more) = (Vec::new(), 0usize, more);
         for m in order {
-            let text = encode(m);
+            let text = sync_message_json(m, &r.login_uid);
             if !list.is_empty() && used + text.len() + 1 > budget {
                 more = true;
                 break;
@@ -601,11 +602,11 @@ impl Api {
             u8::from(more),
             list.join(",")
         );
-        Ok(Reply {
+        Reply {
             status: 200,
             body,
             content_type: "application/json",
-        })
+        }
     }
 
     fn metrics(&self) -> Reply {
@@ -659,6 +660,25 @@ impl Api {
             json!({"config_epoch": view.config_epoch, "revision": view.revision, "slots": slots}),
         )
     }
+}
+
+/// One message of a `messagesync` answer as JSON, its channel id as `login_uid` sees
+/// it (a person channel names the other party).
+fn sync_message_json(m: &StoredMessage, login_uid: &str) -> String {
+    let channel_id = crate::channel::recv_channel_id(&m.channel_id, m.channel_type, login_uid);
+    json!({
+        "message_id": m.message_id,
+        "message_idstr": m.message_id.to_string(),
+        "message_seq": m.message_seq,
+        "client_msg_no": m.client_msg_no,
+        "from_uid": m.from_uid,
+        "channel_id": channel_id,
+        "channel_type": m.channel_type,
+        "timestamp": m.timestamp_s,
+        "setting": m.setting,
+        "payload": base64::engine::general_purpose::STANDARD.encode(&m.payload),
+    })
+    .to_string()
 }
 
 #[cfg(test)]

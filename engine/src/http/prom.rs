@@ -196,6 +196,72 @@ fn shard_metric_name(prefix: &str, name: &str) -> (String, &'static str) {
     }
 }
 
+/// The API's single-series families: name, type, help and the counter or gauge.
+type ApiFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ApiMetrics) -> &AtomicU64,
+);
+
+/// [`ApiMetrics`] besides `requests`, in the order they are exported.
+const API_FAMILIES: &[ApiFamily] = &[
+    (
+        "imrouter_api_accept_errors_total",
+        "counter",
+        "HTTP API accept failures; those of the process (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...) pause accepting (5 ms doubling to 1 s).",
+        |a| &a.accept_errors,
+    ),
+    (
+        "imrouter_api_connections_refused_total",
+        "counter",
+        "HTTP API connections refused at max_connections with none idle (503, closed).",
+        |a| &a.connections_refused,
+    ),
+    (
+        "imrouter_api_connections_evicted_total",
+        "counter",
+        "Idle HTTP API connections closed to admit a new one at max_connections.",
+        |a| &a.connections_evicted,
+    ),
+    (
+        "imrouter_api_panics_total",
+        "counter",
+        "HTTP API handlers that panicked (answered 500).",
+        |a| &a.panics,
+    ),
+    (
+        "imrouter_api_pool_refusals_total",
+        "counter",
+        "HTTP API requests refused (503) because the blocking pool was full.",
+        |a| &a.pool_refusals,
+    ),
+    (
+        "imrouter_api_write_timeouts_total",
+        "counter",
+        "HTTP API connections closed because their client accepted no byte of an answer for answer_write_timeout_ms.",
+        |a| &a.write_timeouts,
+    ),
+    (
+        "imrouter_api_connections",
+        "gauge",
+        "Open HTTP API connections.",
+        |a| &a.connections,
+    ),
+    (
+        "imrouter_api_requests_in_progress",
+        "gauge",
+        "HTTP API requests whose answer is not yet fully written.",
+        |a| &a.requests_in_progress,
+    ),
+    (
+        "imrouter_api_blocking_in_use",
+        "gauge",
+        "HTTP API requests holding a place of the blocking pool (blocking_threads).",
+        |a| &a.blocking_in_use,
+    ),
+];
+
 /// The whole `/metrics` text of a node.
 pub fn render(shared: &NodeShared) -> String {
     let mut out = Exposition {
@@ -203,197 +269,167 @@ pub fn render(shared: &NodeShared) -> String {
     };
     let snapshots: Vec<Vec<(&'static str, u64)>> =
         shared.shard_metrics.iter().map(|m| m.snapshot()).collect();
+    out.shard_counters(&snapshots);
+    out.listener_counters(&snapshots);
+    out.descriptors(shared);
+    out.stage_histograms(shared);
+    out.routes_and_rings(shared);
+    out.api(&shared.api_metrics);
+    out.text
+}
 
-    // Shard counters: the node's total, then one series per shard (the listener
-    // counters are exported below as labelled families instead).
-    let labelled = |name: &str| LISTENER_FAMILIES.iter().any(|f| f.field == name);
-    for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
-        if labelled(name) {
-            continue;
-        }
-        let (full, ty) = shard_metric_name("imrouter_", name);
-        out.family(&full, ty, help);
-        let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
-        out.sample(&full, "", total);
-    }
-    for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
-        if labelled(name) {
-            continue;
-        }
-        let (full, ty) = shard_metric_name("imrouter_shard_", name);
-        out.family(&full, ty, &format!("{} Per shard.", help.trim()));
-        for (shard, s) in snapshots.iter().enumerate() {
-            out.sample(&full, &format!("shard=\"{shard}\""), s[i].1);
-        }
-    }
-
-    // Accepts by listener (and refusals by reason), summed over shards.
-    let mut family_done: Vec<&str> = Vec::new();
-    for f in LISTENER_FAMILIES {
-        let Some(i) = ShardMetrics::DESCRIPTIONS
-            .iter()
-            .position(|(n, _)| *n == f.field)
-        else {
-            continue;
-        };
-        if !family_done.contains(&f.family) {
-            family_done.push(f.family);
-            out.family(f.family, f.ty, f.help);
-        }
-        let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
-        out.sample(f.family, f.labels, total);
-    }
-    out.family(
-        "imrouter_fd_limit",
-        "gauge",
-        "The process's soft RLIMIT_NOFILE, which the connection caps were computed from.",
-    );
-    out.sample("imrouter_fd_limit", "", shared.fd_budget.limit);
-    if let Some(open) = shared.open_fds() {
-        out.family(
-            "imrouter_open_fds",
-            "gauge",
-            "File descriptors the process has open.",
-        );
-        out.sample("imrouter_open_fds", "", open);
-    }
-
-    // The message path's stage latencies, all shards together.
-    let buckets = LATENCY_BUCKETS_NS;
-    let names = shared.stages[0].named().map(|(name, _)| name);
-    for (k, name) in names.iter().enumerate() {
-        let mut counts = vec![0u64; buckets.len() + 1];
-        let (mut sum_ns, mut count) = (0u64, 0u64);
-        for stages in &shared.stages {
-            let h = stages.named()[k].1;
-            for (i, c) in h.buckets.iter().enumerate() {
-                counts[i] += c.get();
+impl Exposition {
+    /// Shard counters: the node's total, then one series per shard (the listener
+    /// counters are exported by [`Exposition::listener_counters`] instead).
+    fn shard_counters(&mut self, snapshots: &[Vec<(&'static str, u64)>]) {
+        let labelled = |name: &str| LISTENER_FAMILIES.iter().any(|f| f.field == name);
+        for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
+            if labelled(name) {
+                continue;
             }
-            sum_ns += h.sum_ns.get();
-            count += h.count.get();
+            let (full, ty) = shard_metric_name("imrouter_", name);
+            self.family(&full, ty, help);
+            let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
+            self.sample(&full, "", total);
         }
-        let help = STAGE_HELP
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or("A stage of the message path.", |(_, h)| h);
-        let family = format!("imrouter_{name}_seconds");
-        out.family(&family, "histogram", help);
-        let mut cumulative = 0;
-        for (i, n) in counts.iter().enumerate() {
-            cumulative += n;
-            let le = buckets
-                .get(i)
-                .map_or("+Inf".to_string(), |ns| format!("{}", *ns as f64 / 1e9));
-            out.sample(
-                &format!("{family}_bucket"),
-                &format!("le=\"{le}\""),
-                cumulative,
+        for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {
+            if labelled(name) {
+                continue;
+            }
+            let (full, ty) = shard_metric_name("imrouter_shard_", name);
+            self.family(&full, ty, &format!("{} Per shard.", help.trim()));
+            for (shard, s) in snapshots.iter().enumerate() {
+                self.sample(&full, &format!("shard=\"{shard}\""), s[i].1);
+            }
+        }
+    }
+
+    /// Accepts by listener (and refusals by reason), summed over shards.
+    fn listener_counters(&mut self, snapshots: &[Vec<(&'static str, u64)>]) {
+        let mut family_done: Vec<&str> = Vec::new();
+        for f in LISTENER_FAMILIES {
+            let Some(i) = ShardMetrics::DESCRIPTIONS
+                .iter()
+                .position(|(n, _)| *n == f.field)
+            else {
+                continue;
+            };
+            if !family_done.contains(&f.family) {
+                family_done.push(f.family);
+                self.family(f.family, f.ty, f.help);
+            }
+            let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
+            self.sample(f.family, f.labels, total);
+        }
+    }
+
+    /// The descriptor limit the connection caps came from, and the descriptors open
+    /// (left out where `/proc/self/fd` cannot be read).
+    fn descriptors(&mut self, shared: &NodeShared) {
+        self.family(
+            "imrouter_fd_limit",
+            "gauge",
+            "The process's soft RLIMIT_NOFILE, which the connection caps were computed from.",
+        );
+        self.sample("imrouter_fd_limit", "", shared.fd_budget.limit);
+        if let Some(open) = shared.open_fds() {
+            self.family(
+                "imrouter_open_fds",
+                "gauge",
+                "File descriptors the process has open.",
+            );
+            self.sample("imrouter_open_fds", "", open);
+        }
+    }
+
+    /// The message path's stage latencies, all shards together, as histograms in
+    /// seconds.
+    fn stage_histograms(&mut self, shared: &NodeShared) {
+        let buckets = LATENCY_BUCKETS_NS;
+        let names = shared.stages[0].named().map(|(name, _)| name);
+        for (k, name) in names.iter().enumerate() {
+            let mut counts = vec![0u64; buckets.len() + 1];
+            let (mut sum_ns, mut count) = (0u64, 0u64);
+            for stages in &shared.stages {
+                let h = stages.named()[k].1;
+                for (i, c) in h.buckets.iter().enumerate() {
+                    counts[i] += c.get();
+                }
+                sum_ns += h.sum_ns.get();
+                count += h.count.get();
+            }
+            let help = STAGE_HELP
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or("A stage of the message path.", |(_, h)| h);
+            let family = format!("imrouter_{name}_seconds");
+            self.family(&family, "histogram", help);
+            let mut cumulative = 0;
+            for (i, n) in counts.iter().enumerate() {
+                cumulative += n;
+                let le = buckets
+                    .get(i)
+                    .map_or("+Inf".to_string(), |ns| format!("{}", *ns as f64 / 1e9));
+                self.sample(
+                    &format!("{family}_bucket"),
+                    &format!("le=\"{le}\""),
+                    cumulative,
+                );
+            }
+            self.sample(&format!("{family}_sum"), "", sum_ns as f64 / 1e9);
+            self.sample(&format!("{family}_count"), "", count);
+        }
+    }
+
+    /// Active routes per hash slot (slots with none left out) and the occupancy of
+    /// every shard-to-shard ring.
+    fn routes_and_rings(&mut self, shared: &NodeShared) {
+        self.family(
+            "imrouter_routes",
+            "gauge",
+            "Active routes per hash slot (slots with none are left out).",
+        );
+        for (slot, n) in shared.routes_per_slot.iter().enumerate() {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                self.sample("imrouter_routes", &format!("hash_slot=\"{slot}\""), n);
+            }
+        }
+        self.family(
+            "imrouter_ring_queued",
+            "gauge",
+            "Messages queued on the ring from one shard to another, sampled every expiry pass.",
+        );
+        let shards = shared.slot_map.shard_count() as usize;
+        for (i, n) in shared.ring_occupancy.iter().enumerate() {
+            let (from, to) = (i / shards, i % shards);
+            let n = n.load(Ordering::Relaxed);
+            self.sample(
+                "imrouter_ring_queued",
+                &format!("from=\"{from}\",to=\"{to}\""),
+                n,
             );
         }
-        out.sample(&format!("{family}_sum"), "", sum_ns as f64 / 1e9);
-        out.sample(&format!("{family}_count"), "", count);
     }
 
-    out.family(
-        "imrouter_routes",
-        "gauge",
-        "Active routes per hash slot (slots with none are left out).",
-    );
-    for (slot, n) in shared.routes_per_slot.iter().enumerate() {
-        let n = n.load(Ordering::Relaxed);
-        if n > 0 {
-            out.sample("imrouter_routes", &format!("hash_slot=\"{slot}\""), n);
+    /// The HTTP API's own counters and gauges.
+    fn api(&mut self, api: &ApiMetrics) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.family(
+            "imrouter_api_requests_total",
+            "counter",
+            "HTTP API answers by status class.",
+        );
+        for (i, c) in api.requests.iter().enumerate() {
+            self.sample(
+                "imrouter_api_requests_total",
+                &format!("class=\"{}xx\"", i + 1),
+                get(c),
+            );
+        }
+        for (name, ty, help, counter) in API_FAMILIES {
+            self.family(name, ty, help);
+            self.sample(name, "", get(counter(api)));
         }
     }
-    out.family(
-        "imrouter_ring_queued",
-        "gauge",
-        "Messages queued on the ring from one shard to another, sampled every expiry pass.",
-    );
-    let shards = shared.slot_map.shard_count() as usize;
-    for (i, n) in shared.ring_occupancy.iter().enumerate() {
-        let (from, to) = (i / shards, i % shards);
-        let n = n.load(Ordering::Relaxed);
-        out.sample(
-            "imrouter_ring_queued",
-            &format!("from=\"{from}\",to=\"{to}\""),
-            n,
-        );
-    }
-
-    // The HTTP API.
-    let api = &shared.api_metrics;
-    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    out.family(
-        "imrouter_api_requests_total",
-        "counter",
-        "HTTP API answers by status class.",
-    );
-    for (i, c) in api.requests.iter().enumerate() {
-        out.sample(
-            "imrouter_api_requests_total",
-            &format!("class=\"{}xx\"", i + 1),
-            get(c),
-        );
-    }
-    for (name, ty, help, value) in [
-        (
-            "imrouter_api_accept_errors_total",
-            "counter",
-            "HTTP API accept failures; those of the process (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...) pause accepting (5 ms doubling to 1 s).",
-            get(&api.accept_errors),
-        ),
-        (
-            "imrouter_api_connections_refused_total",
-            "counter",
-            "HTTP API connections refused at max_connections with none idle (503, closed).",
-            get(&api.connections_refused),
-        ),
-        (
-            "imrouter_api_connections_evicted_total",
-            "counter",
-            "Idle HTTP API connections closed to admit a new one at max_connections.",
-            get(&api.connections_evicted),
-        ),
-        (
-            "imrouter_api_panics_total",
-            "counter",
-            "HTTP API handlers that panicked (answered 500).",
-            get(&api.panics),
-        ),
-        (
-            "imrouter_api_pool_refusals_total",
-            "counter",
-            "HTTP API requests refused (503) because the blocking pool was full.",
-            get(&api.pool_refusals),
-        ),
-        (
-            "imrouter_api_write_timeouts_total",
-            "counter",
-            "HTTP API connections closed because their client accepted no byte of an answer for answer_write_timeout_ms.",
-            get(&api.write_timeouts),
-        ),
-        (
-            "imrouter_api_connections",
-            "gauge",
-            "Open HTTP API connections.",
-            get(&api.connections),
-        ),
-        (
-            "imrouter_api_requests_in_progress",
-            "gauge",
-            "HTTP API requests whose answer is not yet fully written.",
-            get(&api.requests_in_progress),
-        ),
-        (
-            "imrouter_api_blocking_in_use",
-            "gauge",
-            "HTTP API requests holding a place of the blocking pool (blocking_threads).",
-            get(&api.blocking_in_use),
-        ),
-    ] {
-        out.family(name, ty, help);
-        out.sample(name, "", value);
-    }
-    out.text
 }

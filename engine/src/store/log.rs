@@ -18,7 +18,12 @@
 //! # Durability contract
 //! - [`MessageLog::append`] puts the record in the page cache (the shared mapping *is*
 //!   the file's page cache). It is **not durable** until [`MessageLog::sync`] returns
-//!   `Ok`. Group commit: append a batch, `sync` once, then acknowledge the batch.
+//!   `Ok`, or a [`SyncJob`] from [`MessageLog::begin_sync`] (run by the node's syncer
+//!   thread, `node/syncer.rs`) ran and [`MessageLog::end_sync`] accepted its result.
+//!   Only under [`FsyncPolicy::Always`] does the engine wait for that before a
+//!   SENDACK (group commit: append a batch, sync once, then acknowledge the batch);
+//!   under the default [`FsyncPolicy::IntervalMs`] it acknowledges at once and syncs
+//!   every interval.
 //! - **Process crash** (`kill -9`, panic, abort): everything appended survives, synced
 //!   or not: the stores already are in the kernel's page cache, which outlives the
 //!   process and is written back by the kernel. Only a record being copied at the very
@@ -100,6 +105,8 @@
 //! [`MessageLog::sync`] (a graceful stop: seal and delete retired files); and
 //! [`MessageLog::open`] (recovery, retirement at open).
 
+#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
+
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -175,6 +182,9 @@ pub struct LogConfig {
     pub max_payload_bytes: u32,
     /// Most messages one read returns (a `limit` of 0 or above it means this).
     pub max_read_messages: usize,
+    /// When the engine syncs: every `interval_ms` (the default; a SENDACK does not
+    /// wait for the disk, the node's syncer thread syncs in the background) or
+    /// `"always"` (every SENDACK waits for the sync that covers its message).
     pub fsync: FsyncPolicy,
 }
 
@@ -732,6 +742,77 @@ impl ChannelTable {
     }
 }
 
+/// The seqs a read returns before its byte bound (see [`MessageLog::read`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ReadSpan {
+    from: u64,
+    to: u64,
+    /// Pulling towards older messages: read from `to` down.
+    down: bool,
+    /// The requested range holds retained messages beyond `from..=to`.
+    more: bool,
+}
+
+impl ReadSpan {
+    /// The span of a read of channel `st` (which retains at least one message),
+    /// clipped to its retained seqs and to `limit` (at least 1) in the pull
+    /// direction; `None` for an empty range.
+    fn of(
+        st: &ChannelState,
+        start_seq: u64,
+        end_seq: u64,
+        limit: u64,
+        mode: PullMode,
+    ) -> Option<ReadSpan> {
+        let (first, last) = (st.first_seq, st.last_seq);
+        let down = mode == PullMode::Down || (start_seq == 0 && end_seq == 0);
+        let (lo, hi) = if down {
+            let hi = if start_seq == 0 {
+                last
+            } else {
+                start_seq.min(last)
+            };
+            (first.max(end_seq.saturating_add(1)), hi)
+        } else {
+            let hi = if end_seq == 0 {
+                last
+            } else {
+                (end_seq - 1).min(last)
+            };
+            (first.max(start_seq).max(1), hi)
+        };
+        if lo > hi {
+            return None;
+        }
+        Some(if down {
+            let from = lo.max(hi.saturating_sub(limit - 1));
+            ReadSpan {
+                from,
+                to: hi,
+                down,
+                more: from > lo,
+            }
+        } else {
+            let to = hi.min(lo.saturating_add(limit - 1));
+            ReadSpan {
+                from: lo,
+                to,
+                down,
+                more: to < hi,
+            }
+        })
+    }
+
+    /// The seqs in read order: from the oldest (up) or from the newest (down).
+    fn seqs(&self) -> Box<dyn Iterator<Item = u64>> {
+        if self.down {
+            Box::new((self.from..=self.to).rev())
+        } else {
+            Box::new(self.from..=self.to)
+        }
+    }
+}
+
 /// The retired-seq table (see the module docs): last seqs of channels with no
 /// retained message, keyed by a keyed hash, bounded, with high-water floors for what
 /// it forgets.
@@ -951,37 +1032,119 @@ fn view_of(fields: RecordFields<'_>, position: LogPosition) -> Option<MessageVie
     })
 }
 
+/// Creates `dir` (private) if needed and takes its lock. Refuses a directory another
+/// open log holds ([`LogError::Locked`]) and any IO failure.
+fn create_and_lock(dir: &Path) -> Result<DirLock, LogError> {
+    create_private_dir_all(dir).map_err(io_err("create log dir"))?;
+    DirLock::acquire(dir).map_err(|e| {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            LogError::Locked
+        } else {
+            LogError::Io {
+                op: "lock log dir",
+                source: e,
+            }
+        }
+    })
+}
+
+/// The ids of the segment files in `dir`, ascending (other files are ignored).
+/// Refuses a directory that cannot be listed.
+fn list_segment_ids(dir: &Path) -> Result<Vec<u32>, LogError> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err("list log dir"))? {
+        let entry = entry.map_err(io_err("list log dir"))?;
+        if let Some(id) = entry.file_name().to_str().and_then(parse_segment_name) {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Opens and maps an existing segment file, its scan not done yet (`end` 0). A file
+/// shorter than `segment_bytes` (a crash between create and preallocate, or an older
+/// config) is preallocated to it; a longer one keeps its size. Refuses a file over
+/// 4 GiB and any IO failure.
+fn open_segment(path: PathBuf, id: u32, segment_bytes: u32) -> Result<Segment, LogError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err("open segment"))?;
+    let len = file.metadata().map_err(io_err("stat segment"))?.len();
+    if len > u64::from(u32::MAX) {
+        return Err(LogError::Config("segment file larger than 4 GiB"));
+    }
+    if len < u64::from(segment_bytes) {
+        preallocate(&file, u64::from(segment_bytes)).map_err(io_err("preallocate segment"))?;
+    }
+    let map = map_segment(&file).map_err(io_err("map segment"))?;
+    Ok(Segment {
+        id,
+        path: path.into(),
+        map,
+        end: 0,
+        prefaulted_to: 0,
+        file: Arc::new(file),
+    })
+}
+
+/// Zeroes everything after the segment's last valid record (`seg.end`), so nothing
+/// stale is ever read as a continuation, and syncs it. Returns how many bytes up to
+/// the last non-zero one were zeroed. Refuses a failed sync.
+fn zero_tail(seg: &mut Segment) -> Result<u64, LogError> {
+    let tail = &mut seg.map[seg.end as usize..];
+    let mut last_nonzero = 0usize;
+    for (k, page) in tail.chunks_mut(PAGE_BYTES).enumerate() {
+        if page.iter().any(|&b| b != 0) {
+            last_nonzero = k * PAGE_BYTES + page.iter().rposition(|&b| b != 0).unwrap_or(0) + 1;
+            page.fill(0);
+        }
+    }
+    seg.map.flush().map_err(io_err("sync zeroed tail"))?;
+    Ok(last_nonzero as u64)
+}
+
 impl MessageLog {
     /// Opens (creating if needed) the log in `dir`, recovering as described in the
     /// module docs. The directory is locked for the life of the value.
+    ///
+    /// Refuses an invalid config, a directory another log holds ([`LogError::Locked`]),
+    /// a segment file over 4 GiB, a corrupt `channel_seqs.snap`, and any IO failure.
     pub fn open(dir: &Path, config: LogConfig) -> Result<(MessageLog, RecoveryReport), LogError> {
         config.validate()?;
-        create_private_dir_all(dir).map_err(io_err("create log dir"))?;
-        let lock = DirLock::acquire(dir).map_err(|e| {
-            if e.kind() == io::ErrorKind::WouldBlock {
-                LogError::Locked
-            } else {
-                LogError::Io {
-                    op: "lock log dir",
-                    source: e,
-                }
-            }
-        })?;
-        let mut ids = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(io_err("list log dir"))? {
-            let entry = entry.map_err(io_err("list log dir"))?;
-            if let Some(id) = entry.file_name().to_str().and_then(parse_segment_name) {
-                ids.push(id);
-            }
+        let lock = create_and_lock(dir)?;
+        let ids = list_segment_ids(dir)?;
+        let mut log = MessageLog::unrecovered(dir, config, lock);
+        let mut report = RecoveryReport::default();
+        log.recover_segments(&ids, &mut report)?;
+        report.records = log.table.indexed as u64;
+        log.load_seq_snapshot(&mut report)?;
+        log.count_snapshot_conflicts(&mut report);
+        log.retire_to_bounds(&mut report)?;
+        report.segments = log.segments.len() as u32;
+        report.channels = log.table.channels;
+        if report.truncated_bytes > 0
+            || report.dropped_segments > 0
+            || report.seq_discontinuities > 0
+        {
+            tracing::warn!(dir = %dir.display(), ?report, "message log recovered with truncation");
+        } else {
+            tracing::info!(dir = %dir.display(), ?report, "message log opened");
         }
-        ids.sort_unstable();
+        Ok((log, report))
+    }
 
+    /// A log of no segment and an empty index over `dir` (whose `lock` it keeps), a
+    /// fresh random key for its retired-seq table: the state recovery starts from.
+    fn unrecovered(dir: &Path, config: LogConfig, lock: DirLock) -> MessageLog {
         let retired = RetiredSeqs::new(
             (rand::random(), rand::random()),
             config.max_retired_channels,
             config.seq_floor_buckets,
         );
-        let mut log = MessageLog {
+        MessageLog {
             dir: dir.to_path_buf(),
             config,
             segments: VecDeque::new(),
@@ -1006,99 +1169,82 @@ impl MessageLog {
             pending_snapshot: None,
             segments_created_inline: 0,
             _lock: lock,
-        };
-        let mut report = RecoveryReport::default();
+        }
+    }
+
+    /// Opens and scans the segments `ids` (ascending) into the index. The first one
+    /// that ends unclean ends the log: its tail is zeroed and synced, and every later
+    /// segment is deleted. Refuses on any IO failure or a segment over 4 GiB.
+    fn recover_segments(
+        &mut self,
+        ids: &[u32],
+        report: &mut RecoveryReport,
+    ) -> Result<(), LogError> {
         let mut ended = false;
         let mut dir_changed = false;
         for (i, &id) in ids.iter().enumerate() {
-            let path = segment_path(dir, id);
+            let path = segment_path(&self.dir, id);
             if ended {
                 std::fs::remove_file(&path).map_err(io_err("delete segment after log end"))?;
                 report.dropped_segments += 1;
                 dir_changed = true;
                 continue;
             }
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(io_err("open segment"))?;
-            let len = file.metadata().map_err(io_err("stat segment"))?.len();
-            if len < log.config.segment_bytes as u64 || len > u64::from(u32::MAX) {
-                // Created by a crash between create and preallocate, or by an older
-                // config: bring it to the configured size (a longer one keeps its size).
-                if len > u64::from(u32::MAX) {
-                    return Err(LogError::Config("segment file larger than 4 GiB"));
-                }
-                preallocate(&file, u64::from(log.config.segment_bytes))
-                    .map_err(io_err("preallocate segment"))?;
-            }
-            let map = map_segment(&file).map_err(io_err("map segment"))?;
-            let mut seg = Segment {
-                id,
-                path: path.into(),
-                map,
-                end: 0,
-                prefaulted_to: 0,
-                file: Arc::new(file),
-            };
-            let (end, clean) = log.scan_segment(&seg, &mut report);
+            let mut seg = open_segment(path, id, self.config.segment_bytes)?;
+            let (end, clean) = self.scan_segment(&seg, report);
             seg.end = end;
             if !clean {
-                // The log ends inside this segment: zero everything after the last
-                // valid record so nothing stale is ever read as a continuation.
-                let tail = &mut seg.map[end as usize..];
-                let mut last_nonzero = 0usize;
-                for (k, page) in tail.chunks_mut(PAGE_BYTES).enumerate() {
-                    if page.iter().any(|&b| b != 0) {
-                        last_nonzero =
-                            k * PAGE_BYTES + page.iter().rposition(|&b| b != 0).unwrap_or(0) + 1;
-                        page.fill(0);
-                    }
-                }
-                report.truncated_bytes += last_nonzero as u64;
-                seg.map.flush().map_err(io_err("sync zeroed tail"))?;
+                report.truncated_bytes += zero_tail(&mut seg)?;
                 ended = i + 1 < ids.len();
             }
-            log.segments.push_back(seg);
+            self.segments.push_back(seg);
         }
         if dir_changed {
-            sync_dir(dir).map_err(io_err("sync log dir"))?;
+            sync_dir(&self.dir).map_err(io_err("sync log dir"))?;
         }
-        report.records = log.table.indexed as u64;
+        Ok(())
+    }
 
-        // Seqs of channels whose messages were all retired earlier.
-        match std::fs::read(dir.join(SEQ_SNAPSHOT_NAME)) {
-            Ok(bytes) => {
-                let (max, buckets) = (
-                    log.config.max_retired_channels,
-                    log.config.seq_floor_buckets,
-                );
-                if let Some(t) = RetiredSeqs::decode(&bytes, max, buckets) {
-                    log.retired = t;
-                } else {
-                    // Format 1 (listed ids), written by earlier versions.
-                    let entries = decode_seq_snapshot(&bytes).ok_or(LogError::SnapshotCorrupt)?;
-                    for (t, id, last) in entries {
-                        let h = log.retired.hash(t, id);
-                        log.retired.record(h, last);
-                    }
-                }
-                report.snapshot_channels = log.retired.exact.len();
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+    /// Loads the seqs of channels whose messages were all retired earlier from
+    /// `channel_seqs.snap` (format 2, or format 1 of earlier versions); none when the
+    /// file does not exist. Refuses a corrupt snapshot and a failed read.
+    fn load_seq_snapshot(&mut self, report: &mut RecoveryReport) -> Result<(), LogError> {
+        let bytes = match std::fs::read(self.dir.join(SEQ_SNAPSHOT_NAME)) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => {
                 return Err(LogError::Io {
                     op: "read seq snapshot",
                     source: e,
                 })
             }
+        };
+        let (max, buckets) = (
+            self.config.max_retired_channels,
+            self.config.seq_floor_buckets,
+        );
+        if let Some(t) = RetiredSeqs::decode(&bytes, max, buckets) {
+            self.retired = t;
+        } else {
+            // Format 1 (listed ids), written by earlier versions.
+            let entries = decode_seq_snapshot(&bytes).ok_or(LogError::SnapshotCorrupt)?;
+            for (t, id, last) in entries {
+                let h = self.retired.hash(t, id);
+                self.retired.record(h, last);
+            }
         }
-        for (t, id, st) in log.table.iter() {
-            // Cannot happen with this log's own files (a channel's entry is written
-            // when its last retained record is retired, and only grows).
-            let h = log.retired.hash(t, id);
-            if log
+        report.snapshot_channels = self.retired.exact.len();
+        Ok(())
+    }
+
+    /// Counts in `seq_discontinuities` the indexed channels whose retired-seq entry is
+    /// above their scanned last seq. Cannot happen with this log's own files (a
+    /// channel's entry is written when its last retained record is retired, and only
+    /// grows). Refuses nothing.
+    fn count_snapshot_conflicts(&self, report: &mut RecoveryReport) {
+        for (t, id, st) in self.table.iter() {
+            let h = self.retired.hash(t, id);
+            if self
                 .retired
                 .exact
                 .get(&h)
@@ -1107,30 +1253,24 @@ impl MessageLog {
                 report.seq_discontinuities += 1;
             }
         }
+    }
 
-        if log.segments.is_empty() {
-            log.create_segment(0)?;
+    /// Gives an empty log its first segment, then retires the oldest segments until
+    /// `max_segments`, `max_indexed_messages` and `max_channels` hold, and deletes
+    /// their files now. Refuses on an IO failure (creating, syncing, deleting).
+    fn retire_to_bounds(&mut self, report: &mut RecoveryReport) -> Result<(), LogError> {
+        if self.segments.is_empty() {
+            self.create_segment(0)?;
         }
-        let before = log.retired_segments;
-        while log.segments.len() > log.config.max_segments as usize
-            || log.table.indexed > log.config.max_indexed_messages
-            || log.table.channels > log.config.max_channels
+        let before = self.retired_segments;
+        while self.segments.len() > self.config.max_segments as usize
+            || self.table.indexed > self.config.max_indexed_messages
+            || self.table.channels > self.config.max_channels
         {
-            log.retire_oldest()?;
+            self.retire_oldest()?;
         }
-        report.retired_segments = (log.retired_segments - before) as u32;
-        log.retire_files_now()?;
-        report.segments = log.segments.len() as u32;
-        report.channels = log.table.channels;
-        if report.truncated_bytes > 0
-            || report.dropped_segments > 0
-            || report.seq_discontinuities > 0
-        {
-            tracing::warn!(dir = %dir.display(), ?report, "message log recovered with truncation");
-        } else {
-            tracing::info!(dir = %dir.display(), ?report, "message log opened");
-        }
-        Ok((log, report))
+        report.retired_segments = (self.retired_segments - before) as u32;
+        self.retire_files_now()
     }
 
     /// Scans one segment's records into the index. Returns the end of the last valid
@@ -1393,6 +1533,46 @@ impl MessageLog {
     /// Not durable until [`MessageLog::sync`]. Errors leave the log unchanged (except
     /// that a roll or retirement the append needed may have happened).
     pub fn append(&mut self, msg: &NewMessage<'_>) -> Result<AppendedMessage, LogError> {
+        self.check_appendable(msg)?;
+        let last_seq = self.last_seq_making_room(msg.channel_type, msg.channel_id)?;
+        let fields = RecordFields {
+            message_id: msg.message_id,
+            message_seq: last_seq + 1,
+            timestamp_s: msg.timestamp_s,
+            channel_type: msg.channel_type,
+            setting: msg.setting,
+            msg_flags: u16::from(msg.msg_flags),
+            channel_id: msg.channel_id.as_bytes(),
+            from_uid: msg.from_uid.as_bytes(),
+            client_msg_no: msg.client_msg_no.as_bytes(),
+            payload: msg.payload,
+        };
+        let len = fields.record_len().expect("lengths checked above") as u32;
+        while self.table.indexed >= self.config.max_indexed_messages {
+            self.retire_oldest()?;
+        }
+        if self.active().capacity() - self.active().end < len {
+            self.roll()?;
+        }
+        let pos = self.write_record(&fields, len);
+        // (A retirement above may have taken the channel out of the index.)
+        let st = self.table.get_or_insert(msg.channel_type, msg.channel_id);
+        if st.positions.is_empty() {
+            st.first_seq = last_seq + 1;
+        }
+        st.positions.push(pos);
+        st.last_seq = last_seq + 1;
+        self.table.indexed += 1;
+        Ok(AppendedMessage {
+            message_seq: last_seq + 1,
+            position: pos,
+        })
+    }
+
+    /// Whether `msg` may be appended at all. Refuses a poisoned log, an empty
+    /// channel id, a string field over 65535 bytes and a payload over
+    /// `max_payload_bytes`; changes nothing.
+    fn check_appendable(&self, msg: &NewMessage<'_>) -> Result<(), LogError> {
         if self.poisoned {
             return Err(LogError::Poisoned);
         }
@@ -1417,36 +1597,31 @@ impl MessageLog {
                 max_payload_bytes: self.config.max_payload_bytes,
             });
         }
-        let last_seq = match self.table.get(msg.channel_type, msg.channel_id) {
-            Some(st) => st.last_seq,
-            None => {
-                // Make room in the index: retire until a channel leaves it.
-                while self.table.channels >= self.config.max_channels {
-                    self.retire_oldest()?;
-                }
-                let h = self.retired.hash(msg.channel_type, msg.channel_id);
-                self.retired.last_seq(h)
-            }
-        };
-        let fields = RecordFields {
-            message_id: msg.message_id,
-            message_seq: last_seq + 1,
-            timestamp_s: msg.timestamp_s,
-            channel_type: msg.channel_type,
-            setting: msg.setting,
-            msg_flags: u16::from(msg.msg_flags),
-            channel_id: msg.channel_id.as_bytes(),
-            from_uid: msg.from_uid.as_bytes(),
-            client_msg_no: msg.client_msg_no.as_bytes(),
-            payload: msg.payload,
-        };
-        let len = fields.record_len().expect("lengths checked above") as u32;
-        while self.table.indexed >= self.config.max_indexed_messages {
+        Ok(())
+    }
+
+    /// The channel's last seq. A channel outside the index continues from its
+    /// retired-seq entry, and first gets room in the index: the oldest segments are
+    /// retired until fewer than `max_channels` are indexed. Refuses what a retirement
+    /// refuses (an IO failure of its roll).
+    fn last_seq_making_room(
+        &mut self,
+        channel_type: u8,
+        channel_id: &str,
+    ) -> Result<u64, LogError> {
+        if let Some(st) = self.table.get(channel_type, channel_id) {
+            return Ok(st.last_seq);
+        }
+        while self.table.channels >= self.config.max_channels {
             self.retire_oldest()?;
         }
-        if self.active().capacity() - self.active().end < len {
-            self.roll()?;
-        }
+        let h = self.retired.hash(channel_type, channel_id);
+        Ok(self.retired.last_seq(h))
+    }
+
+    /// Copies the record (`len` bytes, already known to fit) to the active segment's
+    /// end and marks it unsynced; returns its position. Refuses nothing.
+    fn write_record(&mut self, fields: &RecordFields<'_>, len: u32) -> LogPosition {
         let seg = self
             .segments
             .back_mut()
@@ -1460,18 +1635,7 @@ impl MessageLog {
         if self.dirty_from.is_none() {
             self.dirty_from = Some(off);
         }
-        // (A retirement above may have taken the channel out of the index.)
-        let st = self.table.get_or_insert(msg.channel_type, msg.channel_id);
-        if st.positions.is_empty() {
-            st.first_seq = last_seq + 1;
-        }
-        st.positions.push(pos);
-        st.last_seq = last_seq + 1;
-        self.table.indexed += 1;
-        Ok(AppendedMessage {
-            message_seq: last_seq + 1,
-            position: pos,
-        })
+        pos
     }
 
     /// Makes every append so far durable (`fdatasync` of the active segment); `now_ms` is
@@ -1647,44 +1811,14 @@ impl MessageLog {
         if st.positions.is_empty() {
             return Ok(empty);
         }
-        let (first, last) = (st.first_seq, st.last_seq);
-        debug_assert_eq!(st.positions.len() as u64, last - first + 1);
-        let down = mode == PullMode::Down || (start_seq == 0 && end_seq == 0);
-        let (lo, hi) = if down {
-            let hi = if start_seq == 0 {
-                last
-            } else {
-                start_seq.min(last)
-            };
-            (first.max(end_seq.saturating_add(1)), hi)
-        } else {
-            let hi = if end_seq == 0 {
-                last
-            } else {
-                (end_seq - 1).min(last)
-            };
-            (first.max(start_seq).max(1), hi)
-        };
-        if lo > hi {
+        debug_assert_eq!(st.positions.len() as u64, st.last_seq - st.first_seq + 1);
+        let Some(span) = ReadSpan::of(st, start_seq, end_seq, limit, mode) else {
             return Ok(empty);
-        }
-        let (from, to, more) = if down {
-            let from = lo.max(hi.saturating_sub(limit - 1));
-            (from, hi, from > lo)
-        } else {
-            let to = hi.min(lo.saturating_add(limit - 1));
-            (lo, to, to < hi)
         };
-        let mut messages = Vec::with_capacity((to - from + 1) as usize);
+        let mut messages = Vec::with_capacity((span.to - span.from + 1) as usize);
         let (mut bytes, mut cut) = (0usize, false);
-        // Up: from the oldest; down: from the newest (reversed below).
-        let seqs: Box<dyn Iterator<Item = u64>> = if down {
-            Box::new((from..=to).rev())
-        } else {
-            Box::new(from..=to)
-        };
-        for seq in seqs {
-            let pos = st.positions[(seq - first) as usize];
+        for seq in span.seqs() {
+            let pos = st.positions[(seq - st.first_seq) as usize];
             let v = self.get(pos)?;
             if v.message_seq != seq || v.channel_type != channel_type || v.channel_id != channel_id
             {
@@ -1697,12 +1831,12 @@ impl MessageLog {
             }
             messages.push(v);
         }
-        if down {
+        if span.down {
             messages.reverse();
         }
         Ok(ReadResult {
             messages,
-            more: more || cut,
+            more: span.more || cut,
         })
     }
 
@@ -1872,6 +2006,37 @@ mod tests {
             assert!(RetiredSeqs::decode(&b, 2, 4).is_none(), "byte {i}");
         }
         assert!(RetiredSeqs::decode(&[], 2, 4).is_none());
+    }
+
+    #[test]
+    fn read_spans_clip_to_the_retained_seqs_and_the_limit() {
+        // Seqs 5..=9 retained.
+        let st = ChannelState {
+            last_seq: 9,
+            first_seq: 5,
+            positions: vec![0; 5],
+        };
+        let span = |start, end, limit, mode| {
+            ReadSpan::of(&st, start, end, limit, mode).map(|s| (s.from, s.to, s.more))
+        };
+        // 0/0: the newest `limit`, whatever the mode.
+        assert_eq!(span(0, 0, 2, PullMode::Up), Some((8, 9, true)));
+        assert_eq!(span(0, 0, 10, PullMode::Down), Some((5, 9, false)));
+        // Down: (end, start], the newest of them.
+        assert_eq!(span(8, 6, 10, PullMode::Down), Some((7, 8, false)));
+        assert_eq!(span(100, 0, 2, PullMode::Down), Some((8, 9, true)));
+        // Up: [start, end), the oldest of them.
+        assert_eq!(span(6, 9, 10, PullMode::Up), Some((6, 8, false)));
+        assert_eq!(span(1, 0, 2, PullMode::Up), Some((5, 6, true)));
+        // Empty ranges.
+        assert_eq!(span(10, 0, 5, PullMode::Up), None);
+        assert_eq!(span(3, 0, 5, PullMode::Down), None);
+        assert_eq!(span(6, 6, 5, PullMode::Up), None);
+        let down: Vec<u64> = ReadSpan::of(&st, 0, 0, 3, PullMode::Down)
+            .unwrap()
+            .seqs()
+            .collect();
+        assert_eq!(down, [9, 8, 7], "down reads from the newest");
     }
 
     #[test]

@@ -30,6 +30,8 @@
 //! Subscriber lists are kept sorted by uid (bytewise), deduplicated; a group whose
 //! list becomes empty is removed.
 
+#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
+
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -331,6 +333,142 @@ struct TokenEntry {
     token: Box<str>,
 }
 
+/// Refuses a `max_field_bytes` outside 1..=65535 and a `max_subscribers_per_group`
+/// beyond `u32` (the journal's length fields).
+fn check_config(config: &MetaConfig) -> Result<(), MetaError> {
+    if config.max_field_bytes == 0 || config.max_field_bytes > u16::MAX as usize {
+        return Err(MetaError::Config("max_field_bytes must be in 1..=65535"));
+    }
+    if config.max_subscribers_per_group > u32::MAX as usize {
+        return Err(MetaError::Config(
+            "max_subscribers_per_group must fit in u32",
+        ));
+    }
+    Ok(())
+}
+
+/// Creates `dir` (private) if needed and takes its lock. Refuses a directory another
+/// open store holds ([`MetaError::Locked`]) and any IO failure.
+fn create_and_lock(dir: &Path) -> Result<DirLock, MetaError> {
+    create_private_dir_all(dir).map_err(io_err("create meta dir"))?;
+    DirLock::acquire(dir).map_err(|e| {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            MetaError::Locked
+        } else {
+            MetaError::Io {
+                op: "lock meta dir",
+                source: e,
+            }
+        }
+    })
+}
+
+/// Applies `meta.snap` to `state` and returns the journal generation it covers (0:
+/// no snapshot). Refuses a snapshot that fails its CRC, header or record checks, and
+/// a failed read.
+fn load_snapshot(
+    dir: &Path,
+    state: &mut State,
+    report: &mut MetaRecovery,
+) -> Result<u64, MetaError> {
+    let bytes = match std::fs::read(dir.join(SNAPSHOT_NAME)) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            return Err(MetaError::Io {
+                op: "read meta snapshot",
+                source: e,
+            })
+        }
+    };
+    let body_end = bytes
+        .len()
+        .checked_sub(4)
+        .ok_or(MetaError::SnapshotCorrupt)?;
+    let crc = u32::from_le_bytes(bytes[body_end..].try_into().expect("4 bytes"));
+    if crc32fast::hash(&bytes[..body_end]) != crc {
+        return Err(MetaError::SnapshotCorrupt);
+    }
+    let covered = parse_header(&bytes, SNAPSHOT_MAGIC).ok_or(MetaError::SnapshotCorrupt)?;
+    let recs = &bytes[FILE_HEADER_BYTES..body_end];
+    let (ops, valid) = decode_records(recs);
+    if valid != recs.len() {
+        return Err(MetaError::SnapshotCorrupt);
+    }
+    report.snapshot_ops = ops.len() as u64;
+    for op in &ops {
+        state.apply(op);
+    }
+    Ok(covered)
+}
+
+/// Replays `meta.journal` into `state` up to its first invalid record, unless it is
+/// missing or of a generation the snapshot covers (`covered`: stale). Returns the
+/// journal's generation and valid length when it was replayed. Refuses a corrupt
+/// header and a failed read.
+fn replay_journal(
+    dir: &Path,
+    covered: u64,
+    state: &mut State,
+    report: &mut MetaRecovery,
+) -> Result<Option<(u64, u64)>, MetaError> {
+    let bytes = match std::fs::read(dir.join(JOURNAL_NAME)) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(MetaError::Io {
+                op: "read meta journal",
+                source: e,
+            })
+        }
+    };
+    let g = parse_header(&bytes, JOURNAL_MAGIC).ok_or(MetaError::JournalCorrupt)?;
+    if g <= covered {
+        return Ok(None);
+    }
+    let recs = &bytes[FILE_HEADER_BYTES..];
+    let (ops, valid) = decode_records(recs);
+    report.replayed_ops = ops.len() as u64;
+    report.truncated_bytes = (recs.len() - valid) as u64;
+    for op in &ops {
+        state.apply(op);
+    }
+    Ok(Some((g, (FILE_HEADER_BYTES + valid) as u64)))
+}
+
+/// Opens the journal for appending: the one `replayed` (generation, valid length),
+/// its torn tail cut and synced, or else a new empty one of generation `covered + 1`
+/// written atomically. Returns it with its length and generation. Refuses any IO
+/// failure.
+fn open_journal(
+    dir: &Path,
+    covered: u64,
+    replayed: Option<(u64, u64)>,
+    report: &MetaRecovery,
+) -> Result<(File, u64, u64), MetaError> {
+    let (generation, journal_len) = match replayed {
+        Some(r) => r,
+        None => {
+            let generation = covered + 1;
+            write_atomic(dir, JOURNAL_NAME, &file_header(JOURNAL_MAGIC, generation))
+                .map_err(io_err("create meta journal"))?;
+            (generation, FILE_HEADER_BYTES as u64)
+        }
+    };
+    let journal = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(JOURNAL_NAME))
+        .map_err(io_err("open meta journal"))?;
+    if report.truncated_bytes > 0 {
+        journal
+            .set_len(journal_len)
+            .map_err(io_err("truncate meta journal"))?;
+        journal.sync_all().map_err(io_err("sync meta journal"))?;
+    }
+    Ok((journal, journal_len, generation))
+}
+
 /// See the module docs. Owned by one thread (the HTTP/API side); not internally locked.
 pub struct MetaStore {
     dir: PathBuf,
@@ -359,104 +497,18 @@ impl fmt::Debug for MetaStore {
 
 impl MetaStore {
     /// Opens (creating if needed) the store in `dir`, recovering as in the module docs.
+    ///
+    /// Refuses an invalid config, a directory another store holds
+    /// ([`MetaError::Locked`]), a corrupt snapshot or journal header, and any IO
+    /// failure.
     pub fn open(dir: &Path, config: MetaConfig) -> Result<(MetaStore, MetaRecovery), MetaError> {
-        if config.max_field_bytes == 0 || config.max_field_bytes > u16::MAX as usize {
-            return Err(MetaError::Config("max_field_bytes must be in 1..=65535"));
-        }
-        if config.max_subscribers_per_group > u32::MAX as usize {
-            return Err(MetaError::Config(
-                "max_subscribers_per_group must fit in u32",
-            ));
-        }
-        create_private_dir_all(dir).map_err(io_err("create meta dir"))?;
-        let lock = DirLock::acquire(dir).map_err(|e| {
-            if e.kind() == io::ErrorKind::WouldBlock {
-                MetaError::Locked
-            } else {
-                MetaError::Io {
-                    op: "lock meta dir",
-                    source: e,
-                }
-            }
-        })?;
+        check_config(&config)?;
+        let lock = create_and_lock(dir)?;
         let mut report = MetaRecovery::default();
         let mut state = State::default();
-
-        let mut covered = 0u64;
-        match std::fs::read(dir.join(SNAPSHOT_NAME)) {
-            Ok(bytes) => {
-                let body_end = bytes
-                    .len()
-                    .checked_sub(4)
-                    .ok_or(MetaError::SnapshotCorrupt)?;
-                let crc = u32::from_le_bytes(bytes[body_end..].try_into().expect("4 bytes"));
-                if crc32fast::hash(&bytes[..body_end]) != crc {
-                    return Err(MetaError::SnapshotCorrupt);
-                }
-                covered = parse_header(&bytes, SNAPSHOT_MAGIC).ok_or(MetaError::SnapshotCorrupt)?;
-                let recs = &bytes[FILE_HEADER_BYTES..body_end];
-                let (ops, valid) = decode_records(recs);
-                if valid != recs.len() {
-                    return Err(MetaError::SnapshotCorrupt);
-                }
-                report.snapshot_ops = ops.len() as u64;
-                for op in &ops {
-                    state.apply(op);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(MetaError::Io {
-                    op: "read meta snapshot",
-                    source: e,
-                })
-            }
-        }
-
-        let journal_path = dir.join(JOURNAL_NAME);
-        let existing = match std::fs::read(&journal_path) {
-            Ok(bytes) => Some(bytes),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(MetaError::Io {
-                    op: "read meta journal",
-                    source: e,
-                })
-            }
-        };
-        let mut generation = covered + 1;
-        let mut fresh = true;
-        let mut journal_len = FILE_HEADER_BYTES as u64;
-        if let Some(bytes) = existing {
-            let g = parse_header(&bytes, JOURNAL_MAGIC).ok_or(MetaError::JournalCorrupt)?;
-            if g > covered {
-                let recs = &bytes[FILE_HEADER_BYTES..];
-                let (ops, valid) = decode_records(recs);
-                report.replayed_ops = ops.len() as u64;
-                report.truncated_bytes = (recs.len() - valid) as u64;
-                for op in &ops {
-                    state.apply(op);
-                }
-                generation = g;
-                fresh = false;
-                journal_len = (FILE_HEADER_BYTES + valid) as u64;
-            }
-        }
-        if fresh {
-            write_atomic(dir, JOURNAL_NAME, &file_header(JOURNAL_MAGIC, generation))
-                .map_err(io_err("create meta journal"))?;
-        }
-        let journal = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&journal_path)
-            .map_err(io_err("open meta journal"))?;
-        if report.truncated_bytes > 0 {
-            journal
-                .set_len(journal_len)
-                .map_err(io_err("truncate meta journal"))?;
-            journal.sync_all().map_err(io_err("sync meta journal"))?;
-        }
+        let covered = load_snapshot(dir, &mut state, &mut report)?;
+        let replayed = replay_journal(dir, covered, &mut state, &mut report)?;
+        let (journal, journal_len, generation) = open_journal(dir, covered, replayed, &report)?;
         report.generation = generation;
         if report.truncated_bytes > 0 {
             tracing::warn!(dir = %dir.display(), ?report, "meta journal had a torn tail");

@@ -4,6 +4,8 @@
 //! connection's input; writes (one `writev` when the queue spans both of its
 //! buffers) go out until `WouldBlock`, then wait for writability.
 
+#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
+
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpListener};
 use std::os::fd::AsRawFd;
@@ -307,21 +309,19 @@ impl MioDriver {
     }
 }
 
-impl Driver for MioDriver {
-    type Event = NetEvent;
-
-    fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
-        // Output queued since the last poll, one batch.
+impl MioDriver {
+    /// Writes the output queued since the last poll (one batch), closes the sockets
+    /// of dead connections (including those the flush finished), and resumes reading
+    /// on connections whose reading paused, now that the handler consumed.
+    fn flush_reap_resume(&mut self) {
         let mut dirty = std::mem::take(&mut self.list_buf);
         self.core.take_dirty(&mut dirty);
         for &idx in &dirty {
             self.flush(idx);
         }
         self.list_buf = dirty;
-        // Then sockets of dead connections close (including those the flush finished).
         self.reap();
         let mut dirty = std::mem::take(&mut self.list_buf);
-        // Connections whose reading paused may continue once the handler consumed.
         dirty.clear();
         dirty.append(&mut self.paused);
         for &idx in &dirty {
@@ -332,27 +332,27 @@ impl Driver for MioDriver {
             }
         }
         self.list_buf = dirty;
+    }
 
-        let now_ms = self.now_ms();
-        let wait = if self.core.has_events() {
-            Some(Duration::ZERO)
-        } else {
-            match (timeout, self.core.next_deadline_ms()) {
-                (Some(t), None) => Some(t),
-                (t, Some(deadline_ms)) => {
-                    let d = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
-                    Some(t.map_or(d, |t| t.min(d)))
-                }
-                (None, None) => None,
-            }
-        };
-        match self.poll.poll(&mut self.events, wait) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+    /// How long the poll may wait: not at all with events undelivered, else the
+    /// caller's `timeout` bounded by the core's next deadline (`None`: forever).
+    fn wait_time(&self, timeout: Option<Duration>) -> Option<Duration> {
+        if self.core.has_events() {
+            return Some(Duration::ZERO);
         }
-        // Deadlines of what arrived are measured from after the wait.
-        self.core.set_now(self.now_ms());
+        match (timeout, self.core.next_deadline_ms()) {
+            (Some(t), None) => Some(t),
+            (t, Some(deadline_ms)) => {
+                let d = Duration::from_millis(deadline_ms.saturating_sub(self.now_ms()));
+                Some(t.map_or(d, |t| t.min(d)))
+            }
+            (None, None) => None,
+        }
+    }
+
+    /// Handles the readiness `self.events` reported: drains the doorbell, accepts on
+    /// ready listeners, flushes writable and reads readable connections.
+    fn handle_ready(&mut self) {
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
         ready.extend(self.events.iter().map(|e| Ready {
@@ -387,15 +387,36 @@ impl Driver for MioDriver {
             }
         }
         self.ready = ready;
-        self.core.advance(self.now_ms());
-        // Listeners whose pause ended: accept what queued meanwhile (no new arrival
-        // would signal it).
+    }
+
+    /// Listeners whose pause ended: accepts what queued meanwhile (no new arrival
+    /// would signal it).
+    fn accept_resumed(&mut self) {
         let mut resumed = std::mem::take(&mut self.resumed);
         self.core.take_resumed(&mut resumed);
         for &li in &resumed {
             self.accept(li);
         }
         self.resumed = resumed;
+    }
+}
+
+impl Driver for MioDriver {
+    type Event = NetEvent;
+
+    fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
+        self.flush_reap_resume();
+        let wait = self.wait_time(timeout);
+        match self.poll.poll(&mut self.events, wait) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        // Deadlines of what arrived are measured from after the wait.
+        self.core.set_now(self.now_ms());
+        self.handle_ready();
+        self.core.advance(self.now_ms());
+        self.accept_resumed();
         self.core.take_events(out);
         Ok(())
     }
