@@ -8,6 +8,8 @@
 
 use net::wkproto::ReasonCode;
 
+use crate::route::Uid;
+
 /// channel_type of a person (one-to-one) channel.
 pub const CHANNEL_TYPE_PERSON: u8 = 1;
 /// channel_type of a group channel.
@@ -122,6 +124,19 @@ pub fn recv_channel_id<'a>(key: &'a str, channel_type: u8, recipient: &str) -> &
         Some((x, y)) if x == recipient => y,
         Some((x, _)) => x,
         None => key,
+    }
+}
+
+/// A group's subscribers: sorted, without duplicates.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Subscribers {
+    pub uids: Vec<Uid>,
+}
+
+impl Subscribers {
+    /// Whether `uid` subscribes.
+    pub fn contains(&self, uid: &str) -> bool {
+        self.uids.binary_search_by(|u| (**u).cmp(uid)).is_ok()
     }
 }
 

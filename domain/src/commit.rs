@@ -1,9 +1,56 @@
-//! The commit core of a channel's commit shard: permission, back-pressure, the
-//! idempotency window, message id and seq assignment, and what waits for the log's
-//! sync before it is answered and delivered.
+//! The commit core of a channel's commit shard, sans-IO: step 2 of one SEND
+//! (`docs/flows.md`, flow 5) and the answers of step 3.
+//!
+//! It owns every decision between "a SEND arrived at its channel's shard" and "its
+//! SENDACK is written and its delivery may start": permission (group membership),
+//! back-pressure (unanswered commits, the delivery backlog in messages and bytes),
+//! the idempotency window (flow 7), message id and per-channel seq assignment (the
+//! append), and the sync policy (what waits for the log's fsync before it is
+//! answered). The driver (`engine::node::send::commit`) decodes, calls, and carries
+//! the [`CommitOutput`]s to the rings, the syncer thread and the API.
+//!
+//! # Events and outputs
+//!
+//! | event | may output |
+//! |---|---|
+//! | [`CommitCore::on_commit`] | `Answer` (a refusal, at once) or nothing (waits in `unsynced`) |
+//! | [`CommitCore::end_turn`] | `Answer`s and backlog entries; `SubmitSync` under `always` |
+//! | [`CommitCore::on_sync_timer`] | `SubmitSync` (the interval policy's fdatasync) |
+//! | [`CommitCore::on_sync_done`] | the waiting batch's `Answer`s (success or 15) |
+//! | [`CommitCore::stop`] | every unanswered commit's `Answer` after one final sync |
+//!
+//! Every error of the log comes out as a `LogFailed` beside the refusals it caused.
+//!
+//! # The sync policy
+//!
+//! - `answer_after_sync = false` (`fsync = "interval"`, the default): the turn's
+//!   commits are answered at the end of the turn; the log's sync runs on a timer.
+//!   Idempotent duplicates are answered in the same batch as the commits of their
+//!   turn, never before their first copy's answer.
+//! - `answer_after_sync = true` (`fsync = "always"`): the turn's appends become one
+//!   sync job (group commit). One job is in flight at a time; the next turns' commits
+//!   wait for the next job. A failed sync answers its whole batch with SENDACK 15
+//!   (SystemError): nothing acknowledged is lost, the client retries.
+//!
+//! # Invariants
+//!
+//! - Every request gets exactly one `Answer`.
+//! - Per channel, seqs come from the log: dense and increasing.
+//! - A resend found in the idempotency window is answered with the first copy's ids
+//!   and neither appended nor delivered again.
+//! - `backlog_bytes` is the sum of the charges of the messages committed and not
+//!   yet delivered (or refused); it never exceeds `backlog_budget_bytes` + one charge.
 
 use std::sync::Arc;
 
+use net::wkproto::{Flags, ReasonCode};
+use shard::slots::ShardId;
+
+use crate::channel::{recv_channel_id, Channel, Subscribers};
+use crate::cluster::ClusterView;
+use crate::delivery::{EndpointLookup, PlanCounts, PlanLimits, Planner, Push, Sender};
+use crate::idempotency::{IdempotencyWindow, SentIds};
+use crate::idgen::MessageIdGen;
 use crate::route::Uid;
 
 /// A committed message, shared by every push batch of its fan-out.
@@ -39,4 +86,556 @@ impl crate::acks::AckMessage for Arc<Committed> {
             + self.from_uid.len()
             + self.channel_key.len()
     }
+}
+
+impl Committed {
+    /// A person channel's recipients: the peer, and the sender's other devices.
+    pub fn person_recipients(&self) -> Vec<Uid> {
+        let peer = recv_channel_id(&self.channel_key, self.channel_type, &self.from_uid);
+        if *peer == *self.from_uid {
+            vec![self.from_uid.clone()]
+        } else {
+            vec![Uid::from(peer), self.from_uid.clone()]
+        }
+    }
+}
+
+/// A message to commit, and where its answer goes (`A`: the driver's address of the
+/// SENDACK or the API reply; the core only hands it back).
+pub struct CommitRequest<A> {
+    pub answer_to: A,
+    /// The sending session: `Some` for a client's SEND (its group membership is
+    /// checked, its own session gets no RECV), `None` for the HTTP API.
+    pub sender: Option<Sender>,
+    pub from_uid: Uid,
+    pub channel: Channel,
+    pub client_msg_no: String,
+    /// RECV setting byte (NoEncrypt kept: such a message is delivered as it came).
+    pub setting: u8,
+    /// SEND header flags (NoPersist, SyncOnce, RedDot).
+    pub flags: u8,
+    pub expire_s: u32,
+    pub topic: String,
+    /// The plaintext payload.
+    pub payload: Vec<u8>,
+}
+
+/// One record to append, as the core hands it to its [`CommitLog`].
+pub struct Append<'a> {
+    pub message_id: i64,
+    pub channel_type: u8,
+    /// The stored channel key (for person channels, the `x@y` key).
+    pub channel_key: &'a str,
+    pub from_uid: &'a str,
+    pub client_msg_no: &'a str,
+    pub setting: u8,
+    pub flags: u8,
+    pub timestamp_s: u32,
+    pub payload: &'a [u8],
+}
+
+/// An error of the log, as the core needs to know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogFault {
+    /// A disk error (or a log poisoned by one): the shard is unhealthy (`/readyz`).
+    pub disk: bool,
+    pub message: String,
+}
+
+/// The channel log a commit core appends to: `engine::store::MessageLog` in the
+/// node, a fake in tests.
+pub trait CommitLog {
+    /// A sync of the appends so far, run by the driver off the shard thread.
+    type Job;
+    /// Appends one record; returns its seq in its channel (the channel's previous
+    /// last seq + 1).
+    fn append(&mut self, record: &Append<'_>) -> Result<u64, LogFault>;
+    /// The appends not yet covered by a job, as one job (`None`: nothing to sync).
+    fn begin_sync(&mut self) -> Result<Option<Self::Job>, LogFault>;
+    /// The job begun last ended with `result`.
+    fn end_sync(&mut self, result: std::io::Result<()>, now_ms: u64) -> Result<(), LogFault>;
+    /// Syncs everything appended, here and now (a graceful stop).
+    fn sync_now(&mut self, now_ms: u64) -> Result<(), LogFault>;
+}
+
+/// The groups' subscribers as the core reads them (`engine::node::catalog`).
+pub trait Groups {
+    /// The subscribers of group `id`, `None` if there is no such group.
+    fn subscribers(&self, id: &str) -> Option<Arc<Subscribers>>;
+}
+
+/// The core's limits (`[delivery]`, `[storage] fsync`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitLimits {
+    /// `fsync = "always"`: answer only after the sync that covers the append.
+    pub answer_after_sync: bool,
+    /// Commits appended and not yet answered; more get SENDACK 15.
+    pub commits_unsynced_max: usize,
+    /// Committed messages not yet fully delivered (with the unanswered ones); more
+    /// get SENDACK 22.
+    pub delivery_backlog_max: usize,
+    /// What those messages may hold in bytes ([`charge_bytes`]); more get SENDACK 22.
+    pub backlog_budget_bytes: usize,
+}
+
+/// The time of an event: the wall clock (message ids, timestamps, idempotency
+/// window) and the driver's monotonic clock (latency stamps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    pub wall_ms: u64,
+    pub mono_ns: u64,
+}
+
+/// What the driver carries out.
+pub enum CommitOutput<A, J> {
+    /// The commit's answer: SENDACK to the gateway, or the API reply.
+    Answer {
+        to: A,
+        message_id: i64,
+        message_seq: u64,
+        reason: ReasonCode,
+        /// For a new message answered with success: when it was appended (the
+        /// driver's `commit_to_durable` stage).
+        appended_ns: Option<u64>,
+    },
+    /// Hand this sync job to the syncer; call [`CommitCore::on_sync_done`] with its
+    /// result (at once if the syncer ran it inline).
+    SubmitSync(J),
+    /// The log failed: log it; `disk` marks the shard unhealthy.
+    LogFailed { what: &'static str, fault: LogFault },
+}
+
+/// What [`CommitCore::on_commit`] did with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Committing {
+    /// Answered at once with a refusal.
+    Refused,
+    /// A resend found in the idempotency window: answered with its turn, with the
+    /// first copy's ids.
+    Duplicate,
+    /// Appended (or, NoPersist, given an id): answered with its turn or its sync.
+    Appended,
+}
+
+/// Counters the driver publishes as metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Resends answered from the idempotency window.
+    pub deduplicated: u64,
+    /// Commits refused because the delivery backlog was full (SENDACK 22).
+    pub refused_backlog: u64,
+}
+
+/// A committed message ready for delivery: the message, who sent it (for
+/// suppression), the group's subscribers at commit time, and its byte charge.
+pub struct Delivery {
+    pub message: Arc<Committed>,
+    pub sender: Option<Sender>,
+    pub subscribers: Option<Arc<Subscribers>>,
+    /// What it is charged against `backlog_budget_bytes` until delivered.
+    pub charge_bytes: usize,
+}
+
+/// What a committed message is charged against `backlog_budget_bytes` while it
+/// waits for its answer and delivery: its payload and strings, plus a fixed part for
+/// the message and its bookkeeping.
+pub fn charge_bytes<A>(r: &CommitRequest<A>) -> usize {
+    1024 + r.payload.len() + r.topic.len() + r.client_msg_no.len() + r.from_uid.len()
+}
+
+/// An answer that waits for a sync: a commit appended this turn, or a duplicate of
+/// one (whose first copy may be in the same unsynced batch).
+struct Unanswered<A> {
+    to: A,
+    message_id: i64,
+    message_seq: u64,
+    /// `None` for an idempotent duplicate.
+    delivery: Option<Delivery>,
+}
+
+/// The commit core of one shard. `L` is its log, `A` the answer address.
+pub struct CommitCore<L: CommitLog, A> {
+    log: L,
+    ids: MessageIdGen,
+    idempotency: Option<IdempotencyWindow>,
+    limits: CommitLimits,
+    /// Appended and not yet part of a sync job.
+    unsynced: Vec<Unanswered<A>>,
+    /// Under `answer_after_sync`: the commits the job in flight makes durable.
+    awaiting_sync: Vec<Unanswered<A>>,
+    /// Whether a job is in flight (submitted, its end not yet reported).
+    job_in_flight: bool,
+    /// Answered messages whose delivery has not ended, and their planning.
+    planner: Planner,
+    /// The charges of the committed and not yet delivered messages.
+    backlog_bytes: usize,
+    counts: CommitCounts,
+}
+
+impl<L: CommitLog, A> CommitCore<L, A> {
+    pub fn new(
+        log: L,
+        ids: MessageIdGen,
+        idempotency: Option<IdempotencyWindow>,
+        limits: CommitLimits,
+    ) -> Self {
+        CommitCore {
+            log,
+            ids,
+            idempotency,
+            limits,
+            unsynced: Vec::new(),
+            awaiting_sync: Vec::new(),
+            job_in_flight: false,
+            planner: Planner::default(),
+            backlog_bytes: 0,
+            counts: CommitCounts::default(),
+        }
+    }
+
+    /// The log (reads: `/channel/messagesync`, stats).
+    pub fn log(&self) -> &L {
+        &self.log
+    }
+
+    /// Commits appended and not yet answered (bounded by `commits_unsynced_max`).
+    pub fn unanswered(&self) -> usize {
+        self.unsynced.len() + self.awaiting_sync.len()
+    }
+
+    /// Messages committed and not yet fully delivered or answered (bounded by
+    /// `delivery_backlog_max`).
+    pub fn backlog_len(&self) -> usize {
+        self.planner.len() + self.unanswered()
+    }
+
+    /// The byte charge of the messages committed and not yet delivered.
+    pub fn backlog_bytes(&self) -> usize {
+        self.backlog_bytes
+    }
+
+    /// Whether a sync job is in flight.
+    pub fn sync_in_flight(&self) -> bool {
+        self.job_in_flight
+    }
+
+    /// The counters so far, reset (the driver adds them to its metrics).
+    pub fn take_counts(&mut self) -> CommitCounts {
+        std::mem::take(&mut self.counts)
+    }
+
+    /// Delivers from the backlog ([`Planner::pump`]): push batches into `out`;
+    /// returns the work done (1 at least while anything waits for delivery).
+    pub fn pump(
+        &mut self,
+        view: &ClusterView,
+        lookup: &mut impl EndpointLookup,
+        room: &mut impl FnMut(ShardId) -> usize,
+        limits: &PlanLimits,
+        now_ns: u64,
+        out: &mut Vec<Push>,
+    ) -> usize {
+        let (freed_bytes, work) = self.planner.pump(view, lookup, room, limits, now_ns, out);
+        self.backlog_bytes -= freed_bytes;
+        work
+    }
+
+    /// The planner's counters so far, reset.
+    pub fn take_plan_counts(&mut self) -> PlanCounts {
+        self.planner.take_counts()
+    }
+
+    /// Step 2: commits one message, or refuses it at once. A commit is answered by
+    /// a later [`end_turn`](Self::end_turn) or [`on_sync_done`](Self::on_sync_done).
+    pub fn on_commit(
+        &mut self,
+        r: CommitRequest<A>,
+        groups: &impl Groups,
+        now: Now,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) -> Committing {
+        let subscribers = match self.permission(&r, groups) {
+            Ok(s) => s,
+            Err(reason) => return refuse(out, r.answer_to, reason),
+        };
+        let charge = charge_bytes(&r);
+        if let Err(reason) = self.admission(charge) {
+            return refuse(out, r.answer_to, reason);
+        }
+        let now_s = now.wall_ms / 1000;
+        if let Some(first) = self.first_answer(&r, now_s) {
+            // Answered with its turn: the first copy may not be durable yet.
+            self.counts.deduplicated += 1;
+            self.unsynced.push(Unanswered {
+                to: r.answer_to,
+                message_id: first.message_id,
+                message_seq: first.message_seq,
+                delivery: None,
+            });
+            return Committing::Duplicate;
+        }
+        let Some(message_id) = self.ids.next_id(now.wall_ms) else {
+            return refuse(out, r.answer_to, ReasonCode::SYSTEM_ERROR);
+        };
+        let message_seq = match self.append(&r, message_id, now_s as u32) {
+            Ok(seq) => seq,
+            Err(fault) => {
+                out.push(CommitOutput::LogFailed {
+                    what: "append",
+                    fault,
+                });
+                return refuse(out, r.answer_to, ReasonCode::SYSTEM_ERROR);
+            }
+        };
+        self.remember(&r, message_id, message_seq, now_s);
+        let (to, sender) = (r.answer_to, r.sender);
+        let message = Arc::new(Committed {
+            committed_ns: now.mono_ns,
+            message_id,
+            message_seq,
+            timestamp_s: now_s as u32,
+            from_uid: r.from_uid,
+            channel_key: r.channel.key().to_owned(),
+            channel_type: r.channel.channel_type(),
+            client_msg_no: r.client_msg_no,
+            setting: r.setting,
+            flags: r.flags,
+            expire_s: r.expire_s,
+            topic: r.topic,
+            payload: r.payload,
+        });
+        self.backlog_bytes += charge;
+        self.unsynced.push(Unanswered {
+            to,
+            message_id,
+            message_seq,
+            delivery: Some(Delivery {
+                message,
+                sender,
+                subscribers,
+                charge_bytes: charge,
+            }),
+        });
+        Committing::Appended
+    }
+
+    /// May the sender send to this channel? A group must exist and, for a client's
+    /// SEND, have the sender among its subscribers. Returns the group's subscribers.
+    fn permission(
+        &self,
+        r: &CommitRequest<A>,
+        groups: &impl Groups,
+    ) -> Result<Option<Arc<Subscribers>>, ReasonCode> {
+        let Channel::Group { id } = &r.channel else {
+            return Ok(None);
+        };
+        match groups.subscribers(id) {
+            None => Err(ReasonCode::CHANNEL_NOT_EXIST),
+            Some(s) if r.sender.is_some() && !s.contains(&r.from_uid) => {
+                Err(ReasonCode::SUBSCRIBER_NOT_EXIST)
+            }
+            Some(s) => Ok(Some(s)),
+        }
+    }
+
+    /// Back-pressure: the disk behind (15), or the deliveries behind (22).
+    fn admission(&mut self, charge: usize) -> Result<(), ReasonCode> {
+        if self.unanswered() >= self.limits.commits_unsynced_max {
+            return Err(ReasonCode::SYSTEM_ERROR);
+        }
+        if self.backlog_len() >= self.limits.delivery_backlog_max
+            || self.backlog_bytes + charge > self.limits.backlog_budget_bytes
+        {
+            self.counts.refused_backlog += 1;
+            return Err(ReasonCode::RATE_LIMIT);
+        }
+        Ok(())
+    }
+
+    /// Flow 7: the first answer of a resend of a SEND already committed.
+    fn first_answer(&mut self, r: &CommitRequest<A>, now_s: u64) -> Option<SentIds> {
+        if r.client_msg_no.is_empty() {
+            return None;
+        }
+        self.idempotency
+            .as_mut()?
+            .get(&r.from_uid, &r.client_msg_no, now_s)
+    }
+
+    /// Appends the message (a NoPersist message is not stored: seq 0).
+    fn append(
+        &mut self,
+        r: &CommitRequest<A>,
+        message_id: i64,
+        timestamp_s: u32,
+    ) -> Result<u64, LogFault> {
+        if r.flags & Flags::NO_PERSIST.0 != 0 {
+            return Ok(0);
+        }
+        self.log.append(&Append {
+            message_id,
+            channel_type: r.channel.channel_type(),
+            channel_key: r.channel.key(),
+            from_uid: &r.from_uid,
+            client_msg_no: &r.client_msg_no,
+            setting: r.setting,
+            flags: r.flags,
+            timestamp_s,
+            payload: &r.payload,
+        })
+    }
+
+    /// Records the commit in the idempotency window.
+    fn remember(&mut self, r: &CommitRequest<A>, message_id: i64, message_seq: u64, now_s: u64) {
+        if r.client_msg_no.is_empty() {
+            return;
+        }
+        if let Some(w) = self.idempotency.as_mut() {
+            let ids = SentIds {
+                message_id,
+                message_seq,
+            };
+            w.insert(&r.from_uid, &r.client_msg_no, ids, now_s);
+        }
+    }
+
+    /// Step 3, group commit, at the end of each loop turn: under the interval policy
+    /// the turn's commits are answered now; under `answer_after_sync` they become the
+    /// next sync job as soon as none is in flight. Returns how many commits it
+    /// completed or handed to a job.
+    pub fn end_turn(&mut self, out: &mut Vec<CommitOutput<A, L::Job>>) -> usize {
+        if self.unsynced.is_empty() || (self.limits.answer_after_sync && self.job_in_flight) {
+            // Nothing new, or the next job starts when this one ends and covers these.
+            return 0;
+        }
+        let batch = std::mem::take(&mut self.unsynced);
+        let n = batch.len();
+        if !self.limits.answer_after_sync {
+            self.release(batch, true, out);
+            return n;
+        }
+        match self.log.begin_sync() {
+            // Nothing appended (NoPersist, duplicates): every earlier job has ended.
+            Ok(None) => self.release(batch, true, out),
+            Ok(Some(job)) => {
+                self.job_in_flight = true;
+                self.awaiting_sync = batch;
+                out.push(CommitOutput::SubmitSync(job));
+            }
+            Err(fault) => {
+                out.push(CommitOutput::LogFailed {
+                    what: "begin sync",
+                    fault,
+                });
+                self.release(batch, false, out);
+            }
+        }
+        n
+    }
+
+    /// The interval policy's timer: a sync job for the appends not yet synced,
+    /// unless one is still in flight (it covers part of what follows).
+    pub fn on_sync_timer(&mut self, out: &mut Vec<CommitOutput<A, L::Job>>) {
+        if self.job_in_flight {
+            return;
+        }
+        match self.log.begin_sync() {
+            Ok(None) => {}
+            Ok(Some(job)) => {
+                self.job_in_flight = true;
+                out.push(CommitOutput::SubmitSync(job));
+            }
+            Err(fault) => out.push(CommitOutput::LogFailed {
+                what: "interval sync",
+                fault,
+            }),
+        }
+    }
+
+    /// The job in flight ended with `result`: the commits it covered are answered
+    /// (success if durable, else SENDACK 15).
+    pub fn on_sync_done(
+        &mut self,
+        result: std::io::Result<()>,
+        now: Now,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) {
+        debug_assert!(self.job_in_flight, "a sync ended that was not submitted");
+        self.job_in_flight = false;
+        let durable = match self.log.end_sync(result, now.wall_ms) {
+            Ok(()) => true,
+            Err(fault) => {
+                out.push(CommitOutput::LogFailed {
+                    what: "sync",
+                    fault,
+                });
+                false
+            }
+        };
+        let batch = std::mem::take(&mut self.awaiting_sync);
+        self.release(batch, durable, out);
+    }
+
+    /// A graceful stop: everything appended is made durable here and now (the job in
+    /// flight included), then answered and queued for delivery.
+    pub fn stop(&mut self, now: Now, out: &mut Vec<CommitOutput<A, L::Job>>) {
+        let durable = match self.log.sync_now(now.wall_ms) {
+            Ok(()) => true,
+            Err(fault) => {
+                out.push(CommitOutput::LogFailed {
+                    what: "final sync",
+                    fault,
+                });
+                false
+            }
+        };
+        let mut batch = std::mem::take(&mut self.awaiting_sync);
+        batch.append(&mut self.unsynced);
+        self.release(batch, durable, out);
+    }
+
+    /// Answers a batch: success and delivery if `durable`, else SENDACK 15 (nothing
+    /// acknowledged is lost; the client retries).
+    fn release(
+        &mut self,
+        batch: Vec<Unanswered<A>>,
+        durable: bool,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) {
+        for u in batch {
+            let (reason, ids) = if durable {
+                (ReasonCode::SUCCESS, (u.message_id, u.message_seq))
+            } else {
+                (ReasonCode::SYSTEM_ERROR, (0, 0))
+            };
+            out.push(CommitOutput::Answer {
+                to: u.to,
+                message_id: ids.0,
+                message_seq: ids.1,
+                reason,
+                appended_ns: u
+                    .delivery
+                    .as_ref()
+                    .filter(|_| durable)
+                    .map(|d| d.message.committed_ns),
+            });
+            match u.delivery {
+                Some(d) if durable => self.planner.enqueue(d),
+                Some(d) => self.backlog_bytes -= d.charge_bytes,
+                None => {}
+            }
+        }
+    }
+}
+
+/// A refusal, answered at once.
+fn refuse<A, J>(out: &mut Vec<CommitOutput<A, J>>, to: A, reason: ReasonCode) -> Committing {
+    out.push(CommitOutput::Answer {
+        to,
+        message_id: 0,
+        message_seq: 0,
+        reason,
+        appended_ns: None,
+    });
+    Committing::Refused
 }

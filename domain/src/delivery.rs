@@ -12,9 +12,15 @@
 //! The owner revalidates every endpoint `(uid, boot_id, session_id, owner_seq)` before
 //! writing, so a plan made from a slightly old snapshot can never reach a stale session.
 
-use crate::cluster::{ClusterView, NodeId, Target};
-use crate::route::{BootId, Endpoint, SessionId, Uid};
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
 use shard::slots::ShardId;
+
+use crate::cluster::{ClusterView, NodeId, Target};
+use crate::commit::{Committed, Delivery};
+use crate::route::{AuthorityError, BootId, Endpoint, SessionId, Uid};
 
 /// Bits of a session id below the owner shard: `session_id = shard << 48 | counter`.
 /// The owner shard of an endpoint is read from its session id, so push batches go
@@ -165,6 +171,279 @@ pub fn plan_pushes(
         plan.batches[slot].1.push(ep);
     }
     plan
+}
+
+/// A push batch the planner hands to the driver: `endpoints` of `message` to their
+/// owner (this shard: write at once; another shard: its ring; another node: the
+/// owner-push hop, which the cluster adds).
+pub struct Push {
+    pub to: PushTo,
+    pub message: Arc<Committed>,
+    pub endpoints: Vec<Endpoint>,
+    /// When it was planned (the driver's monotonic clock, ns): the push-hop stage.
+    pub planned_ns: u64,
+}
+
+/// Route lookups for a page's target groups (`AuthorityReader` in the node; the
+/// driver may time it).
+pub trait EndpointLookup {
+    /// The endpoints of each `(target, uids)` group, appended to `endpoints`, and one
+    /// result per group (its range in `endpoints`, or why the group failed).
+    fn endpoints_by_targets_into(
+        &mut self,
+        lookups: &[(Target, &[Uid])],
+        endpoints: &mut Vec<Endpoint>,
+        results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+    );
+}
+
+impl EndpointLookup for crate::authority::AuthorityReader {
+    fn endpoints_by_targets_into(
+        &mut self,
+        lookups: &[(Target, &[Uid])],
+        endpoints: &mut Vec<Endpoint>,
+        results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+    ) {
+        crate::authority::AuthorityReader::endpoints_by_targets_into(
+            self, lookups, endpoints, results,
+        )
+    }
+}
+
+/// The planner's limits (`[delivery]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanLimits {
+    /// This node.
+    pub local_node: NodeId,
+    /// This shard: its batches are written at once, without a ring.
+    pub me: ShardId,
+    /// Recipients planned per lookup (one route snapshot per page).
+    pub subscriber_page_max: usize,
+    /// Endpoints per push batch.
+    pub push_batch_max: usize,
+    /// Pages planned per [`Planner::pump`].
+    pub pages_per_turn_max: usize,
+    /// Room kept free towards every peer shard for commits, SENDACKs and control:
+    /// a batch for a peer with no more room than this waits.
+    pub reserved_room_per_peer: usize,
+}
+
+/// Counters the driver publishes as metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanCounts {
+    /// Target groups whose lookup failed (their recipients catch up by sync).
+    pub failed_groups: u64,
+    /// Batches that waited for a peer's room.
+    pub stalls: u64,
+}
+
+/// Step 3's delivery: plans the backlog of answered messages, oldest first, page by
+/// page, into push batches ([`Push`] outputs). At most `pages_per_turn_max` pages a
+/// call; a batch for a peer without room beyond `reserved_room_per_peer` waits
+/// (`stalled`), and no further page is planned until it went, so a slow peer pauses
+/// delivery rather than growing a queue. Buffers are reused from page to page.
+#[derive(Default)]
+pub struct Planner {
+    /// Answered messages whose delivery has not ended, oldest first.
+    backlog: VecDeque<Delivery>,
+    /// The next page of the backlog's front message.
+    next_page: usize,
+    /// Batches of the front message that a peer had no room for.
+    stalled: Vec<(ShardId, Vec<Endpoint>, u64)>,
+    groups: TargetGroups,
+    endpoints: Vec<Endpoint>,
+    results: Vec<Result<Range<usize>, AuthorityError>>,
+    local: Vec<Vec<Endpoint>>,
+    /// Per peer shard, the batches emitted in this call (its room shrinks by as many).
+    emitted: Vec<usize>,
+    counts: PlanCounts,
+}
+
+impl Planner {
+    /// Messages waiting for (the end of) their delivery.
+    pub fn len(&self) -> usize {
+        self.backlog.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.backlog.is_empty()
+    }
+
+    /// Queues an answered message for delivery.
+    pub fn enqueue(&mut self, d: Delivery) {
+        self.backlog.push_back(d);
+    }
+
+    /// The counters so far, reset.
+    pub fn take_counts(&mut self) -> PlanCounts {
+        std::mem::take(&mut self.counts)
+    }
+
+    /// Plans up to `pages_per_turn_max` pages into `out`. `room(s)` is the room
+    /// towards peer shard `s` now (the planner subtracts its own batches). Returns
+    /// the bytes charged to the messages whose delivery ended (the commit core's
+    /// budget) and the work done: 1 at least while anything waits, so the shard
+    /// keeps turning until it is delivered.
+    pub fn pump(
+        &mut self,
+        view: &ClusterView,
+        lookup: &mut impl EndpointLookup,
+        room: &mut impl FnMut(ShardId) -> usize,
+        limits: &PlanLimits,
+        now_ns: u64,
+        out: &mut Vec<Push>,
+    ) -> (usize, usize) {
+        if self.backlog.is_empty() {
+            return (0, 0);
+        }
+        self.emitted.clear();
+        let (mut work, mut freed_bytes) = (self.retry_stalled(room, limits, out), 0);
+        let mut pages = 0;
+        while pages < limits.pages_per_turn_max && self.stalled.is_empty() {
+            let Some(front) = self.backlog.front() else {
+                break;
+            };
+            let (message, sender) = (front.message.clone(), front.sender);
+            let subscribers = front.subscribers.clone();
+            let person;
+            let recipients: &[Uid] = match &subscribers {
+                Some(s) => &s.uids,
+                None => {
+                    person = message.person_recipients();
+                    &person
+                }
+            };
+            let start = self.next_page * limits.subscriber_page_max;
+            if start < recipients.len() {
+                self.next_page += 1;
+                let end = recipients.len().min(start + limits.subscriber_page_max);
+                let page = &recipients[start..end];
+                self.plan_page(
+                    view, lookup, room, limits, &message, sender, page, now_ns, out,
+                );
+                pages += 1;
+                work += 1;
+                if end < recipients.len() || !self.stalled.is_empty() {
+                    continue;
+                }
+            }
+            // Its last page is planned and nothing of it waits: it leaves now.
+            freed_bytes += self.finish_front();
+        }
+        (freed_bytes, work + usize::from(!self.backlog.is_empty()))
+    }
+
+    /// Sends the front message's stalled batches to the peers that have room now.
+    fn retry_stalled(
+        &mut self,
+        room: &mut impl FnMut(ShardId) -> usize,
+        limits: &PlanLimits,
+        out: &mut Vec<Push>,
+    ) -> usize {
+        if self.stalled.is_empty() {
+            return 0;
+        }
+        let Some(front) = self.backlog.front() else {
+            unreachable!("stalled batches belong to the backlog's front message");
+        };
+        let message = &front.message;
+        let mut stalled = std::mem::take(&mut self.stalled);
+        let before = stalled.len();
+        stalled.retain_mut(|(to, endpoints, planned_ns)| {
+            if !take_room(&mut self.emitted, room, *to, limits) {
+                return true;
+            }
+            out.push(Push {
+                to: PushTo::Shard(*to),
+                message: message.clone(),
+                endpoints: std::mem::take(endpoints),
+                planned_ns: *planned_ns,
+            });
+            false
+        });
+        let sent = before - stalled.len();
+        self.stalled = stalled;
+        sent.max(usize::from(!self.stalled.is_empty()))
+    }
+
+    /// Plans one page: groups by target, one lookup, batches by owner; this shard's
+    /// batches come last (other shards write their sockets meanwhile).
+    #[allow(clippy::too_many_arguments)]
+    fn plan_page(
+        &mut self,
+        view: &ClusterView,
+        lookup: &mut impl EndpointLookup,
+        room: &mut impl FnMut(ShardId) -> usize,
+        limits: &PlanLimits,
+        message: &Arc<Committed>,
+        sender: Option<Sender>,
+        page: &[Uid],
+        now_ns: u64,
+        out: &mut Vec<Push>,
+    ) {
+        group_by_target(view, page, &mut self.groups);
+        let lookups: Vec<(Target, &[Uid])> = self.groups.lookups().collect();
+        self.endpoints.clear();
+        self.results.clear();
+        lookup.endpoints_by_targets_into(&lookups, &mut self.endpoints, &mut self.results);
+        let failed_groups = self.results.iter().filter(|r| r.is_err()).count();
+        let plan = plan_pushes(
+            limits.local_node,
+            self.endpoints.drain(..),
+            failed_groups,
+            sender,
+            limits.push_batch_max,
+        );
+        self.counts.failed_groups += plan.failed_groups as u64;
+        for (to, endpoints) in plan.batches {
+            match to {
+                PushTo::Shard(s) if s == limits.me => self.local.push(endpoints),
+                PushTo::Shard(s) if !take_room(&mut self.emitted, room, s, limits) => {
+                    self.counts.stalls += 1;
+                    self.stalled.push((s, endpoints, now_ns));
+                }
+                to => out.push(Push {
+                    to,
+                    message: message.clone(),
+                    endpoints,
+                    planned_ns: now_ns,
+                }),
+            }
+        }
+        for endpoints in self.local.drain(..) {
+            out.push(Push {
+                to: PushTo::Shard(limits.me),
+                message: message.clone(),
+                endpoints,
+                planned_ns: now_ns,
+            });
+        }
+    }
+
+    /// The front message is delivered: it leaves; returns its charge.
+    fn finish_front(&mut self) -> usize {
+        self.next_page = 0;
+        self.backlog.pop_front().map_or(0, |d| d.charge_bytes)
+    }
+}
+
+/// Takes one slot of room towards `to` if it has more than the reserve (counting
+/// the batches this call already emitted there).
+fn take_room(
+    emitted: &mut Vec<usize>,
+    room: &mut impl FnMut(ShardId) -> usize,
+    to: ShardId,
+    limits: &PlanLimits,
+) -> bool {
+    let i = to as usize;
+    if emitted.len() <= i {
+        emitted.resize(i + 1, 0);
+    }
+    if room(to).saturating_sub(emitted[i]) <= limits.reserved_room_per_peer {
+        return false;
+    }
+    emitted[i] += 1;
+    true
 }
 
 #[cfg(test)]

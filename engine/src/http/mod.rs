@@ -29,7 +29,7 @@ pub use server::HttpServer;
 use crate::channel::{person_channel_key, Channel, CHANNEL_TYPE_GROUP, CHANNEL_TYPE_PERSON};
 use crate::delivery::{group_by_target, TargetGroups};
 use crate::node::msg::Msg;
-use crate::node::send::{ApiSendResult, CommitRequest, MessageSyncRequest, Origin};
+use crate::node::send::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
 use crate::node::NodeShared;
 use crate::route::{DeviceLevel, Uid};
 use crate::store::{PullMode, StoredMessage};
@@ -485,7 +485,8 @@ impl Api {
         let (tx, rx) = sync_channel::<ApiSendResult>(1);
         let shard = self.shared.slot_map.shard_of_key(channel.key().as_bytes());
         let request = CommitRequest {
-            origin: Origin::Api { reply: tx },
+            answer_to: Origin::Api { reply: tx },
+            sender: None,
             from_uid: Uid::from(r.from_uid.as_str()),
             channel,
             client_msg_no: r.client_msg_no,
@@ -495,10 +496,13 @@ impl Api {
             expire_s: 0,
             topic: String::new(),
             payload,
+        };
+        let commit = Commit {
+            request,
             decoded_ns: self.shared.mono_ns(),
         };
         self.injectors[shard as usize]
-            .send(Msg::Commit(Box::new(request)))
+            .send(Msg::Commit(Box::new(commit)))
             .map_err(|_| Reply::error(503, "the channel's shard is busy; retry"))?;
         let res = rx
             .recv_timeout(self.timeout())

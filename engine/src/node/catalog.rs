@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use shard::table::{epoch_map, MapReader, MapWriter};
 
-use crate::route::{DeviceLevel, Uid};
+use crate::route::DeviceLevel;
 use crate::store::{MetaConfig, MetaError, MetaRecovery, MetaStore};
 
 /// One uid's tokens, one per device flag.
@@ -28,18 +28,7 @@ impl UserTokens {
     }
 }
 
-/// A group's subscribers: sorted, without duplicates.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Subscribers {
-    pub uids: Vec<Uid>,
-}
-
-impl Subscribers {
-    /// Whether `uid` subscribes.
-    pub fn contains(&self, uid: &str) -> bool {
-        self.uids.binary_search_by(|u| (**u).cmp(uid)).is_ok()
-    }
-}
+pub use domain::channel::Subscribers;
 
 struct Writers {
     store: MetaStore,

@@ -195,6 +195,16 @@ impl Default for DeliveryConfig {
 }
 
 impl DeliveryConfig {
+    /// The commit core's limits, with the log's fsync policy.
+    pub fn commit_limits(&self, log: &crate::store::LogConfig) -> domain::commit::CommitLimits {
+        domain::commit::CommitLimits {
+            answer_after_sync: matches!(log.fsync, crate::store::FsyncPolicy::Always),
+            commits_unsynced_max: self.commits_unsynced_max,
+            delivery_backlog_max: self.delivery_backlog_max,
+            backlog_budget_bytes: self.backlog_budget_bytes,
+        }
+    }
+
     /// Room a shard keeps towards each peer beyond pushes: the commits it may have in
     /// flight there, the SENDACKs it may owe there (the peer's credits), and control.
     pub fn reserved_room_per_peer(&self) -> usize {
@@ -619,7 +629,9 @@ impl Node {
                     "idempotency window rebuilt from the log"
                 );
             }
-            let delivery = send::DeliveryCore::new(log, ids, idem, syncer);
+            let limits = s.config.delivery.commit_limits(&s.config.log);
+            let core = send::commit::CommitCore::new(log, ids, idem, limits);
+            let delivery = send::DeliveryCore::new(core, syncer);
             let shard = NodeShard::new(init.shard as ShardId, s.clone(), delivery)?;
             Ok((shard, driver))
         })?;

@@ -13,7 +13,7 @@ use crate::cluster::Target;
 use crate::registry::UnregisterRequest;
 use crate::route::{AuthorityError, Endpoint, OwnerAction, RegisterOutcome, Route, SessionId};
 
-use super::send::{CommitRequest, Committed};
+use super::send::{Commit, Committed};
 
 /// A message between shards.
 pub enum Msg {
@@ -49,7 +49,7 @@ pub enum Msg {
         result: Result<(), OwnerActionFailed>,
     },
     /// Gateway (or the HTTP API) → the channel's delivery shard: commit a SEND.
-    Commit(Box<CommitRequest>),
+    Commit(Box<Commit>),
     /// Delivery shard → gateway: write SENDACK to the sending connection.
     SendAck(SendAck),
     /// Delivery shard → owner shard: write RECV to these endpoints (revalidated first).

@@ -1098,7 +1098,7 @@ impl Handler for NodeShard {
             NodeTimer::TouchFlush,
         );
         let _ = cx.set_timer(cx.now_ms() + s.expiry_interval_ms, NodeTimer::Expiry);
-        if let crate::store::FsyncPolicy::IntervalMs(ms) = self.delivery.log.config().fsync {
+        if let crate::store::FsyncPolicy::IntervalMs(ms) = self.delivery.core.log().config().fsync {
             let _ = cx.set_timer(cx.now_ms() + ms.max(1), NodeTimer::LogSync);
         }
         self.shared.shard_started();
@@ -1226,7 +1226,8 @@ impl Handler for NodeShard {
             }
             NodeTimer::LogSync => {
                 super::send::on_log_sync_timer(self);
-                if let crate::store::FsyncPolicy::IntervalMs(ms) = self.delivery.log.config().fsync
+                if let crate::store::FsyncPolicy::IntervalMs(ms) =
+                    self.delivery.core.log().config().fsync
                 {
                     let _ = cx.set_timer(cx.now_ms() + ms.max(1), NodeTimer::LogSync);
                 }

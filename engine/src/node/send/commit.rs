@@ -1,0 +1,420 @@
+//! Step 2 and 3 of a SEND, on the channel's commit shard: the driver of
+//! `domain::commit::CommitCore` (and its delivery planner). It hands the core each
+//! [`Commit`], ends each loop turn with it (group commit), runs its sync jobs on the
+//! shard's syncer thread, and carries its outputs: SENDACKs to the gateways, API
+//! replies, push batches to the owner shards (or to [`super::owner`] for this
+//! shard's own sessions).
+
+use std::sync::Arc;
+
+use net::io::NetDriver;
+use net::wkproto::ReasonCode;
+use shard::runtime::Context;
+use shard::slots::ShardId;
+
+use domain::commit::{Append, CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
+use domain::delivery::{EndpointLookup, PlanLimits, Push, PushTo};
+
+use crate::authority::AuthorityReader;
+use crate::channel::Subscribers;
+use crate::cluster::Target;
+use crate::route::{AuthorityError, Endpoint, Uid};
+use crate::store::{LogError, MessageLog, NewMessage, SyncJob};
+
+use super::super::catalog::Catalog;
+use super::super::metrics::StageHistograms;
+use super::super::msg::{Msg, SendAck};
+use super::super::shard::{NodeShard, NodeTimer};
+use super::super::syncer::LogSyncer;
+use super::{ApiSendResult, Commit, MessageSyncRequest, Origin};
+
+/// The commit core of this shard, over its message log.
+pub type CommitCore = domain::commit::CommitCore<MessageLog, Origin>;
+
+/// The commit side of one shard: the core, the syncer that runs its log's syncs, and
+/// the buffers its outputs go through (reused: nothing allocated per message here).
+pub struct DeliveryCore {
+    pub core: CommitCore,
+    /// Runs the log's syncs off this thread.
+    syncer: LogSyncer,
+    outputs: Vec<CommitOutput<Origin, SyncJob>>,
+    /// The outputs being carried while the core adds more (an inline sync).
+    carrying: Vec<CommitOutput<Origin, SyncJob>>,
+    pushes: Vec<Push>,
+}
+
+impl DeliveryCore {
+    pub fn new(core: CommitCore, syncer: LogSyncer) -> Self {
+        DeliveryCore {
+            core,
+            syncer,
+            outputs: Vec::new(),
+            carrying: Vec::new(),
+            pushes: Vec::new(),
+        }
+    }
+}
+
+/// The node's message log as the commit core appends to it.
+impl CommitLog for MessageLog {
+    type Job = SyncJob;
+
+    fn append(&mut self, r: &Append<'_>) -> Result<u64, LogFault> {
+        let appended = MessageLog::append(
+            self,
+            &NewMessage {
+                message_id: r.message_id,
+                channel_type: r.channel_type,
+                channel_id: r.channel_key,
+                from_uid: r.from_uid,
+                client_msg_no: r.client_msg_no,
+                setting: r.setting,
+                msg_flags: r.flags,
+                timestamp_s: r.timestamp_s,
+                payload: r.payload,
+            },
+        );
+        appended.map(|a| a.message_seq).map_err(fault)
+    }
+
+    fn begin_sync(&mut self) -> Result<Option<SyncJob>, LogFault> {
+        MessageLog::begin_sync(self).map_err(fault)
+    }
+
+    fn end_sync(&mut self, result: std::io::Result<()>, now_ms: u64) -> Result<(), LogFault> {
+        MessageLog::end_sync(self, result, now_ms).map_err(fault)
+    }
+
+    fn sync_now(&mut self, now_ms: u64) -> Result<(), LogFault> {
+        MessageLog::sync(self, now_ms).map_err(fault)
+    }
+}
+
+/// A log error as the core sees it: a disk error (or a log poisoned by one) makes
+/// the shard unhealthy.
+fn fault(err: LogError) -> LogFault {
+    LogFault {
+        disk: matches!(err, LogError::Io { .. } | LogError::Poisoned),
+        message: err.to_string(),
+    }
+}
+
+/// The groups' subscribers, read lock-free from the catalog.
+impl Groups for Catalog {
+    fn subscribers(&self, id: &str) -> Option<Arc<Subscribers>> {
+        Catalog::subscribers(self, id)
+    }
+}
+
+/// The authority's lookups, timed for the `route_lookup` stage.
+struct TimedLookup<'a> {
+    reader: &'a mut AuthorityReader,
+    stages: &'a StageHistograms,
+    clock: &'a super::super::NodeShared,
+}
+
+impl EndpointLookup for TimedLookup<'_> {
+    fn endpoints_by_targets_into(
+        &mut self,
+        lookups: &[(Target, &[Uid])],
+        endpoints: &mut Vec<Endpoint>,
+        results: &mut Vec<Result<std::ops::Range<usize>, AuthorityError>>,
+    ) {
+        let start_ns = self.clock.mono_ns();
+        self.reader
+            .endpoints_by_targets_into(lookups, endpoints, results);
+        let end_ns = self.clock.mono_ns();
+        self.stages
+            .route_lookup
+            .observe_ns(end_ns.saturating_sub(start_ns));
+    }
+}
+
+fn now(node: &NodeShard) -> Now {
+    Now {
+        wall_ms: node.shared.wall_ms(),
+        mono_ns: node.shared.mono_ns(),
+    }
+}
+
+/// Step 2: a commit arrives (from a gateway's ring, this shard's own gateway, or the
+/// API); a refusal is answered at once, a commit with its turn.
+pub fn on_commit(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    c: Commit,
+) {
+    let now = now(node);
+    let mut out = std::mem::take(&mut node.delivery.outputs);
+    let catalog = &node.shared.catalog;
+    if node
+        .delivery
+        .core
+        .on_commit(c.request, catalog, now, &mut out)
+        == Committing::Appended
+    {
+        node.stages
+            .gateway_to_commit
+            .observe_ns(now.mono_ns.saturating_sub(c.decoded_ns));
+    }
+    carry_outputs(node, cx, driver, &mut out);
+    node.delivery.outputs = out;
+}
+
+/// Step 3, once per loop turn: the end of a sync job (if one ended), then the turn's
+/// group commit. Returns the work done (commits completed or handed to a job).
+pub fn flush_commits(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+) -> usize {
+    // Outputs queued by the sync timer come first.
+    let mut out = std::mem::take(&mut node.delivery.outputs);
+    let mut work = 0;
+    if let Some(result) = node.delivery.syncer.poll_done() {
+        work += 1 + node.delivery.core.unanswered();
+        node.delivery.core.on_sync_done(result, now(node), &mut out);
+    }
+    work += node.delivery.core.end_turn(&mut out);
+    carry_outputs(node, cx, driver, &mut out);
+    node.delivery.outputs = out;
+    work
+}
+
+/// The interval fsync policy's timer: the core's sync job, if any, goes to the
+/// syncer with this turn's [`flush_commits`] (which carries what is queued here).
+pub fn on_log_sync_timer(node: &mut NodeShard) {
+    node.delivery.core.on_sync_timer(&mut node.delivery.outputs);
+}
+
+/// A graceful stop: everything appended is made durable here and now, then
+/// answered and delivered.
+pub fn flush_commits_for_stop(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+) {
+    let mut out = std::mem::take(&mut node.delivery.outputs);
+    node.delivery.core.stop(now(node), &mut out);
+    carry_outputs(node, cx, driver, &mut out);
+    node.delivery.outputs = out;
+}
+
+/// Carries the core's outputs: answers, sync jobs, log failures; then plans
+/// deliveries if any commit was answered.
+fn carry_outputs(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    out: &mut Vec<CommitOutput<Origin, SyncJob>>,
+) {
+    let mut answered = false;
+    let mut batch = std::mem::take(&mut node.delivery.carrying);
+    // A sync the syncer ran inline answers more: carry until nothing is left.
+    while !out.is_empty() {
+        std::mem::swap(out, &mut batch);
+        for output in batch.drain(..) {
+            match output {
+                CommitOutput::Answer {
+                    to,
+                    message_id,
+                    message_seq,
+                    reason,
+                    appended_ns,
+                } => {
+                    if let Some(appended_ns) = appended_ns {
+                        let durable_ns = node.shared.mono_ns();
+                        node.stages
+                            .commit_to_durable
+                            .observe_ns(durable_ns.saturating_sub(appended_ns));
+                    }
+                    answered |= reason == ReasonCode::SUCCESS;
+                    answer(node, cx, driver, to, message_id, message_seq, reason);
+                }
+                CommitOutput::SubmitSync(job) => {
+                    if let Some(ran_here) = node.delivery.syncer.submit(job) {
+                        let now = now(node);
+                        node.delivery.core.on_sync_done(ran_here, now, out);
+                    }
+                }
+                CommitOutput::LogFailed { what, fault } => log_failed(node, what, &fault),
+            }
+        }
+    }
+    node.delivery.carrying = batch;
+    publish_commit_counts(node);
+    if answered {
+        pump_deliveries(node, cx, driver);
+    }
+}
+
+/// The core's counters and the log's inline segment creations, as metrics.
+fn publish_commit_counts(node: &mut NodeShard) {
+    let counts = node.delivery.core.take_counts();
+    node.metrics.sends_deduplicated.add(counts.deduplicated);
+    node.metrics
+        .commits_refused_backlog
+        .add(counts.refused_backlog);
+    let inline = node.delivery.core.log().stats().segments_created_inline;
+    let m = &node.metrics.log_segments_created_inline;
+    m.add(inline.saturating_sub(m.get()));
+}
+
+/// A log failure: logged; a disk error marks the shard failed (its gauge
+/// `log_write_failed` turns `/readyz` to 503, `NodeShared::not_ready`).
+fn log_failed(node: &NodeShard, what: &str, fault: &LogFault) {
+    tracing::error!(err = %fault.message, shard = node.me, what, "log failed: refusing");
+    if fault.disk && node.metrics.log_write_failed.get() == 0 {
+        node.metrics.log_write_failed.inc();
+    }
+}
+
+/// Sends a commit's answer: SENDACK to the gateway, or the API reply.
+fn answer(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    to: Origin,
+    message_id: i64,
+    message_seq: u64,
+    reason: ReasonCode,
+) {
+    match to {
+        Origin::Client {
+            shard,
+            conn,
+            session_id,
+            client_seq,
+        } => {
+            let ack = SendAck {
+                conn,
+                session_id,
+                client_seq,
+                message_id,
+                message_seq,
+                reason,
+            };
+            if shard == node.me {
+                super::gateway::on_sendack(node, driver, ack);
+            } else {
+                node.send_msg(cx, shard, Msg::SendAck(ack));
+            }
+        }
+        Origin::Api { reply } => {
+            let _ = reply.try_send(ApiSendResult {
+                message_id,
+                message_seq,
+                reason,
+            });
+        }
+    }
+}
+
+/// Delivers from the backlog (the core's planner): push batches to the owner
+/// shards that have room, this shard's own last. Returns the work done (1 at least
+/// while anything waits, so the shard keeps turning until it is delivered).
+pub fn pump_deliveries(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+) -> usize {
+    if node.delivery.core.backlog_len() == 0 {
+        return 0;
+    }
+    let cfg = &node.shared.config.delivery;
+    let limits = PlanLimits {
+        local_node: node.shared.config.node_id,
+        me: node.me,
+        subscriber_page_max: cfg.subscriber_page_max,
+        push_batch_max: cfg.push_batch_max,
+        pages_per_turn_max: cfg.pages_per_turn_max,
+        reserved_room_per_peer: cfg.reserved_room_per_peer(),
+    };
+    let mut pushes = std::mem::take(&mut node.delivery.pushes);
+    let now_ns = node.shared.mono_ns();
+    let mut lookup = TimedLookup {
+        reader: &mut node.reader,
+        stages: &node.stages,
+        clock: &node.shared,
+    };
+    let mut room = |s: ShardId| cx.send_capacity(s);
+    let work = node.delivery.core.pump(
+        &node.view,
+        &mut lookup,
+        &mut room,
+        &limits,
+        now_ns,
+        &mut pushes,
+    );
+    let counts = node.delivery.core.take_plan_counts();
+    node.metrics.stale_lookups.add(counts.failed_groups);
+    node.metrics.delivery_stalls.add(counts.stalls);
+    for push in pushes.drain(..) {
+        carry_push(node, cx, driver, push);
+    }
+    node.delivery.pushes = pushes;
+    work
+}
+
+/// One push batch: to this shard's sessions at once, to another shard over its ring.
+fn carry_push(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    push: Push,
+) {
+    match push.to {
+        PushTo::Shard(s) if s == node.me => {
+            super::owner::on_push(
+                node,
+                cx,
+                driver,
+                &push.message,
+                &push.endpoints,
+                push.planned_ns,
+            );
+        }
+        PushTo::Shard(s) => {
+            let msg = Msg::Push {
+                message: push.message,
+                endpoints: push.endpoints,
+                planned_ns: push.planned_ns,
+            };
+            node.send_msg(cx, s, msg);
+            cx.flush_to(s);
+        }
+        PushTo::Node(n) => {
+            // Remote owners come with the cluster (owner-push RPC).
+            tracing::debug!(node = n, "remote owner: push not delivered (single node)");
+            node.metrics
+                .push_remote_dropped
+                .add(push.endpoints.len() as u64);
+        }
+    }
+}
+
+/// `/channel/messagesync` on the channel's commit shard.
+pub fn on_message_sync(node: &mut NodeShard, r: MessageSyncRequest) {
+    let result = node
+        .delivery
+        .core
+        .log()
+        .read_within(
+            r.channel_type,
+            &r.channel_key,
+            r.start_seq,
+            r.end_seq,
+            r.limit,
+            r.pull_mode,
+            r.max_bytes,
+        )
+        .map(|res| {
+            (
+                res.messages.iter().map(|m| m.to_stored()).collect(),
+                res.more,
+            )
+        })
+        .map_err(|e| e.to_string());
+    let _ = r.reply.try_send(result);
+}

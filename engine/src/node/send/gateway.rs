@@ -1,0 +1,153 @@
+//! Step 1 of a SEND, on the sender's shard: from the decoded frame to a [`Commit`]
+//! on the channel's commit shard, or a SENDACK refusal at once; and, when the answer
+//! comes back, the SENDACK to the connection.
+
+use net::io::{ConnId, NetDriver};
+use net::wkproto::{Flags, ReasonCode, SendPacket, SendackPacket, Setting};
+use shard::runtime::Context;
+
+use crate::channel::Channel;
+use crate::delivery::Sender;
+
+use super::super::msg::{Msg, SendAck};
+use super::super::shard::{NodeShard, NodeTimer};
+use super::{Commit, CommitRequest, Origin};
+
+/// A SEND from an active connection.
+pub fn on_send(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    id: ConnId,
+    p: &SendPacket<'_>,
+) {
+    let decoded_ns = node.shared.mono_ns();
+    let refuse = |node: &mut NodeShard, driver: &mut NetDriver, reason: ReasonCode| {
+        let ack = SendackPacket {
+            client_seq: p.client_seq,
+            reason_code: reason,
+            ..Default::default()
+        };
+        node.write_frame(driver, id, |v, out| ack.encode(v, out));
+    };
+    let Some(conn) = node.conn(id) else { return };
+    let (uid, session_id) = (conn.uid.clone(), conn.session_id);
+    let channel = match Channel::resolve(&uid, p.channel_id, p.channel_type.0) {
+        Ok(c) => c,
+        Err(e) => return refuse(node, driver, e.reason_code()),
+    };
+    if !admit_new_channel(node, id, &channel, decoded_ns / 1_000_000) {
+        node.metrics.sends_rate_limited.inc();
+        return refuse(node, driver, ReasonCode::RATE_LIMIT);
+    }
+    let payload = match open_payload(node, id, p) {
+        Ok(payload) => payload,
+        Err(reason) => return refuse(node, driver, reason),
+    };
+    let to = node.shared.slot_map.shard_of_key(channel.key().as_bytes());
+    if !take_credit(node, id, to) {
+        node.metrics.sends_refused_credit.inc();
+        return refuse(node, driver, ReasonCode::RATE_LIMIT);
+    }
+    node.metrics.sends.inc();
+    let sender = Sender {
+        node_id: node.shared.config.node_id,
+        boot_id: node.shared.boot_id,
+        session_id,
+    };
+    let request = CommitRequest {
+        answer_to: Origin::Client {
+            shard: node.me,
+            conn: id,
+            session_id,
+            client_seq: p.client_seq,
+        },
+        sender: Some(sender),
+        from_uid: uid,
+        client_msg_no: p.client_msg_no.to_owned(),
+        setting: p.setting.0,
+        flags: p.flags.0 & (Flags::NO_PERSIST.0 | Flags::SYNC_ONCE.0 | Flags::RED_DOT.0),
+        expire_s: p.expire_s,
+        topic: p.topic.to_owned(),
+        payload,
+        channel,
+    };
+    let commit = Commit {
+        request,
+        decoded_ns,
+    };
+    if to == node.me {
+        super::commit::on_commit(node, cx, driver, commit);
+    } else {
+        node.send_msg(cx, to, Msg::Commit(Box::new(commit)));
+    }
+}
+
+/// How fast this connection starts new channels (`domain::new_channels`).
+fn admit_new_channel(node: &mut NodeShard, id: ConnId, channel: &Channel, now_ms: u64) -> bool {
+    let limits = node.shared.config.session.new_channel_limits();
+    let hash = domain::new_channels::channel_hash(channel.channel_type(), channel.key());
+    node.conn_mut(id)
+        .is_some_and(|c| c.new_channels.admit(limits, hash, now_ms))
+}
+
+/// The plaintext payload: verified (msg_key) and decrypted for the connection's
+/// session, or as it came when the SEND says NoEncrypt.
+fn open_payload(node: &NodeShard, id: ConnId, p: &SendPacket<'_>) -> Result<Vec<u8>, ReasonCode> {
+    if p.setting.contains(Setting::NO_ENCRYPT) {
+        return Ok(p.payload.to_vec());
+    }
+    let cipher = node
+        .conn(id)
+        .and_then(|c| c.cipher.as_ref())
+        .ok_or(ReasonCode::SYSTEM_ERROR)?;
+    if !cipher.send_msg_key_ok(p) {
+        node.metrics.send_refused.inc();
+        return Err(ReasonCode::MSG_KEY_ERROR);
+    }
+    let mut plain = Vec::with_capacity(p.payload.len());
+    if cipher.open_send(p, &mut plain).is_err() {
+        node.metrics.send_refused.inc();
+        return Err(ReasonCode::PAYLOAD_DECODE_ERROR);
+    }
+    Ok(plain)
+}
+
+/// Credits: the connection's SENDs in flight, and this shard's towards `to` (each
+/// reserves room for its SENDACK on the way back). Out of credit: the client retries.
+fn take_credit(node: &mut NodeShard, id: ConnId, to: shard::slots::ShardId) -> bool {
+    let per_conn_max = node.shared.config.session.sends_in_flight_per_conn_max;
+    let per_peer_max = node.shared.config.delivery.commit_credits_per_peer;
+    let peer_full = to != node.me && node.commit_credits[to as usize] >= per_peer_max;
+    let Some(conn) = node.conn_mut(id) else {
+        return false;
+    };
+    if conn.sends_in_flight >= per_conn_max || peer_full {
+        return false;
+    }
+    conn.sends_in_flight += 1;
+    if to != node.me {
+        node.commit_credits[to as usize] += 1;
+    }
+    true
+}
+
+/// SENDACK back on the gateway shard, if the sending session is still there (its
+/// SEND's shard credit returns when the SENDACK arrives, in `NodeShard::on_message`).
+pub fn on_sendack(node: &mut NodeShard, driver: &mut NetDriver, ack: SendAck) {
+    let Some(conn) = node.conn_mut(ack.conn) else {
+        return;
+    };
+    if conn.session_id != ack.session_id {
+        return;
+    }
+    conn.sends_in_flight = conn.sends_in_flight.saturating_sub(1);
+    let p = SendackPacket {
+        message_id: ack.message_id,
+        client_seq: ack.client_seq,
+        message_seq: ack.message_seq,
+        reason_code: ack.reason,
+        ..Default::default()
+    };
+    node.write_frame(driver, ack.conn, |v, out| p.encode(v, out));
+}

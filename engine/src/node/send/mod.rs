@@ -1,0 +1,87 @@
+//! One SEND, from the gateway to every RECV (`docs/flows.md`, flow 5), one file per
+//! side, each reading top-down; every decision is a sans-IO machine of `domain`, and
+//! these files only decode, call the machine and carry its outputs to the ring, the
+//! log's syncer, the socket or the API:
+//!
+//! 1. [`gateway`] (the sender's shard): resolve the channel, the connection's
+//!    new-channel budget (`domain::new_channels`), msg_key and decryption
+//!    (`net::crypto`), the credits of SENDs in flight; a [`Commit`] to the channel's
+//!    commit shard. Later the SENDACK back to the connection.
+//! 2. [`commit`] (the channel's commit shard, `hash_slot(channel key) % shards`): the
+//!    commit core (`domain::commit::CommitCore`: permission, back-pressure,
+//!    idempotency, ids and seqs, the sync policy) and its delivery planner
+//!    (`domain::delivery::Planner`: subscriber pages, one lookup each, push batches
+//!    by owner), driven once per loop turn.
+//! 3. [`owner`] (the shard holding the recipient's connection): revalidate each
+//!    endpoint, encrypt for its session, write RECV, and the pending RECVACKs
+//!    (`domain::acks::PendingAcks`: re-sends with DUP, then drop; the client
+//!    recovers by sync).
+
+pub mod commit;
+pub mod gateway;
+pub mod owner;
+
+use std::sync::mpsc::SyncSender;
+
+use net::io::ConnId;
+use net::wkproto::ReasonCode;
+use shard::slots::ShardId;
+
+use crate::route::SessionId;
+use crate::store::{PullMode, StoredMessage};
+
+pub use commit::{
+    flush_commits, flush_commits_for_stop, on_commit, on_log_sync_timer, on_message_sync,
+    pump_deliveries, DeliveryCore,
+};
+pub use domain::commit::Committed;
+pub use gateway::{on_send, on_sendack};
+pub use owner::{
+    observe_socket_writes, on_ack_timeout, on_push, on_recvack, PendingAcks, WRITE_MARKS_MAX,
+};
+
+/// Where a commit's answer goes (the commit core hands it back with the answer).
+pub enum Origin {
+    /// A client's SEND: SENDACK to this connection of this gateway shard.
+    Client {
+        shard: ShardId,
+        conn: ConnId,
+        session_id: SessionId,
+        client_seq: u32,
+    },
+    /// `POST /message/send`: the answer goes back to the HTTP thread.
+    Api { reply: SyncSender<ApiSendResult> },
+}
+
+/// The answer to an API send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiSendResult {
+    pub message_id: i64,
+    pub message_seq: u64,
+    pub reason: ReasonCode,
+}
+
+/// A message to commit, as the commit core takes it.
+pub type CommitRequest = domain::commit::CommitRequest<Origin>;
+
+/// A commit on its way to the channel's commit shard ([`super::msg::Msg::Commit`]).
+pub struct Commit {
+    pub request: CommitRequest,
+    /// When the gateway decoded the SEND ([`super::NodeShared::mono_ns`]): the start
+    /// of the `gateway_to_commit` stage.
+    pub decoded_ns: u64,
+}
+
+/// A `/channel/messagesync` read, served by the channel's commit shard.
+pub struct MessageSyncRequest {
+    pub channel_type: u8,
+    /// The stored channel key.
+    pub channel_key: String,
+    pub start_seq: u64,
+    pub end_seq: u64,
+    pub limit: usize,
+    pub pull_mode: PullMode,
+    /// At most this many bytes copied (`MessageView::copy_bytes`); `more` says the rest.
+    pub max_bytes: usize,
+    pub reply: SyncSender<Result<(Vec<StoredMessage>, bool), String>>,
+}
