@@ -639,3 +639,414 @@ fn refuse<A, J>(out: &mut Vec<CommitOutput<A, J>>, to: A, reason: ReasonCode) ->
     });
     Committing::Refused
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::cluster::ClusterView;
+    use crate::delivery::{PushTo, SESSION_SHARD_SHIFT};
+    use crate::idempotency::IdempotencyConfig;
+    use crate::route::{AuthorityError, Endpoint};
+
+    /// An in-memory log: records per channel key, a durable prefix, failures on demand.
+    #[derive(Default)]
+    struct FakeLog {
+        /// (channel key, seq, message id), in append order.
+        records: Vec<(String, u64, i64)>,
+        durable: usize,
+        /// The end of the job in flight.
+        job: Option<usize>,
+        fail_append: bool,
+        fail_sync: bool,
+    }
+
+    impl CommitLog for FakeLog {
+        type Job = usize;
+
+        fn append(&mut self, r: &Append<'_>) -> Result<u64, LogFault> {
+            if self.fail_append {
+                return Err(LogFault {
+                    disk: true,
+                    message: "injected".into(),
+                });
+            }
+            let last = self.records.iter().rev().find(|x| x.0 == r.channel_key);
+            let seq = last.map_or(1, |x| x.1 + 1);
+            self.records
+                .push((r.channel_key.to_owned(), seq, r.message_id));
+            Ok(seq)
+        }
+
+        fn begin_sync(&mut self) -> Result<Option<usize>, LogFault> {
+            if self.durable == self.records.len() {
+                return Ok(None);
+            }
+            assert!(self.job.is_none(), "one job in flight");
+            self.job = Some(self.records.len());
+            Ok(self.job)
+        }
+
+        fn end_sync(&mut self, result: std::io::Result<()>, _now_ms: u64) -> Result<(), LogFault> {
+            let end = self.job.take().expect("a job in flight");
+            match result {
+                Ok(()) if !self.fail_sync => {
+                    self.durable = end;
+                    Ok(())
+                }
+                _ => Err(LogFault {
+                    disk: true,
+                    message: "sync failed".into(),
+                }),
+            }
+        }
+
+        fn sync_now(&mut self, _now_ms: u64) -> Result<(), LogFault> {
+            self.job = None;
+            self.durable = self.records.len();
+            Ok(())
+        }
+    }
+
+    #[derive(Default)]
+    struct FakeGroups(HashMap<String, Arc<Subscribers>>);
+
+    impl Groups for FakeGroups {
+        fn subscribers(&self, id: &str) -> Option<Arc<Subscribers>> {
+            self.0.get(id).cloned()
+        }
+    }
+
+    fn groups() -> FakeGroups {
+        let mut g = FakeGroups::default();
+        let uids = ["a", "b", "c"].map(Uid::from).to_vec();
+        g.0.insert("g1".into(), Arc::new(Subscribers { uids }));
+        g
+    }
+
+    fn limits(answer_after_sync: bool) -> CommitLimits {
+        CommitLimits {
+            answer_after_sync,
+            commits_unsynced_max: 100,
+            delivery_backlog_max: 100,
+            backlog_budget_bytes: 1 << 20,
+        }
+    }
+
+    type Core = CommitCore<FakeLog, u32>;
+    type Out = Vec<CommitOutput<u32, usize>>;
+
+    fn core(l: CommitLimits) -> Core {
+        let window = IdempotencyWindow::new(IdempotencyConfig::default());
+        CommitCore::new(
+            FakeLog::default(),
+            MessageIdGen::new(1, 0, 1).unwrap(),
+            window,
+            l,
+        )
+    }
+
+    fn sender() -> Sender {
+        Sender {
+            node_id: 1,
+            boot_id: 7,
+            session_id: 1,
+        }
+    }
+
+    /// Request `to` from uid `from` to `channel` ("g…" a group, else a person).
+    fn request(to: u32, from: &str, channel: &str, client_msg_no: &str) -> CommitRequest<u32> {
+        let channel = if channel.starts_with('g') {
+            Channel::Group { id: channel.into() }
+        } else {
+            Channel::resolve(from, channel, crate::channel::CHANNEL_TYPE_PERSON).unwrap()
+        };
+        CommitRequest {
+            answer_to: to,
+            sender: Some(sender()),
+            from_uid: Uid::from(from),
+            channel,
+            client_msg_no: client_msg_no.into(),
+            setting: 0,
+            flags: 0,
+            expire_s: 0,
+            topic: String::new(),
+            payload: b"hi".to_vec(),
+        }
+    }
+
+    const T0: Now = Now {
+        wall_ms: 1_800_000_000_000,
+        mono_ns: 5_000,
+    };
+
+    /// The answers in `out` as (to, seq, reason), and whether anything else was there.
+    fn answers(out: &mut Out) -> Vec<(u32, u64, u8)> {
+        out.drain(..)
+            .map(|o| match o {
+                CommitOutput::Answer {
+                    to,
+                    message_seq,
+                    reason,
+                    ..
+                } => (to, message_seq, reason.0),
+                CommitOutput::SubmitSync(job) => panic!("unexpected sync job {job}"),
+                CommitOutput::LogFailed { what, .. } => panic!("unexpected failure: {what}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn interval_policy_answers_the_turns_commits_at_its_end_with_dense_seqs() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        assert_eq!(
+            c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out),
+            Committing::Appended
+        );
+        assert_eq!(
+            c.on_commit(request(2, "b", "g1", ""), &g, T0, &mut out),
+            Committing::Appended
+        );
+        assert_eq!(
+            c.on_commit(request(3, "a", "b", ""), &g, T0, &mut out),
+            Committing::Appended
+        );
+        assert!(
+            out.is_empty(),
+            "nothing answered before the end of the turn"
+        );
+        assert_eq!(c.unanswered(), 3);
+        assert_eq!(c.end_turn(&mut out), 3);
+        assert_eq!(answers(&mut out), vec![(1, 1, 1), (2, 2, 1), (3, 1, 1)]);
+        assert_eq!((c.unanswered(), c.backlog_len()), (0, 3));
+        assert!(c.backlog_bytes() > 3 * 1024);
+        // The sync runs on the timer, one job at a time.
+        c.on_sync_timer(&mut out);
+        assert!(matches!(out.as_slice(), [CommitOutput::SubmitSync(3)]));
+        out.clear();
+        c.on_sync_timer(&mut out);
+        assert!(out.is_empty(), "a job is in flight");
+        c.on_sync_done(Ok(()), T0, &mut out);
+        assert!(out.is_empty(), "nothing waited for it");
+        assert_eq!(c.log().durable, 3);
+    }
+
+    #[test]
+    fn always_policy_answers_only_after_the_sync_and_one_job_at_a_time() {
+        let (mut c, g, mut out) = (core(limits(true)), groups(), Out::new());
+        c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out);
+        assert_eq!(c.end_turn(&mut out), 1);
+        assert!(matches!(out.as_slice(), [CommitOutput::SubmitSync(1)]));
+        out.clear();
+        // The next turn's commit waits for the next job.
+        c.on_commit(request(2, "a", "g1", ""), &g, T0, &mut out);
+        assert_eq!(c.end_turn(&mut out), 0);
+        assert!(out.is_empty());
+        c.on_sync_done(Ok(()), T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 1, 1)]);
+        assert_eq!(c.end_turn(&mut out), 1);
+        assert!(matches!(out.as_slice(), [CommitOutput::SubmitSync(2)]));
+        out.clear();
+        // A failed sync refuses its batch (SENDACK 15); its charge is returned.
+        c.on_sync_done(Err(std::io::Error::other("EIO")), T0, &mut out);
+        assert!(matches!(&out[0], CommitOutput::LogFailed { fault, .. } if fault.disk));
+        out.remove(0);
+        assert_eq!(answers(&mut out), vec![(2, 0, 15)]);
+        assert_eq!(c.backlog_len(), 1, "only the durable message is delivered");
+    }
+
+    #[test]
+    fn an_idempotent_resend_gets_the_first_answer_and_no_second_record() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        c.on_commit(request(1, "a", "g1", "m1"), &g, T0, &mut out);
+        // The resend comes in the same turn as the first copy: answered with it.
+        let later = Now {
+            wall_ms: T0.wall_ms + 1_000,
+            ..T0
+        };
+        assert_eq!(
+            c.on_commit(request(2, "a", "g1", "m1"), &g, later, &mut out),
+            Committing::Duplicate
+        );
+        c.end_turn(&mut out);
+        let mut ids = Vec::new();
+        for o in out.drain(..) {
+            if let CommitOutput::Answer {
+                message_id,
+                message_seq,
+                ..
+            } = o
+            {
+                ids.push((message_id, message_seq));
+            }
+        }
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids[0], ids[1]);
+        assert_eq!(c.log().records.len(), 1);
+        assert_eq!(c.backlog_len(), 1, "delivered once");
+        assert_eq!(c.take_counts().deduplicated, 1);
+    }
+
+    #[test]
+    fn permission_refuses_unknown_groups_and_non_members_but_not_the_api() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        assert_eq!(
+            c.on_commit(request(1, "a", "g2", ""), &g, T0, &mut out),
+            Committing::Refused
+        );
+        assert_eq!(
+            c.on_commit(request(2, "z", "g1", ""), &g, T0, &mut out),
+            Committing::Refused
+        );
+        let mut api = request(3, "z", "g1", "");
+        api.sender = None;
+        assert_eq!(c.on_commit(api, &g, T0, &mut out), Committing::Appended);
+        assert_eq!(answers(&mut out), vec![(1, 0, 5), (2, 0, 3)]);
+        assert!(c.log().records.len() == 1);
+    }
+
+    #[test]
+    fn back_pressure_refuses_past_the_backlog_and_the_unanswered_bounds() {
+        let g = groups();
+        let mut out = Out::new();
+        let mut c = core(CommitLimits {
+            delivery_backlog_max: 2,
+            ..limits(false)
+        });
+        for to in 1..=3 {
+            c.on_commit(request(to, "a", "g1", ""), &g, T0, &mut out);
+        }
+        assert_eq!(answers(&mut out), vec![(3, 0, 22)]);
+        assert_eq!(c.take_counts().refused_backlog, 1);
+        let mut c = core(CommitLimits {
+            commits_unsynced_max: 1,
+            ..limits(false)
+        });
+        c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out);
+        c.on_commit(request(2, "a", "g1", ""), &g, T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(2, 0, 15)]);
+        let mut c = core(CommitLimits {
+            backlog_budget_bytes: 1500,
+            ..limits(false)
+        });
+        c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out);
+        c.on_commit(request(2, "a", "g1", ""), &g, T0, &mut out);
+        assert_eq!(
+            answers(&mut out),
+            vec![(2, 0, 22)],
+            "one charge fits, two do not"
+        );
+    }
+
+    #[test]
+    fn a_failed_append_is_reported_and_refused() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        c.log.fail_append = true;
+        assert_eq!(
+            c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out),
+            Committing::Refused
+        );
+        assert!(matches!(&out[0], CommitOutput::LogFailed { what: "append", fault } if fault.disk));
+        out.remove(0);
+        assert_eq!(answers(&mut out), vec![(1, 0, 15)]);
+        assert_eq!(c.backlog_bytes(), 0);
+    }
+
+    #[test]
+    fn stop_syncs_and_answers_everything_unanswered() {
+        let (mut c, g, mut out) = (core(limits(true)), groups(), Out::new());
+        c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out);
+        c.end_turn(&mut out);
+        out.clear();
+        c.on_commit(request(2, "a", "g1", ""), &g, T0, &mut out);
+        c.stop(T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 1, 1), (2, 2, 1)]);
+        assert_eq!(c.log().durable, 2);
+    }
+
+    /// Every uid is online once, on shard 0 or 1 by its first byte.
+    struct Online;
+
+    impl EndpointLookup for Online {
+        fn endpoints_by_targets_into(
+            &mut self,
+            lookups: &[(crate::cluster::Target, &[Uid])],
+            endpoints: &mut Vec<Endpoint>,
+            results: &mut Vec<Result<std::ops::Range<usize>, AuthorityError>>,
+        ) {
+            for (_, uids) in lookups {
+                let start = endpoints.len();
+                for uid in *uids {
+                    let shard = u64::from(uid.as_bytes()[0] & 1);
+                    endpoints.push(Endpoint {
+                        uid: uid.clone(),
+                        device_flag: 0,
+                        device_level: crate::route::DeviceLevel::Master,
+                        node_id: 1,
+                        boot_id: 7,
+                        session_id: (shard << SESSION_SHARD_SHIFT) | 100,
+                        owner_seq: 1,
+                    });
+                }
+                results.push(Ok(start..endpoints.len()));
+            }
+        }
+    }
+
+    #[test]
+    fn delivery_pauses_while_a_peer_has_no_room_and_frees_the_charge_when_done() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out);
+        c.end_turn(&mut out);
+        out.clear();
+        let view = ClusterView::single_node(1);
+        let plan = PlanLimits {
+            local_node: 1,
+            me: 0,
+            subscriber_page_max: 2,
+            push_batch_max: 8,
+            pages_per_turn_max: 8,
+            reserved_room_per_peer: 4,
+        };
+        let mut pushes = Vec::new();
+        // Shard 1 ("a", "c": odd first bytes) has no room beyond the reserve; pages of
+        // two: ["a", "b"], ["c"].
+        let mut room = |_s: ShardId| 4;
+        assert_eq!(
+            c.pump(&view, &mut Online, &mut room, &plan, 9, &mut pushes),
+            2
+        );
+        let to: Vec<PushTo> = pushes.iter().map(|p| p.to).collect();
+        assert_eq!(
+            to,
+            vec![PushTo::Shard(0)],
+            "only this shard's own batch ('b')"
+        );
+        assert_eq!(c.take_plan_counts().stalls, 1);
+        assert_eq!(
+            c.backlog_len(),
+            1,
+            "the message waits for its stalled batch"
+        );
+        pushes.clear();
+        let mut room = |_s: ShardId| 5;
+        c.pump(&view, &mut Online, &mut room, &plan, 10, &mut pushes);
+        let sent: Vec<(PushTo, usize)> = pushes.iter().map(|p| (p.to, p.endpoints.len())).collect();
+        assert_eq!(sent, vec![(PushTo::Shard(1), 1)], "the stalled batch ('a')");
+        pushes.clear();
+        // That took the slot above the reserve: the second page's batch ('c') waited;
+        // it goes on the next call, and the message is done.
+        c.pump(&view, &mut Online, &mut room, &plan, 11, &mut pushes);
+        assert_eq!(
+            pushes.iter().map(|p| p.to).collect::<Vec<_>>(),
+            vec![PushTo::Shard(1)]
+        );
+        pushes.clear();
+        assert_eq!(
+            c.pump(&view, &mut Online, &mut room, &plan, 12, &mut pushes),
+            0
+        );
+        assert_eq!((c.backlog_len(), c.backlog_bytes()), (0, 0));
+    }
+}
