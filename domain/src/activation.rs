@@ -42,7 +42,7 @@
 //! `Pending` answer to our register: its candidate is aborted at once (the queued
 //! unregister would also remove it).
 //!
-//! ## CONNACK reasons (WuKongIM codes, see `wkproto.md`)
+//! ## CONNACK reasons (WuKongIM codes, see `docs/wkproto.md`)
 //! - register refused `NotLeader` → 17 NodeMatchError (this view names a node that
 //!   does not lead the uid's slot); `StaleTarget` → 18 NodeNotMatch (the leader
 //!   changed since the view); both tell the client to reconnect.
@@ -56,6 +56,9 @@
 //! timer before it starts the activation and refuses the CONNECT (CONNACK 15,
 //! nothing registered) when it cannot: an activation without its tick would never
 //! time out.
+//!
+//! Rule numbers refer to `docs/authority-rules.md` (each tested in
+//! `domain/tests/authority_rules.rs` or `activation_rules.rs`).
 
 use crate::cluster::{ClusterView, Target};
 use crate::registry::{NewSession, RegisterError, Registry, SessionHandle};

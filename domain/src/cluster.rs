@@ -4,6 +4,9 @@
 //! exactly the identity it has installed for that slot (rule 1). The routing
 //! `revision` travels beside the target as freshness evidence, not as part of it: a
 //! revision-only change keeps the directory (rule 4).
+//!
+//! Rule numbers refer to `docs/authority-rules.md` (each tested in
+//! `domain/tests/authority_rules.rs` or `activation_rules.rs`).
 
 use shard::slots::{hash_slot, HASH_SLOTS};
 

@@ -4,7 +4,7 @@
 //! It owns every decision between "a SEND arrived at its channel's shard" and "its
 //! SENDACK is written and its delivery may start": permission (group membership),
 //! back-pressure (unanswered commits, the delivery backlog in messages and bytes),
-//! the idempotency window (flow 7), message id and per-channel seq assignment (the
+//! the idempotency window (flow 7, `docs/flows.md`), message id and per-channel seq assignment (the
 //! append), and the sync policy (what waits for the log's fsync before it is
 //! answered). The driver (`engine::node::send::commit`) decodes, calls, and carries
 //! the [`CommitOutput`]s to the rings, the syncer thread and the API.
@@ -452,7 +452,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         Ok(())
     }
 
-    /// Flow 7: the first answer of a resend of a SEND already committed.
+    /// Flow 7 (`docs/flows.md`): the first answer of a resend of a SEND already committed.
     fn first_answer(&mut self, r: &CommitRequest<A>, now_s: u64) -> Option<SentIds> {
         if r.client_msg_no.is_empty() {
             return None;

@@ -1,10 +1,10 @@
-//! The idempotent-send window (Flow 7): `(sender uid, client_msg_no)` → the first
+//! The idempotent-send window (flow 7, `docs/flows.md`): `(sender uid, client_msg_no)` → the first
 //! SENDACK's `(message_id, message_seq)`, for the last sends no older than `ttl_s`, at
 //! most `max_entries` of them taking at most `budget_bytes` (keys counted with their
 //! length: one key may be 128 KiB, so the count alone bounds nothing useful). A SEND found here is answered with the stored ids and neither committed nor
 //! delivered again.
 //!
-//! One window per delivery shard: a resent SEND names the same channel, so it reaches
+//! One window per commit shard: a resent SEND names the same channel, so it reaches
 //! the same shard as the first one. Time (whole seconds) is passed in. An empty
 //! `client_msg_no` identifies nothing: such sends are never recorded nor matched.
 //! After a restart, the store refills the window ([`IdempotencyWindow::refill`]) from the

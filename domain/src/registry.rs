@@ -36,6 +36,9 @@
 //! counter): its tombstone removes the route and fences a late register or touch
 //! (rules 12, 16, 19). Session ids are unique per process and a session lives on one
 //! shard, so one counter per shard orders everything of one identity.
+//!
+//! Rule numbers refer to `docs/authority-rules.md` (each tested in
+//! `domain/tests/authority_rules.rs` or `activation_rules.rs`).
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};

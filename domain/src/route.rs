@@ -2,6 +2,9 @@
 //! authority. Shared by the authority directory (the slot leader's side) and the
 //! owner-local registry and activation machine (the gateway's side), which may be on
 //! different nodes: everything here is plain data that an RPC can carry.
+//!
+//! Rule numbers refer to `docs/authority-rules.md` (each tested in
+//! `domain/tests/authority_rules.rs` or `activation_rules.rs`).
 
 use std::sync::Arc;
 

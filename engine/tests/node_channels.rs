@@ -80,7 +80,7 @@ fn sends_to_new_channels_beyond_the_rate_get_sendack_22(backend: Backend) {
         a.send(&format!("u-{i}"), 1, i + 1, "", b"hi", false)
             .unwrap();
     }
-    // (channels on different delivery shards answer in any order)
+    // (channels on different commit shards answer in any order)
     let mut acks: Vec<_> = (0..60).map(|_| next_sendack(&mut a)).collect();
     acks.sort_unstable();
     let mut accepted = Vec::new();

@@ -1,5 +1,5 @@
 //! Per-connection encryption of the WuKongIM protocol (spec: "Encryption"
-//! in `shared/spec/wkproto.md`), sans-IO and deterministic: the caller
+//! in `docs/wkproto.md`), sans-IO and deterministic: the caller
 //! supplies the random bytes.
 //!
 //! # Handshake (on CONNECT)

@@ -1,5 +1,5 @@
 //! The presence authority: the fenced, expiring route directory of the hash slots a
-//! node leads (`authority-rules.md`, rules 1–27). Sans-IO: every call takes `now_s`
+//! node leads (`docs/authority-rules.md`, rules 1–27). Sans-IO: every call takes `now_s`
 //! (whole seconds of the authority's clock) and returns its outcome.
 //!
 //! - [`Directory`]: the shared, lock-free view of all 256 hash slots (identity and

@@ -1,4 +1,4 @@
-//! The HTTP API (WuKongIM's server API subset, `http-api.md`): JSON in, JSON out;
+//! The HTTP API (WuKongIM's server API subset, `docs/http-api.md`): JSON in, JSON out;
 //! errors are a non-2xx status with `{"status": <code>, "msg": "<reason>"}`.
 //!
 //! Requests are parsed and validated here ([`Api::handle`] is independent of the
@@ -546,7 +546,7 @@ impl Api {
         }
     }
 
-    /// Reads the channel `key` on its delivery shard: the messages (ascending, at
+    /// Reads the channel `key` on its commit shard: the messages (ascending, at
     /// most `max_sync_response_bytes` copied) and whether more are in range. Refuses
     /// (503) when the shard's injector is full, (504) when no answer came in time and
     /// (500) when the log failed the read.

@@ -253,16 +253,16 @@ impl LatencyHistogram {
 /// ([`super::NodeShared::mono_ns`]), read once per message or per batch.
 #[derive(Debug, Default)]
 pub struct StageHistograms {
-    /// SEND decoded on the gateway shard → appended to the delivery shard's log
+    /// SEND decoded on the gateway shard → appended to the commit shard's log
     /// (includes the ring hop between the two shards).
     pub gateway_to_commit: LatencyHistogram,
-    /// Appended → durable and acknowledged: the turn's group commit (and its sync
-    /// when one is due).
+    /// Appended → answered: the end of the turn under the default interval fsync
+    /// policy; under `fsync = "always"` the wait for the sync job that makes it durable.
     pub commit_to_durable: LatencyHistogram,
     /// Route lookup and push planning of one subscriber page.
     pub route_lookup: LatencyHistogram,
-    /// Push planned on the delivery shard → received by the owner shard (ring hop,
-    /// zero when the owner is the delivery shard itself).
+    /// Push planned on the commit shard → received by the owner shard (ring hop,
+    /// zero when the owner is the commit shard itself).
     pub push_hop: LatencyHistogram,
     /// RECVs queued by the owner shard → handed to the kernel (the next driver poll
     /// submitted their sends), per push batch.
@@ -275,11 +275,11 @@ pub struct StageHistograms {
 pub const STAGE_HELP: [(&str, &str); 6] = [
     (
         "stage_gateway_to_commit",
-        "SEND decoded on the gateway shard to appended to the delivery shard's log.",
+        "SEND decoded on the gateway shard to appended to the commit shard's log.",
     ),
     (
         "stage_commit_to_durable",
-        "Appended to durable and acknowledged (the turn's group commit).",
+        "Appended to answered (end of turn; under fsync=always, its sync).",
     ),
     (
         "stage_route_lookup",
@@ -287,7 +287,7 @@ pub const STAGE_HELP: [(&str, &str); 6] = [
     ),
     (
         "stage_push_hop",
-        "Push planned on the delivery shard to received by the owner shard.",
+        "Push planned on the commit shard to received by the owner shard.",
     ),
     (
         "stage_socket_write",

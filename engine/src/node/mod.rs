@@ -2,11 +2,12 @@
 //! its listeners, its logs and the shared lock-free tables.
 //!
 //! - [`shard`]: one shard: connections, activation, the authority service, touches.
-//! - [`send`]: the SEND → commit → SENDACK → delivery → RECV → RECVACK flow.
+//! - [`send`]: the SEND → commit → SENDACK → delivery → RECV → RECVACK flow, one file
+//!   per side (gateway, commit, owner), driving the machines of `domain`.
 //! - [`msg`]: every message between shards.
-//! - [`acks`]: the owner's unacknowledged RECVs of a session (a sans-IO machine).
-//! - [`meta`]: tokens and group subscribers, read lock-free by the shards.
-//! - [`metrics`]: per-shard counters.
+//! - [`catalog`]: tokens and group subscribers, read lock-free by the shards.
+//! - [`syncer`]: the thread per shard that runs its log's fdatasync jobs.
+//! - [`metrics`]: per-shard counters and stage histograms.
 
 pub mod catalog;
 pub mod metrics;
@@ -160,7 +161,7 @@ pub struct DeliveryConfig {
     /// under `fsync = "always"`); more are refused with SENDACK 15 until the disk
     /// catches up.
     pub commits_unsynced_max: usize,
-    /// SENDs one gateway shard may have in flight to one delivery shard (each
+    /// SENDs one gateway shard may have in flight to one commit shard (each
     /// reserves room for its SENDACK on the way back); more are answered at once with
     /// SENDACK 22 (RateLimit).
     pub commit_credits_per_peer: usize,
@@ -618,7 +619,7 @@ impl Node {
             ids.resume_after(max_message_id);
             let mut idem = IdempotencyWindow::new(s.config.idempotency);
             if let Some(w) = idem.as_mut() {
-                // A resend after a restart gets the first answer (Flow 7).
+                // A resend after a restart gets the first answer (flow 7, `docs/flows.md`).
                 let entries = crate::store::refill_idempotency(w, &log, s.wall_ms() / 1000)
                     .map_err(|e| {
                         io::Error::other(format!("idempotency window of shard {me}: {e}"))

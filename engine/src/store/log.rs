@@ -1,7 +1,7 @@
-//! The durable message log of one delivery shard.
+//! The durable message log of one commit shard.
 //!
 //! # Layout
-//! One append-only log per delivery shard holds every channel of the shard's hash
+//! One append-only log per commit shard holds every channel of the shard's hash
 //! slots (never a file per channel). It is a directory (conventionally
 //! [`log_dir`]`(data_dir, shard)`) of segment files `<id:020>.seg`, each preallocated
 //! with `posix_fallocate` to `segment_bytes` and mapped with a shared
@@ -945,7 +945,7 @@ impl RetiredSeqs {
     }
 }
 
-/// The append-only message log of one delivery shard. Single-threaded by design
+/// The append-only message log of one commit shard. Single-threaded by design
 /// (owned by its shard); no internal locking.
 pub struct MessageLog {
     dir: PathBuf,

@@ -1,8 +1,9 @@
-//! Durable state of a node: the message log of each delivery shard and the metadata
+//! Durable state of a node: the message log of each commit shard and the metadata
 //! store (tokens, group subscribers).
 //!
-//! - [`log`]: [`MessageLog`], one append-only, mmap'd, segmented log per delivery shard
-//!   for all channels of its hash slots; group commit via [`MessageLog::sync`]; per-channel
+//! - [`log`]: [`MessageLog`], one append-only, mmap'd, segmented log per commit shard
+//!   for all channels of its hash slots; syncs as [`SyncJob`]s (`begin_sync`, run on the
+//!   shard's syncer thread, `end_sync`) or at once ([`MessageLog::sync`]); per-channel
 //!   seq index; `/channel/messagesync` reads; crash recovery; retention. Its module docs
 //!   state exactly what survives a process crash and what survives power loss.
 //! - [`record`]: the on-disk record format (fixed `bytemuck` header + fields, CRC-32).
@@ -12,8 +13,9 @@
 //!   from a log at start.
 //! - [`meta`]: [`MetaStore`], tokens and subscribers with a fsynced journal and snapshots.
 //!
-//! Everything here is single-threaded (owned by one shard or the API thread) and
-//! takes time as an argument; the only IO is to its own directory.
+//! Everything here is owned by one thread (a shard or the API), except the
+//! [`SyncJob`]s a shard hands to its syncer thread; it takes time as an argument; the
+//! only IO is to its own directory.
 
 mod fsutil;
 pub mod layout;

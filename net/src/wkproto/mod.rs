@@ -1,5 +1,5 @@
 //! The WuKongIM binary client protocol ("wkproto"): a sans-IO, zero-copy,
-//! incremental codec. Specification: `shared/spec/wkproto.md`.
+//! incremental codec. Specification: `docs/wkproto.md`.
 //!
 //! # Frames
 //! `header byte (type << 4 | flags)`, an MQTT-style varint remaining length
