@@ -120,16 +120,22 @@ pub struct CommitRequest<A> {
     pub payload: Vec<u8>,
 }
 
-/// One record to append, as the core hands it to its [`CommitLog`].
-pub struct Append<'a> {
+/// A message to append, as the core hands it to its [`CommitLog`] (and the store's
+/// `MessageLog::append` takes it). The core assigns `message_id`; the log assigns
+/// `message_seq`.
+#[derive(Clone, Copy, Debug)]
+pub struct NewMessage<'a> {
     pub message_id: i64,
     pub channel_type: u8,
-    /// The stored channel key (for person channels, the `x@y` key).
-    pub channel_key: &'a str,
+    /// The stored channel id (for person channels, the `x@y` key).
+    pub channel_id: &'a str,
     pub from_uid: &'a str,
     pub client_msg_no: &'a str,
+    /// wkproto RECV setting byte.
     pub setting: u8,
-    pub flags: u8,
+    /// SEND header flags (RedDot, SyncOnce, ...).
+    pub msg_flags: u8,
+    /// Unix seconds.
     pub timestamp_s: u32,
     pub payload: &'a [u8],
 }
@@ -149,7 +155,7 @@ pub trait CommitLog {
     type Job;
     /// Appends one record; returns its seq in its channel (the channel's previous
     /// last seq + 1).
-    fn append(&mut self, record: &Append<'_>) -> Result<u64, LogFault>;
+    fn append(&mut self, record: &NewMessage<'_>) -> Result<u64, LogFault>;
     /// The appends not yet covered by a job, as one job (`None`: nothing to sync).
     fn begin_sync(&mut self) -> Result<Option<Self::Job>, LogFault>;
     /// The job begun last ended with `result`.
@@ -472,14 +478,14 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         if r.flags & Flags::NO_PERSIST.0 != 0 {
             return Ok(0);
         }
-        self.log.append(&Append {
+        self.log.append(&NewMessage {
             message_id,
             channel_type: r.channel.channel_type(),
-            channel_key: r.channel.key(),
+            channel_id: r.channel.key(),
             from_uid: &r.from_uid,
             client_msg_no: &r.client_msg_no,
             setting: r.setting,
-            flags: r.flags,
+            msg_flags: r.flags,
             timestamp_s,
             payload: &r.payload,
         })
@@ -665,17 +671,17 @@ mod tests {
     impl CommitLog for FakeLog {
         type Job = usize;
 
-        fn append(&mut self, r: &Append<'_>) -> Result<u64, LogFault> {
+        fn append(&mut self, r: &NewMessage<'_>) -> Result<u64, LogFault> {
             if self.fail_append {
                 return Err(LogFault {
                     disk: true,
                     message: "injected".into(),
                 });
             }
-            let last = self.records.iter().rev().find(|x| x.0 == r.channel_key);
+            let last = self.records.iter().rev().find(|x| x.0 == r.channel_id);
             let seq = last.map_or(1, |x| x.1 + 1);
             self.records
-                .push((r.channel_key.to_owned(), seq, r.message_id));
+                .push((r.channel_id.to_owned(), seq, r.message_id));
             Ok(seq)
         }
 

@@ -324,24 +324,7 @@ fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> LogError {
     move |source| LogError::Io { op, source }
 }
 
-/// A message to append. The engine assigns `message_id` (see [`super::MessageIdGen`]);
-/// the log assigns `message_seq`.
-#[derive(Clone, Copy, Debug)]
-pub struct NewMessage<'a> {
-    pub message_id: i64,
-    pub channel_type: u8,
-    /// The stored channel id (for person channels, the `x@y` id).
-    pub channel_id: &'a str,
-    pub from_uid: &'a str,
-    pub client_msg_no: &'a str,
-    /// wkproto RECV setting byte.
-    pub setting: u8,
-    /// SEND header flags (RedDot, SyncOnce, ...).
-    pub msg_flags: u8,
-    /// Unix seconds.
-    pub timestamp_s: u32,
-    pub payload: &'a [u8],
-}
+pub use domain::commit::NewMessage;
 
 /// What [`MessageLog::append`] assigned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use net::wkproto::ReasonCode;
 use shard::runtime::Context;
 use shard::slots::ShardId;
 
-use domain::commit::{Append, CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
+use domain::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
 use domain::delivery::{EndpointLookup, PlanLimits, Push, PushTo};
 
 use crate::authority::AuthorityReader;
@@ -59,21 +59,8 @@ impl DeliveryCore {
 impl CommitLog for MessageLog {
     type Job = SyncJob;
 
-    fn append(&mut self, r: &Append<'_>) -> Result<u64, LogFault> {
-        let appended = MessageLog::append(
-            self,
-            &NewMessage {
-                message_id: r.message_id,
-                channel_type: r.channel_type,
-                channel_id: r.channel_key,
-                from_uid: r.from_uid,
-                client_msg_no: r.client_msg_no,
-                setting: r.setting,
-                msg_flags: r.flags,
-                timestamp_s: r.timestamp_s,
-                payload: r.payload,
-            },
-        );
+    fn append(&mut self, m: &NewMessage<'_>) -> Result<u64, LogFault> {
+        let appended = MessageLog::append(self, m);
         appended.map(|a| a.message_seq).map_err(fault)
     }
 
