@@ -1,15 +1,30 @@
 //! A running imrouter node: the shard runtime with one [`shard::NodeShard`] per core,
 //! its listeners, its logs and the shared lock-free tables.
 //!
-//! - [`shard`]: one shard: connections, activation, the authority service, touches.
+//! One shard's work, one concern per module:
+//! - [`shard`]: `NodeShard`, its timers and the loop glue (`impl Handler`) that hands
+//!   each message, timer and socket event to the module below that owns it.
+//! - `conns`: the connection table and its frames (accept, decode, dispatch, write,
+//!   close).
+//! - `connect`: CONNECT admission (version, token, key agreement) and the activation
+//!   driver (events in, outputs carried out, CONNACK).
+//! - `authority_service`: authority calls and their service on the slot's shard,
+//!   owner actions (kick/close), the touch worker, the expiry pass.
+//! - `control`: gauges, device quit, view changes, shutdown, injected panics.
 //! - [`send`]: the SEND → commit → SENDACK → delivery → RECV → RECVACK flow, one file
 //!   per side (gateway, commit, owner), driving the machines of `domain`.
+//! - [`syncer`]: each shard's log syncer thread (`fdatasync` off the shard thread).
+//!
+//! Shared by the shards:
 //! - [`msg`]: every message between shards.
 //! - [`catalog`]: tokens and group subscribers, read lock-free by the shards.
-//! - [`syncer`]: the thread per shard that runs its log's fdatasync jobs.
 //! - [`metrics`]: per-shard counters and stage histograms.
 
+mod authority_service;
 pub mod catalog;
+mod connect;
+mod conns;
+mod control;
 pub mod metrics;
 pub mod msg;
 pub mod send;

@@ -1,6 +1,9 @@
 //! Every message that crosses between the shards of a node, one variant per hop of
 //! the flows. Each names who answers and how the answer finds its way back.
 //! (Between nodes, the same hops will travel as inter-node RPCs.)
+//!
+//! Each message enters the receiving shard's `on_message` ([`super::shard`]), which
+//! hands it to the module that owns it (the list is in that module's doc).
 
 use std::sync::Arc;
 

@@ -1,0 +1,342 @@
+//! The presence authority as a service between shards: the calls a gateway makes
+//! (register, commit, abort, unregister), their service on the shard that leads the
+//! target's hash slot, and the replies; owner actions (the kick or close an
+//! activation asks of the shard that owns the old session, requested and
+//! performed); the touch worker (dirty routes flushed in bounded TouchRoutes
+//! batches, queued unregisters drained) and its service; the expiry pass.
+//!
+//! What enters here: `Msg::Authority`, `Msg::AuthorityReply`, `Msg::Touch`,
+//! `Msg::OwnerAction`; an activation's `SendToAuthority` and `PerformOwnerAction`
+//! outputs (from [`super::connect`]); the `NodeTimer::TouchFlush` and
+//! `NodeTimer::Expiry` timers. Replies for activations are queued in
+//! `local_events` for [`super::connect`] to drain.
+//!
+//! Rule numbers: `docs/authority-rules.md`.
+
+use net::io::NetDriver;
+use net::wkproto::ReasonCode;
+use shard::runtime::Context;
+use shard::slots::ShardId;
+
+use crate::activation::{ActivationId, AuthorityRequest, Event};
+use crate::cluster::Target;
+use crate::delivery::session_shard;
+use crate::route::{OwnerAction, OwnerActionKind, Route};
+
+use super::msg::{AuthorityReply, Corr, Msg};
+use super::shard::{NodeShard, NodeTimer};
+
+impl NodeShard {
+    /// `Msg::Authority`: serves a call for one of this shard's slots and answers it.
+    pub(super) fn on_authority_call(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        reply_to: ShardId,
+        corr: Corr,
+        target: Target,
+        request: AuthorityRequest,
+    ) {
+        let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
+        self.send_msg(cx, reply_to, Msg::AuthorityReply { corr, reply });
+    }
+
+    /// Sends an authority call to the shard that leads `target`'s hash slot (or
+    /// serves it here).
+    pub(super) fn call_authority(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        corr: Corr,
+        target: Target,
+        request: AuthorityRequest,
+    ) {
+        if target.leader_node_id != self.shared.config.node_id {
+            // Remote authorities come with the cluster; until then this node's view
+            // only names itself, and anything else is answered as not-leader.
+            let reply = reply_error(&request, crate::route::AuthorityError::NotLeader);
+            return self.on_authority_reply(cx, corr, reply);
+        }
+        let to = self.shared.slot_map.shard_of(target.hash_slot);
+        if to == self.me {
+            let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
+            self.on_authority_reply(cx, corr, reply);
+        } else {
+            self.send_msg(
+                cx,
+                to,
+                Msg::Authority {
+                    reply_to: self.me,
+                    corr,
+                    target,
+                    request,
+                },
+            );
+        }
+    }
+
+    /// The authority side: one call on this shard's directory.
+    pub(crate) fn serve_authority(
+        &mut self,
+        now_s: u64,
+        target: &Target,
+        request: AuthorityRequest,
+    ) -> AuthorityReply {
+        let reply = self.serve_authority_inner(now_s, target, request);
+        use crate::route::AuthorityError::{NotLeader, StaleTarget};
+        if matches!(
+            reply,
+            AuthorityReply::Register(Err(NotLeader | StaleTarget))
+                | AuthorityReply::Commit(Err(NotLeader | StaleTarget))
+                | AuthorityReply::Abort(Err(NotLeader | StaleTarget))
+                | AuthorityReply::Unregister(Err(NotLeader | StaleTarget))
+        ) {
+            self.metrics.authority_stale_refusals.inc();
+        }
+        reply
+    }
+
+    fn serve_authority_inner(
+        &mut self,
+        now_s: u64,
+        target: &Target,
+        request: AuthorityRequest,
+    ) -> AuthorityReply {
+        let a = &mut self.authority;
+        match request {
+            AuthorityRequest::Register { route } => {
+                AuthorityReply::Register(a.register_route(target, route, now_s))
+            }
+            AuthorityRequest::Commit { token } => {
+                AuthorityReply::Commit(a.commit_route(target, &token, now_s))
+            }
+            AuthorityRequest::Abort { token } => {
+                AuthorityReply::Abort(a.abort_route(target, &token, now_s))
+            }
+            AuthorityRequest::Unregister {
+                identity,
+                owner_seq,
+            } => AuthorityReply::Unregister(
+                a.unregister_route(target, &identity, owner_seq, now_s)
+                    .map(|_| ()),
+            ),
+        }
+    }
+
+    /// An authority reply: an activation's is queued as its event (the caller
+    /// drains the queue); a failed unregister is retried later.
+    pub(super) fn on_authority_reply(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        corr: Corr,
+        reply: AuthorityReply,
+    ) {
+        match corr {
+            Corr::Activation(aid) => {
+                let event = match reply {
+                    AuthorityReply::Register(r) => Event::RegisterReply(r),
+                    AuthorityReply::Commit(r) => Event::CommitReply(r),
+                    AuthorityReply::Abort(r) => Event::AbortReply(r),
+                    AuthorityReply::Unregister(_) => return,
+                };
+                self.local_events.push_back((aid, event));
+            }
+            Corr::Unregister(request) => {
+                if let AuthorityReply::Unregister(Err(err)) = reply {
+                    tracing::debug!(%err, uid = %request.identity.uid, "authority unregister failed; retrying later");
+                    self.registry.unregister_failed(*request, cx.now_ms());
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- owner actions
+
+    /// Routes an owner action to the shard that owns the old session.
+    pub(super) fn request_owner_action(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        aid: ActivationId,
+        index: u32,
+        action: OwnerAction,
+    ) {
+        let local_process = action.route.node_id == self.shared.config.node_id
+            && action.route.boot_id == self.shared.boot_id;
+        if !local_process {
+            // The owner is an earlier process of this node (its connections died with
+            // it) or another node (the cluster milestone): nothing here to close.
+            self.local_events.push_back((
+                aid,
+                Event::OwnerActionDone {
+                    index,
+                    result: Ok(()),
+                },
+            ));
+            return;
+        }
+        let owner = session_shard(action.route.session_id);
+        if owner == self.me {
+            self.perform_owner_action(cx, driver, &action);
+            self.local_events.push_back((
+                aid,
+                Event::OwnerActionDone {
+                    index,
+                    result: Ok(()),
+                },
+            ));
+        } else {
+            self.send_msg(
+                cx,
+                owner,
+                Msg::OwnerAction {
+                    reply_to: self.me,
+                    activation: aid,
+                    index,
+                    action,
+                },
+            );
+        }
+    }
+
+    /// `Msg::OwnerAction`: performs it on this shard's session and answers.
+    pub(super) fn on_owner_action(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        reply_to: ShardId,
+        activation: ActivationId,
+        index: u32,
+        action: OwnerAction,
+    ) {
+        self.perform_owner_action(cx, driver, &action);
+        self.send_msg(
+            cx,
+            reply_to,
+            Msg::OwnerActionDone {
+                activation,
+                index,
+                result: Ok(()),
+            },
+        );
+    }
+
+    /// Kicks (DISCONNECT 12, then close) or closes one of this shard's sessions.
+    /// A session that is already gone counts as done.
+    pub(crate) fn perform_owner_action(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        action: &OwnerAction,
+    ) {
+        let Some(&id) = self.session_conns.get(&action.route.session_id) else {
+            return;
+        };
+        if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
+            // Local removal first (rule 32): delivery stops seeing it now.
+            self.registry.deactivate(handle, cx.now_ms());
+        }
+        self.session_conns.remove(&action.route.session_id);
+        if let Some(c) = self.conn_mut(id) {
+            c.handle = None;
+        }
+        match action.kind {
+            OwnerActionKind::KickThenClose => {
+                self.disconnect(
+                    driver,
+                    id,
+                    ReasonCode::CONNECT_KICK,
+                    "login on another device",
+                );
+            }
+            OwnerActionKind::Close => self.close(driver, id),
+        }
+        self.metrics.kicks.inc();
+    }
+
+    // ------------------------------------------------------- touch, unregister, expiry
+
+    /// The touch worker: sends the dirty routes in bounded TouchRoutes batches and
+    /// drains the queued authority unregisters.
+    pub(super) fn flush_touches(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+        let shared = self.shared.clone();
+        let cfg = &shared.config.session;
+        let batches = self
+            .registry
+            .drain_touches(&self.view, cfg.touch_batch_max_routes);
+        for (target, routes) in batches {
+            self.metrics.touches.add(routes.len() as u64);
+            let to = self.shared.slot_map.shard_of(target.hash_slot);
+            if to == self.me {
+                let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+                self.registry.touch_failed(target, &failed);
+            } else {
+                self.send_msg(
+                    cx,
+                    to,
+                    Msg::Touch {
+                        reply_to: self.me,
+                        target,
+                        routes,
+                    },
+                );
+            }
+        }
+        let requests =
+            self.registry
+                .drain_unregisters(&self.view, cx.now_ms(), cfg.unregister_batch_max);
+        for request in requests {
+            let target = request.target;
+            let call = request.request();
+            self.call_authority(cx, Corr::Unregister(Box::new(request)), target, call);
+        }
+    }
+
+    /// `Msg::Touch`: serves a batch; the routes that failed go back to the owner.
+    pub(super) fn on_touch_batch(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        reply_to: ShardId,
+        target: Target,
+        routes: Vec<Route>,
+    ) {
+        let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+        if !failed.is_empty() {
+            self.send_msg(cx, reply_to, Msg::TouchReply { target, failed });
+        }
+    }
+
+    /// The authority side of a touch batch; returns the routes the owner should requeue.
+    pub(crate) fn serve_touch(
+        &mut self,
+        now_s: u64,
+        target: &Target,
+        routes: Vec<Route>,
+    ) -> Vec<Route> {
+        match self.authority.touch_routes(target, &routes, now_s) {
+            Ok(results) => routes
+                .into_iter()
+                .zip(results)
+                .filter(|(_, r)| super::msg::touch_failed(r))
+                .map(|(route, _)| route)
+                .collect(),
+            Err(err) => {
+                tracing::debug!(%err, "touch batch refused");
+                routes
+            }
+        }
+    }
+
+    /// The expiry pass: routes of this shard's slots not touched in time expire.
+    pub(super) fn expire_routes(&mut self, now_ms: u64) {
+        let expired = self.authority.expire(now_ms / 1000);
+        self.metrics.expiries.add(expired as u64);
+    }
+}
+
+fn reply_error(request: &AuthorityRequest, err: crate::route::AuthorityError) -> AuthorityReply {
+    match request {
+        AuthorityRequest::Register { .. } => AuthorityReply::Register(Err(err)),
+        AuthorityRequest::Commit { .. } => AuthorityReply::Commit(Err(err)),
+        AuthorityRequest::Abort { .. } => AuthorityReply::Abort(Err(err)),
+        AuthorityRequest::Unregister { .. } => AuthorityReply::Unregister(Err(err)),
+    }
+}

@@ -1,0 +1,392 @@
+//! CONNECT admission and the activation driver.
+//!
+//! Admission ([`NodeShard::on_connect`]) runs in named steps: version negotiation,
+//! the token check, the key agreement, the activation's timer; any failure is a
+//! CONNACK with its reason, then close. Admitted, the connection's session is
+//! activated by the sans-IO [`crate::activation::Activation`]; this file only
+//! drives it: it feeds the machine its events ([`NodeShard::feed_activation`],
+//! [`NodeShard::drain_local_events`]) and carries out its outputs
+//! ([`NodeShard::run_outputs`]: authority calls, owner actions, CONNACK, close).
+//!
+//! What enters here: a decoded CONNECT (from [`super::conns`]); activation events:
+//! the `NodeTimer::Activation` deadline, `Msg::OwnerActionDone`, authority replies
+//! (queued by [`super::authority_service`] and drained here), the connection's
+//! `Closed` during activation.
+
+use net::crypto::{server_handshake, CryptoError, ServerHandshake};
+use net::io::{ConnId, ListenerKind, NetDriver};
+use net::wkproto::{self, ConnackPacket, ConnectPacket, ReasonCode};
+use rand::Rng;
+use shard::runtime::Context;
+
+use crate::activation::{self, Activation, ActivationId, AuthorityRequest, Event, Output};
+use crate::delivery::session_id;
+use crate::registry::NewSession;
+use crate::route::{DeviceLevel, Listener, SessionId, Uid};
+
+use super::conns::ConnState;
+use super::msg::{Corr, Msg};
+use super::shard::{NodeShard, NodeTimer};
+
+/// CONNECT fields copied out of the input buffer.
+pub(super) struct OwnedConnect {
+    version: u8,
+    device_flag: u8,
+    device_id: String,
+    uid: String,
+    token: String,
+    client_timestamp_ms: i64,
+    client_key: String,
+}
+
+impl From<&ConnectPacket<'_>> for OwnedConnect {
+    fn from(c: &ConnectPacket<'_>) -> Self {
+        OwnedConnect {
+            version: c.version,
+            device_flag: c.device_flag.0,
+            device_id: c.device_id.to_owned(),
+            uid: c.uid.to_owned(),
+            token: c.token.to_owned(),
+            client_timestamp_ms: c.client_timestamp_ms,
+            client_key: c.client_key.to_owned(),
+        }
+    }
+}
+
+/// Why a CONNECT is refused: the CONNACK's reason and the log line's text.
+struct Refusal {
+    reason: ReasonCode,
+    why: &'static str,
+}
+
+impl Refusal {
+    fn new(reason: ReasonCode, why: &'static str) -> Self {
+        Refusal { reason, why }
+    }
+}
+
+/// An admitted CONNECT's identifiers; its activation's timer is armed.
+struct Admitted {
+    level: DeviceLevel,
+    handshake: ServerHandshake,
+    session_id: SessionId,
+    aid: ActivationId,
+    deadline_ms: u64,
+}
+
+impl NodeShard {
+    /// Admits a CONNECT and starts its activation, or refuses it with a CONNACK.
+    pub(super) fn on_connect(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        c: OwnedConnect,
+    ) {
+        let admitted = self.negotiate_version(id, &c).and_then(|()| {
+            let level = self.authenticate(&c)?;
+            let handshake = self.agree_key(id, &c)?;
+            self.arm_activation(cx, level, handshake)
+        });
+        match admitted {
+            Ok(admitted) => self.start_activation(cx, driver, id, c, admitted),
+            Err(r) => self.refuse_connect(driver, id, r.reason, r.why),
+        }
+    }
+
+    /// One negotiation for the connection's version and the CONNACK's encoding.
+    fn negotiate_version(&mut self, id: ConnId, c: &OwnedConnect) -> Result<(), Refusal> {
+        let negotiated = net::wkproto::negotiate(c.version);
+        let version = negotiated.version;
+        if let Some(conn) = self.conn_mut(id) {
+            conn.version = version.max(wkproto::OLDEST_VERSION);
+            conn.connack_server_version = negotiated.connack_server_version;
+            conn.client_timestamp_ms = c.client_timestamp_ms;
+        }
+        if version < wkproto::OLDEST_VERSION {
+            return Err(Refusal::new(
+                ReasonCode::PROTOCOL_UPGRADE_REQUIRED,
+                "protocol version too old",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The uid and token (when `token_auth` is on); the device level.
+    fn authenticate(&self, c: &OwnedConnect) -> Result<DeviceLevel, Refusal> {
+        let cfg = &self.shared.config;
+        if c.uid.is_empty() {
+            return Err(Refusal::new(ReasonCode::AUTH_FAIL, "empty uid"));
+        }
+        if cfg.token_auth {
+            match self.shared.catalog.token(&c.uid, c.device_flag) {
+                Some((token, level)) if super::catalog::token_matches(&token, &c.token) => {
+                    Ok(level)
+                }
+                _ => Err(Refusal::new(ReasonCode::AUTH_FAIL, "token mismatch")),
+            }
+        } else {
+            Ok(self
+                .shared
+                .catalog
+                .token(&c.uid, c.device_flag)
+                .map_or(cfg.default_device_level, |(_, l)| l))
+        }
+    }
+
+    /// The key agreement: a fresh server key pair and salt against the client's key.
+    fn agree_key(&mut self, id: ConnId, c: &OwnedConnect) -> Result<ServerHandshake, Refusal> {
+        let empty_key = || Refusal::new(ReasonCode::CLIENT_KEY_IS_EMPTY, "empty client key");
+        if c.client_key.is_empty() {
+            return Err(empty_key());
+        }
+        let seed: [u8; 32] = self.rng.gen();
+        let salt: [u8; 16] = self.rng.gen();
+        match server_handshake(&c.client_key, seed, salt) {
+            Ok(hs) => Ok(hs),
+            Err(CryptoError::EmptyClientKey) => Err(empty_key()),
+            Err(err) => {
+                tracing::info!(?id, %err, "bad client key");
+                Err(Refusal::new(ReasonCode::AUTH_FAIL, "bad client key"))
+            }
+        }
+    }
+
+    /// Names the session and its activation and arms the activation's timeout
+    /// timer: without it the activation could wait forever, so no timer, no
+    /// activation (nothing registered yet).
+    fn arm_activation(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        level: DeviceLevel,
+        handshake: ServerHandshake,
+    ) -> Result<Admitted, Refusal> {
+        let session_id = session_id(self.me, self.next_session);
+        self.next_session += 1;
+        let aid = ActivationId(((self.me as u64) << 48) | self.next_activation);
+        self.next_activation += 1;
+        let deadline_ms =
+            crate::activation::deadline_ms_for(&self.shared.config.activation, cx.now_ms());
+        if cx
+            .set_timer(deadline_ms, NodeTimer::Activation(aid))
+            .is_err()
+        {
+            return Err(Refusal::new(
+                ReasonCode::SYSTEM_ERROR,
+                "timer wheel full (runtime.max_timers)",
+            ));
+        }
+        Ok(Admitted {
+            level,
+            handshake,
+            session_id,
+            aid,
+            deadline_ms,
+        })
+    }
+
+    /// Binds the admitted session to its connection and starts its activation.
+    fn start_activation(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        c: OwnedConnect,
+        a: Admitted,
+    ) {
+        let uid = Uid::from(c.uid.as_str());
+        let Some(conn) = self.conn_mut(id) else {
+            return;
+        };
+        conn.server_key = a.handshake.server_key().into();
+        conn.salt = a.handshake.salt().into();
+        conn.cipher = Some(a.handshake.cipher);
+        conn.uid = uid.clone();
+        conn.session_id = a.session_id;
+        conn.state = ConnState::Activating(a.aid);
+        let listener = match conn.listener {
+            ListenerKind::Tcp => Listener::Tcp,
+            ListenerKind::WebSocket => Listener::WebSocket,
+        };
+        self.session_conns.insert(a.session_id, id);
+        let new = NewSession {
+            uid,
+            device_id: c.device_id.as_str().into(),
+            device_flag: c.device_flag,
+            device_level: a.level,
+            session_id: a.session_id,
+            listener,
+            connected_at_ms: self.shared.wall_ms(),
+        };
+        let mut out = std::mem::take(&mut self.outputs);
+        let activation = Activation::start(
+            a.aid,
+            &self.shared.config.activation,
+            &mut self.registry,
+            &self.view,
+            new,
+            cx.now_ms(),
+            &mut out,
+        );
+        if let Some(handle) = activation.handle() {
+            if let Some(conn) = self.conn_mut(id) {
+                conn.handle = Some(handle);
+            }
+        }
+        debug_assert_eq!(activation.deadline_ms(), a.deadline_ms);
+        self.activations.insert(a.aid, (activation, id));
+        self.run_outputs(cx, driver, a.aid, &mut out);
+        self.outputs = out;
+        self.drain_local_events(cx, driver);
+    }
+
+    fn refuse_connect(
+        &mut self,
+        driver: &mut NetDriver,
+        id: ConnId,
+        reason: ReasonCode,
+        why: &str,
+    ) {
+        tracing::info!(?id, reason = reason.0, why, "CONNECT refused");
+        self.metrics.connect_refused.inc();
+        self.write_connack(driver, id, reason);
+        if let Some(conn) = self.conn_mut(id) {
+            conn.state = ConnState::Closing;
+        }
+        driver.close(id);
+    }
+
+    fn write_connack(&mut self, driver: &mut NetDriver, id: ConnId, reason: ReasonCode) {
+        let Some(conn) = self.conn(id) else { return };
+        let server_version = conn.connack_server_version;
+        let time_diff_ms = self.shared.wall_ms() as i64 - conn.client_timestamp_ms;
+        let (server_key, salt) = (conn.server_key.clone(), conn.salt.clone());
+        let p = ConnackPacket {
+            server_version,
+            time_diff_ms,
+            reason_code: reason,
+            server_key: &server_key,
+            salt: &salt,
+            node_id: self.shared.config.node_id,
+            ..Default::default()
+        };
+        self.write_frame(driver, id, |v, out| p.encode(v, out));
+    }
+
+    /// Feeds one event to an activation and carries out what it asks for.
+    pub(super) fn feed_activation(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        aid: ActivationId,
+        event: Event,
+    ) {
+        self.local_events.push_back((aid, event));
+        self.drain_local_events(cx, driver);
+    }
+
+    /// Feeds the queued events (authority replies served on this shard, owner
+    /// actions done here) to their activations, in order.
+    pub(super) fn drain_local_events(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) {
+        while let Some((aid, event)) = self.local_events.pop_front() {
+            let mut out = std::mem::take(&mut self.outputs);
+            let now_ms = cx.now_ms();
+            match self.activations.get_mut(&aid) {
+                Some((activation, _)) => {
+                    activation.handle_event(&mut self.registry, event, now_ms, &mut out)
+                }
+                None => {
+                    // Finished already: only a late Pending register matters (abort it).
+                    if let Event::RegisterReply(Ok(crate::route::RegisterOutcome::Pending {
+                        token,
+                        ..
+                    })) = event
+                    {
+                        let target = self.view.target_for_uid(&token.identity.uid);
+                        out.push(Output::SendToAuthority {
+                            target,
+                            request: AuthorityRequest::Abort { token },
+                        });
+                    }
+                }
+            }
+            self.run_outputs(cx, driver, aid, &mut out);
+            self.outputs = out;
+        }
+    }
+
+    /// Carries out an activation's outputs, then forgets it once it has finished.
+    fn run_outputs(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        aid: ActivationId,
+        out: &mut Vec<Output>,
+    ) {
+        let conn = self.activations.get(&aid).map(|(_, c)| *c);
+        for output in out.drain(..) {
+            match output {
+                Output::SendToAuthority { target, request } => {
+                    self.call_authority(cx, Corr::Activation(aid), target, request);
+                }
+                Output::PerformOwnerAction { index, action } => {
+                    self.request_owner_action(cx, driver, aid, index, action);
+                }
+                Output::SendConnack { reason } => {
+                    let Some(id) = conn else { continue };
+                    self.send_connack(driver, id, reason);
+                }
+                Output::CloseConnection => {
+                    if let Some(id) = conn {
+                        if let Some(c) = self.conn_mut(id) {
+                            c.state = ConnState::Closing;
+                            c.handle = None;
+                        }
+                        driver.close(id);
+                    }
+                }
+            }
+        }
+        self.forget_if_finished(aid);
+    }
+
+    /// The activation's CONNACK; success makes the session active.
+    fn send_connack(&mut self, driver: &mut NetDriver, id: ConnId, reason: ReasonCode) {
+        self.write_connack(driver, id, reason);
+        if reason == ReasonCode::SUCCESS {
+            // Authenticated: only the idle timer applies from now on.
+            driver.mark_established(id);
+            if let Some(c) = self.conn_mut(id) {
+                c.state = ConnState::Active;
+                c.server_key = Box::from("");
+                c.salt = Box::from("");
+            }
+            self.metrics.activations.inc();
+        } else {
+            self.metrics.connect_refused.inc();
+        }
+    }
+
+    /// Drops a finished activation; a failed one's session leaves the table.
+    fn forget_if_finished(&mut self, aid: ActivationId) {
+        if let Some((activation, id)) = self.activations.get(&aid) {
+            if activation.is_finished() {
+                let (id, failed) = (
+                    *id,
+                    !matches!(activation.outcome(), Some(activation::Outcome::Active(_))),
+                );
+                self.activations.remove(&aid);
+                if failed {
+                    if let Some(c) = self.conn(id) {
+                        let sid = c.session_id;
+                        self.session_conns.remove(&sid);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The shard's connection table and its frames: [`Conn`] and [`ConnState`], accept,
+//! reading and decoding frames and dispatching them (CONNECT to [`super::connect`],
+//! SEND and RECVACK to [`super::send`]), writing frames, DISCONNECT, close, and the
+//! `Closed` clean-up (pending ACKs, local removal of the session).
+//!
+//! What enters here: the driver's `NetEvent`s (`Accepted`, `Readable`, `Closed`) from
+//! `NodeShard::on_io`. No timer enters here (a session's ack timer belongs to
+//! [`super::send`]; `Closed` only cancels it).
+//!
+//! Rule numbers: `docs/authority-rules.md`.
+
+use net::crypto::SessionCipher;
+use net::io::{CloseReason, ConnId, ListenerKind, NetDriver};
+use net::wkproto::{self, DisconnectPacket, Frame, ReasonCode};
+use shard::runtime::Context;
+use shard::timer::TimerHandle;
+
+use crate::activation::{ActivationId, Event};
+use crate::registry::SessionHandle;
+use crate::route::{SessionId, Uid};
+
+use super::connect::OwnedConnect;
+use super::msg::Msg;
+use super::send::PendingAcks;
+use super::shard::{NodeShard, NodeTimer};
+
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnState {
+    /// Accepted; waiting for CONNECT.
+    AwaitConnect,
+    /// CONNECT received; activation running.
+    Activating(ActivationId),
+    /// CONNACK success sent; the session receives messages.
+    Active,
+    /// Closing (kicked, refused, shut down): input is ignored.
+    Closing,
+}
+
+/// One client connection of this shard.
+pub(crate) struct Conn {
+    pub id: ConnId,
+    pub listener: ListenerKind,
+    pub state: ConnState,
+    /// Negotiated protocol version.
+    pub version: u8,
+    /// The CONNACK's server_version field (`wkproto::negotiate`).
+    pub connack_server_version: Option<u8>,
+    pub cipher: Option<SessionCipher>,
+    /// CONNACK strings of the key agreement, kept until CONNACK is written.
+    pub server_key: Box<str>,
+    pub salt: Box<str>,
+    pub client_timestamp_ms: i64,
+    pub uid: Uid,
+    pub session_id: SessionId,
+    pub handle: Option<SessionHandle>,
+    /// Unacknowledged RECVs of this session.
+    pub acks: PendingAcks,
+    /// The session's ack timer, while armed (the machine in `acks` says when).
+    pub ack_timer: Option<TimerHandle>,
+    /// SENDs waiting for their SENDACK (bounded by `sends_in_flight_per_conn_max`).
+    pub sends_in_flight: u32,
+    /// How fast this connection may start sending to new channels.
+    pub new_channels: domain::new_channels::NewChannelGate,
+}
+
+/// What handling one frame asks of the connection.
+enum FrameOutcome {
+    Continue,
+    Close(ReasonCode, &'static str),
+}
+
+impl NodeShard {
+    pub(crate) fn conn(&self, id: ConnId) -> Option<&Conn> {
+        self.conns
+            .get(id.index())
+            .and_then(|c| c.as_ref())
+            .filter(|c| c.id == id)
+    }
+
+    pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(id.index())
+            .and_then(|c| c.as_mut())
+            .filter(|c| c.id == id)
+    }
+
+    /// A new connection waits for CONNECT (or is closed at once while stopping).
+    pub(super) fn on_accepted(
+        &mut self,
+        driver: &mut NetDriver,
+        conn: ConnId,
+        listener: ListenerKind,
+    ) {
+        if self.stopping {
+            driver.close(conn);
+            return;
+        }
+        let idx = conn.index();
+        if self.conns.len() <= idx {
+            self.conns.resize_with(idx + 1, || None);
+        }
+        self.conns[idx] = Some(Conn {
+            id: conn,
+            listener,
+            state: ConnState::AwaitConnect,
+            version: wkproto::LATEST_VERSION,
+            connack_server_version: None,
+            cipher: None,
+            server_key: Box::from(""),
+            salt: Box::from(""),
+            client_timestamp_ms: 0,
+            uid: Uid::from(""),
+            session_id: 0,
+            handle: None,
+            acks: PendingAcks::default(),
+            ack_timer: None,
+            sends_in_flight: 0,
+            new_channels: Default::default(),
+        });
+        self.metrics.connections.inc();
+    }
+
+    /// Decodes and handles every whole frame in the connection's input.
+    pub(super) fn on_readable(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+    ) {
+        let max = self.shared.config.net.max_frame_bytes;
+        loop {
+            let Some(conn) = self.conn(id) else { return };
+            let (state, version) = (conn.state, conn.version);
+            if state == ConnState::Closing {
+                let n = driver.input(id).len();
+                driver.consume(id, n);
+                return;
+            }
+            if driver.input(id).is_empty() {
+                return;
+            }
+            let more = if state == ConnState::AwaitConnect {
+                self.read_connect(cx, driver, id, max)
+            } else {
+                self.read_frame(cx, driver, id, version, max)
+            };
+            if !more {
+                return;
+            }
+        }
+    }
+
+    /// Decodes the first frame, which must be CONNECT, and hands it to admission.
+    /// False when it is incomplete, or bad (then the connection is closed).
+    fn read_connect(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        max: usize,
+    ) -> bool {
+        match wkproto::decode_connect(driver.input(id), max) {
+            Ok(None) => false,
+            Ok(Some((connect, used))) => {
+                let connect = OwnedConnect::from(&connect);
+                driver.consume(id, used);
+                self.on_connect(cx, driver, id, connect);
+                true
+            }
+            Err(err) => {
+                tracing::info!(?id, %err, "bad first frame: closing");
+                self.metrics.bad_frames.inc();
+                self.close(driver, id);
+                false
+            }
+        }
+    }
+
+    /// Decodes and handles one frame after CONNECT. False when no whole frame is
+    /// there yet, or the connection was closed.
+    fn read_frame(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        version: u8,
+        max: usize,
+    ) -> bool {
+        // Copy one whole frame out of the driver's buffer, so handling it can
+        // write to the driver.
+        let input = driver.input(id);
+        let frame_len = match wkproto::peek_frame_len(input, max) {
+            Ok(None) => return false,
+            Ok(Some(n)) if n <= input.len() => n,
+            Ok(Some(_)) => return false,
+            Err(err) => {
+                tracing::info!(?id, %err, "undecodable frame: closing");
+                self.metrics.bad_frames.inc();
+                self.disconnect(driver, id, ReasonCode(0), "undecodable frame");
+                return false;
+            }
+        };
+        let mut frame_bytes = std::mem::take(&mut self.rx_frame);
+        frame_bytes.clear();
+        frame_bytes.extend_from_slice(&input[..frame_len]);
+        driver.consume(id, frame_len);
+        let result = match wkproto::decode(&frame_bytes, version, max) {
+            Ok(Some((frame, _))) => self.on_frame(cx, driver, id, frame),
+            Ok(None) => FrameOutcome::Close(ReasonCode(0), "truncated frame"),
+            Err(err) => {
+                tracing::info!(?id, %err, "undecodable frame: closing");
+                self.metrics.bad_frames.inc();
+                FrameOutcome::Close(ReasonCode(0), "undecodable frame")
+            }
+        };
+        self.rx_frame = frame_bytes;
+        if let FrameOutcome::Close(reason, text) = result {
+            self.disconnect(driver, id, reason, text);
+            return false;
+        }
+        true
+    }
+
+    fn on_frame(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        frame: Frame<'_>,
+    ) -> FrameOutcome {
+        let state = self.conn(id).map(|c| c.state);
+        match (frame, state) {
+            (Frame::Ping, _) => {
+                // Rule 33: a PING only marks the session touched; the touch worker batches.
+                if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
+                    self.registry.mark_touched(handle, cx.now_ms() / 1000);
+                }
+                let _ = driver.send(id, &[wkproto::PONG_BYTE]);
+                FrameOutcome::Continue
+            }
+            (Frame::Send(p), Some(ConnState::Active)) => {
+                self.touch_on_activity(cx, id);
+                super::send::on_send(self, cx, driver, id, &p);
+                FrameOutcome::Continue
+            }
+            (Frame::Recvack(p), Some(ConnState::Active)) => {
+                self.touch_on_activity(cx, id);
+                super::send::on_recvack(self, id, p.message_id);
+                FrameOutcome::Continue
+            }
+            (Frame::Sub(p), Some(ConnState::Active)) => {
+                // No subscribable channel type yet: SUBACK 23 NotSupportChannelType.
+                let ack = wkproto::SubackPacket {
+                    sub_no: p.sub_no,
+                    channel_id: p.channel_id,
+                    channel_type: p.channel_type,
+                    action: p.action,
+                    reason_code: ReasonCode(23),
+                    ..Default::default()
+                };
+                self.write_frame(driver, id, |v, out| ack.encode(v, out));
+                FrameOutcome::Continue
+            }
+            (Frame::Disconnect(_), _) => {
+                self.close(driver, id);
+                FrameOutcome::Continue
+            }
+            (
+                Frame::Send(_) | Frame::Recvack(_) | Frame::Sub(_),
+                Some(ConnState::Activating(_)),
+            ) => FrameOutcome::Close(ReasonCode(15), "frame before CONNACK"),
+            (other, _) => {
+                tracing::info!(?id, kind = ?other.packet_type(), "unexpected packet: closing");
+                FrameOutcome::Close(ReasonCode(20), "unexpected packet type")
+            }
+        }
+    }
+
+    /// Any client frame is activity for the route (`docs/wkproto.md`, Liveness).
+    fn touch_on_activity(&mut self, cx: &Context<Msg, NodeTimer>, id: ConnId) {
+        if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
+            self.registry.mark_touched(handle, cx.now_ms() / 1000);
+        }
+    }
+
+    /// Encodes one frame with the connection's version and queues it.
+    pub(crate) fn write_frame(
+        &mut self,
+        driver: &mut NetDriver,
+        id: ConnId,
+        encode: impl FnOnce(u8, &mut Vec<u8>) -> Result<usize, wkproto::EncodeError>,
+    ) {
+        let Some(version) = self.conn(id).map(|c| c.version) else {
+            return;
+        };
+        self.frame_buf.clear();
+        match encode(version, &mut self.frame_buf) {
+            Ok(_) => {
+                if let Err(err) = driver.send(id, &self.frame_buf) {
+                    tracing::debug!(?id, %err, "write to a closed or overflowing connection");
+                }
+            }
+            Err(err) => tracing::warn!(?id, ?err, "frame could not be encoded"),
+        }
+    }
+
+    /// DISCONNECT with `reason`, then close.
+    pub(crate) fn disconnect(
+        &mut self,
+        driver: &mut NetDriver,
+        id: ConnId,
+        reason: ReasonCode,
+        text: &str,
+    ) {
+        let p = DisconnectPacket {
+            reason_code: reason,
+            reason: text,
+            ..Default::default()
+        };
+        self.write_frame(driver, id, |v, out| p.encode(v, out));
+        self.close(driver, id);
+    }
+
+    /// Closes the connection gracefully; its session is deactivated when the driver
+    /// reports `Closed`.
+    pub(crate) fn close(&mut self, driver: &mut NetDriver, id: ConnId) {
+        if let Some(conn) = self.conn_mut(id) {
+            if conn.state == ConnState::Active {
+                conn.state = ConnState::Closing;
+            } else if let ConnState::AwaitConnect = conn.state {
+                conn.state = ConnState::Closing;
+            }
+            // An activating connection stays Activating until `Closed` arrives, so
+            // its activation learns of it (rule 30).
+        }
+        driver.close(id);
+    }
+
+    /// The driver closed the connection: its pending ACKs go, and its session is
+    /// removed locally (or its activation learns of it).
+    pub(super) fn on_closed(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        reason: CloseReason,
+    ) {
+        let Some(conn) = self
+            .conns
+            .get_mut(id.index())
+            .and_then(|c| c.take_if(|c| c.id == id))
+        else {
+            return;
+        };
+        self.metrics.connections.dec();
+        tracing::debug!(?id, ?reason, uid = %conn.uid, "connection closed");
+        if let Some(timer) = conn.ack_timer {
+            cx.cancel_timer(timer);
+        }
+        let mut conn = conn;
+        let mut shard_bytes = self.pending_ack_bytes;
+        conn.acks.clear(&mut shard_bytes);
+        self.set_pending_ack_bytes(shard_bytes);
+        match conn.state {
+            ConnState::Activating(aid) => {
+                self.session_conns.remove(&conn.session_id);
+                self.feed_activation(cx, driver, aid, Event::SessionClosed);
+            }
+            _ => {
+                if let Some(handle) = conn.handle {
+                    // Rule 32: local removal first, then the queued authority unregister.
+                    self.registry.deactivate(handle, cx.now_ms());
+                }
+                self.session_conns.remove(&conn.session_id);
+            }
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The node's control of one shard: the gauges only this shard can read, device
+//! quit (the HTTP API's `/user/device_quit`), cluster view changes, shutdown, and
+//! the injected panic of the crash tests.
+//!
+//! What enters here: `Msg::DeviceQuit`, `Msg::View`, `Msg::Shutdown` (and `on_stop`
+//! when no shutdown came first), `Msg::InjectPanic`; the gauges are sampled after
+//! each expiry pass (`NodeTimer::Expiry`).
+
+use net::io::{ConnId, NetDriver};
+use net::wkproto::ReasonCode;
+use shard::runtime::Context;
+
+use crate::cluster::ClusterView;
+use crate::registry::SessionHandle;
+use crate::route::{OwnerAction, OwnerActionKind};
+
+use super::msg::Msg;
+use super::shard::{NodeShard, NodeTimer};
+
+impl NodeShard {
+    /// Samples the gauges only this shard can read: routes of its slots, its rings.
+    pub(super) fn publish_gauges(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+        let shared = self.shared.clone();
+        for slot in shared.slot_map.slots_of(self.me) {
+            let n = self.authority.counts(slot).active_routes as u64;
+            shared.routes_per_slot[slot as usize].store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        let shards = shared.slot_map.shard_count();
+        for peer in 0..shards {
+            let n = cx.queued_for(peer) as u64;
+            let i = self.me as usize * shards as usize + peer as usize;
+            shared.ring_occupancy[i].store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Closes this shard's sessions of `uid` (and `device_flag`); returns how many.
+    pub(super) fn device_quit(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        uid: &str,
+        flag: Option<u8>,
+    ) -> usize {
+        let handles: Vec<SessionHandle> = self.registry.sessions_of_uid(uid).collect();
+        let mut closed = 0;
+        for handle in handles {
+            let Some(info) = self.registry.get(handle) else {
+                continue;
+            };
+            if flag.is_some_and(|f| f != info.device_flag) {
+                continue;
+            }
+            let action = OwnerAction {
+                kind: OwnerActionKind::KickThenClose,
+                route: info.identity(),
+                owner_seq: info.owner_seq,
+            };
+            self.perform_owner_action(cx, driver, &action);
+            closed += 1;
+        }
+        closed
+    }
+
+    /// A new cluster view: slots this node gained get a fresh identity, lost ones
+    /// drop their state; touches drained from now on go to the new targets.
+    pub(super) fn apply_view(&mut self, cx: &Context<Msg, NodeTimer>, view: &ClusterView) {
+        self.authority
+            .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
+        self.view = view.clone();
+    }
+
+    /// DISCONNECT to every session, each removed locally (its authority unregister
+    /// queued), then one last touch flush sends what is queued. Connections
+    /// accepted from now on are closed at once.
+    pub(super) fn shutdown(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
+        self.stopping = true;
+        let ids: Vec<ConnId> = self.conns.iter().flatten().map(|c| c.id).collect();
+        for id in ids {
+            if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
+                self.registry.deactivate(handle, cx.now_ms());
+            }
+            self.disconnect(driver, id, ReasonCode(0), "server shutting down");
+        }
+        self.flush_touches(cx);
+    }
+
+    /// The crash tests' fault: this shard panics, and the runtime reports it.
+    pub(super) fn inject_panic(&self) -> ! {
+        panic!("injected fault")
+    }
+}
