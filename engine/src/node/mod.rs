@@ -647,8 +647,8 @@ impl Node {
             }
             let limits = s.config.delivery.commit_limits(&s.config.log);
             let core = send::commit::CommitCore::new(log, ids, idem, limits);
-            let delivery = send::DeliveryCore::new(core, syncer);
-            let shard = NodeShard::new(init.shard as ShardId, s.clone(), delivery)?;
+            let commit = send::CommitSide::new(core, syncer);
+            let shard = NodeShard::new(init.shard as ShardId, s.clone(), commit)?;
             Ok((shard, driver))
         })?;
         let handle = runtime.handle();

@@ -1,5 +1,5 @@
 //! One shard of a node: the gateway for the connections it accepted, the presence
-//! authority for its hash slots, the delivery core for its channels, and the owner
+//! authority for its hash slots, the commit core for its channels, and the owner
 //! that writes RECV to its sessions. Every decision is made by the sans-IO pieces
 //! (activation, registry, authority, delivery planner); the shard's files only move
 //! their inputs and outputs between sockets, shards and timers.
@@ -38,7 +38,7 @@ use crate::registry::Registry;
 use crate::route::SessionId;
 
 use super::msg::Msg;
-use super::send::DeliveryCore;
+use super::send::CommitSide;
 use super::NodeShared;
 
 pub(crate) use super::conns::{Conn, ConnState};
@@ -91,8 +91,8 @@ pub struct NodeShard {
     pub(super) outputs: Vec<Output>,
     /// Scratch buffer for encoding frames.
     pub(crate) frame_buf: Vec<u8>,
-    pub(crate) delivery: DeliveryCore,
-    /// Per delivery shard: this gateway's SENDs in flight there (bounded by
+    pub(crate) commit: CommitSide,
+    /// Per commit shard: this gateway's SENDs in flight there (bounded by
     /// `commit_credits_per_peer`; each returns with its SENDACK).
     pub(crate) commit_credits: Vec<usize>,
     /// What this shard's pending-ACK entries are charged (bounded by
@@ -109,7 +109,7 @@ impl NodeShard {
     pub fn new(
         me: ShardId,
         shared: Arc<NodeShared>,
-        delivery: DeliveryCore,
+        commit: CommitSide,
     ) -> std::io::Result<NodeShard> {
         let cfg = &shared.config;
         let view = shared.initial_view.clone();
@@ -151,7 +151,7 @@ impl NodeShard {
             next_session: 1,
             outputs: Vec::new(),
             frame_buf: Vec::with_capacity(4096),
-            delivery,
+            commit,
             stopping: false,
         })
     }
@@ -166,7 +166,7 @@ impl NodeShard {
     /// pushes on the data lane. What the ring cannot take waits in the peer's queue.
     /// Commits and SENDACKs are never refused (their number is bounded by the
     /// gateway's credits, which a lost one would leak); pushes are admitted by the
-    /// delivery core against the peer's room beyond the reserve. So only control can
+    /// planner against the peer's room beyond the reserve. So only control can
     /// meet a full queue (more than `control_room_per_peer` of it while the peer does
     /// not drain): it is counted and logged at a bounded rate, and what it drops has a
     /// timeout behind it (activation, touch, unregister retry).
@@ -178,7 +178,7 @@ impl NodeShard {
                 cx.send_reserved(to, msg);
                 Ok(())
             }
-            // Admitted by the delivery core against the peer's room.
+            // Admitted by the planner against the peer's room.
             Msg::Push { .. } => cx.send_to(to, msg),
             _ => cx.send_urgent(to, msg),
         };
@@ -203,7 +203,7 @@ impl NodeShard {
         let interval_ms = match timer {
             NodeTimer::TouchFlush => s.touch_flush_interval_ms,
             NodeTimer::Expiry => s.expiry_interval_ms,
-            NodeTimer::LogSync => match self.delivery.core.log().config().fsync {
+            NodeTimer::LogSync => match self.commit.core.log().config().fsync {
                 crate::store::FsyncPolicy::IntervalMs(ms) => ms.max(1),
                 _ => return,
             },
@@ -265,7 +265,7 @@ impl Handler for NodeShard {
             }
             Msg::Commit(request) => super::send::on_commit(self, cx, driver, *request),
             Msg::SendAck(ack) => {
-                // The SEND's credit towards that delivery shard comes back.
+                // The SEND's credit towards that commit shard comes back.
                 if let Some(c) = self.commit_credits.get_mut(from as usize) {
                     *c = c.saturating_sub(1);
                 }

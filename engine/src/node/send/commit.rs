@@ -33,7 +33,7 @@ pub type CommitCore = domain::commit::CommitCore<MessageLog, Origin>;
 
 /// The commit side of one shard: the core, the syncer that runs its log's syncs, and
 /// the buffers its outputs go through (reused: nothing allocated per message here).
-pub struct DeliveryCore {
+pub struct CommitSide {
     pub core: CommitCore,
     /// Runs the log's syncs off this thread.
     syncer: LogSyncer,
@@ -43,9 +43,9 @@ pub struct DeliveryCore {
     pushes: Vec<Push>,
 }
 
-impl DeliveryCore {
+impl CommitSide {
     pub fn new(core: CommitCore, syncer: LogSyncer) -> Self {
-        DeliveryCore {
+        CommitSide {
             core,
             syncer,
             outputs: Vec::new(),
@@ -133,10 +133,10 @@ pub fn on_commit(
     c: Commit,
 ) {
     let now = now(node);
-    let mut out = std::mem::take(&mut node.delivery.outputs);
+    let mut out = std::mem::take(&mut node.commit.outputs);
     let catalog = &node.shared.catalog;
     if node
-        .delivery
+        .commit
         .core
         .on_commit(c.request, catalog, now, &mut out)
         == Committing::Appended
@@ -146,7 +146,7 @@ pub fn on_commit(
             .observe_ns(now.mono_ns.saturating_sub(c.decoded_ns));
     }
     carry_outputs(node, cx, driver, &mut out);
-    node.delivery.outputs = out;
+    node.commit.outputs = out;
 }
 
 /// Step 3, once per loop turn: the end of a sync job (if one ended), then the turn's
@@ -157,22 +157,22 @@ pub fn flush_commits(
     driver: &mut NetDriver,
 ) -> usize {
     // Outputs queued by the sync timer come first.
-    let mut out = std::mem::take(&mut node.delivery.outputs);
+    let mut out = std::mem::take(&mut node.commit.outputs);
     let mut work = 0;
-    if let Some(result) = node.delivery.syncer.poll_done() {
-        work += 1 + node.delivery.core.unanswered();
-        node.delivery.core.on_sync_done(result, now(node), &mut out);
+    if let Some(result) = node.commit.syncer.poll_done() {
+        work += 1 + node.commit.core.unanswered();
+        node.commit.core.on_sync_done(result, now(node), &mut out);
     }
-    work += node.delivery.core.end_turn(&mut out);
+    work += node.commit.core.end_turn(&mut out);
     carry_outputs(node, cx, driver, &mut out);
-    node.delivery.outputs = out;
+    node.commit.outputs = out;
     work
 }
 
 /// The interval fsync policy's timer: the core's sync job, if any, goes to the
 /// syncer with this turn's [`flush_commits`] (which carries what is queued here).
 pub fn on_log_sync_timer(node: &mut NodeShard) {
-    node.delivery.core.on_sync_timer(&mut node.delivery.outputs);
+    node.commit.core.on_sync_timer(&mut node.commit.outputs);
 }
 
 /// A graceful stop: everything appended is made durable here and now, then
@@ -182,10 +182,10 @@ pub fn flush_commits_for_stop(
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
 ) {
-    let mut out = std::mem::take(&mut node.delivery.outputs);
-    node.delivery.core.stop(now(node), &mut out);
+    let mut out = std::mem::take(&mut node.commit.outputs);
+    node.commit.core.stop(now(node), &mut out);
     carry_outputs(node, cx, driver, &mut out);
-    node.delivery.outputs = out;
+    node.commit.outputs = out;
 }
 
 /// Carries the core's outputs: answers, sync jobs, log failures; then plans
@@ -197,7 +197,7 @@ fn carry_outputs(
     out: &mut Vec<CommitOutput<Origin, SyncJob>>,
 ) {
     let mut answered = false;
-    let mut batch = std::mem::take(&mut node.delivery.carrying);
+    let mut batch = std::mem::take(&mut node.commit.carrying);
     // A sync the syncer ran inline answers more: carry until nothing is left.
     while !out.is_empty() {
         std::mem::swap(out, &mut batch);
@@ -220,16 +220,16 @@ fn carry_outputs(
                     answer(node, cx, driver, to, message_id, message_seq, reason);
                 }
                 CommitOutput::SubmitSync(job) => {
-                    if let Some(ran_here) = node.delivery.syncer.submit(job) {
+                    if let Some(ran_here) = node.commit.syncer.submit(job) {
                         let now = now(node);
-                        node.delivery.core.on_sync_done(ran_here, now, out);
+                        node.commit.core.on_sync_done(ran_here, now, out);
                     }
                 }
                 CommitOutput::LogFailed { what, fault } => log_failed(node, what, &fault),
             }
         }
     }
-    node.delivery.carrying = batch;
+    node.commit.carrying = batch;
     publish_commit_counts(node);
     if answered {
         pump_deliveries(node, cx, driver);
@@ -238,12 +238,12 @@ fn carry_outputs(
 
 /// The core's counters and the log's inline segment creations, as metrics.
 fn publish_commit_counts(node: &mut NodeShard) {
-    let counts = node.delivery.core.take_counts();
+    let counts = node.commit.core.take_counts();
     node.metrics.sends_deduplicated.add(counts.deduplicated);
     node.metrics
         .commits_refused_backlog
         .add(counts.refused_backlog);
-    let inline = node.delivery.core.log().stats().segments_created_inline;
+    let inline = node.commit.core.log().stats().segments_created_inline;
     let m = &node.metrics.log_segments_created_inline;
     m.add(inline.saturating_sub(m.get()));
 }
@@ -306,7 +306,7 @@ pub fn pump_deliveries(
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
 ) -> usize {
-    if node.delivery.core.backlog_len() == 0 {
+    if node.commit.core.backlog_len() == 0 {
         return 0;
     }
     let cfg = &node.shared.config.delivery;
@@ -318,7 +318,7 @@ pub fn pump_deliveries(
         pages_per_turn_max: cfg.pages_per_turn_max,
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
     };
-    let mut pushes = std::mem::take(&mut node.delivery.pushes);
+    let mut pushes = std::mem::take(&mut node.commit.pushes);
     let now_ns = node.shared.mono_ns();
     let mut lookup = TimedLookup {
         reader: &mut node.reader,
@@ -326,7 +326,7 @@ pub fn pump_deliveries(
         clock: &node.shared,
     };
     let mut room = |s: ShardId| cx.send_capacity(s);
-    let work = node.delivery.core.pump(
+    let work = node.commit.core.pump(
         &node.view,
         &mut lookup,
         &mut room,
@@ -334,13 +334,13 @@ pub fn pump_deliveries(
         now_ns,
         &mut pushes,
     );
-    let counts = node.delivery.core.take_plan_counts();
+    let counts = node.commit.core.take_plan_counts();
     node.metrics.stale_lookups.add(counts.failed_groups);
     node.metrics.delivery_stalls.add(counts.stalls);
     for push in pushes.drain(..) {
         carry_push(node, cx, driver, push);
     }
-    node.delivery.pushes = pushes;
+    node.commit.pushes = pushes;
     work
 }
 
@@ -384,7 +384,7 @@ fn carry_push(
 /// `/channel/messagesync` on the channel's commit shard.
 pub fn on_message_sync(node: &mut NodeShard, r: MessageSyncRequest) {
     let result = node
-        .delivery
+        .commit
         .core
         .log()
         .read_within(

@@ -32,7 +32,7 @@ use crate::store::{PullMode, StoredMessage};
 
 pub use commit::{
     flush_commits, flush_commits_for_stop, on_commit, on_log_sync_timer, on_message_sync,
-    pump_deliveries, DeliveryCore,
+    pump_deliveries, CommitSide,
 };
 pub use domain::commit::Committed;
 pub use gateway::{on_send, on_sendack};
