@@ -15,6 +15,7 @@
 //! The SEND path, in flow order:
 //! - [`channel`]: person channel keys and the channel ids a RECV carries.
 //! - [`new_channels`]: the gateway's per-connection budget of new channels.
+//! - [`gateway`]: the gateway's credits of SENDs in flight.
 //! - [`commit`]: the commit core: permission, back-pressure, ids and seqs, sync.
 //! - [`idempotency`] and [`idgen`]: the commit's idempotency window and message ids.
 //! - [`delivery`]: post-commit delivery planning: targets, lookups, push batches.
@@ -27,6 +28,7 @@ pub mod channel;
 pub mod cluster;
 pub mod commit;
 pub mod delivery;
+pub mod gateway;
 pub mod idempotency;
 pub mod idgen;
 pub mod new_channels;

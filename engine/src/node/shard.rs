@@ -92,9 +92,8 @@ pub struct NodeShard {
     /// Scratch buffer for encoding frames.
     pub(crate) frame_buf: Vec<u8>,
     pub(crate) commit: CommitSide,
-    /// Per commit shard: this gateway's SENDs in flight there (bounded by
-    /// `commit_credits_per_peer`; each returns with its SENDACK).
-    pub(crate) commit_credits: Vec<usize>,
+    /// This gateway's credits of SENDs in flight (`domain::gateway`).
+    pub(crate) credits: domain::gateway::SendCredits,
     /// What this shard's pending-ACK entries are charged (bounded by
     /// `pending_acks_budget_bytes_per_shard`; see `send::PendingAcks`).
     pub(crate) pending_ack_bytes: usize,
@@ -127,9 +126,14 @@ impl NodeShard {
             .map_err(|e| std::io::Error::other(format!("authority: {e:?}")))?;
         authority.apply_view(&view, cfg.node_id, 0);
         let reader = authority.reader();
-        let commit_credits = vec![0; shared.slot_map.shard_count() as usize];
+        let credits = domain::gateway::SendCredits::new(
+            me,
+            shared.slot_map.shard_count() as usize,
+            cfg.delivery.commit_credits_per_peer,
+            cfg.session.sends_in_flight_per_conn_max,
+        );
         Ok(NodeShard {
-            commit_credits,
+            credits,
             pending_ack_bytes: 0,
             ack_resend_buf: Vec::new(),
             me,
@@ -266,9 +270,7 @@ impl Handler for NodeShard {
             Msg::Commit(request) => super::send::on_commit(self, cx, driver, *request),
             Msg::SendAck(ack) => {
                 // The SEND's credit towards that commit shard comes back.
-                if let Some(c) = self.commit_credits.get_mut(from as usize) {
-                    *c = c.saturating_sub(1);
-                }
+                self.credits.returned_from(from);
                 super::send::on_sendack(self, driver, ack)
             }
             Msg::Push {

@@ -8,6 +8,7 @@ use shard::runtime::Context;
 
 use crate::channel::Channel;
 use crate::delivery::Sender;
+use domain::gateway::SendCredits;
 
 use super::super::msg::{Msg, SendAck};
 use super::super::shard::{NodeShard, NodeTimer};
@@ -113,23 +114,18 @@ fn open_payload(node: &NodeShard, id: ConnId, p: &SendPacket<'_>) -> Result<Vec<
     Ok(plain)
 }
 
-/// Credits: the connection's SENDs in flight, and this shard's towards `to` (each
-/// reserves room for its SENDACK on the way back). Out of credit: the client retries.
+/// Credits (`domain::gateway`): the connection's SENDs in flight, and this shard's
+/// towards `to` (each reserves room for its SENDACK on the way back).
 fn take_credit(node: &mut NodeShard, id: ConnId, to: shard::slots::ShardId) -> bool {
-    let per_conn_max = node.shared.config.session.sends_in_flight_per_conn_max;
-    let per_peer_max = node.shared.config.delivery.commit_credits_per_peer;
-    let peer_full = to != node.me && node.commit_credits[to as usize] >= per_peer_max;
-    let Some(conn) = node.conn_mut(id) else {
+    let Some(conn) = node
+        .conns
+        .get_mut(id.index())
+        .and_then(Option::as_mut)
+        .filter(|c| c.id == id)
+    else {
         return false;
     };
-    if conn.sends_in_flight >= per_conn_max || peer_full {
-        return false;
-    }
-    conn.sends_in_flight += 1;
-    if to != node.me {
-        node.commit_credits[to as usize] += 1;
-    }
-    true
+    node.credits.take(&mut conn.sends_in_flight, to)
 }
 
 /// SENDACK back on the gateway shard, if the sending session is still there (its
@@ -141,7 +137,7 @@ pub fn on_sendack(node: &mut NodeShard, driver: &mut NetDriver, ack: SendAck) {
     if conn.session_id != ack.session_id {
         return;
     }
-    conn.sends_in_flight = conn.sends_in_flight.saturating_sub(1);
+    SendCredits::answered(&mut conn.sends_in_flight);
     let p = SendackPacket {
         message_id: ack.message_id,
         client_seq: ack.client_seq,
