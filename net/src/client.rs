@@ -6,13 +6,12 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::crypto::{
-    aes_key_from_secret, decode_client_key, public_key, shared_secret, SessionCipher,
-};
+use crate::crypto::{ClientKey, SessionCipher};
 use crate::wkproto::{
     decode, ChannelType, ConnectPacket, DeviceFlag, Flags, Frame, RecvackPacket, SendPacket,
     Setting, MAX_FRAME_BYTES,
 };
+pub use crate::Transport;
 
 /// What a client logs in with.
 #[derive(Clone, Debug)]
@@ -86,20 +85,27 @@ pub struct RecvMessage {
     pub msg_key_ok: bool,
 }
 
-/// How the client reaches the server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Tcp,
-    /// One binary WebSocket message per frame.
-    WebSocket,
-}
-
 enum Stream {
     Tcp(TcpStream),
     Ws(Box<tungstenite::WebSocket<TcpStream>>),
 }
 
 impl Stream {
+    fn open(transport: Transport, addr: SocketAddr, timeout: Duration) -> io::Result<Stream> {
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(timeout))?;
+        Ok(match transport {
+            Transport::Tcp => Stream::Tcp(tcp),
+            Transport::WebSocket => {
+                let url = format!("ws://{addr}/");
+                let (ws, _) = tungstenite::client(url.as_str(), tcp)
+                    .map_err(|e| bad(format!("WebSocket handshake: {e}")))?;
+                Stream::Ws(Box::new(ws))
+            }
+        })
+    }
+
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.write_all(bytes),
@@ -166,33 +172,28 @@ impl Client {
         Client::connect_via(Transport::Tcp, addr, login, timeout)
     }
 
-    /// [`Client::connect`] over the given transport.
+    /// [`Client::connect`] over the given transport (WebSocket: one binary message
+    /// per frame).
     pub fn connect_via(
         transport: Transport,
         addr: SocketAddr,
         login: &Login,
         timeout: Duration,
     ) -> io::Result<(Client, u8)> {
-        let tcp = TcpStream::connect(addr)?;
-        tcp.set_nodelay(true)?;
-        tcp.set_read_timeout(Some(timeout))?;
-        let stream = match transport {
-            Transport::Tcp => Stream::Tcp(tcp),
-            Transport::WebSocket => {
-                let url = format!("ws://{addr}/");
-                let (ws, _) = tungstenite::client(url.as_str(), tcp)
-                    .map_err(|e| bad(format!("WebSocket handshake: {e}")))?;
-                Stream::Ws(Box::new(ws))
-            }
-        };
         let mut client = Client {
-            stream,
+            stream: Stream::open(transport, addr, timeout)?,
             version: crate::wkproto::negotiate_version(login.version),
             cipher: None,
             rx: Vec::new(),
             frame: Vec::new(),
         };
-        let client_key = base64_encode(&public_key(login.private_key));
+        let key = ClientKey::new(login.private_key);
+        client.send_connect(login, &key)?;
+        let reason = client.await_connack(&key)?;
+        Ok((client, reason))
+    }
+
+    fn send_connect(&mut self, login: &Login, key: &ClientKey) -> io::Result<()> {
         let connect = ConnectPacket {
             version: login.version,
             device_flag: DeviceFlag(login.device_flag),
@@ -200,46 +201,37 @@ impl Client {
             uid: &login.uid,
             token: &login.token,
             client_timestamp_ms: 0,
-            client_key: &client_key,
+            client_key: key.client_key(),
             ..Default::default()
         };
-        client.frame.clear();
+        self.frame.clear();
         connect
-            .encode(0, &mut client.frame)
+            .encode(0, &mut self.frame)
             .map_err(|e| bad(format!("{e:?}")))?;
-        client.stream.write_all(&client.frame)?;
-        let reason = loop {
-            let (reason, server_key, salt) = {
-                let bytes = client.next_frame_bytes()?;
-                match decode(&bytes, client.version, MAX_FRAME_BYTES)
-                    .map_err(|e| bad(e.to_string()))?
-                {
-                    Some((Frame::Connack(c), _)) => {
-                        (c.reason_code.0, c.server_key.to_owned(), c.salt.to_owned())
-                    }
-                    Some((other, _)) => {
-                        return Err(bad(format!(
-                            "expected CONNACK, got {:?}",
-                            other.packet_type()
-                        )))
-                    }
-                    None => continue,
+        self.stream.write_all(&self.frame)
+    }
+
+    /// Reads the CONNACK; on success completes the key agreement. Returns its reason.
+    fn await_connack(&mut self, key: &ClientKey) -> io::Result<u8> {
+        let bytes = self.next_frame_bytes()?;
+        let connack =
+            match decode(&bytes, self.version, MAX_FRAME_BYTES).map_err(|e| bad(e.to_string()))? {
+                Some((Frame::Connack(c), _)) => c,
+                Some((other, _)) => {
+                    return Err(bad(format!(
+                        "expected CONNACK, got {:?}",
+                        other.packet_type()
+                    )))
                 }
+                None => return Err(bad("truncated frame")),
             };
-            if reason == 1 {
-                let server_public =
-                    decode_client_key(&server_key).map_err(|e| bad(e.to_string()))?;
-                let secret = shared_secret(login.private_key, server_public)
-                    .map_err(|e| bad(e.to_string()))?;
-                let salt: [u8; 16] = salt
-                    .as_bytes()
-                    .try_into()
-                    .map_err(|_| bad("salt is not 16 bytes"))?;
-                client.cipher = Some(SessionCipher::new(&aes_key_from_secret(&secret), &salt));
-            }
-            break reason;
-        };
-        Ok((client, reason))
+        if connack.reason_code.0 == 1 {
+            let cipher = key
+                .session_cipher(connack.server_key, connack.salt)
+                .map_err(|e| bad(e.to_string()))?;
+            self.cipher = Some(cipher);
+        }
+        Ok(connack.reason_code.0)
     }
 
     /// Reads one whole frame's bytes.
@@ -422,9 +414,4 @@ impl Client {
             }
         }
     }
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -318,7 +318,7 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
         scenario: sc.name().into(),
         unix_time_s: unix_ms() / 1000,
         machine: machine(),
-        transport: format!("{:?}", cfg.load.transport).to_lowercase(),
+        transport: cfg.load.transport.to_string(),
         encrypt: cfg.load.encrypt,
         threads: cfg.load.threads,
         duration_s: cfg.load.duration.as_secs_f64(),

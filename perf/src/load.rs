@@ -40,7 +40,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use net::wkproto::{ChannelType, Flags, Frame, RecvackPacket, SendPacket, Setting};
 
-use crate::conn::{ClientKey, Conn, ConnError, ConnState, Transport, READ_CHUNK_BYTES};
+use crate::conn::{client_key, ClientKey, Conn, ConnError, ConnState, Transport, READ_CHUNK_BYTES};
 use crate::uring::{Completion, Ring};
 
 /// Messages one run may plan (sizes the accounting arrays: 8 bytes each).
@@ -1109,7 +1109,7 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
     for (i, c) in plan.clients.iter().enumerate() {
         slots_per_worker[worker_of(i)].push(Slot {
             spec: c.clone(),
-            key: ClientKey::for_client(i as u64),
+            key: client_key(i as u64),
             conn: None,
             inflight: HashMap::new(),
         });

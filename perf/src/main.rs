@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use engine::store::FsyncPolicy;
-use perf::conn::Transport;
+use net::Transport;
 use perf::{BenchConfig, Scenario, TargetSpec};
 
 #[derive(Parser)]
@@ -118,9 +118,9 @@ struct Common {
     /// it) or `epoll`.
     #[arg(long, value_enum, default_value = "uring")]
     io: IoArg,
-    /// Connect over WebSocket instead of TCP.
-    #[arg(long, value_enum, default_value = "tcp")]
-    transport: TransportArg,
+    /// How the clients connect: `tcp` or `ws` (WebSocket).
+    #[arg(long, default_value_t = Transport::Tcp)]
+    transport: Transport,
     /// Encrypted SENDs and RECVs (full per-message cost) and client-side key agreement.
     #[arg(long)]
     encrypt: bool,
@@ -167,12 +167,6 @@ enum IoArg {
     Epoll,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy)]
-enum TransportArg {
-    Tcp,
-    Ws,
-}
-
 /// `always`, or the ms between syncs.
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     match s {
@@ -201,10 +195,7 @@ fn config(c: &Common, scenario: &str) -> BenchConfig {
         }
     };
     let mut load = perf::default_load();
-    load.transport = match c.transport {
-        TransportArg::Tcp => Transport::Tcp,
-        TransportArg::Ws => Transport::Ws,
-    };
+    load.transport = c.transport;
     load.io = match c.io {
         IoArg::Uring => perf::load::IoMode::Uring,
         IoArg::Epoll => perf::load::IoMode::Epoll,

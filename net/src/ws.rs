@@ -1,31 +1,39 @@
-//! WebSocket server side, sans-IO: the HTTP/1.1 upgrade (`httparse`, accept key from
+//! WebSocket, sans-IO, both sides: the HTTP/1.1 upgrade (`httparse`, accept key from
 //! `tungstenite`) and frame decoding/encoding (`tungstenite`'s [`FrameHeader`]) on
 //! our own buffers. Binary messages only; their payloads are appended to the
 //! connection's input as one byte stream.
+//!
+//! - Server ([`crate::io`]): [`handshake`] answers an upgrade request,
+//!   [`WsDecoder::default`] takes masked client frames, [`write_binary`] and friends
+//!   write unmasked frames.
+//! - Client ([`crate::client`], imbench): [`write_upgrade_request`] and
+//!   [`upgrade_response`], [`WsDecoder::client`] takes unmasked server frames,
+//!   [`write_masked_binary`] and [`write_masked_pong`] write masked frames (no
+//!   allocation: the payload is copied once and masked in place).
 
 use std::io::Cursor;
 
-use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+pub use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
 use tungstenite::protocol::frame::FrameHeader;
 
 /// Headers parsed from an upgrade request.
 const HANDSHAKE_HEADERS_MAX: usize = 32;
 /// Close codes we send.
-pub(crate) const CLOSE_NORMAL: u16 = 1000;
-pub(crate) const CLOSE_PROTOCOL: u16 = 1002;
-pub(crate) const CLOSE_UNSUPPORTED: u16 = 1003;
-pub(crate) const CLOSE_TOO_BIG: u16 = 1009;
+pub const CLOSE_NORMAL: u16 = 1000;
+pub const CLOSE_PROTOCOL: u16 = 1002;
+pub const CLOSE_UNSUPPORTED: u16 = 1003;
+pub const CLOSE_TOO_BIG: u16 = 1009;
 /// Largest control frame payload (RFC 6455 §5.5).
 const CONTROL_PAYLOAD_MAX: u64 = 125;
 
 /// Whether a close code received from the peer may be sent back (RFC 6455 §7.4).
-pub(crate) fn close_code_sendable(code: u16) -> bool {
+pub fn close_code_sendable(code: u16) -> bool {
     matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
 }
 
 /// Outcome of feeding bytes to the upgrade parser.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Handshake {
+pub enum Handshake {
     /// The request is incomplete.
     Partial,
     /// Upgrade accepted: the 101 response to send, and how many bytes the request took
@@ -36,7 +44,7 @@ pub(crate) enum Handshake {
 }
 
 /// Parses an HTTP/1.1 WebSocket upgrade request from the start of `buf`.
-pub(crate) fn handshake(buf: &[u8]) -> Handshake {
+pub fn handshake(buf: &[u8]) -> Handshake {
     let mut headers = [httparse::EMPTY_HEADER; HANDSHAKE_HEADERS_MAX];
     let mut req = httparse::Request::new(&mut headers);
     let consumed = match req.parse(buf) {
@@ -79,22 +87,75 @@ pub(crate) fn handshake(buf: &[u8]) -> Handshake {
     }
 }
 
+/// Appends a client's upgrade request for `/` on `host` with the
+/// `Sec-WebSocket-Key` `key` (base64 of 16 bytes; check the answer with
+/// [`upgrade_response`]).
+pub fn write_upgrade_request(out: &mut Vec<u8>, host: &str, key: &str) {
+    out.extend_from_slice(b"GET / HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: ");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\r\nSec-WebSocket-Version: 13\r\n\r\n");
+}
+
+/// What a client makes of the bytes answering its upgrade request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum UpgradeResponse {
+    /// The response is incomplete.
+    Partial,
+    /// Upgraded: the response took `consumed` bytes (what follows is frame data).
+    Done { consumed: usize },
+    /// Refused or malformed, with why.
+    Refused(String),
+}
+
+/// Parses the response to [`write_upgrade_request`] with `key` from the start of
+/// `buf`: a `101` with the matching `Sec-WebSocket-Accept` (RFC 6455 §4.1).
+pub fn upgrade_response(buf: &[u8], key: &str) -> UpgradeResponse {
+    let mut headers = [httparse::EMPTY_HEADER; HANDSHAKE_HEADERS_MAX];
+    let mut resp = httparse::Response::new(&mut headers);
+    let consumed = match resp.parse(buf) {
+        Ok(httparse::Status::Partial) => return UpgradeResponse::Partial,
+        Ok(httparse::Status::Complete(n)) => n,
+        Err(e) => return UpgradeResponse::Refused(format!("malformed upgrade response: {e}")),
+    };
+    if resp.code != Some(101) {
+        return UpgradeResponse::Refused(format!(
+            "upgrade refused: HTTP {}",
+            resp.code.unwrap_or(0)
+        ));
+    }
+    let accept = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("sec-websocket-accept"))
+        .map(|h| h.value);
+    if accept != Some(tungstenite::handshake::derive_accept_key(key.as_bytes()).as_bytes()) {
+        return UpgradeResponse::Refused("wrong Sec-WebSocket-Accept".into());
+    }
+    UpgradeResponse::Done { consumed }
+}
+
 fn reject() -> Vec<u8> {
     b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".to_vec()
 }
 
-/// Per-connection frame decoder state.
+/// Per-connection frame decoder state. [`WsDecoder::default`] is the server's
+/// (client frames must be masked), [`WsDecoder::client`] the client's (server frames
+/// must not be, RFC 6455 §5.1).
 #[derive(Debug, Default)]
-pub(crate) struct WsDecoder {
+pub struct WsDecoder {
     /// A data message (binary) is in progress: continuation frames are expected.
     in_message: bool,
     /// Payload bytes of the message in progress.
     message_bytes: u64,
+    /// Decodes a server's frames (unmasked) rather than a client's (masked).
+    client: bool,
 }
 
 /// What decoding found besides data.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum WsControl {
+pub enum WsControl {
     /// Reply with a pong carrying this payload.
     Ping(Vec<u8>),
     /// The peer sent a close frame (with its status code if any).
@@ -103,14 +164,22 @@ pub(crate) enum WsControl {
 
 /// Why the input is rejected; the close code to send.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct WsError(pub(crate) u16);
+pub struct WsError(pub u16);
 
 impl WsDecoder {
+    /// The client side's decoder: it takes unmasked frames only.
+    pub fn client() -> WsDecoder {
+        WsDecoder {
+            client: true,
+            ..WsDecoder::default()
+        }
+    }
+
     /// Decodes whole frames from `raw`, appending binary payloads (unmasked) to
     /// `input`, and calling `control` for pings and close frames. Returns how many
     /// bytes of `raw` were consumed (the rest is an incomplete frame). Stops after a
     /// close frame.
-    pub(crate) fn decode(
+    pub fn decode(
         &mut self,
         raw: &[u8],
         input: &mut Vec<u8>,
@@ -129,10 +198,11 @@ impl WsDecoder {
             if header.rsv1 || header.rsv2 || header.rsv3 {
                 return Err(WsError(CLOSE_PROTOCOL));
             }
-            let Some(mask) = header.mask else {
-                // Client frames must be masked (RFC 6455 §5.1).
+            // Client frames are masked, server frames are not (RFC 6455 §5.1).
+            let mask = header.mask;
+            if mask.is_some() == self.client {
                 return Err(WsError(CLOSE_PROTOCOL));
-            };
+            }
             match header.opcode {
                 OpCode::Control(_) if len > CONTROL_PAYLOAD_MAX || !header.is_final => {
                     return Err(WsError(CLOSE_PROTOCOL))
@@ -162,7 +232,7 @@ impl WsDecoder {
                 OpCode::Data(_) => {
                     let start = input.len();
                     input.extend_from_slice(payload);
-                    apply_mask(&mut input[start..], mask);
+                    unmask(&mut input[start..], mask);
                     if header.is_final {
                         self.in_message = false;
                         self.message_bytes = 0;
@@ -173,13 +243,13 @@ impl WsDecoder {
                 }
                 OpCode::Control(Control::Ping) => {
                     let mut data = payload.to_vec();
-                    apply_mask(&mut data, mask);
+                    unmask(&mut data, mask);
                     control(WsControl::Ping(data));
                 }
                 OpCode::Control(Control::Pong) => {}
                 OpCode::Control(Control::Close) => {
                     let mut data = payload.to_vec();
-                    apply_mask(&mut data, mask);
+                    unmask(&mut data, mask);
                     if data.len() == 1 {
                         return Err(WsError(CLOSE_PROTOCOL));
                     }
@@ -194,8 +264,14 @@ impl WsDecoder {
     }
 }
 
+fn unmask(buf: &mut [u8], mask: Option<[u8; 4]>) {
+    if let Some(mask) = mask {
+        apply_mask(buf, mask);
+    }
+}
+
 /// XORs `buf` with the 4-byte `mask` (RFC 6455 §5.3), 8 bytes at a time.
-pub(crate) fn apply_mask(buf: &mut [u8], mask: [u8; 4]) {
+pub fn apply_mask(buf: &mut [u8], mask: [u8; 4]) {
     let mask8 = u64::from_ne_bytes([
         mask[0], mask[1], mask[2], mask[3], mask[0], mask[1], mask[2], mask[3],
     ]);
@@ -212,21 +288,44 @@ pub(crate) fn apply_mask(buf: &mut [u8], mask: [u8; 4]) {
 
 /// Appends an unmasked server frame header for a final frame of `opcode` with a
 /// payload of `len` bytes.
-pub(crate) fn write_header(out: &mut Vec<u8>, opcode: OpCode, len: usize) {
+pub fn write_header(out: &mut Vec<u8>, opcode: OpCode, len: usize) {
+    format_header(out, opcode, len, None);
+}
+
+fn format_header(out: &mut Vec<u8>, opcode: OpCode, len: usize, mask: Option<[u8; 4]>) {
     let header = FrameHeader {
         is_final: true,
         rsv1: false,
         rsv2: false,
         rsv3: false,
         opcode,
-        mask: None,
+        mask,
     };
     // Writing into a Vec cannot fail.
     let _ = header.format(len as u64, out);
 }
 
+/// Appends a client's final frame of `opcode` carrying `payload` masked with `mask`.
+fn write_masked(out: &mut Vec<u8>, opcode: OpCode, payload: &[u8], mask: [u8; 4]) {
+    format_header(out, opcode, payload.len(), Some(mask));
+    let start = out.len();
+    out.extend_from_slice(payload);
+    apply_mask(&mut out[start..], mask);
+}
+
+/// Appends a client's binary message, masked with `mask` (RFC 6455 §5.3: the key
+/// should be unpredictable to intermediaries; a load harness may use a fixed one).
+pub fn write_masked_binary(out: &mut Vec<u8>, payload: &[u8], mask: [u8; 4]) {
+    write_masked(out, OpCode::Data(Data::Binary), payload, mask);
+}
+
+/// Appends a client's pong, masked with `mask`.
+pub fn write_masked_pong(out: &mut Vec<u8>, payload: &[u8], mask: [u8; 4]) {
+    write_masked(out, OpCode::Control(Control::Pong), payload, mask);
+}
+
 /// Bytes of a server frame header for a payload of `len` bytes.
-pub(crate) fn header_len(len: usize) -> usize {
+pub fn header_len(len: usize) -> usize {
     match len {
         0..=125 => 2,
         126..=65535 => 4,
@@ -235,19 +334,19 @@ pub(crate) fn header_len(len: usize) -> usize {
 }
 
 /// Appends a binary message.
-pub(crate) fn write_binary(out: &mut Vec<u8>, payload: &[u8]) {
+pub fn write_binary(out: &mut Vec<u8>, payload: &[u8]) {
     write_header(out, OpCode::Data(Data::Binary), payload.len());
     out.extend_from_slice(payload);
 }
 
 /// Appends a pong.
-pub(crate) fn write_pong(out: &mut Vec<u8>, payload: &[u8]) {
+pub fn write_pong(out: &mut Vec<u8>, payload: &[u8]) {
     write_header(out, OpCode::Control(Control::Pong), payload.len());
     out.extend_from_slice(payload);
 }
 
 /// Appends a close frame with `code`.
-pub(crate) fn write_close(out: &mut Vec<u8>, code: u16) {
+pub fn write_close(out: &mut Vec<u8>, code: u16) {
     write_header(out, OpCode::Control(Control::Close), 2);
     out.extend_from_slice(&code.to_be_bytes());
 }
@@ -314,6 +413,78 @@ mod tests {
         let big = masked(0x2, true, &[0u8; 100], [1, 1, 1, 1]);
         let err = WsDecoder::default().decode(&big, &mut input, 99, |_| {});
         assert_eq!(err, Err(WsError(CLOSE_TOO_BIG)));
+    }
+
+    #[test]
+    fn client_side_upgrade_checks_the_accept_key() {
+        let key = "dGhlIHNhbXBsZSBub25jZQ==";
+        let mut req = Vec::new();
+        write_upgrade_request(&mut req, "127.0.0.1:5200", key);
+        let Handshake::Done { response, consumed } = handshake(&req) else {
+            panic!("the server refused the client's upgrade request");
+        };
+        assert_eq!(consumed, req.len());
+        let mut resp = response.clone();
+        resp.extend_from_slice(&[0x82, 0x00]);
+        assert_eq!(
+            upgrade_response(&resp, key),
+            UpgradeResponse::Done {
+                consumed: response.len()
+            }
+        );
+        assert_eq!(
+            upgrade_response(&response[..10], key),
+            UpgradeResponse::Partial
+        );
+        let other_key = "b3RoZXIga2V5IDEyMzQ1Ng==";
+        assert!(matches!(
+            upgrade_response(&response, other_key),
+            UpgradeResponse::Refused(_)
+        ));
+        assert!(matches!(
+            upgrade_response(&reject(), key),
+            UpgradeResponse::Refused(_)
+        ));
+    }
+
+    #[test]
+    fn client_and_server_frames_round_trip() {
+        let mask = [0x1b, 0x5e, 0x7a, 0x33];
+        for n in [0usize, 10, 125, 126, 200, 65_535, 70_000] {
+            let payload: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+            let mut up = Vec::new();
+            write_masked_binary(&mut up, &payload, mask);
+            assert_eq!(up.len(), header_len(n) + 4 + n, "{n} bytes");
+            let mut input = Vec::new();
+            let used = WsDecoder::default().decode(&up, &mut input, 1 << 20, |_| {});
+            assert_eq!((used, &input), (Ok(up.len()), &payload), "{n} bytes");
+
+            let mut down = Vec::new();
+            write_binary(&mut down, &payload);
+            let mut input = Vec::new();
+            let used = WsDecoder::client().decode(&down, &mut input, 1 << 20, |_| {});
+            assert_eq!((used, &input), (Ok(down.len()), &payload), "{n} bytes");
+            // Each side refuses the other side's masking.
+            let err = WsDecoder::client().decode(&up, &mut input, 1 << 20, |_| {});
+            assert_eq!(err, Err(WsError(CLOSE_PROTOCOL)));
+            if n > 0 {
+                let err = WsDecoder::default().decode(&down, &mut input, 1 << 20, |_| {});
+                assert_eq!(err, Err(WsError(CLOSE_PROTOCOL)));
+            }
+        }
+        // A server's ping reaches the client; the client's pong is a valid frame.
+        let mut down = Vec::new();
+        write_header(&mut down, OpCode::Control(Control::Ping), 2);
+        down.extend_from_slice(b"hi");
+        let mut pings = Vec::new();
+        let mut input = Vec::new();
+        let used = WsDecoder::client().decode(&down, &mut input, 1024, |c| pings.push(c));
+        assert_eq!(used, Ok(down.len()));
+        assert_eq!(pings, vec![WsControl::Ping(b"hi".to_vec())]);
+        let mut pong = Vec::new();
+        write_masked_pong(&mut pong, b"hi", mask);
+        let used = WsDecoder::default().decode(&pong, &mut input, 1024, |_| {});
+        assert_eq!((used, input.len()), (Ok(pong.len()), 0));
     }
 
     #[test]
