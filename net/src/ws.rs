@@ -175,6 +175,35 @@ impl WsDecoder {
         }
     }
 
+    /// Whether a frame with `header` and a payload of `len` bytes may come next:
+    /// no reserved bits or opcodes, masked as the side requires, short final control
+    /// frames, continuations only within a message, binary only, messages within
+    /// `message_bytes_max`.
+    fn check(&self, header: &FrameHeader, len: u64, message_bytes_max: u64) -> Result<(), WsError> {
+        if header.rsv1 || header.rsv2 || header.rsv3 {
+            return Err(WsError(CLOSE_PROTOCOL));
+        }
+        // Client frames are masked, server frames are not (RFC 6455 §5.1).
+        if header.mask.is_some() == self.client {
+            return Err(WsError(CLOSE_PROTOCOL));
+        }
+        match header.opcode {
+            OpCode::Control(_) if len > CONTROL_PAYLOAD_MAX || !header.is_final => {
+                Err(WsError(CLOSE_PROTOCOL))
+            }
+            OpCode::Data(Data::Binary) if self.in_message => Err(WsError(CLOSE_PROTOCOL)),
+            OpCode::Data(Data::Continue) if !self.in_message => Err(WsError(CLOSE_PROTOCOL)),
+            OpCode::Data(Data::Text) => Err(WsError(CLOSE_UNSUPPORTED)),
+            OpCode::Data(Data::Reserved(_)) | OpCode::Control(Control::Reserved(_)) => {
+                Err(WsError(CLOSE_PROTOCOL))
+            }
+            OpCode::Data(_) if self.message_bytes + len > message_bytes_max => {
+                Err(WsError(CLOSE_TOO_BIG))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Decodes whole frames from `raw`, appending binary payloads (unmasked) to
     /// `input`, and calling `control` for pings and close frames. Returns how many
     /// bytes of `raw` were consumed (the rest is an incomplete frame). Stops after a
@@ -195,33 +224,8 @@ impl WsDecoder {
                 Err(_) => return Err(WsError(CLOSE_PROTOCOL)),
             };
             let header_len = cursor.position() as usize;
-            if header.rsv1 || header.rsv2 || header.rsv3 {
-                return Err(WsError(CLOSE_PROTOCOL));
-            }
-            // Client frames are masked, server frames are not (RFC 6455 §5.1).
+            self.check(&header, len, message_bytes_max)?;
             let mask = header.mask;
-            if mask.is_some() == self.client {
-                return Err(WsError(CLOSE_PROTOCOL));
-            }
-            match header.opcode {
-                OpCode::Control(_) if len > CONTROL_PAYLOAD_MAX || !header.is_final => {
-                    return Err(WsError(CLOSE_PROTOCOL))
-                }
-                OpCode::Data(Data::Binary) if self.in_message => {
-                    return Err(WsError(CLOSE_PROTOCOL))
-                }
-                OpCode::Data(Data::Continue) if !self.in_message => {
-                    return Err(WsError(CLOSE_PROTOCOL))
-                }
-                OpCode::Data(Data::Text) => return Err(WsError(CLOSE_UNSUPPORTED)),
-                OpCode::Data(Data::Reserved(_)) | OpCode::Control(Control::Reserved(_)) => {
-                    return Err(WsError(CLOSE_PROTOCOL))
-                }
-                OpCode::Data(_) if self.message_bytes + len > message_bytes_max => {
-                    return Err(WsError(CLOSE_TOO_BIG))
-                }
-                _ => {}
-            }
             let len = len as usize;
             if raw.len() - pos - header_len < len {
                 break; // Incomplete payload (its size is bounded by the checks above).
