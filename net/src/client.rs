@@ -1,5 +1,5 @@
-//! A small blocking wkproto client over TCP or WebSocket: CONNECT with the key
-//! agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
+//! A small blocking wkproto client over TCP or WebSocket ([`crate::ws`]'s client
+//! side): CONNECT with the key agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
 //! RECVACK, PING. For integration tests and tools; not for the data path.
 
 use std::io::{self, Read, Write};
@@ -11,6 +11,7 @@ use crate::wkproto::{
     decode, ChannelType, ConnectPacket, DeviceFlag, Flags, Frame, RecvackPacket, SendPacket,
     Setting, MAX_FRAME_BYTES,
 };
+use crate::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
 pub use crate::Transport;
 
 /// What a client logs in with.
@@ -85,70 +86,114 @@ pub struct RecvMessage {
     pub msg_key_ok: bool,
 }
 
+/// Longest WebSocket upgrade response the client accepts.
+const WS_UPGRADE_RESPONSE_MAX_BYTES: usize = 4 * 1024;
+/// Bytes read per `read` call.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+
 enum Stream {
     Tcp(TcpStream),
-    Ws(Box<tungstenite::WebSocket<TcpStream>>),
+    /// Framed by [`crate::ws`]: `raw` holds what arrived and is not deframed yet,
+    /// `out` is the reused output buffer.
+    Ws {
+        tcp: TcpStream,
+        decoder: WsDecoder,
+        raw: Vec<u8>,
+        out: Vec<u8>,
+    },
+}
+
+/// Appends what one `read` brings to `buf`; Ok(0) at end of stream.
+fn read_some(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let mut chunk = [0u8; READ_CHUNK_BYTES];
+    let n = tcp.read(&mut chunk)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+fn eof() -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection")
 }
 
 impl Stream {
     fn open(transport: Transport, addr: SocketAddr, timeout: Duration) -> io::Result<Stream> {
-        let tcp = TcpStream::connect(addr)?;
+        let mut tcp = TcpStream::connect(addr)?;
         tcp.set_nodelay(true)?;
         tcp.set_read_timeout(Some(timeout))?;
-        Ok(match transport {
-            Transport::Tcp => Stream::Tcp(tcp),
-            Transport::WebSocket => {
-                let url = format!("ws://{addr}/");
-                let (ws, _) = tungstenite::client(url.as_str(), tcp)
-                    .map_err(|e| bad(format!("WebSocket handshake: {e}")))?;
-                Stream::Ws(Box::new(ws))
+        if transport == Transport::Tcp {
+            return Ok(Stream::Tcp(tcp));
+        }
+        let mut raw = Vec::new();
+        ws::write_upgrade_request(&mut raw, &addr.to_string(), ws::SAMPLE_KEY);
+        tcp.write_all(&raw)?;
+        raw.clear();
+        loop {
+            match ws::upgrade_response(&raw, ws::SAMPLE_KEY) {
+                UpgradeResponse::Done { consumed } => {
+                    raw.drain(..consumed);
+                    break;
+                }
+                UpgradeResponse::Refused(why) => return Err(bad(format!("WebSocket {why}"))),
+                UpgradeResponse::Partial if raw.len() > WS_UPGRADE_RESPONSE_MAX_BYTES => {
+                    return Err(bad("WebSocket upgrade response too long"))
+                }
+                UpgradeResponse::Partial => {
+                    if read_some(&mut tcp, &mut raw)? == 0 {
+                        return Err(eof());
+                    }
+                }
             }
+        }
+        Ok(Stream::Ws {
+            tcp,
+            decoder: WsDecoder::client(),
+            raw,
+            out: Vec::new(),
         })
     }
 
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.write_all(bytes),
-            Stream::Ws(ws) => ws
-                .send(tungstenite::Message::binary(bytes.to_vec()))
-                .map_err(ws_err),
+            Stream::Ws { tcp, out, .. } => {
+                out.clear();
+                ws::write_masked_binary(out, bytes, ws::FIXED_MASK);
+                tcp.write_all(out)
+            }
         }
     }
 
-    /// Appends what arrives next to `rx`; Ok(0) at end of stream.
+    /// Appends what arrives next to `rx`; Ok(0) at end of stream (or a close frame).
     fn read_into(&mut self, rx: &mut Vec<u8>) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => {
-                let mut chunk = [0u8; 16 * 1024];
-                let n = s.read(&mut chunk)?;
-                rx.extend_from_slice(&chunk[..n]);
-                Ok(n)
-            }
-            Stream::Ws(ws) => loop {
-                match ws.read() {
-                    Ok(tungstenite::Message::Binary(b)) => {
-                        rx.extend_from_slice(&b);
-                        return Ok(b.len().max(1));
-                    }
-                    Ok(tungstenite::Message::Close(_)) => return Ok(0),
-                    Ok(_) => continue,
-                    Err(
-                        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed,
-                    ) => return Ok(0),
-                    Err(e) => return Err(ws_err(e)),
+            Stream::Tcp(s) => read_some(s, rx),
+            Stream::Ws {
+                tcp,
+                decoder,
+                raw,
+                out,
+            } => loop {
+                let before = rx.len();
+                let mut closed = false;
+                out.clear();
+                let used = decoder
+                    .decode(raw, rx, MAX_FRAME_BYTES as u64, |c| match c {
+                        WsControl::Ping(p) => ws::write_masked_pong(out, &p, ws::FIXED_MASK),
+                        WsControl::Close(_) => closed = true,
+                    })
+                    .map_err(|WsError(code)| bad(format!("bad WebSocket frame (close {code})")))?;
+                raw.drain(..used);
+                if !out.is_empty() {
+                    tcp.write_all(out)?;
+                }
+                if rx.len() > before {
+                    return Ok(rx.len() - before);
+                }
+                if closed || read_some(tcp, raw)? == 0 {
+                    return Ok(0);
                 }
             },
         }
-    }
-}
-
-fn ws_err(e: tungstenite::Error) -> io::Error {
-    match e {
-        tungstenite::Error::Io(e) => e,
-        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
-            io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection")
-        }
-        other => io::Error::other(other.to_string()),
     }
 }
 
@@ -246,10 +291,7 @@ impl Client {
                 }
             }
             if self.stream.read_into(&mut self.rx)? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "server closed the connection",
-                ));
+                return Err(eof());
             }
         }
     }

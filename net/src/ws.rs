@@ -16,6 +16,11 @@ use std::io::Cursor;
 pub use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
 use tungstenite::protocol::frame::FrameHeader;
 
+/// A fixed `Sec-WebSocket-Key` (RFC 6455 §1.3's sample nonce), for clients that
+/// need no unpredictability: tests and the load harness.
+pub const SAMPLE_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+/// A fixed masking key for the same clients (masking is not a secret).
+pub const FIXED_MASK: [u8; 4] = [0x1b, 0x5e, 0x7a, 0x33];
 /// Headers parsed from an upgrade request.
 const HANDSHAKE_HEADERS_MAX: usize = 32;
 /// Close codes we send.

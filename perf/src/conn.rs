@@ -28,10 +28,6 @@ const RX_INITIAL_BYTES: usize = 4 * 1024;
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Longest WebSocket upgrade response we accept.
 const WS_HANDSHAKE_MAX_BYTES: usize = 4 * 1024;
-/// The client's fixed WebSocket masking key (any key is valid; masking is not a secret).
-const WS_MASK: [u8; 4] = [0x1b, 0x5e, 0x7a, 0x33];
-/// The client's fixed `Sec-WebSocket-Key` (RFC 6455's example nonce).
-const WS_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
 /// Lifecycle of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +140,7 @@ fn queue_into(
     if ws {
         scratch.clear();
         encode(scratch);
-        ws::write_masked_binary(out, scratch, WS_MASK);
+        ws::write_masked_binary(out, scratch, ws::FIXED_MASK);
     } else {
         encode(out);
     }
@@ -204,7 +200,7 @@ impl Conn {
         };
         if transport == Transport::WebSocket {
             c.state = ConnState::WsUpgrade;
-            ws::write_upgrade_request(&mut c.tx, &addr.to_string(), WS_KEY);
+            ws::write_upgrade_request(&mut c.tx, &addr.to_string(), ws::SAMPLE_KEY);
         }
         let mut encoded = Ok(0);
         c.queue(|out| encoded = connect.encode(6, out))?;
@@ -362,7 +358,7 @@ impl Conn {
     fn deframe_ws(&mut self) -> Result<(), ConnError> {
         let mut off = 0;
         if self.state == ConnState::WsUpgrade {
-            match ws::upgrade_response(&self.ws_raw, WS_KEY) {
+            match ws::upgrade_response(&self.ws_raw, ws::SAMPLE_KEY) {
                 UpgradeResponse::Partial if self.ws_raw.len() > WS_HANDSHAKE_MAX_BYTES => {
                     return Err(ConnError::Protocol(
                         "WebSocket upgrade response too long".into(),
@@ -383,7 +379,7 @@ impl Conn {
             &mut self.rx,
             MAX_FRAME_BYTES as u64,
             |c| match c {
-                WsControl::Ping(p) => ws::write_masked_pong(tx, &p, WS_MASK),
+                WsControl::Ping(p) => ws::write_masked_pong(tx, &p, ws::FIXED_MASK),
                 WsControl::Close(_) => closed = true,
             },
         );
