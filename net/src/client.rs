@@ -1,18 +1,18 @@
-//! A small blocking wkproto client over TCP or WebSocket: CONNECT with the key
-//! agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
+//! A small blocking wkproto client over TCP or WebSocket ([`crate::ws`]'s client
+//! side): CONNECT with the key agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
 //! RECVACK, PING. For integration tests and tools; not for the data path.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::crypto::{
-    aes_key_from_secret, decode_client_key, public_key, shared_secret, SessionCipher,
-};
+use crate::crypto::{ClientKey, SessionCipher};
 use crate::wkproto::{
     decode, ChannelType, ConnectPacket, DeviceFlag, Flags, Frame, RecvackPacket, SendPacket,
     Setting, MAX_FRAME_BYTES,
 };
+use crate::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
+pub use crate::Transport;
 
 /// What a client logs in with.
 #[derive(Clone, Debug)]
@@ -86,63 +86,114 @@ pub struct RecvMessage {
     pub msg_key_ok: bool,
 }
 
-/// How the client reaches the server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Tcp,
-    /// One binary WebSocket message per frame.
-    WebSocket,
-}
+/// Longest WebSocket upgrade response the client accepts.
+const WS_UPGRADE_RESPONSE_MAX_BYTES: usize = 4 * 1024;
+/// Bytes read per `read` call.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 enum Stream {
     Tcp(TcpStream),
-    Ws(Box<tungstenite::WebSocket<TcpStream>>),
+    /// Framed by [`crate::ws`]: `raw` holds what arrived and is not deframed yet,
+    /// `out` is the reused output buffer.
+    Ws {
+        tcp: TcpStream,
+        decoder: WsDecoder,
+        raw: Vec<u8>,
+        out: Vec<u8>,
+    },
+}
+
+/// Appends what one `read` brings to `buf`; Ok(0) at end of stream.
+fn read_some(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let mut chunk = [0u8; READ_CHUNK_BYTES];
+    let n = tcp.read(&mut chunk)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+fn eof() -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection")
 }
 
 impl Stream {
+    fn open(transport: Transport, addr: SocketAddr, timeout: Duration) -> io::Result<Stream> {
+        let mut tcp = TcpStream::connect(addr)?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(timeout))?;
+        if transport == Transport::Tcp {
+            return Ok(Stream::Tcp(tcp));
+        }
+        let mut raw = Vec::new();
+        ws::write_upgrade_request(&mut raw, &addr.to_string(), ws::SAMPLE_KEY);
+        tcp.write_all(&raw)?;
+        raw.clear();
+        loop {
+            match ws::upgrade_response(&raw, ws::SAMPLE_KEY) {
+                UpgradeResponse::Done { consumed } => {
+                    raw.drain(..consumed);
+                    break;
+                }
+                UpgradeResponse::Refused(why) => return Err(bad(format!("WebSocket {why}"))),
+                UpgradeResponse::Partial if raw.len() > WS_UPGRADE_RESPONSE_MAX_BYTES => {
+                    return Err(bad("WebSocket upgrade response too long"))
+                }
+                UpgradeResponse::Partial => {
+                    if read_some(&mut tcp, &mut raw)? == 0 {
+                        return Err(eof());
+                    }
+                }
+            }
+        }
+        Ok(Stream::Ws {
+            tcp,
+            decoder: WsDecoder::client(),
+            raw,
+            out: Vec::new(),
+        })
+    }
+
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.write_all(bytes),
-            Stream::Ws(ws) => ws
-                .send(tungstenite::Message::binary(bytes.to_vec()))
-                .map_err(ws_err),
+            Stream::Ws { tcp, out, .. } => {
+                out.clear();
+                ws::write_masked_binary(out, bytes, ws::FIXED_MASK);
+                tcp.write_all(out)
+            }
         }
     }
 
-    /// Appends what arrives next to `rx`; Ok(0) at end of stream.
+    /// Appends what arrives next to `rx`; Ok(0) at end of stream (or a close frame).
     fn read_into(&mut self, rx: &mut Vec<u8>) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => {
-                let mut chunk = [0u8; 16 * 1024];
-                let n = s.read(&mut chunk)?;
-                rx.extend_from_slice(&chunk[..n]);
-                Ok(n)
-            }
-            Stream::Ws(ws) => loop {
-                match ws.read() {
-                    Ok(tungstenite::Message::Binary(b)) => {
-                        rx.extend_from_slice(&b);
-                        return Ok(b.len().max(1));
-                    }
-                    Ok(tungstenite::Message::Close(_)) => return Ok(0),
-                    Ok(_) => continue,
-                    Err(
-                        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed,
-                    ) => return Ok(0),
-                    Err(e) => return Err(ws_err(e)),
+            Stream::Tcp(s) => read_some(s, rx),
+            Stream::Ws {
+                tcp,
+                decoder,
+                raw,
+                out,
+            } => loop {
+                let before = rx.len();
+                let mut closed = false;
+                out.clear();
+                let used = decoder
+                    .decode(raw, rx, MAX_FRAME_BYTES as u64, |c| match c {
+                        WsControl::Ping(p) => ws::write_masked_pong(out, &p, ws::FIXED_MASK),
+                        WsControl::Close(_) => closed = true,
+                    })
+                    .map_err(|WsError(code)| bad(format!("bad WebSocket frame (close {code})")))?;
+                raw.drain(..used);
+                if !out.is_empty() {
+                    tcp.write_all(out)?;
+                }
+                if rx.len() > before {
+                    return Ok(rx.len() - before);
+                }
+                if closed || read_some(tcp, raw)? == 0 {
+                    return Ok(0);
                 }
             },
         }
-    }
-}
-
-fn ws_err(e: tungstenite::Error) -> io::Error {
-    match e {
-        tungstenite::Error::Io(e) => e,
-        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
-            io::Error::new(io::ErrorKind::UnexpectedEof, "server closed the connection")
-        }
-        other => io::Error::other(other.to_string()),
     }
 }
 
@@ -166,33 +217,28 @@ impl Client {
         Client::connect_via(Transport::Tcp, addr, login, timeout)
     }
 
-    /// [`Client::connect`] over the given transport.
+    /// [`Client::connect`] over the given transport (WebSocket: one binary message
+    /// per frame).
     pub fn connect_via(
         transport: Transport,
         addr: SocketAddr,
         login: &Login,
         timeout: Duration,
     ) -> io::Result<(Client, u8)> {
-        let tcp = TcpStream::connect(addr)?;
-        tcp.set_nodelay(true)?;
-        tcp.set_read_timeout(Some(timeout))?;
-        let stream = match transport {
-            Transport::Tcp => Stream::Tcp(tcp),
-            Transport::WebSocket => {
-                let url = format!("ws://{addr}/");
-                let (ws, _) = tungstenite::client(url.as_str(), tcp)
-                    .map_err(|e| bad(format!("WebSocket handshake: {e}")))?;
-                Stream::Ws(Box::new(ws))
-            }
-        };
         let mut client = Client {
-            stream,
+            stream: Stream::open(transport, addr, timeout)?,
             version: crate::wkproto::negotiate_version(login.version),
             cipher: None,
             rx: Vec::new(),
             frame: Vec::new(),
         };
-        let client_key = base64_encode(&public_key(login.private_key));
+        let key = ClientKey::new(login.private_key);
+        client.send_connect(login, &key)?;
+        let reason = client.await_connack(&key)?;
+        Ok((client, reason))
+    }
+
+    fn send_connect(&mut self, login: &Login, key: &ClientKey) -> io::Result<()> {
         let connect = ConnectPacket {
             version: login.version,
             device_flag: DeviceFlag(login.device_flag),
@@ -200,46 +246,37 @@ impl Client {
             uid: &login.uid,
             token: &login.token,
             client_timestamp_ms: 0,
-            client_key: &client_key,
+            client_key: key.client_key(),
             ..Default::default()
         };
-        client.frame.clear();
+        self.frame.clear();
         connect
-            .encode(0, &mut client.frame)
+            .encode(0, &mut self.frame)
             .map_err(|e| bad(format!("{e:?}")))?;
-        client.stream.write_all(&client.frame)?;
-        let reason = loop {
-            let (reason, server_key, salt) = {
-                let bytes = client.next_frame_bytes()?;
-                match decode(&bytes, client.version, MAX_FRAME_BYTES)
-                    .map_err(|e| bad(e.to_string()))?
-                {
-                    Some((Frame::Connack(c), _)) => {
-                        (c.reason_code.0, c.server_key.to_owned(), c.salt.to_owned())
-                    }
-                    Some((other, _)) => {
-                        return Err(bad(format!(
-                            "expected CONNACK, got {:?}",
-                            other.packet_type()
-                        )))
-                    }
-                    None => continue,
+        self.stream.write_all(&self.frame)
+    }
+
+    /// Reads the CONNACK; on success completes the key agreement. Returns its reason.
+    fn await_connack(&mut self, key: &ClientKey) -> io::Result<u8> {
+        let bytes = self.next_frame_bytes()?;
+        let connack =
+            match decode(&bytes, self.version, MAX_FRAME_BYTES).map_err(|e| bad(e.to_string()))? {
+                Some((Frame::Connack(c), _)) => c,
+                Some((other, _)) => {
+                    return Err(bad(format!(
+                        "expected CONNACK, got {:?}",
+                        other.packet_type()
+                    )))
                 }
+                None => return Err(bad("truncated frame")),
             };
-            if reason == 1 {
-                let server_public =
-                    decode_client_key(&server_key).map_err(|e| bad(e.to_string()))?;
-                let secret = shared_secret(login.private_key, server_public)
-                    .map_err(|e| bad(e.to_string()))?;
-                let salt: [u8; 16] = salt
-                    .as_bytes()
-                    .try_into()
-                    .map_err(|_| bad("salt is not 16 bytes"))?;
-                client.cipher = Some(SessionCipher::new(&aes_key_from_secret(&secret), &salt));
-            }
-            break reason;
-        };
-        Ok((client, reason))
+        if connack.reason_code.0 == 1 {
+            let cipher = key
+                .session_cipher(connack.server_key, connack.salt)
+                .map_err(|e| bad(e.to_string()))?;
+            self.cipher = Some(cipher);
+        }
+        Ok(connack.reason_code.0)
     }
 
     /// Reads one whole frame's bytes.
@@ -254,10 +291,7 @@ impl Client {
                 }
             }
             if self.stream.read_into(&mut self.rx)? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "server closed the connection",
-                ));
+                return Err(eof());
             }
         }
     }
@@ -422,9 +456,4 @@ impl Client {
             }
         }
     }
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

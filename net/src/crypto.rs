@@ -10,6 +10,10 @@
 //! Its errors map to CONNACK reason codes via [`CryptoError::reason_code`]
 //! (empty key → 21, anything else → 2); then close the connection.
 //!
+//! The client side: [`ClientKey`] gives CONNECT's `client_key`, and
+//! [`ClientKey::session_cipher`] the same cipher from CONNACK's `server_key` and
+//! `salt`.
+//!
 //! Derivation: `secret = X25519(server_private, client_public)`;
 //! `aes_key` = first 16 chars of lowercase hex `MD5(base64(secret))` as
 //! ASCII bytes; `iv = salt` (16 chars of `[A-Za-z0-9]`), the same for every
@@ -88,6 +92,9 @@ pub enum CryptoError {
     /// The decrypted data does not end in valid PKCS7 padding.
     #[error("bad PKCS7 padding")]
     BadPadding,
+    /// CONNACK's salt is not 16 characters (client side).
+    #[error("salt is not {SALT_BYTES} bytes")]
+    BadSalt,
 }
 
 impl CryptoError {
@@ -97,7 +104,7 @@ impl CryptoError {
     pub const fn reason_code(self) -> ReasonCode {
         match self {
             Self::EmptyClientKey => ReasonCode::CLIENT_KEY_IS_EMPTY,
-            Self::BadClientKey | Self::WeakClientKey => ReasonCode::AUTH_FAIL,
+            Self::BadClientKey | Self::WeakClientKey | Self::BadSalt => ReasonCode::AUTH_FAIL,
             Self::MsgKeyMismatch => ReasonCode::MSG_KEY_ERROR,
             Self::BadBase64 | Self::BadLength { .. } | Self::BadPadding => {
                 ReasonCode::PAYLOAD_DECODE_ERROR
@@ -290,6 +297,59 @@ pub fn server_handshake(
         server_key,
         salt,
     })
+}
+
+/// The client side of the key agreement: an X25519 private key and CONNECT's
+/// `client_key` (base64 of its public key), computed once.
+#[derive(Clone, Copy)]
+pub struct ClientKey {
+    private: [u8; KEY_BYTES],
+    public_b64: [u8; KEY_B64_BYTES],
+}
+
+impl ClientKey {
+    /// The key pair of the private key `private` (fresh random bytes in a real
+    /// client; tests and the load harness use fixed ones).
+    pub fn new(private: [u8; KEY_BYTES]) -> ClientKey {
+        let mut public_b64 = [0u8; KEY_B64_BYTES];
+        let n = B64
+            .encode_slice(public_key(private), &mut public_b64)
+            .unwrap_or(0);
+        debug_assert_eq!(n, KEY_B64_BYTES);
+        ClientKey {
+            private,
+            public_b64,
+        }
+    }
+
+    /// CONNECT `client_key`: base64 of the public key.
+    pub fn client_key(&self) -> &str {
+        core::str::from_utf8(&self.public_b64).unwrap_or_default()
+    }
+
+    /// The connection's cipher from CONNACK's `server_key` and `salt`: the same
+    /// one [`server_handshake`] derived on the other side.
+    pub fn session_cipher(
+        &self,
+        server_key: &str,
+        salt: &str,
+    ) -> Result<SessionCipher, CryptoError> {
+        let server_public = decode_client_key(server_key)?;
+        let secret = shared_secret(self.private, server_public)?;
+        let salt: &[u8; SALT_BYTES] = salt
+            .as_bytes()
+            .try_into()
+            .map_err(|_| CryptoError::BadSalt)?;
+        Ok(SessionCipher::new(&aes_key_from_secret(&secret), salt))
+    }
+}
+
+impl core::fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ClientKey")
+            .field("client_key", &self.client_key())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A msg_key: 32 lowercase hex characters.
@@ -583,6 +643,36 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use proptest::test_runner::RngSeed;
+
+    /// The client's cipher, derived from CONNACK, is the server's: what one side
+    /// seals the other opens.
+    #[test]
+    fn client_key_agrees_with_server_handshake() {
+        let client = ClientKey::new([7u8; KEY_BYTES]);
+        assert_eq!(client.client_key().len(), KEY_B64_BYTES);
+        assert_eq!(
+            decode_client_key(client.client_key()),
+            Ok(public_key([7u8; KEY_BYTES]))
+        );
+        let server = server_handshake(client.client_key(), [9u8; KEY_BYTES], [3u8; SALT_BYTES])
+            .expect("server handshake");
+        let cipher = client
+            .session_cipher(server.server_key(), server.salt())
+            .expect("client cipher");
+        let mut sealed = Vec::new();
+        cipher.encrypt_into(b"hello", &mut sealed);
+        let mut plain = Vec::new();
+        server.cipher.decrypt(&sealed, &mut plain).expect("decrypt");
+        assert_eq!(plain, b"hello");
+        assert_eq!(
+            client.session_cipher(server.server_key(), "short").err(),
+            Some(CryptoError::BadSalt)
+        );
+        assert_eq!(
+            client.session_cipher("", server.salt()).err(),
+            Some(CryptoError::EmptyClientKey)
+        );
+    }
 
     /// RFC 7748's function, no low-order check: the reference.
     fn reference(

@@ -3,13 +3,73 @@
 //! - [`wkproto`]: the WuKongIM binary protocol codec, sans-IO (incremental,
 //!   zero-copy decoding; allocation-free encoding into reusable buffers).
 //! - [`crypto`]: the per-connection key agreement and encryption, sans-IO (the
-//!   caller supplies random seeds).
+//!   caller supplies random seeds), both sides: [`crypto::server_handshake`] and
+//!   [`crypto::ClientKey`].
+//! - [`ws`]: WebSocket framing and the HTTP/1.1 upgrade, sans-IO, both sides (the
+//!   server's transport and the clients: [`client`], imbench).
 //! - [`io`]: the TCP and WebSocket transports of one shard, on io_uring with a mio
 //!   fallback, behind `shard`'s driver contract.
 //! - [`client`]: a small blocking client for tests and tools.
+//! - [`Transport`]: how a client reaches a node (and which listener accepted it).
+
+use std::fmt;
+use std::str::FromStr;
 
 pub mod client;
 pub mod crypto;
 #[cfg(target_os = "linux")]
 pub mod io;
 pub mod wkproto;
+pub mod ws;
+
+/// How a client reaches a node, and which listener accepted a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// wkproto frames back to back on the stream.
+    Tcp,
+    /// wkproto frames inside binary WebSocket messages.
+    WebSocket,
+}
+
+impl Transport {
+    /// The name on command lines and in reports: `tcp` or `ws`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::WebSocket => "ws",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Transport {
+    type Err = String;
+
+    /// `tcp`, or `ws` (also `websocket`), any case.
+    fn from_str(s: &str) -> Result<Transport, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Transport::Tcp),
+            "ws" | "websocket" => Ok(Transport::WebSocket),
+            _ => Err(format!("transport is `tcp` or `ws`, not {s:?}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Transport;
+
+    #[test]
+    fn transport_names_round_trip() {
+        for t in [Transport::Tcp, Transport::WebSocket] {
+            assert_eq!(t.to_string().parse::<Transport>(), Ok(t));
+        }
+        assert_eq!("WebSocket".parse::<Transport>(), Ok(Transport::WebSocket));
+        assert!("udp".parse::<Transport>().unwrap_err().contains("udp"));
+    }
+}

@@ -12,10 +12,11 @@
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
-use net::crypto::{
-    aes_key_from_secret, decode_client_key, public_key, shared_secret, SessionCipher,
-};
+pub use net::crypto::ClientKey;
+use net::crypto::SessionCipher;
 use net::wkproto::{decode, ConnectPacket, DeviceFlag, Frame, MAX_FRAME_BYTES};
+use net::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
+pub use net::Transport;
 
 /// Bytes one connection buffers for reading before a frame must be complete.
 pub const RX_CAPACITY_MAX_BYTES: usize = MAX_FRAME_BYTES + 64 * 1024;
@@ -27,16 +28,6 @@ const RX_INITIAL_BYTES: usize = 4 * 1024;
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Longest WebSocket upgrade response we accept.
 const WS_HANDSHAKE_MAX_BYTES: usize = 4 * 1024;
-/// The client's fixed WebSocket masking key (any key is valid; masking is not a secret).
-const WS_MASK: [u8; 4] = [0x1b, 0x5e, 0x7a, 0x33];
-
-/// How the connection reaches the node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    Tcp,
-    Ws,
-}
 
 /// Lifecycle of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,11 +85,12 @@ pub struct Conn {
     /// work per RECV.
     pub reads: u64,
     pub writes: u64,
-    private_key: [u8; 32],
+    key: ClientKey,
     rx: Vec<u8>,
     rx_off: usize,
-    /// WebSocket: raw bytes not yet deframed.
+    /// WebSocket: raw bytes not yet deframed, and the frame decoder.
     ws_raw: Vec<u8>,
+    ws: WsDecoder,
     tx: Vec<u8>,
     tx_off: usize,
     /// Frames queued while the WebSocket upgrade is pending (already WS-framed).
@@ -116,7 +108,7 @@ pub struct ConnCtx<'a> {
     pub version: u8,
     /// When the `read` that brought this frame in returned (ns since the run's start).
     pub read_ns: u64,
-    private_key: &'a [u8; 32],
+    key: &'a ClientKey,
     out: &'a mut Vec<u8>,
     ws: bool,
     scratch: &'a mut Vec<u8>,
@@ -125,15 +117,11 @@ pub struct ConnCtx<'a> {
 impl ConnCtx<'_> {
     /// Completes the key agreement from CONNACK's `server_key` and `salt`.
     pub fn agree(&mut self, server_key: &str, salt: &str) -> Result<(), ConnError> {
-        let server_public =
-            decode_client_key(server_key).map_err(|e| ConnError::Protocol(e.to_string()))?;
-        let secret = shared_secret(*self.private_key, server_public)
+        let cipher = self
+            .key
+            .session_cipher(server_key, salt)
             .map_err(|e| ConnError::Protocol(e.to_string()))?;
-        let salt: [u8; 16] = salt
-            .as_bytes()
-            .try_into()
-            .map_err(|_| ConnError::Protocol("salt is not 16 bytes".into()))?;
-        *self.cipher = Some(SessionCipher::new(&aes_key_from_secret(&secret), &salt));
+        *self.cipher = Some(cipher);
         Ok(())
     }
 
@@ -152,64 +140,19 @@ fn queue_into(
     if ws {
         scratch.clear();
         encode(scratch);
-        ws_frame(scratch, out);
+        ws::write_masked_binary(out, scratch, ws::FIXED_MASK);
     } else {
         encode(out);
     }
 }
 
-/// Appends a masked binary WebSocket frame carrying `payload` to `out`.
-fn ws_frame(payload: &[u8], out: &mut Vec<u8>) {
-    out.push(0x82);
-    let n = payload.len();
-    if n < 126 {
-        out.push(0x80 | n as u8);
-    } else if n <= u16::MAX as usize {
-        out.push(0x80 | 126);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        out.push(0x80 | 127);
-        out.extend_from_slice(&(n as u64).to_be_bytes());
-    }
-    out.extend_from_slice(&WS_MASK);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ WS_MASK[i % 4]));
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for c in bytes.chunks(3) {
-        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
-        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= c.len() {
-                s.push(A[((v >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                s.push('=');
-            }
-        }
-    }
-    s
-}
-
-/// A client's X25519 key pair, precomputed before timed phases.
-#[derive(Clone)]
-pub struct ClientKey {
-    pub private: [u8; 32],
-    pub public_b64: String,
-}
-
-impl ClientKey {
-    /// A deterministic key pair for client number `n` (the harness needs no secrecy).
-    pub fn for_client(n: u64) -> ClientKey {
-        let mut private = [0x5au8; 32];
-        private[..8].copy_from_slice(&n.to_le_bytes());
-        private[8..16].copy_from_slice(&n.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
-        ClientKey {
-            private,
-            public_b64: base64(&public_key(private)),
-        }
-    }
+/// A deterministic key pair for client number `n` (the harness needs no secrecy),
+/// computed before timed phases.
+pub fn client_key(n: u64) -> ClientKey {
+    let mut private = [0x5au8; 32];
+    private[..8].copy_from_slice(&n.to_le_bytes());
+    private[8..16].copy_from_slice(&n.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
+    ClientKey::new(private)
 }
 
 impl Conn {
@@ -235,10 +178,11 @@ impl Conn {
             client_seq: 0,
             reads: 0,
             writes: 0,
-            private_key: key.private,
+            key: *key,
             rx: Vec::with_capacity(RX_INITIAL_BYTES),
             rx_off: 0,
             ws_raw: Vec::new(),
+            ws: WsDecoder::client(),
             tx: Vec::new(),
             tx_off: 0,
             pending: Vec::new(),
@@ -251,31 +195,22 @@ impl Conn {
             uid,
             token,
             client_timestamp_ms: 0,
-            client_key: &key.public_b64,
+            client_key: key.client_key(),
             ..Default::default()
         };
-        let ws = transport == Transport::Ws;
-        let mut frame = Vec::new();
-        connect
-            .encode(6, &mut frame)
-            .map_err(|e| ConnError::Protocol(format!("{e:?}")))?;
-        if ws {
+        if transport == Transport::WebSocket {
             c.state = ConnState::WsUpgrade;
-            let req = format!(
-                "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-            );
-            c.tx.extend_from_slice(req.as_bytes());
-            ws_frame(&frame, &mut c.pending);
-        } else {
-            c.tx.extend_from_slice(&frame);
+            ws::write_upgrade_request(&mut c.tx, &addr.to_string(), ws::SAMPLE_KEY);
         }
+        let mut encoded = Ok(0);
+        c.queue(|out| encoded = connect.encode(6, out))?;
+        encoded.map_err(|e| ConnError::Protocol(format!("{e:?}")))?;
         Ok(c)
     }
 
     /// Queues one frame (encoded by `encode`); call [`Conn::flush`] to write it.
     pub fn queue(&mut self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<(), ConnError> {
-        let ws = self.transport == Transport::Ws;
+        let ws = self.transport == Transport::WebSocket;
         let out = if self.state == ConnState::WsUpgrade {
             &mut self.pending
         } else {
@@ -378,7 +313,7 @@ impl Conn {
         sink: &mut FrameSink<'_>,
     ) -> Result<(), ConnError> {
         self.reads += 1;
-        if self.transport == Transport::Ws {
+        if self.transport == Transport::WebSocket {
             if self.ws_raw.len() + data.len() > RX_CAPACITY_MAX_BYTES {
                 return Err(ConnError::BufferFull);
             }
@@ -423,78 +358,40 @@ impl Conn {
     fn deframe_ws(&mut self) -> Result<(), ConnError> {
         let mut off = 0;
         if self.state == ConnState::WsUpgrade {
-            let Some(end) = self.ws_raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-                if self.ws_raw.len() > WS_HANDSHAKE_MAX_BYTES {
+            match ws::upgrade_response(&self.ws_raw, ws::SAMPLE_KEY) {
+                UpgradeResponse::Partial if self.ws_raw.len() > WS_HANDSHAKE_MAX_BYTES => {
                     return Err(ConnError::Protocol(
                         "WebSocket upgrade response too long".into(),
-                    ));
+                    ))
                 }
-                return Ok(());
-            };
-            if !self.ws_raw.starts_with(b"HTTP/1.1 101") {
-                return Err(ConnError::Protocol("WebSocket upgrade refused".into()));
+                UpgradeResponse::Partial => return Ok(()),
+                UpgradeResponse::Refused(why) => return Err(ConnError::Protocol(why)),
+                UpgradeResponse::Done { consumed } => off = consumed,
             }
-            off = end + 4;
             self.state = ConnState::AwaitConnack;
-            let pending = std::mem::take(&mut self.pending);
-            self.tx.extend_from_slice(&pending);
+            self.tx.extend_from_slice(&self.pending);
+            self.pending = Vec::new();
         }
-        loop {
-            let b = &self.ws_raw[off..];
-            if b.len() < 2 {
-                break;
+        let mut closed = false;
+        let tx = &mut self.tx;
+        let used = self.ws.decode(
+            &self.ws_raw[off..],
+            &mut self.rx,
+            MAX_FRAME_BYTES as u64,
+            |c| match c {
+                WsControl::Ping(p) => ws::write_masked_pong(tx, &p, ws::FIXED_MASK),
+                WsControl::Close(_) => closed = true,
+            },
+        );
+        match used {
+            Err(WsError(ws::CLOSE_TOO_BIG)) => return Err(ConnError::BufferFull),
+            Err(WsError(code)) => {
+                return Err(ConnError::Protocol(format!(
+                    "bad WebSocket frame (close code {code})"
+                )))
             }
-            let opcode = b[0] & 0x0f;
-            let masked = b[1] & 0x80 != 0;
-            let (len, mut hdr) = match b[1] & 0x7f {
-                126 if b.len() >= 4 => (usize::from(u16::from_be_bytes([b[2], b[3]])), 4),
-                127 if b.len() >= 10 => {
-                    let mut l = [0u8; 8];
-                    l.copy_from_slice(&b[2..10]);
-                    (u64::from_be_bytes(l) as usize, 10)
-                }
-                126 | 127 => break,
-                n => (usize::from(n), 2),
-            };
-            if len > MAX_FRAME_BYTES {
-                return Err(ConnError::BufferFull);
-            }
-            let mask_at = hdr;
-            if masked {
-                hdr += 4;
-            }
-            if b.len() < hdr + len {
-                break;
-            }
-            let payload = &b[hdr..hdr + len];
-            match opcode {
-                0x0 | 0x2 => {
-                    if masked {
-                        let m = [b[mask_at], b[mask_at + 1], b[mask_at + 2], b[mask_at + 3]];
-                        self.rx
-                            .extend(payload.iter().enumerate().map(|(i, x)| x ^ m[i % 4]));
-                    } else {
-                        self.rx.extend_from_slice(payload);
-                    }
-                }
-                0x8 => return Err(ConnError::Eof),
-                0x9 => {
-                    // Ping: answer with a masked pong carrying the same payload.
-                    let p = payload.to_vec();
-                    self.tx.push(0x8a);
-                    self.tx.push(0x80 | p.len().min(125) as u8);
-                    self.tx.extend_from_slice(&WS_MASK);
-                    self.tx.extend(
-                        p.iter()
-                            .take(125)
-                            .enumerate()
-                            .map(|(i, x)| x ^ WS_MASK[i % 4]),
-                    );
-                }
-                0xa => {}
-                _ => return Err(ConnError::Protocol(format!("WebSocket opcode {opcode}"))),
-            }
-            off += hdr + len;
+            Ok(_) if closed => return Err(ConnError::Eof),
+            Ok(n) => off += n,
         }
         self.ws_raw.drain(..off);
         if self.rx.len() > RX_CAPACITY_MAX_BYTES {
@@ -530,11 +427,11 @@ impl Conn {
         let mut ctx = ConnCtx {
             cipher: &mut self.cipher,
             state: &mut self.state,
-            private_key: &self.private_key,
+            key: &self.key,
             version: self.version,
             read_ns: now,
             out: &mut self.tx,
-            ws: self.transport == Transport::Ws,
+            ws: self.transport == Transport::WebSocket,
             scratch: &mut self.scratch,
         };
         let mut off = 0;
@@ -563,32 +460,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base64_matches_known_vectors() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-    }
-
-    #[test]
     fn client_key_is_a_valid_x25519_public_key() {
-        let k = ClientKey::for_client(42);
-        assert_eq!(k.public_b64.len(), 44);
-        assert_eq!(
-            decode_client_key(&k.public_b64).unwrap(),
-            public_key(k.private)
-        );
-    }
-
-    #[test]
-    fn ws_frame_header_lengths() {
-        for (n, hdr) in [(10usize, 2usize), (200, 4), (70_000, 10)] {
-            let mut out = Vec::new();
-            ws_frame(&vec![1u8; n], &mut out);
-            assert_eq!(out.len(), hdr + 4 + n);
-            assert_eq!(out[0], 0x82);
-            assert_eq!(out[hdr + 4] ^ WS_MASK[0], 1);
-        }
+        let k = client_key(42);
+        assert_eq!(k.client_key().len(), 44);
+        assert!(net::crypto::decode_client_key(k.client_key()).is_ok());
+        assert_ne!(k.client_key(), client_key(43).client_key());
     }
 }

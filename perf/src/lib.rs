@@ -144,96 +144,34 @@ fn token_of(uid: &str) -> String {
     format!("t-{uid}")
 }
 
+/// Plans a scenario's clients (round robin over `addrs`) and schedules; refuses
+/// more clients than `cap_clients`.
 fn build(
     sc: &Scenario,
     prefix: &str,
     addrs: &[SocketAddr],
     cap_clients: usize,
 ) -> io::Result<Built> {
-    let mut clients: Vec<ClientSpec> = Vec::new();
-    let add = |clients: &mut Vec<ClientSpec>, uid: String| -> usize {
-        let addr = addrs[clients.len() % addrs.len()];
-        clients.push(ClientSpec {
-            token: token_of(&uid),
-            uid,
-            addr,
-        });
-        clients.len() - 1
+    let mut p = Planner {
+        prefix,
+        addrs,
+        clients: Vec::new(),
+        groups: Vec::new(),
     };
     let mut schedules = Vec::new();
-    let mut groups = Vec::new();
     let mut rates = [0.0; CLASSES];
-    let mut person = |clients: &mut Vec<ClientSpec>, pairs: usize, rate: f64| {
-        let mut routes = Vec::with_capacity(2 * pairs);
-        for i in 0..pairs {
-            let a = add(clients, format!("{prefix}-a{i}"));
-            let b = add(clients, format!("{prefix}-b{i}"));
-            for (from, to) in [(a, b), (b, a)] {
-                routes.push(Route {
-                    client: from,
-                    channel_id: clients[to].uid.clone(),
-                    channel_type: 1,
-                    fanout: 1,
-                });
-            }
-        }
-        rates[Class::Person as usize] = rate;
-        Schedule {
-            class: Class::Person,
-            rate_per_s: rate,
-            routes,
-        }
-    };
-    let group = |clients: &mut Vec<ClientSpec>,
-                 groups_out: &mut Vec<(String, Vec<String>)>,
-                 count: usize,
-                 members: usize,
-                 share: f64,
-                 rate: f64| {
-        let online = ((members as f64 * share.clamp(0.0, 1.0)).round() as usize).min(members);
-        let mut routes = Vec::new();
-        for g in 0..count {
-            let gid = format!("{prefix}-grp{g}");
-            let uids: Vec<String> = (0..members).map(|j| format!("{prefix}-g{g}m{j}")).collect();
-            for uid in uids.iter().take(online) {
-                let c = add(clients, uid.clone());
-                routes.push(Route {
-                    client: c,
-                    channel_id: gid.clone(),
-                    channel_type: 2,
-                    fanout: online.saturating_sub(1) as u32,
-                });
-            }
-            groups_out.push((gid, uids));
-        }
-        Schedule {
-            class: Class::Group,
-            rate_per_s: rate,
-            routes,
-        }
-    };
     match *sc {
         Scenario::Floor => {}
-        Scenario::Person { pairs, rate } => schedules.push(person(&mut clients, pairs, rate)),
+        Scenario::Person { pairs, rate } => schedules.push(p.person(pairs, rate)),
         Scenario::Group {
             members,
             online_share,
-            groups: n,
+            groups,
             rate,
-        } => {
-            schedules.push(group(
-                &mut clients,
-                &mut groups,
-                n,
-                members,
-                online_share,
-                rate,
-            ));
-            rates[Class::Group as usize] = rate;
-        }
-        Scenario::Storm { clients: n, .. } => {
-            for i in 0..n {
-                add(&mut clients, format!("{prefix}-s{i}"));
+        } => schedules.push(p.group(groups, members, online_share, rate)),
+        Scenario::Storm { clients, .. } => {
+            for i in 0..clients {
+                p.add(format!("{prefix}-s{i}"));
             }
         }
         Scenario::Mixed {
@@ -243,31 +181,100 @@ fn build(
             online_share,
             group_rate,
         } => {
-            schedules.push(person(&mut clients, pairs, person_rate));
-            schedules.push(group(
-                &mut clients,
-                &mut groups,
-                1,
-                members,
-                online_share,
-                group_rate,
-            ));
-            rates[Class::Group as usize] = group_rate;
+            schedules.push(p.person(pairs, person_rate));
+            schedules.push(p.group(1, members, online_share, group_rate));
         }
     }
-    if clients.len() > cap_clients {
+    for s in &schedules {
+        rates[s.class as usize] = s.rate_per_s;
+    }
+    if p.clients.len() > cap_clients {
         return Err(io::Error::other(format!(
             "the scenario needs {} client connections, but the open-files limit allows {cap_clients} \
              here (an embedded node holds the other end of each in this process: use an external \
              node, or fewer clients)",
-            clients.len()
+            p.clients.len()
         )));
     }
     Ok(Built {
-        plan: Plan { clients, schedules },
-        groups,
+        plan: Plan {
+            clients: p.clients,
+            schedules,
+        },
+        groups: p.groups,
         rates,
     })
+}
+
+/// The clients and groups of a plan being built; uids start with `prefix`.
+struct Planner<'a> {
+    prefix: &'a str,
+    addrs: &'a [SocketAddr],
+    clients: Vec<ClientSpec>,
+    groups: Vec<(String, Vec<String>)>,
+}
+
+impl Planner<'_> {
+    /// Adds a client; returns its index.
+    fn add(&mut self, uid: String) -> usize {
+        let addr = self.addrs[self.clients.len() % self.addrs.len()];
+        self.clients.push(ClientSpec {
+            token: token_of(&uid),
+            uid,
+            addr,
+        });
+        self.clients.len() - 1
+    }
+
+    /// `pairs` pairs, each member sending to the other, `rate` messages/s in all.
+    fn person(&mut self, pairs: usize, rate: f64) -> Schedule {
+        let prefix = self.prefix;
+        let mut routes = Vec::with_capacity(2 * pairs);
+        for i in 0..pairs {
+            let a = self.add(format!("{prefix}-a{i}"));
+            let b = self.add(format!("{prefix}-b{i}"));
+            for (from, to) in [(a, b), (b, a)] {
+                routes.push(Route {
+                    client: from,
+                    channel_id: self.clients[to].uid.clone(),
+                    channel_type: 1,
+                    fanout: 1,
+                });
+            }
+        }
+        Schedule {
+            class: Class::Person,
+            rate_per_s: rate,
+            routes,
+        }
+    }
+
+    /// `count` groups of `members`, `share` of them online and sending to their
+    /// group, `rate` messages/s in all.
+    fn group(&mut self, count: usize, members: usize, share: f64, rate: f64) -> Schedule {
+        let prefix = self.prefix;
+        let online = ((members as f64 * share.clamp(0.0, 1.0)).round() as usize).min(members);
+        let mut routes = Vec::new();
+        for g in 0..count {
+            let gid = format!("{prefix}-grp{g}");
+            let uids: Vec<String> = (0..members).map(|j| format!("{prefix}-g{g}m{j}")).collect();
+            for uid in uids.iter().take(online) {
+                let c = self.add(uid.clone());
+                routes.push(Route {
+                    client: c,
+                    channel_id: gid.clone(),
+                    channel_type: 2,
+                    fanout: online.saturating_sub(1) as u32,
+                });
+            }
+            self.groups.push((gid, uids));
+        }
+        Schedule {
+            class: Class::Group,
+            rate_per_s: rate,
+            routes,
+        }
+    }
 }
 
 /// Measures the server around the phases of a run.
@@ -312,20 +319,50 @@ impl load::PhaseHook for Meter {
 /// `cfg.out` is set). The embedded node is stopped before returning.
 pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hists)> {
     let nofile = proc::raise_nofile();
-    let mut summary = Summary {
+    let mut summary = new_summary(cfg, sc);
+    let mut hists: Hists = Vec::new();
+    measure_floor(cfg, sc, &mut summary, &mut hists)?;
+    if matches!(sc, Scenario::Floor) {
+        summary.target = "none".into();
+        finish(cfg, &summary, &hists)?;
+        return Ok((summary, hists));
+    }
+    let target = start_target(cfg)?;
+    summary.target = describe_target(cfg, &target);
+    let built = set_up(cfg, sc, &target, nofile)?;
+    let measured = load_phase(cfg, sc, target, &built)?;
+    summarize_load(&mut summary, &built, &measured.out);
+    summarize_server(&mut summary, cfg, &measured);
+    add_load_hists(&mut hists, measured.out);
+    finish(cfg, &summary, &hists)?;
+    Ok((summary, hists))
+}
+
+/// The summary's description of the run, before anything is measured.
+fn new_summary(cfg: &BenchConfig, sc: &Scenario) -> Summary {
+    Summary {
         imbench_version: env!("CARGO_PKG_VERSION").into(),
         label: cfg.label.clone(),
         scenario: sc.name().into(),
         unix_time_s: unix_ms() / 1000,
         machine: machine(),
-        transport: format!("{:?}", cfg.load.transport).to_lowercase(),
+        transport: cfg.load.transport.to_string(),
         encrypt: cfg.load.encrypt,
         threads: cfg.load.threads,
         duration_s: cfg.load.duration.as_secs_f64(),
         payload_bytes: cfg.load.payload_bytes,
         ..Summary::default()
-    };
-    let mut hists: Hists = Vec::new();
+    }
+}
+
+/// The loopback echo floor: for the whole run (`floor` scenario) or `cfg.floor`
+/// before it (not at all when zero).
+fn measure_floor(
+    cfg: &BenchConfig,
+    sc: &Scenario,
+    summary: &mut Summary,
+    hists: &mut Hists,
+) -> io::Result<()> {
     let floor_for = if matches!(sc, Scenario::Floor) {
         cfg.load.duration
     } else {
@@ -337,35 +374,40 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
         summary.curves.push(("floor".into(), report::curve(&h)));
         hists.push(("floor".into(), h));
     }
-    if matches!(sc, Scenario::Floor) {
-        summary.target = "none".into();
-        finish(cfg, &summary, &hists)?;
-        return Ok((summary, hists));
-    }
-    let target = match &cfg.target {
-        TargetSpec::Embedded { shards, fsync } => Target::embedded(*shards, *fsync)?,
+    Ok(())
+}
+
+fn start_target(cfg: &BenchConfig) -> io::Result<Target> {
+    match &cfg.target {
+        TargetSpec::Embedded { shards, fsync } => Target::embedded(*shards, *fsync),
         TargetSpec::External {
             tcp,
             ws,
             api,
             bearer,
-        } => Target::external(tcp, ws, api, bearer.clone())?,
-    };
-    let embedded = target.embedded.is_some();
-    summary.target = if let TargetSpec::Embedded { fsync, .. } = &cfg.target {
-        format!("embedded (fsync {fsync:?})")
-    } else {
-        let list: Vec<String> = target
-            .nodes
-            .iter()
-            .map(|n| {
-                n.client_addr(cfg.load.transport)
-                    .map_or_else(|_| "?".into(), |a| a.to_string())
-            })
-            .collect();
-        format!("external {}", list.join(","))
-    };
-    let per_client_fds = if embedded { 2 } else { 1 };
+        } => Target::external(tcp, ws, api, bearer.clone()),
+    }
+}
+
+fn describe_target(cfg: &BenchConfig, target: &Target) -> String {
+    if let TargetSpec::Embedded { fsync, .. } = &cfg.target {
+        return format!("embedded (fsync {fsync:?})");
+    }
+    let list: Vec<String> = target
+        .nodes
+        .iter()
+        .map(|n| {
+            n.client_addr(cfg.load.transport)
+                .map_or_else(|_| "?".into(), |a| a.to_string())
+        })
+        .collect();
+    format!("external {}", list.join(","))
+}
+
+/// Plans the scenario's clients within the open-files limit `nofile`, and stores
+/// their tokens and groups through the target's API.
+fn set_up(cfg: &BenchConfig, sc: &Scenario, target: &Target, nofile: u64) -> io::Result<Built> {
+    let per_client_fds = if target.embedded.is_some() { 2 } else { 1 };
     let cap = (nofile.saturating_sub(RESERVED_FDS) / per_client_fds) as usize;
     let addrs = target
         .nodes
@@ -381,11 +423,30 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
     for (gid, members) in &built.groups {
         target.control.set_group(gid, members)?;
     }
+    Ok(built)
+}
+
+/// What the load phase measured, client side and server side.
+struct Measured {
+    out: load::Outcome,
+    meter: Meter,
+    rss_before: Option<u64>,
+    text_before: String,
+    text_after: String,
+}
+
+/// Runs the load between two reads of the node's metrics, the meter measuring the
+/// server around its phases; stops the target.
+fn load_phase(
+    cfg: &BenchConfig,
+    sc: &Scenario,
+    target: Target,
+    built: &Built,
+) -> io::Result<Measured> {
     let text_before = target.control.metrics_text();
-    let metrics_before = target::Control::counters(&text_before);
     let mut meter = Meter {
         pid: cfg.pid,
-        embedded,
+        embedded: target.embedded.is_some(),
         rss_connected: None,
         cpu_at_send: None,
         cpu_at_done: None,
@@ -397,9 +458,19 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
     }
     let out = load::run(&built.plan, &load_cfg, &mut meter)?;
     let text_after = target.control.metrics_text();
-    let metrics_after = target::Control::counters(&text_after);
     target.shutdown()?;
+    Ok(Measured {
+        out,
+        meter,
+        rss_before,
+        text_before,
+        text_after,
+    })
+}
 
+/// The client side's figures: connects, per class sends, RECVs and latencies,
+/// errors, the harness's own cost.
+fn summarize_load(summary: &mut Summary, built: &Built, out: &load::Outcome) {
     summary.clients = out.clients;
     summary.connected = out.connected;
     summary.connect = Pcts::of(&out.connect);
@@ -412,32 +483,12 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
         .curves
         .push(("connect".into(), report::curve(&out.connect)));
     let send_s = out.send_phase.as_secs_f64().max(1e-9);
-    let has_load = !built.plan.schedules.is_empty();
     for class in [Class::Person, Class::Group] {
-        let c = class as usize;
-        if !built.plan.schedules.iter().any(|s| s.class == class) {
-            continue;
+        if built.plan.schedules.iter().any(|s| s.class == class) {
+            summarize_class(summary, class, built.rates[class as usize], out, send_s);
         }
-        summary.classes.push(ClassSummary {
-            class: class.name().into(),
-            rate_per_s: built.rates[c],
-            sent: out.sent[c],
-            expected_recvs: out.expected[c],
-            delivered_recvs: out.delivered[c],
-            missing_recvs: out.missing[c],
-            extra_recvs: out.extra[c],
-            delivered_per_s: out.delivered[c] as f64 / send_s,
-            sendack: Pcts::of(&out.sendack[c]),
-            recv: Pcts::of(&out.recv[c]),
-        });
-        let n = class.name();
-        summary
-            .curves
-            .push((format!("{n}-recv"), report::curve(&out.recv[c])));
-        summary
-            .curves
-            .push((format!("{n}-sendack"), report::curve(&out.sendack[c])));
     }
+    let has_load = !built.plan.schedules.is_empty();
     summary.send_phase_s = if has_load { send_s } else { 0.0 };
     summary.drained = out.drained;
     summary.errors_total = out.errors.total();
@@ -459,12 +510,48 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
         n if n == out.workers => "uring".into(),
         n => format!("uring ({n} of {} workers)", out.workers),
     };
-    let cpu = match (meter.cpu_at_send, meter.cpu_at_done) {
+}
+
+/// One class's row and curves (`send_s`: the send phase's length).
+fn summarize_class(
+    summary: &mut Summary,
+    class: Class,
+    rate_per_s: f64,
+    out: &load::Outcome,
+    send_s: f64,
+) {
+    let c = class as usize;
+    summary.classes.push(ClassSummary {
+        class: class.name().into(),
+        rate_per_s,
+        sent: out.sent[c],
+        expected_recvs: out.expected[c],
+        delivered_recvs: out.delivered[c],
+        missing_recvs: out.missing[c],
+        extra_recvs: out.extra[c],
+        delivered_per_s: out.delivered[c] as f64 / send_s,
+        sendack: Pcts::of(&out.sendack[c]),
+        recv: Pcts::of(&out.recv[c]),
+    });
+    let n = class.name();
+    summary
+        .curves
+        .push((format!("{n}-recv"), report::curve(&out.recv[c])));
+    summary
+        .curves
+        .push((format!("{n}-sendack"), report::curve(&out.sendack[c])));
+}
+
+/// The server side's figures: CPU in the send phase, RSS per connection, the change
+/// of each node counter, the node's stage histograms.
+fn summarize_server(summary: &mut Summary, cfg: &BenchConfig, m: &Measured) {
+    let has_load = summary.send_phase_s > 0.0;
+    let cpu = match (m.meter.cpu_at_send, m.meter.cpu_at_done) {
         (Some(a), Some(b)) if has_load => Some(b - a),
         _ => None,
     };
     summary.server = ServerUse {
-        source: if embedded {
+        source: if m.meter.embedded {
             "embedded: shard threads' CPU, whole-process RSS (node + harness)".into()
         } else if let Some(p) = cfg.pid {
             format!("pid {p}")
@@ -472,28 +559,30 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
             "unknown (no --pid)".into()
         },
         cpu_s_send_phase: cpu,
-        cpu_share_send_phase: cpu.map(|c| c / send_s),
-        rss_bytes_before_connect: rss_before,
-        rss_bytes_connected: meter.rss_connected,
-        rss_bytes_per_connection: match (rss_before, meter.rss_connected) {
-            (Some(a), Some(b)) if out.connected > 0 => {
-                Some((b as f64 - a as f64) / out.connected as f64)
+        cpu_share_send_phase: cpu.map(|c| c / m.out.send_phase.as_secs_f64().max(1e-9)),
+        rss_bytes_before_connect: m.rss_before,
+        rss_bytes_connected: m.meter.rss_connected,
+        rss_bytes_per_connection: match (m.rss_before, m.meter.rss_connected) {
+            (Some(a), Some(b)) if m.out.connected > 0 => {
+                Some((b as f64 - a as f64) / m.out.connected as f64)
             }
             _ => None,
         },
     };
-    summary.node_metrics_delta = metrics_after
+    let before = target::Control::counters(&m.text_before);
+    summary.node_metrics_delta = target::Control::counters(&m.text_after)
         .iter()
         .map(|(k, v)| {
-            let before = metrics_before
-                .iter()
-                .find(|(kb, _)| kb == k)
-                .map_or(0, |(_, b)| *b);
-            (k.clone(), *v as i64 - before as i64)
+            let b = before.iter().find(|(kb, _)| kb == k).map_or(0, |(_, b)| *b);
+            (k.clone(), *v as i64 - b as i64)
         })
         .filter(|(_, d)| *d != 0)
         .collect();
-    summary.node_stages = report::node_stages(&text_before, &text_after);
+    summary.node_stages = report::node_stages(&m.text_before, &m.text_after);
+}
+
+/// The load's histograms, for `.hgrm` files (classes without traffic left out).
+fn add_load_hists(hists: &mut Hists, out: load::Outcome) {
     hists.push(("connect".into(), out.connect));
     hists.push(("send-lag".into(), out.send_lag));
     for (c, (s, r)) in out.sendack.into_iter().zip(out.recv).enumerate() {
@@ -507,8 +596,6 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
             hists.push((format!("{name}-recv"), r));
         }
     }
-    finish(cfg, &summary, &hists)?;
-    Ok((summary, hists))
 }
 
 fn finish(cfg: &BenchConfig, summary: &Summary, hists: &Hists) -> io::Result<()> {

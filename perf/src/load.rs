@@ -38,9 +38,15 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use net::wkproto::{ChannelType, Flags, Frame, RecvackPacket, SendPacket, Setting};
+use net::crypto::SessionCipher;
+use net::wkproto::{
+    ChannelType, ConnackPacket, Flags, Frame, RecvPacket, RecvackPacket, SendPacket, SendackPacket,
+    Setting,
+};
 
-use crate::conn::{ClientKey, Conn, ConnError, ConnState, Transport, READ_CHUNK_BYTES};
+use crate::conn::{
+    client_key, ClientKey, Conn, ConnCtx, ConnError, ConnState, Transport, READ_CHUNK_BYTES,
+};
 use crate::uring::{Completion, Ring};
 
 /// Messages one run may plan (sizes the accounting arrays: 8 bytes each).
@@ -291,6 +297,25 @@ impl Shared {
     fn now_ns(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }
+
+    /// Message `idx` is sent and expects `fanout` RECVs.
+    fn expect(&self, idx: u64, fanout: u32) {
+        if let Some(e) = self.expected.get(idx as usize) {
+            e.store(fanout, Ordering::Relaxed);
+        }
+        self.expected_total
+            .fetch_add(u64::from(fanout), Ordering::Relaxed);
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Message `idx` was refused: its `fanout` RECVs are no longer expected.
+    fn withdraw(&self, idx: u64, fanout: u32) {
+        if let Some(e) = self.expected.get(idx as usize) {
+            e.store(0, Ordering::Relaxed);
+        }
+        self.expected_total
+            .fetch_sub(u64::from(fanout), Ordering::Relaxed);
+    }
 }
 
 struct WRoute {
@@ -363,9 +388,68 @@ struct Worker {
     completions: Vec<Completion>,
     chunk: Vec<u8>,
     plain: Vec<u8>,
+    bufs: SendBufs,
+}
+
+/// The reused buffers of a worker's SENDs.
+#[derive(Default)]
+struct SendBufs {
     payload: Vec<u8>,
     sealed: Vec<u8>,
     frame: Vec<u8>,
+}
+
+impl SendBufs {
+    /// Encodes `msg` as a SEND on `route` from `conn` into `frame` (encrypted when
+    /// `cfg.encrypt`): its payload carries the intended time, index and class, padded
+    /// to `cfg.payload_bytes`. Returns its client_seq; None if it cannot be encoded.
+    fn encode(
+        &mut self,
+        conn: &mut Conn,
+        route: &WRoute,
+        msg: &Inflight,
+        cfg: &LoadConfig,
+    ) -> Option<u32> {
+        self.payload.clear();
+        self.payload
+            .extend_from_slice(&msg.intended_ns.to_le_bytes());
+        self.payload.extend_from_slice(&msg.idx.to_le_bytes());
+        self.payload.push(msg.class as u8);
+        self.payload
+            .resize(cfg.payload_bytes.max(PAYLOAD_HEADER_BYTES), b'x');
+        let mut msg_no_buf = [0u8; 20];
+        let mut p = SendPacket {
+            setting: Setting::NO_ENCRYPT,
+            client_seq: conn.client_seq.wrapping_add(1),
+            client_msg_no: fmt_u64(msg.idx, &mut msg_no_buf),
+            channel_id: &route.channel_id,
+            channel_type: ChannelType(route.channel_type),
+            payload: &self.payload,
+            ..Default::default()
+        };
+        let key;
+        if cfg.encrypt {
+            let cipher = conn.cipher.as_ref()?;
+            self.sealed.clear();
+            cipher.encrypt_into(&self.payload, &mut self.sealed);
+            p.setting = Setting::NONE;
+            p.payload = &self.sealed;
+            key = cipher.send_msg_key(&p);
+            p.msg_key = key.as_str();
+        }
+        self.frame.clear();
+        p.encode(conn.version, &mut self.frame).ok()?;
+        conn.client_seq = p.client_seq;
+        Some(p.client_seq)
+    }
+}
+
+/// What a connection received: readable on its socket (epoll loop), or read by the
+/// ring into provided buffer `bid` at `now` (io_uring loop).
+#[derive(Clone, Copy)]
+enum Input {
+    Socket { peer_closed: bool },
+    Ring { bid: u16, len: usize, now: u64 },
 }
 
 /// A CLOCK_MONOTONIC timerfd: wakes the loop at the next intended send time with
@@ -504,10 +588,7 @@ impl Worker {
 
     /// Handles one readiness event of connection `i`.
     fn on_event(&mut self, i: usize, ev: &mio::event::Event) {
-        let Some(slot) = self.slots.get_mut(i) else {
-            return;
-        };
-        let Some(conn) = slot.conn.as_mut() else {
+        let Some(conn) = self.slots.get_mut(i).and_then(|s| s.conn.as_mut()) else {
             return;
         };
         let mut result = Ok(());
@@ -515,26 +596,65 @@ impl Worker {
             result = conn.on_writable();
         }
         if result.is_ok() && (ev.is_readable() || ev.is_read_closed()) {
-            let shared = &*self.shared;
-            let stats = &mut self.stats;
-            let inflight = &mut slot.inflight;
-            let plain = &mut self.plain;
-            let started = conn.connect_started_ns;
-            let encrypt = self.cfg.encrypt;
-            let mut sink = |ctx: &mut crate::conn::ConnCtx<'_>, f: Frame<'_>| {
-                on_frame(shared, stats, inflight, plain, started, encrypt, ctx, f)
-            };
-            let clock = || shared.now_ns();
-            result = conn.read_frames(&mut self.chunk, ev.is_read_closed(), &clock, &mut sink);
-            if result.is_ok() && conn.tx_pending_bytes() > 0 {
-                result = conn.flush();
-            }
+            let peer_closed = ev.is_read_closed();
+            result = self.on_input(i, Input::Socket { peer_closed });
         }
-        let closed = conn.state == ConnState::Closed;
-        if let Err(e) = result {
-            self.conn_failed(i, e);
-        } else if closed {
-            self.close(i);
+        self.after_io(i, result);
+    }
+
+    /// Hands what connection `i` received to its frames: read from the socket (epoll
+    /// loop), or in the ring's buffer `bid` (io_uring loop: read at `now`; the buffer
+    /// is recycled here). Then writes what the frames queued (RECVACKs).
+    fn on_input(&mut self, i: usize, input: Input) -> Result<(), ConnError> {
+        let (conn, inflight) = match self.slots.get_mut(i) {
+            Some(Slot {
+                conn: Some(conn),
+                inflight,
+                ..
+            }) => (conn, inflight),
+            _ => {
+                if let (Input::Ring { bid, .. }, Some(ring)) = (input, self.ring.as_mut()) {
+                    ring.recycle(bid);
+                }
+                return Ok(());
+            }
+        };
+        let shared = &*self.shared;
+        let mut frames = Frames {
+            shared,
+            stats: &mut self.stats,
+            inflight,
+            plain: &mut self.plain,
+            connect_started_ns: conn.connect_started_ns,
+            encrypt: self.cfg.encrypt,
+        };
+        let mut sink = |ctx: &mut ConnCtx<'_>, f: Frame<'_>| frames.on_frame(ctx, f);
+        match (input, self.ring.as_mut()) {
+            (Input::Socket { peer_closed }, _) => {
+                let clock = || shared.now_ns();
+                conn.read_frames(&mut self.chunk, peer_closed, &clock, &mut sink)?;
+            }
+            (Input::Ring { bid, len, now }, Some(ring)) => {
+                let r = conn.on_bytes(ring.data(bid, len), now, &mut sink);
+                ring.recycle(bid);
+                r?;
+            }
+            (Input::Ring { .. }, None) => {}
+        }
+        self.flush_conn(i)
+    }
+
+    /// Closes connection `i` when `result` is an error (counted) or when its frames
+    /// closed it (refused, disconnected).
+    fn after_io(&mut self, i: usize, result: Result<(), ConnError>) {
+        match result {
+            Err(e) => self.conn_failed(i, e),
+            Ok(()) => {
+                let closed = self.slots.get(i).and_then(|s| s.conn.as_ref());
+                if closed.is_some_and(|c| c.state == ConnState::Closed) {
+                    self.close(i);
+                }
+            }
         }
     }
 
@@ -554,26 +674,7 @@ impl Worker {
         for &c in &done {
             let (i, result) = match c {
                 Completion::Recv { conn: i, bid, len } => {
-                    let (Some(ring), Some(slot)) = (self.ring.as_mut(), self.slots.get_mut(i))
-                    else {
-                        continue;
-                    };
-                    let Some(conn) = slot.conn.as_mut() else {
-                        ring.recycle(bid);
-                        continue;
-                    };
-                    let shared = &*self.shared;
-                    let stats = &mut self.stats;
-                    let inflight = &mut slot.inflight;
-                    let plain = &mut self.plain;
-                    let started = conn.connect_started_ns;
-                    let encrypt = self.cfg.encrypt;
-                    let mut sink = |ctx: &mut crate::conn::ConnCtx<'_>, f: Frame<'_>| {
-                        on_frame(shared, stats, inflight, plain, started, encrypt, ctx, f)
-                    };
-                    let r = conn.on_bytes(ring.data(bid, len), now, &mut sink);
-                    ring.recycle(bid);
-                    (i, r.and_then(|_| self.flush_conn(i)))
+                    (i, self.on_input(i, Input::Ring { bid, len, now }))
                 }
                 Completion::Sent { conn: i } => (i, self.flush_conn(i)),
                 Completion::Eof { conn: i } => (i, Err(ConnError::Eof)),
@@ -581,18 +682,7 @@ impl Worker {
                     (i, Err(ConnError::Io(io::Error::from_raw_os_error(errno))))
                 }
             };
-            match result {
-                Err(e) => self.conn_failed(i, e),
-                Ok(()) => {
-                    if self.slots[i]
-                        .conn
-                        .as_ref()
-                        .is_some_and(|c| c.state == ConnState::Closed)
-                    {
-                        self.close(i);
-                    }
-                }
-            }
+            self.after_io(i, result);
         }
         self.completions = done;
         self.publish_recvs();
@@ -734,79 +824,41 @@ impl Worker {
         }
     }
 
+    /// Sends message `k` of schedule `s` (intended at `intended_ns`) on its route,
+    /// or counts it as skipped (sender not connected, too many in flight).
     fn send_one(&mut self, s: usize, k: u64, intended_ns: u64) {
         let sched = &self.schedules[s];
         let route = &sched.routes[(k % sched.routes.len() as u64) as usize];
-        let idx = sched.base + k;
-        let class = sched.class;
-        let slot = &mut self.slots[route.slot];
-        let Some(conn) = slot.conn.as_mut().filter(|c| c.state == ConnState::Active) else {
-            self.stats.errors.sends_skipped += 1;
-            return;
+        let msg = Inflight {
+            intended_ns,
+            idx: sched.base + k,
+            class: sched.class,
+            fanout: route.fanout,
         };
-        if slot.inflight.len() >= MAX_INFLIGHT_PER_CONN {
-            self.stats.errors.sends_skipped += 1;
-            return;
-        }
-        self.payload.clear();
-        self.payload.extend_from_slice(&intended_ns.to_le_bytes());
-        self.payload.extend_from_slice(&idx.to_le_bytes());
-        self.payload.push(class as u8);
-        self.payload
-            .resize(self.cfg.payload_bytes.max(PAYLOAD_HEADER_BYTES), b'x');
-        conn.client_seq = conn.client_seq.wrapping_add(1);
-        let seq = conn.client_seq;
-        let mut msg_no_buf = [0u8; 20];
-        let msg_no = fmt_u64(idx, &mut msg_no_buf);
-        let mut p = SendPacket {
-            setting: Setting::NO_ENCRYPT,
-            client_seq: seq,
-            client_msg_no: msg_no,
-            channel_id: &route.channel_id,
-            channel_type: ChannelType(route.channel_type),
-            payload: &self.payload,
-            ..Default::default()
-        };
-        let key;
-        if self.cfg.encrypt {
-            let Some(cipher) = conn.cipher.as_ref() else {
+        let (i, idx, fanout) = (route.slot, msg.idx, msg.fanout);
+        let slot = &mut self.slots[i];
+        let conn = match slot.conn.as_mut() {
+            Some(c)
+                if c.state == ConnState::Active && slot.inflight.len() < MAX_INFLIGHT_PER_CONN =>
+            {
+                c
+            }
+            _ => {
                 self.stats.errors.sends_skipped += 1;
                 return;
-            };
-            self.sealed.clear();
-            cipher.encrypt_into(&self.payload, &mut self.sealed);
-            p.setting = Setting::NONE;
-            p.payload = &self.sealed;
-            key = cipher.send_msg_key(&p);
-            p.msg_key = key.as_str();
-        }
-        self.frame.clear();
-        if p.encode(conn.version, &mut self.frame).is_err() {
+            }
+        };
+        let Some(seq) = self.bufs.encode(conn, route, &msg, &self.cfg) else {
             self.stats.errors.sends_skipped += 1;
             return;
-        }
-        if let Some(e) = self.shared.expected.get(idx as usize) {
-            e.store(route.fanout, Ordering::Relaxed);
-        }
-        self.shared
-            .expected_total
-            .fetch_add(u64::from(route.fanout), Ordering::Relaxed);
-        self.shared.sent.fetch_add(1, Ordering::Relaxed);
-        slot.inflight.insert(
-            seq,
-            Inflight {
-                intended_ns,
-                idx,
-                class,
-                fanout: route.fanout,
-            },
-        );
+        };
+        self.shared.expect(idx, fanout);
+        slot.inflight.insert(seq, msg);
         record(
             &mut self.stats.send_lag,
             self.shared.now_ns().saturating_sub(intended_ns),
         );
-        let frame = &self.frame;
-        let i = route.slot;
+        let frame = &self.bufs.frame;
         let r = conn
             .queue(|out| out.extend_from_slice(frame))
             .and_then(|_| self.flush_conn(i));
@@ -907,116 +959,146 @@ fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &str {
     std::str::from_utf8(&buf[i..]).unwrap_or("0")
 }
 
-#[allow(clippy::too_many_arguments)]
-fn on_frame(
-    shared: &Shared,
-    stats: &mut Stats,
-    inflight: &mut HashMap<u32, Inflight>,
-    plain: &mut Vec<u8>,
+/// What the frames of one connection update: the worker's counters and the
+/// connection's SENDs in flight.
+struct Frames<'a> {
+    shared: &'a Shared,
+    stats: &'a mut Stats,
+    inflight: &'a mut HashMap<u32, Inflight>,
+    /// Decryption scratch (reused).
+    plain: &'a mut Vec<u8>,
     connect_started_ns: u64,
     encrypt: bool,
-    ctx: &mut crate::conn::ConnCtx<'_>,
-    f: Frame<'_>,
-) {
-    let now = ctx.read_ns;
-    match f {
-        Frame::Connack(c) => {
-            if c.reason_code.0 == 1 {
-                if encrypt {
-                    if let Err(e) = ctx.agree(c.server_key, c.salt) {
-                        eprintln!("imbench: key agreement: {e}");
-                        stats.errors.connect_failed += 1;
-                        *ctx.state = ConnState::Closed;
-                        return;
-                    }
-                }
-                *ctx.state = ConnState::Active;
-                stats.connected += 1;
-                stats.last_connack_ns = now;
-                record(&mut stats.connect, now.saturating_sub(connect_started_ns));
-            } else {
-                *stats
-                    .errors
-                    .connack_reasons
-                    .entry(c.reason_code.0)
-                    .or_default() += 1;
+}
+
+impl Frames<'_> {
+    fn on_frame(&mut self, ctx: &mut ConnCtx<'_>, f: Frame<'_>) {
+        match f {
+            Frame::Connack(c) => self.on_connack(ctx, &c),
+            Frame::Sendack(a) => self.on_sendack(ctx.read_ns, &a),
+            Frame::Recv(r) => self.on_recv(ctx, &r),
+            Frame::Disconnect(_) => {
+                self.stats.errors.disconnects += 1;
                 *ctx.state = ConnState::Closed;
             }
+            Frame::Pong => {}
+            _ => self.stats.errors.unexpected_frames += 1,
         }
-        Frame::Sendack(a) => {
-            let Some(m) = inflight.remove(&a.client_seq) else {
-                stats.errors.unexpected_frames += 1;
-                return;
-            };
-            record(
-                &mut stats.sendack[m.class as usize],
-                now.saturating_sub(m.intended_ns),
-            );
-            shared.acked.fetch_add(1, Ordering::Relaxed);
-            if a.reason_code.0 != 1 {
-                stats.errors.count_sendack_refusal(a.reason_code.0);
-                if let Some(e) = shared.expected.get(m.idx as usize) {
-                    e.store(0, Ordering::Relaxed);
-                }
-                shared
-                    .expected_total
-                    .fetch_sub(u64::from(m.fanout), Ordering::Relaxed);
-            }
-        }
-        Frame::Recv(r) => {
-            let payload: &[u8] = if r.setting.contains(Setting::NO_ENCRYPT) {
-                r.payload
-            } else {
-                let Some(cipher) = ctx.cipher.as_ref() else {
-                    stats.errors.decrypt_failed += 1;
-                    return;
-                };
-                if cipher.recv_msg_key(&r).as_str() != r.msg_key {
-                    stats.errors.msg_key_mismatch += 1;
-                }
-                plain.clear();
-                if cipher.decrypt(r.payload, plain).is_err() {
-                    stats.errors.decrypt_failed += 1;
-                    return;
-                }
-                plain
-            };
-            let parsed = (payload.len() >= PAYLOAD_HEADER_BYTES)
-                .then(|| {
-                    let t = u64::from_le_bytes(payload[0..8].try_into().ok()?);
-                    let idx = u64::from_le_bytes(payload[8..16].try_into().ok()?);
-                    Some((t, idx, Class::from_u8(payload[16])?))
-                })
-                .flatten()
-                .filter(|(_, idx, _)| (*idx as usize) < shared.received.len());
-            match parsed {
-                Some((t, idx, class)) => {
-                    shared.received[idx as usize].fetch_add(1, Ordering::Relaxed);
-                    stats.recvs_unpublished += 1;
-                    record(&mut stats.recv[class as usize], now.saturating_sub(t));
-                }
-                None => stats.errors.foreign_recvs += 1,
-            }
-            if r.flags.contains(Flags::DUP) {
-                stats.dup_flagged += 1;
-            }
-            let ack = RecvackPacket {
-                message_id: r.message_id,
-                message_seq: r.message_seq,
-                ..Default::default()
-            };
-            let v = ctx.version;
-            ctx.queue(|out| {
-                let _ = ack.encode(v, out);
-            });
-        }
-        Frame::Disconnect(_) => {
-            stats.errors.disconnects += 1;
-            *ctx.state = ConnState::Closed;
-        }
-        Frame::Pong => {}
-        _ => stats.errors.unexpected_frames += 1,
     }
+
+    /// Success activates the connection (after the key agreement when encrypting)
+    /// and records the CONNECT→CONNACK latency; a refusal is counted by reason.
+    fn on_connack(&mut self, ctx: &mut ConnCtx<'_>, c: &ConnackPacket<'_>) {
+        let now = ctx.read_ns;
+        if c.reason_code.0 != 1 {
+            let reasons = &mut self.stats.errors.connack_reasons;
+            *reasons.entry(c.reason_code.0).or_default() += 1;
+            *ctx.state = ConnState::Closed;
+            return;
+        }
+        if self.encrypt {
+            if let Err(e) = ctx.agree(c.server_key, c.salt) {
+                eprintln!("imbench: key agreement: {e}");
+                self.stats.errors.connect_failed += 1;
+                *ctx.state = ConnState::Closed;
+                return;
+            }
+        }
+        *ctx.state = ConnState::Active;
+        self.stats.connected += 1;
+        self.stats.last_connack_ns = now;
+        record(
+            &mut self.stats.connect,
+            now.saturating_sub(self.connect_started_ns),
+        );
+    }
+
+    /// Records the SENDACK latency; a refusal withdraws the message's expected RECVs.
+    fn on_sendack(&mut self, now: u64, a: &SendackPacket) {
+        let Some(m) = self.inflight.remove(&a.client_seq) else {
+            self.stats.errors.unexpected_frames += 1;
+            return;
+        };
+        record(
+            &mut self.stats.sendack[m.class as usize],
+            now.saturating_sub(m.intended_ns),
+        );
+        self.shared.acked.fetch_add(1, Ordering::Relaxed);
+        if a.reason_code.0 != 1 {
+            self.stats.errors.count_sendack_refusal(a.reason_code.0);
+            self.shared.withdraw(m.idx, m.fanout);
+        }
+    }
+
+    /// Opens and counts a RECV (latency from its intended send time), and queues
+    /// its RECVACK.
+    fn on_recv(&mut self, ctx: &mut ConnCtx<'_>, r: &RecvPacket<'_>) {
+        let errors = &mut self.stats.errors;
+        let Some(payload) = open_recv(ctx.cipher.as_ref(), r, self.plain, errors) else {
+            return;
+        };
+        match parse_payload(payload, self.shared.received.len()) {
+            Some((t, idx, class)) => {
+                self.shared.received[idx as usize].fetch_add(1, Ordering::Relaxed);
+                self.stats.recvs_unpublished += 1;
+                record(
+                    &mut self.stats.recv[class as usize],
+                    ctx.read_ns.saturating_sub(t),
+                );
+            }
+            None => self.stats.errors.foreign_recvs += 1,
+        }
+        if r.flags.contains(Flags::DUP) {
+            self.stats.dup_flagged += 1;
+        }
+        let ack = RecvackPacket {
+            message_id: r.message_id,
+            message_seq: r.message_seq,
+            ..Default::default()
+        };
+        let v = ctx.version;
+        ctx.queue(|out| {
+            let _ = ack.encode(v, out);
+        });
+    }
+}
+
+/// The plaintext of a RECV: its payload (NoEncrypt), or decrypted into `plain`
+/// (msg_key checked). None (counted) when it cannot be decrypted.
+fn open_recv<'p>(
+    cipher: Option<&SessionCipher>,
+    r: &'p RecvPacket<'_>,
+    plain: &'p mut Vec<u8>,
+    errors: &mut Errors,
+) -> Option<&'p [u8]> {
+    if r.setting.contains(Setting::NO_ENCRYPT) {
+        return Some(r.payload);
+    }
+    let Some(cipher) = cipher else {
+        errors.decrypt_failed += 1;
+        return None;
+    };
+    if cipher.recv_msg_key(r).as_str() != r.msg_key {
+        errors.msg_key_mismatch += 1;
+    }
+    plain.clear();
+    if cipher.decrypt(r.payload, plain).is_err() {
+        errors.decrypt_failed += 1;
+        return None;
+    }
+    Some(plain)
+}
+
+/// The intended send time, message index (below `messages`) and class a payload of
+/// this run starts with; None for anything else.
+fn parse_payload(payload: &[u8], messages: usize) -> Option<(u64, u64, Class)> {
+    if payload.len() < PAYLOAD_HEADER_BYTES {
+        return None;
+    }
+    let t = u64::from_le_bytes(payload[0..8].try_into().ok()?);
+    let idx = u64::from_le_bytes(payload[8..16].try_into().ok()?);
+    let class = Class::from_u8(payload[16])?;
+    ((idx as usize) < messages).then_some((t, idx, class))
 }
 
 /// What the caller measures between the connect phase and the send phase.
@@ -1034,24 +1116,52 @@ impl PhaseHook for () {}
 /// Runs `plan`: connect, (hook), send at the planned rates, drain, stop.
 pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Result<Outcome> {
     let threads = cfg.threads.max(1);
-    let dur_ns = cfg.duration.as_nanos() as f64;
-    // Per schedule: which routes go to which worker, and the worker's share of the rate.
+    let (schedules, messages) = split_schedules(plan, cfg.duration, threads)?;
+    let shared = Arc::new(Shared::new(messages, cfg.connect_concurrency, threads));
+    let handles = spawn_workers(plan, cfg, &shared, schedules)?;
+    let phases = drive_phases(&shared, cfg, threads, hook);
+    let mut results = Vec::with_capacity(threads);
+    for h in handles {
+        match h.join() {
+            Ok(r) => results.push(r?),
+            Err(_) => return Err(io::Error::other("a worker panicked")),
+        }
+    }
+    Ok(Outcome::collect(plan, threads, &shared, phases, &results))
+}
+
+/// Client `client` of the plan is served by worker `client % threads`, in its slot
+/// `client / threads`.
+fn worker_of(client: usize, threads: usize) -> usize {
+    client % threads
+}
+
+fn slot_of(client: usize, threads: usize) -> usize {
+    client / threads
+}
+
+/// Splits every schedule over the workers (each gets the routes of its clients and
+/// their share of the rate, its first send offset within the interval) and numbers
+/// the messages. Returns the schedules per worker and the number of messages.
+fn split_schedules(
+    plan: &Plan,
+    duration: Duration,
+    threads: usize,
+) -> io::Result<(Vec<Vec<WSchedule>>, u64)> {
+    let dur_ns = duration.as_nanos() as f64;
     let mut per_worker: Vec<Vec<WSchedule>> = (0..threads).map(|_| Vec::new()).collect();
     let mut base = 0u64;
-    let worker_of = |client: usize| client % threads;
-    let slot_of = |client: usize| client / threads;
     for sc in &plan.schedules {
         if sc.routes.is_empty() || sc.rate_per_s <= 0.0 {
             continue;
         }
-        let total_routes = sc.routes.len() as f64;
         for (w, list) in per_worker.iter_mut().enumerate() {
             let routes: Vec<WRoute> = sc
                 .routes
                 .iter()
-                .filter(|r| worker_of(r.client) == w)
+                .filter(|r| worker_of(r.client, threads) == w)
                 .map(|r| WRoute {
-                    slot: slot_of(r.client),
+                    slot: slot_of(r.client, threads),
                     channel_id: r.channel_id.clone(),
                     channel_type: r.channel_type,
                     fanout: r.fanout,
@@ -1060,7 +1170,7 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
             if routes.is_empty() {
                 continue;
             }
-            let rate = sc.rate_per_s * routes.len() as f64 / total_routes;
+            let rate = sc.rate_per_s * routes.len() as f64 / sc.routes.len() as f64;
             let interval_ns = 1e9 / rate;
             let offset_ns = (interval_ns * w as f64 / threads as f64) as u64;
             let count = if dur_ns > offset_ns as f64 {
@@ -1085,61 +1195,107 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
             "the run plans {base} messages, more than MAX_MESSAGES = {MAX_MESSAGES}"
         )));
     }
-    let shared = Arc::new(Shared {
-        start: Instant::now(),
-        send_start_ns: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
-        expected: (0..base).map(|_| AtomicU32::new(0)).collect(),
-        received: (0..base).map(|_| AtomicU32::new(0)).collect(),
-        sent: AtomicU64::new(0),
-        acked: AtomicU64::new(0),
-        expected_total: AtomicU64::new(0),
-        received_total: AtomicU64::new(0),
-        done_sending: AtomicU64::new(0),
-        connect_slots: (0..threads)
-            .map(|w| {
-                (cfg.connect_concurrency / threads
-                    + usize::from(w < cfg.connect_concurrency % threads))
-                .max(1)
-            })
-            .collect(),
-        barrier: Barrier::new(threads + 1),
-    });
+    Ok((per_worker, base))
+}
+
+impl Shared {
+    /// The state of a run of `messages` messages over `threads` workers, which share
+    /// `connect_concurrency` CONNECTs in flight (at least one each).
+    fn new(messages: u64, connect_concurrency: usize, threads: usize) -> Shared {
+        Shared {
+            start: Instant::now(),
+            send_start_ns: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            expected: (0..messages).map(|_| AtomicU32::new(0)).collect(),
+            received: (0..messages).map(|_| AtomicU32::new(0)).collect(),
+            sent: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            expected_total: AtomicU64::new(0),
+            received_total: AtomicU64::new(0),
+            done_sending: AtomicU64::new(0),
+            connect_slots: (0..threads)
+                .map(|w| {
+                    (connect_concurrency / threads + usize::from(w < connect_concurrency % threads))
+                        .max(1)
+                })
+                .collect(),
+            barrier: Barrier::new(threads + 1),
+        }
+    }
+}
+
+/// Starts one worker thread per entry of `schedules` with its share of the clients
+/// (pinned to core `w % cores` when `cfg.pin`).
+fn spawn_workers(
+    plan: &Plan,
+    cfg: &LoadConfig,
+    shared: &Arc<Shared>,
+    schedules: Vec<Vec<WSchedule>>,
+) -> io::Result<Vec<std::thread::JoinHandle<io::Result<WorkerResult>>>> {
+    let threads = schedules.len();
     let mut slots_per_worker: Vec<Vec<Slot>> = (0..threads).map(|_| Vec::new()).collect();
     for (i, c) in plan.clients.iter().enumerate() {
-        slots_per_worker[worker_of(i)].push(Slot {
+        slots_per_worker[worker_of(i, threads)].push(Slot {
             spec: c.clone(),
-            key: ClientKey::for_client(i as u64),
+            key: client_key(i as u64),
             conn: None,
             inflight: HashMap::new(),
         });
     }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let mut handles = Vec::with_capacity(threads);
-    for (w, (slots, schedules)) in slots_per_worker.into_iter().zip(per_worker).enumerate() {
+    for (w, (slots, schedules)) in slots_per_worker.into_iter().zip(schedules).enumerate() {
         let shared = shared.clone();
         let cfg = cfg.clone();
-        let core = if cfg.pin && !cores.is_empty() {
-            Some(cores[w % cores.len()])
-        } else {
-            None
-        };
+        let core = (cfg.pin && !cores.is_empty()).then(|| cores[w % cores.len()]);
         let h = std::thread::Builder::new()
             .name(format!("imbench-w{w}"))
             .spawn(move || worker_main(w, core, shared, cfg, slots, schedules))?;
         handles.push(h);
     }
-    // Connect phase.
+    Ok(handles)
+}
+
+/// When the send phase started and ended (ns since the run's start), and whether
+/// every expected RECV was in by then.
+struct Phases {
+    send_start_ns: u64,
+    end_ns: u64,
+    drained: bool,
+}
+
+/// Leads the workers through the phases: waits for the connect phase, lets `hook`
+/// measure, starts the send phase, waits until every SENDACK and expected RECV is in
+/// (or the drain time is over), then stops the workers.
+fn drive_phases(
+    shared: &Shared,
+    cfg: &LoadConfig,
+    threads: usize,
+    hook: &mut dyn PhaseHook,
+) -> Phases {
     shared.barrier.wait();
     hook.connected();
-    let send_start = shared.now_ns() + SEND_LEAD.as_nanos() as u64;
-    shared.send_start_ns.store(send_start, Ordering::Release);
+    let send_start_ns = shared.now_ns() + SEND_LEAD.as_nanos() as u64;
+    shared.send_start_ns.store(send_start_ns, Ordering::Release);
     hook.sending();
     shared.barrier.wait();
-    // Send phase, then drain.
-    let send_end = send_start + cfg.duration.as_nanos() as u64;
+    let drained = wait_drained(shared, cfg, threads, send_start_ns);
+    let end_ns = shared.now_ns();
+    hook.done();
+    shared.stop.store(true, Ordering::Release);
+    Phases {
+        send_start_ns,
+        end_ns,
+        drained,
+    }
+}
+
+/// Waits until every worker sent its schedules and every SENDACK and expected RECV
+/// is in (true), or the send phase and the drain are over (false); prints progress
+/// every second when `cfg.progress`.
+fn wait_drained(shared: &Shared, cfg: &LoadConfig, threads: usize, send_start: u64) -> bool {
+    let drain_end = send_start + (cfg.duration + cfg.drain).as_nanos() as u64;
     let mut last_progress = send_start;
-    let mut drained = false;
     loop {
         let now = shared.now_ns();
         let all_sent = shared.done_sending.load(Ordering::Acquire) == threads as u64;
@@ -1148,11 +1304,10 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
         let exp = shared.expected_total.load(Ordering::Relaxed);
         let got = shared.received_total.load(Ordering::Relaxed);
         if all_sent && acked >= sent && got >= exp {
-            drained = true;
-            break;
+            return true;
         }
-        if now > send_end + cfg.drain.as_nanos() as u64 && all_sent {
-            break;
+        if now > drain_end && all_sent {
+            return false;
         }
         if cfg.progress && now > last_progress + 1_000_000_000 {
             last_progress = now;
@@ -1163,96 +1318,118 @@ pub fn run(plan: &Plan, cfg: &LoadConfig, hook: &mut dyn PhaseHook) -> io::Resul
         }
         std::thread::park_timeout(Duration::from_millis(2));
     }
-    let end_ns = shared.now_ns();
-    hook.done();
-    shared.stop.store(true, Ordering::Release);
-    let mut stats = Vec::new();
-    for h in handles {
-        match h.join() {
-            Ok(r) => stats.push(r?),
-            Err(_) => return Err(io::Error::other("a worker panicked")),
-        }
-    }
-    let mut out = Outcome {
-        connect: new_hist(),
-        send_lag: new_hist(),
-        sendack: [new_hist(), new_hist()],
-        recv: [new_hist(), new_hist()],
-        errors: Errors::default(),
-        clients: plan.clients.len(),
-        connected: 0,
-        connect_phase: Duration::ZERO,
-        sent: [0; CLASSES],
-        expected: [0; CLASSES],
-        delivered: [0; CLASSES],
-        missing: [0; CLASSES],
-        extra: [0; CLASSES],
-        dup_flagged: 0,
-        send_phase: Duration::from_nanos(end_ns.saturating_sub(send_start)),
-        drained,
-        harness_cpu_connect_s: 0.0,
-        harness_cpu_send_s: 0.0,
-        uring_workers: 0,
-        workers: threads,
-        send_phase_reads: 0,
-        send_phase_writes: 0,
-    };
-    let (mut first, mut last) = (u64::MAX, 0u64);
-    for (st, cpu_c, cpu_s, unacked, sched, io_counts) in &stats {
-        let _ = out.connect.add(&st.connect);
-        let _ = out.send_lag.add(&st.send_lag);
-        for c in 0..CLASSES {
-            let _ = out.sendack[c].add(&st.sendack[c]);
-            let _ = out.recv[c].add(&st.recv[c]);
-        }
-        out.errors.merge(&st.errors);
-        out.errors.sendack_missing += unacked;
-        out.connected += st.connected;
-        out.dup_flagged += st.dup_flagged;
-        out.harness_cpu_connect_s += cpu_c.as_secs_f64();
-        out.harness_cpu_send_s += cpu_s.as_secs_f64();
-        out.uring_workers += usize::from(st.uring);
-        out.send_phase_reads += io_counts.0;
-        out.send_phase_writes += io_counts.1;
-        if st.first_connect_ns != 0 {
-            first = first.min(st.first_connect_ns);
-        }
-        last = last.max(st.last_connack_ns);
-        for (class, lo, hi) in sched {
-            for idx in *lo..*hi {
-                let e = u64::from(shared.expected[idx as usize].load(Ordering::Relaxed));
-                let r = u64::from(shared.received[idx as usize].load(Ordering::Relaxed));
-                out.expected[*class as usize] += e;
-                out.delivered[*class as usize] += r.min(e);
-                out.missing[*class as usize] += e.saturating_sub(r);
-                out.extra[*class as usize] += r.saturating_sub(e);
-            }
-        }
-    }
-    // Sends attempted per class (skipped ones are also counted in errors.sends_skipped).
-    for (_, _, _, _, sched, _) in &stats {
-        for (class, lo, hi) in sched {
-            out.sent[*class as usize] += hi - lo;
-        }
-    }
-    if first != u64::MAX && last >= first {
-        out.connect_phase = Duration::from_nanos(last - first);
-    }
-    Ok(out)
 }
 
-/// Per worker: stats, CPU in the connect phase, CPU in the send phase, SENDs never
-/// acknowledged, its message index ranges per class, and the reads and writes of
-/// the send phase.
-type WorkerReturn = (
-    Stats,
-    Duration,
-    Duration,
-    u64,
-    Vec<(Class, u64, u64)>,
-    (u64, u64),
-);
+impl Outcome {
+    /// Merges the workers' results and counts every message's RECVs against its
+    /// expectation.
+    fn collect(
+        plan: &Plan,
+        threads: usize,
+        shared: &Shared,
+        phases: Phases,
+        results: &[WorkerResult],
+    ) -> Outcome {
+        let mut out = Outcome::empty(plan.clients.len(), threads);
+        out.send_phase = Duration::from_nanos(phases.end_ns.saturating_sub(phases.send_start_ns));
+        out.drained = phases.drained;
+        let (mut first, mut last) = (u64::MAX, 0u64);
+        for r in results {
+            out.add_worker(r);
+            if r.stats.first_connect_ns != 0 {
+                first = first.min(r.stats.first_connect_ns);
+            }
+            last = last.max(r.stats.last_connack_ns);
+            for &(class, lo, hi) in &r.ranges {
+                out.count_messages(shared, class, lo..hi);
+            }
+        }
+        if first != u64::MAX && last >= first {
+            out.connect_phase = Duration::from_nanos(last - first);
+        }
+        out
+    }
 
+    fn empty(clients: usize, workers: usize) -> Outcome {
+        Outcome {
+            connect: new_hist(),
+            send_lag: new_hist(),
+            sendack: [new_hist(), new_hist()],
+            recv: [new_hist(), new_hist()],
+            errors: Errors::default(),
+            clients,
+            connected: 0,
+            connect_phase: Duration::ZERO,
+            sent: [0; CLASSES],
+            expected: [0; CLASSES],
+            delivered: [0; CLASSES],
+            missing: [0; CLASSES],
+            extra: [0; CLASSES],
+            dup_flagged: 0,
+            send_phase: Duration::ZERO,
+            drained: false,
+            harness_cpu_connect_s: 0.0,
+            harness_cpu_send_s: 0.0,
+            uring_workers: 0,
+            workers,
+            send_phase_reads: 0,
+            send_phase_writes: 0,
+        }
+    }
+
+    /// Adds one worker's histograms and counters.
+    fn add_worker(&mut self, r: &WorkerResult) {
+        let st = &r.stats;
+        let _ = self.connect.add(&st.connect);
+        let _ = self.send_lag.add(&st.send_lag);
+        for c in 0..CLASSES {
+            let _ = self.sendack[c].add(&st.sendack[c]);
+            let _ = self.recv[c].add(&st.recv[c]);
+        }
+        self.errors.merge(&st.errors);
+        self.errors.sendack_missing += r.unacked;
+        self.connected += st.connected;
+        self.dup_flagged += st.dup_flagged;
+        self.harness_cpu_connect_s += r.cpu_connect.as_secs_f64();
+        self.harness_cpu_send_s += r.cpu_send.as_secs_f64();
+        self.uring_workers += usize::from(st.uring);
+        self.send_phase_reads += r.send_phase_reads;
+        self.send_phase_writes += r.send_phase_writes;
+    }
+
+    /// Counts the messages `idx` of `class` (attempted; skipped ones are also in
+    /// `errors.sends_skipped`) and their RECVs: delivered, missing, extra.
+    fn count_messages(&mut self, shared: &Shared, class: Class, idx: std::ops::Range<u64>) {
+        let c = class as usize;
+        self.sent[c] += idx.end - idx.start;
+        for i in idx {
+            let e = u64::from(shared.expected[i as usize].load(Ordering::Relaxed));
+            let r = u64::from(shared.received[i as usize].load(Ordering::Relaxed));
+            self.expected[c] += e;
+            self.delivered[c] += r.min(e);
+            self.missing[c] += e.saturating_sub(r);
+            self.extra[c] += r.saturating_sub(e);
+        }
+    }
+}
+
+/// What one worker hands back.
+struct WorkerResult {
+    stats: Stats,
+    /// CPU time of the connect phase and of the send phase (with the drain).
+    cpu_connect: Duration,
+    cpu_send: Duration,
+    /// SENDs never acknowledged.
+    unacked: u64,
+    /// Its message index ranges, per class.
+    ranges: Vec<(Class, u64, u64)>,
+    /// Reads and writes of the send phase.
+    send_phase_reads: u64,
+    send_phase_writes: u64,
+}
+
+/// One worker thread: pinned, connects its clients, meets the run at both barriers
+/// (always, so that a failed worker never blocks the run), then sends.
 fn worker_main(
     id: usize,
     core: Option<core_affinity::CoreId>,
@@ -1260,54 +1437,21 @@ fn worker_main(
     cfg: LoadConfig,
     slots: Vec<Slot>,
     schedules: Vec<WSchedule>,
-) -> io::Result<WorkerReturn> {
+) -> io::Result<WorkerResult> {
     if let Some(c) = core {
         core_affinity::set_for_current(c);
     }
     // SAFETY: prctl with PR_SET_TIMERSLACK and an integer argument affects only this
     // thread's timer slack (1 ns: wake at the intended send time, not 50 µs later).
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-    let poll = Poll::new();
-    let concurrency = shared.connect_slots[id];
-    let mut worker = match poll {
-        Ok(poll) => Some(Worker {
-            id,
-            shared: shared.clone(),
-            cfg,
-            slots,
-            schedules,
-            stats: Stats {
-                connect: new_hist(),
-                send_lag: new_hist(),
-                sendack: [new_hist(), new_hist()],
-                recv: [new_hist(), new_hist()],
-                errors: Errors::default(),
-                dup_flagged: 0,
-                recvs_unpublished: 0,
-                uring: false,
-                closed_reads: 0,
-                closed_writes: 0,
-                connected: 0,
-                first_connect_ns: 0,
-                last_connack_ns: 0,
-            },
-            poll,
-            ring: None,
-            completions: Vec::new(),
-            chunk: vec![0u8; READ_CHUNK_BYTES],
-            plain: Vec::new(),
-            payload: Vec::new(),
-            sealed: Vec::new(),
-            frame: Vec::new(),
-        }),
-        Err(_) => None,
-    };
+    let mut worker = Poll::new()
+        .ok()
+        .map(|poll| Worker::new(id, shared.clone(), cfg, slots, schedules, poll));
     let mut events = Events::with_capacity(EVENTS_CAPACITY);
     if let Some(w) = worker.as_mut() {
-        w.connect_phase(concurrency, &mut events);
+        w.connect_phase(shared.connect_slots[id], &mut events);
     }
     let cpu_connect = thread_cpu();
-    // Both barriers are always reached so that a failed worker never blocks the run.
     shared.barrier.wait();
     shared.barrier.wait();
     let Some(mut w) = worker else {
@@ -1318,19 +1462,69 @@ fn worker_main(
     let r = w.send_phase(&mut events);
     w.stats.uring = w.ring.is_some();
     let io_after = w.io_counts();
-    let io_counts = (io_after.0 - io_before.0, io_after.1 - io_before.1);
     if r.is_err() {
         shared.done_sending.fetch_add(1, Ordering::AcqRel);
     }
-    let cpu_send = thread_cpu().saturating_sub(cpu_connect);
-    let unacked: u64 = w.slots.iter().map(|s| s.inflight.len() as u64).sum();
-    let ranges = w
-        .schedules
-        .iter()
-        .map(|s| (s.class, s.base, s.base + s.next))
-        .collect();
     r?;
-    Ok((w.stats, cpu_connect, cpu_send, unacked, ranges, io_counts))
+    Ok(WorkerResult {
+        cpu_connect,
+        cpu_send: thread_cpu().saturating_sub(cpu_connect),
+        unacked: w.slots.iter().map(|s| s.inflight.len() as u64).sum(),
+        ranges: w
+            .schedules
+            .iter()
+            .map(|s| (s.class, s.base, s.base + s.next))
+            .collect(),
+        send_phase_reads: io_after.0 - io_before.0,
+        send_phase_writes: io_after.1 - io_before.1,
+        stats: w.stats,
+    })
+}
+
+impl Worker {
+    fn new(
+        id: usize,
+        shared: Arc<Shared>,
+        cfg: LoadConfig,
+        slots: Vec<Slot>,
+        schedules: Vec<WSchedule>,
+        poll: Poll,
+    ) -> Worker {
+        Worker {
+            id,
+            shared,
+            cfg,
+            slots,
+            schedules,
+            stats: Stats::new(),
+            poll,
+            ring: None,
+            completions: Vec::new(),
+            chunk: vec![0u8; READ_CHUNK_BYTES],
+            plain: Vec::new(),
+            bufs: SendBufs::default(),
+        }
+    }
+}
+
+impl Stats {
+    fn new() -> Stats {
+        Stats {
+            connect: new_hist(),
+            send_lag: new_hist(),
+            sendack: [new_hist(), new_hist()],
+            recv: [new_hist(), new_hist()],
+            errors: Errors::default(),
+            dup_flagged: 0,
+            recvs_unpublished: 0,
+            uring: false,
+            closed_reads: 0,
+            closed_writes: 0,
+            connected: 0,
+            first_connect_ns: 0,
+            last_connack_ns: 0,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use engine::store::FsyncPolicy;
-use perf::conn::Transport;
+use net::Transport;
 use perf::{BenchConfig, Scenario, TargetSpec};
 
 #[derive(Parser)]
@@ -75,19 +75,28 @@ enum Cmd {
         group_rate: f64,
     },
     /// Draws runs (imbench JSON summaries or .hgrm files) as one SVG, one curve each.
-    Plot {
-        files: Vec<PathBuf>,
-        #[arg(short = 'o', long, default_value = "imbench.svg")]
-        output: PathBuf,
-        /// Curve of a JSON summary: recv, sendack, connect, floor, or e.g. group-recv.
-        #[arg(long, default_value = "recv")]
-        metric: String,
-        #[arg(long, default_value = "latency by percentile")]
-        title: String,
-        /// Legend names, comma-separated, in file order (default: label and curve).
-        #[arg(long, value_delimiter = ',')]
-        names: Vec<String>,
-    },
+    Plot(PlotArgs),
+}
+
+#[derive(Args)]
+struct PlotArgs {
+    files: Vec<PathBuf>,
+    #[arg(short = 'o', long, default_value = "imbench.svg")]
+    output: PathBuf,
+    /// Curve of a JSON summary: recv, sendack, connect, floor, or e.g. group-recv.
+    #[arg(long, default_value = "recv")]
+    metric: String,
+    #[arg(long, default_value = "latency by percentile")]
+    title: String,
+    /// Legend names, comma-separated, in file order (default: label and curve).
+    #[arg(long, value_delimiter = ',')]
+    names: Vec<String>,
+}
+
+/// What a command asks for.
+enum Job {
+    Load(Common, Scenario),
+    Plot(PlotArgs),
 }
 
 #[derive(Args, Clone)]
@@ -118,9 +127,9 @@ struct Common {
     /// it) or `epoll`.
     #[arg(long, value_enum, default_value = "uring")]
     io: IoArg,
-    /// Connect over WebSocket instead of TCP.
-    #[arg(long, value_enum, default_value = "tcp")]
-    transport: TransportArg,
+    /// How the clients connect: `tcp` or `ws` (WebSocket).
+    #[arg(long, default_value_t = Transport::Tcp)]
+    transport: Transport,
     /// Encrypted SENDs and RECVs (full per-message cost) and client-side key agreement.
     #[arg(long)]
     encrypt: bool,
@@ -167,12 +176,6 @@ enum IoArg {
     Epoll,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy)]
-enum TransportArg {
-    Tcp,
-    Ws,
-}
-
 /// `always`, or the ms between syncs.
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     match s {
@@ -201,10 +204,7 @@ fn config(c: &Common, scenario: &str) -> BenchConfig {
         }
     };
     let mut load = perf::default_load();
-    load.transport = match c.transport {
-        TransportArg::Tcp => Transport::Tcp,
-        TransportArg::Ws => Transport::Ws,
-    };
+    load.transport = c.transport;
     load.io = match c.io {
         IoArg::Uring => perf::load::IoMode::Uring,
         IoArg::Epoll => perf::load::IoMode::Epoll,
@@ -232,37 +232,42 @@ fn config(c: &Common, scenario: &str) -> BenchConfig {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let (common, scenario) = match cli.cmd {
-        Cmd::Plot {
-            files,
-            output,
-            metric,
-            title,
-            names,
-        } => {
-            let mut curves = Vec::new();
-            for (i, f) in files.iter().enumerate() {
-                match perf::plot::read_curve(f, &metric) {
-                    Ok(mut c) => {
-                        if let Some(n) = names.get(i) {
-                            c.name = n.clone();
-                        }
-                        curves.push(c)
-                    }
-                    Err(e) => {
-                        eprintln!("imbench plot: {}: {e}", f.display());
-                        return ExitCode::FAILURE;
-                    }
+    match job(Cli::parse().cmd) {
+        Job::Load(common, scenario) => run(&config(&common, scenario.name()), &scenario),
+        Job::Plot(args) => plot(&args),
+    }
+}
+
+/// `imbench plot`: one curve per file, named by `--names` in file order.
+fn plot(args: &PlotArgs) -> ExitCode {
+    let mut curves = Vec::new();
+    for (i, f) in args.files.iter().enumerate() {
+        match perf::plot::read_curve(f, &args.metric) {
+            Ok(mut c) => {
+                if let Some(n) = args.names.get(i) {
+                    c.name = n.clone();
                 }
+                curves.push(c)
             }
-            if let Err(e) = std::fs::write(&output, perf::plot::svg(&curves, &title)) {
-                eprintln!("imbench plot: {}: {e}", output.display());
+            Err(e) => {
+                eprintln!("imbench plot: {}: {e}", f.display());
                 return ExitCode::FAILURE;
             }
-            println!("wrote {}", output.display());
-            return ExitCode::SUCCESS;
         }
+    }
+    let output = &args.output;
+    if let Err(e) = std::fs::write(output, perf::plot::svg(&curves, &args.title)) {
+        eprintln!("imbench plot: {}: {e}", output.display());
+        return ExitCode::FAILURE;
+    }
+    println!("wrote {}", output.display());
+    ExitCode::SUCCESS
+}
+
+/// The job of a command: a load scenario with its common options, or a plot.
+fn job(cmd: Cmd) -> Job {
+    let (common, scenario) = match cmd {
+        Cmd::Plot(args) => return Job::Plot(args),
         Cmd::Floor(c) => (c, Scenario::Floor),
         Cmd::Person {
             common,
@@ -313,8 +318,12 @@ fn main() -> ExitCode {
             },
         ),
     };
-    let cfg = config(&common, scenario.name());
-    match perf::run_scenario(&cfg, &scenario) {
+    Job::Load(common, scenario)
+}
+
+/// Runs a scenario and prints its report; exit 2 when the accounting is not clean.
+fn run(cfg: &BenchConfig, scenario: &Scenario) -> ExitCode {
+    match perf::run_scenario(cfg, scenario) {
         Ok((summary, _)) => {
             print!("{}", perf::report::table(&summary));
             if let Some(dir) = &cfg.out {

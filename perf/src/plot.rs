@@ -98,87 +98,125 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// The SVG text of the chart.
-pub fn svg(curves: &[Curve], title: &str) -> String {
-    let (w, h) = (960.0, 560.0);
-    let (l, r, t, b) = (80.0, 30.0, 50.0, 70.0);
-    let pw = w - l - r;
-    let ph = h - t - b;
-    let xmax = curves
-        .iter()
-        .flat_map(|c| c.points.iter())
-        .filter(|p| p.0 < 100.0)
-        .map(|p| x_of(p.0))
-        .fold(2.0f64, f64::max)
-        .ceil()
-        .min(X_NINES_MAX);
-    let ymax = nice_ceil(
-        curves
-            .iter()
-            .flat_map(|c| c.points.iter())
-            .map(|p| p.1)
-            .fold(0.0, f64::max),
-    );
-    let px = |x: f64| l + pw * x.min(xmax) / xmax;
-    let py = |y: f64| t + ph * (1.0 - y / ymax);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="28" text-anchor="middle" font-size="16">{}</text>"#,
-        w / 2.0,
-        esc(title)
-    );
-    for i in 0..=5 {
-        let y = ymax * f64::from(i) / 5.0;
-        let yy = py(y);
+/// The chart's geometry: canvas, plot area, axis ranges.
+struct Chart {
+    w: f64,
+    h: f64,
+    /// Left and top margins; plot width and height.
+    l: f64,
+    t: f64,
+    pw: f64,
+    ph: f64,
+    /// Right end of the x axis (in nines) and top of the y axis (µs).
+    xmax: f64,
+    ymax: f64,
+}
+
+impl Chart {
+    fn fitting(curves: &[Curve]) -> Chart {
+        let (w, h) = (960.0, 560.0);
+        let (l, r, t, b) = (80.0, 30.0, 50.0, 70.0);
+        let points = || curves.iter().flat_map(|c| c.points.iter());
+        let xmax = points()
+            .filter(|p| p.0 < 100.0)
+            .map(|p| x_of(p.0))
+            .fold(2.0f64, f64::max)
+            .ceil()
+            .min(X_NINES_MAX);
+        let ymax = nice_ceil(points().map(|p| p.1).fold(0.0, f64::max));
+        Chart {
+            w,
+            h,
+            l,
+            t,
+            pw: w - l - r,
+            ph: h - t - b,
+            xmax,
+            ymax,
+        }
+    }
+
+    fn px(&self, x: f64) -> f64 {
+        self.l + self.pw * x.min(self.xmax) / self.xmax
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        self.t + self.ph * (1.0 - y / self.ymax)
+    }
+
+    /// The canvas and the title.
+    fn head(&self, s: &mut String, title: &str) {
+        let (w, h) = (self.w, self.h);
         let _ = writeln!(
             s,
-            r##"<line x1="{l}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            l + pw,
-            l - 6.0,
-            yy + 4.0,
-            if ymax < 10.0 {
-                format!("{y:.1}")
-            } else {
-                format!("{y:.0}")
-            }
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
         );
-    }
-    for n in 0..=(xmax as usize) {
-        let xx = px(n as f64);
-        let label = match n {
-            0 => "0%".to_string(),
-            n => format!("{}%", 100.0 - 100.0 / 10f64.powi(n as i32)),
-        };
+        let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
         let _ = writeln!(
             s,
-            r##"<line x1="{xx:.1}" y1="{t}" x2="{xx:.1}" y2="{:.1}" stroke="#ddd"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{label}</text>"##,
-            t + ph,
-            t + ph + 18.0
+            r#"<text x="{}" y="28" text-anchor="middle" font-size="16">{}</text>"#,
+            w / 2.0,
+            esc(title)
         );
     }
-    let _ = writeln!(
-        s,
-        r##"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">percentile</text>"#,
-        l + pw / 2.0,
-        h - 25.0
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">latency (µs)</text>"#,
-        t + ph / 2.0,
-        t + ph / 2.0
-    );
-    for (i, c) in curves.iter().enumerate() {
+
+    /// Grid lines and tick labels: six on the latency axis, one per nine.
+    fn grid(&self, s: &mut String) {
+        let (l, t, pw, ph, ymax) = (self.l, self.t, self.pw, self.ph, self.ymax);
+        for i in 0..=5 {
+            let y = ymax * f64::from(i) / 5.0;
+            let yy = self.py(y);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{l}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                l + pw,
+                l - 6.0,
+                yy + 4.0,
+                if ymax < 10.0 {
+                    format!("{y:.1}")
+                } else {
+                    format!("{y:.0}")
+                }
+            );
+        }
+        for n in 0..=(self.xmax as usize) {
+            let xx = self.px(n as f64);
+            let label = match n {
+                0 => "0%".to_string(),
+                n => format!("{}%", 100.0 - 100.0 / 10f64.powi(n as i32)),
+            };
+            let _ = writeln!(
+                s,
+                r##"<line x1="{xx:.1}" y1="{t}" x2="{xx:.1}" y2="{:.1}" stroke="#ddd"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{label}</text>"##,
+                t + ph,
+                t + ph + 18.0
+            );
+        }
+    }
+
+    /// The plot area's frame and the axis names.
+    fn axes(&self, s: &mut String) {
+        let (l, t, pw, ph) = (self.l, self.t, self.pw, self.ph);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">percentile</text>"#,
+            l + pw / 2.0,
+            self.h - 25.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">latency (µs)</text>"#,
+            t + ph / 2.0,
+            t + ph / 2.0
+        );
+    }
+
+    /// Curve number `i` and its legend entry.
+    fn curve(&self, s: &mut String, i: usize, c: &Curve) {
         let color = PALETTE[i % PALETTE.len()];
         let mut d = String::new();
         for (j, (p, v)) in c.points.iter().enumerate() {
@@ -186,24 +224,36 @@ pub fn svg(curves: &[Curve], title: &str) -> String {
                 d,
                 "{}{:.1},{:.1} ",
                 if j == 0 { "M" } else { "L" },
-                px(x_of(*p)),
-                py(*v)
+                self.px(x_of(*p)),
+                self.py(*v)
             );
         }
         let _ = writeln!(
             s,
             r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="2"/>"#
         );
-        let ly = t + 18.0 + 18.0 * i as f64;
+        let ly = self.t + 18.0 + 18.0 * i as f64;
         let _ = writeln!(
             s,
             r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            l + 12.0,
-            l + 36.0,
-            l + 42.0,
+            self.l + 12.0,
+            self.l + 36.0,
+            self.l + 42.0,
             ly + 4.0,
             esc(&c.name)
         );
+    }
+}
+
+/// The SVG text of the chart.
+pub fn svg(curves: &[Curve], title: &str) -> String {
+    let chart = Chart::fitting(curves);
+    let mut s = String::new();
+    chart.head(&mut s, title);
+    chart.grid(&mut s);
+    chart.axes(&mut s);
+    for (i, c) in curves.iter().enumerate() {
+        chart.curve(&mut s, i, c);
     }
     s.push_str("</svg>\n");
     s

@@ -289,6 +289,21 @@ fn row(name: &str, p: &Pcts) -> String {
 /// The terminal table.
 pub fn table(s: &Summary) -> String {
     let mut t = String::new();
+    latency_rows(&mut t, s);
+    if s.scenario == "floor" {
+        return t;
+    }
+    load_lines(&mut t, s);
+    harness_line(&mut t, s);
+    for st in &s.node_stages {
+        let _ = writeln!(t, "{}", st.line());
+    }
+    server_line(&mut t, &s.server);
+    t
+}
+
+/// The run's title line and one latency row per measured histogram.
+fn latency_rows(t: &mut String, s: &Summary) {
     let _ = writeln!(
         t,
         "imbench {} [{}] target={} transport={} encrypt={} threads={} duration={:.1}s payload={}B",
@@ -319,9 +334,10 @@ pub fn table(s: &Summary) -> String {
     if s.send_lag.count > 0 {
         t.push_str(&row("harness send lag", &s.send_lag));
     }
-    if s.scenario == "floor" {
-        return t;
-    }
+}
+
+/// Connects, the accounting of each class, errors.
+fn load_lines(t: &mut String, s: &Summary) {
     let _ = writeln!(
         t,
         "clients {}/{} connected in {:.3}s ({:.0} activations/s)",
@@ -348,6 +364,10 @@ pub fn table(s: &Summary) -> String {
         s.dup_flagged_recvs,
         s.drained
     );
+}
+
+/// The harness's own CPU, reads and writes.
+fn harness_line(t: &mut String, s: &Summary) {
     let _ = write!(
         t,
         "harness CPU ({} loop): {:.2}s connect, {:.2}s send phase ({:.0}% of one core)",
@@ -371,27 +391,25 @@ pub fn table(s: &Summary) -> String {
         );
     }
     t.push('\n');
-    for st in &s.node_stages {
-        let _ = writeln!(t, "{}", st.line());
-    }
-    let sv = &s.server;
-    let mut line = format!("server ({}):", sv.source);
+}
+
+/// The server's CPU and memory.
+fn server_line(t: &mut String, sv: &ServerUse) {
+    let _ = write!(t, "server ({}):", sv.source);
     if let (Some(c), Some(sh)) = (sv.cpu_s_send_phase, sv.cpu_share_send_phase) {
         let _ = write!(
-            line,
+            t,
             " CPU {c:.2}s send phase ({:.0}% of one core)",
             sh * 100.0
         );
     }
     if let Some(r) = sv.rss_bytes_connected {
-        let _ = write!(line, " RSS {:.1} MiB connected", r as f64 / 1048576.0);
+        let _ = write!(t, " RSS {:.1} MiB connected", r as f64 / 1048576.0);
     }
     if let Some(p) = sv.rss_bytes_per_connection {
-        let _ = write!(line, ", {p:.0} B per connection");
+        let _ = write!(t, ", {p:.0} B per connection");
     }
-    t.push_str(&line);
     t.push('\n');
-    t
 }
 
 /// Writes `<label>.json` and one `<label>-<name>.hgrm` per non-empty histogram.

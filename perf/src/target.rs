@@ -32,7 +32,7 @@ impl NodeAddrs {
     pub fn client_addr(&self, transport: Transport) -> io::Result<SocketAddr> {
         match transport {
             Transport::Tcp => self.tcp,
-            Transport::Ws => self.ws,
+            Transport::WebSocket => self.ws,
         }
         .ok_or_else(|| io::Error::other(format!("node has no {transport:?} address")))
     }

@@ -96,7 +96,7 @@ fn person_over_epoll_accounts_for_every_recv() {
 #[test]
 fn person_over_websocket_encrypted() {
     let mut cfg = config("person-ws");
-    cfg.load.transport = Transport::Ws;
+    cfg.load.transport = Transport::WebSocket;
     cfg.load.encrypt = true;
     let sc = Scenario::Person {
         pairs: 5,

@@ -67,7 +67,7 @@ mod core;
 pub mod fd;
 mod mio_driver;
 mod uring_driver;
-mod ws;
+use crate::ws;
 
 pub use self::core::AcceptBackoff;
 
@@ -231,14 +231,9 @@ impl NetConfig {
     }
 }
 
-/// Which listener accepted a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ListenerKind {
-    /// wkproto frames back to back on the stream.
-    Tcp,
-    /// wkproto frames inside binary WebSocket messages.
-    WebSocket,
-}
+/// Which listener accepted a connection: the one transport enum of the crate (the
+/// old name, kept for `engine`).
+pub use crate::Transport as ListenerKind;
 
 /// One connection of one shard: slot index plus the slot's generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
