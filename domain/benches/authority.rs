@@ -20,7 +20,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use domain::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
 use domain::cluster::{ClusterView, HashSlot, Target};
 use domain::route::{
-    AuthorityError, CompactEndpoint, DeviceLevel, Endpoint, Listener, RegisterOutcome, Route, Uid,
+    AuthorityError, CompactEndpoint, DeviceLevel, Endpoint, RegisterOutcome, Route, Transport, Uid,
 };
 use shard::slots::{hash_slot, HASH_SLOTS};
 
@@ -87,7 +87,7 @@ fn route(uid: &Uid, dev: &Arc<str>, session: u64, seq: u64, la: u64) -> Route {
         node_id: 2,
         boot_id: 7,
         session_id: session,
-        listener: Listener::Tcp,
+        listener: Transport::Tcp,
         owner_seq: seq,
         connected_at_ms: 0,
         last_active_s: Some(la),

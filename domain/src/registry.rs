@@ -49,7 +49,9 @@ use shard::slots::{hash_slot, HASH_SLOTS};
 
 use crate::activation::AuthorityRequest;
 use crate::cluster::{ClusterView, HashSlot, NodeId, Target};
-use crate::route::{BootId, DeviceLevel, Listener, OwnerSeq, Route, RouteIdentity, SessionId, Uid};
+use crate::route::{
+    BootId, DeviceLevel, OwnerSeq, Route, RouteIdentity, SessionId, Transport, Uid,
+};
 
 /// Default for [`RegistryConfig::max_sessions`].
 pub const DEFAULT_MAX_SESSIONS: u32 = 1_000_000;
@@ -231,7 +233,7 @@ pub struct NewSession {
     pub device_level: DeviceLevel,
     /// Unique within this process (boot id).
     pub session_id: SessionId,
-    pub listener: Listener,
+    pub listener: Transport,
     pub connected_at_ms: u64,
 }
 
@@ -245,7 +247,7 @@ pub struct SessionInfo {
     pub session_id: SessionId,
     pub boot_id: BootId,
     pub node_id: NodeId,
-    pub listener: Listener,
+    pub listener: Transport,
     /// The route owner_seq: drawn at registration, carried by the register, every
     /// touch and every endpoint of this session's route (see the module docs).
     pub owner_seq: OwnerSeq,

@@ -29,12 +29,8 @@ pub enum DeviceLevel {
     Master = 1,
 }
 
-/// The listener a session came in on.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Listener {
-    Tcp,
-    WebSocket,
-}
+/// The listener (transport) a session came in on.
+pub use net::Transport;
 
 /// The identity of a route: `(uid, node_id, boot_id, session_id)`. UID plus node id
 /// alone could deliver into a restarted or replaced connection.
@@ -57,7 +53,7 @@ pub struct Route {
     pub node_id: NodeId,
     pub boot_id: BootId,
     pub session_id: SessionId,
-    pub listener: Listener,
+    pub listener: Transport,
     pub owner_seq: OwnerSeq,
     pub connected_at_ms: u64,
     /// Last activity, in whole seconds of the authority's clock. `None`: registered
@@ -219,7 +215,7 @@ mod tests {
             node_id: 1,
             boot_id: 9,
             session_id,
-            listener: Listener::Tcp,
+            listener: Transport::Tcp,
             owner_seq: session_id,
             connected_at_ms: 0,
             last_active_s: Some(0),

@@ -12,7 +12,7 @@ use domain::activation::{Activation, ActivationConfig, ActivationId, Event, Outp
 use domain::cluster::ClusterView;
 use domain::registry::{NewSession, Registry, RegistryConfig};
 use domain::route::{
-    DeviceLevel, Listener, OwnerAction, OwnerActionKind, PendingToken, RouteIdentity,
+    DeviceLevel, OwnerAction, OwnerActionKind, PendingToken, RouteIdentity, Transport,
 };
 
 pub const NODE: u64 = 1;
@@ -38,7 +38,7 @@ pub fn session(uid: &str, device_id: &str, flag: u8, level: DeviceLevel, sid: u6
         device_flag: flag,
         device_level: level,
         session_id: sid,
-        listener: Listener::Tcp,
+        listener: Transport::Tcp,
         connected_at_ms: 1_000,
     }
 }

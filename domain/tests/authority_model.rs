@@ -12,8 +12,8 @@ use domain::authority::{
 };
 use domain::cluster::{HashSlot, Target};
 use domain::route::{
-    AuthorityError, DeviceLevel, Endpoint, Listener, OwnerAction, OwnerActionKind, PendingToken,
-    RegisterOutcome, Route, RouteIdentity, Uid,
+    AuthorityError, DeviceLevel, Endpoint, OwnerAction, OwnerActionKind, PendingToken,
+    RegisterOutcome, Route, RouteIdentity, Transport, Uid,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -415,7 +415,7 @@ impl World {
             node_id: rng.gen_range(1..3),
             boot_id: 1,
             session_id: rng.gen_range(1..4),
-            listener: Listener::Tcp,
+            listener: Transport::Tcp,
             owner_seq: rng.gen_range(0..7),
             connected_at_ms: 0,
             last_active_s: match rng.gen_range(0..6) {

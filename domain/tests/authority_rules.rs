@@ -12,8 +12,8 @@ use domain::authority::{
 };
 use domain::cluster::{ClusterView, HashSlot, Target};
 use domain::route::{
-    AuthorityError, DeviceLevel, Endpoint, Listener, OwnerActionKind, PendingToken,
-    RegisterOutcome, Route, Uid,
+    AuthorityError, DeviceLevel, Endpoint, OwnerActionKind, PendingToken, RegisterOutcome, Route,
+    Transport, Uid,
 };
 use shard::slots::{hash_slot, HASH_SLOTS};
 
@@ -75,7 +75,7 @@ fn route(
         node_id: node,
         boot_id: 77,
         session_id: session,
-        listener: Listener::Tcp,
+        listener: Transport::Tcp,
         owner_seq: seq,
         connected_at_ms: 0,
         last_active_s: la,

@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use domain::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
 use domain::cluster::{ClusterView, HashSlot, NodeId, Target};
 use domain::route::{
-    AuthorityError, DeviceLevel, Endpoint, Listener, PendingToken, RegisterOutcome, Route,
-    RouteIdentity, Uid,
+    AuthorityError, DeviceLevel, Endpoint, PendingToken, RegisterOutcome, Route, RouteIdentity,
+    Transport, Uid,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -249,7 +249,7 @@ impl Sim {
             node_id: gw.node_id,
             boot_id: gw.boot_id,
             session_id: session,
-            listener: Listener::Tcp,
+            listener: Transport::Tcp,
             owner_seq: seq,
             connected_at_ms: self.now * 1000,
             last_active_s: Some(self.now),

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use net::io::{bind_reuseport, Backend, ListenerKind, NetConfig, NetDriver, NetEvent};
+use net::io::{bind_reuseport, Backend, NetConfig, NetDriver, NetEvent, Transport};
 use shard::runtime::{Context, Handler, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 
@@ -71,8 +71,7 @@ fn start_node(backend: Backend) -> (Runtime<Echo>, SocketAddr) {
         },
         move |init: &ShardInit| {
             let l = listener.lock().unwrap().take().expect("one shard");
-            let driver =
-                NetDriver::new(&config, init.doorbell.clone(), vec![(ListenerKind::Tcp, l)])?;
+            let driver = NetDriver::new(&config, init.doorbell.clone(), vec![(Transport::Tcp, l)])?;
             assert_eq!(driver.backend(), backend);
             Ok((Echo, driver))
         },

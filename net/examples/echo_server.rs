@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use net::io::{bind_reuseport, Backend, ListenerKind, NetConfig, NetDriver, NetEvent, NetStats};
+use net::io::{bind_reuseport, Backend, NetConfig, NetDriver, NetEvent, NetStats, Transport};
 use shard::runtime::{Context, Handler, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 
@@ -54,8 +54,8 @@ fn main() -> std::io::Result<()> {
     let backlog = config.listen_backlog;
     let rt = Runtime::start(RuntimeConfig::default(), move |init: &ShardInit| {
         let listeners = vec![
-            (ListenerKind::Tcp, bind_reuseport(tcp, backlog)?),
-            (ListenerKind::WebSocket, bind_reuseport(ws, backlog)?),
+            (Transport::Tcp, bind_reuseport(tcp, backlog)?),
+            (Transport::WebSocket, bind_reuseport(ws, backlog)?),
         ];
         let driver = NetDriver::new(&config, init.doorbell.clone(), listeners)?;
         println!(

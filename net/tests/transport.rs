@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use net::io::{
-    bind_reuseport, Backend, CloseReason, ConnId, ListenerKind, NetConfig, NetDriver, NetEvent,
+    bind_reuseport, Backend, CloseReason, ConnId, NetConfig, NetDriver, NetEvent, Transport,
 };
 use shard::runtime::{Context, EventFd, Handler, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
@@ -80,18 +80,15 @@ impl Server {
         let config = NetConfig { backend, ..config };
         let localhost: SocketAddr = "127.0.0.1:0".parse().unwrap();
         // One SO_REUSEPORT listener per shard on the same two ports.
-        let mut per_shard: Vec<Vec<(ListenerKind, TcpListener)>> = Vec::new();
+        let mut per_shard: Vec<Vec<(Transport, TcpListener)>> = Vec::new();
         let tcp0 = bind_reuseport(localhost, 4096).unwrap();
         let ws0 = bind_reuseport(localhost, 4096).unwrap();
         let (tcp, ws) = (tcp0.local_addr().unwrap(), ws0.local_addr().unwrap());
-        per_shard.push(vec![
-            (ListenerKind::Tcp, tcp0),
-            (ListenerKind::WebSocket, ws0),
-        ]);
+        per_shard.push(vec![(Transport::Tcp, tcp0), (Transport::WebSocket, ws0)]);
         for _ in 1..shards {
             per_shard.push(vec![
-                (ListenerKind::Tcp, bind_reuseport(tcp, 4096).unwrap()),
-                (ListenerKind::WebSocket, bind_reuseport(ws, 4096).unwrap()),
+                (Transport::Tcp, bind_reuseport(tcp, 4096).unwrap()),
+                (Transport::WebSocket, bind_reuseport(ws, 4096).unwrap()),
             ]);
         }
         let per_shard = Mutex::new(per_shard.into_iter().map(Some).collect::<Vec<_>>());
@@ -142,7 +139,7 @@ impl Server {
         }
     }
 
-    fn wait_accepted(&self, kind: ListenerKind) -> ConnId {
+    fn wait_accepted(&self, kind: Transport) -> ConnId {
         match self
             .wait_for(
                 "Accepted",
@@ -272,7 +269,7 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 fn tcp_echo(backend: Backend) {
     let server = Server::start(backend, 1, NetConfig::default());
     let mut c = connect(server.tcp);
-    let conn = server.wait_accepted(ListenerKind::Tcp);
+    let conn = server.wait_accepted(Transport::Tcp);
     c.write_all(b"hello").unwrap();
     assert_eq!(read_exact_n(&mut c, 5), b"hello");
     let big = pattern(300_000, 7);
@@ -285,7 +282,7 @@ fn tcp_echo(backend: Backend) {
 fn ws_echo_ping_close(backend: Backend) {
     let server = Server::start(backend, 1, NetConfig::default());
     let mut ws = ws_connect(server.ws, "/any/path?x=1");
-    let conn = server.wait_accepted(ListenerKind::WebSocket);
+    let conn = server.wait_accepted(Transport::WebSocket);
     ws.send(Message::Binary(b"hello ws".to_vec().into()))
         .unwrap();
     assert_eq!(ws_read_bytes(&mut ws, 8), b"hello ws");
@@ -361,7 +358,7 @@ fn split_and_coalesced_input(backend: Backend) {
 fn bad_websocket_input_closes_only_that_client(backend: Backend) {
     let server = Server::start(backend, 1, NetConfig::default());
     let mut good = ws_connect(server.ws, "/");
-    let good_id = server.wait_accepted(ListenerKind::WebSocket);
+    let good_id = server.wait_accepted(Transport::WebSocket);
     for bad_bytes in [
         // An unmasked binary frame.
         vec![0x82u8, 0x03, b'a', b'b', b'c'],
@@ -369,7 +366,7 @@ fn bad_websocket_input_closes_only_that_client(backend: Backend) {
         vec![0xFFu8; 16],
     ] {
         let mut bad = ws_connect(server.ws, "/bad");
-        let bad_id = server.wait_accepted(ListenerKind::WebSocket);
+        let bad_id = server.wait_accepted(Transport::WebSocket);
         bad.get_mut().write_all(&bad_bytes).unwrap();
         assert_eq!(server.wait_closed(bad_id), CloseReason::WebSocketProtocol);
         // The bad client gets a close frame (protocol error), then end of stream.
@@ -401,14 +398,14 @@ fn slow_reader_is_closed_on_outbound_overflow(backend: Backend) {
     };
     let server = Server::start(backend, 1, config);
     let mut steady = connect(server.tcp);
-    let steady_id = server.wait_accepted(ListenerKind::Tcp);
+    let steady_id = server.wait_accepted(Transport::Tcp);
     // The slow client: small receive buffer, never reads, keeps sending.
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
     sock.connect(&server.tcp.into()).unwrap();
     let mut slow: TcpStream = sock.into();
     slow.set_write_timeout(Some(FAIL_AFTER)).unwrap();
-    let slow_id = server.wait_accepted(ListenerKind::Tcp);
+    let slow_id = server.wait_accepted(Transport::Tcp);
     let flooder = std::thread::spawn(move || {
         let chunk = vec![0x5Au8; 16 * 1024];
         let limit_bytes = 1usize << 30;
@@ -442,7 +439,7 @@ fn unconsumed_input_pauses_reading(backend: Backend) {
     let limit = config.inbound_buffer_bytes_max;
     let server = Server::start_with(backend, 1, config, BLOCK);
     let mut c = connect(server.tcp);
-    let id = server.wait_accepted(ListenerKind::Tcp);
+    let id = server.wait_accepted(Transport::Tcp);
     let data = pattern(20 * BLOCK, 9);
     let mut writer = c.try_clone().unwrap();
     let to_send = data.clone();
@@ -471,12 +468,12 @@ fn idle_connection_is_closed(backend: Backend) {
     };
     let server = Server::start(backend, 1, config);
     let mut silent = connect(server.tcp);
-    let id = server.wait_accepted(ListenerKind::Tcp);
+    let id = server.wait_accepted(Transport::Tcp);
     assert_eq!(server.wait_closed(id), CloseReason::IdleTimeout);
     assert!(read_to_close(&mut silent).is_empty());
     // A silent WebSocket client gets a close frame.
     let mut ws = ws_connect(server.ws, "/");
-    let id = server.wait_accepted(ListenerKind::WebSocket);
+    let id = server.wait_accepted(Transport::WebSocket);
     assert_eq!(server.wait_closed(id), CloseReason::IdleTimeout);
     assert!(matches!(ws.read(), Ok(Message::Close(_))));
 }
@@ -488,9 +485,9 @@ fn connections_past_the_limit_are_refused(backend: Backend) {
     };
     let server = Server::start(backend, 1, config);
     let mut a = connect(server.tcp);
-    let a_id = server.wait_accepted(ListenerKind::Tcp);
+    let a_id = server.wait_accepted(Transport::Tcp);
     let mut b = connect(server.tcp);
-    server.wait_accepted(ListenerKind::Tcp);
+    server.wait_accepted(Transport::Tcp);
     let mut extra = connect(server.tcp);
     // Over the cap: accepted and reset at once (SO_LINGER 0), not a graceful close.
     let mut buf = [0u8; 16];
@@ -506,7 +503,7 @@ fn connections_past_the_limit_are_refused(backend: Backend) {
     drop(a);
     assert_eq!(server.wait_closed(a_id), CloseReason::PeerClosed);
     let mut again = connect(server.tcp);
-    server.wait_accepted(ListenerKind::Tcp);
+    server.wait_accepted(Transport::Tcp);
     again.write_all(b"re").unwrap();
     assert_eq!(read_exact_n(&mut again, 2), b"re");
 }
@@ -526,7 +523,7 @@ fn ws_ping_flood_output_is_bounded(backend: Backend) {
     stream.set_read_timeout(Some(FAIL_AFTER)).unwrap();
     stream.set_write_timeout(Some(FAIL_AFTER)).unwrap();
     let (ws, _) = tungstenite::client(format!("ws://{}/", server.ws), stream).unwrap();
-    let id = server.wait_accepted(ListenerKind::WebSocket);
+    let id = server.wait_accepted(Transport::WebSocket);
     let mut raw = ws.into_inner();
     let pings: Vec<u8> = (0..64u8)
         .flat_map(|i| masked_frame(0x9, true, &[i; 125], [i, 1, 2, 3]))
@@ -556,7 +553,7 @@ fn ws_pings_without_connect_time_out(backend: Backend) {
     };
     let server = Server::start(backend, 1, config);
     let mut ws = ws_connect(server.ws, "/");
-    let id = server.wait_accepted(ListenerKind::WebSocket);
+    let id = server.wait_accepted(Transport::WebSocket);
     let pinger = std::thread::spawn(move || {
         let deadline = Instant::now() + FAIL_AFTER;
         while Instant::now() < deadline {
@@ -579,13 +576,13 @@ fn ws_pings_without_connect_time_out(backend: Backend) {
 fn graceful_local_close(backend: Backend) {
     let server = Server::start(backend, 1, NetConfig::default());
     let mut c = connect(server.tcp);
-    let id = server.wait_accepted(ListenerKind::Tcp);
+    let id = server.wait_accepted(Transport::Tcp);
     c.write_all(BYE).unwrap();
     // The echo queued before close() is flushed, then the stream ends.
     assert_eq!(read_to_close(&mut c), BYE);
     assert_eq!(server.wait_closed(id), CloseReason::Local);
     let mut ws = ws_connect(server.ws, "/");
-    let id = server.wait_accepted(ListenerKind::WebSocket);
+    let id = server.wait_accepted(Transport::WebSocket);
     ws.send(Message::Binary(BYE.to_vec().into())).unwrap();
     assert_eq!(ws_read_bytes(&mut ws, BYE.len()), BYE);
     match ws.read() {
@@ -758,7 +755,7 @@ fn auto_backend_falls_back_to_mio_when_uring_setup_fails() {
     let (tx, rx) = channel();
     let driver_thread = std::thread::spawn(move || {
         let doorbell = std::sync::Arc::new(EventFd::new().unwrap());
-        let mut d = NetDriver::new(&config, doorbell, vec![(ListenerKind::Tcp, listener)]).unwrap();
+        let mut d = NetDriver::new(&config, doorbell, vec![(Transport::Tcp, listener)]).unwrap();
         tx.send(d.backend()).unwrap();
         // Serve one echo by hand.
         let mut events = Vec::new();

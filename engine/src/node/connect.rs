@@ -14,7 +14,7 @@
 //! `Closed` during activation.
 
 use net::crypto::{server_handshake, CryptoError, ServerHandshake};
-use net::io::{ConnId, ListenerKind, NetDriver};
+use net::io::{ConnId, NetDriver};
 use net::wkproto::{self, ConnackPacket, ConnectPacket, ReasonCode};
 use rand::Rng;
 use shard::runtime::Context;
@@ -22,7 +22,7 @@ use shard::runtime::Context;
 use crate::activation::{self, Activation, ActivationId, AuthorityRequest, Event, Output};
 use crate::delivery::session_id;
 use crate::registry::NewSession;
-use crate::route::{DeviceLevel, Listener, SessionId, Uid};
+use crate::route::{DeviceLevel, SessionId, Uid};
 
 use super::conns::ConnState;
 use super::msg::{Corr, Msg};
@@ -204,10 +204,7 @@ impl NodeShard {
         conn.uid = uid.clone();
         conn.session_id = a.session_id;
         conn.state = ConnState::Activating(a.aid);
-        let listener = match conn.listener {
-            ListenerKind::Tcp => Listener::Tcp,
-            ListenerKind::WebSocket => Listener::WebSocket,
-        };
+        let listener = conn.listener;
         self.session_conns.insert(a.session_id, id);
         let new = NewSession {
             uid,

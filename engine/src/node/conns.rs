@@ -10,7 +10,7 @@
 //! Rule numbers: `docs/authority-rules.md`.
 
 use net::crypto::SessionCipher;
-use net::io::{CloseReason, ConnId, ListenerKind, NetDriver};
+use net::io::{CloseReason, ConnId, NetDriver, Transport};
 use net::wkproto::{self, DisconnectPacket, Frame, ReasonCode};
 use shard::runtime::Context;
 use shard::timer::TimerHandle;
@@ -40,7 +40,7 @@ pub(crate) enum ConnState {
 /// One client connection of this shard.
 pub(crate) struct Conn {
     pub id: ConnId,
-    pub listener: ListenerKind,
+    pub listener: Transport,
     pub state: ConnState,
     /// Negotiated protocol version.
     pub version: u8,
@@ -90,7 +90,7 @@ impl NodeShard {
         &mut self,
         driver: &mut NetDriver,
         conn: ConnId,
-        listener: ListenerKind,
+        listener: Transport,
     ) {
         if self.stopping {
             driver.close(conn);

@@ -40,7 +40,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::shard::runtime::{Injector, Runtime, RuntimeConfig, RuntimeHandle, ShardInit};
 use ::shard::slots::{ShardId, SlotMap};
-use net::io::{bind_reuseport, ListenerKind, NetConfig, NetDriver};
+use net::io::{bind_reuseport, NetConfig, NetDriver, Transport};
 
 use crate::activation::ActivationConfig;
 use crate::authority::{AuthorityConfig, AuthorityReader, Directory};
@@ -564,13 +564,13 @@ impl Node {
             .collect();
         let initial_view = ClusterView::single_node(config.node_id);
 
-        let mut listeners: Vec<Vec<(ListenerKind, TcpListener)>> =
+        let mut listeners: Vec<Vec<(Transport, TcpListener)>> =
             (0..shards).map(|_| Vec::new()).collect();
         let mut tcp_addr = None;
         let mut ws_addr = None;
         for (addr, kind, out) in [
-            (config.tcp_addr, ListenerKind::Tcp, &mut tcp_addr),
-            (config.ws_addr, ListenerKind::WebSocket, &mut ws_addr),
+            (config.tcp_addr, Transport::Tcp, &mut tcp_addr),
+            (config.ws_addr, Transport::WebSocket, &mut ws_addr),
         ] {
             if let Some(addr) = addr {
                 let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;

@@ -16,7 +16,7 @@ use shard::timer::{TimerHandle, TimerWheel};
 
 use super::ws::{self, Handshake, WsControl, WsDecoder};
 use super::{
-    CloseReason, ConnId, ListenerKind, ListenerStats, NetConfig, NetEvent, NetStats, SendError,
+    CloseReason, ConnId, ListenerStats, NetConfig, NetEvent, NetStats, SendError, Transport,
 };
 
 /// An input buffer whose capacity passed this is released when fully consumed, so
@@ -145,7 +145,7 @@ pub(crate) enum Refusal {
 
 /// One listening socket's accept state.
 struct ListenerState {
-    kind: ListenerKind,
+    kind: Transport,
     backoff: AcceptBackoff,
     /// Accepting is paused until then (a failed round's retry time).
     paused_until_ms: Option<u64>,
@@ -173,7 +173,7 @@ pub(crate) struct Conn {
     generation: u32,
     in_use: bool,
     pub(crate) phase: Phase,
-    kind: ListenerKind,
+    kind: Transport,
     peer: SocketAddr,
     /// Bytes for the handler: `input[input_start..]` is unconsumed.
     input: Vec<u8>,
@@ -211,7 +211,7 @@ impl Conn {
             generation: 0,
             in_use: false,
             phase: Phase::Dead,
-            kind: ListenerKind::Tcp,
+            kind: Transport::Tcp,
             peer: SocketAddr::from(([127, 0, 0, 1], 0)),
             input: Vec::new(),
             input_start: 0,
@@ -297,7 +297,7 @@ impl Core {
     }
 
     /// Registers listener number `listeners.len()` (the backend's listener index).
-    pub(crate) fn add_listener(&mut self, kind: ListenerKind) -> usize {
+    pub(crate) fn add_listener(&mut self, kind: Transport) -> usize {
         self.listeners.push(ListenerState {
             kind,
             backoff: AcceptBackoff::from_config(&self.cfg),
@@ -306,10 +306,10 @@ impl Core {
         self.listeners.len() - 1
     }
 
-    fn listener_stats(&mut self, kind: ListenerKind) -> &mut ListenerStats {
+    fn listener_stats(&mut self, kind: Transport) -> &mut ListenerStats {
         match kind {
-            ListenerKind::Tcp => &mut self.stats.tcp,
-            ListenerKind::WebSocket => &mut self.stats.ws,
+            Transport::Tcp => &mut self.stats.tcp,
+            Transport::WebSocket => &mut self.stats.ws,
         }
     }
 
@@ -379,8 +379,8 @@ impl Core {
                 l.paused_until_ms = None;
                 out.push(li);
                 match l.kind {
-                    ListenerKind::Tcp => self.stats.tcp.paused -= 1,
-                    ListenerKind::WebSocket => self.stats.ws.paused -= 1,
+                    Transport::Tcp => self.stats.tcp.paused -= 1,
+                    Transport::WebSocket => self.stats.ws.paused -= 1,
                 }
             }
         }
@@ -437,12 +437,12 @@ impl Core {
         c.established = false;
         c.peer_eof = false;
         c.phase = match kind {
-            ListenerKind::Tcp => Phase::Open,
-            ListenerKind::WebSocket => Phase::Handshake,
+            Transport::Tcp => Phase::Open,
+            Transport::WebSocket => Phase::Handshake,
         };
         c.ws = WsDecoder::default();
         c.timer = self.timers.insert(deadline, (idx, c.generation)).ok();
-        if kind == ListenerKind::Tcp {
+        if kind == Transport::Tcp {
             self.accept_visible(idx);
         }
         Some(idx)
@@ -607,7 +607,7 @@ impl Core {
             return;
         }
         let before = c.out_next.len();
-        if c.kind == ListenerKind::WebSocket && c.phase == Phase::Open {
+        if c.kind == Transport::WebSocket && c.phase == Phase::Open {
             ws::write_close(&mut c.out_next, ws_code);
         }
         let added = c.out_next.len() - before;
@@ -625,7 +625,7 @@ impl Core {
         let c = &mut self.conns[idx as usize];
         c.last_input_ms = now;
         match (c.phase, c.kind) {
-            (Phase::Open, ListenerKind::Tcp) => {
+            (Phase::Open, Transport::Tcp) => {
                 if c.unconsumed() + data.len() > max_in {
                     self.abort(idx, CloseReason::InboundOverflow);
                     return;
@@ -634,7 +634,7 @@ impl Core {
                 c.input.extend_from_slice(data);
                 self.mark_readable(idx);
             }
-            (Phase::Open, ListenerKind::WebSocket) => {
+            (Phase::Open, Transport::WebSocket) => {
                 c.raw.extend_from_slice(data);
                 self.decode_ws(idx);
             }
@@ -998,16 +998,16 @@ impl Core {
             return Err(SendError::Closed);
         }
         let framed = match c.kind {
-            ListenerKind::Tcp => bytes.len(),
-            ListenerKind::WebSocket => ws::header_len(bytes.len()) + bytes.len(),
+            Transport::Tcp => bytes.len(),
+            Transport::WebSocket => ws::header_len(bytes.len()) + bytes.len(),
         };
         if !self.reserve_out(i as u32, framed) {
             return Err(SendError::Overflow);
         }
         let c = &mut self.conns[i];
         match c.kind {
-            ListenerKind::Tcp => c.out_next.extend_from_slice(bytes),
-            ListenerKind::WebSocket => ws::write_binary(&mut c.out_next, bytes),
+            Transport::Tcp => c.out_next.extend_from_slice(bytes),
+            Transport::WebSocket => ws::write_binary(&mut c.out_next, bytes),
         }
         self.mark_dirty(i as u32);
         Ok(())
@@ -1035,8 +1035,8 @@ mod tests {
 
     fn core(cfg: NetConfig) -> Core {
         let mut c = Core::new(&cfg, 0);
-        assert_eq!(c.add_listener(ListenerKind::Tcp), TCP);
-        assert_eq!(c.add_listener(ListenerKind::WebSocket), WS);
+        assert_eq!(c.add_listener(Transport::Tcp), TCP);
+        assert_eq!(c.add_listener(Transport::WebSocket), WS);
         c
     }
 
@@ -1455,8 +1455,7 @@ mod tests {
             }
             3 => {
                 if let Some(i) = pick(rnd(1000)) {
-                    if c.phase(i) == Phase::Open
-                        && c.conns[i as usize].kind == ListenerKind::WebSocket
+                    if c.phase(i) == Phase::Open && c.conns[i as usize].kind == Transport::WebSocket
                     {
                         c.on_recv(i, &ping(&[1; 100]));
                     }

@@ -19,8 +19,8 @@ use shard::runtime::{Driver, EventFd};
 
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, ListenerKind, NetConfig,
-    NetEvent, NetStats, SendError, Spare, SpareOutcome,
+    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, NetConfig, NetEvent,
+    NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 const DOORBELL: Token = Token(usize::MAX);
@@ -51,7 +51,7 @@ pub struct MioDriver {
     poll: Poll,
     events: mio::Events,
     doorbell: Arc<EventFd>,
-    listeners: Vec<(ListenerKind, MioListener)>,
+    listeners: Vec<(Transport, MioListener)>,
     conns: Vec<MioConn>,
     paused: Vec<u32>,
     scratch: Vec<u8>,
@@ -72,7 +72,7 @@ impl MioDriver {
     pub fn new(
         config: &NetConfig,
         doorbell: Arc<EventFd>,
-        listeners: Vec<(ListenerKind, TcpListener)>,
+        listeners: Vec<(Transport, TcpListener)>,
     ) -> io::Result<Self> {
         config.validate()?;
         let poll = Poll::new()?;

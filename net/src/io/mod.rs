@@ -233,7 +233,7 @@ impl NetConfig {
 
 /// Which listener accepted a connection: the one transport enum of the crate (the
 /// old name, kept for `engine`).
-pub use crate::Transport as ListenerKind;
+pub use crate::Transport;
 
 /// One connection of one shard: slot index plus the slot's generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -280,7 +280,7 @@ pub enum NetEvent {
     /// A new connection (WebSocket: upgrade completed).
     Accepted {
         conn: ConnId,
-        listener: ListenerKind,
+        listener: Transport,
         peer: SocketAddr,
     },
     /// New bytes are in the connection's input.
@@ -427,7 +427,7 @@ impl NetDriver {
     pub fn new(
         config: &NetConfig,
         doorbell: Arc<EventFd>,
-        listeners: Vec<(ListenerKind, TcpListener)>,
+        listeners: Vec<(Transport, TcpListener)>,
     ) -> io::Result<Self> {
         match config.backend {
             Backend::Mio => Ok(NetDriver::Mio(Box::new(MioDriver::new(

@@ -23,8 +23,8 @@ use shard::runtime::{Driver, EventFd};
 use super::bufring::BufRing;
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, ListenerKind, NetConfig,
-    NetEvent, NetStats, SendError, Spare, SpareOutcome,
+    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, NetConfig, NetEvent,
+    NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 /// Buffer group id of the provided receive buffers.
@@ -76,7 +76,7 @@ pub struct UringDriver {
     bufs_unsafe_to_free: bool,
     doorbell: Arc<EventFd>,
     doorbell_armed: bool,
-    listeners: Vec<(ListenerKind, TcpListener)>,
+    listeners: Vec<(Transport, TcpListener)>,
     /// Single-shot accepts in flight per listener (at most
     /// `uring_accepts_inflight`): each completion carries a descriptor the kernel
     /// already installed, so they bound how far past its cap a shard's descriptors
@@ -104,7 +104,7 @@ impl UringDriver {
     pub fn new(
         config: &NetConfig,
         doorbell: Arc<EventFd>,
-        listeners: Vec<(ListenerKind, TcpListener)>,
+        listeners: Vec<(Transport, TcpListener)>,
     ) -> io::Result<Self> {
         config.validate()?;
         let ring: IoUring = IoUring::builder()
