@@ -173,7 +173,11 @@ fn check_recipients(sim: &Sim, seen: &mut Seen) -> Result<(), String> {
                 continue;
             }
             let pair = (id, s);
-            if m.crash_lost || sim.dropped.contains(&pair) || sim.untracked.contains(&pair) {
+            if m.crash_lost
+                || sim.dropped.contains(&pair)
+                || sim.untracked.contains(&pair)
+                || sim.failed_lookup.contains(&pair)
+            {
                 continue;
             }
             if m.ordinal.is_some_and(|o| sess.sync_ordinal > o) {

@@ -68,6 +68,7 @@ pub struct Params {
     pub drop_permille: u32,
     pub sync_fail_permille: u32,
     pub restart_permille: u32,
+    pub lookup_fail_permille: u32,
     pub ring_cap: usize,
     pub commit: CommitLimits,
     pub plan: PlanLimits,
@@ -83,6 +84,7 @@ impl Params {
             drop_permille: pick(rng, &[0, 30, 150]),
             sync_fail_permille: pick(rng, &[0, 0, 40]),
             restart_permille: pick(rng, &[0, 8, 25]),
+            lookup_fail_permille: pick(rng, &[0, 0, 20]),
             ring_cap,
             commit: CommitLimits {
                 answer_after_sync: always.unwrap_or_else(|| rng.gen_bool(0.5)),
@@ -126,6 +128,7 @@ pub struct Seen {
     pub dropped: u64,
     pub stale: u64,
     pub stalls: u64,
+    pub failed_lookups: u64,
     pub crash_lost: u64,
     /// Sessions activated while a message committed that found it by reading the log.
     pub race_synced: u64,
@@ -147,12 +150,12 @@ impl Seen {
         }
     }
 
-    fn fields(&self) -> [u64; 19] {
+    fn fields(&self) -> [u64; 20] {
         let mut c = *self;
         c.fields_mut().map(|x| *x)
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 19] {
+    fn fields_mut(&mut self) -> [&mut u64; 20] {
         [
             &mut self.committed,
             &mut self.deduplicated,
@@ -168,6 +171,7 @@ impl Seen {
             &mut self.dropped,
             &mut self.stale,
             &mut self.stalls,
+            &mut self.failed_lookups,
             &mut self.crash_lost,
             &mut self.race_synced,
             &mut self.race_recv,
@@ -178,7 +182,7 @@ impl Seen {
 
     /// The counters that stayed zero.
     pub fn zeros(&self) -> Vec<&'static str> {
-        const NAMES: [&str; 19] = [
+        const NAMES: [&str; 20] = [
             "committed",
             "deduplicated",
             "refused_backlog",
@@ -193,6 +197,7 @@ impl Seen {
             "dropped",
             "stale",
             "stalls",
+            "failed_lookups",
             "crash_lost",
             "race_synced",
             "race_recv",
@@ -252,9 +257,17 @@ struct DirEntry {
 /// The planner's lookups, answered from the directory at `now`: a route shows from
 /// its authority commit (before the owner marks its session active) until its
 /// unregister lands (after the owner forgot the session): deactivation lags.
+///
+/// A group's lookup fails now and then (a stale target): its recipients are
+/// reported (`PlanCounts::failed_groups`) and recover by sync.
 struct DirLookup<'a> {
     dir: &'a [DirEntry],
     now: u64,
+    rng: &'a mut StdRng,
+    fail_permille: u32,
+    /// The uids of the groups failed in this call.
+    failed: Vec<Uid>,
+    failed_groups: u64,
 }
 
 impl EndpointLookup for DirLookup<'_> {
@@ -265,6 +278,12 @@ impl EndpointLookup for DirLookup<'_> {
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     ) {
         for (_, uids) in lookups {
+            if self.rng.gen_range(0..1000) < self.fail_permille {
+                self.failed.extend(uids.iter().cloned());
+                self.failed_groups += 1;
+                results.push(Err(AuthorityError::StaleTarget));
+                continue;
+            }
             let start = endpoints.len();
             for uid in *uids {
                 endpoints.extend(
@@ -369,6 +388,10 @@ pub struct Sim {
     pub acked: HashSet<(i64, usize)>,
     pub untracked: HashSet<(i64, usize)>,
     pub dropped: HashSet<(i64, usize)>,
+    /// Pairs whose lookup may have failed (any of the messages a failing call planned).
+    pub failed_lookup: HashSet<(i64, usize)>,
+    /// Per channel, the epoch and seq of the last new message answered.
+    answered_seq: HashMap<String, (u32, u64)>,
     pub seen: Seen,
 }
 
@@ -427,6 +450,8 @@ impl Sim {
             acked: HashSet::new(),
             untracked: HashSet::new(),
             dropped: HashSet::new(),
+            failed_lookup: HashSet::new(),
+            answered_seq: HashMap::new(),
             seen: Seen::default(),
         };
         if !p.commit.answer_after_sync {
@@ -874,7 +899,7 @@ impl Sim {
             return err(format!("NoPersist request {to} answered with seq {seq}"));
         }
         match r.kind {
-            Some(Committing::Appended) => self.new_message(to, id),
+            Some(Committing::Appended) => self.new_message(to, id, seq),
             Some(Committing::Duplicate) => self.duplicate_answered(to, id, seq),
             _ => err(format!(
                 "request {to} refused at once but answered success later"
@@ -882,11 +907,20 @@ impl Sim {
         }
     }
 
-    fn new_message(&mut self, req: usize, id: i64) -> Result<(), String> {
+    fn new_message(&mut self, req: usize, id: i64, seq: u64) -> Result<(), String> {
         if self.msgs.contains_key(&id) {
             return err(format!("inv3: message id {id} issued twice"));
         }
         let r = &self.reqs[req];
+        if r.persisted() {
+            let key = r.channel.key().to_owned();
+            let last = self.answered_seq.insert(key, (self.epoch, seq));
+            if last.is_some_and(|(e, last)| e == self.epoch && seq <= last) {
+                return err(format!(
+                    "inv2: request {req} answered seq {seq} after {last:?}"
+                ));
+            }
+        }
         let recipients = self.recipients(r);
         self.msgs.insert(
             id,
@@ -963,9 +997,23 @@ impl Sim {
             };
             *r = cap.saturating_sub(self.in_flight[s] + busy);
         }
+        // The messages this call may look up: the planner's oldest, one page each,
+        // after a front message whose last page went before (stalled).
+        let planned = self.core.backlog_len() - self.core.unanswered();
+        let front = self.delivery_order.len() - planned;
+        let front =
+            front..(front + self.p.plan.pages_per_turn_max + 1).min(self.delivery_order.len());
         let mut lookup = DirLookup {
             dir: &self.directory,
             now: self.now,
+            rng: &mut self.rng,
+            fail_permille: if self.chaos {
+                self.p.lookup_fail_permille
+            } else {
+                0
+            },
+            failed: Vec::new(),
+            failed_groups: 0,
         };
         let mut pushes = Vec::new();
         self.core.pump(
@@ -978,8 +1026,19 @@ impl Sim {
         );
         let counts = self.core.take_plan_counts();
         self.seen.stalls += counts.stalls;
-        if counts.failed_groups != 0 {
-            return err("the directory failed no lookup, the planner says it did".into());
+        if counts.failed_groups != lookup.failed_groups {
+            return err(format!(
+                "{} lookups failed, the planner counted {}",
+                lookup.failed_groups, counts.failed_groups
+            ));
+        }
+        self.seen.failed_lookups += lookup.failed_groups;
+        for uid in lookup.failed {
+            for s in (0..self.sessions.len()).filter(|&s| self.sessions[s].uid == uid) {
+                for &id in &self.delivery_order[front.clone()] {
+                    self.failed_lookup.insert((id, s));
+                }
+            }
         }
         for push in pushes {
             self.carry_push(push)?;
