@@ -34,6 +34,23 @@
 //!    `backlog_bytes <= backlog_budget_bytes + one charge`, `unanswered <=
 //!    commits_unsynced_max`, and each owner's pending-ack bytes within its budget.
 //!
+//! A simulation that cannot fail is a defect: `send_sim_catches_planted_bugs` plants
+//! one bug at a time in the world (a crash that loses a synced record, an owner that
+//! skips revalidation, a route published only after its session read the log, a
+//! restart without the window's refill, pushes dropped uncounted) and requires the
+//! matching invariant to fail.
+//!
+//! Known gap, counted as `resend_undelivered` and failed by `SEND_SIM_STRICT=1`
+//! (`SEND_SIM_STRICT=1 SEND_SIM_SEED=20`: a failed sync; `=61`: a crash): a message
+//! whose first copy was never answered with success (a failed sync answered it 15, or
+//! the core crashed before answering) but whose record survived the restart is
+//! answered with success to its resend from the refilled idempotency window and
+//! never pushed: its online recipients find it only by reading the log.
+//!
+//! The model's simplifications: one node and one commit core; a restart is the core's
+//! alone (sessions, owners and the network live on, so a delivery that dies with the
+//! core is counted as `crash_lost`); `messagesync` reads every appended record.
+//!
 //! `SEND_SIM_SEEDS=N` runs seeds 0..N (default 800, two threads); `SEND_SIM_SEED=S`
 //! replays seed S alone. A failure prints
 //! `replay: SEND_SIM_SEED=<n> cargo test -p domain --test send_sim`.
@@ -324,6 +341,22 @@ fn send_sim_catches_planted_bugs() {
             },
             None,
             "inv6",
+        ),
+        (
+            Bugs {
+                no_refill: true,
+                ..Bugs::default()
+            },
+            None,
+            "inv3",
+        ),
+        (
+            Bugs {
+                silent_drop: true,
+                ..Bugs::default()
+            },
+            None,
+            "inv5",
         ),
     ];
     for (bugs, always, inv) in planted {

@@ -59,6 +59,10 @@ pub struct Bugs {
     /// A route becomes visible to lookups only after its session is active (and
     /// has read the log): the race of issue 18 item 2 left open.
     pub route_after_active: bool,
+    /// A restarted core starts with an empty idempotency window (no refill).
+    pub no_refill: bool,
+    /// The network drops pushes without counting them.
+    pub silent_drop: bool,
 }
 
 /// One seed's configuration, drawn from the seed.
@@ -1057,6 +1061,9 @@ impl Sim {
             return self.owner_push(shard, &push.message, &push.endpoints);
         }
         if self.chaos && self.roll(self.p.drop_permille) {
+            if self.bugs.silent_drop {
+                return Ok(());
+            }
             for ep in &push.endpoints {
                 if let Some(&s) = self.by_id.get(&ep.session_id) {
                     self.dropped.insert((push.message.message_id, s));
@@ -1239,7 +1246,7 @@ impl Sim {
         }
         let mut w = window().unwrap();
         let now_s = self.time().wall_ms / 1000;
-        for r in &store.records {
+        for r in store.records.iter().filter(|_| !self.bugs.no_refill) {
             let sent = SentIds {
                 message_id: r.message_id,
                 message_seq: r.seq,
