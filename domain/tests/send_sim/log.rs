@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use domain::commit::{Append, CommitLog, LogFault};
+use domain::commit::{CommitLog, LogFault, NewMessage};
 
 /// One stored record.
 #[derive(Clone, Debug)]
@@ -97,19 +97,19 @@ impl CommitLog for FakeLog {
     /// The length of the log the job makes durable.
     type Job = usize;
 
-    fn append(&mut self, a: &Append<'_>) -> Result<u64, LogFault> {
+    fn append(&mut self, a: &NewMessage<'_>) -> Result<u64, LogFault> {
         let mut s = self.0.borrow_mut();
         if s.poisoned {
             return Err(fault("poisoned"));
         }
-        let seq = s.last_seq(a.channel_type, a.channel_key) + 1;
+        let seq = s.last_seq(a.channel_type, a.channel_id) + 1;
         let ordinal = s.next_ordinal;
         s.next_ordinal += 1;
         s.records.push(Record {
             ordinal,
             message_id: a.message_id,
             channel_type: a.channel_type,
-            channel_key: a.channel_key.to_owned(),
+            channel_key: a.channel_id.to_owned(),
             seq,
             from_uid: a.from_uid.to_owned(),
             client_msg_no: a.client_msg_no.to_owned(),

@@ -19,7 +19,7 @@ use domain::delivery::{session_id, session_shard, EndpointLookup, PlanLimits, Pu
 use domain::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
 use domain::idgen::MessageIdGen;
 use domain::registry::{NewSession, Registry, RegistryConfig, SessionHandle};
-use domain::route::{AuthorityError, DeviceLevel, Endpoint, Listener, SessionId, Uid};
+use domain::route::{AuthorityError, DeviceLevel, Endpoint, SessionId, Transport, Uid};
 use net::wkproto::{Flags, ReasonCode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -638,7 +638,7 @@ impl Sim {
             device_flag: 1,
             device_level: DeviceLevel::Master,
             session_id: id,
-            listener: Listener::Tcp,
+            listener: Transport::Tcp,
             connected_at_ms: self.now,
         };
         let target = self.view.target_for_uid(&uid);
