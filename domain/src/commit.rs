@@ -49,7 +49,7 @@ use shard::slots::ShardId;
 use crate::channel::{recv_channel_id, Channel, Subscribers};
 use crate::cluster::ClusterView;
 use crate::delivery::{EndpointLookup, PlanCounts, PlanLimits, Planner, Push, Sender};
-use crate::idempotency::{IdempotencyWindow, SentIds};
+use crate::idempotency::{FirstSend, IdempotencyWindow, SentIds};
 use crate::idgen::MessageIdGen;
 use crate::route::Uid;
 
@@ -221,6 +221,9 @@ pub enum Committing {
     Duplicate,
     /// Appended (or, NoPersist, given an id): answered with its turn or its sync.
     Appended,
+    /// A resend of a message recovered from the log at start (its first answer is
+    /// unknown): answered with the first copy's ids and delivered now.
+    Recovered,
 }
 
 /// Counters the driver publishes as metrics.
@@ -271,6 +274,8 @@ pub struct CommitCore<L: CommitLog, A> {
     awaiting_sync: Vec<Unanswered<A>>,
     /// Whether a job is in flight (submitted, its end not yet reported).
     job_in_flight: bool,
+    /// The unanswered commits that will be delivered (not the plain duplicates).
+    unanswered_deliveries: usize,
     /// Answered messages whose delivery has not ended, and their planning.
     planner: Planner,
     /// The charges of the committed and not yet delivered messages.
@@ -293,6 +298,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             unsynced: Vec::new(),
             awaiting_sync: Vec::new(),
             job_in_flight: false,
+            unanswered_deliveries: 0,
             planner: Planner::default(),
             backlog_bytes: 0,
             counts: CommitCounts::default(),
@@ -310,9 +316,14 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     }
 
     /// Messages committed and not yet fully delivered or answered (bounded by
-    /// `delivery_backlog_max`).
+    /// `delivery_backlog_max`; resends answered from the window do not count).
     pub fn backlog_len(&self) -> usize {
-        self.planner.len() + self.unanswered()
+        self.planner.len() + self.unanswered_deliveries
+    }
+
+    /// Answered messages whose delivery has not ended (in the planner).
+    pub fn delivering(&self) -> usize {
+        self.planner.len()
     }
 
     /// The byte charge of the messages committed and not yet delivered.
@@ -364,65 +375,87 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             Ok(s) => s,
             Err(reason) => return refuse(out, r.answer_to, reason),
         };
-        let charge = charge_bytes(&r);
-        if let Err(reason) = self.admission(charge) {
-            return refuse(out, r.answer_to, reason);
-        }
         let now_s = now.wall_ms / 1000;
-        if let Some(first) = self.first_answer(&r, now_s) {
-            // Answered with its turn: the first copy may not be durable yet.
+        let first = self.first_send(&r, now_s);
+        if let Some(first) = first.filter(|f| !f.recovered) {
+            // A resend of a SEND committed here: its first answer, whatever the
+            // backlog (it costs no delivery). Answered with its turn: the first copy
+            // may not be durable yet.
+            if self.unanswered() >= self.limits.commits_unsynced_max {
+                return refuse(out, r.answer_to, ReasonCode::SYSTEM_ERROR);
+            }
             self.counts.deduplicated += 1;
             self.unsynced.push(Unanswered {
                 to: r.answer_to,
-                message_id: first.message_id,
-                message_seq: first.message_seq,
+                message_id: first.ids.message_id,
+                message_seq: first.ids.message_seq,
                 delivery: None,
             });
             return Committing::Duplicate;
         }
-        let Some(message_id) = self.ids.next_id(now.wall_ms) else {
-            return refuse(out, r.answer_to, ReasonCode::SYSTEM_ERROR);
-        };
-        let message_seq = match self.append(&r, message_id, now_s as u32) {
-            Ok(seq) => seq,
-            Err(fault) => {
-                out.push(CommitOutput::LogFailed {
-                    what: "append",
-                    fault,
-                });
-                return refuse(out, r.answer_to, ReasonCode::SYSTEM_ERROR);
+        let charge = charge_bytes(&r);
+        if let Err(reason) = self.admission(charge) {
+            return refuse(out, r.answer_to, reason);
+        }
+        let (ids, committing) = match first {
+            // Recovered from the log at start, its first answer unknown: answered
+            // with its ids and delivered now, with the resend's content (clients
+            // drop a second RECV by message_id).
+            Some(f) => {
+                self.counts.deduplicated += 1;
+                if let Some(w) = self.idempotency.as_mut() {
+                    w.delivered(&r.from_uid, &r.client_msg_no);
+                }
+                (f.ids, Committing::Recovered)
             }
+            None => match self.append_new(&r, now, out) {
+                Ok(ids) => (ids, Committing::Appended),
+                Err(reason) => return refuse(out, r.answer_to, reason),
+            },
         };
-        self.remember(&r, message_id, message_seq, now_s);
-        let (to, sender) = (r.answer_to, r.sender);
-        let message = Arc::new(Committed {
-            committed_ns: now.mono_ns,
-            message_id,
-            message_seq,
-            timestamp_s: now_s as u32,
-            from_uid: r.from_uid,
-            channel_key: r.channel.key().to_owned(),
-            channel_type: r.channel.channel_type(),
-            client_msg_no: r.client_msg_no,
-            setting: r.setting,
-            flags: r.flags,
-            expire_s: r.expire_s,
-            topic: r.topic,
-            payload: r.payload,
-        });
         self.backlog_bytes += charge;
+        self.unanswered_deliveries += 1;
+        let sender = r.sender;
+        let (to, message) = into_committed(r, ids, now);
         self.unsynced.push(Unanswered {
             to,
-            message_id,
-            message_seq,
+            message_id: ids.message_id,
+            message_seq: ids.message_seq,
             delivery: Some(Delivery {
-                message,
+                message: Arc::new(message),
                 sender,
                 subscribers,
                 charge_bytes: charge,
             }),
         });
-        Committing::Appended
+        committing
+    }
+
+    /// A new message: its id, its append (its seq), its place in the idempotency
+    /// window; or why it is refused (a log failure is also reported).
+    fn append_new(
+        &mut self,
+        r: &CommitRequest<A>,
+        now: Now,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) -> Result<SentIds, ReasonCode> {
+        let now_s = now.wall_ms / 1000;
+        let message_id = self
+            .ids
+            .next_id(now.wall_ms)
+            .ok_or(ReasonCode::SYSTEM_ERROR)?;
+        let message_seq = self.append(r, message_id, now_s as u32).map_err(|fault| {
+            out.push(CommitOutput::LogFailed {
+                what: "append",
+                fault,
+            });
+            ReasonCode::SYSTEM_ERROR
+        })?;
+        self.remember(r, message_id, message_seq, now_s);
+        Ok(SentIds {
+            message_id,
+            message_seq,
+        })
     }
 
     /// May the sender send to this channel? A group must exist and, for a client's
@@ -458,14 +491,14 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         Ok(())
     }
 
-    /// Flow 7 (`docs/flows.md`): the first answer of a resend of a SEND already committed.
-    fn first_answer(&mut self, r: &CommitRequest<A>, now_s: u64) -> Option<SentIds> {
+    /// Flow 7 (`docs/flows.md`): what the window knows of an earlier copy of this SEND.
+    fn first_send(&mut self, r: &CommitRequest<A>, now_s: u64) -> Option<FirstSend> {
         if r.client_msg_no.is_empty() {
             return None;
         }
         self.idempotency
             .as_mut()?
-            .get(&r.from_uid, &r.client_msg_no, now_s)
+            .first_send(&r.from_uid, &r.client_msg_no, now_s)
     }
 
     /// Appends the message (a NoPersist message is not stored: seq 0).
@@ -625,6 +658,9 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                     .filter(|_| durable)
                     .map(|d| d.message.committed_ns),
             });
+            if u.delivery.is_some() {
+                self.unanswered_deliveries -= 1;
+            }
             match u.delivery {
                 Some(d) if durable => self.planner.enqueue(d),
                 Some(d) => self.backlog_bytes -= d.charge_bytes,
@@ -632,6 +668,26 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             }
         }
     }
+}
+
+/// The request's answer address and its message as committed with `ids` at `now`.
+fn into_committed<A>(r: CommitRequest<A>, ids: SentIds, now: Now) -> (A, Committed) {
+    let message = Committed {
+        committed_ns: now.mono_ns,
+        message_id: ids.message_id,
+        message_seq: ids.message_seq,
+        timestamp_s: (now.wall_ms / 1000) as u32,
+        from_uid: r.from_uid,
+        channel_key: r.channel.key().to_owned(),
+        channel_type: r.channel.channel_type(),
+        client_msg_no: r.client_msg_no,
+        setting: r.setting,
+        flags: r.flags,
+        expire_s: r.expire_s,
+        topic: r.topic,
+        payload: r.payload,
+    };
+    (r.answer_to, message)
 }
 
 /// A refusal, answered at once.
@@ -892,6 +948,52 @@ mod tests {
         assert_eq!(c.log().records.len(), 1);
         assert_eq!(c.backlog_len(), 1, "delivered once");
         assert_eq!(c.take_counts().deduplicated, 1);
+    }
+
+    #[test]
+    fn a_resend_of_a_message_recovered_from_the_log_is_delivered_once_more() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        // After a restart the window was refilled from the log: the first copy's
+        // answer is unknown (a failed sync, a crash before it).
+        let ids = SentIds {
+            message_id: 77,
+            message_seq: 4,
+        };
+        let w = c.idempotency.as_mut().unwrap();
+        w.refill(
+            "a",
+            "m1",
+            ids,
+            (T0.wall_ms / 1000) as u32,
+            T0.wall_ms / 1000,
+        );
+        let r = request(1, "a", "g1", "m1");
+        assert_eq!(c.on_commit(r, &g, T0, &mut out), Committing::Recovered);
+        let r = request(2, "a", "g1", "m1");
+        assert_eq!(c.on_commit(r, &g, T0, &mut out), Committing::Duplicate);
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(1, 4, 1), (2, 4, 1)]);
+        assert!(c.log().records.is_empty(), "no second record");
+        assert_eq!(c.backlog_len(), 1, "delivered once, with the first resend");
+    }
+
+    #[test]
+    fn a_plain_resend_is_answered_even_when_the_backlog_is_full() {
+        let g = groups();
+        let mut out = Out::new();
+        let mut c = core(CommitLimits {
+            delivery_backlog_max: 1,
+            ..limits(false)
+        });
+        c.on_commit(request(1, "a", "g1", "m1"), &g, T0, &mut out);
+        c.end_turn(&mut out);
+        out.clear();
+        assert_eq!(c.backlog_len(), 1, "full");
+        let r = request(2, "a", "g1", "m1");
+        assert_eq!(c.on_commit(r, &g, T0, &mut out), Committing::Duplicate);
+        c.on_commit(request(3, "a", "g1", "m2"), &g, T0, &mut out);
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(3, 0, 22), (2, 1, 1)]);
     }
 
     #[test]

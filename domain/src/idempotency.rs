@@ -48,11 +48,22 @@ pub struct SentIds {
     pub message_seq: u64,
 }
 
+/// What the window knows of an earlier send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FirstSend {
+    pub ids: SentIds,
+    /// Refilled from the log at start and not yet delivered by this process: its
+    /// first copy may never have been answered with success (a failed sync, a crash
+    /// before the answer), so no RECV may have gone out. The caller delivers it with
+    /// the resend and then calls [`IdempotencyWindow::delivered`].
+    pub recovered: bool,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct IdempotencyWindow {
     config: IdempotencyConfig,
-    map: HashMap<Arc<[u8]>, SentIds>,
+    map: HashMap<Arc<[u8]>, FirstSend>,
     /// Keys in insertion order with their insertion second.
     order: VecDeque<(Arc<[u8]>, u64)>,
     /// What the entries cost, as [`IdempotencyConfig::budget_bytes`] counts it.
@@ -98,7 +109,26 @@ impl IdempotencyWindow {
         }
         self.expire(now_s);
         let key = Self::key(&mut self.scratch, uid, client_msg_no);
+        self.map.get(key).map(|f| f.ids)
+    }
+
+    /// Like [`get`](Self::get), with whether the send was recovered from the log.
+    pub fn first_send(&mut self, uid: &str, client_msg_no: &str, now_s: u64) -> Option<FirstSend> {
+        if client_msg_no.is_empty() {
+            return None;
+        }
+        self.expire(now_s);
+        let key = Self::key(&mut self.scratch, uid, client_msg_no);
         self.map.get(key).copied()
+    }
+
+    /// A recovered send was delivered (with a resend of it): later resends are plain
+    /// duplicates.
+    pub fn delivered(&mut self, uid: &str, client_msg_no: &str) {
+        let key = Self::key(&mut self.scratch, uid, client_msg_no);
+        if let Some(f) = self.map.get_mut(key) {
+            f.recovered = false;
+        }
     }
 
     /// Remembers a committed send. If the pair is already in the window, the first ids
@@ -118,7 +148,7 @@ impl IdempotencyWindow {
         self.expire(now_s);
         let key = Self::key(&mut self.scratch, uid, client_msg_no);
         if let Some(first) = self.map.get(key) {
-            return Some(*first);
+            return Some(first.ids);
         }
         let cost = key.len() + ENTRY_OVERHEAD_BYTES;
         if cost > self.config.budget_bytes {
@@ -127,7 +157,8 @@ impl IdempotencyWindow {
             return None;
         }
         let key: Arc<[u8]> = Arc::from(key);
-        self.map.insert(key.clone(), ids);
+        let recovered = false;
+        self.map.insert(key.clone(), FirstSend { ids, recovered });
         self.order.push_back((key, now_s));
         self.bytes += cost;
         while self.order.len() > self.config.max_entries || self.bytes > self.config.budget_bytes {
@@ -169,8 +200,13 @@ impl IdempotencyWindow {
         now_s: u64,
     ) {
         let at = u64::from(timestamp_s);
-        if now_s < at.saturating_add(self.config.ttl_s) {
-            self.insert(uid, client_msg_no, ids, at);
+        if now_s < at.saturating_add(self.config.ttl_s)
+            && self.insert(uid, client_msg_no, ids, at).is_none()
+        {
+            let key = Self::key(&mut self.scratch, uid, client_msg_no);
+            if let Some(f) = self.map.get_mut(key) {
+                f.recovered = true;
+            }
         }
     }
 

@@ -235,6 +235,7 @@ pub fn on_ack_timeout(
     let mut shard_bytes = node.pending_ack_bytes;
     let mut resend = std::mem::take(&mut node.ack_resend_buf);
     let Some(conn) = node.conn_mut(id) else {
+        node.ack_resend_buf = resend;
         return;
     };
     conn.ack_timer = None;
