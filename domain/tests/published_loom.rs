@@ -1,5 +1,5 @@
 //! Loom models of the published tables' in-place write protocol
-//! (`engine/src/authority/seqline.rs`, included here with loom's atomics): a writer
+//! (`domain/src/authority/seqline.rs`, included here with loom's atomics): a writer
 //! rewrites lines (version, backup line), readers read them; a reader never gets a
 //! torn value, a value of another line, or a value older than one it already got.
 //!

@@ -12,7 +12,7 @@
 //! meanwhile. Every word is an atomic: a torn read is detected, never undefined.
 //!
 //! Atomics come from `super::line_sync`: `std`'s in the library, loom's in the loom
-//! model (`engine/tests/published_loom.rs`, which includes this file), so the model
+//! model (`domain/tests/published_loom.rs`, which includes this file), so the model
 //! checks this very code. The writer reads the words only it stores with
 //! `own_load` (a relaxed load; in loom an untracked one, which returns the same
 //! value, the writer's last store: loom's partial-order reduction compares an

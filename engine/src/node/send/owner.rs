@@ -18,7 +18,7 @@ use super::super::msg::Msg;
 use super::super::shard::{ConnState, NodeShard, NodeTimer};
 use super::Committed;
 
-/// The unacknowledged RECVs of one session (`node/acks.rs`).
+/// The unacknowledged RECVs of one session (`domain::acks`).
 pub type PendingAcks = domain::acks::PendingAcks<Arc<Committed>>;
 
 /// The pending-ACK limits of `[session]`.
