@@ -197,7 +197,7 @@ impl NodeShard {
             Err(err) => {
                 tracing::info!(?id, %err, "undecodable frame: closing");
                 self.metrics.bad_frames.inc();
-                self.disconnect(driver, id, ReasonCode(0), "undecodable frame");
+                self.disconnect(driver, id, ReasonCode::UNKNOWN, "undecodable frame");
                 return false;
             }
         };
@@ -207,11 +207,11 @@ impl NodeShard {
         driver.consume(id, frame_len);
         let result = match wkproto::decode(&frame_bytes, version, max) {
             Ok(Some((frame, _))) => self.on_frame(cx, driver, id, frame),
-            Ok(None) => FrameOutcome::Close(ReasonCode(0), "truncated frame"),
+            Ok(None) => FrameOutcome::Close(ReasonCode::UNKNOWN, "truncated frame"),
             Err(err) => {
                 tracing::info!(?id, %err, "undecodable frame: closing");
                 self.metrics.bad_frames.inc();
-                FrameOutcome::Close(ReasonCode(0), "undecodable frame")
+                FrameOutcome::Close(ReasonCode::UNKNOWN, "undecodable frame")
             }
         };
         self.rx_frame = frame_bytes;
@@ -256,7 +256,7 @@ impl NodeShard {
                     channel_id: p.channel_id,
                     channel_type: p.channel_type,
                     action: p.action,
-                    reason_code: ReasonCode(23),
+                    reason_code: ReasonCode::NOT_SUPPORT_CHANNEL_TYPE,
                     ..Default::default()
                 };
                 self.write_frame(driver, id, |v, out| ack.encode(v, out));
@@ -269,10 +269,10 @@ impl NodeShard {
             (
                 Frame::Send(_) | Frame::Recvack(_) | Frame::Sub(_),
                 Some(ConnState::Activating(_)),
-            ) => FrameOutcome::Close(ReasonCode(15), "frame before CONNACK"),
+            ) => FrameOutcome::Close(ReasonCode::SYSTEM_ERROR, "frame before CONNACK"),
             (other, _) => {
                 tracing::info!(?id, kind = ?other.packet_type(), "unexpected packet: closing");
-                FrameOutcome::Close(ReasonCode(20), "unexpected packet type")
+                FrameOutcome::Close(ReasonCode::NOT_SUPPORT_HEADER, "unexpected packet type")
             }
         }
     }

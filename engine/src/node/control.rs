@@ -79,7 +79,7 @@ impl NodeShard {
             if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
                 self.registry.deactivate(handle, cx.now_ms());
             }
-            self.disconnect(driver, id, ReasonCode(0), "server shutting down");
+            self.disconnect(driver, id, ReasonCode::UNKNOWN, "server shutting down");
         }
         self.flush_touches(cx);
     }
