@@ -666,6 +666,18 @@ struct Segment {
 }
 
 impl Segment {
+    /// A segment mapped from `file`, with nothing written or prefaulted yet.
+    fn mapped(id: u32, path: PathBuf, file: File, map: MmapMut) -> Segment {
+        Segment {
+            id,
+            path: path.into(),
+            map,
+            end: 0,
+            prefaulted_to: 0,
+            file: Arc::new(file),
+        }
+    }
+
     fn capacity(&self) -> u32 {
         self.map.len() as u32
     }
@@ -1063,14 +1075,7 @@ fn open_segment(path: PathBuf, id: u32, segment_bytes: u32) -> Result<Segment, L
         preallocate(&file, u64::from(segment_bytes)).map_err(io_err("preallocate segment"))?;
     }
     let map = map_segment(&file).map_err(io_err("map segment"))?;
-    Ok(Segment {
-        id,
-        path: path.into(),
-        map,
-        end: 0,
-        prefaulted_to: 0,
-        file: Arc::new(file),
-    })
+    Ok(Segment::mapped(id, path, file, map))
 }
 
 /// Zeroes everything after the segment's last valid record (`seg.end`), so nothing
@@ -1290,14 +1295,8 @@ impl MessageLog {
     fn create_segment(&mut self, id: u32) -> Result<(), LogError> {
         let (path, file, map) = new_segment_file(&self.dir, id, self.config.segment_bytes)
             .map_err(io_err("create segment"))?;
-        self.segments.push_back(Segment {
-            id,
-            path: path.into(),
-            map,
-            end: 0,
-            prefaulted_to: 0,
-            file: Arc::new(file),
-        });
+        self.segments
+            .push_back(Segment::mapped(id, path, file, map));
         Ok(())
     }
 
