@@ -21,6 +21,8 @@
 //! - [`delivery`]: post-commit delivery planning: targets, lookups, push batches.
 //! - [`acks`]: the owner's pending RECVACKs, re-sends and expiries.
 
+#![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+
 pub mod acks;
 pub mod activation;
 pub mod authority;

@@ -1,8 +1,6 @@
 //! The node's TOML configuration: every limit with its unit in its name, defaults for
 //! all of it (`imrouter --print-config` prints them), overridable by flags.
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 

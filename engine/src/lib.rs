@@ -8,6 +8,8 @@
 //! - [`node`]: a running node: the shards wired to sockets, rings, timers and logs.
 //! - [`store`]: the durable message log of a commit shard and the metadata store.
 
+#![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+
 pub use domain::{activation, authority, channel, cluster, delivery, registry, route};
 
 pub mod config;

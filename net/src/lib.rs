@@ -12,6 +12,8 @@
 //! - [`client`]: a small blocking client for tests and tools.
 //! - [`Transport`]: how a client reaches a node (and which listener accepted it).
 
+#![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -12,6 +12,8 @@
 //! [`report::Summary`] whose accounting ([`report::Summary::clean`]) says whether every
 //! expected RECV was counted.
 
+#![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+
 pub mod conn;
 pub mod floor;
 pub mod load;

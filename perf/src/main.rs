@@ -1,5 +1,7 @@
 //! `imbench`: the imrouter latency harness. See `imbench --help` and the `perf` crate.
 
+#![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -341,6 +341,29 @@ struct Pending {
     timer: shard::timer::TimerHandle,
 }
 
+/// What [`SlotWriter::check_invariants`] counted while walking the records.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    active: usize,
+    pending: usize,
+    records: usize,
+    timers: usize,
+    deadlines: usize,
+}
+
+/// What [`SlotWriter::register`] found of a route's uid before deciding.
+struct RegisterFound {
+    /// The active routes of the uid's other sessions that the route conflicts with:
+    /// their session, owner_seq, and whether the owner kicks before closing.
+    conflicts: Vec<(Sess, OwnerSeq, bool)>,
+    /// The route's own record is tombstoned at or above its owner_seq.
+    tombstoned: bool,
+    /// The route's own record has an active route.
+    had_active: bool,
+    /// The route's own record has a candidate.
+    had_pending: bool,
+}
+
 /// Everything the slot knows about one identity. Cache-line aligned, and laid out
 /// (`repr(C)`) so that an expiry pass reads and writes only the first line.
 #[repr(C, align(64))]
@@ -808,6 +831,10 @@ impl SlotWriter {
         }
     }
 
+    /// Registers `route` (rules 6-8): active at once when no live route of its uid
+    /// conflicts, else a candidate pending until the conflicting owners close. Refuses
+    /// a route at or below its record's tombstone (`Tombstoned`) and one beyond the
+    /// slot's record, route or candidate limits (`Full`).
     fn register(
         &mut self,
         dir: &Directory,
@@ -817,6 +844,25 @@ impl SlotWriter {
     ) -> Result<RegisterOutcome, AuthorityError> {
         route.last_active_s = route.last_active_s.map(|t| t.min(now_s));
         let sess = Sess::of_route(&route);
+        let found = self.find_for_register(&route, sess);
+        if found.tombstoned {
+            return Err(AuthorityError::Tombstoned);
+        }
+        if !self.can_create(&route.uid, sess, cfg) {
+            return Err(AuthorityError::Full);
+        }
+        if found.conflicts.is_empty() {
+            self.register_active(dir, cfg, route, sess, found.had_active, now_s)
+        } else {
+            self.register_pending(dir, cfg, route, sess, found, now_s)
+        }
+    }
+
+    /// What `register` needs to know of `route`'s uid: the active routes of its other
+    /// sessions that `route` conflicts with (and whether each is kicked), and the state
+    /// of `route`'s own record. Refuses nothing.
+    #[inline]
+    fn find_for_register(&self, route: &Route, sess: Sess) -> RegisterFound {
         let mut conflicts: Vec<(Sess, OwnerSeq, bool)> = Vec::new();
         let mut own: Option<&Record> = None;
         if let Some(&u) = self.by_uid.get(&route.uid) {
@@ -832,95 +878,122 @@ impl SlotWriter {
                 }
             }
         }
-        if own.is_some_and(|r| r.tombstoned(route.owner_seq)) {
-            return Err(AuthorityError::Tombstoned);
+        RegisterFound {
+            conflicts,
+            tombstoned: own.is_some_and(|r| r.tombstoned(route.owner_seq)),
+            had_active: own.is_some_and(|r| r.is_active),
+            had_pending: own.is_some_and(|r| r.pending.is_some()),
         }
-        let had_active = own.is_some_and(|r| r.is_active);
-        let had_pending = own.is_some_and(|r| r.pending.is_some());
-        if !self.can_create(&route.uid, sess, cfg) {
+    }
+
+    /// Makes `route` its record's active route at once (rule 6; no conflict): replaces
+    /// a candidate of the record, settles its deadline and publishes the uid. Refuses
+    /// (`Full`) a new active route beyond `max_routes_per_slot`.
+    #[inline]
+    fn register_active(
+        &mut self,
+        dir: &Directory,
+        cfg: &AuthorityConfig,
+        route: Route,
+        sess: Sess,
+        had_active: bool,
+        now_s: u64,
+    ) -> Result<RegisterOutcome, AuthorityError> {
+        if !had_active && self.active >= cfg.max_routes_per_slot {
             return Err(AuthorityError::Full);
         }
-        if conflicts.is_empty() {
-            if !had_active && self.active >= cfg.max_routes_per_slot {
-                return Err(AuthorityError::Full);
-            }
-            let uid = route.uid.clone();
-            let i = self.record_index_or_create(&uid, sess, cfg)?;
-            self.next_nonce += 1;
-            self.next_activation += 1;
-            let (nonce, activation) = (self.next_nonce, self.next_activation);
-            let rec = &mut self.recs[i];
-            rec.last_owner_seq = rec.last_owner_seq.max(route.owner_seq);
-            rec.last_nonce = nonce;
-            if let Some(p) = rec.pending.take() {
-                self.wheel.cancel(p.timer);
-                self.pending -= 1;
-            }
-            rec.activate(Active { route, activation });
-            if !had_active {
-                self.active += 1;
-            }
-            self.settle(i, now_s, cfg, false);
-            let u = self.recs[i].user;
-            self.publish(dir, u);
-            Ok(RegisterOutcome::Active)
-        } else {
-            if !had_pending && self.pending >= cfg.max_pending_per_slot {
-                return Err(AuthorityError::Full);
-            }
-            let uid = route.uid.clone();
-            let i = self.record_index_or_create(&uid, sess, cfg)?;
-            self.next_nonce += 1;
-            let nonce = self.next_nonce;
-            let timer = match self.wheel.insert(
-                now_s.saturating_add(cfg.pending_ttl_s).saturating_add(1),
-                PendingKey { rec: i, nonce },
-            ) {
-                Ok(h) => h,
-                Err(_) => {
-                    // Cannot happen (the wheel's limit covers every candidate); a
-                    // record made just now goes again.
-                    let r = &self.recs[i];
-                    if !r.is_active && r.pending.is_none() && !r.link.is_linked() {
-                        self.drop_record(dir, i);
-                    }
-                    return Err(AuthorityError::Full);
-                }
-            };
-            let rec = &mut self.recs[i];
-            rec.last_owner_seq = rec.last_owner_seq.max(route.owner_seq);
-            rec.last_nonce = nonce;
-            if let Some(p) = rec.pending.take() {
-                self.wheel.cancel(p.timer);
-            } else {
-                self.pending += 1;
-            }
-            let token = PendingToken {
-                identity: route.identity(),
-                owner_seq: route.owner_seq,
-                nonce,
-            };
-            let actions = conflicts
-                .iter()
-                .map(|&(s, seq, kick)| OwnerAction {
-                    kind: if kick {
-                        OwnerActionKind::KickThenClose
-                    } else {
-                        OwnerActionKind::Close
-                    },
-                    route: s.identity(&uid),
-                    owner_seq: seq,
-                })
-                .collect();
-            rec.pending = Some(Box::new(Pending {
-                route,
-                nonce,
-                acks: conflicts.iter().map(|&(s, seq, _)| (s, seq)).collect(),
-                timer,
-            }));
-            self.settle(i, now_s, cfg, false);
-            Ok(RegisterOutcome::Pending { token, actions })
+        let uid = route.uid.clone();
+        let i = self.record_index_or_create(&uid, sess, cfg)?;
+        self.next_nonce += 1;
+        self.next_activation += 1;
+        let (nonce, activation) = (self.next_nonce, self.next_activation);
+        let rec = &mut self.recs[i];
+        rec.last_owner_seq = rec.last_owner_seq.max(route.owner_seq);
+        rec.last_nonce = nonce;
+        if let Some(p) = rec.pending.take() {
+            self.wheel.cancel(p.timer);
+            self.pending -= 1;
         }
+        rec.activate(Active { route, activation });
+        if !had_active {
+            self.active += 1;
+        }
+        self.settle(i, now_s, cfg, false);
+        let u = self.recs[i].user;
+        self.publish(dir, u);
+        Ok(RegisterOutcome::Active)
+    }
+
+    /// Makes `route` its record's candidate (rules 7, 8): pending until the owners of
+    /// `found.conflicts` close them (the returned actions) and commit, or until
+    /// `pending_ttl_s` passes. Refuses (`Full`) a new candidate beyond
+    /// `max_pending_per_slot` or a full timer wheel.
+    #[inline]
+    fn register_pending(
+        &mut self,
+        dir: &Directory,
+        cfg: &AuthorityConfig,
+        route: Route,
+        sess: Sess,
+        found: RegisterFound,
+        now_s: u64,
+    ) -> Result<RegisterOutcome, AuthorityError> {
+        let conflicts = found.conflicts;
+        if !found.had_pending && self.pending >= cfg.max_pending_per_slot {
+            return Err(AuthorityError::Full);
+        }
+        let uid = route.uid.clone();
+        let i = self.record_index_or_create(&uid, sess, cfg)?;
+        self.next_nonce += 1;
+        let nonce = self.next_nonce;
+        let timer = match self.wheel.insert(
+            now_s.saturating_add(cfg.pending_ttl_s).saturating_add(1),
+            PendingKey { rec: i, nonce },
+        ) {
+            Ok(h) => h,
+            Err(_) => {
+                // Cannot happen (the wheel's limit covers every candidate); a
+                // record made just now goes again.
+                let r = &self.recs[i];
+                if !r.is_active && r.pending.is_none() && !r.link.is_linked() {
+                    self.drop_record(dir, i);
+                }
+                return Err(AuthorityError::Full);
+            }
+        };
+        let rec = &mut self.recs[i];
+        rec.last_owner_seq = rec.last_owner_seq.max(route.owner_seq);
+        rec.last_nonce = nonce;
+        if let Some(p) = rec.pending.take() {
+            self.wheel.cancel(p.timer);
+        } else {
+            self.pending += 1;
+        }
+        let token = PendingToken {
+            identity: route.identity(),
+            owner_seq: route.owner_seq,
+            nonce,
+        };
+        let actions = conflicts
+            .iter()
+            .map(|&(s, seq, kick)| OwnerAction {
+                kind: if kick {
+                    OwnerActionKind::KickThenClose
+                } else {
+                    OwnerActionKind::Close
+                },
+                route: s.identity(&uid),
+                owner_seq: seq,
+            })
+            .collect();
+        rec.pending = Some(Box::new(Pending {
+            route,
+            nonce,
+            acks: conflicts.iter().map(|&(s, seq, _)| (s, seq)).collect(),
+            timer,
+        }));
+        self.settle(i, now_s, cfg, false);
+        Ok(RegisterOutcome::Pending { token, actions })
     }
 
     fn commit(
@@ -1236,10 +1309,12 @@ impl SlotWriter {
         }
     }
 
+    /// Checks every invariant of this slot (tests and the simulation call it): the
+    /// wheel and the ring, each user and record, the counts, and that the published
+    /// view equals the active routes. Gives the first broken one, described.
     fn check_invariants(&self, dir: &Directory, cfg: &AuthorityConfig) -> Result<(), String> {
         self.wheel.check_invariants()?;
         self.ring.check_invariants()?;
-        let (mut active, mut pending, mut records, mut timers, mut deadlines) = (0, 0, 0, 0, 0);
         if self.by_uid.len() != self.users.len {
             return Err(format!(
                 "{} uids mapped, {} users",
@@ -1247,82 +1322,126 @@ impl SlotWriter {
                 self.users.len
             ));
         }
+        let mut tally = Tally::default();
         for (u, user) in self.users.iter() {
-            let uid = &user.uid;
-            if self.by_uid.get(uid) != Some(&u) {
-                return Err(format!("uid {uid}: mapped to another user"));
+            self.check_user(u, user, cfg, &mut tally)?;
+        }
+        self.check_counts(&tally)?;
+        self.check_published(dir, tally.active)
+    }
+
+    /// Checks user `u`: its uid maps to it and hashes to this slot, and its record list
+    /// is as long as counted, each record checked and tallied; an active user is
+    /// published. Gives the first broken invariant.
+    fn check_user(
+        &self,
+        u: u32,
+        user: &User,
+        cfg: &AuthorityConfig,
+        tally: &mut Tally,
+    ) -> Result<(), String> {
+        let uid = &user.uid;
+        if self.by_uid.get(uid) != Some(&u) {
+            return Err(format!("uid {uid}: mapped to another user"));
+        }
+        if user.records == 0 {
+            return Err(format!("uid {uid}: no record"));
+        }
+        if hash_slot(uid.as_bytes()) != self.target.hash_slot {
+            return Err(format!("uid {uid} in the wrong slot"));
+        }
+        let mut listed = 0u32;
+        let mut has_active = false;
+        for (i, r) in self.records_of(u) {
+            listed += 1;
+            if listed > user.records {
+                return Err(format!("uid {uid}: record list longer than counted"));
             }
-            if user.records == 0 {
-                return Err(format!("uid {uid}: no record"));
+            if r.user != u {
+                return Err(format!("uid {uid}: record of another user listed"));
             }
-            if hash_slot(uid.as_bytes()) != self.target.hash_slot {
-                return Err(format!("uid {uid} in the wrong slot"));
-            }
-            let mut listed = 0u32;
-            let mut has_active = false;
-            for (i, r) in self.records_of(u) {
-                listed += 1;
-                if listed > user.records {
-                    return Err(format!("uid {uid}: record list longer than counted"));
-                }
-                if r.user != u {
-                    return Err(format!("uid {uid}: record of another user listed"));
-                }
-                records += 1;
-                if let Some(t) = r.tombstone {
-                    if t > r.last_owner_seq {
-                        return Err(format!("{uid}: tombstone above last owner_seq"));
-                    }
-                }
-                let desired = if let Some(a) = r.active() {
-                    active += 1;
-                    has_active = true;
-                    if a.route.uid != *uid || Sess::of_route(&a.route) != r.sess {
-                        return Err(format!("{uid}: route of another identity"));
-                    }
-                    if r.tombstoned(a.route.owner_seq) {
-                        return Err(format!("{uid}: active route at or below its tombstone"));
-                    }
-                    if a.route.owner_seq > r.last_owner_seq {
-                        return Err(format!("{uid}: route owner_seq above last owner_seq"));
-                    }
-                    route_deadline(a.route.last_active_s, cfg.route_ttl_s)
-                } else if r.pending.is_some() {
-                    None
-                } else {
-                    if r.retain_until_s.is_none() {
-                        return Err(format!("{uid}: orphan record without retention"));
-                    }
-                    r.retain_until_s
-                };
-                if let Some(p) = &r.pending {
-                    pending += 1;
-                    timers += 1;
-                    match self.wheel.get(p.timer) {
-                        Some(k)
-                            if *k
-                                == (PendingKey {
-                                    rec: i,
-                                    nonce: p.nonce,
-                                }) => {}
-                        _ => return Err(format!("{uid}: candidate without its wheel entry")),
-                    }
-                }
-                if (r.is_active || r.pending.is_some()) && r.retain_until_s.is_some() {
-                    return Err(format!("{uid}: retention running while in use"));
-                }
-                if let Err(e) = self.ring.check_link(i, &r.link, desired) {
-                    return Err(format!("{uid}: {e}"));
-                }
-                deadlines += usize::from(desired.is_some());
-            }
-            if listed != user.records {
-                return Err(format!("uid {uid}: record list shorter than counted"));
-            }
-            if has_active && !self.table.has_entry(u) {
-                return Err(format!("uid {uid}: active but not published"));
+            has_active |= r.active().is_some();
+            self.check_record(i, r, uid, cfg, tally)?;
+        }
+        if listed != user.records {
+            return Err(format!("uid {uid}: record list shorter than counted"));
+        }
+        if has_active && !self.table.has_entry(u) {
+            return Err(format!("uid {uid}: active but not published"));
+        }
+        Ok(())
+    }
+
+    /// Checks record `i` of `uid` and adds it to `tally`: its tombstone, its active
+    /// route's identity and owner_seq, its candidate's wheel entry, its retention, and
+    /// the ring's deadline for its state. Gives the first broken invariant.
+    fn check_record(
+        &self,
+        i: u32,
+        r: &Record,
+        uid: &Uid,
+        cfg: &AuthorityConfig,
+        tally: &mut Tally,
+    ) -> Result<(), String> {
+        tally.records += 1;
+        if let Some(t) = r.tombstone {
+            if t > r.last_owner_seq {
+                return Err(format!("{uid}: tombstone above last owner_seq"));
             }
         }
+        let desired = if let Some(a) = r.active() {
+            tally.active += 1;
+            if a.route.uid != *uid || Sess::of_route(&a.route) != r.sess {
+                return Err(format!("{uid}: route of another identity"));
+            }
+            if r.tombstoned(a.route.owner_seq) {
+                return Err(format!("{uid}: active route at or below its tombstone"));
+            }
+            if a.route.owner_seq > r.last_owner_seq {
+                return Err(format!("{uid}: route owner_seq above last owner_seq"));
+            }
+            route_deadline(a.route.last_active_s, cfg.route_ttl_s)
+        } else if r.pending.is_some() {
+            None
+        } else {
+            if r.retain_until_s.is_none() {
+                return Err(format!("{uid}: orphan record without retention"));
+            }
+            r.retain_until_s
+        };
+        if let Some(p) = &r.pending {
+            tally.pending += 1;
+            tally.timers += 1;
+            match self.wheel.get(p.timer) {
+                Some(k)
+                    if *k
+                        == (PendingKey {
+                            rec: i,
+                            nonce: p.nonce,
+                        }) => {}
+                _ => return Err(format!("{uid}: candidate without its wheel entry")),
+            }
+        }
+        if (r.is_active || r.pending.is_some()) && r.retain_until_s.is_some() {
+            return Err(format!("{uid}: retention running while in use"));
+        }
+        if let Err(e) = self.ring.check_link(i, &r.link, desired) {
+            return Err(format!("{uid}: {e}"));
+        }
+        tally.deadlines += usize::from(desired.is_some());
+        Ok(())
+    }
+
+    /// Checks the slot's kept counts (records, active routes, candidates, wheel and
+    /// ring entries) against `tally`. Gives the first that differs.
+    fn check_counts(&self, tally: &Tally) -> Result<(), String> {
+        let Tally {
+            active,
+            pending,
+            records,
+            timers,
+            deadlines,
+        } = *tally;
         if records != self.recs.len {
             return Err(format!("{records} records listed, {} kept", self.recs.len));
         }
@@ -1344,6 +1463,12 @@ impl SlotWriter {
                 self.ring.len()
             ));
         }
+        Ok(())
+    }
+
+    /// Checks that the published view of this slot is installed with its target and
+    /// lists exactly each user's `active` routes, sorted. Gives the first difference.
+    fn check_published(&self, dir: &Directory, active: usize) -> Result<(), String> {
         // The published view equals the writer's active routes.
         let guard = crossbeam_epoch::pin();
         let Some(view) = dir.state(self.target.hash_slot as usize, &guard) else {

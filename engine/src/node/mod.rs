@@ -506,91 +506,251 @@ pub fn id_generator(config: &NodeConfig, shard: usize) -> io::Result<MessageIdGe
     })
 }
 
+/// Checks the configuration's sections and that the delivery limits fit the rings.
+/// Refuses (`InvalidInput`) the first that does not hold.
+fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
+    config
+        .session
+        .validate()
+        .and_then(|()| config.delivery.validate())
+        .and_then(|()| config.registry.validate())
+        .map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid configuration: {e}"),
+            )
+        })?;
+    config
+        .delivery
+        .check_room(&config.runtime)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// The descriptor budget: raises the soft limit to the hard one (a warning when it
+/// cannot), keeps the reserve, splits the rest between the shards as their connection
+/// cap (set in `config.net`), and logs it. Gives the error of reading the limit.
+fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget> {
+    let fd_limit = match net::io::fd::raise_nofile_limit() {
+        Ok((_, soft)) => soft,
+        Err(err) => {
+            tracing::warn!(%err, "could not raise RLIMIT_NOFILE");
+            net::io::fd::nofile_limit()?.0
+        }
+    };
+    let budget = fd_budget(config, fd_limit);
+    budget.log();
+    config.net.max_connections_per_shard = budget.per_shard_cap as usize;
+    Ok(budget)
+}
+
+/// Creates the data directory (private), checks its recorded layout (shard and slot
+/// counts) and opens the metadata store. Gives the error of each, with its path.
+fn open_data_dir(config: &NodeConfig) -> io::Result<Catalog> {
+    crate::store::create_private_dir_all(&config.data_dir)
+        .map_err(|e| io::Error::other(format!("data dir {}: {e}", config.data_dir.display())))?;
+    crate::store::layout::check_or_record(
+        &config.data_dir,
+        config.runtime.shard_count,
+        ::shard::slots::HASH_SLOTS as u16,
+    )
+    .map_err(io::Error::other)?;
+    let meta_dir = config.data_dir.join("meta");
+    let (catalog, recovery) = Catalog::open(&meta_dir, config.meta)
+        .map_err(|e| io::Error::other(format!("metadata store {}: {e}", meta_dir.display())))?;
+    tracing::info!(?recovery, "metadata store opened");
+    Ok(catalog)
+}
+
+/// The client listeners of a node: one TCP and one WebSocket listener per shard (each
+/// optional) and the addresses they are bound to.
+struct BoundListeners {
+    /// `listeners[shard]`: that shard's listeners and their transports.
+    listeners: Vec<Vec<(Transport, TcpListener)>>,
+    tcp_addr: Option<SocketAddr>,
+    ws_addr: Option<SocketAddr>,
+}
+
+/// Binds the configured TCP and WebSocket addresses once per shard
+/// ([`bind_per_shard`]). Gives the error of a bind.
+fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
+    let shards = config.runtime.shard_count as usize;
+    let mut listeners: Vec<Vec<(Transport, TcpListener)>> =
+        (0..shards).map(|_| Vec::new()).collect();
+    let mut tcp_addr = None;
+    let mut ws_addr = None;
+    for (addr, kind, out) in [
+        (config.tcp_addr, Transport::Tcp, &mut tcp_addr),
+        (config.ws_addr, Transport::WebSocket, &mut ws_addr),
+    ] {
+        if let Some(addr) = addr {
+            let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;
+            *out = Some(actual);
+            for (i, l) in ls.into_iter().enumerate() {
+                listeners[i].push((kind, l));
+            }
+        }
+    }
+    Ok(BoundListeners {
+        listeners,
+        tcp_addr,
+        ws_addr,
+    })
+}
+
+/// Opens (recovers) each shard's message log, with the test hooks' sync hook; gives
+/// each log with the largest message id it holds. Gives the error of a log, with its
+/// directory.
+fn open_logs(config: &NodeConfig, hooks: &syncer::NodeHooks) -> io::Result<Vec<(MessageLog, i64)>> {
+    let shards = config.runtime.shard_count as usize;
+    let mut logs = Vec::with_capacity(shards);
+    for i in 0..shards {
+        let dir = log_dir(&config.data_dir, i);
+        let (mut log, report) = MessageLog::open(&dir, config.log.clone())
+            .map_err(|e| io::Error::other(format!("log {}: {e}", dir.display())))?;
+        if let Some(h) = &hooks.log_sync {
+            log.set_sync_hook(h.clone());
+        }
+        tracing::info!(shard = i, records = report.records, "message log opened");
+        logs.push((log, report.max_message_id));
+    }
+    Ok(logs)
+}
+
+/// What each shard takes when it starts: its listeners, its log (with the largest
+/// message id in it) and its log syncer; `None` once taken.
+type ShardStartParts = std::sync::Mutex<
+    Vec<
+        Option<(
+            Vec<(Transport, TcpListener)>,
+            (MessageLog, i64),
+            syncer::LogSyncer,
+        )>,
+    >,
+>;
+
+/// Builds shard `init.shard` on its own thread: takes its parts, makes its network
+/// driver, resumes its message ids after its log, rebuilds its idempotency window
+/// from the log, and makes its [`NodeShard`]. Gives the error of each (a shard
+/// started twice included).
+fn start_shard(
+    s: &Arc<NodeShared>,
+    init: &ShardInit,
+    parts: &ShardStartParts,
+) -> io::Result<(NodeShard, NetDriver)> {
+    let me = init.shard as usize;
+    let (listeners, (log, max_message_id), syncer) =
+        parts.lock().unwrap_or_else(|e| e.into_inner())[me]
+            .take()
+            .ok_or_else(|| io::Error::other("shard started twice"))?;
+    let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
+    let mut ids = id_generator(&s.config, me)?;
+    ids.resume_after(max_message_id);
+    let mut idem = IdempotencyWindow::new(s.config.idempotency);
+    if let Some(w) = idem.as_mut() {
+        // A resend after a restart gets the first answer (flow 7, `docs/flows.md`).
+        let entries = crate::store::refill_idempotency(w, &log, s.wall_ms() / 1000)
+            .map_err(|e| io::Error::other(format!("idempotency window of shard {me}: {e}")))?;
+        tracing::info!(
+            shard = me,
+            entries,
+            "idempotency window rebuilt from the log"
+        );
+    }
+    let limits = s.config.delivery.commit_limits(&s.config.log);
+    let core = send::commit::CommitCore::new(log, ids, idem, limits);
+    let commit = send::CommitSide::new(core, syncer);
+    let shard = NodeShard::new(init.shard as ShardId, s.clone(), commit)?;
+    Ok((shard, driver))
+}
+
+/// Waits until every shard runs its loop, so the node serves only then (readiness; a
+/// shard whose factory failed never starts, so the wait is bounded). Refuses after 10
+/// s: stops the runtime and gives the shards' errors.
+fn wait_for_shards(
+    shared: &NodeShared,
+    runtime: Runtime<NodeShard>,
+    handle: &RuntimeHandle,
+) -> io::Result<Runtime<NodeShard>> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !shared.all_shards_started() {
+        if std::time::Instant::now() > deadline {
+            handle.stop();
+            let errors: Vec<String> = runtime
+                .join()
+                .into_iter()
+                .filter_map(|r| r.err().map(|e| e.to_string()))
+                .collect();
+            return Err(io::Error::other(format!(
+                "shards did not start: {}",
+                errors.join("; ")
+            )));
+        }
+        std::thread::yield_now();
+    }
+    Ok(runtime)
+}
+
+/// Starts each shard's log syncer thread; it ends when its shard drops the sending
+/// side. A thread that cannot start is a warning: that shard syncs on its own thread
+/// (slower).
+fn spawn_syncers(
+    sync_threads: Vec<syncer::SyncThread>,
+    injectors: &[Injector<Msg>],
+) -> Vec<std::thread::JoinHandle<()>> {
+    let mut sync_handles = Vec::with_capacity(sync_threads.len());
+    for (i, thread) in sync_threads.into_iter().enumerate() {
+        match thread.spawn(i, injectors[i].clone()) {
+            Ok(h) => sync_handles.push(h),
+            Err(err) => {
+                tracing::warn!(%err, shard = i, "no log syncer thread");
+            }
+        }
+    }
+    sync_handles
+}
+
+/// Starts the HTTP API server when `api.addr` is configured. Gives the error of its
+/// bind.
+fn start_http(
+    shared: &Arc<NodeShared>,
+    injectors: &[Injector<Msg>],
+) -> io::Result<Option<crate::http::HttpServer>> {
+    let Some(addr) = shared.config.api.addr else {
+        return Ok(None);
+    };
+    let api = crate::http::Api::new(
+        shared.config.api.clone(),
+        shared.clone(),
+        injectors.to_vec(),
+        true,
+    );
+    Ok(Some(crate::http::HttpServer::start(api, addr)?))
+}
+
 impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
     pub fn start(config: NodeConfig) -> io::Result<Node> {
         Node::start_with(config, syncer::NodeHooks::default())
     }
 
-    /// [`Node::start`] with test hooks.
+    /// [`Node::start`] with test hooks. Refuses (`InvalidInput`) an invalid
+    /// configuration; gives the error of a data directory, metadata store, log,
+    /// listener, shard or HTTP server that cannot be opened or started.
     pub fn start_with(mut config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
-        config
-            .session
-            .validate()
-            .and_then(|()| config.delivery.validate())
-            .and_then(|()| config.registry.validate())
-            .map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("invalid configuration: {e}"),
-                )
-            })?;
+        validate_node_config(&config)?;
         let shards = config.runtime.shard_count as usize;
-        config
-            .delivery
-            .check_room(&config.runtime)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // The descriptor budget: the soft limit raised to the hard one, the reserve
-        // kept, the rest split between the shards as their connection cap.
-        let fd_limit = match net::io::fd::raise_nofile_limit() {
-            Ok((_, soft)) => soft,
-            Err(err) => {
-                tracing::warn!(%err, "could not raise RLIMIT_NOFILE");
-                net::io::fd::nofile_limit()?.0
-            }
-        };
-        let fd_budget = fd_budget(&config, fd_limit);
-        fd_budget.log();
-        config.net.max_connections_per_shard = fd_budget.per_shard_cap as usize;
+        let fd_budget = apply_fd_budget(&mut config)?;
         let boot_id: BootId = rand::random();
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
         let directory =
             Directory::new(&config.authority).map_err(|e| io::Error::other(format!("{e:?}")))?;
-        crate::store::create_private_dir_all(&config.data_dir).map_err(|e| {
-            io::Error::other(format!("data dir {}: {e}", config.data_dir.display()))
-        })?;
-        crate::store::layout::check_or_record(
-            &config.data_dir,
-            config.runtime.shard_count,
-            ::shard::slots::HASH_SLOTS as u16,
-        )
-        .map_err(io::Error::other)?;
-        let meta_dir = config.data_dir.join("meta");
-        let (catalog, recovery) = Catalog::open(&meta_dir, config.meta)
-            .map_err(|e| io::Error::other(format!("metadata store {}: {e}", meta_dir.display())))?;
-        tracing::info!(?recovery, "metadata store opened");
+        let catalog = open_data_dir(&config)?;
         let shard_metrics = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
         let initial_view = ClusterView::single_node(config.node_id);
-
-        let mut listeners: Vec<Vec<(Transport, TcpListener)>> =
-            (0..shards).map(|_| Vec::new()).collect();
-        let mut tcp_addr = None;
-        let mut ws_addr = None;
-        for (addr, kind, out) in [
-            (config.tcp_addr, Transport::Tcp, &mut tcp_addr),
-            (config.ws_addr, Transport::WebSocket, &mut ws_addr),
-        ] {
-            if let Some(addr) = addr {
-                let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;
-                *out = Some(actual);
-                for (i, l) in ls.into_iter().enumerate() {
-                    listeners[i].push((kind, l));
-                }
-            }
-        }
-        let mut logs = Vec::with_capacity(shards);
-        for i in 0..shards {
-            let dir = log_dir(&config.data_dir, i);
-            let (mut log, report) = MessageLog::open(&dir, config.log.clone())
-                .map_err(|e| io::Error::other(format!("log {}: {e}", dir.display())))?;
-            if let Some(h) = &hooks.log_sync {
-                log.set_sync_hook(h.clone());
-            }
-            tracing::info!(shard = i, records = report.records, "message log opened");
-            logs.push((log, report.max_message_id));
-        }
+        let bound = bind_listeners(&config)?;
+        let logs = open_logs(&config, &hooks)?;
 
         let shared = Arc::new(NodeShared {
             boot_id,
@@ -615,7 +775,8 @@ impl Node {
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
-        let parts: Vec<_> = listeners
+        let parts: Vec<_> = bound
+            .listeners
             .into_iter()
             .zip(logs)
             .zip(syncers)
@@ -624,85 +785,22 @@ impl Node {
         let parts = Arc::new(std::sync::Mutex::new(parts));
         let s = shared.clone();
         let runtime = Runtime::start(shared.config.runtime.clone(), move |init: &ShardInit| {
-            let me = init.shard as usize;
-            let (listeners, (log, max_message_id), syncer) =
-                parts.lock().unwrap_or_else(|e| e.into_inner())[me]
-                    .take()
-                    .ok_or_else(|| io::Error::other("shard started twice"))?;
-            let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
-            let mut ids = id_generator(&s.config, me)?;
-            ids.resume_after(max_message_id);
-            let mut idem = IdempotencyWindow::new(s.config.idempotency);
-            if let Some(w) = idem.as_mut() {
-                // A resend after a restart gets the first answer (flow 7, `docs/flows.md`).
-                let entries = crate::store::refill_idempotency(w, &log, s.wall_ms() / 1000)
-                    .map_err(|e| {
-                        io::Error::other(format!("idempotency window of shard {me}: {e}"))
-                    })?;
-                tracing::info!(
-                    shard = me,
-                    entries,
-                    "idempotency window rebuilt from the log"
-                );
-            }
-            let limits = s.config.delivery.commit_limits(&s.config.log);
-            let core = send::commit::CommitCore::new(log, ids, idem, limits);
-            let commit = send::CommitSide::new(core, syncer);
-            let shard = NodeShard::new(init.shard as ShardId, s.clone(), commit)?;
-            Ok((shard, driver))
+            start_shard(&s, init, &parts)
         })?;
         let handle = runtime.handle();
         let _ = shared.runtime.set(handle.clone());
-        // Serve only once every shard runs its loop (readiness; a shard whose factory
-        // failed never starts, so the wait is bounded).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !shared.all_shards_started() {
-            if std::time::Instant::now() > deadline {
-                handle.stop();
-                let errors: Vec<String> = runtime
-                    .join()
-                    .into_iter()
-                    .filter_map(|r| r.err().map(|e| e.to_string()))
-                    .collect();
-                return Err(io::Error::other(format!(
-                    "shards did not start: {}",
-                    errors.join("; ")
-                )));
-            }
-            std::thread::yield_now();
-        }
+        let runtime = wait_for_shards(&shared, runtime, &handle)?;
         let injectors: Vec<Injector<Msg>> = (0..shards)
             .map(|i| runtime.injector(i as ShardId))
             .collect();
-        // Each shard's log syncer; it ends when its shard drops the sending side.
-        let mut sync_handles = Vec::with_capacity(shards);
-        for (i, thread) in sync_threads.into_iter().enumerate() {
-            match thread.spawn(i, injectors[i].clone()) {
-                Ok(h) => sync_handles.push(h),
-                Err(err) => {
-                    // Without the thread a shard syncs on its own thread (slower).
-                    tracing::warn!(%err, shard = i, "no log syncer thread");
-                }
-            }
-        }
-        if let Some(a) = tcp_addr {
+        let sync_handles = spawn_syncers(sync_threads, &injectors);
+        if let Some(a) = bound.tcp_addr {
             tracing::info!(%a, "TCP listener up");
         }
-        if let Some(a) = ws_addr {
+        if let Some(a) = bound.ws_addr {
             tracing::info!(%a, "WebSocket listener up");
         }
-        let http = match shared.config.api.addr {
-            Some(addr) => {
-                let api = crate::http::Api::new(
-                    shared.config.api.clone(),
-                    shared.clone(),
-                    injectors.clone(),
-                    true,
-                );
-                Some(crate::http::HttpServer::start(api, addr)?)
-            }
-            None => None,
-        };
+        let http = start_http(&shared, &injectors)?;
         Ok(Node {
             http,
             shared,
@@ -710,8 +808,8 @@ impl Node {
             handle,
             injectors,
             sync_handles,
-            tcp_addr,
-            ws_addr,
+            tcp_addr: bound.tcp_addr,
+            ws_addr: bound.ws_addr,
         })
     }
 

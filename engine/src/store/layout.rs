@@ -10,8 +10,6 @@
 //! and so is a layout version newer than this binary knows. A data dir written
 //! before this file existed is judged by its `shard-N` directories.
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::io;
 use std::path::Path;
 

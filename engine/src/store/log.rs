@@ -105,8 +105,6 @@
 //! [`MessageLog::sync`] (a graceful stop: seal and delete retired files); and
 //! [`MessageLog::open`] (recovery, retirement at open).
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::fs::{File, OpenOptions};

@@ -30,8 +30,6 @@
 //! Subscriber lists are kept sorted by uid (bytewise), deduplicated; a group whose
 //! list becomes empty is removed.
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::{File, OpenOptions};

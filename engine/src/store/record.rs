@@ -10,8 +10,6 @@
 //! never valid (magic is non-zero), which is how the end of a preallocated segment is
 //! recognised.
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use bytemuck::{Pod, Zeroable};
 
 /// "IMLG" read as a little-endian u32.

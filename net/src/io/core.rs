@@ -8,8 +8,6 @@
 //! down, waiting for the peer's end of stream) → `Dead` (the backend closes the
 //! socket and frees the slot once no IO references its buffers).
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::net::SocketAddr;
 
 use shard::timer::{TimerHandle, TimerWheel};

@@ -3,8 +3,6 @@
 //! shards as their connection cap. [`plan`] is the decision (sans-IO); the other
 //! functions read and set the limit.
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::io;
 
 /// How the descriptor limit is shared.

@@ -4,8 +4,6 @@
 //! connection's input; writes (one `writev` when the queue spans both of its
 //! buffers) go out until `WouldBlock`, then wait for writability.
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpListener};
 use std::os::fd::AsRawFd;

@@ -7,8 +7,6 @@
 //! timeout as the timespec of the one `io_uring_enter` that submits and waits.
 //! Everything queued during a loop turn is submitted by the next poll's single enter.
 
-#![warn(clippy::too_many_lines)] // functions short enough to read (clippy.toml)
-
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};

@@ -127,6 +127,9 @@ pub fn decode_connect(
     }
 }
 
+/// Decodes the body of a frame whose fixed header is `h`, for a connection speaking
+/// `version`. Refuses a body shorter than its fields or with invalid UTF-8
+/// ([`DecodeError`] naming the field) and EVENT ([`DecodeError::UnsupportedPacket`]).
 fn decode_body(h: Header, body: &[u8], version: u8) -> Result<Frame<'_>, DecodeError> {
     let mut r = Reader {
         rest: body,
@@ -134,73 +137,9 @@ fn decode_body(h: Header, body: &[u8], version: u8) -> Result<Frame<'_>, DecodeE
     };
     let flags = h.flags;
     Ok(match h.kind {
-        PacketType::Connect => Frame::Connect(ConnectPacket {
-            flags,
-            version: r.u8("version")?,
-            device_flag: DeviceFlag(r.u8("device_flag")?),
-            device_id: r.str("device_id")?,
-            uid: r.str("uid")?,
-            token: r.str("token")?,
-            client_timestamp_ms: r.i64("client_timestamp")?,
-            client_key: r.str("client_key")?,
-        }),
-        PacketType::Connack => {
-            let server_version = if flags.contains(Flags::HAS_SERVER_VERSION) {
-                Some(r.u8("server_version")?)
-            } else {
-                None
-            };
-            let effective = server_version.unwrap_or(version);
-            Frame::Connack(ConnackPacket {
-                flags: flags.without(Flags::HAS_SERVER_VERSION),
-                server_version,
-                time_diff_ms: r.i64("time_diff")?,
-                reason_code: ReasonCode(r.u8("reason_code")?),
-                server_key: r.str("server_key")?,
-                salt: r.str("salt")?,
-                node_id: if has_node_id(effective) {
-                    r.u64("node_id")?
-                } else {
-                    0
-                },
-            })
-        }
-        PacketType::Send => {
-            let setting = Setting(r.u8("setting")?);
-            let client_seq = r.u32("client_seq")?;
-            let client_msg_no = r.str("client_msg_no")?;
-            let stream_no = if has_stream(version, setting) {
-                r.str("stream_no")?
-            } else {
-                ""
-            };
-            let channel_id = r.str("channel_id")?;
-            let channel_type = ChannelType(r.u8("channel_type")?);
-            let expire_s = if has_expire(version) {
-                r.u32("expire")?
-            } else {
-                0
-            };
-            let msg_key = r.str("msg_key")?;
-            let topic = if has_topic(setting) {
-                r.str("topic")?
-            } else {
-                ""
-            };
-            Frame::Send(SendPacket {
-                flags,
-                setting,
-                client_seq,
-                client_msg_no,
-                stream_no,
-                channel_id,
-                channel_type,
-                expire_s,
-                msg_key,
-                topic,
-                payload: r.rest,
-            })
-        }
+        PacketType::Connect => Frame::Connect(connect_body(&mut r, flags)?),
+        PacketType::Connack => Frame::Connack(connack_body(&mut r, flags, version)?),
+        PacketType::Send => Frame::Send(send_body(&mut r, flags, version)?),
         PacketType::Sendack => Frame::Sendack(SendackPacket {
             flags,
             message_id: r.i64("message_id")?,
@@ -208,54 +147,7 @@ fn decode_body(h: Header, body: &[u8], version: u8) -> Result<Frame<'_>, DecodeE
             message_seq: r.message_seq(version)?,
             reason_code: ReasonCode(r.u8("reason_code")?),
         }),
-        PacketType::Recv => {
-            let setting = Setting(r.u8("setting")?);
-            let msg_key = r.str("msg_key")?;
-            let from_uid = r.str("from_uid")?;
-            let channel_id = r.str("channel_id")?;
-            let channel_type = ChannelType(r.u8("channel_type")?);
-            let expire_s = if has_expire(version) {
-                r.u32("expire")?
-            } else {
-                0
-            };
-            let client_msg_no = r.str("client_msg_no")?;
-            let (stream_flag, stream_no, stream_id) = if has_stream(version, setting) {
-                (
-                    r.u8("stream_flag")?,
-                    r.str("stream_no")?,
-                    r.u64("stream_id")?,
-                )
-            } else {
-                (0, "", 0)
-            };
-            let message_id = r.i64("message_id")?;
-            let message_seq = r.message_seq(version)?;
-            let timestamp_s = r.i32("timestamp")?;
-            let topic = if has_topic(setting) {
-                r.str("topic")?
-            } else {
-                ""
-            };
-            Frame::Recv(RecvPacket {
-                flags,
-                setting,
-                msg_key,
-                from_uid,
-                channel_id,
-                channel_type,
-                expire_s,
-                client_msg_no,
-                stream_flag,
-                stream_no,
-                stream_id,
-                message_id,
-                message_seq,
-                timestamp_s,
-                topic,
-                payload: r.rest,
-            })
-        }
+        PacketType::Recv => Frame::Recv(recv_body(&mut r, flags, version)?),
         PacketType::Recvack => Frame::Recvack(RecvackPacket {
             flags,
             message_id: r.i64("message_id")?,
@@ -288,6 +180,154 @@ fn decode_body(h: Header, body: &[u8], version: u8) -> Result<Frame<'_>, DecodeE
         // decode_header rejects EVENT before we get here; keep the error
         // rather than an unreachable!() so no input can panic.
         PacketType::Event => return Err(DecodeError::UnsupportedPacket(h.kind)),
+    })
+}
+
+/// The fields of a CONNECT body (the same at every version). Refuses a missing
+/// field or a string that is not UTF-8.
+#[inline]
+fn connect_body<'a>(r: &mut Reader<'a>, flags: Flags) -> Result<ConnectPacket<'a>, DecodeError> {
+    Ok(ConnectPacket {
+        flags,
+        version: r.u8("version")?,
+        device_flag: DeviceFlag(r.u8("device_flag")?),
+        device_id: r.str("device_id")?,
+        uid: r.str("uid")?,
+        token: r.str("token")?,
+        client_timestamp_ms: r.i64("client_timestamp")?,
+        client_key: r.str("client_key")?,
+    })
+}
+
+/// The fields of a CONNACK body: the server version when its flag is set, and the
+/// node id from the version that has it (the server's, else `version`). Refuses a
+/// missing field or a string that is not UTF-8.
+#[inline]
+fn connack_body<'a>(
+    r: &mut Reader<'a>,
+    flags: Flags,
+    version: u8,
+) -> Result<ConnackPacket<'a>, DecodeError> {
+    let server_version = if flags.contains(Flags::HAS_SERVER_VERSION) {
+        Some(r.u8("server_version")?)
+    } else {
+        None
+    };
+    let effective = server_version.unwrap_or(version);
+    Ok(ConnackPacket {
+        flags: flags.without(Flags::HAS_SERVER_VERSION),
+        server_version,
+        time_diff_ms: r.i64("time_diff")?,
+        reason_code: ReasonCode(r.u8("reason_code")?),
+        server_key: r.str("server_key")?,
+        salt: r.str("salt")?,
+        node_id: if has_node_id(effective) {
+            r.u64("node_id")?
+        } else {
+            0
+        },
+    })
+}
+
+/// The fields of a SEND body; the stream number, expiry and topic only where
+/// `version` and the setting carry them; the payload is the rest. Refuses a missing
+/// field or a string that is not UTF-8.
+#[inline]
+fn send_body<'a>(
+    r: &mut Reader<'a>,
+    flags: Flags,
+    version: u8,
+) -> Result<SendPacket<'a>, DecodeError> {
+    let setting = Setting(r.u8("setting")?);
+    let client_seq = r.u32("client_seq")?;
+    let client_msg_no = r.str("client_msg_no")?;
+    let stream_no = if has_stream(version, setting) {
+        r.str("stream_no")?
+    } else {
+        ""
+    };
+    let channel_id = r.str("channel_id")?;
+    let channel_type = ChannelType(r.u8("channel_type")?);
+    let expire_s = if has_expire(version) {
+        r.u32("expire")?
+    } else {
+        0
+    };
+    let msg_key = r.str("msg_key")?;
+    let topic = if has_topic(setting) {
+        r.str("topic")?
+    } else {
+        ""
+    };
+    Ok(SendPacket {
+        flags,
+        setting,
+        client_seq,
+        client_msg_no,
+        stream_no,
+        channel_id,
+        channel_type,
+        expire_s,
+        msg_key,
+        topic,
+        payload: r.rest,
+    })
+}
+
+/// The fields of a RECV body; the expiry, stream fields and topic only where
+/// `version` and the setting carry them; the payload is the rest. Refuses a missing
+/// field or a string that is not UTF-8.
+#[inline]
+fn recv_body<'a>(
+    r: &mut Reader<'a>,
+    flags: Flags,
+    version: u8,
+) -> Result<RecvPacket<'a>, DecodeError> {
+    let setting = Setting(r.u8("setting")?);
+    let msg_key = r.str("msg_key")?;
+    let from_uid = r.str("from_uid")?;
+    let channel_id = r.str("channel_id")?;
+    let channel_type = ChannelType(r.u8("channel_type")?);
+    let expire_s = if has_expire(version) {
+        r.u32("expire")?
+    } else {
+        0
+    };
+    let client_msg_no = r.str("client_msg_no")?;
+    let (stream_flag, stream_no, stream_id) = if has_stream(version, setting) {
+        (
+            r.u8("stream_flag")?,
+            r.str("stream_no")?,
+            r.u64("stream_id")?,
+        )
+    } else {
+        (0, "", 0)
+    };
+    let message_id = r.i64("message_id")?;
+    let message_seq = r.message_seq(version)?;
+    let timestamp_s = r.i32("timestamp")?;
+    let topic = if has_topic(setting) {
+        r.str("topic")?
+    } else {
+        ""
+    };
+    Ok(RecvPacket {
+        flags,
+        setting,
+        msg_key,
+        from_uid,
+        channel_id,
+        channel_type,
+        expire_s,
+        client_msg_no,
+        stream_flag,
+        stream_no,
+        stream_id,
+        message_id,
+        message_seq,
+        timestamp_s,
+        topic,
+        payload: r.rest,
     })
 }
 

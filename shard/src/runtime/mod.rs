@@ -572,34 +572,15 @@ struct ShardParts<M> {
 
 impl<S: Handler> Runtime<S> {
     /// Starts `config.shard_count` shard threads. `factory` runs on each shard thread
-    /// and builds that shard's handler and driver.
+    /// and builds that shard's handler and driver. Refuses a config whose counts or
+    /// limits are zero or inconsistent (see [`validate_config`]), and gives the error of
+    /// an eventfd or a thread that cannot be created.
     pub fn start<F>(config: RuntimeConfig, factory: F) -> io::Result<Self>
     where
         F: Fn(&ShardInit) -> io::Result<(S, S::Driver)> + Send + Sync + 'static,
     {
+        validate_config(&config)?;
         let n = config.shard_count as usize;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "shard_count must be at least 1",
-            ));
-        }
-        if !config.ring_capacity.is_power_of_two() || config.ring_capacity < 2 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "ring_capacity must be a power of two >= 2",
-            ));
-        }
-        if config.outbox_batch_max == 0
-            || config.peer_queue_max < config.outbox_batch_max
-            || config.inbound_batch_max == 0
-            || config.injector_capacity == 0
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "batch limits must be at least 1 (and peer_queue_max at least outbox_batch_max)",
-            ));
-        }
         let eventfds: Vec<Arc<EventFd>> = (0..n)
             .map(|_| EventFd::new().map(Arc::new))
             .collect::<io::Result<_>>()?;
@@ -611,31 +592,7 @@ impl<S: Handler> Runtime<S> {
             eventfds: eventfds.clone(),
             parked: (0..n).map(|_| AtomicU64::new(0)).collect(),
         });
-
-        // The mesh: ring (i -> j) for every ordered pair i != j.
-        let mut parts: Vec<ShardParts<S::Msg>> = (0..n)
-            .map(|i| ShardParts {
-                shard: i as ShardId,
-                inbox: Arc::new(Inbox {
-                    queue: Mutex::new(VecDeque::new()),
-                    pending: AtomicBool::new(false),
-                    capacity: config.injector_capacity,
-                }),
-                producers: (0..n).map(|_| None).collect(),
-                consumers: (0..n).map(|_| None).collect(),
-                doorbells: doorbells.clone(),
-            })
-            .collect();
-        for i in 0..n {
-            for j in 0..n {
-                if i != j {
-                    let (p, c) = ring::channel(config.ring_capacity);
-                    parts[i].producers[j] = Some(p);
-                    parts[j].consumers[i] = Some(c);
-                }
-            }
-        }
-
+        let parts = build_mesh::<S::Msg>(&config, &doorbells);
         let injectors = parts
             .iter()
             .map(|p| Injector {
@@ -648,45 +605,13 @@ impl<S: Handler> Runtime<S> {
         let factory = Arc::new(factory);
         let mut threads = Vec::with_capacity(n);
         for part in parts {
-            let i = part.shard as usize;
-            let config = config.clone();
-            let factory = factory.clone();
-            let shared = shared.clone();
-            let eventfds = eventfds.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("{}-{}", config.thread_name, i))
-                .spawn(move || {
-                    pin_to_core(&config, i);
-                    let init = ShardInit {
-                        shard: i as ShardId,
-                        shard_count: config.shard_count,
-                        doorbell: eventfds[i].clone(),
-                    };
-                    let watch = shared.clone();
-                    // A panic or an error ends this shard only; it is recorded so the
-                    // process can stop instead of serving with a shard missing.
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let (handler, driver) = factory(&init)?;
-                        run_shard(config, part, eventfds, shared, handler, driver)
-                    }));
-                    let result = match result {
-                        Ok(r) => r,
-                        Err(panic) => {
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "unknown panic".into());
-                            Err(io::Error::other(format!("panicked: {what}")))
-                        }
-                    };
-                    if let Err(err) = &result {
-                        tracing::error!(shard = i, %err, "shard thread ended");
-                        watch.fail(format!("shard {i}: {err}"));
-                    }
-                    result
-                })?;
-            threads.push(thread);
+            threads.push(spawn_shard(
+                &config,
+                part,
+                factory.clone(),
+                shared.clone(),
+                eventfds.clone(),
+            )?);
         }
         Ok(Runtime {
             handle: RuntimeHandle { shared },
@@ -718,6 +643,118 @@ impl<S: Handler> Runtime<S> {
     }
 }
 
+/// Checks the counts and limits `Runtime::start` relies on. Refuses (`InvalidInput`)
+/// zero shards, a ring capacity that is not a power of two >= 2, a zero batch or
+/// injector limit, and a peer queue smaller than one outbox batch.
+fn validate_config(config: &RuntimeConfig) -> io::Result<()> {
+    if config.shard_count == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "shard_count must be at least 1",
+        ));
+    }
+    if !config.ring_capacity.is_power_of_two() || config.ring_capacity < 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "ring_capacity must be a power of two >= 2",
+        ));
+    }
+    if config.outbox_batch_max == 0
+        || config.peer_queue_max < config.outbox_batch_max
+        || config.inbound_batch_max == 0
+        || config.injector_capacity == 0
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "batch limits must be at least 1 (and peer_queue_max at least outbox_batch_max)",
+        ));
+    }
+    Ok(())
+}
+
+/// Builds each shard's parts: its injector inbox and the mesh, a ring (i -> j) of
+/// `config.ring_capacity` for every ordered pair i != j. Refuses nothing.
+fn build_mesh<M: Send>(config: &RuntimeConfig, doorbells: &[Arc<Doorbell>]) -> Vec<ShardParts<M>> {
+    let n = config.shard_count as usize;
+    let mut parts: Vec<ShardParts<M>> = (0..n)
+        .map(|i| ShardParts {
+            shard: i as ShardId,
+            inbox: Arc::new(Inbox {
+                queue: Mutex::new(VecDeque::new()),
+                pending: AtomicBool::new(false),
+                capacity: config.injector_capacity,
+            }),
+            producers: (0..n).map(|_| None).collect(),
+            consumers: (0..n).map(|_| None).collect(),
+            doorbells: doorbells.to_vec(),
+        })
+        .collect();
+    for i in 0..n {
+        for j in 0..n {
+            if i != j {
+                let (p, c) = ring::channel(config.ring_capacity);
+                parts[i].producers[j] = Some(p);
+                parts[j].consumers[i] = Some(c);
+            }
+        }
+    }
+    parts
+}
+
+/// Spawns the thread of shard `part.shard`: it pins itself, builds its handler and
+/// driver with `factory`, and runs [`run_shard`]. A panic or an error ends this shard
+/// only; it is logged and recorded in `shared` so the process can stop instead of
+/// serving with a shard missing. Gives the error of a thread that cannot be spawned.
+fn spawn_shard<S, F>(
+    config: &RuntimeConfig,
+    part: ShardParts<S::Msg>,
+    factory: Arc<F>,
+    shared: Arc<Shared>,
+    eventfds: Vec<Arc<EventFd>>,
+) -> io::Result<JoinHandle<io::Result<(S, ShardStats)>>>
+where
+    S: Handler,
+    F: Fn(&ShardInit) -> io::Result<(S, S::Driver)> + Send + Sync + 'static,
+{
+    let i = part.shard as usize;
+    let config = config.clone();
+    std::thread::Builder::new()
+        .name(format!("{}-{}", config.thread_name, i))
+        .spawn(move || {
+            pin_to_core(&config, i);
+            let init = ShardInit {
+                shard: i as ShardId,
+                shard_count: config.shard_count,
+                doorbell: eventfds[i].clone(),
+            };
+            let watch = shared.clone();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let (handler, driver) = factory(&init)?;
+                run_shard(config, part, eventfds, shared, handler, driver)
+            }))
+            .unwrap_or_else(|panic| {
+                Err(io::Error::other(format!(
+                    "panicked: {}",
+                    panic_message(&*panic)
+                )))
+            });
+            if let Err(err) = &result {
+                tracing::error!(shard = i, %err, "shard thread ended");
+                watch.fail(format!("shard {i}: {err}"));
+            }
+            result
+        })
+}
+
+/// The text of a panic payload (`&str` or `String`), or "unknown panic".
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 fn pin_to_core(config: &RuntimeConfig, shard: usize) {
     if config.pin_cores.is_empty() {
         return;
@@ -732,6 +769,9 @@ fn pin_to_core(config: &RuntimeConfig, shard: usize) {
     }
 }
 
+/// The body of one shard thread: turns (inbound messages, due timers, ready IO, the
+/// handler's own work, outbox flush) until the runtime stops, spinning a little and
+/// then parking in the driver when a turn finds no work. Gives the driver's error.
 fn run_shard<S: Handler>(
     config: RuntimeConfig,
     part: ShardParts<S::Msg>,
@@ -740,31 +780,21 @@ fn run_shard<S: Handler>(
     mut handler: S,
     mut driver: S::Driver,
 ) -> io::Result<(S, ShardStats)> {
-    let me = part.shard as usize;
     let start = Instant::now();
-    let mut consumers = part.consumers;
-    let my_doorbell = part.doorbells[me].clone();
-    let mut cx: Context<S::Msg, S::Timer> = Context {
-        shard: part.shard,
-        shard_count: config.shard_count,
-        now_ms: 0,
-        outbox_batch_max: config.outbox_batch_max,
-        ring_capacity: config.ring_capacity,
-        peer_queue_max: config.peer_queue_max,
-        outboxes: (0..config.shard_count)
-            .map(|_| PeerQueue {
-                urgent: VecDeque::new(),
-                normal: VecDeque::with_capacity(config.outbox_batch_max),
-            })
-            .collect(),
-        producers: part.producers,
-        peer_doorbells: part.doorbells,
-        peer_eventfds: eventfds,
-        self_queue: VecDeque::new(),
-        timers: TimerWheel::new(0, config.max_timers),
-        shared: shared.clone(),
-        stats: ShardStats::default(),
+    let ShardParts {
+        shard,
+        inbox,
+        producers,
+        consumers,
+        doorbells,
+    } = part;
+    let my_doorbell = doorbells[shard as usize].clone();
+    let mut inbound = Inbound {
+        consumers,
+        inbox,
+        batch_max: config.inbound_batch_max,
     };
+    let mut cx = new_context::<S>(&config, shard, producers, doorbells, eventfds, shared);
     let mut events: Vec<<S::Driver as Driver>::Event> = Vec::new();
     let mut fired: Vec<(TimerHandle, S::Timer)> = Vec::new();
     let idle_spin = Duration::from_micros(config.idle_spin_us);
@@ -776,70 +806,21 @@ fn run_shard<S: Handler>(
         let now = Instant::now();
         cx.now_ms = now.duration_since(start).as_millis() as u64;
         cx.stats.turns += 1;
-        let mut work = 0usize;
-
-        // 1. Messages from peers, a bounded batch from each.
-        for (from, consumer) in consumers.iter_mut().enumerate() {
-            let Some(consumer) = consumer.as_mut() else {
-                continue;
-            };
-            let n = consumer.pop_batch(config.inbound_batch_max, |msg| {
-                handler.on_message(&mut cx, &mut driver, from as ShardId, msg)
-            });
-            cx.stats.messages_received += n as u64;
-            work += n;
-        }
-        if part.inbox.pending.load(Ordering::Acquire) {
-            let batch: Vec<S::Msg> = {
-                let mut queue = part.inbox.queue.lock().unwrap_or_else(|e| e.into_inner());
-                let n = queue.len().min(config.inbound_batch_max);
-                let batch = queue.drain(..n).collect();
-                part.inbox
-                    .pending
-                    .store(!queue.is_empty(), Ordering::Release);
-                batch
-            };
-            work += batch.len();
-            cx.stats.messages_received += batch.len() as u64;
-            for msg in batch {
-                handler.on_message(&mut cx, &mut driver, INJECTED, msg);
-            }
-        }
-        let local = cx.self_queue.len().min(config.inbound_batch_max);
-        for _ in 0..local {
-            let Some(msg) = cx.self_queue.pop_front() else {
-                break;
-            };
-            handler.on_message(&mut cx, &mut driver, part.shard, msg);
-        }
-        cx.stats.messages_received += local as u64;
-        work += local;
-
+        // 1. Messages from peers, the injector and this shard, a bounded batch of each.
+        let mut work = inbound.drain(&mut cx, &mut handler, &mut driver);
         // 2. Due timers.
-        let now_ms = cx.now_ms;
-        cx.timers.advance(now_ms, |handle, _deadline, value| {
-            fired.push((handle, value))
-        });
-        work += fired.len();
-        cx.stats.timers_fired += fired.len() as u64;
-        for (handle, value) in fired.drain(..) {
-            handler.on_timer(&mut cx, &mut driver, handle, value);
-        }
-
+        work += fire_timers(&mut cx, &mut fired, &mut handler, &mut driver);
         // 3. IO that is ready, without blocking.
         driver.poll(Some(Duration::ZERO), &mut events)?;
         work += events.len();
-        for event in events.drain(..) {
-            handler.on_io(&mut cx, &mut driver, event);
-        }
-
+        dispatch_io(&mut cx, &mut events, &mut handler, &mut driver);
         // 4. The handler's own work; 5. flush outboxes.
         work += handler.on_turn(&mut cx, &mut driver);
         if cx.flush_all() {
             work += 1;
         }
 
-        if shared.stopping.load(Ordering::Acquire) {
+        if cx.shared.stopping.load(Ordering::Acquire) {
             break;
         }
         if work > 0 || cx.outboxes_pending() || !cx.self_queue.is_empty() {
@@ -851,31 +832,183 @@ fn run_shard<S: Handler>(
             std::hint::spin_loop();
             continue;
         }
-
-        // Park: announce sleep, re-check every inbound ring, then one wait in the driver.
-        my_doorbell.prepare_sleep();
-        let pending = consumers.iter().flatten().any(|c| !c.is_empty())
-            || part.inbox.pending.load(Ordering::SeqCst);
-        if pending || shared.stopping.load(Ordering::SeqCst) {
-            my_doorbell.cancel_sleep();
-            continue;
-        }
-        let timeout = cx.timers.next_deadline().map(|deadline_ms| {
-            let now_ms = start.elapsed().as_millis() as u64;
-            Duration::from_millis(deadline_ms.saturating_sub(now_ms))
-        });
-        cx.stats.parks += 1;
-        shared.parked[me].store(1, Ordering::SeqCst);
-        let result = driver.poll(timeout, &mut events);
-        shared.parked[me].store(0, Ordering::SeqCst);
-        my_doorbell.cancel_sleep();
-        result?;
-        idle_since = None;
-        for event in events.drain(..) {
-            handler.on_io(&mut cx, &mut driver, event);
+        if park::<S>(
+            &mut cx,
+            &inbound,
+            &my_doorbell,
+            start,
+            &mut driver,
+            &mut events,
+        )? {
+            idle_since = None;
+            dispatch_io(&mut cx, &mut events, &mut handler, &mut driver);
         }
     }
     handler.on_stop(&mut cx, &mut driver);
     cx.flush_all();
     Ok((handler, cx.stats))
+}
+
+/// Builds shard `shard`'s [`Context`]: its outboxes (one per peer), rings, peers'
+/// doorbells and eventfds, and a timer wheel of `config.max_timers`. Refuses nothing.
+fn new_context<S: Handler>(
+    config: &RuntimeConfig,
+    shard: ShardId,
+    producers: Vec<Option<Producer<S::Msg>>>,
+    doorbells: Vec<Arc<Doorbell>>,
+    eventfds: Vec<Arc<EventFd>>,
+    shared: Arc<Shared>,
+) -> Context<S::Msg, S::Timer> {
+    Context {
+        shard,
+        shard_count: config.shard_count,
+        now_ms: 0,
+        outbox_batch_max: config.outbox_batch_max,
+        ring_capacity: config.ring_capacity,
+        peer_queue_max: config.peer_queue_max,
+        outboxes: (0..config.shard_count)
+            .map(|_| PeerQueue {
+                urgent: VecDeque::new(),
+                normal: VecDeque::with_capacity(config.outbox_batch_max),
+            })
+            .collect(),
+        producers,
+        peer_doorbells: doorbells,
+        peer_eventfds: eventfds,
+        self_queue: VecDeque::new(),
+        timers: TimerWheel::new(0, config.max_timers),
+        shared,
+        stats: ShardStats::default(),
+    }
+}
+
+/// Where one shard's messages come from: the rings from its peers and its injector
+/// inbox, each read at most `batch_max` messages per turn.
+struct Inbound<M> {
+    /// `consumers[p]`: the ring from peer `p` (`None` for this shard itself).
+    consumers: Vec<Option<Consumer<M>>>,
+    inbox: Arc<Inbox<M>>,
+    batch_max: usize,
+}
+
+impl<M: Send> Inbound<M> {
+    /// Hands the handler a bounded batch from each peer ring, from the injector inbox,
+    /// and from the shard's own queue (`cx.self_queue`); returns how many it handed.
+    /// Refuses nothing: what is beyond the batch waits for the next turn.
+    #[inline]
+    fn drain<S: Handler<Msg = M>>(
+        &mut self,
+        cx: &mut Context<M, S::Timer>,
+        handler: &mut S,
+        driver: &mut S::Driver,
+    ) -> usize {
+        let mut work = 0usize;
+        for (from, consumer) in self.consumers.iter_mut().enumerate() {
+            let Some(consumer) = consumer.as_mut() else {
+                continue;
+            };
+            let n = consumer.pop_batch(self.batch_max, |msg| {
+                handler.on_message(cx, driver, from as ShardId, msg)
+            });
+            cx.stats.messages_received += n as u64;
+            work += n;
+        }
+        if self.inbox.pending.load(Ordering::Acquire) {
+            let batch: Vec<M> = {
+                let mut queue = self.inbox.queue.lock().unwrap_or_else(|e| e.into_inner());
+                let n = queue.len().min(self.batch_max);
+                let batch = queue.drain(..n).collect();
+                self.inbox
+                    .pending
+                    .store(!queue.is_empty(), Ordering::Release);
+                batch
+            };
+            work += batch.len();
+            cx.stats.messages_received += batch.len() as u64;
+            for msg in batch {
+                handler.on_message(cx, driver, INJECTED, msg);
+            }
+        }
+        let local = cx.self_queue.len().min(self.batch_max);
+        for _ in 0..local {
+            let Some(msg) = cx.self_queue.pop_front() else {
+                break;
+            };
+            handler.on_message(cx, driver, cx.shard, msg);
+        }
+        cx.stats.messages_received += local as u64;
+        work + local
+    }
+
+    /// Whether a peer ring or the injector inbox holds a message (checked with
+    /// `SeqCst` after announcing sleep, so a wake-up cannot be missed).
+    fn pending(&self) -> bool {
+        self.consumers.iter().flatten().any(|c| !c.is_empty())
+            || self.inbox.pending.load(Ordering::SeqCst)
+    }
+}
+
+/// Fires the timers due at `cx.now_ms` (collected into `fired`, reused across turns)
+/// and returns how many fired. Refuses nothing.
+#[inline]
+fn fire_timers<S: Handler>(
+    cx: &mut Context<S::Msg, S::Timer>,
+    fired: &mut Vec<(TimerHandle, S::Timer)>,
+    handler: &mut S,
+    driver: &mut S::Driver,
+) -> usize {
+    let now_ms = cx.now_ms;
+    cx.timers.advance(now_ms, |handle, _deadline, value| {
+        fired.push((handle, value))
+    });
+    let n = fired.len();
+    cx.stats.timers_fired += n as u64;
+    for (handle, value) in fired.drain(..) {
+        handler.on_timer(cx, driver, handle, value);
+    }
+    n
+}
+
+/// Hands every event in `events` to the handler, leaving `events` empty.
+#[inline]
+fn dispatch_io<S: Handler>(
+    cx: &mut Context<S::Msg, S::Timer>,
+    events: &mut Vec<<S::Driver as Driver>::Event>,
+    handler: &mut S,
+    driver: &mut S::Driver,
+) {
+    for event in events.drain(..) {
+        handler.on_io(cx, driver, event);
+    }
+}
+
+/// Parks the shard: announces sleep on its doorbell, re-checks every inbound source
+/// and the stop flag (then returns `false` without waiting), else waits in the driver
+/// until IO, a wake-up or the next timer deadline; returns `true` with the events in
+/// `events`. Gives the driver's error.
+fn park<S: Handler>(
+    cx: &mut Context<S::Msg, S::Timer>,
+    inbound: &Inbound<S::Msg>,
+    my_doorbell: &Doorbell,
+    start: Instant,
+    driver: &mut S::Driver,
+    events: &mut Vec<<S::Driver as Driver>::Event>,
+) -> io::Result<bool> {
+    my_doorbell.prepare_sleep();
+    if inbound.pending() || cx.shared.stopping.load(Ordering::SeqCst) {
+        my_doorbell.cancel_sleep();
+        return Ok(false);
+    }
+    let timeout = cx.timers.next_deadline().map(|deadline_ms| {
+        let now_ms = start.elapsed().as_millis() as u64;
+        Duration::from_millis(deadline_ms.saturating_sub(now_ms))
+    });
+    cx.stats.parks += 1;
+    let me = cx.shard as usize;
+    cx.shared.parked[me].store(1, Ordering::SeqCst);
+    let result = driver.poll(timeout, events);
+    cx.shared.parked[me].store(0, Ordering::SeqCst);
+    my_doorbell.cancel_sleep();
+    result?;
+    Ok(true)
 }
