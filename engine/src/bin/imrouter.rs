@@ -12,7 +12,11 @@ use engine::node::Node;
 
 /// A node of an instant-messaging cluster (WuKongIM protocol).
 #[derive(Parser, Debug)]
-#[command(name = "imrouter", version, about)]
+#[command(
+    name = "imrouter",
+    version,
+    about = "imrouter: an instant-messaging router node (WuKongIM binary protocol and HTTP API)"
+)]
 struct Args {
     /// TOML configuration file; flags override it.
     #[arg(long)]
