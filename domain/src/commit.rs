@@ -349,10 +349,9 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         lookup: &mut impl EndpointLookup,
         room: &mut impl FnMut(ShardId) -> usize,
         limits: &PlanLimits,
-        now_ns: u64,
         out: &mut Vec<Push>,
     ) -> usize {
-        let (freed_bytes, work) = self.planner.pump(view, lookup, room, limits, now_ns, out);
+        let (freed_bytes, work) = self.planner.pump(view, lookup, room, limits, out);
         self.backlog_bytes -= freed_bytes;
         work
     }
@@ -1121,10 +1120,7 @@ mod tests {
         // Shard 1 ("a", "c": odd first bytes) has no room beyond the reserve; pages of
         // two: ["a", "b"], ["c"].
         let mut room = |_s: ShardId| 4;
-        assert_eq!(
-            c.pump(&view, &mut Online, &mut room, &plan, 9, &mut pushes),
-            2
-        );
+        assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut pushes), 2);
         let to: Vec<PushTo> = pushes.iter().map(|p| p.to).collect();
         assert_eq!(
             to,
@@ -1139,22 +1135,19 @@ mod tests {
         );
         pushes.clear();
         let mut room = |_s: ShardId| 5;
-        c.pump(&view, &mut Online, &mut room, &plan, 10, &mut pushes);
+        c.pump(&view, &mut Online, &mut room, &plan, &mut pushes);
         let sent: Vec<(PushTo, usize)> = pushes.iter().map(|p| (p.to, p.endpoints.len())).collect();
         assert_eq!(sent, vec![(PushTo::Shard(1), 1)], "the stalled batch ('a')");
         pushes.clear();
         // That took the slot above the reserve: the second page's batch ('c') waited;
         // it goes on the next call, and the message is done.
-        c.pump(&view, &mut Online, &mut room, &plan, 11, &mut pushes);
+        c.pump(&view, &mut Online, &mut room, &plan, &mut pushes);
         assert_eq!(
             pushes.iter().map(|p| p.to).collect::<Vec<_>>(),
             vec![PushTo::Shard(1)]
         );
         pushes.clear();
-        assert_eq!(
-            c.pump(&view, &mut Online, &mut room, &plan, 12, &mut pushes),
-            0
-        );
+        assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut pushes), 0);
         assert_eq!((c.backlog_len(), c.backlog_bytes()), (0, 0));
     }
 }

@@ -180,8 +180,6 @@ pub struct Push {
     pub to: PushTo,
     pub message: Arc<Committed>,
     pub endpoints: Vec<Endpoint>,
-    /// When it was planned (the driver's monotonic clock, ns): the push-hop stage.
-    pub planned_ns: u64,
 }
 
 /// Route lookups for a page's target groups (`AuthorityReader` in the node; the
@@ -249,7 +247,7 @@ pub struct Planner {
     /// The next page of the backlog's front message.
     next_page: usize,
     /// Batches of the front message that a peer had no room for.
-    stalled: Vec<(ShardId, Vec<Endpoint>, u64)>,
+    stalled: Vec<(ShardId, Vec<Endpoint>)>,
     groups: TargetGroups,
     endpoints: Vec<Endpoint>,
     results: Vec<Result<Range<usize>, AuthorityError>>,
@@ -290,7 +288,6 @@ impl Planner {
         lookup: &mut impl EndpointLookup,
         room: &mut impl FnMut(ShardId) -> usize,
         limits: &PlanLimits,
-        now_ns: u64,
         out: &mut Vec<Push>,
     ) -> (usize, usize) {
         if self.backlog.is_empty() {
@@ -318,9 +315,7 @@ impl Planner {
                 self.next_page += 1;
                 let end = recipients.len().min(start + limits.subscriber_page_max);
                 let page = &recipients[start..end];
-                self.plan_page(
-                    view, lookup, room, limits, &message, sender, page, now_ns, out,
-                );
+                self.plan_page(view, lookup, room, limits, &message, sender, page, out);
                 pages += 1;
                 work += 1;
                 if end < recipients.len() || !self.stalled.is_empty() {
@@ -349,7 +344,7 @@ impl Planner {
         let message = &front.message;
         let mut stalled = std::mem::take(&mut self.stalled);
         let before = stalled.len();
-        stalled.retain_mut(|(to, endpoints, planned_ns)| {
+        stalled.retain_mut(|(to, endpoints)| {
             if !take_room(&mut self.emitted, room, *to, limits) {
                 return true;
             }
@@ -357,7 +352,6 @@ impl Planner {
                 to: PushTo::Shard(*to),
                 message: message.clone(),
                 endpoints: std::mem::take(endpoints),
-                planned_ns: *planned_ns,
             });
             false
         });
@@ -378,7 +372,6 @@ impl Planner {
         message: &Arc<Committed>,
         sender: Option<Sender>,
         page: &[Uid],
-        now_ns: u64,
         out: &mut Vec<Push>,
     ) {
         group_by_target(view, page, &mut self.groups);
@@ -400,13 +393,12 @@ impl Planner {
                 PushTo::Shard(s) if s == limits.me => self.local.push(endpoints),
                 PushTo::Shard(s) if !take_room(&mut self.emitted, room, s, limits) => {
                     self.counts.stalls += 1;
-                    self.stalled.push((s, endpoints, now_ns));
+                    self.stalled.push((s, endpoints));
                 }
                 to => out.push(Push {
                     to,
                     message: message.clone(),
                     endpoints,
-                    planned_ns: now_ns,
                 }),
             }
         }
@@ -415,7 +407,6 @@ impl Planner {
                 to: PushTo::Shard(limits.me),
                 message: message.clone(),
                 endpoints,
-                planned_ns: now_ns,
             });
         }
     }

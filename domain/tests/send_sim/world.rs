@@ -1041,7 +1041,6 @@ impl Sim {
             &mut lookup,
             &mut |s: ShardId| room[s as usize],
             &self.p.plan,
-            self.now * 1_000_000,
             &mut pushes,
         );
         let counts = self.core.take_plan_counts();

@@ -259,10 +259,11 @@ pub struct StageHistograms {
     /// Appended → answered: the end of the turn under the default interval fsync
     /// policy; under `fsync = "always"` the wait for the sync job that makes it durable.
     pub commit_to_durable: LatencyHistogram,
-    /// Route lookup and push planning of one subscriber page.
+    /// Route lookup of one subscriber page (the published route tables).
     pub route_lookup: LatencyHistogram,
-    /// Push planned on the commit shard → received by the owner shard (ring hop,
-    /// zero when the owner is the commit shard itself).
+    /// Push batch handed over by the commit shard → received by the owner shard (ring
+    /// hop, zero when the owner is the commit shard itself; a batch that waited for
+    /// room is handed over when it goes).
     pub push_hop: LatencyHistogram,
     /// RECVs queued by the owner shard → handed to the kernel (the next driver poll
     /// submitted their sends), per push batch.
@@ -281,13 +282,10 @@ pub const STAGE_HELP: [(&str, &str); 6] = [
         "stage_commit_to_durable",
         "Appended to answered (end of turn; under fsync=always, its sync).",
     ),
-    (
-        "stage_route_lookup",
-        "Route lookup and push planning of one subscriber page.",
-    ),
+    ("stage_route_lookup", "Route lookup of one subscriber page."),
     (
         "stage_push_hop",
-        "Push planned on the commit shard to received by the owner shard.",
+        "Push batch handed over by the commit shard to received by the owner shard.",
     ),
     (
         "stage_socket_write",

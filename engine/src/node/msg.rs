@@ -51,16 +51,16 @@ pub enum Msg {
         index: u32,
         result: Result<(), OwnerActionFailed>,
     },
-    /// Gateway (or the HTTP API) → the channel's delivery shard: commit a SEND.
+    /// Gateway (or the HTTP API) → the channel's commit shard: commit a SEND.
     Commit(Box<Commit>),
-    /// Delivery shard → gateway: write SENDACK to the sending connection.
+    /// Commit shard → gateway: write SENDACK to the sending connection.
     SendAck(SendAck),
-    /// Delivery shard → owner shard: write RECV to these endpoints (revalidated first).
+    /// Commit shard → owner shard: write RECV to these endpoints (revalidated first).
     Push {
         message: Arc<Committed>,
         endpoints: Vec<Endpoint>,
-        /// When the delivery shard planned this batch ([`super::NodeShared::mono_ns`]).
-        planned_ns: u64,
+        /// When the commit shard handed this batch over ([`super::NodeShared::mono_ns`]).
+        handed_ns: u64,
     },
     /// Control (HTTP API) → every shard: close the sessions of `uid` with
     /// `device_flag` (`None`: every flag); answered on `done`.
@@ -69,7 +69,7 @@ pub enum Msg {
         device_flag: Option<u8>,
         done: std::sync::mpsc::SyncSender<usize>,
     },
-    /// Control → a delivery shard: read committed messages of a channel.
+    /// Control → a commit shard: read committed messages of a channel.
     MessageSync(Box<super::send::MessageSyncRequest>),
     /// Control → every shard: a new cluster view (slot leadership moved).
     View(Arc<crate::cluster::ClusterView>),

@@ -276,8 +276,8 @@ impl Handler for NodeShard {
             Msg::Push {
                 message,
                 endpoints,
-                planned_ns,
-            } => super::send::on_push(self, cx, driver, &message, &endpoints, planned_ns),
+                handed_ns,
+            } => super::send::on_push(self, cx, driver, &message, &endpoints, handed_ns),
             Msg::DeviceQuit {
                 uid,
                 device_flag,

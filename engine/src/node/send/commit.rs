@@ -319,26 +319,23 @@ pub fn pump_deliveries(
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
     };
     let mut pushes = std::mem::take(&mut node.commit.pushes);
-    let now_ns = node.shared.mono_ns();
     let mut lookup = TimedLookup {
         reader: &mut node.reader,
         stages: &node.stages,
         clock: &node.shared,
     };
     let mut room = |s: ShardId| cx.send_capacity(s);
-    let work = node.commit.core.pump(
-        &node.view,
-        &mut lookup,
-        &mut room,
-        &limits,
-        now_ns,
-        &mut pushes,
-    );
+    let work = node
+        .commit
+        .core
+        .pump(&node.view, &mut lookup, &mut room, &limits, &mut pushes);
     let counts = node.commit.core.take_plan_counts();
     node.metrics.stale_lookups.add(counts.failed_groups);
     node.metrics.delivery_stalls.add(counts.stalls);
+    // The push-hop stage starts when the batches are handed over (one clock read).
+    let handed_ns = node.shared.mono_ns();
     for push in pushes.drain(..) {
-        carry_push(node, cx, driver, push);
+        carry_push(node, cx, driver, push, handed_ns);
     }
     node.commit.pushes = pushes;
     work
@@ -350,23 +347,17 @@ fn carry_push(
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
     push: Push,
+    handed_ns: u64,
 ) {
     match push.to {
         PushTo::Shard(s) if s == node.me => {
-            super::owner::on_push(
-                node,
-                cx,
-                driver,
-                &push.message,
-                &push.endpoints,
-                push.planned_ns,
-            );
+            super::owner::on_push(node, cx, driver, &push.message, &push.endpoints, handed_ns);
         }
         PushTo::Shard(s) => {
             let msg = Msg::Push {
                 message: push.message,
                 endpoints: push.endpoints,
-                planned_ns: push.planned_ns,
+                handed_ns,
             };
             node.send_msg(cx, s, msg);
             cx.flush_to(s);

@@ -38,13 +38,13 @@ pub fn on_push(
     driver: &mut NetDriver,
     message: &Arc<Committed>,
     endpoints: &[Endpoint],
-    planned_ns: u64,
+    handed_ns: u64,
 ) {
     // One clock read per batch for the stage histograms, not one per RECV.
     let now_ns = node.shared.mono_ns();
     node.stages
         .push_hop
-        .observe_ns(now_ns.saturating_sub(planned_ns));
+        .observe_ns(now_ns.saturating_sub(handed_ns));
     let recv_latency_ns = now_ns.saturating_sub(message.committed_ns);
     let mut written = 0usize;
     for ep in endpoints {
