@@ -14,6 +14,7 @@
 //!
 //! The SEND path, in flow order:
 //! - [`channel`]: person channel keys and the channel ids a RECV carries.
+//! - [`send_rate`]: the gateway's per-uid SEND rate (per shard).
 //! - [`new_channels`]: the gateway's per-connection budget of new channels.
 //! - [`gateway`]: the gateway's credits of SENDs in flight.
 //! - [`commit`]: the commit core: permission, back-pressure, ids and seqs, sync.
@@ -36,3 +37,4 @@ pub mod idgen;
 pub mod new_channels;
 pub mod registry;
 pub mod route;
+pub mod send_rate;

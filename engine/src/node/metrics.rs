@@ -120,6 +120,10 @@ shard_metrics! {
     /// SENDs answered with 22 (RateLimit) at the gateway: the connection's or the
     /// shard's SENDs in flight were at their limit.
     sends_refused_credit,
+    /// SENDs answered with 22 (RateLimit) at the gateway: their uid was over
+    /// `sends_per_uid_per_s` on this shard (or its table of uids was full of uids
+    /// that were not idle).
+    sends_refused_uid_rate,
     /// Commits answered with 22 (RateLimit): the delivery backlog was full.
     commits_refused_backlog,
     /// Push batches held back because their owner shard's queue had no room (the

@@ -94,6 +94,8 @@ pub struct NodeShard {
     pub(crate) commit: CommitSide,
     /// This gateway's credits of SENDs in flight (`domain::gateway`).
     pub(crate) credits: domain::gateway::SendCredits,
+    /// This gateway's SEND rates by uid (`domain::send_rate`).
+    pub(crate) send_rate: domain::send_rate::SendRate,
     /// What this shard's pending-ACK entries are charged (bounded by
     /// `pending_acks_budget_bytes_per_shard`; see `send::PendingAcks`).
     pub(crate) pending_ack_bytes: usize,
@@ -134,6 +136,7 @@ impl NodeShard {
         );
         Ok(NodeShard {
             credits,
+            send_rate: domain::send_rate::SendRate::new(cfg.session.send_rate_limits()),
             pending_ack_bytes: 0,
             ack_resend_buf: Vec::new(),
             me,

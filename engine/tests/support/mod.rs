@@ -40,8 +40,10 @@ pub fn config(dir: &Path, backend: net::io::Backend) -> NodeConfig {
     c.net.backend = backend;
     c.log.segment_bytes = 4 << 20;
     // Tests pipeline hundreds of SENDs on one connection without reading: room for
-    // them in flight (the credit limits have tests of their own).
+    // them in flight, past the uid's rate (the credit and rate limits have tests of
+    // their own).
     c.session.sends_in_flight_per_conn_max = 1 << 20;
+    c.session.sends_per_uid_per_s = 0;
     c.delivery.commit_credits_per_peer = 4_096;
     c
 }

@@ -9,6 +9,7 @@ use shard::runtime::Context;
 use crate::channel::Channel;
 use crate::delivery::Sender;
 use domain::gateway::SendCredits;
+use domain::send_rate::Verdict;
 
 use super::super::msg::{Msg, SendAck};
 use super::super::shard::{NodeShard, NodeTimer};
@@ -37,6 +38,10 @@ pub fn on_send(
         Ok(c) => c,
         Err(e) => return refuse(node, driver, e.reason_code()),
     };
+    if node.send_rate.admit(&uid, decoded_ns) != Verdict::Admit {
+        node.metrics.sends_refused_uid_rate.inc();
+        return refuse(node, driver, ReasonCode::RATE_LIMIT);
+    }
     if !admit_new_channel(node, id, &channel, decoded_ns / 1_000_000) {
         node.metrics.sends_rate_limited.inc();
         return refuse(node, driver, ReasonCode::RATE_LIMIT);

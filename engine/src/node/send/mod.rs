@@ -3,7 +3,8 @@
 //! these files only decode, call the machine and carry its outputs to the ring, the
 //! log's syncer, the socket or the API:
 //!
-//! 1. [`gateway`] (the sender's shard): resolve the channel, the connection's
+//! 1. [`gateway`] (the sender's shard): resolve the channel, the uid's SEND rate
+//!    (`domain::send_rate`), the connection's
 //!    new-channel budget (`domain::new_channels`), msg_key and decryption
 //!    (`net::crypto`), the credits of SENDs in flight; a [`Commit`] to the channel's
 //!    commit shard. Later the SENDACK back to the connection.
