@@ -99,6 +99,8 @@ impl Scenario {
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
     pub label: String,
+    /// The preset the run's flags came from and its expansion, for the report header.
+    pub preset: Option<String>,
     pub target: TargetSpec,
     /// The server's pid (external node): CPU seconds and RSS from /proc.
     pub pid: Option<u32>,
@@ -345,6 +347,7 @@ fn new_summary(cfg: &BenchConfig, sc: &Scenario) -> Summary {
     Summary {
         imbench_version: env!("CARGO_PKG_VERSION").into(),
         label: cfg.label.clone(),
+        preset: cfg.preset.clone(),
         scenario: sc.name().into(),
         unix_time_s: unix_ms() / 1000,
         machine: machine(),
@@ -552,6 +555,8 @@ fn summarize_server(summary: &mut Summary, cfg: &BenchConfig, m: &Measured) {
         (Some(a), Some(b)) if has_load => Some(b - a),
         _ => None,
     };
+    let answered: u64 = summary.classes.iter().map(|c| c.sendack.count).sum();
+    let delivered: u64 = summary.classes.iter().map(|c| c.delivered_recvs).sum();
     summary.server = ServerUse {
         source: if m.meter.embedded {
             "embedded: shard threads' CPU, whole-process RSS (node + harness)".into()
@@ -562,6 +567,9 @@ fn summarize_server(summary: &mut Summary, cfg: &BenchConfig, m: &Measured) {
         },
         cpu_s_send_phase: cpu,
         cpu_share_send_phase: cpu.map(|c| c / m.out.send_phase.as_secs_f64().max(1e-9)),
+        answered_sends: answered,
+        cpu_us_per_send: report::cpu_us_per(cpu, answered),
+        cpu_us_per_recv: report::cpu_us_per(cpu, delivered),
         rss_bytes_before_connect: m.rss_before,
         rss_bytes_connected: m.meter.rss_connected,
         rss_bytes_per_connection: match (m.rss_before, m.meter.rss_connected) {

@@ -37,9 +37,15 @@ enum Cmd {
         rate: f64,
     },
     /// Group fan-out: every online member sends to its group.
+    #[command(args_override_self = true)]
     Group {
         #[command(flatten)]
         common: Common,
+        /// One of WuKongIM's published single-node workloads. The flags it stands for
+        /// are set first, so explicit flags override them (`--encrypt=false` turns
+        /// its encryption off); the report's header repeats them.
+        #[arg(long, value_enum)]
+        preset: Option<Preset>,
         /// Subscribers per group (the sender is one of them: 101 → 100 recipients).
         #[arg(long, default_value_t = 101)]
         members: usize,
@@ -97,8 +103,51 @@ struct PlotArgs {
 
 /// What a command asks for.
 enum Job {
-    Load(Common, Scenario),
+    Load(Common, Scenario, Option<Preset>),
     Plot(PlotArgs),
+}
+
+/// WuKongIM's published single-node workloads, as `imbench group` flags.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Preset {
+    /// the send test, 40,000 SEND/s into 100 groups of 100, one member of each online:
+    /// `--groups 100 --members 100 --online 0.01 --rate 40000 --encrypt --drain 15`.
+    WkSend,
+    /// the receive test, one 10,000-member group, 5,000 online, 40 messages/s
+    /// (≈ 200,000 RECV/s): `--groups 1 --members 10000 --online 0.5 --rate 40
+    /// --encrypt --duration 10 --drain 15`.
+    WkRecv,
+}
+
+impl Preset {
+    fn name(self) -> &'static str {
+        match self {
+            Preset::WkSend => "wk-send",
+            Preset::WkRecv => "wk-recv",
+        }
+    }
+
+    /// The `imbench group` flags the preset stands for.
+    fn flags(self) -> &'static str {
+        match self {
+            Preset::WkSend => {
+                "--groups 100 --members 100 --online 0.01 --rate 40000 --encrypt --drain 15"
+            }
+            Preset::WkRecv => {
+                "--groups 1 --members 10000 --online 0.5 --rate 40 --encrypt --duration 10 \
+                 --drain 15"
+            }
+        }
+    }
+
+    /// The report header's line: the name and its expansion.
+    fn describe(self) -> String {
+        format!(
+            "{} = {} (explicit flags override)",
+            self.name(),
+            self.flags()
+        )
+    }
 }
 
 #[derive(Args, Clone)]
@@ -132,8 +181,10 @@ struct Common {
     /// How the clients connect: `tcp` or `ws` (WebSocket).
     #[arg(long, default_value_t = Transport::Tcp)]
     transport: Transport,
-    /// Encrypted SENDs and RECVs (full per-message cost) and client-side key agreement.
-    #[arg(long)]
+    /// Encrypted SENDs and RECVs (full per-message cost) and client-side key agreement
+    /// (`--encrypt=false`: off, e.g. over a preset's `--encrypt`).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set, default_value_t = false)]
     encrypt: bool,
     /// Load threads (event loops), one per core by default.
     #[arg(long)]
@@ -189,7 +240,7 @@ fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     }
 }
 
-fn config(c: &Common, scenario: &str) -> BenchConfig {
+fn config(c: &Common, scenario: &str, preset: Option<Preset>) -> BenchConfig {
     let any_addr = !(c.tcp.is_empty() && c.ws.is_empty() && c.api.is_empty());
     let external = any_addr && !c.embedded;
     let target = if external {
@@ -222,8 +273,10 @@ fn config(c: &Common, scenario: &str) -> BenchConfig {
     load.connect_concurrency = c.connect_concurrency.max(1);
     load.spin = Duration::from_micros(c.spin_us);
     load.progress = c.duration >= 3.0;
+    let name = preset.map_or(scenario, |p| p.name());
     BenchConfig {
-        label: c.label.clone().unwrap_or_else(|| scenario.to_string()),
+        label: c.label.clone().unwrap_or_else(|| name.to_string()),
+        preset: preset.map(Preset::describe),
         target,
         pid: c.pid,
         load,
@@ -233,9 +286,37 @@ fn config(c: &Common, scenario: &str) -> BenchConfig {
     }
 }
 
+/// Parses the command line. `group --preset P` is parsed again with P's flags
+/// inserted right after `group`, ahead of the user's own: the group command lets a
+/// later occurrence of a flag override an earlier one, so explicit flags win.
+fn parse_cli(argv: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    let cli = Cli::try_parse_from(&argv)?;
+    let Cmd::Group {
+        preset: Some(preset),
+        ..
+    } = &cli.cmd
+    else {
+        return Ok(cli);
+    };
+    // The first `group` after the program name is the subcommand: `Cli` itself takes
+    // no option with a value.
+    let at = argv
+        .iter()
+        .skip(1)
+        .position(|a| a == "group")
+        .map_or(argv.len(), |i| i + 2);
+    let mut expanded = argv[..at].to_vec();
+    expanded.extend(preset.flags().split_whitespace().map(Into::into));
+    expanded.extend_from_slice(&argv[at..]);
+    Cli::try_parse_from(expanded)
+}
+
 fn main() -> ExitCode {
-    match job(Cli::parse().cmd) {
-        Job::Load(common, scenario) => run(&config(&common, scenario.name()), &scenario),
+    let cli = parse_cli(std::env::args_os().collect()).unwrap_or_else(|e| e.exit());
+    match job(cli.cmd) {
+        Job::Load(common, scenario, preset) => {
+            run(&config(&common, scenario.name(), preset), &scenario)
+        }
         Job::Plot(args) => plot(&args),
     }
 }
@@ -268,6 +349,7 @@ fn plot(args: &PlotArgs) -> ExitCode {
 
 /// The job of a command: a load scenario with its common options, or a plot.
 fn job(cmd: Cmd) -> Job {
+    let mut preset = None;
     let (common, scenario) = match cmd {
         Cmd::Plot(args) => return Job::Plot(args),
         Cmd::Floor(c) => (c, Scenario::Floor),
@@ -278,19 +360,23 @@ fn job(cmd: Cmd) -> Job {
         } => (common, Scenario::Person { pairs, rate }),
         Cmd::Group {
             common,
+            preset: p,
             members,
             online,
             groups,
             rate,
-        } => (
-            common,
-            Scenario::Group {
-                members,
-                online_share: online,
-                groups,
-                rate,
-            },
-        ),
+        } => {
+            preset = p;
+            (
+                common,
+                Scenario::Group {
+                    members,
+                    online_share: online,
+                    groups,
+                    rate,
+                },
+            )
+        }
         Cmd::Storm {
             common,
             clients,
@@ -320,7 +406,7 @@ fn job(cmd: Cmd) -> Job {
             },
         ),
     };
-    Job::Load(common, scenario)
+    Job::Load(common, scenario, preset)
 }
 
 /// Runs a scenario and prints its report; exit 2 when the accounting is not clean.
@@ -345,6 +431,81 @@ fn run(cfg: &BenchConfig, scenario: &Scenario) -> ExitCode {
         Err(e) => {
             eprintln!("imbench: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The common options and group parameters `argv` asks for.
+    fn group_of(argv: &str) -> (Common, usize, usize, f64, f64) {
+        let cli = parse_cli(argv.split_whitespace().map(Into::into).collect())
+            .unwrap_or_else(|e| panic!("{argv}: {e}"));
+        let Job::Load(
+            common,
+            Scenario::Group {
+                members,
+                online_share,
+                groups,
+                rate,
+            },
+            _,
+        ) = job(cli.cmd)
+        else {
+            panic!("{argv}: not a group run");
+        };
+        (common, groups, members, online_share, rate)
+    }
+
+    #[test]
+    fn presets_set_defaults_that_explicit_flags_override() {
+        let (c, groups, members, online, rate) = group_of("imbench group --preset wk-send");
+        assert_eq!((groups, members, online, rate), (100, 100, 0.01, 40_000.0));
+        assert!(c.encrypt);
+        assert_eq!((c.duration, c.drain), (5.0, 15.0));
+
+        let (c, groups, members, online, rate) = group_of("imbench group --preset wk-recv");
+        assert_eq!((groups, members, online, rate), (1, 10_000, 0.5, 40.0));
+        assert!(c.encrypt);
+        assert_eq!((c.duration, c.drain), (10.0, 15.0));
+
+        // Explicit flags win, before or after --preset; the rest of the preset stays.
+        let (c, groups, members, online, rate) = group_of(
+            "imbench group --rate 20000 --preset wk-send --encrypt=false --drain 3 --pid 7",
+        );
+        assert_eq!((groups, members, online, rate), (100, 100, 0.01, 20_000.0));
+        assert!(!c.encrypt);
+        assert_eq!((c.duration, c.drain, c.pid), (5.0, 3.0, Some(7)));
+
+        // No preset: the plain defaults, and a bare --encrypt still means on.
+        let (c, groups, members, online, rate) = group_of("imbench group --encrypt");
+        assert_eq!((groups, members, online, rate), (1, 101, 1.0, 2000.0));
+        assert!(c.encrypt);
+        assert_eq!((c.duration, c.drain), (5.0, 2.0));
+    }
+
+    /// `imbench group --help` shows each preset's expansion, word for word.
+    #[test]
+    fn group_help_lists_each_presets_flags() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("group")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        let words: Vec<&str> = help.split_whitespace().collect();
+        for p in [Preset::WkSend, Preset::WkRecv] {
+            let flags: Vec<&str> = p.flags().split_whitespace().collect();
+            assert!(
+                words
+                    .windows(flags.len())
+                    .any(|w| w.iter().zip(&flags).all(|(a, b)| a.trim_matches('`') == *b)),
+                "{}: {help}",
+                p.name()
+            );
         }
     }
 }

@@ -210,9 +210,25 @@ pub struct ServerUse {
     pub source: String,
     pub cpu_s_send_phase: Option<f64>,
     pub cpu_share_send_phase: Option<f64>,
+    /// SENDs answered with a SENDACK of any reason (the send phase and its drain).
+    #[serde(default)]
+    pub answered_sends: u64,
+    /// Node CPU of the send phase (with its drain) per answered SEND, µs. Below
+    /// saturation it includes the shards' idle spinning: read it at saturation.
+    #[serde(default)]
+    pub cpu_us_per_send: Option<f64>,
+    /// Node CPU of the send phase (with its drain) per delivered RECV, µs.
+    #[serde(default)]
+    pub cpu_us_per_recv: Option<f64>,
     pub rss_bytes_before_connect: Option<u64>,
     pub rss_bytes_connected: Option<u64>,
     pub rss_bytes_per_connection: Option<f64>,
+}
+
+/// Node CPU per unit in µs: `cpu_s` seconds over `count` units (none without a CPU
+/// reading or without units).
+pub fn cpu_us_per(cpu_s: Option<f64>, count: u64) -> Option<f64> {
+    cpu_s.filter(|_| count > 0).map(|c| c * 1e6 / count as f64)
 }
 
 /// The JSON summary of one run.
@@ -220,6 +236,9 @@ pub struct ServerUse {
 pub struct Summary {
     pub imbench_version: String,
     pub label: String,
+    /// The preset the flags came from and its expansion (`imbench group --preset`).
+    #[serde(default)]
+    pub preset: Option<String>,
     pub scenario: String,
     pub unix_time_s: u64,
     pub machine: String,
@@ -299,6 +318,9 @@ pub fn table(s: &Summary) -> String {
         let _ = writeln!(t, "{}", st.line());
     }
     server_line(&mut t, &s.server);
+    if !s.classes.is_empty() {
+        node_cost_line(&mut t, s);
+    }
     t
 }
 
@@ -316,6 +338,9 @@ fn latency_rows(t: &mut String, s: &Summary) {
         s.duration_s,
         s.payload_bytes
     );
+    if let Some(p) = &s.preset {
+        let _ = writeln!(t, "preset {p}");
+    }
     let _ = writeln!(
         t,
         "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -410,6 +435,38 @@ fn server_line(t: &mut String, sv: &ServerUse) {
         let _ = write!(t, ", {p:.0} B per connection");
     }
     t.push('\n');
+}
+
+/// The node's CPU per answered SEND and per delivered RECV.
+fn node_cost_line(t: &mut String, s: &Summary) {
+    let sv = &s.server;
+    let (Some(cpu), Some(per_send)) = (sv.cpu_s_send_phase, sv.cpu_us_per_send) else {
+        let _ = writeln!(
+            t,
+            "node CPU per SEND unknown (no node CPU reading: pass the node's --pid), \
+             per delivered RECV unknown"
+        );
+        return;
+    };
+    let _ = write!(
+        t,
+        "node CPU per SEND {} µs ({cpu:.2}s over {} answered SENDs)",
+        fmt_us(per_send),
+        sv.answered_sends
+    );
+    let delivered: u64 = s.classes.iter().map(|c| c.delivered_recvs).sum();
+    match sv.cpu_us_per_recv {
+        Some(r) => {
+            let _ = writeln!(
+                t,
+                ", per delivered RECV {} µs ({delivered} RECVs)",
+                fmt_us(r)
+            );
+        }
+        None => {
+            let _ = writeln!(t, ", per delivered RECV none (no RECV delivered)");
+        }
+    }
 }
 
 /// Writes `<label>.json` and one `<label>-<name>.hgrm` per non-empty histogram.
@@ -509,6 +566,47 @@ mod tests {
         );
         assert_eq!(back.node_stages[1].name, "stage_append");
         assert!(table(&back).contains("node stage push_hop: 100 observations"));
+    }
+
+    /// The preset's expansion heads the report; the node's CPU per answered SEND and
+    /// per delivered RECV follows the server line, and reads "unknown" without a CPU
+    /// reading.
+    #[test]
+    fn header_names_the_preset_and_node_cost_per_message() {
+        let mut s = Summary {
+            scenario: "group".into(),
+            preset: Some("wk-send = --groups 100 (explicit flags override)".into()),
+            classes: vec![ClassSummary {
+                class: "group".into(),
+                delivered_recvs: 400_000,
+                sendack: Pcts {
+                    count: 200_000,
+                    ..Pcts::default()
+                },
+                ..ClassSummary::default()
+            }],
+            ..Summary::default()
+        };
+        let t = table(&s);
+        assert_eq!(
+            t.lines().nth(1),
+            Some("preset wk-send = --groups 100 (explicit flags override)")
+        );
+        assert!(t.contains("node CPU per SEND unknown"), "{t}");
+        s.server.cpu_s_send_phase = Some(5.0);
+        s.server.answered_sends = 200_000;
+        s.server.cpu_us_per_send = cpu_us_per(Some(5.0), 200_000);
+        s.server.cpu_us_per_recv = cpu_us_per(Some(5.0), 400_000);
+        let t = table(&s);
+        assert!(
+            t.contains(
+                "node CPU per SEND 25 µs (5.00s over 200000 answered SENDs), \
+                 per delivered RECV 12.5 µs (400000 RECVs)"
+            ),
+            "{t}"
+        );
+        assert_eq!(cpu_us_per(None, 10), None);
+        assert_eq!(cpu_us_per(Some(1.0), 0), None);
     }
 
     #[test]

@@ -20,6 +20,7 @@ fn config(label: &str) -> BenchConfig {
     load.connect_concurrency = 16;
     BenchConfig {
         label: label.into(),
+        preset: None,
         target: TargetSpec::Embedded {
             shards: 2,
             fsync: FsyncPolicy::Always,
@@ -120,6 +121,22 @@ fn group_with_offline_members_accounts_for_every_recv() {
     assert_clean(&s);
     // 6 online of 12 per group: every message reaches the 5 other online members.
     assert_eq!(s.classes[0].expected_recvs, 5 * s.classes[0].sent);
+    // The node's CPU per answered SEND and per delivered RECV, printed and in the JSON.
+    let table = perf::report::table(&s);
+    assert!(table.contains("node CPU per SEND "), "{table}");
+    assert!(table.contains(" per delivered RECV "), "{table}");
+    let json = serde_json::to_value(&s).unwrap();
+    let cpu = json["server"]["cpu_s_send_phase"].as_f64().unwrap();
+    let per_send = json["server"]["cpu_us_per_send"].as_f64();
+    assert_eq!(
+        per_send,
+        Some(cpu * 1e6 / s.classes[0].sendack.count as f64)
+    );
+    let per_recv = json["server"]["cpu_us_per_recv"].as_f64();
+    assert_eq!(
+        per_recv,
+        Some(cpu * 1e6 / s.classes[0].delivered_recvs as f64)
+    );
 }
 
 #[test]
