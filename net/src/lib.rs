@@ -9,6 +9,8 @@
 //!   server's transport and the clients: [`client`], imbench).
 //! - [`io`]: the TCP and WebSocket transports of one shard, on io_uring with a mio
 //!   fallback, behind `shard`'s driver contract.
+//! - [`rpc`]: the inter-node wire, sans-IO: fixed frame headers and the
+//!   authenticating handshake (being built, issue 13).
 //! - [`client`]: a small blocking client for tests and tools.
 //! - [`Transport`]: how a client reaches a node (and which listener accepted it).
 
@@ -21,6 +23,7 @@ pub mod client;
 pub mod crypto;
 #[cfg(target_os = "linux")]
 pub mod io;
+pub mod rpc;
 pub mod wkproto;
 pub mod ws;
 

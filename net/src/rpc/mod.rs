@@ -1,0 +1,48 @@
+//! The inter-node wire (issue 13, being built), sans-IO like [`crate::wkproto`]:
+//! no sockets, no clocks, no randomness of its own.
+//!
+//! - [`frame`]: fixed 40-byte `bytemuck` headers (magic, wire version, kind,
+//!   flags, sender node id and boot id, request id, relative deadline in ms, body
+//!   length), an incremental decoder over the receive buffer and an encoder into
+//!   a reused `Vec`, bounded by [`FrameLimits::rpc_frame_bytes_max`].
+//! - [`auth`]: the challenge-response that opens every connection (HMAC-SHA256
+//!   over the cluster secret, nonces both ways, node ids and boot ids bound in),
+//!   one [`Handshake`] machine per side.
+//!
+//! Typical use of one connection, after [`Handshake::receive`] answered
+//! `Established`: decode frames with [`frame::decode`], check each with
+//! [`check_sender`] (an established connection belongs to one peer process).
+
+pub mod auth;
+pub mod frame;
+
+pub use auth::{ClusterSecret, Handshake, Identity, Outcome, Refusal, Step};
+pub use frame::{decode, encode, Frame, FrameError, FrameLimits, Header, Kind};
+
+/// A frame on an established connection sent with ids other than the peer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("frame from node {got_node_id} boot {got_boot_id} on the connection of node {peer_node_id} boot {peer_boot_id}")]
+pub struct SenderMismatch {
+    /// The authenticated peer's node id.
+    pub peer_node_id: u64,
+    /// The authenticated peer's boot id.
+    pub peer_boot_id: u64,
+    /// The node id in the frame.
+    pub got_node_id: u64,
+    /// The boot id in the frame.
+    pub got_boot_id: u64,
+}
+
+/// Checks that a frame on an established connection carries the authenticated
+/// peer's node id and boot id (a peer that restarted has a new boot id and a new connection).
+pub fn check_sender(header: &Header, peer: Identity) -> Result<(), SenderMismatch> {
+    if header.sender_node_id == peer.node_id && header.sender_boot_id == peer.boot_id {
+        return Ok(());
+    }
+    Err(SenderMismatch {
+        peer_node_id: peer.node_id,
+        peer_boot_id: peer.boot_id,
+        got_node_id: header.sender_node_id,
+        got_boot_id: header.sender_boot_id,
+    })
+}
