@@ -125,13 +125,22 @@ fn a_truncated_frame_is_incomplete_at_every_byte_then_whole() {
     }
 }
 
-/// Random bytes, half of them behind a valid magic and version (to reach the
-/// kind, flags and length checks).
+/// Random bytes; half of them behind a valid magic and version, and half of
+/// those with a valid kind and no flags too (to reach the kind, flags and length
+/// checks), some of those with a small length.
 fn garbage(rng: &mut StdRng) -> Vec<u8> {
     let mut buf: Vec<u8> = (0..rng.gen_range(0..120)).map(|_| rng.gen()).collect();
-    if rng.gen_bool(0.5) && buf.len() >= 5 {
+    if rng.gen_bool(0.5) && buf.len() >= HEADER_BYTES {
         buf[..4].copy_from_slice(&MAGIC);
         buf[4] = WIRE_VERSION;
+        if rng.gen_bool(0.5) {
+            buf[5] = Kind::ALL[rng.gen_range(0..Kind::ALL.len())] as u8;
+            buf[6..8].fill(0);
+            if rng.gen_bool(0.3) {
+                let body_len: u32 = rng.gen_range(0..200);
+                buf[36..40].copy_from_slice(&body_len.to_le_bytes());
+            }
+        }
     }
     buf
 }
@@ -146,7 +155,7 @@ fn garbage_never_panics_never_allocates_and_is_refused_with_a_reason() {
     let before = allocations();
     std::hint::black_box(Box::new(seed));
     assert!(allocations() > before, "the allocation counter counts");
-    let (mut refused, mut incomplete) = (0, 0);
+    let (mut refused, mut incomplete, mut whole) = (0, 0, 0);
     for i in 0..20_000 {
         let buf = garbage(&mut rng);
         let before = allocations();
@@ -172,11 +181,17 @@ fn garbage_never_panics_never_allocates_and_is_refused_with_a_reason() {
                 );
                 incomplete += 1;
             }
-            Ok(Some(frame)) => assert!(frame.wire_len() <= buf.len(), "seed {seed} input {i}"),
+            Ok(Some(frame)) => {
+                assert!(frame.wire_len() <= buf.len(), "seed {seed} input {i}");
+                whole += 1;
+            }
         }
     }
     assert!(refused > 5_000, "seed {seed}: only {refused} refusals");
-    assert!(incomplete > 0, "seed {seed}");
+    assert!(
+        incomplete > 0 && whole > 0,
+        "seed {seed}: {incomplete} incomplete, {whole} whole"
+    );
 }
 
 fn valid_header_bytes() -> Vec<u8> {
