@@ -14,6 +14,10 @@
 //!    bytes). L refuses other ids than the Hello's and a `mac_d` that does not
 //!    verify; otherwise it is established with (D.node_id, D.boot_id).
 //!
+//! The dialer is established as soon as the Challenge verifies and may send its
+//! first requests right behind the Proof; bytes after the frame that ends the
+//! handshake are left to the caller (`Step::consumed`).
+//!
 //! `mac_x = HMAC-SHA256(secret, label_x ‖ D.node_id ‖ D.boot_id ‖ L.node_id ‖
 //! L.boot_id ‖ nonce_d ‖ nonce_l)` with `label_l = "imrouter rpc v1 listener"` and
 //! `label_d = "imrouter rpc v1 dialer"`: distinct labels, so one side's MAC is never
