@@ -231,15 +231,28 @@ fn the_binary_refuses_a_file_with_peers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("imrouter.toml");
     std::fs::write(&path, three_nodes(1)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_imrouter"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_imrouter"))
         .arg("--config")
         .arg(&path)
         .args(["--tcp-addr", "127.0.0.1:0", "--ws-addr", "127.0.0.1:0"])
         .args(["--api-addr", "127.0.0.1:0", "--shards", "1", "--data-dir"])
         .arg(dir.path().join("data"))
         .env("NO_COLOR", "1")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // A node that starts instead of refusing never exits on its own: stop it at a
+    // generous deadline and fail.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
