@@ -42,31 +42,113 @@ pub struct SlotLeader {
     pub leader_term: Term,
 }
 
+/// The most slot ids a view may have: one per hash slot.
+pub const MAX_SLOT_IDS: u32 = HASH_SLOTS as u32;
+
+/// The slot id of hash slot `hash_slot` when the 256 hash slots are grouped into
+/// `slot_ids` contiguous ranges: `hash_slot * slot_ids / 256`. Any count in
+/// `1..=256` works: each slot id gets `256 / slot_ids` hash slots, rounded down or
+/// up (the sizes differ by at most one), none gets none.
+#[inline]
+pub fn slot_id_of(hash_slot: HashSlot, slot_ids: u32) -> SlotId {
+    u32::from(hash_slot) * slot_ids / MAX_SLOT_IDS
+}
+
+/// Why [`ClusterView::initial`] refused its inputs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ViewError {
+    /// The node list is empty.
+    NoNodes,
+    /// The slot id count is outside `1..=256`.
+    SlotIds(u32),
+    /// A node id appears twice in the node list.
+    DuplicateNode(NodeId),
+}
+
+impl std::fmt::Display for ViewError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ViewError::NoNodes => write!(f, "the cluster lists no node"),
+            ViewError::SlotIds(n) => write!(
+                f,
+                "slot_ids = {n}: must be in 1..={MAX_SLOT_IDS} (hash slot h belongs to \
+                 slot id h * slot_ids / {MAX_SLOT_IDS})"
+            ),
+            ViewError::DuplicateNode(id) => write!(f, "node id {id} is listed twice"),
+        }
+    }
+}
+
+impl std::error::Error for ViewError {}
+
 /// A node's view of the cluster: the leader of every hash slot, the config epoch and
-/// the routing revision.
+/// the routing revision, and the cluster's nodes in config order (the static homes).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct ClusterView {
     pub slots: [SlotLeader; HASH_SLOTS],
     pub config_epoch: ConfigEpoch,
     pub revision: Revision,
+    /// The nodes in config order: slot id `i`'s home is `nodes[i % nodes.len()]`
+    /// (never empty).
+    pub nodes: Vec<NodeId>,
 }
 
 impl ClusterView {
-    /// One node leads all 256 hash slots, one slot id per hash slot, term 1.
+    /// One node leads all 256 hash slots, one slot id per hash slot, term 1 (the view
+    /// of a node alone: `initial(&[node_id], 256)`).
     pub fn single_node(node_id: NodeId) -> Self {
+        Self::build(&[node_id], MAX_SLOT_IDS)
+    }
+
+    /// The view a cluster starts with: the 256 hash slots grouped into `slot_ids`
+    /// contiguous ranges ([`slot_id_of`]), slot id `i` led by `nodes[i % n]` at term
+    /// 1, config epoch 1, revision 1. Refuses an empty or repeated node list and a
+    /// slot id count outside `1..=256`.
+    pub fn initial(nodes: &[NodeId], slot_ids: u32) -> Result<Self, ViewError> {
+        if nodes.is_empty() {
+            return Err(ViewError::NoNodes);
+        }
+        if slot_ids == 0 || slot_ids > MAX_SLOT_IDS {
+            return Err(ViewError::SlotIds(slot_ids));
+        }
+        for (i, id) in nodes.iter().enumerate() {
+            if nodes[..i].contains(id) {
+                return Err(ViewError::DuplicateNode(*id));
+            }
+        }
+        Ok(Self::build(nodes, slot_ids))
+    }
+
+    /// [`ClusterView::initial`] of inputs already checked.
+    fn build(nodes: &[NodeId], slot_ids: u32) -> Self {
         let mut slots = [SlotLeader {
             slot_id: 0,
-            leader_node_id: node_id,
+            leader_node_id: nodes[0],
             leader_term: 1,
         }; HASH_SLOTS];
-        for (i, s) in slots.iter_mut().enumerate() {
-            s.slot_id = i as SlotId;
+        for (h, s) in slots.iter_mut().enumerate() {
+            s.slot_id = slot_id_of(h as HashSlot, slot_ids);
+            s.leader_node_id = nodes[s.slot_id as usize % nodes.len()];
         }
         ClusterView {
             slots,
             config_epoch: 1,
             revision: 1,
+            nodes: nodes.to_vec(),
         }
+    }
+
+    /// The home of slot id `slot_id`: the node that stores its durable data, static
+    /// (`nodes[slot_id % n]` in config order), whoever leads its authority now.
+    #[inline]
+    pub fn home_of(&self, slot_id: SlotId) -> NodeId {
+        self.nodes[slot_id as usize % self.nodes.len()]
+    }
+
+    /// The home of hash slot `hash_slot` ([`ClusterView::home_of`] its slot id).
+    #[inline]
+    pub fn home_node(&self, hash_slot: HashSlot) -> NodeId {
+        self.home_of(self.slots[hash_slot as usize].slot_id)
     }
 
     /// The exact target of hash slot `hash_slot` in this view.
@@ -107,5 +189,69 @@ mod tests {
                 config_epoch: 1
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod initial_view_tests {
+    use super::*;
+
+    #[test]
+    fn three_nodes_lead_slot_ids_round_robin_in_config_order() {
+        let view = ClusterView::initial(&[3, 1, 2], 64).unwrap();
+        assert_eq!((view.config_epoch, view.revision), (1, 1));
+        for h in 0..HASH_SLOTS as HashSlot {
+            let t = view.target_for_slot(h);
+            let slot_id = u32::from(h) * 64 / 256;
+            assert_eq!(t.slot_id, slot_id, "hash slot {h}");
+            assert_eq!(t.leader_node_id, [3, 1, 2][slot_id as usize % 3]);
+            assert_eq!(t.leader_term, 1);
+            assert_eq!(view.home_node(h), [3, 1, 2][slot_id as usize % 3]);
+        }
+        assert_eq!(view.home_of(0), 3);
+        assert_eq!(view.home_of(4), 1);
+        assert_eq!(view.home_of(63), 3);
+    }
+
+    /// Any count in 1..=256 gives contiguous, non-empty ranges whose sizes differ by at
+    /// most one (`h * slot_ids / 256`).
+    #[test]
+    fn every_slot_id_count_gives_contiguous_nonempty_ranges() {
+        for slot_ids in 1..=256u32 {
+            let view = ClusterView::initial(&[1], slot_ids).unwrap();
+            let mut sizes = vec![0u32; slot_ids as usize];
+            let mut last = 0;
+            for s in &view.slots {
+                assert!(s.slot_id == last || s.slot_id == last + 1, "{slot_ids}");
+                last = s.slot_id;
+                sizes[s.slot_id as usize] += 1;
+            }
+            let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(*lo >= 1 && hi - lo <= 1, "slot_ids {slot_ids}: {sizes:?}");
+        }
+    }
+
+    #[test]
+    fn one_node_with_256_slot_ids_is_the_single_node_view() {
+        assert_eq!(
+            ClusterView::initial(&[7], 256).unwrap(),
+            ClusterView::single_node(7)
+        );
+        let one = ClusterView::initial(&[7], 64).unwrap();
+        assert!((0..256u16).all(|h| one.target_for_slot(h).leader_node_id == 7));
+        assert!((0..256u16).all(|h| one.home_node(h) == 7));
+    }
+
+    #[test]
+    fn bad_inputs_are_refused_with_a_reason() {
+        let e = ClusterView::initial(&[], 64).unwrap_err();
+        assert_eq!(e, ViewError::NoNodes);
+        let e = ClusterView::initial(&[1], 0).unwrap_err();
+        assert!(e.to_string().contains("slot_ids = 0"), "{e}");
+        let e = ClusterView::initial(&[1], 257).unwrap_err();
+        assert!(e.to_string().contains("1..=256"), "{e}");
+        let e = ClusterView::initial(&[1, 2, 1], 64).unwrap_err();
+        assert_eq!(e, ViewError::DuplicateNode(1));
+        assert!(e.to_string().contains("node id 1 is listed twice"), "{e}");
     }
 }

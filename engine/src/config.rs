@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::activation::ActivationConfig;
 use crate::authority::AuthorityConfig;
+use crate::cluster::{ClusterView, NodeId};
 use crate::http::ApiConfig;
 use crate::node::{DeliveryConfig, NodeConfig, SessionConfig};
 use crate::registry::RegistryLimits;
@@ -59,6 +60,9 @@ pub struct ListenSection {
     pub tcp_addr: String,
     pub ws_addr: String,
     pub api_addr: String,
+    /// The inter-node listener (issue 13); used only when `[[cluster.nodes]]` lists
+    /// peers (empty or no peers: a node alone, no RPC listener).
+    pub rpc_addr: String,
 }
 
 impl Default for ListenSection {
@@ -67,7 +71,188 @@ impl Default for ListenSection {
             tcp_addr: "127.0.0.1:5100".into(),
             ws_addr: "127.0.0.1:5200".into(),
             api_addr: "127.0.0.1:5001".into(),
+            rpc_addr: String::new(),
         }
+    }
+}
+
+/// The environment variable that sets `[cluster] secret` (it wins over the file when
+/// set and not empty).
+pub const CLUSTER_SECRET_ENV: &str = "IMROUTER_CLUSTER_SECRET";
+
+/// The shortest `[cluster] secret` a cluster with peers accepts, in bytes.
+pub const CLUSTER_SECRET_MIN_BYTES: usize = 16;
+
+/// What `--print-config` (and `Debug`) show for a secret that is set.
+const SECRET_SHOWN: &str = "<set>";
+
+/// `[cluster] secret`: never shown (`--print-config` and `Debug` write `<set>`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClusterSecret(String);
+
+impl ClusterSecret {
+    pub fn new(secret: String) -> Self {
+        ClusterSecret(secret)
+    }
+
+    /// The secret's bytes (the key of the nodes' authentication).
+    pub fn expose(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+
+    pub fn is_set(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_set() {
+            SECRET_SHOWN
+        } else {
+            "<unset>"
+        })
+    }
+}
+
+impl Serialize for ClusterSecret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if self.is_set() { SECRET_SHOWN } else { "" })
+    }
+}
+
+impl<'de> Deserialize<'de> for ClusterSecret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(ClusterSecret)
+    }
+}
+
+/// One `[[cluster.nodes]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterNode {
+    pub id: NodeId,
+    /// Its inter-node listener (`[listen] rpc_addr` on that node).
+    pub rpc_addr: SocketAddr,
+    /// Its HTTP API.
+    pub api_addr: SocketAddr,
+    /// The addresses clients reach it at (may differ from its listen addresses:
+    /// host names, `ws://…`, `wss://…`), for the route API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ws_addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wss_addr: Option<String>,
+}
+
+/// `[cluster]`: the nodes in config order (every node, this one included; none or
+/// only this one: a node alone, as before issue 13), how the 256 hash slots group
+/// into slot ids, and the secret the nodes authenticate each other with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Required (at least 16 bytes) when there are peers; `IMROUTER_CLUSTER_SECRET`
+    /// wins over it.
+    pub secret: ClusterSecret,
+    /// Contiguous ranges of the 256 hash slots, 1..=256: hash slot h belongs to slot
+    /// id h * slot_ids / 256 (a count that does not divide 256 gives ranges whose
+    /// sizes differ by one). Slot id i is led by, and homed on, nodes[i % n]. A node
+    /// alone keeps one slot id per hash slot.
+    pub slot_ids: u32,
+    pub nodes: Vec<ClusterNode>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            secret: ClusterSecret::default(),
+            slot_ids: 64,
+            nodes: Vec::new(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The listed nodes other than `me`, in config order.
+    pub fn peers(&self, me: NodeId) -> impl Iterator<Item = &ClusterNode> {
+        self.nodes.iter().filter(move |n| n.id != me)
+    }
+
+    /// Checks the cluster of node `me` whose `[listen] rpc_addr` is `rpc_addr`: the
+    /// slot id count, the ids (within the message ids' node bits, each once), this
+    /// node listed with that `rpc_addr`, and a secret when there are peers. Gives
+    /// the first mistake, by its key.
+    pub fn validate(&self, me: NodeId, rpc_addr: Option<SocketAddr>) -> Result<(), String> {
+        if self.slot_ids == 0 || self.slot_ids > crate::cluster::MAX_SLOT_IDS {
+            let e = crate::cluster::ViewError::SlotIds(self.slot_ids);
+            return Err(format!("cluster.{e}"));
+        }
+        let max = domain::idgen::MAX_NODE_IDS;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.id >= max {
+                return Err(format!(
+                    "cluster.nodes: node id {} is outside the message ids' node bits \
+                     (0..={})",
+                    n.id,
+                    max - 1
+                ));
+            }
+            if self.nodes[..i].iter().any(|m| m.id == n.id) {
+                return Err(format!("cluster.nodes: node id {} is listed twice", n.id));
+            }
+        }
+        if self.nodes.is_empty() {
+            return Ok(());
+        }
+        let Some(this) = self.nodes.iter().find(|n| n.id == me) else {
+            return Err(format!(
+                "cluster.nodes does not list this node (node.node_id = {me}); list \
+                 every node, this one included"
+            ));
+        };
+        if Some(this.rpc_addr) != rpc_addr {
+            let listen = rpc_addr.map_or_else(|| "(empty)".to_string(), |a| a.to_string());
+            return Err(format!(
+                "cluster.nodes: this node's rpc_addr {} differs from listen.rpc_addr \
+                 {listen}",
+                this.rpc_addr
+            ));
+        }
+        self.validate_secret(me)
+    }
+
+    /// With peers: a secret of at least [`CLUSTER_SECRET_MIN_BYTES`], not the
+    /// placeholder `--print-config` shows.
+    fn validate_secret(&self, me: NodeId) -> Result<(), String> {
+        if self.peers(me).next().is_none() {
+            return Ok(());
+        }
+        if self.secret.expose() == SECRET_SHOWN.as_bytes() {
+            return Err(format!(
+                "cluster.secret is {SECRET_SHOWN:?}, the placeholder --print-config shows: \
+                 write the secret itself, or set {CLUSTER_SECRET_ENV}"
+            ));
+        }
+        let len = self.secret.expose().len();
+        if len < CLUSTER_SECRET_MIN_BYTES {
+            return Err(format!(
+                "cluster.secret is {len} bytes: a cluster with peers needs at least \
+                 {CLUSTER_SECRET_MIN_BYTES} (in [cluster] or {CLUSTER_SECRET_ENV})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The view node `me` starts with: alone (no peers) the single-node view of
+    /// today (one slot id per hash slot); with peers [`ClusterView::initial`] of the
+    /// nodes in config order.
+    pub fn initial_view(&self, me: NodeId) -> Result<ClusterView, String> {
+        if self.peers(me).next().is_none() {
+            return Ok(ClusterView::single_node(me));
+        }
+        let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        ClusterView::initial(&ids, self.slot_ids).map_err(|e| format!("cluster: {e}"))
     }
 }
 
@@ -100,6 +285,7 @@ pub struct Config {
     pub node: NodeSection,
     pub listen: ListenSection,
     pub auth: AuthSection,
+    pub cluster: ClusterConfig,
     pub runtime: shard::runtime::RuntimeConfig,
     pub net: net::io::NetConfig,
     pub authority: AuthorityConfig,
@@ -123,10 +309,22 @@ fn addr(name: &str, s: &str) -> Result<Option<SocketAddr>, String> {
 }
 
 impl Config {
-    /// Reads a TOML file; unknown keys are errors.
+    /// Reads a TOML file, then the environment ([`CLUSTER_SECRET_ENV`]); unknown
+    /// keys are errors.
     pub fn load(path: &Path) -> Result<Config, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        Config::parse(&text, |k| std::env::var(k).ok())
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses TOML, then applies the environment as `env` gives it: the cluster
+    /// secret of [`CLUSTER_SECRET_ENV`], when set and not empty, wins over the file's.
+    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        if let Some(secret) = env(CLUSTER_SECRET_ENV).filter(|s| !s.is_empty()) {
+            config.cluster.secret = ClusterSecret::new(secret);
+        }
+        Ok(config)
     }
 
     /// The configuration as TOML, after comment lines with the worst-case memory of
@@ -173,6 +371,8 @@ impl Config {
         self.session.validate()?;
         self.delivery.validate()?;
         self.registry.validate()?;
+        let rpc_addr = addr("rpc_addr", &self.listen.rpc_addr)?;
+        self.cluster.validate(self.node.node_id, rpc_addr)?;
         let runtime = self.runtime.clone();
         let net = self.net.clone();
         let mut api = self.api.clone();
@@ -184,6 +384,8 @@ impl Config {
             data_dir: self.node.data_dir.clone(),
             tcp_addr: addr("tcp_addr", &self.listen.tcp_addr)?,
             ws_addr: addr("ws_addr", &self.listen.ws_addr)?,
+            rpc_addr,
+            cluster: self.cluster.clone(),
             token_auth: self.auth.token_auth,
             default_device_level: self.auth.default_device_level,
             runtime,
@@ -240,6 +442,26 @@ mod tests {
         let c: Config = toml::from_str("[registry]\nunregister_max_attempts = 0\n").unwrap();
         let e = c.to_node_config().unwrap_err();
         assert!(e.contains("registry.unregister_max_attempts"), "{e}");
+    }
+
+    /// `[listen] rpc_addr` and `[cluster]` are printed with their defaults (no RPC
+    /// listener, 64 slot ids, no nodes) and parse back to a node alone.
+    #[test]
+    fn the_cluster_defaults_are_printed_and_describe_a_node_alone() {
+        let text = Config::default().to_toml().unwrap();
+        assert!(text.contains("rpc_addr = \"\""), "{text}");
+        assert!(text.contains("[cluster]"), "{text}");
+        assert!(text.contains("slot_ids = 64"), "{text}");
+        let c = Config::parse(&text, |_| None)
+            .unwrap()
+            .to_node_config()
+            .unwrap();
+        assert_eq!(c.rpc_addr, None);
+        assert!(c.cluster.nodes.is_empty() && !c.cluster.secret.is_set());
+        assert_eq!(
+            c.cluster.initial_view(c.node_id).unwrap(),
+            ClusterView::single_node(c.node_id)
+        );
     }
 
     #[test]

@@ -301,6 +301,12 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub tcp_addr: Option<SocketAddr>,
     pub ws_addr: Option<SocketAddr>,
+    /// `[listen] rpc_addr`: the inter-node listener, only with peers (none yet: a
+    /// start with peers is refused).
+    pub rpc_addr: Option<SocketAddr>,
+    /// `[cluster]`: the nodes, slot ids and secret (no nodes, or only this one: a
+    /// node alone).
+    pub cluster: crate::config::ClusterConfig,
     /// CONNECT must carry the token stored with `/user/token`.
     pub token_auth: bool,
     /// The level of sessions without a token record when `token_auth` is off.
@@ -326,6 +332,8 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("./data"),
             tcp_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5100))),
             ws_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5200))),
+            rpc_addr: None,
+            cluster: crate::config::ClusterConfig::default(),
             token_auth: true,
             default_device_level: DeviceLevel::Master,
             runtime: RuntimeConfig {
@@ -543,6 +551,7 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .validate()
         .and_then(|()| config.delivery.validate())
         .and_then(|()| config.registry.validate())
+        .and_then(|()| config.cluster.validate(config.node_id, config.rpc_addr))
         .map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -553,6 +562,29 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .delivery
         .check_room(&config.runtime)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// Refuses (`InvalidInput`) a configuration with peers, in one line: the inter-node
+/// transport does not exist yet (issue 13), and a node running a multi-node view
+/// would drop every push to another node.
+fn refuse_peers(config: &NodeConfig) -> io::Result<()> {
+    let peers: Vec<String> = config
+        .cluster
+        .peers(config.node_id)
+        .map(|n| format!("{} ({})", n.id, n.rpc_addr))
+        .collect();
+    if peers.is_empty() {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "cluster mode is not available yet (issue 13): [[cluster.nodes]] lists peers \
+             {}; the inter-node transport does not exist, so run each node alone (no \
+             [[cluster.nodes]], or only this node)",
+            peers.join(", ")
+        ),
+    ))
 }
 
 /// The descriptor budget: raises the soft limit to the hard one (a warning when it
@@ -767,6 +799,11 @@ impl Node {
     /// listener, shard or HTTP server that cannot be opened or started.
     pub fn start_with(mut config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
         validate_node_config(&config)?;
+        refuse_peers(&config)?;
+        let initial_view = config
+            .cluster
+            .initial_view(config.node_id)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let shards = config.runtime.shard_count as usize;
         let fd_budget = apply_fd_budget(&mut config)?;
         let boot_id: BootId = rand::random();
@@ -777,7 +814,6 @@ impl Node {
         let shard_metrics = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
-        let initial_view = ClusterView::single_node(config.node_id);
         let bound = bind_listeners(&config)?;
         let logs = open_logs(&config, &hooks)?;
 

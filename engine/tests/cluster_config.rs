@@ -1,0 +1,334 @@
+//! Issue 13's configuration (`[listen] rpc_addr`, `[cluster]`, `[[cluster.nodes]]`):
+//! parsed through the loader, validated with one message per mistake, the initial
+//! view built from it, and a start with peers refused (the inter-node transport does
+//! not exist yet). A node alone, listing itself or nothing, starts as today.
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::Command;
+
+use engine::cluster::ClusterView;
+use engine::config::{Config, CLUSTER_SECRET_ENV};
+use engine::node::Node;
+
+const SECRET: &str = "0123456789abcdef-file";
+
+/// The issue's example for three nodes, with `node_id` = `me` and the client
+/// addresses of node 1.
+fn three_nodes(me: u64) -> String {
+    format!(
+        r#"
+[node]
+node_id = {me}
+[listen]
+rpc_addr = "127.0.0.1:1100{me}"
+[cluster]
+secret = "{SECRET}"
+slot_ids = 64
+[[cluster.nodes]]
+id = 1
+rpc_addr = "127.0.0.1:11001"
+api_addr = "127.0.0.1:5001"
+tcp_addr = "im1.example.com:5100"
+ws_addr = "ws://im1.example.com:5200"
+wss_addr = "wss://im1.example.com:5210"
+[[cluster.nodes]]
+id = 2
+rpc_addr = "127.0.0.1:11002"
+api_addr = "127.0.0.1:5002"
+[[cluster.nodes]]
+id = 3
+rpc_addr = "127.0.0.1:11003"
+api_addr = "127.0.0.1:5003"
+"#
+    )
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+/// Parses `text` (no environment) and gives the node configuration's error.
+fn error_of(text: &str) -> String {
+    Config::parse(text, no_env)
+        .unwrap()
+        .to_node_config()
+        .unwrap_err()
+}
+
+#[test]
+fn the_issue_keys_load_from_a_file_into_the_node_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("imrouter.toml");
+    std::fs::write(&path, three_nodes(2)).unwrap();
+    let c = Config::load(&path).unwrap().to_node_config().unwrap();
+    assert_eq!(c.node_id, 2);
+    assert_eq!(c.rpc_addr, Some(SocketAddr::from(([127, 0, 0, 1], 11002))));
+    assert_eq!(c.cluster.slot_ids, 64);
+    let ids: Vec<u64> = c.cluster.nodes.iter().map(|n| n.id).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    let n1 = &c.cluster.nodes[0];
+    assert_eq!(n1.api_addr, SocketAddr::from(([127, 0, 0, 1], 5001)));
+    assert_eq!(n1.tcp_addr.as_deref(), Some("im1.example.com:5100"));
+    assert_eq!(n1.ws_addr.as_deref(), Some("ws://im1.example.com:5200"));
+    assert_eq!(n1.wss_addr.as_deref(), Some("wss://im1.example.com:5210"));
+    assert_eq!(c.cluster.nodes[1].tcp_addr, None);
+    assert_eq!(c.cluster.secret.expose(), SECRET.as_bytes());
+    let peers: Vec<u64> = c.cluster.peers(2).map(|n| n.id).collect();
+    assert_eq!(peers, [1, 3]);
+    assert_eq!(
+        c.cluster.initial_view(2).unwrap(),
+        ClusterView::initial(&[1, 2, 3], 64).unwrap()
+    );
+}
+
+#[test]
+fn the_environment_secret_wins_over_the_file() {
+    let env = |k: &str| (k == CLUSTER_SECRET_ENV).then(|| "from-the-environment-0123".into());
+    let c = Config::parse(&three_nodes(1), env).unwrap();
+    let n = c.to_node_config().unwrap();
+    assert_eq!(n.cluster.secret.expose(), b"from-the-environment-0123");
+    // Without the file's secret, the environment's is enough.
+    let text = three_nodes(1).replace(&format!("secret = \"{SECRET}\""), "");
+    let n = Config::parse(&text, env).unwrap().to_node_config().unwrap();
+    assert_eq!(n.cluster.secret.expose(), b"from-the-environment-0123");
+    assert!(
+        error_of(&text).contains("cluster.secret"),
+        "{}",
+        error_of(&text)
+    );
+}
+
+#[test]
+fn the_secret_is_never_printed() {
+    let c = Config::parse(&three_nodes(1), no_env).unwrap();
+    let text = c.to_toml().unwrap();
+    assert!(!text.contains(SECRET), "{text}");
+    assert!(text.contains("secret = \"<set>\""), "{text}");
+    let debug = format!("{:?} {:?}", c, c.to_node_config().unwrap());
+    assert!(!debug.contains(SECRET), "{debug}");
+    // The placeholder pasted back is refused, by name.
+    let back = Config::parse(&text, no_env).unwrap();
+    let e = back.to_node_config().unwrap_err();
+    assert!(e.contains("cluster.secret") && e.contains("<set>"), "{e}");
+}
+
+/// `imrouter --print-config` with the secret in the file and in the environment
+/// prints neither.
+#[test]
+fn print_config_shows_set_for_the_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("imrouter.toml");
+    std::fs::write(&path, three_nodes(1)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_imrouter"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--print-config")
+        .env(CLUSTER_SECRET_ENV, "from-the-environment-0123")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("secret = \"<set>\""), "{text}");
+    assert!(
+        !text.contains(SECRET) && !text.contains("from-the-environment"),
+        "{text}"
+    );
+    assert!(text.contains("[[cluster.nodes]]"), "{text}");
+}
+
+#[test]
+fn each_mistake_gets_its_own_message() {
+    let base = three_nodes(1);
+    let cases = [
+        (
+            base.replace("id = 3", "id = 2"),
+            "cluster.nodes: node id 2 is listed twice",
+        ),
+        (
+            base.replace("node_id = 1", "node_id = 9")
+                .replace("127.0.0.1:11009", "127.0.0.1:11001"),
+            "cluster.nodes does not list this node (node.node_id = 9)",
+        ),
+        (
+            base.replace(
+                "rpc_addr = \"127.0.0.1:11001\"\n[cluster]",
+                "rpc_addr = \"127.0.0.1:12001\"\n[cluster]",
+            ),
+            "this node's rpc_addr 127.0.0.1:11001 differs from listen.rpc_addr 127.0.0.1:12001",
+        ),
+        (
+            base.replace(SECRET, "short"),
+            "cluster.secret is 5 bytes: a cluster with peers needs at least 16",
+        ),
+        (
+            base.replace("id = 3", "id = 1024"),
+            "cluster.nodes: node id 1024 is outside the message ids' node bits (0..=1023)",
+        ),
+        (
+            base.replace("slot_ids = 64", "slot_ids = 0"),
+            "cluster.slot_ids = 0: must be in 1..=256",
+        ),
+        (
+            base.replace("slot_ids = 64", "slot_ids = 300"),
+            "cluster.slot_ids = 300: must be in 1..=256",
+        ),
+        (
+            base.replace(
+                "api_addr = \"127.0.0.1:5003\"",
+                "api_addr = \"127.0.0.1:5003\"\nhome = 2",
+            ),
+            "unknown field `home`",
+        ),
+        (
+            base.replace(
+                "rpc_addr = \"127.0.0.1:11003\"",
+                "rpc_addr = \"node3:11003\"",
+            ),
+            "invalid socket address",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = match Config::parse(&text, no_env) {
+            Err(e) => e,
+            Ok(c) => c.to_node_config().unwrap_err(),
+        };
+        assert!(e.contains(want), "want {want:?}, got: {e}");
+    }
+}
+
+/// A configuration with peers is valid but refused at start, before the data
+/// directory is created or a socket bound, with one line naming the peers.
+#[test]
+fn a_start_with_peers_is_refused_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Config::parse(&three_nodes(1), no_env)
+        .unwrap()
+        .to_node_config()
+        .unwrap();
+    c.data_dir = dir.path().join("data");
+    let e = Node::start(c).err().expect("a start with peers is refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let line = e.to_string();
+    assert!(
+        line.starts_with(
+            "cluster mode is not available yet (issue 13): [[cluster.nodes]] lists peers 2 \
+             (127.0.0.1:11002), 3 (127.0.0.1:11003)"
+        ),
+        "{line}"
+    );
+    assert!(!line.contains('\n'), "{line}");
+    assert!(
+        !dir.path().join("data").exists(),
+        "refused before the data dir"
+    );
+}
+
+/// The binary refuses the same file with that line and a non-zero exit.
+#[test]
+fn the_binary_refuses_a_file_with_peers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("imrouter.toml");
+    std::fs::write(&path, three_nodes(1)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_imrouter"))
+        .arg("--config")
+        .arg(&path)
+        .args(["--tcp-addr", "127.0.0.1:0", "--ws-addr", "127.0.0.1:0"])
+        .args(["--api-addr", "127.0.0.1:0", "--shards", "1", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A node that starts instead of refusing never exits on its own: stop it at a
+    // generous deadline and fail.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("cluster mode is not available yet (issue 13)"),
+        "{all}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "refused before the data dir"
+    );
+}
+
+/// Validation also holds for a configuration built in code: `Node::start` refuses
+/// it before opening anything.
+#[test]
+fn node_start_validates_a_config_built_in_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = support::config(dir.path(), net::io::Backend::Mio);
+    let mut n = Config::parse(&three_nodes(1), no_env)
+        .unwrap()
+        .to_node_config()
+        .unwrap()
+        .cluster;
+    n.nodes[2].id = 2;
+    c.rpc_addr = Some(SocketAddr::from(([127, 0, 0, 1], 11001)));
+    c.cluster = n;
+    let e = Node::start(c).err().expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("node id 2 is listed twice"), "{e}");
+}
+
+/// A node whose `[[cluster.nodes]]` lists only itself starts as today: the
+/// single-node view (one slot id per hash slot, whatever `slot_ids` says) and no RPC
+/// listener: its `rpc_addr` is held by the test, and the start still succeeds.
+#[test]
+fn a_node_listing_only_itself_starts_alone_without_an_rpc_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rpc = held.local_addr().unwrap();
+    let mut c = support::config(dir.path(), net::io::Backend::Mio);
+    c.node_id = 4;
+    c.rpc_addr = Some(rpc);
+    c.cluster.slot_ids = 16;
+    c.cluster.nodes = vec![engine::config::ClusterNode {
+        id: 4,
+        rpc_addr: rpc,
+        api_addr: SocketAddr::from(([127, 0, 0, 1], 5001)),
+        tcp_addr: None,
+        ws_addr: None,
+        wss_addr: None,
+    }];
+    let node = Node::start(c).unwrap();
+    assert_eq!(node.shared().initial_view, ClusterView::single_node(4));
+    assert_eq!(*node.shared().view(), ClusterView::single_node(4));
+    node.shutdown().unwrap();
+    drop(held);
+}
+
+/// No `[cluster]` at all: the defaults (64 slot ids, no nodes, no secret) and the
+/// single-node view.
+#[test]
+fn no_cluster_section_is_a_node_alone() {
+    let c = Config::parse("[node]\nnode_id = 5\n", no_env)
+        .unwrap()
+        .to_node_config()
+        .unwrap();
+    assert_eq!(c.rpc_addr, None);
+    assert_eq!(c.cluster.slot_ids, 64);
+    assert!(c.cluster.nodes.is_empty());
+    assert_eq!(c.cluster.peers(5).count(), 0);
+    assert_eq!(
+        c.cluster.initial_view(5).unwrap(),
+        ClusterView::single_node(5)
+    );
+}
