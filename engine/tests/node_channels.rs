@@ -10,7 +10,7 @@ use net::io::Backend;
 
 #[macro_use]
 mod support;
-use support::{config, login, set_token};
+use support::{config, login, metric, set_token};
 
 /// `(client_seq, message_seq, reason)` of the next SENDACK.
 fn next_sendack(c: &mut Client) -> (u32, u64, u8) {
@@ -26,15 +26,6 @@ fn next_sendack(c: &mut Client) -> (u32, u64, u8) {
             other => panic!("expected SENDACK, got {other:?}"),
         }
     }
-}
-
-fn metric(node: &Node, name: &str) -> u64 {
-    let text = node.api().handle("GET", "/metrics", None, b"").body;
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} missing"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 /// Every shard indexes at most 2 channels; one sender writes to 12 made-up users,

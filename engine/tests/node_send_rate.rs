@@ -18,7 +18,7 @@ use serde_json::json;
 
 #[macro_use]
 mod support;
-use support::{api, config, login, set_token};
+use support::{api, config, login, metric, set_token};
 
 const PER_S: u32 = 1;
 const BURST: u32 = 5;
@@ -52,15 +52,6 @@ fn sendacks(c: &mut Client, n: u32) -> Vec<u8> {
         }
     }
     reasons
-}
-
-fn metric(node: &Node, name: &str) -> u64 {
-    let text = node.api().handle("GET", "/metrics", None, b"").body;
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} missing"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 /// alice sends 2 × 20 SENDs back to back from two devices with a limit of 1/s, burst

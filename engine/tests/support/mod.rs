@@ -78,3 +78,13 @@ pub fn login(node: &Node, uid: &str) -> net::client::Client {
     assert_eq!(reason, 1, "CONNACK for {uid}");
     client
 }
+
+/// The value of metric `name` (an unlabelled series) in the node's `/metrics`.
+pub fn metric(node: &Node, name: &str) -> u64 {
+    let text = node.api().handle("GET", "/metrics", None, b"").body;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} missing"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
