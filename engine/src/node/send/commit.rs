@@ -197,6 +197,7 @@ fn carry_outputs(
     out: &mut Vec<CommitOutput<Origin, SyncJob>>,
 ) {
     let mut answered = false;
+    let mut answered_ns: Option<u64> = None;
     let mut batch = std::mem::take(&mut node.commit.carrying);
     // A sync the syncer ran inline answers more: carry until nothing is left.
     while !out.is_empty() {
@@ -211,7 +212,8 @@ fn carry_outputs(
                     appended_ns,
                 } => {
                     if let Some(appended_ns) = appended_ns {
-                        let durable_ns = node.shared.mono_ns();
+                        // One clock read per batch of answers, not one per answer.
+                        let durable_ns = *answered_ns.get_or_insert_with(|| node.shared.mono_ns());
                         node.stages
                             .commit_to_durable
                             .observe_ns(durable_ns.saturating_sub(appended_ns));
