@@ -104,15 +104,11 @@ impl IdempotencyWindow {
 
     /// The ids of an earlier send of `(uid, client_msg_no)` still in the window.
     pub fn get(&mut self, uid: &str, client_msg_no: &str, now_s: u64) -> Option<SentIds> {
-        if client_msg_no.is_empty() {
-            return None;
-        }
-        self.expire(now_s);
-        let key = Self::key(&mut self.scratch, uid, client_msg_no);
-        self.map.get(key).map(|f| f.ids)
+        self.first_send(uid, client_msg_no, now_s).map(|f| f.ids)
     }
 
-    /// Like [`get`](Self::get), with whether the send was recovered from the log.
+    /// What the window knows of an earlier send of `(uid, client_msg_no)`: its ids,
+    /// and whether it was recovered from the log.
     pub fn first_send(&mut self, uid: &str, client_msg_no: &str, now_s: u64) -> Option<FirstSend> {
         if client_msg_no.is_empty() {
             return None;
@@ -142,6 +138,21 @@ impl IdempotencyWindow {
         ids: SentIds,
         now_s: u64,
     ) -> Option<SentIds> {
+        let first = FirstSend {
+            ids,
+            recovered: false,
+        };
+        self.remember(uid, client_msg_no, first, now_s)
+    }
+
+    /// [`insert`](Self::insert), with the entry's `recovered` mark.
+    fn remember(
+        &mut self,
+        uid: &str,
+        client_msg_no: &str,
+        entry: FirstSend,
+        now_s: u64,
+    ) -> Option<SentIds> {
         if client_msg_no.is_empty() {
             return None;
         }
@@ -157,8 +168,7 @@ impl IdempotencyWindow {
             return None;
         }
         let key: Arc<[u8]> = Arc::from(key);
-        let recovered = false;
-        self.map.insert(key.clone(), FirstSend { ids, recovered });
+        self.map.insert(key.clone(), entry);
         self.order.push_back((key, now_s));
         self.bytes += cost;
         while self.order.len() > self.config.max_entries || self.bytes > self.config.budget_bytes {
@@ -200,13 +210,12 @@ impl IdempotencyWindow {
         now_s: u64,
     ) {
         let at = u64::from(timestamp_s);
-        if now_s < at.saturating_add(self.config.ttl_s)
-            && self.insert(uid, client_msg_no, ids, at).is_none()
-        {
-            let key = Self::key(&mut self.scratch, uid, client_msg_no);
-            if let Some(f) = self.map.get_mut(key) {
-                f.recovered = true;
-            }
+        if now_s < at.saturating_add(self.config.ttl_s) {
+            let entry = FirstSend {
+                ids,
+                recovered: true,
+            };
+            self.remember(uid, client_msg_no, entry, at);
         }
     }
 

@@ -161,7 +161,7 @@ pub fn flush_commits(
     let mut work = 0;
     if let Some(result) = node.commit.syncer.poll_done() {
         work += 1 + node.commit.core.unanswered();
-        node.commit.core.on_sync_done(result, now(node), &mut out);
+        sync_done(node, result, &mut out);
     }
     work += node.commit.core.end_turn(&mut out);
     carry_outputs(node, cx, driver, &mut out);
@@ -223,8 +223,7 @@ fn carry_outputs(
                 }
                 CommitOutput::SubmitSync(job) => {
                     if let Some(ran_here) = node.commit.syncer.submit(job) {
-                        let now = now(node);
-                        node.commit.core.on_sync_done(ran_here, now, out);
+                        sync_done(node, ran_here, out);
                     }
                 }
                 CommitOutput::LogFailed { what, fault } => log_failed(node, what, &fault),
@@ -241,10 +240,23 @@ fn carry_outputs(
 /// The core's counters and the log's inline segment creations, as metrics.
 fn publish_commit_counts(node: &mut NodeShard) {
     let counts = node.commit.core.take_counts();
-    node.metrics.sends_deduplicated.add(counts.deduplicated);
-    node.metrics
-        .commits_refused_backlog
-        .add(counts.refused_backlog);
+    if counts != domain::commit::CommitCounts::default() {
+        node.metrics.sends_deduplicated.add(counts.deduplicated);
+        node.metrics
+            .commits_refused_backlog
+            .add(counts.refused_backlog);
+    }
+}
+
+/// A sync job ended: the core answers what it covered; the log's inline segment
+/// creations (a roll the syncer did not prepare ahead) become the metric.
+fn sync_done(
+    node: &mut NodeShard,
+    result: std::io::Result<()>,
+    out: &mut Vec<CommitOutput<Origin, SyncJob>>,
+) {
+    let now = now(node);
+    node.commit.core.on_sync_done(result, now, out);
     let inline = node.commit.core.log().stats().segments_created_inline;
     let m = &node.metrics.log_segments_created_inline;
     m.add(inline.saturating_sub(m.get()));
@@ -308,7 +320,7 @@ pub fn pump_deliveries(
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
 ) -> usize {
-    if node.commit.core.backlog_len() == 0 {
+    if node.commit.core.delivering() == 0 {
         return 0;
     }
     let cfg = &node.shared.config.delivery;
