@@ -114,3 +114,20 @@ on_both_drivers!(
     more_channels_than_max_channels_all_work,
     sends_to_new_channels_beyond_the_rate_get_sendack_22
 );
+
+/// A SEND to an unknown channel type (23) or an invalid channel id (16) is refused at
+/// the gateway and counted in `imrouter_send_refused_total`.
+fn bad_channels_are_refused_and_counted(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), backend)).unwrap();
+    set_token(&node, "alice", 1, 1);
+    let mut a = login(&node, "alice");
+    a.send("g", 3, 1, "", b"hello", false).unwrap();
+    assert_eq!(next_sendack(&mut a), (1, 0, 23));
+    a.send("", 1, 2, "", b"hello", false).unwrap();
+    assert_eq!(next_sendack(&mut a), (2, 0, 16));
+    assert_eq!(metric(&node, "imrouter_send_refused_total"), 2);
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(bad_channels_are_refused_and_counted);

@@ -91,7 +91,7 @@ shard_metrics! {
     expiries,
     /// SENDs accepted by the gateway.
     sends,
-    /// SENDs refused by the gateway (msg_key, payload).
+    /// SENDs refused by the gateway (channel id or type, msg_key, payload).
     send_refused,
     /// SENDs refused with RateLimit: over `new_channels_per_conn_per_s`.
     sends_rate_limited,

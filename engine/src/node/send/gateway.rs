@@ -36,7 +36,10 @@ pub fn on_send(
     let (uid, session_id) = (conn.uid.clone(), conn.session_id);
     let channel = match Channel::resolve(&uid, p.channel_id, p.channel_type.0) {
         Ok(c) => c,
-        Err(e) => return refuse(node, driver, e.reason_code()),
+        Err(e) => {
+            node.metrics.send_refused.inc();
+            return refuse(node, driver, e.reason_code());
+        }
     };
     if node.send_rate.admit(&uid, decoded_ns) != Verdict::Admit {
         node.metrics.sends_refused_uid_rate.inc();
