@@ -93,11 +93,13 @@ impl Default for ActivationConfig {
 }
 
 /// Correlation id of one activation, chosen by the driver, unique per process.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, serde::Serialize, serde::Deserialize,
+)]
 pub struct ActivationId(pub u64);
 
 /// A call to the authority of one hash slot (sent to an exact [`Target`]).
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum AuthorityRequest {
     /// Register a route; answered `Result<RegisterOutcome, AuthorityError>`.
     Register { route: Route },
@@ -132,7 +134,7 @@ pub enum Output {
 }
 
 /// The owner could not perform an owner action.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct OwnerActionFailed;
 
 /// An input of the machine.

@@ -19,7 +19,7 @@ pub const CHANNEL_TYPE_GROUP: u8 = 2;
 pub const MAX_CHANNEL_ID_BYTES: usize = 256;
 
 /// The channel a SEND addresses, resolved for the sender.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Channel {
     /// A person channel: its stored key and the peer (the uid that is not the sender;
     /// the sender itself for a note-to-self).

@@ -25,7 +25,7 @@ pub type Revision = u64;
 
 /// The exact authority identity of one hash slot: `(hash_slot, slot_id,
 /// leader_node_id, leader_term, config_epoch)`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     pub hash_slot: HashSlot,
     pub slot_id: SlotId,
@@ -35,7 +35,7 @@ pub struct Target {
 }
 
 /// Who leads one hash slot, as a cluster view says.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SlotLeader {
     pub slot_id: SlotId,
     pub leader_node_id: NodeId,
@@ -83,8 +83,9 @@ impl std::error::Error for ViewError {}
 
 /// A node's view of the cluster: the leader of every hash slot, the config epoch and
 /// the routing revision, and the cluster's nodes in config order (the static homes).
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ClusterView {
+    #[serde(with = "slots_wire")]
     pub slots: [SlotLeader; HASH_SLOTS],
     pub config_epoch: ConfigEpoch,
     pub revision: Revision,
@@ -168,6 +169,28 @@ impl ClusterView {
     #[inline]
     pub fn target_for_uid(&self, uid: &str) -> Target {
         self.target_for_slot(hash_slot(uid.as_bytes()))
+    }
+}
+
+/// The 256 slot leaders on the inter-node wire: a sequence of exactly 256.
+mod slots_wire {
+    use super::{SlotLeader, HASH_SLOTS};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        slots: &[SlotLeader; HASH_SLOTS],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        slots.as_slice().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<[SlotLeader; HASH_SLOTS], D::Error> {
+        let v = Vec::<SlotLeader>::deserialize(d)?;
+        let n = v.len();
+        v.try_into()
+            .map_err(|_| serde::de::Error::custom(format!("{n} slot leaders, not {HASH_SLOTS}")))
     }
 }
 

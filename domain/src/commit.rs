@@ -53,10 +53,14 @@ use crate::idempotency::{FirstSend, IdempotencyWindow, SentIds};
 use crate::idgen::MessageIdGen;
 use crate::route::Uid;
 
-/// A committed message, shared by every push batch of its fan-out.
+/// A committed message, shared by every push batch of its fan-out (and carried by
+/// the owner-push hop to other nodes: plaintext, never a session key).
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Committed {
     /// When the commit was appended (the driver's monotonic clock, ns): the start
-    /// of the RECV latency.
+    /// of the RECV latency. Not on the wire (clocks differ between nodes): a
+    /// receiving node sets its own arrival time.
+    #[serde(skip)]
     pub committed_ns: u64,
     pub message_id: i64,
     pub message_seq: u64,

@@ -325,7 +325,7 @@ impl std::error::Error for Gone {}
 pub struct UnregisterQueueFull;
 
 /// One authority unregister to send, drained from the pending queue.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct UnregisterRequest {
     /// The target current when drained.
     pub target: Target,

@@ -34,7 +34,7 @@ pub use net::Transport;
 
 /// The identity of a route: `(uid, node_id, boot_id, session_id)`. UID plus node id
 /// alone could deliver into a restarted or replaced connection.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RouteIdentity {
     pub uid: Uid,
     pub node_id: NodeId,
@@ -43,7 +43,7 @@ pub struct RouteIdentity {
 }
 
 /// One online device of a user, as the authority records it.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Route {
     pub uid: Uid,
     pub device_id: Arc<str>,
@@ -53,6 +53,7 @@ pub struct Route {
     pub node_id: NodeId,
     pub boot_id: BootId,
     pub session_id: SessionId,
+    #[serde(with = "transport_wire")]
     pub listener: Transport,
     pub owner_seq: OwnerSeq,
     pub connected_at_ms: u64,
@@ -87,7 +88,7 @@ impl Route {
 
 /// What a lookup returns for one online device: enough to push to its owner and for
 /// the owner to revalidate `(uid, boot_id, session_id, owner_seq)`.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Endpoint {
     pub uid: Uid,
     pub device_flag: u8,
@@ -130,7 +131,7 @@ impl CompactEndpoint {
 }
 
 /// What the owner of a conflicting route must do before the newcomer commits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub enum OwnerActionKind {
     /// Send DISCONNECT(12 ConnectKick), then close: a Master replacing another device id.
     KickThenClose,
@@ -140,7 +141,7 @@ pub enum OwnerActionKind {
 
 /// An owner action: done by the gateway that owns `route`, acknowledged back to the
 /// activation that asked for it.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct OwnerAction {
     pub kind: OwnerActionKind,
     pub route: RouteIdentity,
@@ -149,7 +150,7 @@ pub struct OwnerAction {
 
 /// Names one pending registration at the authority. Returned by register, presented
 /// by commit and abort; a newer registration of the same identity supersedes it.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PendingToken {
     pub identity: RouteIdentity,
     pub owner_seq: OwnerSeq,
@@ -158,7 +159,7 @@ pub struct PendingToken {
 }
 
 /// Why the authority refused a call. Never carries data: a refused call learned nothing.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub enum AuthorityError {
     /// This node holds no authority identity for the hash slot.
     NotLeader,
@@ -190,7 +191,7 @@ impl std::fmt::Display for AuthorityError {
 impl std::error::Error for AuthorityError {}
 
 /// The outcome of a successful register.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum RegisterOutcome {
     /// No conflict: the route is active at once (rule 6).
     Active,
@@ -200,6 +201,27 @@ pub enum RegisterOutcome {
         token: PendingToken,
         actions: Vec<OwnerAction>,
     },
+}
+
+/// `Transport` on the inter-node wire: one byte (0 TCP, 1 WebSocket).
+mod transport_wire {
+    use super::Transport;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &Transport, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(match t {
+            Transport::Tcp => 0,
+            Transport::WebSocket => 1,
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Transport, D::Error> {
+        match u8::deserialize(d)? {
+            0 => Ok(Transport::Tcp),
+            1 => Ok(Transport::WebSocket),
+            n => Err(serde::de::Error::custom(format!("unknown transport {n}"))),
+        }
+    }
 }
 
 #[cfg(test)]

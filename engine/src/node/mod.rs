@@ -30,6 +30,7 @@ pub mod msg;
 pub mod send;
 pub mod shard;
 pub mod syncer;
+pub mod wire;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};

@@ -90,7 +90,7 @@ pub enum Corr {
 }
 
 /// An authority shard's answer.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum AuthorityReply {
     Register(Result<RegisterOutcome, AuthorityError>),
     Commit(Result<(), AuthorityError>),

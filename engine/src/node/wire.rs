@@ -1,0 +1,231 @@
+//! The hops between nodes as frame bodies (`net::rpc::frame`: the fixed header says
+//! the [`Kind`], the sender's node and boot id, the request id and the deadline; the
+//! body is one of the enums below in `postcard`, a compact serde format).
+//!
+//! Three shapes, one per direction of a hop:
+//! - [`Request`]: asks the receiving node for something and is answered by exactly one
+//!   [`Reply`] frame carrying the same request id (or failed by the requester's link:
+//!   deadline, link lost, peer restarted). A request carries no correlation of the
+//!   requester's own (activation ids, connections): the requester keeps those with
+//!   the request in its link's in-flight table and gets them back with the reply.
+//! - [`OneWay`]: needs no answer (owner push, a new cluster view).
+//! - [`Reply`]: the answer, sent on the replier's own link to the requester's node
+//!   (a link is written by its dialer only); the request id's top 16 bits name the
+//!   requesting shard, which the receiving shard forwards it to.
+//!
+//! Everything here is plain data of `domain` (routes, targets, endpoints, messages):
+//! never a session key (the owner encrypts per session).
+
+use serde::{Deserialize, Serialize};
+
+use net::rpc::Kind;
+
+use crate::activation::{AuthorityRequest, OwnerActionFailed};
+use crate::channel::Channel;
+use crate::cluster::{ClusterView, NodeId, Target};
+use crate::route::{AuthorityError, BootId, Endpoint, OwnerAction, Route, SessionId, Uid};
+
+use super::msg::AuthorityReply;
+use super::send::Committed;
+
+/// A request to another node.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// An authority call at the exact target (its leader is the receiving node).
+    Authority {
+        target: Target,
+        request: AuthorityRequest,
+    },
+    /// A TouchRoutes batch for one target.
+    Touch { target: Target, routes: Vec<Route> },
+    /// Kick or close a session owned by the receiving node; answered once done.
+    OwnerAction { action: OwnerAction },
+    /// A client's SEND, forwarded to its channel's home; answered with the SENDACK.
+    Send(Box<ForwardedSend>),
+    /// EndpointsByTargets: the endpoints of each group's uids at its exact target
+    /// (each group fenced alone).
+    Lookup { groups: Vec<(Target, Vec<Uid>)> },
+}
+
+/// A SEND forwarded from the gateway's node to the channel's home.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardedSend {
+    /// The sending session (its own echo is suppressed).
+    pub sender_node_id: NodeId,
+    pub sender_boot_id: BootId,
+    pub sender_session_id: SessionId,
+    pub from_uid: Uid,
+    pub channel: Channel,
+    pub client_msg_no: String,
+    pub setting: u8,
+    pub flags: u8,
+    pub expire_s: u32,
+    pub topic: String,
+    pub payload: Vec<u8>,
+}
+
+/// A message that needs no answer.
+#[derive(Serialize, Deserialize)]
+pub enum OneWay {
+    /// Owner push: the plaintext message and the exact endpoints (revalidated by the
+    /// owner: uid, boot id, session id, owner_seq).
+    Push {
+        message: Committed,
+        endpoints: Vec<Endpoint>,
+    },
+    /// A cluster view (a node applies only a higher revision).
+    View(ClusterView),
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Authority(AuthorityReply),
+    /// The routes to requeue (those that failed).
+    Touch {
+        failed: Vec<Route>,
+    },
+    OwnerAction(Result<(), OwnerActionFailed>),
+    SendAck {
+        message_id: i64,
+        message_seq: u64,
+        /// The SENDACK reason code.
+        reason: u8,
+    },
+    /// One result per group, in request order.
+    Lookup(Vec<Result<Vec<Endpoint>, AuthorityError>>),
+}
+
+impl Request {
+    /// The frame kind that carries it.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Request::Authority { request, .. } => match request {
+                AuthorityRequest::Register { .. } => Kind::AuthorityRegister,
+                AuthorityRequest::Commit { .. } => Kind::AuthorityCommit,
+                AuthorityRequest::Abort { .. } => Kind::AuthorityAbort,
+                AuthorityRequest::Unregister { .. } => Kind::AuthorityUnregister,
+            },
+            Request::Touch { .. } => Kind::TouchBatch,
+            Request::OwnerAction { .. } => Kind::OwnerAction,
+            Request::Send(_) => Kind::ForwardedSend,
+            Request::Lookup { .. } => Kind::EndpointLookup,
+        }
+    }
+}
+
+impl OneWay {
+    /// The frame kind that carries it.
+    pub fn kind(&self) -> Kind {
+        match self {
+            OneWay::Push { .. } => Kind::Push,
+            OneWay::View(_) => Kind::View,
+        }
+    }
+}
+
+/// What a received frame's body is, by its kind.
+pub enum Body {
+    Request(Request),
+    OneWay(OneWay),
+    Reply(Reply),
+}
+
+/// A body that does not decode as its kind says.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind:?} body does not decode: {error}")]
+pub struct BadBody {
+    pub kind: Kind,
+    pub error: postcard::Error,
+}
+
+/// Appends `value`'s body to `out` (cleared first).
+pub fn encode<T: Serialize>(value: &T, out: &mut Vec<u8>) {
+    out.clear();
+    let taken = std::mem::take(out);
+    // Serializing plain data into a Vec cannot fail.
+    *out = postcard::to_extend(value, taken).unwrap_or_default();
+}
+
+/// Decodes a frame body of `kind` (`None`: a control kind, which is not a hop).
+pub fn decode(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
+    let bad = |error| BadBody { kind, error };
+    Some(match kind {
+        Kind::Push | Kind::View => postcard::from_bytes(body).map(Body::OneWay).map_err(bad),
+        Kind::Reply => postcard::from_bytes(body).map(Body::Reply).map_err(bad),
+        Kind::AuthorityRegister
+        | Kind::AuthorityCommit
+        | Kind::AuthorityAbort
+        | Kind::AuthorityUnregister
+        | Kind::TouchBatch
+        | Kind::EndpointLookup
+        | Kind::OwnerAction
+        | Kind::ForwardedSend => postcard::from_bytes(body).map(Body::Request).map_err(bad),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::{DeviceLevel, Transport};
+
+    fn route() -> Route {
+        Route {
+            uid: "u1".into(),
+            device_id: "d".into(),
+            device_flag: 1,
+            device_level: DeviceLevel::Master,
+            node_id: 2,
+            boot_id: 77,
+            session_id: 5,
+            listener: Transport::WebSocket,
+            owner_seq: 9,
+            connected_at_ms: 1234,
+            last_active_s: Some(3),
+        }
+    }
+
+    #[test]
+    fn a_request_survives_the_wire_and_names_its_kind() {
+        let target = ClusterView::initial(&[1, 2, 3], 64)
+            .unwrap()
+            .target_for_uid("u1");
+        let request = Request::Authority {
+            target,
+            request: AuthorityRequest::Register { route: route() },
+        };
+        assert_eq!(request.kind(), Kind::AuthorityRegister);
+        let mut body = Vec::new();
+        encode(&request, &mut body);
+        let Some(Ok(Body::Request(Request::Authority { target: t, request }))) =
+            decode(Kind::AuthorityRegister, &body)
+        else {
+            panic!("not an authority request");
+        };
+        assert_eq!(t, target);
+        assert_eq!(request, AuthorityRequest::Register { route: route() });
+    }
+
+    #[test]
+    fn a_view_survives_the_wire() {
+        let mut view = ClusterView::initial(&[1, 2, 3], 64).unwrap();
+        view.revision = 7;
+        view.slots[3].leader_node_id = 2;
+        let mut body = Vec::new();
+        encode(&OneWay::View(view.clone()), &mut body);
+        let Some(Ok(Body::OneWay(OneWay::View(got)))) = decode(Kind::View, &body) else {
+            panic!("not a view");
+        };
+        assert_eq!(got, view);
+    }
+
+    #[test]
+    fn a_body_of_another_kind_or_garbage_is_refused() {
+        let mut body = Vec::new();
+        encode(&Reply::OwnerAction(Ok(())), &mut body);
+        assert!(matches!(decode(Kind::View, &body), Some(Err(_))));
+        assert!(matches!(decode(Kind::Reply, &[0xff; 3]), Some(Err(_))));
+        assert!(decode(Kind::Hello, &body).is_none());
+    }
+}
