@@ -74,7 +74,7 @@ pub enum OneWay {
         endpoints: Vec<Endpoint>,
     },
     /// A cluster view (a node applies only a higher revision).
-    View(ClusterView),
+    View(Box<ClusterView>),
 }
 
 /// The answer to a [`Request`].
@@ -213,11 +213,11 @@ mod tests {
         view.revision = 7;
         view.slots[3].leader_node_id = 2;
         let mut body = Vec::new();
-        encode(&OneWay::View(view.clone()), &mut body);
+        encode(&OneWay::View(Box::new(view.clone())), &mut body);
         let Some(Ok(Body::OneWay(OneWay::View(got)))) = decode(Kind::View, &body) else {
             panic!("not a view");
         };
-        assert_eq!(got, view);
+        assert_eq!(*got, view);
     }
 
     #[test]
