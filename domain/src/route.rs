@@ -173,6 +173,9 @@ pub enum AuthorityError {
     Superseded,
     /// The slot's directory is at its configured route limit.
     Full,
+    /// The authority's node did not answer: link down, deadline passed, or it
+    /// restarted (reported by the requester's side, never by an authority).
+    Unreachable,
 }
 
 impl std::fmt::Display for AuthorityError {
@@ -184,6 +187,7 @@ impl std::fmt::Display for AuthorityError {
             AuthorityError::NotReady => "conflicts changed since registration",
             AuthorityError::Superseded => "superseded by a newer registration",
             AuthorityError::Full => "route directory full",
+            AuthorityError::Unreachable => "the authority's node did not answer",
         })
     }
 }
@@ -203,7 +207,8 @@ pub enum RegisterOutcome {
     },
 }
 
-/// `Transport` on the inter-node wire: one byte (0 TCP, 1 WebSocket).
+/// `Transport` on the inter-node wire: one byte (0 TCP, 1 WebSocket, 2 RPC: never a
+/// route's).
 mod transport_wire {
     use super::Transport;
     use serde::{Deserialize, Deserializer, Serializer};
@@ -212,6 +217,7 @@ mod transport_wire {
         s.serialize_u8(match t {
             Transport::Tcp => 0,
             Transport::WebSocket => 1,
+            Transport::Rpc => 2,
         })
     }
 
@@ -219,6 +225,7 @@ mod transport_wire {
         match u8::deserialize(d)? {
             0 => Ok(Transport::Tcp),
             1 => Ok(Transport::WebSocket),
+            2 => Ok(Transport::Rpc),
             n => Err(serde::de::Error::custom(format!("unknown transport {n}"))),
         }
     }

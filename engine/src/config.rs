@@ -286,6 +286,9 @@ pub struct Config {
     pub listen: ListenSection,
     pub auth: AuthSection,
     pub cluster: ClusterConfig,
+    /// `[rpc]`: the inter-node links' limits (in flight, deadlines, heartbeats,
+    /// backoff, frame size).
+    pub rpc: net::rpc::link::LinkLimits,
     pub runtime: shard::runtime::RuntimeConfig,
     pub net: net::io::NetConfig,
     pub authority: AuthorityConfig,
@@ -373,6 +376,7 @@ impl Config {
         self.registry.validate()?;
         let rpc_addr = addr("rpc_addr", &self.listen.rpc_addr)?;
         self.cluster.validate(self.node.node_id, rpc_addr)?;
+        self.rpc.validate().map_err(|e| format!("rpc.{e}"))?;
         let runtime = self.runtime.clone();
         let net = self.net.clone();
         let mut api = self.api.clone();
@@ -386,6 +390,7 @@ impl Config {
             ws_addr: addr("ws_addr", &self.listen.ws_addr)?,
             rpc_addr,
             cluster: self.cluster.clone(),
+            rpc: self.rpc,
             token_auth: self.auth.token_auth,
             default_device_level: self.auth.default_device_level,
             runtime,

@@ -16,32 +16,38 @@
 use net::io::NetDriver;
 use net::wkproto::ReasonCode;
 use shard::runtime::Context;
-use shard::slots::ShardId;
 
 use crate::activation::{ActivationId, AuthorityRequest, Event};
 use crate::cluster::Target;
 use crate::delivery::session_shard;
 use crate::route::{OwnerAction, OwnerActionKind, Route};
 
-use super::msg::{AuthorityReply, Corr, Msg};
+use super::msg::{AuthorityReply, Corr, Msg, ReplyTo};
+use super::remote::{AuthorityCall, Pending};
+use super::wire;
 use super::shard::{NodeShard, NodeTimer};
 
 impl NodeShard {
-    /// `Msg::Authority`: serves a call for one of this shard's slots and answers it.
+    /// `Msg::Authority`: serves a call for one of this shard's slots and answers it
+    /// (to a shard of this node, or to the requesting node).
     pub(super) fn on_authority_call(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
-        reply_to: ShardId,
-        corr: Corr,
+        reply_to: ReplyTo<Corr>,
         target: Target,
         request: AuthorityRequest,
     ) {
         let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
-        self.send_msg(cx, reply_to, Msg::AuthorityReply { corr, reply });
+        match reply_to {
+            ReplyTo::Shard(shard, corr) => {
+                self.send_msg(cx, shard, Msg::AuthorityReply { corr, reply })
+            }
+            ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::Authority(reply)),
+        }
     }
 
-    /// Sends an authority call to the shard that leads `target`'s hash slot (or
-    /// serves it here).
+    /// Sends an authority call to the shard that leads `target`'s hash slot: on this
+    /// node over the ring (or served here), on another node as a request to it.
     pub(super) fn call_authority(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
@@ -50,26 +56,25 @@ impl NodeShard {
         request: AuthorityRequest,
     ) {
         if target.leader_node_id != self.shared.config.node_id {
-            // Remote authorities come with the cluster; until then this node's view
-            // only names itself, and anything else is answered as not-leader.
-            let reply = reply_error(&request, crate::route::AuthorityError::NotLeader);
-            return self.on_authority_reply(cx, corr, reply);
+            let pending = Pending::Authority {
+                corr,
+                kind: AuthorityCall::of(&request),
+            };
+            let node = target.leader_node_id;
+            return self.request_remote(cx, node, wire::Request::Authority { target, request }, pending);
         }
         let to = self.shared.slot_map.shard_of(target.hash_slot);
         if to == self.me {
             let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
             self.on_authority_reply(cx, corr, reply);
         } else {
-            self.send_msg(
-                cx,
-                to,
-                Msg::Authority {
-                    reply_to: self.me,
-                    corr,
-                    target,
-                    request,
-                },
-            );
+            let reply_to = ReplyTo::Shard(self.me, corr);
+            let msg = Msg::Authority {
+                reply_to,
+                target,
+                request,
+            };
+            self.send_msg(cx, to, msg);
         }
     }
 
@@ -150,7 +155,9 @@ impl NodeShard {
 
     // ---------------------------------------------------------------- owner actions
 
-    /// Routes an owner action to the shard that owns the old session.
+    /// Routes an owner action to the shard that owns the old session: on this node
+    /// over the ring, on another node as a request answered once it happened. An
+    /// earlier process of this node (its connections died with it) needs nothing.
     pub(super) fn request_owner_action(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
@@ -159,19 +166,20 @@ impl NodeShard {
         index: u32,
         action: OwnerAction,
     ) {
-        let local_process = action.route.node_id == self.shared.config.node_id
-            && action.route.boot_id == self.shared.boot_id;
-        if !local_process {
-            // The owner is an earlier process of this node (its connections died with
-            // it) or another node (the cluster milestone): nothing here to close.
-            self.local_events.push_back((
-                aid,
-                Event::OwnerActionDone {
-                    index,
-                    result: Ok(()),
-                },
-            ));
-            return;
+        let node = action.route.node_id;
+        if node != self.shared.config.node_id {
+            let pending = Pending::OwnerAction {
+                activation: aid,
+                index,
+            };
+            return self.request_remote(cx, node, wire::Request::OwnerAction { action }, pending);
+        }
+        if action.route.boot_id != self.shared.boot_id {
+            let event = Event::OwnerActionDone {
+                index,
+                result: Ok(()),
+            };
+            return self.local_events.push_back((aid, event));
         }
         let owner = session_shard(action.route.session_id);
         if owner == self.me {
@@ -184,39 +192,39 @@ impl NodeShard {
                 },
             ));
         } else {
-            self.send_msg(
-                cx,
-                owner,
-                Msg::OwnerAction {
-                    reply_to: self.me,
-                    activation: aid,
-                    index,
-                    action,
-                },
-            );
+            let reply_to = ReplyTo::Shard(self.me, (aid, index));
+            self.send_msg(cx, owner, Msg::OwnerAction { reply_to, action });
         }
     }
 
-    /// `Msg::OwnerAction`: performs it on this shard's session and answers.
+    /// `Msg::OwnerAction` (and the hop from another node): performs it on this
+    /// node's session (this shard's, or forwarded to its shard) and answers.
     pub(super) fn on_owner_action(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         driver: &mut NetDriver,
-        reply_to: ShardId,
-        activation: ActivationId,
-        index: u32,
+        reply_to: ReplyTo<(ActivationId, u32)>,
         action: OwnerAction,
     ) {
-        self.perform_owner_action(cx, driver, &action);
-        self.send_msg(
-            cx,
-            reply_to,
-            Msg::OwnerActionDone {
-                activation,
-                index,
-                result: Ok(()),
-            },
-        );
+        let local_process = action.route.boot_id == self.shared.boot_id;
+        let owner = session_shard(action.route.session_id);
+        if local_process && owner != self.me {
+            return self.send_msg(cx, owner, Msg::OwnerAction { reply_to, action });
+        }
+        if local_process {
+            self.perform_owner_action(cx, driver, &action);
+        }
+        match reply_to {
+            ReplyTo::Shard(shard, (activation, index)) => {
+                let msg = Msg::OwnerActionDone {
+                    activation,
+                    index,
+                    result: Ok(()),
+                };
+                self.send_msg(cx, shard, msg);
+            }
+            ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::OwnerAction(Ok(()))),
+        }
     }
 
     /// Kicks (DISCONNECT 12, then close) or closes one of this shard's sessions.
@@ -264,20 +272,27 @@ impl NodeShard {
             .drain_touches(&self.view, cfg.touch_batch_max_routes);
         for (target, routes) in batches {
             self.metrics.touches.add(routes.len() as u64);
+            if target.leader_node_id != self.shared.config.node_id {
+                let pending = Pending::Touch {
+                    target,
+                    routes: routes.clone(),
+                };
+                let node = target.leader_node_id;
+                self.request_remote(cx, node, wire::Request::Touch { target, routes }, pending);
+                continue;
+            }
             let to = self.shared.slot_map.shard_of(target.hash_slot);
             if to == self.me {
                 let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
                 self.registry.touch_failed(target, &failed);
             } else {
-                self.send_msg(
-                    cx,
-                    to,
-                    Msg::Touch {
-                        reply_to: self.me,
-                        target,
-                        routes,
-                    },
-                );
+                let reply_to = ReplyTo::Shard(self.me, ());
+                let msg = Msg::Touch {
+                    reply_to,
+                    target,
+                    routes,
+                };
+                self.send_msg(cx, to, msg);
             }
         }
         let requests =
@@ -294,13 +309,15 @@ impl NodeShard {
     pub(super) fn on_touch_batch(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
-        reply_to: ShardId,
+        reply_to: ReplyTo<()>,
         target: Target,
         routes: Vec<Route>,
     ) {
         let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
-        if !failed.is_empty() {
-            self.send_msg(cx, reply_to, Msg::TouchReply { target, failed });
+        match reply_to {
+            ReplyTo::Shard(..) if failed.is_empty() => {}
+            ReplyTo::Shard(shard, ()) => self.send_msg(cx, shard, Msg::TouchReply { target, failed }),
+            ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::Touch { failed }),
         }
     }
 
@@ -332,7 +349,7 @@ impl NodeShard {
     }
 }
 
-fn reply_error(request: &AuthorityRequest, err: crate::route::AuthorityError) -> AuthorityReply {
+pub(super) fn reply_error(request: &AuthorityRequest, err: crate::route::AuthorityError) -> AuthorityReply {
     match request {
         AuthorityRequest::Register { .. } => AuthorityReply::Register(Err(err)),
         AuthorityRequest::Commit { .. } => AuthorityReply::Commit(Err(err)),

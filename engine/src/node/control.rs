@@ -16,6 +16,7 @@ use crate::route::{OwnerAction, OwnerActionKind};
 
 use super::msg::Msg;
 use super::shard::{NodeShard, NodeTimer};
+use super::wire;
 
 impl NodeShard {
     /// Samples the gauges only this shard can read: routes of its slots, its rings.
@@ -63,10 +64,36 @@ impl NodeShard {
 
     /// A new cluster view: slots this node gained get a fresh identity, lost ones
     /// drop their state; touches drained from now on go to the new targets.
-    pub(super) fn apply_view(&mut self, cx: &Context<Msg, NodeTimer>, view: &ClusterView) {
+    pub(super) fn apply_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: &ClusterView) {
         self.authority
             .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
         self.view = view.clone();
+        // Shard 0 spreads it to the other nodes (each applies only a higher revision).
+        if self.me == 0 && self.peers.is_cluster() {
+            let now_ms = cx.now_ms();
+            for node in view.nodes.clone() {
+                if node != self.shared.config.node_id {
+                    let message = wire::OneWay::View(Box::new(view.clone()));
+                    self.peers.oneway(node, &message, now_ms);
+                }
+            }
+        }
+    }
+
+    /// A view from another node: installed if its revision is higher than this
+    /// node's, then applied by every shard.
+    pub(super) fn on_remote_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: ClusterView) {
+        let Some(view) = self.shared.install_view(view) else {
+            return;
+        };
+        tracing::info!(revision = view.revision, "cluster view from a peer installed");
+        for shard in 0..self.shared.slot_map.shard_count() {
+            if shard == self.me {
+                self.apply_view(cx, &view);
+            } else {
+                self.send_msg(cx, shard, Msg::View(view.clone()));
+            }
+        }
     }
 
     /// DISCONNECT to every session, each removed locally (its authority unregister

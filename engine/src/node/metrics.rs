@@ -114,6 +114,14 @@ shard_metrics! {
     push_remote_dropped,
     /// Lookup groups refused as stale or not-leader.
     stale_lookups,
+    /// Inter-node connections refused or closed for a protocol fault: a failed
+    /// handshake (wrong secret, unknown node), garbage, an undecodable frame.
+    rpc_refused,
+    /// Outbound inter-node links that closed (each fails its requests in flight).
+    rpc_link_closes,
+    /// Requests to other nodes that failed: link down, in-flight table full,
+    /// deadline passed, link lost, peer restarted.
+    rpc_request_failures,
     /// Cross-shard messages dropped because the peer's queue was at
     /// `peer_queue_max` (admission keeps it below: should stay 0).
     ring_full_drops,

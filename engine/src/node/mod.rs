@@ -31,6 +31,8 @@ pub mod send;
 pub mod shard;
 pub mod syncer;
 pub mod wire;
+mod remote;
+mod peers;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -308,6 +310,8 @@ pub struct NodeConfig {
     /// `[cluster]`: the nodes, slot ids and secret (no nodes, or only this one: a
     /// node alone).
     pub cluster: crate::config::ClusterConfig,
+    /// The inter-node links' limits (`[rpc]`).
+    pub rpc: net::rpc::link::LinkLimits,
     /// CONNECT must carry the token stored with `/user/token`.
     pub token_auth: bool,
     /// The level of sessions without a token record when `token_auth` is off.
@@ -335,6 +339,7 @@ impl Default for NodeConfig {
             ws_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5200))),
             rpc_addr: None,
             cluster: crate::config::ClusterConfig::default(),
+            rpc: net::rpc::link::LinkLimits::default(),
             token_auth: true,
             default_device_level: DeviceLevel::Master,
             runtime: RuntimeConfig {
@@ -470,6 +475,17 @@ impl NodeShared {
         guard.clone()
     }
 
+    /// Installs `view` if its revision is higher than the current one's (a view
+    /// from another node); gives it back installed, or `None` (not newer).
+    pub fn install_view(&self, view: ClusterView) -> Option<Arc<ClusterView>> {
+        let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        if view.revision <= guard.revision {
+            return None;
+        }
+        *guard = Arc::new(view);
+        Some(guard.clone())
+    }
+
     /// A lock-free reader of every hash slot's routes.
     pub fn authority_reader(&self) -> AuthorityReader {
         AuthorityReader::new(&self.directory)
@@ -565,29 +581,6 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
-/// Refuses (`InvalidInput`) a configuration with peers, in one line: the inter-node
-/// transport does not exist yet (issue 13), and a node running a multi-node view
-/// would drop every push to another node.
-fn refuse_peers(config: &NodeConfig) -> io::Result<()> {
-    let peers: Vec<String> = config
-        .cluster
-        .peers(config.node_id)
-        .map(|n| format!("{} ({})", n.id, n.rpc_addr))
-        .collect();
-    if peers.is_empty() {
-        return Ok(());
-    }
-    Err(io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!(
-            "cluster mode is not available yet (issue 13): [[cluster.nodes]] lists peers \
-             {}; the inter-node transport does not exist, so run each node alone (no \
-             [[cluster.nodes]], or only this node)",
-            peers.join(", ")
-        ),
-    ))
-}
-
 /// The descriptor budget: raises the soft limit to the hard one (a warning when it
 /// cannot), keeps the reserve, splits the rest between the shards as their connection
 /// cap (set in `config.net`), and logs it. Gives the error of reading the limit.
@@ -630,9 +623,11 @@ struct BoundListeners {
     listeners: Vec<Vec<(Transport, TcpListener)>>,
     tcp_addr: Option<SocketAddr>,
     ws_addr: Option<SocketAddr>,
+    rpc_addr: Option<SocketAddr>,
 }
 
-/// Binds the configured TCP and WebSocket addresses once per shard
+/// Binds the configured TCP and WebSocket addresses, and the RPC address when the
+/// cluster has peers, once per shard
 /// ([`bind_per_shard`]). Gives the error of a bind.
 fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
     let shards = config.runtime.shard_count as usize;
@@ -640,9 +635,12 @@ fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
         (0..shards).map(|_| Vec::new()).collect();
     let mut tcp_addr = None;
     let mut ws_addr = None;
+    let mut rpc_addr = None;
+    let has_peers = config.cluster.peers(config.node_id).next().is_some();
     for (addr, kind, out) in [
         (config.tcp_addr, Transport::Tcp, &mut tcp_addr),
         (config.ws_addr, Transport::WebSocket, &mut ws_addr),
+        (config.rpc_addr.filter(|_| has_peers), Transport::Rpc, &mut rpc_addr),
     ] {
         if let Some(addr) = addr {
             let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;
@@ -656,6 +654,7 @@ fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
         listeners,
         tcp_addr,
         ws_addr,
+        rpc_addr,
     })
 }
 
@@ -800,7 +799,6 @@ impl Node {
     /// listener, shard or HTTP server that cannot be opened or started.
     pub fn start_with(mut config: NodeConfig, hooks: syncer::NodeHooks) -> io::Result<Node> {
         validate_node_config(&config)?;
-        refuse_peers(&config)?;
         let initial_view = config
             .cluster
             .initial_view(config.node_id)
@@ -865,6 +863,9 @@ impl Node {
         }
         if let Some(a) = bound.ws_addr {
             tracing::info!(%a, "WebSocket listener up");
+        }
+        if let Some(a) = bound.rpc_addr {
+            tracing::info!(%a, "inter-node listener up");
         }
         let http = start_http(&shared, &injectors)?;
         Ok(Node {

@@ -21,10 +21,10 @@ use super::send::{Commit, Committed};
 /// A message between shards.
 pub enum Msg {
     /// Gateway → authority shard: one authority call for an activation or an
-    /// unregister; answered by [`Msg::AuthorityReply`].
+    /// unregister; answered by [`Msg::AuthorityReply`] (or a reply frame to the
+    /// requesting node).
     Authority {
-        reply_to: ShardId,
-        corr: Corr,
+        reply_to: ReplyTo<Corr>,
         target: Target,
         request: AuthorityRequest,
     },
@@ -32,7 +32,7 @@ pub enum Msg {
     AuthorityReply { corr: Corr, reply: AuthorityReply },
     /// Gateway touch worker → authority shard: a TouchRoutes batch.
     Touch {
-        reply_to: ShardId,
+        reply_to: ReplyTo<()>,
         target: Target,
         routes: Vec<Route>,
     },
@@ -40,9 +40,7 @@ pub enum Msg {
     TouchReply { target: Target, failed: Vec<Route> },
     /// New session's gateway → old session's owner: kick or close it.
     OwnerAction {
-        reply_to: ShardId,
-        activation: ActivationId,
-        index: u32,
+        reply_to: ReplyTo<(ActivationId, u32)>,
         action: OwnerAction,
     },
     /// Owner → gateway of the activation.
@@ -73,6 +71,13 @@ pub enum Msg {
     MessageSync(Box<super::send::MessageSyncRequest>),
     /// Control → every shard: a new cluster view (slot leadership moved).
     View(Arc<crate::cluster::ClusterView>),
+    /// The shard whose inbound link read a reply → the shard that made the request
+    /// (the request id's top 16 bits).
+    PeerReply {
+        from: (crate::cluster::NodeId, crate::route::BootId),
+        request_id: u64,
+        reply: Box<super::wire::Reply>,
+    },
     /// The shard's log syncer thread → the shard: a sync job ended (a wake-up; the
     /// result is collected by the next `flush_commits`).
     LogSynced,
@@ -80,6 +85,24 @@ pub enum Msg {
     Shutdown,
     /// Fault injection (tests): the shard panics.
     InjectPanic,
+}
+
+/// Where a request's answer goes: the requesting shard of this node over the ring,
+/// with the requester's correlation `C` handed back in the reply message; or a
+/// request of another node, answered by a reply frame on this shard's link to that
+/// node (the requester kept its correlation in its link's in-flight table).
+#[derive(Clone, Debug)]
+pub enum ReplyTo<C> {
+    Shard(ShardId, C),
+    Node(Remote),
+}
+
+/// A request of another node: answer `request_id` to `node` (its top 16 bits name
+/// the requesting shard there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remote {
+    pub node: crate::cluster::NodeId,
+    pub request_id: u64,
 }
 
 /// Names the activation or unregister an authority reply belongs to.

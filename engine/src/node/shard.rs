@@ -56,6 +56,8 @@ pub enum NodeTimer {
     Ack { conn: ConnId },
     /// The interval fsync policy's sync of the log.
     LogSync,
+    /// The inter-node links' timers (dials, deadlines, heartbeats, silence).
+    Peers,
 }
 
 /// One shard's state.
@@ -103,7 +105,14 @@ pub struct NodeShard {
     pub(crate) ack_resend_buf: Vec<Arc<super::send::Committed>>,
     /// Shut down: new connections are closed at once.
     pub(super) stopping: bool,
+    /// The links to the other nodes (none on a node alone).
+    pub(super) peers: super::peers::Peers,
+    /// Requests to other nodes that failed, answered at the end of the turn.
+    pub(super) remote_failures: Vec<super::remote::Pending>,
 }
+
+/// How often the inter-node links' timers run (dials, deadlines, heartbeats).
+const PEERS_TICK_MS: u64 = 20;
 
 impl NodeShard {
     /// A shard of the node described by `shared`.
@@ -128,6 +137,7 @@ impl NodeShard {
             .map_err(|e| std::io::Error::other(format!("authority: {e:?}")))?;
         authority.apply_view(&view, cfg.node_id, 0);
         let reader = authority.reader();
+        let peers = super::peers::new_for_shard(&shared, me);
         let credits = domain::gateway::SendCredits::new(
             me,
             shared.slot_map.shard_count() as usize,
@@ -160,6 +170,8 @@ impl NodeShard {
             frame_buf: Vec::with_capacity(4096),
             commit,
             stopping: false,
+            peers,
+            remote_failures: Vec::new(),
         })
     }
 
@@ -214,7 +226,8 @@ impl NodeShard {
                 crate::store::FsyncPolicy::IntervalMs(ms) => ms.max(1),
                 _ => return,
             },
-            NodeTimer::Activation(_) | NodeTimer::Ack { .. } => return,
+            NodeTimer::Peers if self.peers.is_cluster() => PEERS_TICK_MS,
+            NodeTimer::Activation(_) | NodeTimer::Ack { .. } | NodeTimer::Peers => return,
         };
         let _ = cx.set_timer(cx.now_ms() + interval_ms, timer);
     }
@@ -229,6 +242,7 @@ impl Handler for NodeShard {
         self.arm_periodic(cx, NodeTimer::TouchFlush);
         self.arm_periodic(cx, NodeTimer::Expiry);
         self.arm_periodic(cx, NodeTimer::LogSync);
+        self.arm_periodic(cx, NodeTimer::Peers);
         self.shared.shard_started();
     }
 
@@ -242,10 +256,9 @@ impl Handler for NodeShard {
         match msg {
             Msg::Authority {
                 reply_to,
-                corr,
                 target,
                 request,
-            } => self.on_authority_call(cx, reply_to, corr, target, request),
+            } => self.on_authority_call(cx, reply_to, target, request),
             Msg::AuthorityReply { corr, reply } => {
                 self.on_authority_reply(cx, corr, reply);
                 self.drain_local_events(cx, driver);
@@ -256,12 +269,9 @@ impl Handler for NodeShard {
                 routes,
             } => self.on_touch_batch(cx, reply_to, target, routes),
             Msg::TouchReply { target, failed } => self.registry.touch_failed(target, &failed),
-            Msg::OwnerAction {
-                reply_to,
-                activation,
-                index,
-                action,
-            } => self.on_owner_action(cx, driver, reply_to, activation, index, action),
+            Msg::OwnerAction { reply_to, action } => {
+                self.on_owner_action(cx, driver, reply_to, action)
+            }
             Msg::OwnerActionDone {
                 activation,
                 index,
@@ -291,6 +301,11 @@ impl Handler for NodeShard {
             }
             Msg::MessageSync(request) => super::send::on_message_sync(self, *request),
             Msg::View(view) => self.apply_view(cx, &view),
+            Msg::PeerReply {
+                from,
+                request_id,
+                reply,
+            } => self.on_remote_reply(cx, driver, from, request_id, *reply),
             Msg::LogSynced => {}
             Msg::Shutdown => self.shutdown(cx, driver),
             Msg::InjectPanic => self.inject_panic(),
@@ -316,15 +331,27 @@ impl Handler for NodeShard {
             }
             NodeTimer::LogSync => super::send::on_log_sync_timer(self),
             NodeTimer::Ack { conn } => super::send::on_ack_timeout(self, cx, driver, conn),
+            NodeTimer::Peers => {
+                self.flush_peers(cx, driver);
+            }
         }
         self.arm_periodic(cx, timer);
     }
 
     fn on_io(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver, event: NetEvent) {
+        let peer = match &event {
+            NetEvent::Accepted { listener, .. } => super::peers::is_rpc_listener(*listener),
+            NetEvent::Connected { .. } => true,
+            NetEvent::Readable { conn } | NetEvent::Closed { conn, .. } => self.is_peer_conn(*conn),
+        };
+        if peer {
+            return self.on_peer_io(cx, driver, event);
+        }
         match event {
             NetEvent::Accepted { conn, listener, .. } => self.on_accepted(driver, conn, listener),
             NetEvent::Readable { conn } => self.on_readable(cx, driver, conn),
             NetEvent::Closed { conn, reason } => self.on_closed(cx, driver, conn, reason),
+            NetEvent::Connected { .. } => {}
         }
     }
 
@@ -337,8 +364,10 @@ impl Handler for NodeShard {
         // hands an fdatasync to the syncer; only `fsync = "always"` makes the turn's
         // appends one sync job, answered when it ends. Then deliveries go on where
         // peers have room.
-        super::send::flush_commits(self, cx, driver)
-            + super::send::pump_deliveries(self, cx, driver)
+        let work = super::send::flush_commits(self, cx, driver)
+            + super::send::pump_deliveries(self, cx, driver);
+        // Last: the turn's frames to other nodes, one write per link.
+        work + self.flush_peers(cx, driver)
     }
 
     fn on_stop(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {

@@ -23,10 +23,12 @@ use crate::store::{LogError, MessageLog, NewMessage, SyncJob};
 
 use super::super::catalog::Catalog;
 use super::super::metrics::StageHistograms;
-use super::super::msg::{Msg, SendAck};
+use super::super::msg::{Msg, Remote, SendAck};
+use super::super::wire;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::syncer::LogSyncer;
-use super::{ApiSendResult, Commit, MessageSyncRequest, Origin};
+use super::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
+use domain::delivery::Sender;
 
 /// The commit core of this shard, over its message log.
 pub type CommitCore = domain::commit::CommitCore<MessageLog, Origin>;
@@ -309,6 +311,14 @@ fn answer(
                 reason,
             });
         }
+        Origin::Remote(remote) => {
+            let reply = wire::Reply::SendAck {
+                message_id,
+                message_seq,
+                reason: reason.0,
+            };
+            node.reply_remote(cx, remote, reply);
+        }
     }
 }
 
@@ -409,4 +419,52 @@ pub fn on_message_sync(node: &mut NodeShard, r: MessageSyncRequest) {
         })
         .map_err(|e| e.to_string());
     let _ = r.reply.try_send(result);
+}
+
+/// Step 2 for a SEND another node's gateway forwarded to this home (the hop
+/// `ForwardedSend`): a commit like any other, its SENDACK the reply.
+pub fn on_forwarded_send(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    from: Remote,
+    send: wire::ForwardedSend,
+) {
+    let sender = Sender {
+        node_id: send.sender_node_id,
+        boot_id: send.sender_boot_id,
+        session_id: send.sender_session_id,
+    };
+    let to = node.shared.slot_map.shard_of_key(send.channel.key().as_bytes());
+    let request = CommitRequest {
+        answer_to: Origin::Remote(from),
+        sender: Some(sender),
+        from_uid: send.from_uid,
+        channel: send.channel,
+        client_msg_no: send.client_msg_no,
+        setting: send.setting,
+        flags: send.flags,
+        expire_s: send.expire_s,
+        topic: send.topic,
+        payload: send.payload,
+    };
+    let commit = Commit {
+        request,
+        decoded_ns: node.shared.mono_ns(),
+    };
+    if to == node.me {
+        on_commit(node, cx, driver, commit);
+    } else {
+        node.send_msg(cx, to, Msg::Commit(Box::new(commit)));
+    }
+}
+
+/// The reply to a delivery page's endpoint lookup at another node (`Err`: it
+/// failed: deadline, link lost, peer restarted).
+pub fn on_lookup_reply(
+    _node: &mut NodeShard,
+    _lookup_id: u64,
+    _reply: Result<Vec<Result<Vec<crate::route::Endpoint>, crate::route::AuthorityError>>, ()>,
+) {
+    // Wired to the planner's asynchronous lookups (issue 13).
 }

@@ -12,6 +12,8 @@ use domain::gateway::SendCredits;
 use domain::send_rate::Verdict;
 
 use super::super::msg::{Msg, SendAck};
+use super::super::remote::Pending;
+use super::super::wire;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::{Commit, CommitRequest, Origin};
 
@@ -53,6 +55,16 @@ pub fn on_send(
         Ok(payload) => payload,
         Err(reason) => return refuse(node, driver, reason),
     };
+    let home = node.view.home_node(crate::cluster::hash_slot(channel.key().as_bytes()));
+    if home != node.shared.config.node_id {
+        // Only the connection's credit: the link's in-flight table bounds the rest.
+        if !take_credit(node, id, node.me) {
+            node.metrics.sends_refused_credit.inc();
+            return refuse(node, driver, ReasonCode::RATE_LIMIT);
+        }
+        let request = forward_request(node, id, p, (uid, session_id), channel, payload);
+        return node.request_remote(cx, home, wire::Request::Send(Box::new(request.0)), request.1);
+    }
     let to = node.shared.slot_map.shard_of_key(channel.key().as_bytes());
     if !take_credit(node, id, to) {
         node.metrics.sends_refused_credit.inc();
@@ -90,6 +102,39 @@ pub fn on_send(
     } else {
         node.send_msg(cx, to, Msg::Commit(Box::new(commit)));
     }
+}
+
+/// A SEND whose channel is homed on another node, as the hop `ForwardedSend` to
+/// it; its SENDACK comes back as the reply (or SENDACK 10 if the home does not
+/// answer), to the connection the [`Pending`] names.
+fn forward_request(
+    node: &mut NodeShard,
+    id: ConnId,
+    p: &SendPacket<'_>,
+    (from_uid, session_id): (crate::route::Uid, crate::route::SessionId),
+    channel: Channel,
+    payload: Vec<u8>,
+) -> (wire::ForwardedSend, Pending) {
+    node.metrics.sends.inc();
+    let send = wire::ForwardedSend {
+        sender_node_id: node.shared.config.node_id,
+        sender_boot_id: node.shared.boot_id,
+        sender_session_id: session_id,
+        from_uid,
+        channel,
+        client_msg_no: p.client_msg_no.to_owned(),
+        setting: p.setting.0,
+        flags: p.flags.0 & (Flags::NO_PERSIST.0 | Flags::SYNC_ONCE.0 | Flags::RED_DOT.0),
+        expire_s: p.expire_s,
+        topic: p.topic.to_owned(),
+        payload,
+    };
+    let pending = Pending::Send {
+        conn: id,
+        session_id,
+        client_seq: p.client_seq,
+    };
+    (send, pending)
 }
 
 /// How fast this connection starts new channels (`domain::new_channels`).

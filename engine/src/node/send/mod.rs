@@ -32,13 +32,13 @@ use crate::route::SessionId;
 use crate::store::{PullMode, StoredMessage};
 
 pub use commit::{
-    flush_commits, flush_commits_for_stop, on_commit, on_log_sync_timer, on_message_sync,
-    pump_deliveries, CommitSide,
+    flush_commits, flush_commits_for_stop, on_commit, on_forwarded_send, on_log_sync_timer,
+    on_lookup_reply, on_message_sync, pump_deliveries, CommitSide,
 };
 pub use domain::commit::Committed;
 pub use gateway::{on_send, on_sendack};
 pub use owner::{
-    observe_socket_writes, on_ack_timeout, on_push, on_recvack, PendingAcks, WRITE_MARKS_MAX,
+    observe_socket_writes, on_ack_timeout, on_push, on_remote_push, on_recvack, PendingAcks, WRITE_MARKS_MAX,
 };
 
 /// Where a commit's answer goes (the commit core hands it back with the answer).
@@ -52,6 +52,8 @@ pub enum Origin {
     },
     /// `POST /message/send`: the answer goes back to the HTTP thread.
     Api { reply: SyncSender<ApiSendResult> },
+    /// A SEND forwarded by another node's gateway: the SENDACK is its reply.
+    Remote(super::msg::Remote),
 }
 
 /// The answer to an API send.

@@ -74,6 +74,44 @@ pub fn on_push(
     }
 }
 
+
+/// An owner push from another node (the hop `Push`): the plaintext message and the
+/// exact endpoints, split by the shard that owns each session; each endpoint is
+/// revalidated there as any push is (an endpoint of another node or an earlier
+/// process of this one fails revalidation: counted stale, never written).
+pub fn on_remote_push(
+    node: &mut NodeShard,
+    cx: &mut Context<Msg, NodeTimer>,
+    driver: &mut NetDriver,
+    message: Committed,
+    mut endpoints: Vec<Endpoint>,
+) {
+    let (me_node, handed_ns) = (node.shared.config.node_id, message.committed_ns);
+    let before = endpoints.len();
+    let shards = node.shared.slot_map.shard_count();
+    endpoints.retain(|ep| {
+        ep.node_id == me_node && crate::delivery::session_shard(ep.session_id) < shards
+    });
+    node.metrics.push_stale.add((before - endpoints.len()) as u64);
+    let message = Arc::new(message);
+    endpoints.sort_by_key(|ep| crate::delivery::session_shard(ep.session_id));
+    for batch in endpoints.chunk_by(|a, b| {
+        crate::delivery::session_shard(a.session_id) == crate::delivery::session_shard(b.session_id)
+    }) {
+        let owner = crate::delivery::session_shard(batch[0].session_id);
+        if owner == node.me {
+            on_push(node, cx, driver, &message, batch, handed_ns);
+        } else {
+            let msg = Msg::Push {
+                message: message.clone(),
+                endpoints: batch.to_vec(),
+                handed_ns,
+            };
+            node.send_msg(cx, owner, msg);
+        }
+    }
+}
+
 /// Most push batches whose socket write is timed per loop turn (more are not timed).
 pub const WRITE_MARKS_MAX: usize = 4_096;
 

@@ -1,0 +1,494 @@
+//! The inter-node links of one shard, on the shard's own io driver (io_uring or
+//! mio, like its clients): one **outbound** link per peer node, dialed by this shard
+//! and written only by it (its requests, its replies to the peer's requests, its
+//! one-way messages), and the **inbound** links peers' shards dialed to this node's
+//! RPC listener, which this shard reads (their frames) and answers only with Pongs.
+//! The machines are `net::rpc::link`'s (handshake, heartbeats, silence, backoff,
+//! request ids, deadlines, the bounded in-flight table): this file moves their
+//! bytes, gives them the time, nonces and jitter, and hands what they read to
+//! [`super::remote`].
+//!
+//! Output to a link is appended to its buffer as it is produced and handed to the
+//! driver once per loop turn ([`NodeShard::flush_peers`]): one write carries every
+//! frame of the turn. The buffer is bounded by the driver's outbound queue limit
+//! (a link past it is closed, and its requests fail).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use net::io::{CloseReason, ConnId, NetDriver, NetEvent, Transport};
+use net::rpc::link::{
+    request_shard, Failure, Inbound, InboundEvent, LinkEvent, LinkLimits, Outbound,
+};
+use net::rpc::{ClusterSecret, Identity};
+use rand::RngCore;
+use shard::runtime::Context;
+use shard::slots::ShardId;
+
+use crate::cluster::NodeId;
+use crate::route::BootId;
+
+use super::msg::{Msg, Remote};
+use super::remote::Pending;
+use super::shard::{NodeShard, NodeTimer};
+use super::wire;
+
+/// One peer node as this shard dials it.
+struct PeerLink {
+    node: NodeId,
+    addr: SocketAddr,
+    conn: Option<ConnId>,
+    link: Outbound<Pending>,
+    /// Frames written since the last flush.
+    out: Vec<u8>,
+}
+
+/// This shard's links (empty on a node alone).
+pub struct Peers {
+    me: Identity,
+    shard: ShardId,
+    secret: Option<ClusterSecret>,
+    limits: LinkLimits,
+    peer_ids: Vec<u64>,
+    links: Vec<PeerLink>,
+    inbound: HashMap<ConnId, Inbound>,
+    /// Requests that failed in the machines (deadline, link lost), for the shard.
+    failed: Vec<(Pending, Failure)>,
+    /// A body being encoded (reused).
+    body: Vec<u8>,
+    /// Bytes an inbound machine writes (Challenge, Pong, Goodbye; reused).
+    scratch: Vec<u8>,
+}
+
+impl Peers {
+    /// The links of shard `shard` of node `me` towards `peers` (node id, RPC address).
+    pub fn new(
+        me: Identity,
+        shard: ShardId,
+        secret: Option<ClusterSecret>,
+        limits: LinkLimits,
+        peers: &[(NodeId, SocketAddr)],
+    ) -> Peers {
+        let links = match &secret {
+            Some(secret) => peers
+                .iter()
+                .map(|&(node, addr)| PeerLink {
+                    node,
+                    addr,
+                    conn: None,
+                    link: Outbound::new(secret, me, node, shard, limits),
+                    out: Vec::new(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Peers {
+            me,
+            shard,
+            secret,
+            limits,
+            peer_ids: peers.iter().map(|p| p.0).collect(),
+            links,
+            inbound: HashMap::new(),
+            failed: Vec::new(),
+            body: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Whether this node has peers.
+    pub fn is_cluster(&self) -> bool {
+        !self.links.is_empty()
+    }
+
+    fn link_mut(&mut self, node: NodeId) -> Option<&mut PeerLink> {
+        self.links.iter_mut().find(|l| l.node == node)
+    }
+
+    /// Sends `request` to `node`; gives the pending back if the link refuses it
+    /// (down, unknown node, in-flight table full).
+    pub fn request(
+        &mut self,
+        node: NodeId,
+        request: &wire::Request,
+        pending: Pending,
+        now_ms: u64,
+    ) -> Result<(), Pending> {
+        wire::encode(request, &mut self.body);
+        let body = std::mem::take(&mut self.body);
+        let result = match self.link_mut(node) {
+            Some(l) => l
+                .link
+                .request(request.kind(), &body, 0, pending, now_ms, &mut l.out)
+                .map(|_| ())
+                .map_err(|(why, pending)| {
+                    tracing::debug!(node, %why, "request to peer refused");
+                    pending
+                }),
+            None => Err(pending),
+        };
+        self.body = body;
+        result
+    }
+
+    /// Sends a one-way message to `node`; false if the link refused it.
+    pub fn oneway(&mut self, node: NodeId, message: &wire::OneWay, now_ms: u64) -> bool {
+        wire::encode(message, &mut self.body);
+        let body = std::mem::take(&mut self.body);
+        let sent = self.link_mut(node).is_some_and(|l| {
+            l.link
+                .oneway(message.kind(), &body, now_ms, &mut l.out)
+                .is_ok()
+        });
+        self.body = body;
+        sent
+    }
+
+    /// Answers a request of another node (dropped if the link to it is down).
+    pub fn reply(&mut self, to: Remote, reply: &wire::Reply, now_ms: u64) -> bool {
+        wire::encode(reply, &mut self.body);
+        let body = std::mem::take(&mut self.body);
+        let sent = self.link_mut(to.node).is_some_and(|l| {
+            l.link
+                .send_reply(to.request_id, &body, now_ms, &mut l.out)
+                .is_ok()
+        });
+        self.body = body;
+        sent
+    }
+
+    /// A reply to `request_id` from `(node, boot)`: its pending, if still in flight
+    /// and sent to that very process.
+    pub fn complete(&mut self, (node, boot): (NodeId, BootId), request_id: u64) -> Option<Pending> {
+        self.link_mut(node)?.link.complete(request_id, boot)
+    }
+
+    /// Moves the requests the machines failed into `into`.
+    pub fn take_failed(&mut self, into: &mut Vec<Pending>) {
+        into.extend(self.failed.drain(..).map(|(p, _)| p));
+    }
+
+    /// The peers whose outbound link from this shard is up, with their boot ids.
+    pub fn up(&self) -> impl Iterator<Item = (NodeId, BootId)> + '_ {
+        self.links.iter().filter_map(|l| match l.link.state() {
+            net::rpc::link::LinkState::Up { peer_boot_id } => Some((l.node, peer_boot_id)),
+            _ => None,
+        })
+    }
+
+    fn is_outbound(&self, conn: ConnId) -> Option<usize> {
+        self.links.iter().position(|l| l.conn == Some(conn))
+    }
+}
+
+impl NodeShard {
+    /// Whether `conn` is one of this shard's inter-node connections.
+    pub(super) fn is_peer_conn(&self, conn: ConnId) -> bool {
+        self.peers.inbound.contains_key(&conn) || self.peers.is_outbound(conn).is_some()
+    }
+
+    /// A driver event of an inter-node connection (or an RPC listener's accept).
+    pub(super) fn on_peer_io(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        event: NetEvent,
+    ) {
+        match event {
+            NetEvent::Accepted { conn, .. } => self.on_peer_accepted(cx, driver, conn),
+            NetEvent::Connected { .. } => {}
+            NetEvent::Readable { conn } => match self.peers.is_outbound(conn) {
+                Some(i) => self.read_outbound(cx, driver, i, conn),
+                None => self.read_inbound(cx, driver, conn),
+            },
+            NetEvent::Closed { conn, reason } => self.on_peer_closed(cx, conn, reason),
+        }
+    }
+
+    fn on_peer_accepted(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        conn: ConnId,
+    ) {
+        let Some(secret) = &self.peers.secret else {
+            return driver.close(conn);
+        };
+        let mut nonce = [0u8; net::rpc::auth::NONCE_BYTES];
+        self.rng.fill_bytes(&mut nonce);
+        let p = &self.peers;
+        let inbound = Inbound::new(secret, p.me, &p.peer_ids, nonce, p.limits, cx.now_ms());
+        self.peers.inbound.insert(conn, inbound);
+    }
+
+    fn on_peer_closed(&mut self, cx: &mut Context<Msg, NodeTimer>, conn: ConnId, reason: CloseReason) {
+        if self.peers.inbound.remove(&conn).is_some() {
+            tracing::debug!(?reason, shard = self.me, "inbound peer link closed");
+            return;
+        }
+        let jitter = self.rng.next_u64();
+        let now_ms = cx.now_ms();
+        let Some(i) = self.peers.is_outbound(conn) else {
+            return;
+        };
+        let peers = &mut self.peers;
+        let l = &mut peers.links[i];
+        tracing::debug!(node = l.node, ?reason, shard = self.me, "outbound peer link closed");
+        l.conn = None;
+        l.out.clear();
+        l.link.on_closed(now_ms, jitter, &mut peers.failed);
+        self.metrics.rpc_link_closes.inc();
+    }
+
+    /// The outbound link's input: the handshake's Challenge, Pongs, a Goodbye.
+    fn read_outbound(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        i: usize,
+        conn: ConnId,
+    ) {
+        let now_ms = cx.now_ms();
+        loop {
+            let l = &mut self.peers.links[i];
+            let step = l.link.on_input(driver.input(conn), now_ms, &mut l.out);
+            driver.consume(conn, step.consumed);
+            match step.event {
+                Some(LinkEvent::Up {
+                    peer_boot_id,
+                    restarted,
+                }) => {
+                    driver.mark_established(conn);
+                    tracing::info!(node = l.node, peer_boot_id, restarted, shard = self.me, "peer link up");
+                    let node = l.node;
+                    self.on_peer_up(cx, node);
+                }
+                Some(LinkEvent::Refused(why)) => {
+                    tracing::warn!(node = l.node, %why, "peer refused the handshake");
+                    self.metrics.rpc_refused.inc();
+                    return self.close_outbound(driver, i);
+                }
+                Some(LinkEvent::Close(why)) => {
+                    tracing::info!(node = l.node, %why, "closing the link to a peer");
+                    return self.close_outbound(driver, i);
+                }
+                None if step.consumed == 0 => return,
+                None => {}
+            }
+        }
+    }
+
+    fn close_outbound(&mut self, driver: &mut NetDriver, i: usize) {
+        let l = &mut self.peers.links[i];
+        if let Some(conn) = l.conn {
+            let _ = driver.send(conn, &l.out);
+            l.out.clear();
+            driver.close(conn);
+        }
+    }
+
+    /// An inbound link's input: the handshake, then one frame at a time, each
+    /// decoded and handed to [`super::remote`] (a reply to the shard that asked).
+    fn read_inbound(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        conn: ConnId,
+    ) {
+        let now_ms = cx.now_ms();
+        loop {
+            let Some(inbound) = self.peers.inbound.get_mut(&conn) else {
+                return;
+            };
+            let scratch = &mut self.peers.scratch;
+            scratch.clear();
+            let input = driver.input(conn);
+            let step = inbound.on_input(input, now_ms, scratch);
+            let frame = match &step.event {
+                Some(InboundEvent::Frame { header, body }) => {
+                    Some((*header, wire::decode(header.kind, &input[body.clone()])))
+                }
+                _ => None,
+            };
+            driver.consume(conn, step.consumed);
+            if !self.peers.scratch.is_empty() {
+                let _ = driver.send(conn, &self.peers.scratch);
+            }
+            match step.event {
+                Some(InboundEvent::Established(peer)) => {
+                    driver.mark_established(conn);
+                    tracing::debug!(node = peer.node_id, boot = peer.boot_id, "inbound peer link up");
+                }
+                Some(InboundEvent::Refused(why)) => {
+                    tracing::warn!(%why, "inter-node connection refused");
+                    self.metrics.rpc_refused.inc();
+                    return driver.close(conn);
+                }
+                Some(InboundEvent::Close(why)) => {
+                    tracing::warn!(%why, "inter-node connection closed");
+                    self.metrics.rpc_refused.inc();
+                    return driver.close(conn);
+                }
+                Some(InboundEvent::Frame { .. }) => {
+                    if let Some((header, body)) = frame {
+                        self.on_peer_frame(cx, driver, conn, header, body);
+                    }
+                }
+                None if step.consumed == 0 => return,
+                None => {}
+            }
+        }
+    }
+
+    fn on_peer_frame(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        conn: ConnId,
+        header: net::rpc::Header,
+        body: Option<Result<wire::Body, wire::BadBody>>,
+    ) {
+        let from = Remote {
+            node: header.sender_node_id,
+            request_id: header.request_id,
+        };
+        let body = match body {
+            Some(Ok(body)) => body,
+            Some(Err(err)) => {
+                tracing::warn!(node = from.node, %err, "undecodable frame from a peer: link closed");
+                self.metrics.rpc_refused.inc();
+                self.peers.inbound.remove(&conn);
+                return driver.close(conn);
+            }
+            None => return,
+        };
+        match body {
+            wire::Body::Request(request) => self.on_remote_request(cx, driver, from, request),
+            wire::Body::OneWay(message) => self.on_remote_oneway(cx, driver, message),
+            wire::Body::Reply(reply) => {
+                let sender = (header.sender_node_id, header.sender_boot_id);
+                let shard = request_shard(header.request_id);
+                if shard == self.me {
+                    self.on_remote_reply(cx, driver, sender, header.request_id, reply);
+                } else if shard < self.shared.slot_map.shard_count() {
+                    let msg = Msg::PeerReply {
+                        from: sender,
+                        request_id: header.request_id,
+                        reply: Box::new(reply),
+                    };
+                    self.send_msg(cx, shard, msg);
+                }
+            }
+        }
+    }
+
+    /// The `Peers` timer and every loop turn: dials what is due, runs the links'
+    /// timers (deadlines, heartbeats, silence), and hands each link's output to the
+    /// driver. Returns the work done.
+    pub(super) fn flush_peers(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) -> usize {
+        if !self.peers.is_cluster() {
+            return 0;
+        }
+        let now_ms = cx.now_ms();
+        self.dial_due(driver, now_ms);
+        let mut work = 0;
+        for i in 0..self.peers.links.len() {
+            let peers = &mut self.peers;
+            let l = &mut peers.links[i];
+            if let Some(LinkEvent::Close(why)) = l.link.on_tick(now_ms, &mut l.out, &mut peers.failed) {
+                tracing::info!(node = l.node, %why, "closing a silent link to a peer");
+                self.close_outbound(driver, i);
+                continue;
+            }
+            let l = &mut self.peers.links[i];
+            if let (Some(conn), false) = (l.conn, l.out.is_empty()) {
+                work += 1;
+                if driver.send(conn, &l.out).is_err() {
+                    tracing::warn!(node = l.node, "link output refused by the driver: closing it");
+                }
+                l.out.clear();
+            }
+        }
+        self.tick_inbound(driver, now_ms);
+        work + self.fail_remote_requests(cx, driver)
+    }
+
+    fn dial_due(&mut self, driver: &mut NetDriver, now_ms: u64) {
+        for i in 0..self.peers.links.len() {
+            if !self.peers.links[i].link.due_to_dial(now_ms) {
+                continue;
+            }
+            let mut nonce = [0u8; net::rpc::auth::NONCE_BYTES];
+            self.rng.fill_bytes(&mut nonce);
+            let jitter = self.rng.next_u64();
+            let peers = &mut self.peers;
+            let l = &mut peers.links[i];
+            match driver.connect(l.addr) {
+                Ok(conn) => {
+                    l.conn = Some(conn);
+                    l.out.clear();
+                    l.link.on_dial(nonce, now_ms, &mut l.out);
+                }
+                Err(err) => {
+                    tracing::debug!(node = l.node, %err, "dialing a peer failed");
+                    // on_closed needs the link out of Down: run a dial without a
+                    // connection so the backoff advances.
+                    l.link.on_dial(nonce, now_ms, &mut l.out);
+                    l.out.clear();
+                    l.link.on_closed(now_ms, jitter, &mut peers.failed);
+                }
+            }
+        }
+    }
+
+    fn tick_inbound(&mut self, driver: &mut NetDriver, now_ms: u64) {
+        let mut closed = Vec::new();
+        for (&conn, inbound) in self.peers.inbound.iter_mut() {
+            self.peers.scratch.clear();
+            if let Some(event) = inbound.on_tick(now_ms, &mut self.peers.scratch) {
+                tracing::info!(?event, "inbound peer link silent: closed");
+                let _ = driver.send(conn, &self.peers.scratch);
+                closed.push(conn);
+            }
+        }
+        for conn in closed {
+            driver.close(conn);
+        }
+    }
+
+    /// A link to `node` came up: it gets this node's view (a node that was
+    /// unreachable learns the latest view when it reconnects).
+    fn on_peer_up(&mut self, cx: &mut Context<Msg, NodeTimer>, node: NodeId) {
+        if self.me == 0 {
+            let view = Box::new((*self.shared.view()).clone());
+            self.peers.oneway(node, &wire::OneWay::View(view), cx.now_ms());
+        }
+    }
+}
+
+/// The links of shard `me` of the node `shared` describes: none on a node alone.
+pub fn new_for_shard(shared: &super::NodeShared, me: ShardId) -> Peers {
+    let cfg = &shared.config;
+    let peers: Vec<(NodeId, SocketAddr)> = cfg
+        .cluster
+        .peers(cfg.node_id)
+        .map(|n| (n.id, n.rpc_addr))
+        .collect();
+    let secret = (!peers.is_empty())
+        .then(|| ClusterSecret::new(cfg.cluster.secret.expose()).ok())
+        .flatten();
+    let me_id = Identity {
+        node_id: cfg.node_id,
+        boot_id: shared.boot_id,
+    };
+    Peers::new(me_id, me, secret, cfg.rpc, &peers)
+}
+
+/// Whether an accepted connection is an inter-node one.
+pub fn is_rpc_listener(listener: Transport) -> bool {
+    listener == Transport::Rpc
+}

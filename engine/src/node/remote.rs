@@ -1,0 +1,304 @@
+//! The hops between nodes on one shard, in the words of the flows: the requests this
+//! shard makes of other nodes and what it does with their replies or failures; the
+//! requests and one-way messages other nodes make of this node, handed to the
+//! shard that owns them exactly as the ring would (`Msg` with `ReplyTo::Node`).
+//! The bytes and links are [`super::peers`]'s; the bodies are [`super::wire`]'s.
+//!
+//! Every request holds a [`Pending`] in this shard's link to the node (its in-flight
+//! table, bounded by `rpc_requests_in_flight_max`): the reply hands it back, and a
+//! request that cannot be answered (link down, table full, deadline passed, link
+//! lost, peer restarted) hands it to [`NodeShard::on_remote_failed`] through
+//! `remote_failures` at the end of the loop turn, which gives the requester the
+//! same answer a refusal would: an authority call fails `Unreachable` (CONNACK 15,
+//! an unregister retried later), a touch batch is requeued, an owner action fails
+//! (CONNACK 15), a forwarded SEND is answered SENDACK 10, a lookup's groups count as
+//! failed (their recipients catch up by messagesync).
+
+use net::io::{ConnId, NetDriver};
+use net::wkproto::ReasonCode;
+use shard::runtime::Context;
+
+use crate::activation::{ActivationId, AuthorityRequest, Event, OwnerActionFailed};
+use crate::cluster::{NodeId, Target};
+use crate::route::{AuthorityError, BootId, Route, SessionId};
+
+use super::msg::{AuthorityReply, Corr, Msg, Remote, ReplyTo, SendAck};
+use super::shard::{NodeShard, NodeTimer};
+use super::wire;
+
+/// What a request to another node leaves behind until its reply (or failure).
+pub enum Pending {
+    /// An activation's or an unregister's authority call.
+    Authority { corr: Corr, kind: AuthorityCall },
+    /// A TouchRoutes batch (requeued if it fails).
+    Touch { target: Target, routes: Vec<Route> },
+    /// An activation's owner action.
+    OwnerAction {
+        activation: ActivationId,
+        index: u32,
+    },
+    /// A SEND forwarded to its channel's home: the SENDACK goes to this connection.
+    Send {
+        conn: ConnId,
+        session_id: SessionId,
+        client_seq: u32,
+    },
+    /// A delivery page's endpoint lookup.
+    Lookup { lookup_id: u64 },
+}
+
+/// Which authority call a pending one is (the shape of its failure).
+#[derive(Clone, Copy, Debug)]
+pub enum AuthorityCall {
+    Register,
+    Commit,
+    Abort,
+    Unregister,
+}
+
+impl AuthorityCall {
+    pub fn of(request: &AuthorityRequest) -> AuthorityCall {
+        match request {
+            AuthorityRequest::Register { .. } => AuthorityCall::Register,
+            AuthorityRequest::Commit { .. } => AuthorityCall::Commit,
+            AuthorityRequest::Abort { .. } => AuthorityCall::Abort,
+            AuthorityRequest::Unregister { .. } => AuthorityCall::Unregister,
+        }
+    }
+
+    fn failed(self, err: AuthorityError) -> AuthorityReply {
+        match self {
+            AuthorityCall::Register => AuthorityReply::Register(Err(err)),
+            AuthorityCall::Commit => AuthorityReply::Commit(Err(err)),
+            AuthorityCall::Abort => AuthorityReply::Abort(Err(err)),
+            AuthorityCall::Unregister => AuthorityReply::Unregister(Err(err)),
+        }
+    }
+}
+
+impl NodeShard {
+    /// Sends `request` to `node` on this shard's link; if the link refuses it (down,
+    /// in-flight table full) it fails at the end of this turn.
+    pub(super) fn request_remote(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        node: NodeId,
+        request: wire::Request,
+        pending: Pending,
+    ) {
+        if let Err(pending) = self.peers.request(node, &request, pending, cx.now_ms()) {
+            self.remote_failures.push(pending);
+        }
+    }
+
+    /// Answers a request of another node (dropped if the link to it is down: the
+    /// requester's deadline fails it there).
+    pub(super) fn reply_remote(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        to: Remote,
+        reply: wire::Reply,
+    ) {
+        self.peers.reply(to, &reply, cx.now_ms());
+    }
+
+    /// A reply to one of this shard's requests (forwarded here by the shard whose
+    /// inbound link read it). A reply whose request already failed, or from another
+    /// process than the one asked, is dropped (counted by the link set).
+    pub(super) fn on_remote_reply(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        from: (NodeId, BootId),
+        request_id: u64,
+        reply: wire::Reply,
+    ) {
+        let Some(pending) = self.peers.complete(from, request_id) else {
+            return;
+        };
+        use wire::Reply as R;
+        match (pending, reply) {
+            (Pending::Authority { corr, .. }, R::Authority(reply)) => {
+                self.on_authority_reply(cx, corr, reply);
+                self.drain_local_events(cx, driver);
+            }
+            (Pending::Touch { target, .. }, R::Touch { failed }) => {
+                self.registry.touch_failed(target, &failed)
+            }
+            (Pending::OwnerAction { activation, index }, R::OwnerAction(result)) => {
+                let event = Event::OwnerActionDone { index, result };
+                self.feed_activation(cx, driver, activation, event);
+            }
+            (
+                Pending::Send {
+                    conn,
+                    session_id,
+                    client_seq,
+                },
+                R::SendAck {
+                    message_id,
+                    message_seq,
+                    reason,
+                },
+            ) => {
+                let reason = ReasonCode(reason);
+                let ack = SendAck {
+                    conn,
+                    session_id,
+                    client_seq,
+                    message_id,
+                    message_seq,
+                    reason,
+                };
+                super::send::on_sendack(self, driver, ack);
+            }
+            (Pending::Lookup { lookup_id }, R::Lookup(results)) => {
+                super::send::on_lookup_reply(self, lookup_id, Ok(results));
+            }
+            (pending, reply) => {
+                tracing::warn!(
+                    node = from.0,
+                    request_id,
+                    ?reply,
+                    "reply of another kind than its request: treated as failed"
+                );
+                self.remote_failures.push(pending);
+            }
+        }
+    }
+
+    /// The requests that failed this turn get the answer a refusal would give.
+    pub(super) fn fail_remote_requests(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) -> usize {
+        self.peers.take_failed(&mut self.remote_failures);
+        let failures = std::mem::take(&mut self.remote_failures);
+        let n = failures.len();
+        self.metrics.rpc_request_failures.add(n as u64);
+        for pending in failures {
+            self.on_remote_failed(cx, driver, pending);
+        }
+        n
+    }
+
+    fn on_remote_failed(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        pending: Pending,
+    ) {
+        match pending {
+            Pending::Authority { corr, kind } => {
+                let reply = kind.failed(AuthorityError::Unreachable);
+                self.on_authority_reply(cx, corr, reply);
+                self.drain_local_events(cx, driver);
+            }
+            Pending::Touch { target, routes } => self.registry.touch_failed(target, &routes),
+            Pending::OwnerAction { activation, index } => {
+                let result = Err(OwnerActionFailed);
+                let event = Event::OwnerActionDone { index, result };
+                self.feed_activation(cx, driver, activation, event);
+            }
+            Pending::Send {
+                conn,
+                session_id,
+                client_seq,
+            } => {
+                let ack = SendAck {
+                    conn,
+                    session_id,
+                    client_seq,
+                    message_id: 0,
+                    message_seq: 0,
+                    reason: ReasonCode::FORWARD_SEND_PACKET_ERROR,
+                };
+                super::send::on_sendack(self, driver, ack);
+            }
+            Pending::Lookup { lookup_id } => super::send::on_lookup_reply(self, lookup_id, Err(())),
+        }
+    }
+
+    /// A request of another node, read by this shard's inbound link from it: handed
+    /// to the shard that serves it, with the answer addressed to that node.
+    pub(super) fn on_remote_request(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        from: Remote,
+        request: wire::Request,
+    ) {
+        let reply_to = ReplyTo::Node(from);
+        match request {
+            wire::Request::Authority { target, request } => {
+                let to = self.shared.slot_map.shard_of(target.hash_slot);
+                if to == self.me {
+                    return self.on_authority_call(cx, reply_to, target, request);
+                }
+                let msg = Msg::Authority {
+                    reply_to,
+                    target,
+                    request,
+                };
+                self.send_msg(cx, to, msg);
+            }
+            wire::Request::Touch { target, routes } => {
+                let to = self.shared.slot_map.shard_of(target.hash_slot);
+                if to == self.me {
+                    return self.on_touch_batch(cx, ReplyTo::Node(from), target, routes);
+                }
+                let msg = Msg::Touch {
+                    reply_to: ReplyTo::Node(from),
+                    target,
+                    routes,
+                };
+                self.send_msg(cx, to, msg);
+            }
+            wire::Request::OwnerAction { action } => {
+                self.on_owner_action(cx, driver, ReplyTo::Node(from), action)
+            }
+            wire::Request::Send(send) => super::send::on_forwarded_send(self, cx, driver, from, *send),
+            wire::Request::Lookup { groups } => {
+                let results = self.lookup_for_peer(&groups);
+                self.reply_remote(cx, from, wire::Reply::Lookup(results));
+            }
+        }
+    }
+
+    /// EndpointsByTargets for another node: each group at its exact target, read
+    /// lock-free from this node's tables (a stale group fails alone).
+    fn lookup_for_peer(
+        &mut self,
+        groups: &[(Target, Vec<crate::route::Uid>)],
+    ) -> Vec<Result<Vec<crate::route::Endpoint>, AuthorityError>> {
+        let lookups: Vec<(Target, &[crate::route::Uid])> =
+            groups.iter().map(|(t, uids)| (*t, uids.as_slice())).collect();
+        let (mut endpoints, mut results) = (Vec::new(), Vec::new());
+        self.reader
+            .endpoints_by_targets_into(&lookups, &mut endpoints, &mut results);
+        results
+            .into_iter()
+            .map(|r| r.map(|range| endpoints[range].to_vec()))
+            .collect()
+    }
+
+    /// A message of another node that needs no answer.
+    pub(super) fn on_remote_oneway(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        message: wire::OneWay,
+    ) {
+        match message {
+            wire::OneWay::Push {
+                mut message,
+                endpoints,
+            } => {
+                message.committed_ns = self.shared.mono_ns();
+                super::send::on_remote_push(self, cx, driver, message, endpoints);
+            }
+            wire::OneWay::View(view) => self.on_remote_view(cx, *view),
+        }
+    }
+}
