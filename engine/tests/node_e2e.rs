@@ -27,6 +27,7 @@ fn login_via(node: &Node, uid: &str, transport: Transport) -> Client {
     let addr = match transport {
         Transport::Tcp => node.tcp_addr().unwrap(),
         Transport::WebSocket => node.ws_addr().unwrap(),
+        Transport::Rpc => panic!("clients log in over tcp or ws"),
     };
     let (client, reason) = Client::connect_via(
         transport,

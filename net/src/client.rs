@@ -120,7 +120,8 @@ impl Stream {
         let mut tcp = TcpStream::connect(addr)?;
         tcp.set_nodelay(true)?;
         tcp.set_read_timeout(Some(timeout))?;
-        if transport == Transport::Tcp {
+        if transport != Transport::WebSocket {
+            // Tcp (and Rpc, raw TCP too).
             return Ok(Stream::Tcp(tcp));
         }
         let mut raw = Vec::new();

@@ -34,14 +34,18 @@ pub enum Transport {
     Tcp,
     /// wkproto frames inside binary WebSocket messages.
     WebSocket,
+    /// The inter-node listener (`net::rpc` frames on raw TCP, never WebSocket). Not
+    /// a way for clients: [`FromStr`] does not accept it.
+    Rpc,
 }
 
 impl Transport {
-    /// The name on command lines and in reports: `tcp` or `ws`.
+    /// The name on command lines and in reports: `tcp`, `ws` (or `rpc`).
     pub const fn name(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
             Transport::WebSocket => "ws",
+            Transport::Rpc => "rpc",
         }
     }
 }
@@ -55,7 +59,8 @@ impl fmt::Display for Transport {
 impl FromStr for Transport {
     type Err = String;
 
-    /// `tcp`, or `ws` (also `websocket`), any case.
+    /// `tcp`, or `ws` (also `websocket`), any case: the client transports (`rpc` is
+    /// refused).
     fn from_str(s: &str) -> Result<Transport, String> {
         match s.to_ascii_lowercase().as_str() {
             "tcp" => Ok(Transport::Tcp),
@@ -76,5 +81,9 @@ mod tests {
         }
         assert_eq!("WebSocket".parse::<Transport>(), Ok(Transport::WebSocket));
         assert!("udp".parse::<Transport>().unwrap_err().contains("udp"));
+        assert!(
+            "rpc".parse::<Transport>().is_err(),
+            "not a client transport"
+        );
     }
 }

@@ -33,6 +33,8 @@ impl NodeAddrs {
         match transport {
             Transport::Tcp => self.tcp,
             Transport::WebSocket => self.ws,
+            // Not a client transport.
+            Transport::Rpc => None,
         }
         .ok_or_else(|| io::Error::other(format!("node has no {transport:?} address")))
     }

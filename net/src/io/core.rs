@@ -3,11 +3,21 @@
 //! passed to [`Core::advance`]), take output chunks from it, and tear down the
 //! sockets of the connections it marks dead. Events for the handler queue here.
 //!
-//! Phases: `Handshake` (WebSocket upgrade; invisible to the handler) → `Open` →
-//! `Flushing` (graceful close: write what is queued) → `Lingering` (write side shut
-//! down, waiting for the peer's end of stream) → `Dead` (the backend closes the
-//! socket and frees the slot once no IO references its buffers).
+//! Phases: `Handshake` (WebSocket upgrade; invisible to the handler) or
+//! `Connecting` (a dialed connection whose TCP connect has not completed; output is
+//! queued, not written) → `Open` → `Flushing` (graceful close: write what is queued)
+//! → `Lingering` (write side shut down, waiting for the peer's end of stream) →
+//! `Dead` (the backend closes the socket and frees the slot once no IO references
+//! its buffers).
+//!
+//! Dialing: the backend asks [`Core::reserve_dial`] (the connection cap), starts a
+//! non-blocking connect, takes a slot with [`Core::alloc_dial`] and reports the
+//! outcome with [`Core::on_connected`] or [`Core::on_error`] (which, while
+//! connecting, closes with [`CloseReason::ConnectFailed`]); [`Core::advance`] closes
+//! a dial still connecting `connect_timeout_ms` after it started
+//! ([`CloseReason::ConnectTimeout`]).
 
+use std::io;
 use std::net::SocketAddr;
 
 use shard::timer::{TimerHandle, TimerWheel};
@@ -152,6 +162,8 @@ struct ListenerState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
     Handshake,
+    /// Dialed; the TCP connect has not completed.
+    Connecting,
     Open,
     Flushing,
     Lingering,
@@ -186,7 +198,8 @@ pub(crate) struct Conn {
     out_cur: Vec<u8>,
     out_off: usize,
     last_input_ms: u64,
-    /// When the socket was accepted: the connect deadline counts from it.
+    /// When the socket was accepted (dialed: when the dial started, then when its
+    /// connect completed): the connect deadline counts from it.
     accepted_ms: u64,
     /// The handler called `mark_established` (the client authenticated): from then
     /// on only the idle timer applies.
@@ -308,6 +321,7 @@ impl Core {
         match kind {
             Transport::Tcp => &mut self.stats.tcp,
             Transport::WebSocket => &mut self.stats.ws,
+            Transport::Rpc => &mut self.stats.rpc,
         }
     }
 
@@ -379,6 +393,7 @@ impl Core {
                 match l.kind {
                     Transport::Tcp => self.stats.tcp.paused -= 1,
                     Transport::WebSocket => self.stats.ws.paused -= 1,
+                    Transport::Rpc => self.stats.rpc.paused -= 1,
                 }
             }
         }
@@ -415,6 +430,27 @@ impl Core {
             return None;
         }
         self.listener_stats(kind).accepted += 1;
+        let phase = match kind {
+            Transport::WebSocket => Phase::Handshake,
+            Transport::Tcp | Transport::Rpc => Phase::Open,
+        };
+        let deadline = self.cfg.idle_timeout_ms.min(self.cfg.connect_timeout_ms);
+        let idx = self.take_slot(kind, peer, phase, deadline);
+        if phase == Phase::Open {
+            self.accept_visible(idx);
+        }
+        Some(idx)
+    }
+
+    /// Takes a free slot for a new connection in `phase`, its timer `deadline_in_ms`
+    /// from now. The caller checked the connection cap.
+    fn take_slot(
+        &mut self,
+        kind: Transport,
+        peer: SocketAddr,
+        phase: Phase,
+        deadline_in_ms: u64,
+    ) -> u32 {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -424,7 +460,6 @@ impl Core {
         };
         self.live += 1;
         let now = self.now_ms;
-        let deadline = now + self.cfg.idle_timeout_ms.min(self.cfg.connect_timeout_ms);
         let c = &mut self.conns[idx as usize];
         debug_assert!(!c.in_use);
         c.in_use = true;
@@ -434,16 +469,68 @@ impl Core {
         c.accepted_ms = now;
         c.established = false;
         c.peer_eof = false;
-        c.phase = match kind {
-            Transport::Tcp => Phase::Open,
-            Transport::WebSocket => Phase::Handshake,
-        };
+        c.phase = phase;
         c.ws = WsDecoder::default();
-        c.timer = self.timers.insert(deadline, (idx, c.generation)).ok();
-        if kind == Transport::Tcp {
-            self.accept_visible(idx);
+        c.timer = self
+            .timers
+            .insert(now + deadline_in_ms, (idx, c.generation))
+            .ok();
+        idx
+    }
+
+    /// Whether a dial may start: refused (counted, with an error naming the limit)
+    /// when the shard holds `max_connections_per_shard` connections.
+    pub(crate) fn reserve_dial(&mut self) -> io::Result<()> {
+        if self.live < self.cfg.max_connections_per_shard {
+            return Ok(());
         }
-        Some(idx)
+        self.stats.dials.refused_conn_cap += 1;
+        Err(io::Error::new(
+            io::ErrorKind::QuotaExceeded,
+            format!(
+                "connection cap of the shard reached (max_connections_per_shard = {})",
+                self.cfg.max_connections_per_shard
+            ),
+        ))
+    }
+
+    /// A dial to `peer` started (after [`Core::reserve_dial`] allowed it): a slot in
+    /// `Connecting`, visible to the handler at once (its `Closed` is reported), closed
+    /// with `ConnectTimeout` if not connected within `connect_timeout_ms`.
+    pub(crate) fn alloc_dial(&mut self, peer: SocketAddr) -> u32 {
+        debug_assert!(self.live < self.cfg.max_connections_per_shard);
+        self.stats.dials.started += 1;
+        let deadline = self.cfg.connect_timeout_ms;
+        let idx = self.take_slot(Transport::Rpc, peer, Phase::Connecting, deadline);
+        self.conns[idx as usize].visible = true;
+        idx
+    }
+
+    /// The dial of `idx` connected to `peer`: `Connected` is reported, queued output
+    /// becomes writable, and the idle and connect deadlines count from now. Ignored
+    /// unless `idx` is connecting.
+    pub(crate) fn on_connected(&mut self, idx: u32, peer: SocketAddr) {
+        let now = self.now_ms;
+        let c = &mut self.conns[idx as usize];
+        if c.phase != Phase::Connecting {
+            return;
+        }
+        c.phase = Phase::Open;
+        c.peer = peer;
+        c.accepted_ms = now;
+        c.last_input_ms = now;
+        let (conn, queued) = (
+            ConnId {
+                index: idx,
+                generation: c.generation,
+            },
+            c.out_len(),
+        );
+        self.stats.dials.connected += 1;
+        self.events.push(NetEvent::Connected { conn, peer });
+        if queued > 0 {
+            self.mark_dirty(idx);
+        }
     }
 
     /// The handler authenticated `conn` (CONNECT accepted): the connect deadline no
@@ -623,7 +710,7 @@ impl Core {
         let c = &mut self.conns[idx as usize];
         c.last_input_ms = now;
         match (c.phase, c.kind) {
-            (Phase::Open, Transport::Tcp) => {
+            (Phase::Open, Transport::Tcp | Transport::Rpc) => {
                 if c.unconsumed() + data.len() > max_in {
                     self.abort(idx, CloseReason::InboundOverflow);
                     return;
@@ -755,13 +842,20 @@ impl Core {
             }
             Phase::Flushing => {}
             Phase::Handshake | Phase::Lingering => self.set_dead(idx),
+            // Not read before connected; should a backend report it, the dial failed.
+            Phase::Connecting => self.on_error(idx, io::ErrorKind::NotConnected),
             Phase::Dead => {}
         }
     }
 
-    /// A socket error on connection `idx`.
+    /// A socket error on connection `idx` (while connecting: the connect failed).
     pub(crate) fn on_error(&mut self, idx: u32, kind: std::io::ErrorKind) {
-        self.abort(idx, CloseReason::Error(kind));
+        if self.conns[idx as usize].phase == Phase::Connecting {
+            self.stats.dials.failed += 1;
+            self.abort(idx, CloseReason::ConnectFailed(kind));
+        } else {
+            self.abort(idx, CloseReason::Error(kind));
+        }
     }
 
     /// Unwritten output of `idx`: the slice to write next (empty: nothing queued).
@@ -894,7 +988,7 @@ impl Core {
                 NetEvent::Closed { conn, .. } => {
                     self.conns[conn.index as usize].closed_pending = false
                 }
-                NetEvent::Accepted { .. } => {}
+                NetEvent::Accepted { .. } | NetEvent::Connected { .. } => {}
             }
             out.push(ev);
         }
@@ -939,6 +1033,10 @@ impl Core {
             let c = &self.conns[idx as usize];
             let (deadline, reason) = match c.phase {
                 Phase::Handshake | Phase::Open => self.open_deadline(c),
+                Phase::Connecting => (
+                    c.accepted_ms + self.cfg.connect_timeout_ms,
+                    CloseReason::ConnectTimeout,
+                ),
                 Phase::Flushing | Phase::Lingering => (c.linger_deadline_ms, CloseReason::Local),
                 Phase::Dead => continue,
             };
@@ -951,6 +1049,10 @@ impl Core {
                 self.stats.connect_timeouts += 1;
             }
             match c.phase {
+                Phase::Connecting => {
+                    self.stats.dials.timed_out += 1;
+                    self.abort(idx, reason);
+                }
                 Phase::Open => {
                     self.begin_close(idx, reason, ws::CLOSE_NORMAL);
                     // The linger timer.
@@ -992,11 +1094,11 @@ impl Core {
             return Err(SendError::Closed);
         };
         let c = &self.conns[i];
-        if c.phase != Phase::Open {
+        if !matches!(c.phase, Phase::Open | Phase::Connecting) {
             return Err(SendError::Closed);
         }
         let framed = match c.kind {
-            Transport::Tcp => bytes.len(),
+            Transport::Tcp | Transport::Rpc => bytes.len(),
             Transport::WebSocket => ws::header_len(bytes.len()) + bytes.len(),
         };
         if !self.reserve_out(i as u32, framed) {
@@ -1004,17 +1106,24 @@ impl Core {
         }
         let c = &mut self.conns[i];
         match c.kind {
-            Transport::Tcp => c.out_next.extend_from_slice(bytes),
+            Transport::Tcp | Transport::Rpc => c.out_next.extend_from_slice(bytes),
             Transport::WebSocket => ws::write_binary(&mut c.out_next, bytes),
         }
-        self.mark_dirty(i as u32);
+        // Queued while connecting: written once connected (`on_connected`).
+        if c.phase == Phase::Open {
+            self.mark_dirty(i as u32);
+        }
         Ok(())
     }
 
+    /// Graceful close of an open connection; a dial still connecting is abandoned at
+    /// once (its queued output dropped). Both report `Closed { Local }`.
     pub(crate) fn close(&mut self, conn: ConnId) {
         let Some(i) = self.lookup(conn) else { return };
-        if self.conns[i].phase == Phase::Open {
-            self.begin_close(i as u32, CloseReason::Local, ws::CLOSE_NORMAL);
+        match self.conns[i].phase {
+            Phase::Open => self.begin_close(i as u32, CloseReason::Local, ws::CLOSE_NORMAL),
+            Phase::Connecting => self.abort(i as u32, CloseReason::Local),
+            _ => {}
         }
     }
 
@@ -1413,6 +1522,220 @@ mod tests {
         assert!(conn.out_next.capacity() <= OUTPUT_KEEP_BYTES);
     }
 
+    fn dial_cfg() -> NetConfig {
+        NetConfig {
+            connect_timeout_ms: 1_000,
+            idle_timeout_ms: 5_000,
+            ..NetConfig::default()
+        }
+    }
+
+    fn events(c: &mut Core) -> Vec<NetEvent> {
+        let mut ev = Vec::new();
+        c.take_events(&mut ev);
+        ev
+    }
+
+    #[test]
+    fn a_dial_queues_output_until_connected_then_writes_it() {
+        let mut c = core(dial_cfg());
+        c.reserve_dial().unwrap();
+        let a = c.alloc_dial(peer());
+        let id = c.id(a);
+        assert_eq!(c.phase(a), Phase::Connecting);
+        c.send(id, b"hello ").unwrap();
+        c.send(id, b"world").unwrap();
+        assert_eq!(c.outbound_bytes(id), 11);
+        assert_eq!(
+            c.outbound_total(),
+            11,
+            "queued output counts against the budget"
+        );
+        let mut dirty = Vec::new();
+        c.take_dirty(&mut dirty);
+        assert!(
+            dirty.is_empty(),
+            "nothing is written before the connect completed"
+        );
+        assert!(events(&mut c).is_empty());
+        let reached = SocketAddr::from(([127, 0, 0, 2], 7));
+        c.on_connected(a, reached);
+        assert_eq!(
+            events(&mut c),
+            vec![NetEvent::Connected {
+                conn: id,
+                peer: reached
+            }]
+        );
+        c.take_dirty(&mut dirty);
+        assert_eq!(dirty, vec![a]);
+        assert_eq!(c.out_chunk(a), b"hello world");
+        c.out_advance(a, 11);
+        // Raw TCP both ways once open.
+        c.on_recv(a, b"pong");
+        assert_eq!(c.input(id), b"pong");
+        assert_eq!(events(&mut c), vec![NetEvent::Readable { conn: id }]);
+        assert_eq!((c.stats.dials.started, c.stats.dials.connected), (1, 1));
+    }
+
+    #[test]
+    fn a_dial_not_connected_in_time_is_closed_by_the_hand_driven_clock() {
+        let mut c = core(dial_cfg());
+        c.advance(500);
+        c.reserve_dial().unwrap();
+        let a = c.alloc_dial(peer());
+        let id = c.id(a);
+        c.send(id, &[1; 100]).unwrap();
+        c.advance(1_499);
+        assert!(events(&mut c).is_empty());
+        c.advance(1_500);
+        assert_eq!(
+            events(&mut c),
+            vec![NetEvent::Closed {
+                conn: id,
+                reason: CloseReason::ConnectTimeout
+            }]
+        );
+        assert_eq!(c.phase(a), Phase::Dead);
+        assert_eq!(c.outbound_total(), 0, "its queued output left the budget");
+        assert_eq!((c.stats.dials.timed_out, c.stats.connect_timeouts), (1, 1));
+        let mut dead = Vec::new();
+        c.take_dead(&mut dead);
+        assert_eq!(dead, vec![a]);
+        c.free(a);
+        assert_eq!(c.live(), 0);
+        assert_eq!(c.send(id, b"x"), Err(SendError::Closed));
+    }
+
+    #[test]
+    fn a_failed_dial_reports_one_close_with_the_error() {
+        let mut c = core(dial_cfg());
+        c.reserve_dial().unwrap();
+        let a = c.alloc_dial(peer());
+        let id = c.id(a);
+        c.on_error(a, std::io::ErrorKind::ConnectionRefused);
+        c.advance(10_000); // Its timer is gone: no second Closed.
+        assert_eq!(
+            events(&mut c),
+            vec![NetEvent::Closed {
+                conn: id,
+                reason: CloseReason::ConnectFailed(std::io::ErrorKind::ConnectionRefused)
+            }]
+        );
+        assert_eq!(c.stats.dials.failed, 1);
+        // After it connected, an error is an ordinary one.
+        c.reserve_dial().unwrap();
+        let b = c.alloc_dial(peer());
+        c.on_connected(b, peer());
+        c.on_error(b, std::io::ErrorKind::ConnectionReset);
+        assert_eq!(
+            events(&mut c).last(),
+            Some(&NetEvent::Closed {
+                conn: c.id(b),
+                reason: CloseReason::Error(std::io::ErrorKind::ConnectionReset)
+            })
+        );
+    }
+
+    #[test]
+    fn a_connected_dial_has_the_handshake_and_idle_deadlines() {
+        let mut c = core(dial_cfg());
+        c.reserve_dial().unwrap();
+        let a = c.alloc_dial(peer());
+        let id = c.id(a);
+        c.advance(900);
+        c.on_connected(a, peer());
+        events(&mut c);
+        // Not established: closed connect_timeout_ms after Connected, not after the dial.
+        c.advance(1_899);
+        assert!(events(&mut c).is_empty());
+        c.advance(1_900);
+        assert_eq!(
+            events(&mut c),
+            vec![NetEvent::Closed {
+                conn: id,
+                reason: CloseReason::ConnectTimeout
+            }]
+        );
+        assert_eq!(c.stats.dials.timed_out, 0, "it did connect");
+        // Established: only the idle timer.
+        c.reserve_dial().unwrap();
+        let b = c.alloc_dial(peer());
+        let id = c.id(b);
+        c.on_connected(b, peer());
+        c.mark_established(id);
+        events(&mut c);
+        c.advance(1_900 + 4_999);
+        assert!(events(&mut c).is_empty());
+        c.advance(1_900 + 5_000);
+        assert_eq!(
+            events(&mut c),
+            vec![NetEvent::Closed {
+                conn: id,
+                reason: CloseReason::IdleTimeout
+            }]
+        );
+    }
+
+    #[test]
+    fn dials_and_accepts_share_the_connection_cap() {
+        let mut c = core(NetConfig {
+            max_connections_per_shard: 2,
+            ..dial_cfg()
+        });
+        c.reserve_dial().unwrap();
+        let a = c.alloc_dial(peer());
+        c.alloc(TCP, peer()).unwrap();
+        let err = c.reserve_dial().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::QuotaExceeded);
+        assert!(err.to_string().contains("max_connections_per_shard = 2"));
+        assert_eq!(c.alloc(WS, peer()), None, "the dial holds a slot");
+        assert_eq!(
+            (c.stats.dials.refused_conn_cap, c.stats.ws.refused_conn_cap),
+            (1, 1)
+        );
+        // Closing the dial before it connected abandons it and frees its slot.
+        let id = c.id(a);
+        c.send(id, b"dropped").unwrap();
+        c.close(id);
+        assert_eq!(
+            events(&mut c).last(),
+            Some(&NetEvent::Closed {
+                conn: id,
+                reason: CloseReason::Local
+            })
+        );
+        assert_eq!(c.outbound_total(), 0);
+        let mut dead = Vec::new();
+        c.take_dead(&mut dead);
+        assert_eq!(dead, vec![a]);
+        c.free(a);
+        c.reserve_dial().unwrap();
+    }
+
+    #[test]
+    fn an_rpc_listener_reports_its_kind_and_carries_raw_bytes() {
+        let mut c = core(NetConfig::default());
+        let rpc = c.add_listener(Transport::Rpc);
+        let a = c.alloc(rpc, peer()).unwrap();
+        let id = c.id(a);
+        c.on_recv(a, b"GET / HTTP/1.1\r\n\r\n"); // Never a WebSocket upgrade.
+        assert_eq!(
+            events(&mut c),
+            vec![
+                NetEvent::Accepted {
+                    conn: id,
+                    listener: Transport::Rpc,
+                    peer: peer()
+                },
+                NetEvent::Readable { conn: id }
+            ]
+        );
+        c.send(id, b"raw").unwrap();
+        assert_eq!(c.out_chunk(a), b"raw");
+        assert_eq!((c.stats.rpc.accepted, c.stats.tcp.accepted), (1, 0));
+    }
+
     /// The budget's running total equals the queued output of the live connections.
     fn assert_out_total(c: &Core) {
         let sum: usize = c
@@ -1429,15 +1752,21 @@ mod tests {
                                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
                                 Sec-WebSocket-Version: 13\r\n\r\n";
 
-    /// Does one random operation on `c`: accept (TCP, or WebSocket and upgrade), send,
-    /// a PING (answered with a PONG), a partial write, a partial vectored write, a
-    /// close / EOF / error, or the backend's collection of events and dead slots.
+    /// Does one random operation on `c`: accept (TCP, or WebSocket and upgrade) or
+    /// dial, send, a PING (answered with a PONG), a partial write (a dial: its connect
+    /// completes instead), a partial vectored write, a close / EOF / error, or the
+    /// backend's collection of events and dead slots.
     fn random_op(c: &mut Core, rnd: &mut impl FnMut(u64) -> u64, ev: &mut Vec<NetEvent>) {
         let live: Vec<u32> = (0..c.conns.len() as u32)
             .filter(|&i| c.conns[i as usize].in_use)
             .collect();
         let pick = |r: u64| live.get(r as usize % live.len().max(1)).copied();
         match rnd(8) {
+            0 if rnd(3) == 0 => {
+                if c.reserve_dial().is_ok() {
+                    c.alloc_dial(peer());
+                }
+            }
             0 => {
                 let li = if rnd(2) == 0 { TCP } else { WS };
                 if let Some(i) = c.alloc(li, peer()) {
@@ -1461,13 +1790,17 @@ mod tests {
             }
             4 => {
                 if let Some(i) = pick(rnd(1000)) {
+                    if c.phase(i) == Phase::Connecting {
+                        c.on_connected(i, peer());
+                        return;
+                    }
                     let n = c.out_chunk(i).len();
                     let w = rnd(n as u64 + 1) as usize;
                     c.out_advance(i, w);
                 }
             }
             5 => {
-                if let Some(i) = pick(rnd(1000)) {
+                if let Some(i) = pick(rnd(1000)).filter(|&i| c.phase(i) != Phase::Connecting) {
                     let (a, b) = c.out_slices(i);
                     let n = a.len() + b.len();
                     let w = rnd(n as u64 + 1) as usize;

@@ -2,10 +2,12 @@
 //! eventfd is registered in it, so a park is one `epoll_wait`. Reads go through one
 //! per-shard scratch buffer of `read_chunk_bytes` and are appended to the
 //! connection's input; writes (one `writev` when the queue spans both of its
-//! buffers) go out until `WouldBlock`, then wait for writability.
+//! buffers) go out until `WouldBlock`, then wait for writability. A dialed socket is
+//! registered like an accepted one; its first event is checked with
+//! `connect_outcome` (`SO_ERROR`, `peer_addr`) before any read or write.
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpListener};
+use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,8 +19,8 @@ use shard::runtime::{Driver, EventFd};
 
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, NetConfig, NetEvent,
-    NetStats, SendError, Spare, SpareOutcome, Transport,
+    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, start_connect,
+    ConnId, NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 const DOORBELL: Token = Token(usize::MAX);
@@ -115,6 +117,46 @@ impl MioDriver {
         self.core.mark_established(conn)
     }
 
+    /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect,
+    /// registered for both readiness kinds; its first event tells the outcome.
+    pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
+        self.core.reserve_dial()?;
+        let (stream, failed) = start_connect(addr)?;
+        let idx = self.core.alloc_dial(addr);
+        let id = self.core.id(idx);
+        if self.conns.len() <= idx as usize {
+            self.conns.resize_with(idx as usize + 1, MioConn::default);
+        }
+        if let Some(e) = failed {
+            self.core.on_error(idx, e.kind());
+            return Ok(id);
+        }
+        let mut stream = TcpStream::from_std(stream);
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            Token(idx as usize),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            self.core.on_error(idx, e.kind());
+            return Ok(id);
+        }
+        self.conns[idx as usize].sock = Some(stream);
+        Ok(id)
+    }
+
+    /// The first readiness of a dialing socket: connected, failed, or (a spurious
+    /// wakeup without an error) still connecting.
+    fn finish_connect(&mut self, idx: u32, hangup: bool) {
+        let Some(sock) = self.conns[idx as usize].sock.as_ref() else {
+            return;
+        };
+        match connect_outcome(sock, hangup) {
+            Ok(Some(peer)) => self.core.on_connected(idx, peer),
+            Ok(None) => {}
+            Err(e) => self.core.on_error(idx, e.kind()),
+        }
+    }
+
     pub fn outbound_total_bytes(&self) -> usize {
         self.core.outbound_total()
     }
@@ -171,7 +213,10 @@ impl MioDriver {
 
     /// Writes `idx`'s queue until empty or `WouldBlock`.
     fn flush(&mut self, idx: u32) {
-        if matches!(self.core.phase(idx), Phase::Dead | Phase::Lingering) {
+        if matches!(
+            self.core.phase(idx),
+            Phase::Dead | Phase::Lingering | Phase::Connecting
+        ) {
             return;
         }
         let Some(sock) = self.conns[idx as usize].sock.as_mut() else {
@@ -375,6 +420,12 @@ impl MioDriver {
                 }
                 Token(t) => {
                     let idx = t as u32;
+                    if self.core.phase(idx) == Phase::Connecting {
+                        self.finish_connect(idx, closed);
+                        if self.core.phase(idx) != Phase::Open {
+                            continue;
+                        }
+                    }
                     if writable {
                         self.flush(idx);
                     }

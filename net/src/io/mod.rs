@@ -1,8 +1,10 @@
-//! Client transports: raw TCP and WebSocket connections of one shard, behind one
-//! driver interface with two backends, io_uring ([`UringDriver`]) and mio/epoll
-//! ([`MioDriver`]). [`NetDriver`] picks one at run time ([`Backend`]).
+//! Transports of one shard: the clients' raw TCP and WebSocket connections, and the
+//! inter-node connections (accepted on an RPC listener, or dialed with
+//! [`NetDriver::connect`]; raw TCP), behind one driver interface with two backends,
+//! io_uring ([`UringDriver`]) and mio/epoll ([`MioDriver`]). [`NetDriver`] picks one
+//! at run time ([`Backend`]).
 //!
-//! The transports move bytes; they do not parse wkproto. For WebSocket connections
+//! The transports move bytes; they do not parse wkproto or RPC frames. For WebSocket connections
 //! they run the HTTP/1.1 upgrade and the framing, and hand the handler the
 //! concatenated payloads of the binary messages, i.e. the same byte stream a raw
 //! TCP connection carries.
@@ -17,9 +19,11 @@
 //!   `SINGLE_ISSUER | DEFER_TASKRUN`: create, poll and drop a driver on one thread
 //!   (the runtime's factory runs on the shard thread). Dropping a driver closes its
 //!   connections.
-//! - Every connection the handler sees gets exactly one [`NetEvent::Accepted`]
-//!   (for WebSocket: after the upgrade), then any number of [`NetEvent::Readable`],
-//!   then exactly one [`NetEvent::Closed`]. After `Closed` the [`ConnId`] is stale:
+//! - Every accepted connection the handler sees gets exactly one
+//!   [`NetEvent::Accepted`] (for WebSocket: after the upgrade), then any number of
+//!   [`NetEvent::Readable`], then exactly one [`NetEvent::Closed`]. A dialed one (see
+//!   "Dialing") gets [`NetEvent::Connected`] instead of `Accepted`, or only `Closed`
+//!   if it never connected. After `Closed` the [`ConnId`] is stale:
 //!   [`NetDriver::send`] fails, [`NetDriver::input`] is empty once the event batch
 //!   that carried `Closed` has been handled. A stale id never reaches a newer
 //!   connection in the same slot (ids carry a generation).
@@ -41,9 +45,10 @@
 //!   [`NetConfig::close_linger_ms`].
 //! - A connection without input for [`NetConfig::idle_timeout_ms`] is closed
 //!   ([`CloseReason::IdleTimeout`]); one the handler has not marked established
-//!   ([`NetDriver::mark_established`], after CONNECT) is closed
-//!   [`NetConfig::connect_timeout_ms`] after its accept whatever it sends
-//!   ([`CloseReason::ConnectTimeout`]; WebSocket PINGs do not keep it open).
+//!   ([`NetDriver::mark_established`], after CONNECT or the RPC handshake) is closed
+//!   [`NetConfig::connect_timeout_ms`] after its accept (dialed: after `Connected`)
+//!   whatever it sends ([`CloseReason::ConnectTimeout`]; WebSocket PINGs do not keep
+//!   it open).
 //! - Output of the whole shard is bounded by
 //!   [`NetConfig::outbound_budget_bytes_per_shard`]: a send (or a PONG) that would
 //!   pass it closes the connection with the largest queue
@@ -57,10 +62,36 @@
 //!   that fails the listener pauses on the schedule of [`AcceptBackoff`] (the retry
 //!   time bounds the driver's wait, so accepting resumes by itself, and the whole
 //!   queue is drained then). Nothing spins on a failing accept.
-//! - Listeners: each shard's driver gets its own listening sockets. Bind one per
-//!   shard with [`bind_reuseport`] (the kernel spreads connections over shards), or
-//!   hand every shard a `try_clone` of the same listener. A connection stays on the
-//!   shard that accepted it.
+//! - Listeners: each shard's driver gets its own listening sockets, each of a kind
+//!   ([`Transport`]): `Tcp` and `WebSocket` for clients, `Rpc` for other nodes (raw
+//!   TCP, never WebSocket; `Accepted` reports `listener: Transport::Rpc`, and its
+//!   counters are [`NetStats::rpc`]). Bind one per shard with [`bind_reuseport`]
+//!   (the kernel spreads connections over shards), or hand every shard a
+//!   `try_clone` of the same listener. A connection stays on the shard that
+//!   accepted it.
+//! - Dialing: [`NetDriver::connect`] opens a non-blocking raw-TCP connection
+//!   (`TCP_NODELAY`, like accepted ones) and returns its id at once; the connect
+//!   goes on during the following polls. It counts against
+//!   `max_connections_per_shard` from that moment (at the cap `connect` fails with
+//!   `QuotaExceeded` and no event follows; so does a failure to create the socket).
+//!   Then exactly one of: [`NetEvent::Connected`] (then `Readable`s, then one
+//!   `Closed`, as for an accepted connection); `Closed` with
+//!   [`CloseReason::ConnectFailed`] (the socket's error kind: refused, unreachable,
+//!   reset; also when the `connect` call failed at once: the event comes with the
+//!   next poll); `Closed` with [`CloseReason::ConnectTimeout`] when it has not
+//!   connected [`NetConfig::connect_timeout_ms`] after `connect`. Bytes sent before
+//!   `Connected` are queued (within `outbound_queue_bytes_max` and the shard's
+//!   budget, as always) and written from the first poll after it. `close` before
+//!   `Connected` abandons the dial at once (queued bytes dropped, `Closed { Local }`).
+//!   After `Connected` every rule above applies unchanged: the handler marks it
+//!   established after its own handshake, else it is closed `connect_timeout_ms`
+//!   after `Connected`; the idle timeout applies. The drivers do not retry: the
+//!   caller reconnects (with its own backoff). Completion: mio registers the socket
+//!   for readability and writability and, on its first event, reads `SO_ERROR`
+//!   (`take_error`) and `peer_addr` to tell success from failure; io_uring uses the
+//!   same non-blocking `connect` and a single-shot `PollAdd(POLLOUT)` on the socket
+//!   (so no socket address must outlive the call), then the same checks, then arms
+//!   its multishot recv.
 
 pub mod bufring;
 mod core;
@@ -97,13 +128,15 @@ pub enum Backend {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetConfig {
-    /// Open connections per shard (TCP and WebSocket together); further accepted
-    /// sockets are reset at once. The node lowers it to the shard's share of the
-    /// descriptor limit (see `fd_reserve`).
+    /// Open connections per shard (TCP, WebSocket and RPC, accepted and dialed
+    /// together); further accepted sockets are reset at once, further dials refused
+    /// with an error. The node lowers it to the shard's share of the descriptor
+    /// limit (see `fd_reserve`).
     pub max_connections_per_shard: usize,
     /// Descriptors the node keeps out of the connection caps for the process as a
     /// whole: the metadata journal, the HTTP API's connections, threads' files,
-    /// stdio (and, with the cluster, RPC links). The node adds what each shard holds
+    /// stdio (RPC links on the shards' drivers are connections: they count in the
+    /// connection caps, not here). The node adds what each shard holds
     /// besides connections (log segments, listeners, accepts in flight, rings,
     /// eventfds, the spare descriptor); the rest of `RLIMIT_NOFILE` is split between
     /// the shards as their connection cap.
@@ -132,8 +165,10 @@ pub struct NetConfig {
     pub ws_handshake_bytes_max: usize,
     /// A connection without input for this long is closed.
     pub idle_timeout_ms: u64,
-    /// A connection the handler has not marked established (no successful CONNECT)
-    /// this long after its accept is closed, whatever it sends (PINGs included).
+    /// A connection the handler has not marked established (no successful CONNECT
+    /// or RPC handshake) this long after its accept (dialed: after `Connected`) is
+    /// closed, whatever it sends (PINGs included); a dial whose TCP connect has not
+    /// completed this long after `connect` is closed too.
     pub connect_timeout_ms: u64,
     /// First pause of a listener whose accept failed for lack of descriptors or
     /// memory; each further failure doubles it.
@@ -259,8 +294,13 @@ pub enum CloseReason {
     Error(io::ErrorKind),
     /// No input for `idle_timeout_ms`.
     IdleTimeout,
-    /// Not marked established within `connect_timeout_ms` of the accept.
+    /// Not marked established within `connect_timeout_ms` of the accept (dialed: of
+    /// the `Connected` event), or a dial whose TCP connect did not complete within
+    /// `connect_timeout_ms` of [`NetDriver::connect`].
     ConnectTimeout,
+    /// A dial's TCP connect failed (refused, unreachable, reset): the error of the
+    /// socket (`SO_ERROR`, or of the `connect` call itself), as its kind.
+    ConnectFailed(io::ErrorKind),
     /// The outbound queue passed `outbound_queue_bytes_max`.
     OutboundOverflow,
     /// The shard's output passed `outbound_budget_bytes_per_shard` and this
@@ -283,6 +323,9 @@ pub enum NetEvent {
         listener: Transport,
         peer: SocketAddr,
     },
+    /// A connection dialed with [`NetDriver::connect`] is established (TCP connect
+    /// completed); `peer` is the address it reached.
+    Connected { conn: ConnId, peer: SocketAddr },
     /// New bytes are in the connection's input.
     Readable { conn: ConnId },
     /// The connection is closed; its id is stale from now on.
@@ -399,6 +442,44 @@ fn restore_spare<S: std::os::fd::AsFd>(spare: &mut Spare, stream: S) -> Option<S
     None
 }
 
+/// A non-blocking TCP socket (`TCP_NODELAY`, close-on-exec) whose connect to
+/// `addr` has started. `Err`: no socket (out of descriptors or memory). The second
+/// value is the error of the `connect` call itself when it failed at once (the dial
+/// is then reported failed); otherwise completion is signalled by writability and
+/// told apart with [`connect_outcome`].
+fn start_connect(addr: SocketAddr) -> io::Result<(std::net::TcpStream, Option<io::Error>)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_tcp_nodelay(true)?;
+    let failed = match socket.connect(&addr.into()) {
+        Ok(()) => None,
+        // In progress (EINTR: the connect goes on asynchronously too).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINPROGRESS | libc::EINTR)) => None,
+        Err(e) => Some(e),
+    };
+    Ok((socket.into(), failed))
+}
+
+/// Where a dialing socket stands once it signalled writability or an error:
+/// `Ok(Some(peer))` connected, `Ok(None)` still connecting (a spurious wakeup; with
+/// `hangup`, i.e. the poll reported an error or hang-up, it counts as failed), `Err`
+/// the connect failed (`SO_ERROR`).
+fn connect_outcome<S: std::os::fd::AsFd>(sock: &S, hangup: bool) -> io::Result<Option<SocketAddr>> {
+    let s = socket2::SockRef::from(sock);
+    if let Some(e) = s.take_error()? {
+        return Err(e);
+    }
+    match s.peer_addr() {
+        Ok(a) => Ok(a.as_socket()),
+        Err(e) if e.kind() == io::ErrorKind::NotConnected && !hangup => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Prepares a listener handed to a driver: non-blocking, backlog raised.
 fn prepare_listener(listener: &TcpListener, backlog: i32) -> io::Result<()> {
     listener.set_nonblocking(true)?;
@@ -487,7 +568,20 @@ impl NetDriver {
             .count()
     }
 
-    /// Closes `conn` gracefully (flush, WebSocket close frame, shutdown). A
+    /// Starts an outbound raw-TCP connection to `addr` (non-blocking, `TCP_NODELAY`)
+    /// and returns its id at once. `Connected`, then `Readable`s, then one `Closed`
+    /// follow; or only `Closed { ConnectFailed(kind) }` / `Closed { ConnectTimeout }`
+    /// (module docs, "Dialing"). Bytes sent before `Connected` are queued and written
+    /// once connected. `Err` (no event follows): the shard holds
+    /// `max_connections_per_shard` connections (kind `QuotaExceeded`), or no socket
+    /// could be created (out of descriptors, memory; an address family the host
+    /// lacks).
+    pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
+        dispatch!(self, d => d.connect(addr))
+    }
+
+    /// Closes `conn` gracefully (flush, WebSocket close frame, shutdown); a dial not
+    /// yet connected is abandoned at once, its queued output dropped. A
     /// `Closed { reason: Local }` event follows. No-op for a stale id.
     pub fn close(&mut self, conn: ConnId) {
         dispatch!(self, d => d.close(conn))
@@ -548,6 +642,21 @@ pub struct ListenerStats {
     pub paused: u64,
 }
 
+/// Counters of one driver's outbound connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DialStats {
+    /// Dials started (a connection slot taken, the connect begun).
+    pub started: u64,
+    /// Dials that connected (`Connected` reported).
+    pub connected: u64,
+    /// Dials whose connect failed (`ConnectFailed`).
+    pub failed: u64,
+    /// Dials still connecting after `connect_timeout_ms` (`ConnectTimeout`).
+    pub timed_out: u64,
+    /// Dials refused at once: the shard held `max_connections_per_shard`.
+    pub refused_conn_cap: u64,
+}
+
 /// Counters of one driver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NetStats {
@@ -561,7 +670,12 @@ pub struct NetStats {
     pub tcp: ListenerStats,
     /// Accepting on the WebSocket listeners.
     pub ws: ListenerStats,
-    /// Connections closed for not authenticating within `connect_timeout_ms`.
+    /// Accepting on the inter-node (RPC) listeners.
+    pub rpc: ListenerStats,
+    /// Outbound connections ([`NetDriver::connect`]).
+    pub dials: DialStats,
+    /// Connections closed for not authenticating within `connect_timeout_ms` (dials
+    /// that did not connect in time included).
     pub connect_timeouts: u64,
     /// Connections closed because their queue passed `outbound_queue_bytes_max`.
     pub outbound_overflow_closes: u64,

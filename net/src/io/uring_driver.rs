@@ -6,6 +6,11 @@
 //! from its queue, the doorbell eventfd through a multishot `PollAdd`, and the park
 //! timeout as the timespec of the one `io_uring_enter` that submits and waits.
 //! Everything queued during a loop turn is submitted by the next poll's single enter.
+//! A dial is a non-blocking `connect` made at once plus a single-shot
+//! `PollAdd(POLLOUT)` on the socket (rather than the Connect opcode, whose socket
+//! address would have to live in the slot until its completion); its completion is
+//! checked with `connect_outcome` (`SO_ERROR`, `peer_addr`), re-armed after a
+//! spurious wakeup, and followed by the connection's multishot recv.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -21,8 +26,8 @@ use shard::runtime::{Driver, EventFd};
 use super::bufring::BufRing;
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, prepare_listener, reset, restore_spare, ConnId, NetConfig, NetEvent,
-    NetStats, SendError, Spare, SpareOutcome, Transport,
+    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, start_connect,
+    ConnId, NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 /// Buffer group id of the provided receive buffers.
@@ -35,6 +40,8 @@ const OP_SEND: u64 = 3;
 const OP_DOORBELL: u64 = 4;
 const OP_CANCEL: u64 = 5;
 const OP_CANCEL_ALL: u64 = 6;
+/// The writability poll of a dial whose connect is in progress.
+const OP_CONNECT: u64 = 7;
 
 fn user_data(op: u64, idx: u32, generation: u32) -> u64 {
     debug_assert!(idx < (1 << 24));
@@ -50,6 +57,8 @@ struct UConn {
     fd: Option<OwnedFd>,
     recv_armed: bool,
     send_inflight: bool,
+    /// A dial's `PollAdd(POLLOUT)` is in flight.
+    connect_armed: bool,
     cancels_inflight: u8,
     /// Reading stopped (recv cancelled) until the handler consumes input.
     paused: bool,
@@ -59,7 +68,7 @@ struct UConn {
 
 impl UConn {
     fn busy(&self) -> bool {
-        self.recv_armed || self.send_inflight || self.cancels_inflight > 0
+        self.recv_armed || self.send_inflight || self.connect_armed || self.cancels_inflight > 0
     }
 }
 
@@ -189,6 +198,71 @@ impl UringDriver {
         self.core.mark_established(conn)
     }
 
+    /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect
+    /// now, its writability poll submitted by the next poll's enter.
+    pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
+        self.core.reserve_dial()?;
+        let (stream, failed) = start_connect(addr)?;
+        let idx = self.core.alloc_dial(addr);
+        let id = self.core.id(idx);
+        if self.conns.len() <= idx as usize {
+            self.conns.resize_with(idx as usize + 1, UConn::default);
+        }
+        if let Some(e) = failed {
+            self.core.on_error(idx, e.kind());
+            return Ok(id);
+        }
+        self.conns[idx as usize].fd = Some(OwnedFd::from(stream));
+        if let Err(e) = self.arm_connect(idx) {
+            self.core.on_error(idx, e.kind());
+        }
+        Ok(id)
+    }
+
+    /// Arms the single-shot writability poll of dialing connection `idx`.
+    fn arm_connect(&mut self, idx: u32) -> io::Result<()> {
+        let Some(fd) = self.conns[idx as usize].fd.as_ref().map(|f| f.as_raw_fd()) else {
+            return Ok(());
+        };
+        let generation = self.core.id(idx).generation;
+        let e = opcode::PollAdd::new(Fd(fd), libc::POLLOUT as u32)
+            .build()
+            .user_data(user_data(OP_CONNECT, idx, generation));
+        // SAFETY: a poll references no memory.
+        unsafe { self.push(&e)? };
+        self.conns[idx as usize].connect_armed = true;
+        Ok(())
+    }
+
+    /// The writability poll of dial `idx` completed with `res` (the poll mask, or
+    /// an error): connected (recv armed), failed, or re-armed after a spurious wakeup.
+    fn on_connect_poll(&mut self, idx: u32, res: i32) -> io::Result<()> {
+        self.conns[idx as usize].connect_armed = false;
+        let uc = &self.conns[idx as usize];
+        if uc.reaped || res == -libc::ECANCELED || self.core.phase(idx) != Phase::Connecting {
+            self.maybe_free(idx);
+            return Ok(());
+        }
+        let outcome = match (&uc.fd, res) {
+            (_, r) if r < 0 => Err(io::Error::from_raw_os_error(-r)),
+            (Some(fd), mask) => {
+                let hangup = mask & i32::from(libc::POLLERR | libc::POLLHUP) != 0;
+                connect_outcome(fd, hangup)
+            }
+            (None, _) => Err(io::Error::from(io::ErrorKind::NotConnected)),
+        };
+        match outcome {
+            Ok(Some(peer)) => {
+                self.core.on_connected(idx, peer);
+                self.arm_recv(idx)?;
+            }
+            Ok(None) => self.arm_connect(idx)?,
+            Err(e) => self.core.on_error(idx, e.kind()),
+        }
+        self.maybe_free(idx);
+        Ok(())
+    }
+
     pub fn outbound_total_bytes(&self) -> usize {
         self.core.outbound_total()
     }
@@ -286,7 +360,10 @@ impl UringDriver {
         let Some(fd) = uc.fd.as_ref().map(|f| f.as_raw_fd()) else {
             return Ok(());
         };
-        if matches!(self.core.phase(idx), Phase::Dead | Phase::Lingering) {
+        if matches!(
+            self.core.phase(idx),
+            Phase::Dead | Phase::Lingering | Phase::Connecting
+        ) {
             return Ok(());
         }
         let generation = self.core.id(idx).generation;
@@ -319,12 +396,15 @@ impl UringDriver {
         for &idx in &dead {
             let uc = &mut self.conns[idx as usize];
             uc.reaped = true;
-            let (recv, send) = (uc.recv_armed, uc.send_inflight);
+            let (recv, send, connect) = (uc.recv_armed, uc.send_inflight, uc.connect_armed);
             if recv {
                 self.cancel(idx, OP_RECV)?;
             }
             if send {
                 self.cancel(idx, OP_SEND)?;
+            }
+            if connect {
+                self.cancel(idx, OP_CONNECT)?;
             }
             // In-flight requests hold their own file reference; closing the number now
             // is safe and lets the cancels finish them.
@@ -482,6 +562,7 @@ impl UringDriver {
                     }
                     OP_RECV => self.on_recv(idx, res, flags)?,
                     OP_SEND => self.on_send(idx, res)?,
+                    OP_CONNECT => self.on_connect_poll(idx, res)?,
                     OP_CANCEL => {
                         self.conns[idx as usize].cancels_inflight -= 1;
                         self.maybe_free(idx);
