@@ -389,6 +389,9 @@ pub struct NodeShared {
     /// The descriptor budget the connection caps came from (`imrouter_fd_limit` is
     /// its `limit`; `imrouter_open_fds` is [`NodeShared::open_fds`]).
     pub fd_budget: net::io::fd::FdBudget,
+    /// Per shard: the peers (bit i = the i-th peer in config order) its outbound
+    /// link to is up, published by the shard as links come and go.
+    pub peer_links_up: Vec<AtomicU64>,
 }
 
 impl NodeShared {
@@ -415,6 +418,19 @@ impl NodeShared {
         self.started_shards.load(Ordering::SeqCst) == self.slot_map.shard_count() as usize
     }
 
+    /// The peers every shard has an up link to, in config order (bit i = i-th peer).
+    pub fn peers_reached_mask(&self) -> u64 {
+        self.peer_links_up
+            .iter()
+            .fold(u64::MAX, |m, s| m & s.load(Ordering::Acquire))
+    }
+
+    /// How many peers every shard has an up link to.
+    pub fn peers_reached(&self) -> usize {
+        let peers = self.config.cluster.peers(self.config.node_id).count();
+        (self.peers_reached_mask().count_ones() as usize).min(peers)
+    }
+
     /// Why the node should not get traffic now (`/readyz` answers 503 with it), or
     /// `None` when it is ready. Every condition that makes the node unfit to serve
     /// is checked here, in one place.
@@ -424,6 +440,13 @@ impl NodeShared {
         }
         if !self.all_shards_started() {
             return Some("shards are starting".into());
+        }
+        let peers = self.config.cluster.peers(self.config.node_id).count();
+        let (reached, nodes) = (self.peers_reached(), peers + 1);
+        if peers > 0 && (reached + 1) * 2 <= nodes {
+            return Some(format!(
+                "reached {reached} of {peers} peers: a majority of the {nodes} nodes is needed"
+            ));
         }
         if let Some(shard) = self
             .shard_metrics
@@ -836,6 +859,7 @@ impl Node {
             runtime: std::sync::OnceLock::new(),
             api_metrics: Default::default(),
             fd_budget,
+            peer_links_up: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();

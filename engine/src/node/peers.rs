@@ -176,6 +176,14 @@ impl Peers {
         })
     }
 
+    /// Bit i set: the link to the i-th peer (config order) is up.
+    pub fn up_mask(&self) -> u64 {
+        self.links.iter().enumerate().fold(0, |m, (i, l)| {
+            let up = matches!(l.link.state(), net::rpc::link::LinkState::Up { .. });
+            m | (u64::from(up) << i)
+        })
+    }
+
     fn is_outbound(&self, conn: ConnId) -> Option<usize> {
         self.links.iter().position(|l| l.conn == Some(conn))
     }
@@ -238,6 +246,12 @@ impl NodeShard {
         l.out.clear();
         l.link.on_closed(now_ms, jitter, &mut peers.failed);
         self.metrics.rpc_link_closes.inc();
+        self.publish_peer_links();
+    }
+
+    fn publish_peer_links(&self) {
+        let mask = self.peers.up_mask();
+        self.shared.peer_links_up[self.me as usize].store(mask, std::sync::atomic::Ordering::Release);
     }
 
     /// The outbound link's input: the handshake's Challenge, Pongs, a Goodbye.
@@ -261,6 +275,7 @@ impl NodeShard {
                     driver.mark_established(conn);
                     tracing::info!(node = l.node, peer_boot_id, restarted, shard = self.me, "peer link up");
                     let node = l.node;
+                    self.publish_peer_links();
                     self.on_peer_up(cx, node);
                 }
                 Some(LinkEvent::Refused(why)) => {

@@ -24,7 +24,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use net::io::{ConnId, NetDriver, NetEvent, Transport};
+use net::io::{ConnId, NetDriver, NetEvent};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use shard::runtime::{Context, Handler};
@@ -348,14 +348,6 @@ impl Handler for NodeShard {
             return self.on_peer_io(cx, driver, event);
         }
         match event {
-            // The node has no RPC listener and dials nobody yet (issue 13): such a
-            // connection is not a client's, so it is closed unserved.
-            NetEvent::Accepted {
-                conn,
-                listener: Transport::Rpc,
-                ..
-            }
-            | NetEvent::Connected { conn, .. } => driver.close(conn),
             NetEvent::Accepted { conn, listener, .. } => self.on_accepted(driver, conn, listener),
             NetEvent::Readable { conn } => self.on_readable(cx, driver, conn),
             NetEvent::Closed { conn, reason } => self.on_closed(cx, driver, conn, reason),

@@ -55,7 +55,7 @@ pub fn on_send(
         Ok(payload) => payload,
         Err(reason) => return refuse(node, driver, reason),
     };
-    let home = node.view.home_node(crate::cluster::hash_slot(channel.key().as_bytes()));
+    let home = node.view.home_node(shard::slots::hash_slot(channel.key().as_bytes()));
     if home != node.shared.config.node_id {
         // Only the connection's credit: the link's in-flight table bounds the rest.
         if !take_credit(node, id, node.me) {

@@ -1,0 +1,241 @@
+//! Issue 13: routing across nodes. Three nodes on 127.0.0.1 in this process (each
+//! with its own shards, links and data directory; they talk over real loopback
+//! sockets only): a person message whose sender, recipient, the recipient's
+//! authority and the channel's home are on different nodes; a group with members on
+//! all three nodes; a Master login on one node kicking the session on another.
+
+#[macro_use]
+mod support;
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use engine::channel::Channel;
+use engine::cluster::ClusterView;
+use engine::config::{ClusterNode, ClusterSecret};
+use engine::node::{Node, NodeConfig};
+use net::client::{Client, Login, Received, RecvMessage};
+use net::io::Backend;
+use serde_json::json;
+use support::api;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+const SLOT_IDS: u32 = 64;
+
+/// Free loopback ports (bound then released: the nodes bind them again).
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    view: ClusterView,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl Cluster {
+    /// Three nodes, ids 1..=3 in config order, no token authentication (CONNECT
+    /// takes any token: the token hop is tested on its own), all peers reached.
+    fn start(backend: Backend) -> Cluster {
+        let ports = free_ports(6);
+        let members: Vec<ClusterNode> = (0..3)
+            .map(|i| ClusterNode {
+                id: i as u64 + 1,
+                rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
+                api_addr: SocketAddr::from(([127, 0, 0, 1], ports[3 + i])),
+                tcp_addr: None,
+                ws_addr: None,
+                wss_addr: None,
+            })
+            .collect();
+        let mut dirs = Vec::new();
+        let mut nodes = Vec::new();
+        for (i, member) in members.iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c: NodeConfig = support::config(dir.path(), backend);
+            c.node_id = member.id;
+            c.rpc_addr = Some(member.rpc_addr);
+            c.cluster.nodes = members.clone();
+            c.cluster.slot_ids = SLOT_IDS;
+            c.cluster.secret = ClusterSecret::new("cluster-routing-test-secret".into());
+            c.token_auth = false;
+            let node = Node::start(c).unwrap_or_else(|e| panic!("node {}: {e}", i + 1));
+            nodes.push(node);
+            dirs.push(dir);
+        }
+        let cluster = Cluster {
+            nodes,
+            view: ClusterView::initial(&[1, 2, 3], SLOT_IDS).unwrap(),
+            _dirs: dirs,
+        };
+        cluster.wait_linked();
+        cluster
+    }
+
+    /// Waits (bounded) until every node's every shard has an up link to both peers.
+    fn wait_linked(&self) {
+        let deadline = Instant::now() + READ_TIMEOUT;
+        for (i, n) in self.nodes.iter().enumerate() {
+            while n.shared().peers_reached() < 2 {
+                assert!(
+                    Instant::now() < deadline,
+                    "node {} reached {} of 2 peers",
+                    i + 1,
+                    n.shared().peers_reached()
+                );
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn node(&self, id: u64) -> &Node {
+        &self.nodes[id as usize - 1]
+    }
+
+    /// The authority (slot leader) of `uid` in the initial view.
+    fn authority_of(&self, uid: &str) -> u64 {
+        self.view.target_for_uid(uid).leader_node_id
+    }
+
+    /// The home of the channel `channel_id` as `sender` addresses it.
+    fn home_of(&self, sender: &str, channel_id: &str, channel_type: u8) -> u64 {
+        let c = Channel::resolve(sender, channel_id, channel_type).unwrap();
+        self.view
+            .home_node(shard::slots::hash_slot(c.key().as_bytes()))
+    }
+}
+
+fn login(node: &Node, uid: &str, device_flag: u8) -> Client {
+    let mut login = Login::new(uid, "any");
+    login.device_flag = device_flag;
+    let (client, reason) = Client::connect(node.tcp_addr().unwrap(), &login, READ_TIMEOUT).unwrap();
+    assert_eq!(reason, 1, "CONNACK for {uid}");
+    client
+}
+
+fn next_recv(c: &mut Client) -> RecvMessage {
+    loop {
+        match c.read().unwrap() {
+            Received::Recv(m) => return m,
+            Received::Pong => continue,
+            other => panic!("expected RECV, got {other:?}"),
+        }
+    }
+}
+
+fn next_sendack(c: &mut Client) -> (u32, i64, u64, u8) {
+    loop {
+        match c.read().unwrap() {
+            Received::Sendack {
+                client_seq,
+                message_id,
+                message_seq,
+                reason,
+            } => return (client_seq, message_id, message_seq, reason),
+            Received::Pong => continue,
+            other => panic!("expected SENDACK, got {other:?}"),
+        }
+    }
+}
+
+/// A PING answered: everything the node wrote before it has been read.
+fn nothing_more(c: &mut Client) {
+    c.ping().unwrap();
+    assert_eq!(c.read().unwrap(), Received::Pong, "nothing but the PONG");
+}
+
+/// The first uid `prefix{n}` whose properties `ok` accepts.
+fn find_uid(prefix: &str, ok: impl Fn(&str) -> bool) -> String {
+    (0..100_000)
+        .map(|n| format!("{prefix}{n}"))
+        .find(|u| ok(u))
+        .expect("a uid with the wanted placement")
+}
+
+fn person_message_crosses_four_roles(backend: Backend) {
+    let cluster = Cluster::start(backend);
+    // Sender on node 1, recipient on node 2, the recipient's authority node 3,
+    // the person channel homed on node 1 or 2 (not on the gateway of both).
+    let a = "alice".to_string();
+    let b = find_uid("bob", |b| {
+        cluster.authority_of(b) == 3 && cluster.home_of(&a, b, 1) != 3
+    });
+    let mut ca = login(cluster.node(1), &a, 1);
+    let mut cb = login(cluster.node(2), &b, 1);
+
+    ca.send(&b, 1, 1, "cmn-1", b"hello across nodes", true)
+        .unwrap();
+    let (seq, id, mseq, reason) = next_sendack(&mut ca);
+    assert_eq!((seq, reason, mseq), (1, 1, 1));
+    let m = next_recv(&mut cb);
+    assert!(m.msg_key_ok, "encrypted for the recipient's session by its owner");
+    assert_eq!(
+        (m.from_uid.as_str(), m.channel_id.as_str(), m.channel_type),
+        (a.as_str(), a.as_str(), 1)
+    );
+    assert_eq!((m.message_id, m.message_seq), (id, 1));
+    assert_eq!(m.payload, b"hello across nodes");
+    cb.recvack(m.message_id, m.message_seq).unwrap();
+
+    // And back, the other way round.
+    cb.send(&a, 1, 2, "cmn-2", b"and back", true).unwrap();
+    assert_eq!(next_sendack(&mut cb).3, 1);
+    let m = next_recv(&mut ca);
+    assert_eq!((m.channel_id.as_str(), m.payload.as_slice()), (b.as_str(), &b"and back"[..]));
+    nothing_more(&mut ca);
+    nothing_more(&mut cb);
+}
+
+fn group_message_reaches_members_on_every_node(backend: Backend) {
+    let cluster = Cluster::start(backend);
+    let members = ["g-u1", "g-u2", "g-u3"];
+    // The group's subscribers are stored at its home (an HTTP write on the home).
+    let home = cluster.home_of("g-u1", "team", 2);
+    let (status, reply) = api(
+        cluster.node(home),
+        "/channel/subscriber_add",
+        json!({"channel_id": "team", "channel_type": 2, "subscribers": members}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    // u1 on node 1 with a second device on node 3; u2 on node 2; u3 on node 3.
+    let mut u1 = login(cluster.node(1), "g-u1", 1);
+    let mut u1_pc = login(cluster.node(3), "g-u1", 2);
+    let mut u2 = login(cluster.node(2), "g-u2", 1);
+    let mut u3 = login(cluster.node(3), "g-u3", 1);
+    u1.send("team", 2, 1, "g-1", b"to the team", true).unwrap();
+    assert_eq!(next_sendack(&mut u1).3, 1);
+    for c in [&mut u1_pc, &mut u2, &mut u3] {
+        let m = next_recv(c);
+        assert_eq!(
+            (m.channel_id.as_str(), m.from_uid.as_str(), m.payload.as_slice()),
+            ("team", "g-u1", &b"to the team"[..])
+        );
+        nothing_more(c);
+    }
+    // The sending session itself got no RECV.
+    nothing_more(&mut u1);
+}
+
+fn master_login_on_another_node_kicks_the_old_session(backend: Backend) {
+    let cluster = Cluster::start(backend);
+    let uid = find_uid("kick", |u| cluster.authority_of(u) == 1);
+    let mut old = login(cluster.node(2), &uid, 1);
+    let mut slave_other_flag = login(cluster.node(1), &uid, 2);
+    let _new = login(cluster.node(3), &uid, 1);
+    match old.read().unwrap() {
+        Received::Disconnect { reason, .. } => assert_eq!(reason, 12),
+        other => panic!("expected DISCONNECT 12, got {other:?}"),
+    }
+    // Another device flag coexists.
+    nothing_more(&mut slave_other_flag);
+}
+
+on_both_drivers!(
+    person_message_crosses_four_roles,
+    group_message_reaches_members_on_every_node,
+    master_login_on_another_node_kicks_the_old_session,
+);
+
