@@ -217,7 +217,7 @@ fn each_bad_field_is_refused_with_its_own_reason() {
     let mut bad = valid_header_bytes();
     bad[4] = 2;
     assert_eq!(decode(&bad, limits), Err(FrameError::UnsupportedVersion(2)));
-    for kind in [0u8, 5, 15, 63, 65, 255] {
+    for kind in [0u8, 7, 15, 63, 65, 255] {
         let mut bad = valid_header_bytes();
         bad[5] = kind;
         assert_eq!(decode(&bad, limits), Err(FrameError::UnknownKind(kind)));

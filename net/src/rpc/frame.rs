@@ -27,6 +27,8 @@ pub const MAGIC: [u8; 4] = *b"IMRN";
 pub const WIRE_VERSION: u8 = 1;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
+/// Largest body of a [`Kind::Ping`] (and so of its Pong).
+pub const PING_BODY_BYTES_MAX: usize = 64;
 /// Default of [`FrameLimits::rpc_frame_bytes_max`]: 4 MiB.
 pub const RPC_FRAME_BYTES_MAX_DEFAULT: usize = 4 << 20;
 
@@ -48,7 +50,8 @@ pub struct WireHeader {
 const _: () = assert!(HEADER_BYTES == 40);
 
 /// What a frame is. Numbering: 0 is reserved (a zeroed buffer is never a frame);
-/// 1..=15 the handshake and connection control; 16..=63 requests between nodes
+/// 1..=15 the handshake and connection control (see [`Kind::is_control`]);
+/// 16..=63 requests between nodes
 /// (the hops of the cluster); 64 the generic reply, matched to its request by
 /// request id. Numbers are never reused for another meaning; a new hop takes the
 /// next free number and old nodes refuse it as [`FrameError::UnknownKind`].
@@ -63,6 +66,12 @@ pub enum Kind {
     Proof = 3,
     /// Either side, before closing: why (a UTF-8 reason in the body).
     Goodbye = 4,
+    /// Dialer → listener on an established link: a heartbeat. The body (at most
+    /// [`PING_BODY_BYTES_MAX`] bytes; the dialer puts its `now_ms` there) is echoed by
+    /// the Pong.
+    Ping = 5,
+    /// Listener → dialer: the answer to a Ping, with the Ping's body.
+    Pong = 6,
     /// Authority: register a route (being built).
     AuthorityRegister = 16,
     /// Authority: commit a registered route (being built).
@@ -95,11 +104,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in numbering order.
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 20] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Proof,
         Kind::Goodbye,
+        Kind::Ping,
+        Kind::Pong,
         Kind::AuthorityRegister,
         Kind::AuthorityCommit,
         Kind::AuthorityAbort,
@@ -128,6 +139,18 @@ impl Kind {
             self,
             Kind::Hello | Kind::Challenge | Kind::Proof | Kind::Goodbye
         )
+    }
+
+    /// Whether this kind is connection control (1..=15: the handshake, Goodbye,
+    /// Ping, Pong), handled by the link machines and never handed to a caller.
+    pub const fn is_control(self) -> bool {
+        (self as u8) <= 15
+    }
+
+    /// Whether this kind is a request or a one-way message between nodes
+    /// (16..=63): what [`crate::rpc::link::Outbound::request`] and `oneway` send.
+    pub const fn is_hop(self) -> bool {
+        matches!(self as u8, 16..=63)
     }
 }
 
@@ -339,7 +362,21 @@ mod tests {
             assert_eq!(Kind::from_u8(kind as u8), Some(kind));
         }
         assert_eq!(Kind::from_u8(0), None);
-        assert_eq!(Kind::from_u8(5), None);
+        assert_eq!(Kind::from_u8(7), None);
+        assert_eq!(Kind::from_u8(15), None);
+    }
+
+    #[test]
+    fn control_hop_and_reply_ranges_partition_the_kinds() {
+        for kind in Kind::ALL {
+            let n = kind as u8;
+            assert_eq!(kind.is_control(), (1..=15).contains(&n), "{kind:?}");
+            assert_eq!(kind.is_hop(), (16..=63).contains(&n), "{kind:?}");
+            assert!(!kind.is_handshake() || kind.is_control(), "{kind:?}");
+        }
+        assert_eq!(Kind::from_u8(5), Some(Kind::Ping));
+        assert_eq!(Kind::from_u8(6), Some(Kind::Pong));
+        assert!(!Kind::Reply.is_control() && !Kind::Reply.is_hop());
     }
 
     #[test]

@@ -8,16 +8,31 @@
 //! - [`auth`]: the challenge-response that opens every connection (HMAC-SHA256
 //!   over the cluster secret, nonces both ways, node ids and boot ids bound in),
 //!   one [`Handshake`] machine per side.
+//! - [`link`]: the connection machines built on both. [`Outbound`] (one per
+//!   shard and peer node, the dialer): reconnection with backoff, handshake,
+//!   heartbeat Pings, requests in flight with deadlines and a bound, replies matched
+//!   by request id and peer boot id. [`Inbound`] (one per accepted connection, the
+//!   listener): handshake, then one checked frame at a time to the caller, Pongs,
+//!   silence detection. Both close with a [`CloseReason`] and a Goodbye.
 //!
-//! Typical use of one connection, after [`Handshake::receive`] answered
-//! `Established`: decode frames with [`frame::decode`], check each with
-//! [`check_sender`] (an established connection belongs to one peer process).
+//! Typical use: a shard keeps an [`Outbound`] per peer node and an [`Inbound`] per
+//! connection its listener accepted. A request goes out on the requester's
+//! outbound link; the peer's inbound link hands it up as
+//! [`InboundEvent::Frame`]; the peer answers with [`Outbound::send_reply`] on its
+//! own outbound link back; the reply arrives on one of the requester node's inbound
+//! links, goes to the shard [`request_shard`] names, and
+//! [`Outbound::complete`] there returns the request's token.
 
 pub mod auth;
 pub mod frame;
+pub mod link;
 
 pub use auth::{ClusterSecret, Handshake, Identity, Outcome, Refusal, Step};
 pub use frame::{decode, encode, Frame, FrameError, FrameLimits, Header, Kind};
+pub use link::{
+    request_shard, CloseReason, Failure, Inbound, InboundEvent, InboundStep, LinkEvent, LinkLimits,
+    LinkState, LinkStep, Outbound, Refused,
+};
 
 /// A frame on an established connection sent with ids other than the peer's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

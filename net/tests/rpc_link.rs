@@ -1,0 +1,1009 @@
+//! The inter-node link machines (`net::rpc::link`), a dialer's `Outbound` and a
+//! listener's `Inbound` wired byte to byte in memory, time passed by hand:
+//! handshake → up; a request reaches the listener with its kind, id and deadline,
+//! its reply (written by the other node's own outbound link) completes it; deadlines,
+//! the in-flight bound, a lost link, backoff, a peer restart, heartbeats, silence,
+//! garbage and a wrong secret; arbitrary splits of both byte streams.
+//!
+//! Seeds: `RPC_TEST_SEED=<u64>` replays a run; every failure message names its seed.
+
+use hmac::{Hmac, Mac};
+use net::rpc::auth::NONCE_BYTES;
+use net::rpc::frame::{decode, encode, FrameError, Header, Kind, HEADER_BYTES};
+use net::rpc::link::{deadline_at_ms, request_shard, InvalidLinkLimits};
+use net::rpc::{
+    CloseReason, ClusterSecret, Failure, Identity, Inbound, InboundEvent, LinkEvent, LinkLimits,
+    LinkState, Outbound, Refusal, Refused, SenderMismatch,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sha2::Sha256;
+
+const SECRET: &[u8] = b"the cluster secret, 32 bytes ok.";
+const A: Identity = Identity {
+    node_id: 1,
+    boot_id: 0xa1a1,
+};
+const B: Identity = Identity {
+    node_id: 2,
+    boot_id: 0xb1b1,
+};
+/// The shard of node A whose links these are.
+const SHARD: u16 = 7;
+
+fn seed() -> u64 {
+    std::env::var("RPC_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x1313_2027)
+}
+
+fn secret(bytes: &[u8]) -> ClusterSecret {
+    ClusterSecret::new(bytes).unwrap()
+}
+
+fn limits() -> LinkLimits {
+    LinkLimits::default()
+}
+
+/// One connection: `from`'s outbound link dialing `to`'s listener.
+struct Wire {
+    link: Outbound<u32>,
+    inbound: Inbound,
+    /// Written by the dialer, not delivered yet.
+    sent_l: Vec<u8>,
+    /// Delivered to the listener, unconsumed.
+    rx_l: Vec<u8>,
+    /// Written by the listener, not delivered yet.
+    sent_d: Vec<u8>,
+    /// Delivered to the dialer, unconsumed.
+    rx_d: Vec<u8>,
+    /// Frames the listener handed up (header, body).
+    frames: Vec<(Header, Vec<u8>)>,
+    link_events: Vec<LinkEvent>,
+    inbound_events: Vec<InboundEvent>,
+}
+
+impl Wire {
+    /// `link` dials `to` (whose listener has `listener_secret`) at `now`.
+    fn new(
+        mut link: Outbound<u32>,
+        to: Identity,
+        listener_secret: &ClusterSecret,
+        rng: &mut StdRng,
+        now: u64,
+    ) -> Wire {
+        let mut sent_l = Vec::new();
+        assert!(link.on_dial(rng.gen(), now, &mut sent_l));
+        let peers = [A.node_id, B.node_id, 3];
+        let inbound = Inbound::new(listener_secret, to, &peers, rng.gen(), limits(), now);
+        Wire {
+            link,
+            inbound,
+            sent_l,
+            rx_l: Vec::new(),
+            sent_d: Vec::new(),
+            rx_d: Vec::new(),
+            frames: Vec::new(),
+            link_events: Vec::new(),
+            inbound_events: Vec::new(),
+        }
+    }
+
+    /// Feeds the listener what was delivered to it; true if it consumed anything.
+    fn feed_listener(&mut self, now: u64) -> bool {
+        let mut moved = false;
+        loop {
+            let step = self.inbound.on_input(&self.rx_l, now, &mut self.sent_d);
+            match &step.event {
+                Some(InboundEvent::Frame { header, body }) => {
+                    self.frames
+                        .push((*header, self.rx_l[body.clone()].to_vec()));
+                }
+                Some(event) => self.inbound_events.push(event.clone()),
+                None => {}
+            }
+            self.rx_l.drain(..step.consumed);
+            moved |= step.consumed > 0;
+            if step.event.is_none() {
+                return moved;
+            }
+        }
+    }
+
+    /// Feeds the dialer what was delivered to it; true if it consumed anything.
+    fn feed_dialer(&mut self, now: u64) -> bool {
+        let mut moved = false;
+        loop {
+            let step = self.link.on_input(&self.rx_d, now, &mut self.sent_l);
+            self.rx_d.drain(..step.consumed);
+            moved |= step.consumed > 0;
+            match step.event {
+                Some(event) => self.link_events.push(event),
+                None => return moved,
+            }
+        }
+    }
+
+    /// Delivers at most `max` bytes each way, then lets both sides read.
+    fn step(&mut self, now: u64, max: usize) -> bool {
+        let n = self.sent_l.len().min(max);
+        self.rx_l.extend(self.sent_l.drain(..n));
+        let m = self.sent_d.len().min(max);
+        self.rx_d.extend(self.sent_d.drain(..m));
+        let fed = self.feed_listener(now) | self.feed_dialer(now);
+        fed || n > 0 || m > 0
+    }
+
+    /// Delivers everything both ways until nothing moves.
+    fn pump(&mut self, now: u64) {
+        while self.step(now, usize::MAX) {}
+    }
+}
+
+fn new_link(shard: u16, me: Identity, peer: Identity, limits: LinkLimits) -> Outbound<u32> {
+    Outbound::new(&secret(SECRET), me, peer.node_id, shard, limits)
+}
+
+/// A's link to B, up at `now`.
+fn up(rng: &mut StdRng, limits: LinkLimits, now: u64) -> Wire {
+    let mut w = Wire::new(new_link(SHARD, A, B, limits), B, &secret(SECRET), rng, now);
+    w.pump(now);
+    assert_eq!(w.inbound_events, vec![InboundEvent::Established(A)]);
+    assert_eq!(
+        w.link_events,
+        vec![LinkEvent::Up {
+            peer_boot_id: B.boot_id,
+            restarted: false
+        }]
+    );
+    w.link_events.clear();
+    w.inbound_events.clear();
+    w
+}
+
+/// The frames in `bytes` (all whole).
+fn frames_in(mut bytes: &[u8]) -> Vec<(Header, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while let Some(f) = decode(bytes, limits().frame()).unwrap() {
+        frames.push((f.header, f.body.to_vec()));
+        bytes = &bytes[f.wire_len()..];
+    }
+    assert!(bytes.is_empty(), "a partial frame left");
+    frames
+}
+
+fn kinds(bytes: &[u8]) -> Vec<Kind> {
+    frames_in(bytes).into_iter().map(|(h, _)| h.kind).collect()
+}
+
+fn frame_from(me: Identity, kind: Kind, request_id: u64, body: &[u8]) -> Vec<u8> {
+    let header = Header {
+        kind,
+        flags: 0,
+        sender_node_id: me.node_id,
+        sender_boot_id: me.boot_id,
+        request_id,
+        deadline_ms: 0,
+    };
+    let mut out = Vec::new();
+    encode(&header, body, limits().frame(), &mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_request_reaches_the_listener_and_its_reply_on_the_other_link_completes_it() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut ab = up(rng, limits(), 1_000);
+    let id = ab
+        .link
+        .request(
+            Kind::ForwardedSend,
+            b"send",
+            1_500,
+            11,
+            1_000,
+            &mut ab.sent_l,
+        )
+        .unwrap();
+    assert_eq!(request_shard(id), SHARD, "seed {seed}");
+    assert_eq!(id & 0xffff_ffff_ffff, 1, "the first id of the link");
+    ab.link
+        .oneway(Kind::TouchBatch, b"touches", 1_000, &mut ab.sent_l)
+        .unwrap();
+    ab.pump(1_010);
+    let (h, body) = &ab.frames[0];
+    assert_eq!(
+        (h.kind, h.request_id, h.deadline_ms),
+        (Kind::ForwardedSend, id, 1_500)
+    );
+    assert_eq!(
+        (h.sender_node_id, h.sender_boot_id, &body[..]),
+        (A.node_id, A.boot_id, &b"send"[..])
+    );
+    assert_eq!(deadline_at_ms(h, 1_010), Some(2_510));
+    let (h, body) = &ab.frames[1];
+    assert_eq!(
+        (h.kind, h.request_id, h.deadline_ms, &body[..]),
+        (Kind::TouchBatch, 0, 0, &b"touches"[..])
+    );
+    assert_eq!(deadline_at_ms(h, 1_010), None);
+    assert!(
+        ab.sent_d.is_empty() && ab.rx_d.is_empty(),
+        "the listener writes nothing"
+    );
+
+    // B answers on its own link to A; A's listener hands the reply up.
+    let mut ba = Wire::new(new_link(0, B, A, limits()), A, &secret(SECRET), rng, 1_010);
+    ba.pump(1_010);
+    ba.link
+        .send_reply(id, b"ack", 1_010, &mut ba.sent_l)
+        .unwrap();
+    ba.pump(1_020);
+    let (h, body) = &ba.frames[0];
+    assert_eq!(
+        (h.kind, h.request_id, &body[..]),
+        (Kind::Reply, id, &b"ack"[..])
+    );
+    assert_eq!(request_shard(h.request_id), SHARD);
+    assert_eq!(ab.link.in_flight(), 1);
+    assert_eq!(
+        ab.link.complete(h.request_id, h.sender_boot_id),
+        Some(11),
+        "seed {seed}"
+    );
+    assert_eq!(
+        ab.link.complete(h.request_id, h.sender_boot_id),
+        None,
+        "a duplicate"
+    );
+    assert_eq!(ab.link.in_flight(), 0);
+    assert_eq!(
+        ab.link.next_timer_ms(),
+        Some(1_500),
+        "only the heartbeat is left"
+    );
+}
+
+#[test]
+fn an_expired_request_fails_with_deadline_and_its_late_reply_is_refused() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut w = up(rng, limits(), 0);
+    let short = w
+        .link
+        .request(Kind::Push, b"", 300, 1, 0, &mut w.sent_l)
+        .unwrap();
+    let default = w
+        .link
+        .request(Kind::Push, b"", 0, 2, 0, &mut w.sent_l)
+        .unwrap();
+    w.pump(0);
+    assert_eq!(
+        w.frames[1].0.deadline_ms, 2_000,
+        "0 = rpc_request_deadline_ms"
+    );
+    assert_eq!(w.link.next_timer_ms(), Some(300), "seed {seed}");
+    let mut failed = Vec::new();
+    assert_eq!(w.link.on_tick(299, &mut w.sent_l, &mut failed), None);
+    assert!(failed.is_empty());
+    assert_eq!(w.link.on_tick(300, &mut w.sent_l, &mut failed), None);
+    assert_eq!(failed, vec![(1, Failure::Deadline)]);
+    assert_eq!(w.link.complete(short, B.boot_id), None, "late");
+    // Keep the link alive with heartbeats up to the default deadline.
+    let mut now = 300;
+    while let Some(at) = w.link.next_timer_ms().filter(|at| *at <= 2_000) {
+        now = at;
+        assert_eq!(w.link.on_tick(now, &mut w.sent_l, &mut failed), None);
+        w.pump(now);
+    }
+    assert_eq!(now, 2_000);
+    assert_eq!(failed, vec![(1, Failure::Deadline), (2, Failure::Deadline)]);
+    assert_eq!(w.link.complete(default, B.boot_id), None);
+    assert_eq!(
+        w.link.state(),
+        LinkState::Up {
+            peer_boot_id: B.boot_id
+        }
+    );
+}
+
+#[test]
+fn requests_are_refused_when_down_full_or_not_a_request_and_nothing_is_written() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut link = new_link(SHARD, A, B, limits());
+    let mut out = Vec::new();
+    assert_eq!(
+        link.request(Kind::Push, b"x", 0, 5, 0, &mut out),
+        Err((Refused::Down, 5))
+    );
+    assert_eq!(
+        link.oneway(Kind::Push, b"x", 0, &mut out),
+        Err(Refused::Down)
+    );
+    assert_eq!(link.send_reply(9, b"x", 0, &mut out), Err(Refused::Down));
+    assert!(out.is_empty());
+
+    let small = LinkLimits {
+        rpc_requests_in_flight_max: 3,
+        ..limits()
+    };
+    let mut w = up(rng, small, 0);
+    let ids: Vec<u64> = (0..3)
+        .map(|t| {
+            w.link
+                .request(Kind::Push, b"x", 0, t, 0, &mut w.sent_l)
+                .unwrap()
+        })
+        .collect();
+    let written = w.sent_l.len();
+    let full = w.link.request(Kind::Push, b"x", 0, 3, 0, &mut w.sent_l);
+    assert_eq!(full, Err((Refused::Full(3), 3)), "seed {seed}");
+    for kind in [Kind::Reply, Kind::Ping, Kind::Hello] {
+        assert_eq!(
+            w.link.request(kind, b"", 0, 4, 0, &mut w.sent_l),
+            Err((Refused::NotAHop(kind), 4))
+        );
+        assert_eq!(
+            w.link.oneway(kind, b"", 0, &mut w.sent_l),
+            Err(Refused::NotAHop(kind))
+        );
+    }
+    // Room again once one completed; one-way messages do not count.
+    assert_eq!(w.link.complete(ids[1], B.boot_id), Some(1));
+    let big = vec![0; limits().rpc_frame_bytes_max];
+    let too_large = w.link.request(Kind::Push, &big, 0, 6, 0, &mut w.sent_l);
+    assert!(matches!(
+        too_large,
+        Err((Refused::Frame(FrameError::TooLarge { .. }), 6))
+    ));
+    assert_eq!(
+        w.sent_l.len(),
+        written,
+        "nothing written for a refused request"
+    );
+    w.link.oneway(Kind::Push, b"y", 0, &mut w.sent_l).unwrap();
+    assert!(w
+        .link
+        .request(Kind::Push, b"x", 0, 7, 0, &mut w.sent_l)
+        .is_ok());
+    assert_eq!(w.link.in_flight(), 3);
+}
+
+#[test]
+fn a_lost_link_fails_everything_in_flight_and_backs_off_exponentially_until_up() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut w = up(rng, limits(), 0);
+    for token in [1, 2, 3] {
+        w.link
+            .request(Kind::Push, b"", 100 * token, token, 0, &mut w.sent_l)
+            .unwrap();
+    }
+    let mut failed = Vec::new();
+    w.link.on_closed(10, 0, &mut failed);
+    assert_eq!(
+        failed,
+        vec![
+            (1, Failure::LinkLost),
+            (2, Failure::LinkLost),
+            (3, Failure::LinkLost)
+        ]
+    );
+    assert_eq!(w.link.in_flight(), 0);
+    assert_eq!(
+        w.link.state(),
+        LinkState::Down { retry_at_ms: 60 },
+        "seed {seed}"
+    );
+    assert_eq!(w.link.next_timer_ms(), Some(60));
+    w.link.on_closed(20, 0, &mut failed);
+    assert_eq!(
+        w.link.state(),
+        LinkState::Down { retry_at_ms: 60 },
+        "closing twice is one close"
+    );
+    assert!(!w.link.due_to_dial(59) && w.link.due_to_dial(60));
+
+    // Dials that fail: 100, 200, ... up to 2000 ms.
+    let mut link = w.link;
+    let mut now = 60;
+    for want in [100, 200, 400, 800, 1_600, 2_000, 2_000] {
+        assert!(link.due_to_dial(now));
+        assert!(link.on_dial(rng.gen(), now, &mut Vec::new()));
+        assert!(
+            !link.on_dial(rng.gen(), now, &mut Vec::new()),
+            "dialing already"
+        );
+        link.on_closed(now, 0, &mut failed);
+        assert_eq!(
+            link.state(),
+            LinkState::Down {
+                retry_at_ms: now + want
+            },
+            "seed {seed}"
+        );
+        now += want;
+    }
+    // Jitter shortens the pause to no less than half of it.
+    assert_eq!(link.backoff_ms(), 2_000);
+    link.on_dial(rng.gen(), now, &mut Vec::new());
+    link.on_closed(now, 1_000, &mut failed);
+    assert_eq!(
+        link.state(),
+        LinkState::Down {
+            retry_at_ms: now + 1_000
+        }
+    );
+    link.on_dial(rng.gen(), now, &mut Vec::new());
+    link.on_closed(now, 1_001, &mut failed);
+    assert_eq!(
+        link.state(),
+        LinkState::Down {
+            retry_at_ms: now + 2_000
+        }
+    );
+    // A successful handshake resets it.
+    let mut w = Wire::new(link, B, &secret(SECRET), rng, now);
+    w.pump(now);
+    assert_eq!(
+        w.link.state(),
+        LinkState::Up {
+            peer_boot_id: B.boot_id
+        }
+    );
+    assert_eq!(w.link.backoff_ms(), 50);
+    w.link.on_closed(now, 0, &mut failed);
+    assert_eq!(
+        w.link.state(),
+        LinkState::Down {
+            retry_at_ms: now + 50
+        }
+    );
+    assert_eq!(failed.len(), 3, "nothing else was in flight");
+}
+
+#[test]
+fn a_restarted_peer_is_reported_and_replies_from_its_old_boot_are_refused() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut w = up(rng, limits(), 0);
+    let old = w
+        .link
+        .request(Kind::Push, b"", 0, 1, 0, &mut w.sent_l)
+        .unwrap();
+    // Another connection authenticated B with a new boot id: this one is stale.
+    assert_eq!(w.link.on_peer_boot(B.boot_id, &mut w.sent_l), None);
+    let mut out = Vec::new();
+    let event = w.link.on_peer_boot(0xb2b2, &mut out);
+    let reason = CloseReason::PeerRestarted {
+        old_boot_id: B.boot_id,
+        new_boot_id: 0xb2b2,
+    };
+    assert_eq!(event, Some(LinkEvent::Close(reason)), "seed {seed}");
+    assert_eq!(kinds(&out), vec![Kind::Goodbye]);
+    assert_eq!(w.link.state(), LinkState::Closing);
+    assert_eq!(
+        w.link.request(Kind::Push, b"", 0, 2, 0, &mut out),
+        Err((Refused::Down, 2))
+    );
+    let mut failed = Vec::new();
+    w.link.on_closed(5, 0, &mut failed);
+    assert_eq!(failed, vec![(1, Failure::LinkLost)]);
+    assert_eq!(w.link.complete(old, B.boot_id), None);
+
+    let b2 = Identity {
+        boot_id: 0xb2b2,
+        ..B
+    };
+    let mut w = Wire::new(w.link, b2, &secret(SECRET), rng, 100);
+    w.pump(100);
+    let up = LinkEvent::Up {
+        peer_boot_id: b2.boot_id,
+        restarted: true,
+    };
+    assert_eq!(w.link_events, vec![up], "seed {seed}");
+    let id = w
+        .link
+        .request(Kind::Push, b"", 0, 3, 100, &mut w.sent_l)
+        .unwrap();
+    assert_eq!(
+        w.link.complete(id, B.boot_id),
+        None,
+        "a reply from the old boot"
+    );
+    assert_eq!(w.link.complete(id, b2.boot_id), Some(3));
+    // The same boot again is not a restart.
+    let mut link = w.link;
+    link.on_closed(200, 0, &mut failed);
+    let mut w = Wire::new(link, b2, &secret(SECRET), rng, 300);
+    w.pump(300);
+    assert_eq!(
+        w.link_events,
+        vec![LinkEvent::Up {
+            peer_boot_id: b2.boot_id,
+            restarted: false
+        }]
+    );
+}
+
+#[test]
+fn an_idle_link_pings_the_listener_pongs_and_both_stay_up() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut w = up(rng, limits(), 1_000);
+    assert_eq!(w.link.next_timer_ms(), Some(1_500), "seed {seed}");
+    assert_eq!(w.inbound.next_timer_ms(), Some(4_000));
+    let mut failed = Vec::new();
+    assert_eq!(w.link.on_tick(1_499, &mut w.sent_l, &mut failed), None);
+    assert!(w.sent_l.is_empty());
+    assert_eq!(w.link.on_tick(1_500, &mut w.sent_l, &mut failed), None);
+    let ping = frames_in(&w.sent_l);
+    assert_eq!(ping.len(), 1);
+    assert_eq!(
+        (ping[0].0.kind, &ping[0].1[..]),
+        (Kind::Ping, &1_500u64.to_le_bytes()[..])
+    );
+    w.pump(1_520);
+    assert_eq!(w.link.rtt_ms(), Some(20));
+    assert!(w.frames.is_empty(), "Pings are not handed up");
+    assert!(w.link_events.is_empty() && w.inbound_events.is_empty());
+    // Ten seconds of heartbeats, ticking both sides when due: nobody closes.
+    let mut pings = 1;
+    let next = |w: &Wire| {
+        let at = w
+            .link
+            .next_timer_ms()
+            .unwrap()
+            .min(w.inbound.next_timer_ms().unwrap());
+        (at <= 11_500).then_some(at)
+    };
+    while let Some(now) = next(&w) {
+        let before = w.sent_l.len();
+        assert_eq!(
+            w.link.on_tick(now, &mut w.sent_l, &mut failed),
+            None,
+            "seed {seed}"
+        );
+        pings += usize::from(w.sent_l.len() > before);
+        assert_eq!(w.inbound.on_tick(now, &mut w.sent_d), None, "seed {seed}");
+        w.pump(now);
+    }
+    assert_eq!(pings, 21, "one Ping every 500 ms");
+    assert!(w.link_events.is_empty() && w.inbound_events.is_empty());
+    assert_eq!(
+        w.link.state(),
+        LinkState::Up {
+            peer_boot_id: B.boot_id
+        }
+    );
+}
+
+#[test]
+fn a_busy_dialer_still_pings_to_hear_the_listener() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut w = up(rng, limits(), 0);
+    let mut failed = Vec::new();
+    // A one-way message every 100 ms: the dialer never idles, yet pings every 500 ms
+    // since nothing comes back otherwise.
+    for now in (100..=5_000).step_by(100) {
+        w.link.oneway(Kind::Push, b"p", now, &mut w.sent_l).unwrap();
+        assert_eq!(
+            w.link.on_tick(now, &mut w.sent_l, &mut failed),
+            None,
+            "seed {seed} at {now}"
+        );
+        w.pump(now);
+    }
+    assert_eq!(w.frames.len(), 50, "the pushes, and no Ping handed up");
+    assert_eq!(
+        w.link.state(),
+        LinkState::Up {
+            peer_boot_id: B.boot_id
+        }
+    );
+    assert_eq!(w.link.rtt_ms(), Some(0));
+}
+
+#[test]
+fn silence_closes_both_sides_with_a_goodbye() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    // The listener's answers are never delivered: the dialer pings, then gives up.
+    let mut w = up(rng, limits(), 0);
+    let mut failed = Vec::new();
+    let (now, event) = loop {
+        let now = w.link.next_timer_ms().unwrap();
+        if let Some(event) = w.link.on_tick(now, &mut w.sent_l, &mut failed) {
+            break (now, event);
+        }
+    };
+    assert_eq!(now, 3_000, "seed {seed}");
+    assert_eq!(
+        event,
+        LinkEvent::Close(CloseReason::Silence { silent_ms: 3_000 })
+    );
+    let written = kinds(&w.sent_l);
+    assert_eq!(written.last(), Some(&Kind::Goodbye));
+    assert!(written[..written.len() - 1]
+        .iter()
+        .all(|k| *k == Kind::Ping));
+    assert_eq!(w.link.state(), LinkState::Closing);
+    assert_eq!(w.link.next_timer_ms(), None);
+    assert_eq!(
+        w.link.on_tick(9_000, &mut w.sent_l, &mut failed),
+        None,
+        "asked once"
+    );
+
+    // A listener that hears nothing after the accept, or after the handshake.
+    let mut inbound = Inbound::new(&secret(SECRET), B, &[1], rng.gen(), limits(), 100);
+    let mut out = Vec::new();
+    assert_eq!(inbound.next_timer_ms(), Some(3_100));
+    assert_eq!(inbound.on_tick(3_099, &mut out), None);
+    let silence = CloseReason::Silence { silent_ms: 3_000 };
+    assert_eq!(
+        inbound.on_tick(3_100, &mut out),
+        Some(InboundEvent::Close(silence.clone()))
+    );
+    assert_eq!(kinds(&out), vec![Kind::Goodbye]);
+    assert!(inbound.is_closed() && inbound.next_timer_ms().is_none());
+    let mut w = up(rng, limits(), 0);
+    assert_eq!(
+        w.inbound.on_tick(3_000, &mut w.sent_d),
+        Some(InboundEvent::Close(silence))
+    );
+    // A dialer whose Hello is never answered.
+    let mut link = new_link(SHARD, A, B, limits());
+    link.on_dial(rng.gen(), 10, &mut Vec::new());
+    assert_eq!(link.next_timer_ms(), Some(3_010));
+    let event = link.on_tick(3_010, &mut Vec::new(), &mut failed);
+    assert_eq!(
+        event,
+        Some(LinkEvent::Close(CloseReason::Silence { silent_ms: 3_000 }))
+    );
+}
+
+#[test]
+fn bytes_that_stay_unconsumed_are_not_heard_again() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let mut w = up(rng, limits(), 0);
+    // Half a frame arrives at 100 and is fed again (no new byte) at 3000: silent since 100.
+    let frame = frame_from(A, Kind::Push, 0, b"body");
+    let half = &frame[..HEADER_BYTES / 2];
+    assert_eq!(w.inbound.on_input(half, 100, &mut w.sent_d).consumed, 0);
+    assert_eq!(w.inbound.on_input(half, 3_000, &mut w.sent_d).consumed, 0);
+    let silence = CloseReason::Silence { silent_ms: 3_000 };
+    assert_eq!(
+        w.inbound.on_tick(3_100, &mut w.sent_d),
+        Some(InboundEvent::Close(silence)),
+        "seed {seed}"
+    );
+}
+
+/// Feeds `bytes` to a listener established with A; returns its events and output.
+fn established_listener_fed(rng: &mut StdRng, bytes: &[u8]) -> (Vec<InboundEvent>, Vec<u8>) {
+    let mut w = up(rng, limits(), 0);
+    w.sent_d.clear();
+    w.rx_l.extend_from_slice(bytes);
+    w.feed_listener(0);
+    (w.inbound_events, w.sent_d)
+}
+
+#[test]
+fn an_established_listener_closes_on_any_protocol_error_with_a_reason() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let a_lie = Identity {
+        boot_id: 0xbad,
+        ..A
+    };
+    let mut oversized = frame_from(A, Kind::Push, 0, &[]);
+    oversized[36..40].copy_from_slice(&(4u32 << 20).to_le_bytes());
+    let mut bad_magic = frame_from(A, Kind::Push, 0, &[]);
+    bad_magic[0] = b'X';
+    let cases = [
+        (
+            frame_from(A, Kind::Hello, 0, &[0; 32]),
+            CloseReason::Unexpected(Kind::Hello),
+        ),
+        (
+            frame_from(A, Kind::Pong, 0, &[]),
+            CloseReason::Unexpected(Kind::Pong),
+        ),
+        (
+            frame_from(A, Kind::Ping, 0, &[0; 65]),
+            CloseReason::BadPing { body_bytes: 65 },
+        ),
+        (
+            bad_magic,
+            CloseReason::Frame(FrameError::BadMagic(*b"XMRN")),
+        ),
+        (
+            oversized,
+            CloseReason::Frame(FrameError::TooLarge {
+                frame_bytes: HEADER_BYTES + (4 << 20),
+                max_bytes: 4 << 20,
+            }),
+        ),
+        (
+            frame_from(a_lie, Kind::Push, 0, &[]),
+            CloseReason::Sender(SenderMismatch {
+                peer_node_id: A.node_id,
+                peer_boot_id: A.boot_id,
+                got_node_id: A.node_id,
+                got_boot_id: 0xbad,
+            }),
+        ),
+    ];
+    for (bytes, reason) in cases {
+        // A good frame first: handed up, then the bad one closes.
+        let mut input = frame_from(A, Kind::Push, 0, b"ok");
+        input.extend_from_slice(&bytes);
+        let (events, out) = established_listener_fed(rng, &input);
+        assert_eq!(
+            events,
+            vec![InboundEvent::Close(reason.clone())],
+            "seed {seed}"
+        );
+        let written = frames_in(&out);
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0].0.kind, Kind::Goodbye);
+        assert_eq!(
+            String::from_utf8(written[0].1.clone()).unwrap(),
+            reason.to_string()
+        );
+    }
+    // The peer's Goodbye: closed without one of ours.
+    let (events, out) = established_listener_fed(rng, &frame_from(A, Kind::Goodbye, 0, b"bye"));
+    assert_eq!(
+        events,
+        vec![InboundEvent::Close(CloseReason::PeerGoodbye("bye".into()))]
+    );
+    assert!(out.is_empty());
+}
+
+#[test]
+fn an_outbound_link_closes_on_anything_but_pongs_from_the_listener() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    for (bytes, reason) in [
+        (
+            frame_from(B, Kind::Reply, 1, b""),
+            CloseReason::Unexpected(Kind::Reply),
+        ),
+        (
+            frame_from(B, Kind::Ping, 0, b""),
+            CloseReason::Unexpected(Kind::Ping),
+        ),
+        (
+            frame_from(B, Kind::Goodbye, 0, b"going"),
+            CloseReason::PeerGoodbye("going".into()),
+        ),
+    ] {
+        let mut w = up(rng, limits(), 0);
+        w.link
+            .request(Kind::Push, b"", 0, 1, 0, &mut w.sent_l)
+            .unwrap();
+        w.sent_l.clear();
+        w.rx_d.extend_from_slice(&bytes);
+        w.feed_dialer(0);
+        assert_eq!(
+            w.link_events,
+            vec![LinkEvent::Close(reason.clone())],
+            "seed {seed}"
+        );
+        let goodbyes = usize::from(!matches!(reason, CloseReason::PeerGoodbye(_)));
+        assert_eq!(kinds(&w.sent_l), vec![Kind::Goodbye; goodbyes]);
+        let mut failed = Vec::new();
+        w.link.on_closed(0, 0, &mut failed);
+        assert_eq!(failed, vec![(1, Failure::LinkLost)]);
+    }
+}
+
+#[test]
+fn garbage_and_strangers_are_refused_before_the_handshake() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    for i in 0..2_000 {
+        let garbage: Vec<u8> = (0..rng.gen_range(HEADER_BYTES..200))
+            .map(|_| rng.gen())
+            .collect();
+        let mut inbound = Inbound::new(&secret(SECRET), B, &[1], rng.gen(), limits(), 0);
+        let mut out = Vec::new();
+        let step = inbound.on_input(&garbage, 0, &mut out);
+        assert!(
+            matches!(step.event, Some(InboundEvent::Refused(Refusal::Frame(_)))),
+            "seed {seed} input {i}: {step:?}"
+        );
+        assert_eq!(step.consumed, garbage.len());
+        assert_eq!(kinds(&out), vec![Kind::Goodbye]);
+        assert!(inbound.is_closed());
+    }
+    // A request before the handshake.
+    let mut inbound = Inbound::new(&secret(SECRET), B, &[1], rng.gen(), limits(), 0);
+    let step = inbound.on_input(&frame_from(A, Kind::Push, 1, b""), 0, &mut Vec::new());
+    let want = Refusal::Unexpected {
+        got: Kind::Push,
+        expected: Kind::Hello,
+    };
+    assert_eq!(step.event, Some(InboundEvent::Refused(want)));
+    // A node that is not a peer.
+    let stranger = Identity {
+        node_id: 9,
+        boot_id: 1,
+    };
+    let mut w = Wire::new(
+        new_link(0, stranger, B, limits()),
+        B,
+        &secret(SECRET),
+        rng,
+        0,
+    );
+    w.pump(0);
+    assert_eq!(
+        w.inbound_events,
+        vec![InboundEvent::Refused(Refusal::UnknownPeer(9))]
+    );
+    assert_eq!(
+        w.link_events,
+        vec![LinkEvent::Refused(Refusal::PeerGoodbye)]
+    );
+}
+
+#[test]
+fn a_wrong_secret_is_refused_on_both_sides() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    // The dialer finds the listener's MAC wrong and says so.
+    let other = secret(b"another secret, long enough.....");
+    let link = Outbound::new(&other, A, B.node_id, SHARD, limits());
+    let mut w = Wire::new(link, B, &secret(SECRET), rng, 0);
+    w.pump(0);
+    assert_eq!(
+        w.link_events,
+        vec![LinkEvent::Refused(Refusal::BadMac)],
+        "seed {seed}"
+    );
+    assert_eq!(
+        w.inbound_events,
+        vec![InboundEvent::Refused(Refusal::PeerGoodbye)]
+    );
+    let mut failed = Vec::new();
+    w.link.on_closed(0, 0, &mut failed);
+    assert_eq!(w.link.state(), LinkState::Down { retry_at_ms: 50 });
+
+    // A dialer that answers the Challenge anyway, with a MAC under another secret.
+    let mut inbound = Inbound::new(&secret(SECRET), B, &[1], rng.gen(), limits(), 0);
+    let nonce_d: [u8; NONCE_BYTES] = rng.gen();
+    let mut challenge = Vec::new();
+    let step = inbound.on_input(&frame_from(A, Kind::Hello, 0, &nonce_d), 0, &mut challenge);
+    assert_eq!(step.event, None);
+    let (_, body) = &frames_in(&challenge)[0];
+    let mut mac = Hmac::<Sha256>::new_from_slice(b"another secret, long enough.....").unwrap();
+    mac.update(b"imrouter rpc v1 dialer");
+    for id in [A.node_id, A.boot_id, B.node_id, B.boot_id] {
+        mac.update(&id.to_le_bytes());
+    }
+    mac.update(&nonce_d);
+    mac.update(&body[..NONCE_BYTES]);
+    let proof = frame_from(A, Kind::Proof, 0, &mac.finalize().into_bytes());
+    let mut out = Vec::new();
+    let step = inbound.on_input(&proof, 0, &mut out);
+    assert_eq!(
+        step.event,
+        Some(InboundEvent::Refused(Refusal::BadMac)),
+        "seed {seed}"
+    );
+    assert_eq!(kinds(&out), vec![Kind::Goodbye]);
+    assert!(inbound.peer().is_none());
+}
+
+#[test]
+fn arbitrary_splits_of_both_streams_deliver_the_same_frames() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    for run in 0..200 {
+        let mut w = Wire::new(new_link(SHARD, A, B, limits()), B, &secret(SECRET), rng, 0);
+        let max = rng.gen_range(1..64);
+        while w.link.state()
+            != (LinkState::Up {
+                peer_boot_id: B.boot_id,
+            })
+        {
+            assert!(
+                w.step(0, rng.gen_range(1..=max)),
+                "seed {seed} run {run}: stuck"
+            );
+        }
+        let mut sent = Vec::new();
+        let mut failed = Vec::new();
+        for now in 1..60u64 {
+            let body: Vec<u8> = (0..rng.gen_range(0..300)).map(|_| rng.gen()).collect();
+            let kind = Kind::ALL[rng.gen_range(0..Kind::ALL.len())];
+            let (kind, id) = match rng.gen_range(0..3) {
+                0 => (
+                    kind,
+                    w.link
+                        .request(kind, &body, 0, 0, now * 100, &mut w.sent_l)
+                        .ok(),
+                ),
+                1 => (
+                    kind,
+                    w.link
+                        .oneway(kind, &body, now * 100, &mut w.sent_l)
+                        .ok()
+                        .map(|()| 0),
+                ),
+                _ => (
+                    Kind::Reply,
+                    w.link
+                        .send_reply(now, &body, now * 100, &mut w.sent_l)
+                        .ok()
+                        .map(|()| now),
+                ),
+            };
+            if let Some(id) = id {
+                sent.push((kind, id, body));
+            }
+            assert_eq!(w.link.on_tick(now * 100, &mut w.sent_l, &mut failed), None);
+            // Everything arrives before the next tick, in pieces of random sizes.
+            while w.step(now * 100, rng.gen_range(1..=max)) {}
+        }
+        w.pump(6_000);
+        let got: Vec<_> = w
+            .frames
+            .iter()
+            .map(|(h, b)| (h.kind, h.request_id, b.clone()))
+            .collect();
+        assert_eq!(got, sent, "seed {seed} run {run}");
+        // Requests may follow the Proof before the listener has read it.
+        let up = LinkEvent::Up {
+            peer_boot_id: B.boot_id,
+            restarted: false,
+        };
+        assert_eq!(w.link_events, vec![up], "seed {seed} run {run}");
+        let established = InboundEvent::Established(A);
+        assert_eq!(w.inbound_events, vec![established], "seed {seed} run {run}");
+        assert!(
+            w.link.rtt_ms().is_some(),
+            "Pongs came back, seed {seed} run {run}"
+        );
+    }
+}
+
+#[test]
+fn limits_are_validated_and_read_from_config() {
+    assert_eq!(limits().validate(), Ok(()));
+    let bad = LinkLimits {
+        rpc_heartbeat_ms: 3_000,
+        ..limits()
+    };
+    assert!(matches!(bad.validate(), Err(InvalidLinkLimits(_))));
+    let bad = LinkLimits {
+        rpc_backoff_min_ms: 3_000,
+        ..limits()
+    };
+    assert!(bad.validate().is_err());
+    let bad = LinkLimits {
+        rpc_requests_in_flight_max: 0,
+        ..limits()
+    };
+    assert!(bad.validate().is_err());
+    let parsed: LinkLimits =
+        serde_json::from_str(r#"{"rpc_requests_in_flight_max": 16, "rpc_backoff_max_ms": 500}"#)
+            .unwrap();
+    assert_eq!(
+        parsed,
+        LinkLimits {
+            rpc_requests_in_flight_max: 16,
+            rpc_backoff_max_ms: 500,
+            ..limits()
+        }
+    );
+    assert!(serde_json::from_str::<LinkLimits>(r#"{"rpc_typo": 1}"#).is_err());
+}
