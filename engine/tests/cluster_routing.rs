@@ -40,6 +40,10 @@ impl Cluster {
     /// Three nodes, ids 1..=3 in config order, no token authentication (CONNECT
     /// takes any token: the token hop is tested on its own), all peers reached.
     fn start(backend: Backend) -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let ports = free_ports(6);
         let members: Vec<ClusterNode> = (0..3)
             .map(|i| ClusterNode {
@@ -171,7 +175,10 @@ fn person_message_crosses_four_roles(backend: Backend) {
     let (seq, id, mseq, reason) = next_sendack(&mut ca);
     assert_eq!((seq, reason, mseq), (1, 1, 1));
     let m = next_recv(&mut cb);
-    assert!(m.msg_key_ok, "encrypted for the recipient's session by its owner");
+    assert!(
+        m.msg_key_ok,
+        "encrypted for the recipient's session by its owner"
+    );
     assert_eq!(
         (m.from_uid.as_str(), m.channel_id.as_str(), m.channel_type),
         (a.as_str(), a.as_str(), 1)
@@ -184,7 +191,10 @@ fn person_message_crosses_four_roles(backend: Backend) {
     cb.send(&a, 1, 2, "cmn-2", b"and back", true).unwrap();
     assert_eq!(next_sendack(&mut cb).3, 1);
     let m = next_recv(&mut ca);
-    assert_eq!((m.channel_id.as_str(), m.payload.as_slice()), (b.as_str(), &b"and back"[..]));
+    assert_eq!(
+        (m.channel_id.as_str(), m.payload.as_slice()),
+        (b.as_str(), &b"and back"[..])
+    );
     nothing_more(&mut ca);
     nothing_more(&mut cb);
 }
@@ -210,7 +220,11 @@ fn group_message_reaches_members_on_every_node(backend: Backend) {
     for c in [&mut u1_pc, &mut u2, &mut u3] {
         let m = next_recv(c);
         assert_eq!(
-            (m.channel_id.as_str(), m.from_uid.as_str(), m.payload.as_slice()),
+            (
+                m.channel_id.as_str(),
+                m.from_uid.as_str(),
+                m.payload.as_slice()
+            ),
             ("team", "g-u1", &b"to the team"[..])
         );
         nothing_more(c);
@@ -224,11 +238,17 @@ fn master_login_on_another_node_kicks_the_old_session(backend: Backend) {
     let uid = find_uid("kick", |u| cluster.authority_of(u) == 1);
     let mut old = login(cluster.node(2), &uid, 1);
     let mut slave_other_flag = login(cluster.node(1), &uid, 2);
-    let _new = login(cluster.node(3), &uid, 1);
-    match old.read().unwrap() {
-        Received::Disconnect { reason, .. } => assert_eq!(reason, 12),
-        other => panic!("expected DISCONNECT 12, got {other:?}"),
-    }
+    // A Master login of another device with the same flag, on node 3.
+    let mut master = Login::new(&uid, "any");
+    master.device_id = "another-device".into();
+    let (_new, reason) =
+        Client::connect(cluster.node(3).tcp_addr().unwrap(), &master, READ_TIMEOUT).unwrap();
+    assert_eq!(reason, 1);
+    let seen = old.wait_closed().unwrap();
+    assert!(
+        matches!(seen.first(), Some(Received::Disconnect { reason: 12, .. })),
+        "the old session on node 2 is kicked with DISCONNECT 12: {seen:?}"
+    );
     // Another device flag coexists.
     nothing_more(&mut slave_other_flag);
 }
@@ -238,4 +258,3 @@ on_both_drivers!(
     group_message_reaches_members_on_every_node,
     master_login_on_another_node_kicks_the_old_session,
 );
-

@@ -24,8 +24,8 @@ use crate::route::{OwnerAction, OwnerActionKind, Route};
 
 use super::msg::{AuthorityReply, Corr, Msg, ReplyTo};
 use super::remote::{AuthorityCall, Pending};
-use super::wire;
 use super::shard::{NodeShard, NodeTimer};
+use super::wire;
 
 impl NodeShard {
     /// `Msg::Authority`: serves a call for one of this shard's slots and answers it
@@ -61,7 +61,12 @@ impl NodeShard {
                 kind: AuthorityCall::of(&request),
             };
             let node = target.leader_node_id;
-            return self.request_remote(cx, node, wire::Request::Authority { target, request }, pending);
+            return self.request_remote(
+                cx,
+                node,
+                wire::Request::Authority { target, request },
+                pending,
+            );
         }
         let to = self.shared.slot_map.shard_of(target.hash_slot);
         if to == self.me {
@@ -223,7 +228,9 @@ impl NodeShard {
                 };
                 self.send_msg(cx, shard, msg);
             }
-            ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::OwnerAction(Ok(()))),
+            ReplyTo::Node(remote) => {
+                self.reply_remote(cx, remote, wire::Reply::OwnerAction(Ok(())))
+            }
         }
     }
 
@@ -316,7 +323,9 @@ impl NodeShard {
         let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
         match reply_to {
             ReplyTo::Shard(..) if failed.is_empty() => {}
-            ReplyTo::Shard(shard, ()) => self.send_msg(cx, shard, Msg::TouchReply { target, failed }),
+            ReplyTo::Shard(shard, ()) => {
+                self.send_msg(cx, shard, Msg::TouchReply { target, failed })
+            }
             ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::Touch { failed }),
         }
     }
@@ -346,14 +355,5 @@ impl NodeShard {
     pub(super) fn expire_routes(&mut self, now_ms: u64) {
         let expired = self.authority.expire(now_ms / 1000);
         self.metrics.expiries.add(expired as u64);
-    }
-}
-
-pub(super) fn reply_error(request: &AuthorityRequest, err: crate::route::AuthorityError) -> AuthorityReply {
-    match request {
-        AuthorityRequest::Register { .. } => AuthorityReply::Register(Err(err)),
-        AuthorityRequest::Commit { .. } => AuthorityReply::Commit(Err(err)),
-        AuthorityRequest::Abort { .. } => AuthorityReply::Abort(Err(err)),
-        AuthorityRequest::Unregister { .. } => AuthorityReply::Unregister(Err(err)),
     }
 }

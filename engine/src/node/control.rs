@@ -86,7 +86,10 @@ impl NodeShard {
         let Some(view) = self.shared.install_view(view) else {
             return;
         };
-        tracing::info!(revision = view.revision, "cluster view from a peer installed");
+        tracing::info!(
+            revision = view.revision,
+            "cluster view from a peer installed"
+        );
         for shard in 0..self.shared.slot_map.shard_count() {
             if shard == self.me {
                 self.apply_view(cx, &view);

@@ -27,12 +27,12 @@ mod conns;
 mod control;
 pub mod metrics;
 pub mod msg;
+mod peers;
+mod remote;
 pub mod send;
 pub mod shard;
 pub mod syncer;
 pub mod wire;
-mod remote;
-mod peers;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -663,7 +663,11 @@ fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
     for (addr, kind, out) in [
         (config.tcp_addr, Transport::Tcp, &mut tcp_addr),
         (config.ws_addr, Transport::WebSocket, &mut ws_addr),
-        (config.rpc_addr.filter(|_| has_peers), Transport::Rpc, &mut rpc_addr),
+        (
+            config.rpc_addr.filter(|_| has_peers),
+            Transport::Rpc,
+            &mut rpc_addr,
+        ),
     ] {
         if let Some(addr) = addr {
             let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;

@@ -46,7 +46,6 @@ struct PeerLink {
 /// This shard's links (empty on a node alone).
 pub struct Peers {
     me: Identity,
-    shard: ShardId,
     secret: Option<ClusterSecret>,
     limits: LinkLimits,
     peer_ids: Vec<u64>,
@@ -84,7 +83,6 @@ impl Peers {
         };
         Peers {
             me,
-            shard,
             secret,
             limits,
             peer_ids: peers.iter().map(|p| p.0).collect(),
@@ -168,14 +166,6 @@ impl Peers {
         into.extend(self.failed.drain(..).map(|(p, _)| p));
     }
 
-    /// The peers whose outbound link from this shard is up, with their boot ids.
-    pub fn up(&self) -> impl Iterator<Item = (NodeId, BootId)> + '_ {
-        self.links.iter().filter_map(|l| match l.link.state() {
-            net::rpc::link::LinkState::Up { peer_boot_id } => Some((l.node, peer_boot_id)),
-            _ => None,
-        })
-    }
-
     /// Bit i set: the link to the i-th peer (config order) is up.
     pub fn up_mask(&self) -> u64 {
         self.links.iter().enumerate().fold(0, |m, (i, l)| {
@@ -229,7 +219,12 @@ impl NodeShard {
         self.peers.inbound.insert(conn, inbound);
     }
 
-    fn on_peer_closed(&mut self, cx: &mut Context<Msg, NodeTimer>, conn: ConnId, reason: CloseReason) {
+    fn on_peer_closed(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        conn: ConnId,
+        reason: CloseReason,
+    ) {
         if self.peers.inbound.remove(&conn).is_some() {
             tracing::debug!(?reason, shard = self.me, "inbound peer link closed");
             return;
@@ -241,7 +236,12 @@ impl NodeShard {
         };
         let peers = &mut self.peers;
         let l = &mut peers.links[i];
-        tracing::debug!(node = l.node, ?reason, shard = self.me, "outbound peer link closed");
+        tracing::debug!(
+            node = l.node,
+            ?reason,
+            shard = self.me,
+            "outbound peer link closed"
+        );
         l.conn = None;
         l.out.clear();
         l.link.on_closed(now_ms, jitter, &mut peers.failed);
@@ -251,7 +251,8 @@ impl NodeShard {
 
     fn publish_peer_links(&self) {
         let mask = self.peers.up_mask();
-        self.shared.peer_links_up[self.me as usize].store(mask, std::sync::atomic::Ordering::Release);
+        self.shared.peer_links_up[self.me as usize]
+            .store(mask, std::sync::atomic::Ordering::Release);
     }
 
     /// The outbound link's input: the handshake's Challenge, Pongs, a Goodbye.
@@ -273,7 +274,13 @@ impl NodeShard {
                     restarted,
                 }) => {
                     driver.mark_established(conn);
-                    tracing::info!(node = l.node, peer_boot_id, restarted, shard = self.me, "peer link up");
+                    tracing::info!(
+                        node = l.node,
+                        peer_boot_id,
+                        restarted,
+                        shard = self.me,
+                        "peer link up"
+                    );
                     let node = l.node;
                     self.publish_peer_links();
                     self.on_peer_up(cx, node);
@@ -332,7 +339,12 @@ impl NodeShard {
             match step.event {
                 Some(InboundEvent::Established(peer)) => {
                     driver.mark_established(conn);
-                    tracing::debug!(node = peer.node_id, boot = peer.boot_id, "inbound peer link up");
+                    self.on_peer_boot(driver, peer);
+                    tracing::debug!(
+                        node = peer.node_id,
+                        boot = peer.boot_id,
+                        "inbound peer link up"
+                    );
                 }
                 Some(InboundEvent::Refused(why)) => {
                     tracing::warn!(%why, "inter-node connection refused");
@@ -414,7 +426,9 @@ impl NodeShard {
         for i in 0..self.peers.links.len() {
             let peers = &mut self.peers;
             let l = &mut peers.links[i];
-            if let Some(LinkEvent::Close(why)) = l.link.on_tick(now_ms, &mut l.out, &mut peers.failed) {
+            if let Some(LinkEvent::Close(why)) =
+                l.link.on_tick(now_ms, &mut l.out, &mut peers.failed)
+            {
                 tracing::info!(node = l.node, %why, "closing a silent link to a peer");
                 self.close_outbound(driver, i);
                 continue;
@@ -423,7 +437,10 @@ impl NodeShard {
             if let (Some(conn), false) = (l.conn, l.out.is_empty()) {
                 work += 1;
                 if driver.send(conn, &l.out).is_err() {
-                    tracing::warn!(node = l.node, "link output refused by the driver: closing it");
+                    tracing::warn!(
+                        node = l.node,
+                        "link output refused by the driver: closing it"
+                    );
                 }
                 l.out.clear();
             }
@@ -475,12 +492,26 @@ impl NodeShard {
         }
     }
 
+    /// A peer authenticated on an inbound link: if this shard's outbound link to it
+    /// is up with another boot id, that peer restarted and the link is stale.
+    fn on_peer_boot(&mut self, driver: &mut NetDriver, peer: Identity) {
+        let Some(i) = self.peers.links.iter().position(|l| l.node == peer.node_id) else {
+            return;
+        };
+        let l = &mut self.peers.links[i];
+        if let Some(LinkEvent::Close(why)) = l.link.on_peer_boot(peer.boot_id, &mut l.out) {
+            tracing::info!(node = peer.node_id, %why, "peer restarted: closing the stale link");
+            self.close_outbound(driver, i);
+        }
+    }
+
     /// A link to `node` came up: it gets this node's view (a node that was
     /// unreachable learns the latest view when it reconnects).
     fn on_peer_up(&mut self, cx: &mut Context<Msg, NodeTimer>, node: NodeId) {
         if self.me == 0 {
             let view = Box::new((*self.shared.view()).clone());
-            self.peers.oneway(node, &wire::OneWay::View(view), cx.now_ms());
+            self.peers
+                .oneway(node, &wire::OneWay::View(view), cx.now_ms());
         }
     }
 }

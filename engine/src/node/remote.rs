@@ -258,7 +258,9 @@ impl NodeShard {
             wire::Request::OwnerAction { action } => {
                 self.on_owner_action(cx, driver, ReplyTo::Node(from), action)
             }
-            wire::Request::Send(send) => super::send::on_forwarded_send(self, cx, driver, from, *send),
+            wire::Request::Send(send) => {
+                super::send::on_forwarded_send(self, cx, driver, from, *send)
+            }
             wire::Request::Lookup { groups } => {
                 let results = self.lookup_for_peer(&groups);
                 self.reply_remote(cx, from, wire::Reply::Lookup(results));
@@ -272,8 +274,10 @@ impl NodeShard {
         &mut self,
         groups: &[(Target, Vec<crate::route::Uid>)],
     ) -> Vec<Result<Vec<crate::route::Endpoint>, AuthorityError>> {
-        let lookups: Vec<(Target, &[crate::route::Uid])> =
-            groups.iter().map(|(t, uids)| (*t, uids.as_slice())).collect();
+        let lookups: Vec<(Target, &[crate::route::Uid])> = groups
+            .iter()
+            .map(|(t, uids)| (*t, uids.as_slice()))
+            .collect();
         let (mut endpoints, mut results) = (Vec::new(), Vec::new());
         self.reader
             .endpoints_by_targets_into(&lookups, &mut endpoints, &mut results);

@@ -24,9 +24,9 @@ use crate::store::{LogError, MessageLog, NewMessage, SyncJob};
 use super::super::catalog::Catalog;
 use super::super::metrics::StageHistograms;
 use super::super::msg::{Msg, Remote, SendAck};
-use super::super::wire;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::syncer::LogSyncer;
+use super::super::wire;
 use super::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
 use domain::delivery::Sender;
 
@@ -435,7 +435,10 @@ pub fn on_forwarded_send(
         boot_id: send.sender_boot_id,
         session_id: send.sender_session_id,
     };
-    let to = node.shared.slot_map.shard_of_key(send.channel.key().as_bytes());
+    let to = node
+        .shared
+        .slot_map
+        .shard_of_key(send.channel.key().as_bytes());
     let request = CommitRequest {
         answer_to: Origin::Remote(from),
         sender: Some(sender),

@@ -13,8 +13,8 @@ use domain::send_rate::Verdict;
 
 use super::super::msg::{Msg, SendAck};
 use super::super::remote::Pending;
-use super::super::wire;
 use super::super::shard::{NodeShard, NodeTimer};
+use super::super::wire;
 use super::{Commit, CommitRequest, Origin};
 
 /// A SEND from an active connection.
@@ -55,7 +55,9 @@ pub fn on_send(
         Ok(payload) => payload,
         Err(reason) => return refuse(node, driver, reason),
     };
-    let home = node.view.home_node(shard::slots::hash_slot(channel.key().as_bytes()));
+    let home = node
+        .view
+        .home_node(shard::slots::hash_slot(channel.key().as_bytes()));
     if home != node.shared.config.node_id {
         // Only the connection's credit: the link's in-flight table bounds the rest.
         if !take_credit(node, id, node.me) {
@@ -63,7 +65,12 @@ pub fn on_send(
             return refuse(node, driver, ReasonCode::RATE_LIMIT);
         }
         let request = forward_request(node, id, p, (uid, session_id), channel, payload);
-        return node.request_remote(cx, home, wire::Request::Send(Box::new(request.0)), request.1);
+        return node.request_remote(
+            cx,
+            home,
+            wire::Request::Send(Box::new(request.0)),
+            request.1,
+        );
     }
     let to = node.shared.slot_map.shard_of_key(channel.key().as_bytes());
     if !take_credit(node, id, to) {

@@ -38,7 +38,8 @@ pub use commit::{
 pub use domain::commit::Committed;
 pub use gateway::{on_send, on_sendack};
 pub use owner::{
-    observe_socket_writes, on_ack_timeout, on_push, on_remote_push, on_recvack, PendingAcks, WRITE_MARKS_MAX,
+    observe_socket_writes, on_ack_timeout, on_push, on_recvack, on_remote_push, PendingAcks,
+    WRITE_MARKS_MAX,
 };
 
 /// Where a commit's answer goes (the commit core hands it back with the answer).

@@ -74,7 +74,6 @@ pub fn on_push(
     }
 }
 
-
 /// An owner push from another node (the hop `Push`): the plaintext message and the
 /// exact endpoints, split by the shard that owns each session; each endpoint is
 /// revalidated there as any push is (an endpoint of another node or an earlier
@@ -92,7 +91,9 @@ pub fn on_remote_push(
     endpoints.retain(|ep| {
         ep.node_id == me_node && crate::delivery::session_shard(ep.session_id) < shards
     });
-    node.metrics.push_stale.add((before - endpoints.len()) as u64);
+    node.metrics
+        .push_stale
+        .add((before - endpoints.len()) as u64);
     let message = Arc::new(message);
     endpoints.sort_by_key(|ep| crate::delivery::session_shard(ep.session_id));
     for batch in endpoints.chunk_by(|a, b| {
