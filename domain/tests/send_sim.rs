@@ -348,6 +348,14 @@ fn send_sim_catches_planted_bugs() {
             None,
             "inv5",
         ),
+        (
+            Bugs {
+                unreported_lookup_failure: true,
+                ..Bugs::default()
+            },
+            None,
+            "inv5",
+        ),
     ];
     for (bugs, always, inv) in planted {
         let caught = (0..300).find_map(|seed| match run(seed, bugs, always) {
