@@ -1227,12 +1227,22 @@ mod tests {
         let reply = LookupReply::Failed(crate::delivery::LookupFailure::PeerDown);
         assert!(c.on_lookup_reply(id, reply.clone()));
         assert!(!c.on_lookup_reply(id, reply), "a second reply is ignored");
-        assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut planned), 1);
+        assert_eq!(
+            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            1
+        );
         assert!(planned.is_empty(), "every group failed: nothing to push");
-        assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut planned), 0);
+        assert_eq!(
+            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            0
+        );
         let counts = c.take_plan_counts();
         assert_eq!(
-            (counts.failed_groups, counts.failed_lookups, counts.ignored_replies),
+            (
+                counts.failed_groups,
+                counts.failed_lookups,
+                counts.ignored_replies
+            ),
             (groups as u64, 1, 1)
         );
         assert_eq!((c.backlog_len(), c.backlog_bytes()), (0, 0));

@@ -1017,7 +1017,11 @@ mod planner_tests {
         let mut rig = Rig::new(vec![delivery(1, recipients.clone())]);
         let (freed, work, pushes, lookups) = rig.pump();
         assert!(pushes.is_empty(), "the local endpoints wait for the page");
-        assert_eq!((freed, work), (0, 1), "the lookup was work; no more is asked");
+        assert_eq!(
+            (freed, work),
+            (0, 1),
+            "the lookup was work; no more is asked"
+        );
         assert_eq!(sorted(rig.local.asked.clone()), sorted(local));
         let [l] = lookups.as_slice() else {
             panic!("one lookup, to node 2: {lookups:?}");
@@ -1033,10 +1037,18 @@ mod planner_tests {
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[])));
         let (freed, work, pushes, lookups) = rig.pump();
         assert!(lookups.is_empty());
-        assert_eq!((freed, work), (CHARGE, 1), "pushed, and the message is done");
+        assert_eq!(
+            (freed, work),
+            (CHARGE, 1),
+            "pushed, and the message is done"
+        );
         assert_eq!(all_pushed(&pushes), sorted(recipients));
         assert!(pushes.iter().all(|p| p.0 == PushTo::Shard(1)));
-        assert_eq!(pushes.len(), 1, "local and remote endpoints coalesce by owner");
+        assert_eq!(
+            pushes.len(),
+            1,
+            "local and remote endpoints coalesce by owner"
+        );
         assert!(rig.p.is_empty());
         let counts = rig.p.take_counts();
         assert_eq!((counts.lookups, counts.failed_groups), (1, 0));
@@ -1052,11 +1064,15 @@ mod planner_tests {
         assert_eq!(sorted_nodes(nodes), vec![2, 3]);
         assert_ne!(lookups[0].lookup_id, lookups[1].lookup_id);
         assert_eq!(rig.p.awaiting_lookups(), 2);
-        assert!(rig.p.on_lookup_reply(lookups[1].lookup_id, found(&lookups[1], &[])));
+        assert!(rig
+            .p
+            .on_lookup_reply(lookups[1].lookup_id, found(&lookups[1], &[])));
         let (_, work, pushes, _) = rig.pump();
         assert!(pushes.is_empty(), "one reply of two: still waiting");
         assert_eq!(work, 0);
-        assert!(rig.p.on_lookup_reply(lookups[0].lookup_id, found(&lookups[0], &[])));
+        assert!(rig
+            .p
+            .on_lookup_reply(lookups[0].lookup_id, found(&lookups[0], &[])));
         let (freed, _, pushes, _) = rig.pump();
         assert_eq!(all_pushed(&pushes), sorted(recipients));
         assert_eq!(freed, CHARGE);
@@ -1114,12 +1130,17 @@ mod planner_tests {
         let (_, _, _, lookups) = rig.pump();
         let l1 = lookups[0].clone();
         // The driver's deadline fails it; the node's reply arrives after.
-        assert!(rig.p.on_lookup_reply(l1.lookup_id, LookupReply::Failed(LookupFailure::Deadline)));
+        assert!(rig
+            .p
+            .on_lookup_reply(l1.lookup_id, LookupReply::Failed(LookupFailure::Deadline)));
         let (_, _, pushes, lookups) = rig.pump();
         assert!(pushes.is_empty(), "message 1's only groups failed");
         let l2 = lookups[0].clone();
         assert_eq!(l2.message_id, 2);
-        assert!(!rig.p.on_lookup_reply(l1.lookup_id, found(&l1, &[])), "late");
+        assert!(
+            !rig.p.on_lookup_reply(l1.lookup_id, found(&l1, &[])),
+            "late"
+        );
         assert!(!rig.p.on_lookup_reply(99, found(&l1, &[])), "unknown");
         assert_eq!(rig.p.awaiting_lookups(), 1, "message 2 still waits");
         assert!(rig.p.on_lookup_reply(l2.lookup_id, found(&l2, &[])));
@@ -1137,7 +1158,9 @@ mod planner_tests {
         assert!(pushes.is_empty(), "message 2 is not planned meanwhile");
         assert!(rig.local.asked.is_empty(), "not even looked up");
         assert_eq!(rig.pump().1, 0);
-        assert!(rig.p.on_lookup_reply(lookups[0].lookup_id, found(&lookups[0], &[])));
+        assert!(rig
+            .p
+            .on_lookup_reply(lookups[0].lookup_id, found(&lookups[0], &[])));
         let (freed, _, pushes, _) = rig.pump();
         let order: Vec<i64> = pushes.iter().map(|p| p.1).collect();
         assert_eq!(order, vec![1, 2], "in order, once the reply came");
@@ -1153,7 +1176,11 @@ mod planner_tests {
         rig.room = vec![(PushTo::Node(2), 1)]; // no more than the reserve
         let (freed, work, pushes, _) = rig.pump();
         let to: Vec<PushTo> = pushes.iter().map(|p| p.0).collect();
-        assert_eq!(to, vec![PushTo::Shard(1)], "the shard's batch goes; node 2's waits");
+        assert_eq!(
+            to,
+            vec![PushTo::Shard(1)],
+            "the shard's batch goes; node 2's waits"
+        );
         assert_eq!((freed, work), (0, 2), "busy while stalled");
         assert_eq!(rig.p.take_counts().stalls, 1);
         assert_eq!(rig.pump().2, vec![], "still no room");
@@ -1168,7 +1195,11 @@ mod planner_tests {
         let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 4))]);
         let (_, _, _, lookups) = rig.pump();
         let l = &lookups[0];
-        let LookupReply::Found { endpoints, mut results } = found(l, &[]) else {
+        let LookupReply::Found {
+            endpoints,
+            mut results,
+        } = found(l, &[])
+        else {
             unreachable!()
         };
         results.pop();
@@ -1186,11 +1217,24 @@ mod planner_tests {
     fn found_endpoints_are_moved_by_range_and_bad_ranges_refused() {
         let eps: Vec<Endpoint> = ["x", "y", "z"].map(|u| endpoint(&Uid::from(u))).to_vec();
         let mut into = Vec::new();
-        let results = [Ok(0..1), Err(AuthorityError::StaleTarget), Ok(1..1), Ok(2..3)];
+        let results = [
+            Ok(0..1),
+            Err(AuthorityError::StaleTarget),
+            Ok(1..1),
+            Ok(2..3),
+        ];
         assert_eq!(take_found(eps.clone(), &results, 4, &mut into), Some(1));
         let uids: Vec<&str> = into.iter().map(|e| &*e.uid).collect();
-        assert_eq!(uids, vec!["x", "z"], "only the successful groups' endpoints");
-        for bad in [[Ok(1..2), Ok(0..1)], [Ok(0..4), Ok(4..4)], [Ok(2..1), Ok(2..2)]] {
+        assert_eq!(
+            uids,
+            vec!["x", "z"],
+            "only the successful groups' endpoints"
+        );
+        for bad in [
+            [Ok(1..2), Ok(0..1)],
+            [Ok(0..4), Ok(4..4)],
+            [Ok(Range { start: 2, end: 1 }), Ok(2..2)],
+        ] {
             assert_eq!(take_found(eps.clone(), &bad, 2, &mut into), None, "{bad:?}");
         }
         assert_eq!(take_found(eps, &[Ok(0..3)], 2, &mut into), None, "count");

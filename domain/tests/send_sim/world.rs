@@ -1,7 +1,8 @@
 //! The simulated world around one commit core: the groups, the owner shards with
-//! their registries and sessions, the directory the planner looks endpoints up in,
-//! the network between the core and the owners, the clients, and the events in
-//! flight. Every decision is drawn from one `StdRng`; time is virtual.
+//! their registries and sessions, the directory the planner looks endpoints up in
+//! (this node's authority, and the fake remote node's, which answers `Lookup`s as
+//! events), the network between the core and the owners, the clients, and the
+//! events in flight. Every decision is drawn from one `StdRng`; time is virtual.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
