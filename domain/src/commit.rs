@@ -18,6 +18,8 @@
 //! | [`CommitCore::on_sync_timer`] | `SubmitSync` (the interval policy's fdatasync) |
 //! | [`CommitCore::on_sync_done`] | the waiting batch's `Answer`s (success or 15) |
 //! | [`CommitCore::stop`] | every unanswered commit's `Answer` after one final sync |
+//! | [`CommitCore::pump`] | the planner's `PlanOutput`s: `Push` batches, remote `Lookup`s |
+//! | [`CommitCore::on_lookup_reply`] | nothing: the next `pump` pushes the completed page |
 //!
 //! Every error of the log comes out as a `LogFailed` beside the refusals it caused.
 //!
@@ -32,6 +34,19 @@
 //!   wait for the next job. A failed sync answers its whole batch with SENDACK 15
 //!   (SystemError): nothing acknowledged is lost, the client retries.
 //!
+//! # Delivery
+//!
+//! An answered message joins the backlog of the core's planner
+//! ([`crate::delivery::Planner`]). The driver calls [`CommitCore::pump`] every turn
+//! while anything is delivering and carries its outputs: each `PlanOutput::Push` to
+//! its owner (this shard, a shard's ring, another node), each `PlanOutput::Lookup`
+//! (EndpointsByTargets for the page's groups led by another node) to that node,
+//! answering it exactly once with [`CommitCore::on_lookup_reply`]: the node's
+//! reply, or a failure the driver synthesizes (the RPC deadline passed, the peer is
+//! down or restarted). A page waiting for its lookups holds every later page
+//! (head-of-line, bounded by the RPC deadline) and its message keeps its charge in
+//! `backlog_bytes` until its delivery ends.
+//!
 //! # Invariants
 //!
 //! - Every request gets exactly one `Answer`.
@@ -44,11 +59,12 @@
 use std::sync::Arc;
 
 use net::wkproto::{Flags, ReasonCode};
-use shard::slots::ShardId;
 
 use crate::channel::{recv_channel_id, Channel, Subscribers};
 use crate::cluster::ClusterView;
-use crate::delivery::{EndpointLookup, PlanCounts, PlanLimits, Planner, Push, Sender};
+use crate::delivery::{
+    EndpointLookup, LookupReply, PlanCounts, PlanLimits, PlanOutput, Planner, PushTo, Sender,
+};
 use crate::idempotency::{FirstSend, IdempotencyWindow, SentIds};
 use crate::idgen::MessageIdGen;
 use crate::route::Uid;
@@ -345,19 +361,35 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         std::mem::take(&mut self.counts)
     }
 
-    /// Delivers from the backlog ([`Planner::pump`]): push batches into `out`;
-    /// returns the work done (1 at least while anything waits for delivery).
+    /// Delivers from the backlog ([`Planner::pump`]): push batches and remote
+    /// lookups into `out`; `room(to)` is the room towards a peer shard or node.
+    /// Returns the work done (1 at least while anything waits for delivery, except
+    /// while a page waits for lookup replies: then nothing, the reply's arrival is
+    /// the next event).
     pub fn pump(
         &mut self,
         view: &ClusterView,
         lookup: &mut impl EndpointLookup,
-        room: &mut impl FnMut(ShardId) -> usize,
+        room: &mut impl FnMut(PushTo) -> usize,
         limits: &PlanLimits,
-        out: &mut Vec<Push>,
+        out: &mut Vec<PlanOutput>,
     ) -> usize {
         let (freed_bytes, work) = self.planner.pump(view, lookup, room, limits, out);
         self.backlog_bytes -= freed_bytes;
         work
+    }
+
+    /// A reply to one of the planner's [`Lookup`](crate::delivery::Lookup)s, or the
+    /// driver's failure for it ([`Planner::on_lookup_reply`]): returns whether it
+    /// was awaited (else it is ignored and counted). Pump again afterwards: the
+    /// page may be complete.
+    pub fn on_lookup_reply(&mut self, lookup_id: u64, reply: LookupReply) -> bool {
+        self.planner.on_lookup_reply(lookup_id, reply)
+    }
+
+    /// Lookups of the page in delivery that await their replies.
+    pub fn awaiting_lookups(&self) -> usize {
+        self.planner.awaiting_lookups()
     }
 
     /// The planner's counters so far, reset.
@@ -1105,6 +1137,28 @@ mod tests {
         }
     }
 
+    /// The push batches in `out` as (destination, endpoints), drained; a lookup
+    /// there is a failure.
+    fn pushed(out: &mut Vec<PlanOutput>) -> Vec<(PushTo, usize)> {
+        out.drain(..)
+            .map(|o| match o {
+                PlanOutput::Push(p) => (p.to, p.endpoints.len()),
+                PlanOutput::Lookup(l) => panic!("unexpected lookup {l:?}"),
+            })
+            .collect()
+    }
+
+    fn plan_limits() -> PlanLimits {
+        PlanLimits {
+            local_node: 1,
+            me: 0,
+            subscriber_page_max: 2,
+            push_batch_max: 8,
+            pages_per_turn_max: 8,
+            reserved_room_per_peer: 4,
+        }
+    }
+
     #[test]
     fn delivery_pauses_while_a_peer_has_no_room_and_frees_the_charge_when_done() {
         let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
@@ -1112,23 +1166,15 @@ mod tests {
         c.end_turn(&mut out);
         out.clear();
         let view = ClusterView::single_node(1);
-        let plan = PlanLimits {
-            local_node: 1,
-            me: 0,
-            subscriber_page_max: 2,
-            push_batch_max: 8,
-            pages_per_turn_max: 8,
-            reserved_room_per_peer: 4,
-        };
+        let plan = plan_limits();
         let mut pushes = Vec::new();
         // Shard 1 ("a", "c": odd first bytes) has no room beyond the reserve; pages of
         // two: ["a", "b"], ["c"].
-        let mut room = |_s: ShardId| 4;
+        let mut room = |_to: PushTo| 4;
         assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut pushes), 2);
-        let to: Vec<PushTo> = pushes.iter().map(|p| p.to).collect();
         assert_eq!(
-            to,
-            vec![PushTo::Shard(0)],
+            pushed(&mut pushes),
+            vec![(PushTo::Shard(0), 1)],
             "only this shard's own batch ('b')"
         );
         assert_eq!(c.take_plan_counts().stalls, 1);
@@ -1137,21 +1183,72 @@ mod tests {
             1,
             "the message waits for its stalled batch"
         );
-        pushes.clear();
-        let mut room = |_s: ShardId| 5;
+        let mut room = |_to: PushTo| 5;
         c.pump(&view, &mut Online, &mut room, &plan, &mut pushes);
-        let sent: Vec<(PushTo, usize)> = pushes.iter().map(|p| (p.to, p.endpoints.len())).collect();
-        assert_eq!(sent, vec![(PushTo::Shard(1), 1)], "the stalled batch ('a')");
-        pushes.clear();
+        assert_eq!(
+            pushed(&mut pushes),
+            vec![(PushTo::Shard(1), 1)],
+            "the stalled batch ('a')"
+        );
         // That took the slot above the reserve: the second page's batch ('c') waited;
         // it goes on the next call, and the message is done.
         c.pump(&view, &mut Online, &mut room, &plan, &mut pushes);
-        assert_eq!(
-            pushes.iter().map(|p| p.to).collect::<Vec<_>>(),
-            vec![PushTo::Shard(1)]
-        );
-        pushes.clear();
+        assert_eq!(pushed(&mut pushes), vec![(PushTo::Shard(1), 1)]);
         assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut pushes), 0);
+        assert_eq!((c.backlog_len(), c.backlog_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_page_led_by_another_node_waits_for_its_lookup_and_keeps_its_charge() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        c.on_commit(request(1, "a", "g1", ""), &g, T0, &mut out);
+        c.end_turn(&mut out);
+        out.clear();
+        // Node 2 leads every hash slot: all of g1's groups are remote.
+        let view = ClusterView::single_node(2);
+        let plan = PlanLimits {
+            subscriber_page_max: 8,
+            ..plan_limits()
+        };
+        let mut room = |_to: PushTo| usize::MAX;
+        let mut planned = Vec::new();
+        c.pump(&view, &mut Online, &mut room, &plan, &mut planned);
+        let [PlanOutput::Lookup(lookup)] = planned.as_slice() else {
+            panic!("one lookup to node 2, nothing pushed");
+        };
+        assert_eq!((lookup.node, lookup.uids.len()), (2, 3));
+        let (id, groups) = (lookup.lookup_id, lookup.groups.len());
+        planned.clear();
+        assert_eq!(c.awaiting_lookups(), 1);
+        assert_eq!(
+            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            0,
+            "nothing to do until the reply: the shard may sleep"
+        );
+        assert!(planned.is_empty());
+        let charged = c.backlog_bytes();
+        assert!(charged > 0, "the waiting message keeps its charge");
+        let reply = LookupReply::Failed(crate::delivery::LookupFailure::PeerDown);
+        assert!(c.on_lookup_reply(id, reply.clone()));
+        assert!(!c.on_lookup_reply(id, reply), "a second reply is ignored");
+        assert_eq!(
+            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            1
+        );
+        assert!(planned.is_empty(), "every group failed: nothing to push");
+        assert_eq!(
+            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            0
+        );
+        let counts = c.take_plan_counts();
+        assert_eq!(
+            (
+                counts.failed_groups,
+                counts.failed_lookups,
+                counts.ignored_replies
+            ),
+            (groups as u64, 1, 1)
+        );
         assert_eq!((c.backlog_len(), c.backlog_bytes()), (0, 0));
     }
 }

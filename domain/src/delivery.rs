@@ -3,14 +3,18 @@
 //! 1. One page of recipient uids (at most `subscriber_page_max`) is hashed to the 256
 //!    hash slots and grouped by exact authority target, using one cluster view
 //!    snapshot for the whole page ([`group_by_target`]).
-//! 2. The caller looks the groups up (`endpoints_by_targets`: a stale group fails
-//!    alone; its siblings succeed).
+//! 2. The groups are looked up (`endpoints_by_targets`: a stale group fails alone;
+//!    its siblings succeed): those this node leads synchronously ([`EndpointLookup`],
+//!    the node's lock-free `AuthorityReader`), those led by other nodes by one
+//!    EndpointsByTargets RPC per node and page ([`Lookup`], answered by
+//!    [`Planner::on_lookup_reply`]; the page waits for every reply, see [`Planner`]).
 //! 3. The endpoints found are coalesced by owner into bounded push batches
 //!    ([`plan_pushes`]): one per owner shard of this node, one per remote owner node.
 //!    Only the sender's exact SEND session is suppressed; its other devices receive.
 //!
 //! The owner revalidates every endpoint `(uid, boot_id, session_id, owner_seq)` before
-//! writing, so a plan made from a slightly old snapshot can never reach a stale session.
+//! writing, so a plan made from a slightly old snapshot (or a remote reply that took
+//! a while) can never reach a stale session.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -182,6 +186,75 @@ pub struct Push {
     pub endpoints: Vec<Endpoint>,
 }
 
+/// An EndpointsByTargets request for the groups of one page whose authority is
+/// another node (`target.leader_node_id == node`): one per remote node per page.
+/// That node validates each group against its fence; a stale group fails alone.
+///
+/// The driver must answer it exactly once with [`Planner::on_lookup_reply`]: the
+/// node's reply, or a [`LookupReply::Failed`] it synthesizes (the RPC deadline
+/// passed, the peer is down, the peer restarted). Until then the page, and every
+/// message behind it, waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    /// Unique among this planner's lookups (a counter from 0).
+    pub lookup_id: u64,
+    /// The authority node asked.
+    pub node: NodeId,
+    /// The message whose page this is (for logs).
+    pub message_id: i64,
+    /// Each group's exact target and the range of its uids in `uids`, in the order
+    /// the reply's results must follow.
+    pub groups: Vec<(Target, Range<usize>)>,
+    /// The groups' uids, group after group (duplicates kept).
+    pub uids: Vec<Uid>,
+}
+
+impl Lookup {
+    /// `(target, uids)` of each group, in request order (the shape
+    /// `endpoints_by_targets_into` takes at the authority node).
+    pub fn groups(&self) -> impl Iterator<Item = (Target, &[Uid])> + '_ {
+        self.groups.iter().map(|(t, r)| (*t, &self.uids[r.clone()]))
+    }
+}
+
+/// Why a remote lookup failed as a whole. The driver synthesizes it; every group of
+/// the lookup counts as failed (`PlanCounts::failed_groups`): those recipients
+/// catch up by messagesync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupFailure {
+    /// No reply within the RPC deadline.
+    Deadline,
+    /// The peer is down or unreachable (no link, or it closed).
+    PeerDown,
+    /// The peer restarted (a new boot id): every request in flight to it failed.
+    PeerRestarted,
+}
+
+/// A remote node's answer to a [`Lookup`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LookupReply {
+    /// The shape of [`EndpointLookup::endpoints_by_targets_into`]: one result per
+    /// group, in request order, each the range of its endpoints in `endpoints`
+    /// (ranges in increasing order, disjoint) or why that group alone failed. A
+    /// reply of another shape (a count or range that does not fit) fails every
+    /// group of the lookup.
+    Found {
+        endpoints: Vec<Endpoint>,
+        results: Vec<Result<Range<usize>, AuthorityError>>,
+    },
+    /// The lookup failed as a whole (see [`LookupFailure`]).
+    Failed(LookupFailure),
+}
+
+/// What [`Planner::pump`] hands to the driver.
+pub enum PlanOutput {
+    /// A push batch to carry to its owner.
+    Push(Push),
+    /// An EndpointsByTargets RPC to send; answer it with
+    /// [`Planner::on_lookup_reply`].
+    Lookup(Lookup),
+}
+
 /// Route lookups for a page's target groups (`AuthorityReader` in the node; the
 /// driver may time it).
 pub trait EndpointLookup {
@@ -211,7 +284,8 @@ impl EndpointLookup for crate::authority::AuthorityReader {
 /// The planner's limits (`[delivery]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanLimits {
-    /// This node.
+    /// This node: groups whose target it leads are looked up synchronously; the
+    /// others become [`Lookup`]s.
     pub local_node: NodeId,
     /// This shard: its batches are written at once, without a ring.
     pub me: ShardId,
@@ -221,25 +295,118 @@ pub struct PlanLimits {
     pub push_batch_max: usize,
     /// Pages planned per [`Planner::pump`].
     pub pages_per_turn_max: usize,
-    /// Room kept free towards every peer shard for commits, SENDACKs and control:
-    /// a batch for a peer with no more room than this waits.
+    /// Room kept free towards every peer (shard or node) for commits, SENDACKs and
+    /// control: a batch for a peer with no more room than this waits.
     pub reserved_room_per_peer: usize,
 }
 
 /// Counters the driver publishes as metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanCounts {
-    /// Target groups whose lookup failed (their recipients catch up by sync).
+    /// Target groups whose lookup failed, local or remote, counted when known
+    /// (their recipients catch up by sync).
     pub failed_groups: u64,
     /// Batches that waited for a peer's room.
     pub stalls: u64,
+    /// [`Lookup`]s emitted (remote authorities asked).
+    pub lookups: u64,
+    /// Lookups that failed as a whole ([`LookupReply::Failed`], or a malformed
+    /// reply); their groups are in `failed_groups` too.
+    pub failed_lookups: u64,
+    /// Replies for a lookup id that is not awaited (unknown, or already answered:
+    /// a reply after the driver's deadline failure): ignored.
+    pub ignored_replies: u64,
+}
+
+/// The batches emitted in one [`Planner::pump`] per peer (each one's room shrinks
+/// by as many).
+#[derive(Default)]
+struct Emitted {
+    /// Indexed by shard.
+    shards: Vec<usize>,
+    /// The few nodes a call pushed to.
+    nodes: Vec<(NodeId, usize)>,
+}
+
+impl Emitted {
+    fn clear(&mut self) {
+        self.shards.clear();
+        self.nodes.clear();
+    }
+
+    fn of(&mut self, to: PushTo) -> &mut usize {
+        match to {
+            PushTo::Shard(s) => {
+                let i = s as usize;
+                if self.shards.len() <= i {
+                    self.shards.resize(i + 1, 0);
+                }
+                &mut self.shards[i]
+            }
+            PushTo::Node(n) => {
+                let i = match self.nodes.iter().position(|(m, _)| *m == n) {
+                    Some(i) => i,
+                    None => {
+                        self.nodes.push((n, 0));
+                        self.nodes.len() - 1
+                    }
+                };
+                &mut self.nodes[i].1
+            }
+        }
+    }
+
+    /// Takes one slot of room towards `to` if it has more than the reserve
+    /// (counting the batches this call already emitted there).
+    fn take_room(
+        &mut self,
+        room: &mut impl FnMut(PushTo) -> usize,
+        to: PushTo,
+        limits: &PlanLimits,
+    ) -> bool {
+        let n = self.of(to);
+        if room(to).saturating_sub(*n) <= limits.reserved_room_per_peer {
+            return false;
+        }
+        *n += 1;
+        true
+    }
 }
 
 /// Step 3's delivery: plans the backlog of answered messages, oldest first, page by
-/// page, into push batches ([`Push`] outputs). At most `pages_per_turn_max` pages a
-/// call; a batch for a peer without room beyond `reserved_room_per_peer` waits
-/// (`stalled`), and no further page is planned until it went, so a slow peer pauses
-/// delivery rather than growing a queue. Buffers are reused from page to page.
+/// page, into push batches ([`PlanOutput::Push`]). At most `pages_per_turn_max`
+/// pages a call.
+///
+/// # A page
+///
+/// Its uids are grouped by exact target ([`group_by_target`], one view snapshot).
+/// The groups this node leads (`limits.local_node`) are looked up synchronously
+/// (`EndpointLookup`); the groups led by other nodes become one
+/// [`PlanOutput::Lookup`] per node. A page without remote groups is pushed at
+/// once; a page with them waits until every one of its lookups is answered
+/// ([`on_lookup_reply`](Self::on_lookup_reply)), then the next `pump` pushes its
+/// endpoints, local and remote, exactly as a local page: coalesced by owner into
+/// bounded batches ([`plan_pushes`]), the sender's own session suppressed. A
+/// failed remote lookup fails its groups alone: the page's other endpoints are
+/// pushed.
+///
+/// # Waiting, and its bounds
+///
+/// - Head-of-line wait: while the front message has a page waiting for lookups, no
+///   further page (of it or of any later message) is planned; `pump` reports no
+///   work for that wait (the shard may sleep), and the reply's arrival makes the
+///   driver pump again. The wait is bounded by the RPC deadline, since the driver
+///   answers every lookup (at the latest with [`LookupFailure::Deadline`]).
+///   Pipelining pages (lookups of later pages while one waits, pushed in order) is
+///   future work.
+/// - At most one page is in flight per planner, so its lookups in flight are at
+///   most the number of other nodes in the view.
+/// - A batch for a peer (a shard of this node, or another node) without room
+///   beyond `reserved_room_per_peer` waits (`stalled`), and no further page is
+///   planned until it went, so a slow peer pauses delivery rather than growing a
+///   queue.
+///
+/// Buffers are reused from page to page.
 #[derive(Default)]
 pub struct Planner {
     /// Answered messages whose delivery has not ended, oldest first.
@@ -247,13 +414,20 @@ pub struct Planner {
     /// The next page of the backlog's front message.
     next_page: usize,
     /// Batches of the front message that a peer had no room for.
-    stalled: Vec<(ShardId, Vec<Endpoint>)>,
+    stalled: Vec<(PushTo, Vec<Endpoint>)>,
+    /// A page of the front message is looked up and not yet pushed; its endpoints
+    /// so far are in `endpoints`.
+    page_open: bool,
+    /// Groups of the open page that failed so far.
+    page_failed_groups: usize,
+    /// The open page's lookups not yet answered: `(lookup_id, groups)`.
+    awaiting: Vec<(u64, usize)>,
+    next_lookup_id: u64,
     groups: TargetGroups,
     endpoints: Vec<Endpoint>,
     results: Vec<Result<Range<usize>, AuthorityError>>,
     local: Vec<Vec<Endpoint>>,
-    /// Per peer shard, the batches emitted in this call (its room shrinks by as many).
-    emitted: Vec<usize>,
+    emitted: Emitted,
     counts: PlanCounts,
 }
 
@@ -277,18 +451,25 @@ impl Planner {
         std::mem::take(&mut self.counts)
     }
 
-    /// Plans up to `pages_per_turn_max` pages into `out`. `room(s)` is the room
-    /// towards peer shard `s` now (the planner subtracts its own batches). Returns
-    /// the bytes charged to the messages whose delivery ended (the commit core's
-    /// budget) and the work done: 1 at least while anything waits, so the shard
-    /// keeps turning until it is delivered.
+    /// The open page's lookups not yet answered (while any, `pump` plans nothing).
+    pub fn awaiting_lookups(&self) -> usize {
+        self.awaiting.len()
+    }
+
+    /// Plans up to `pages_per_turn_max` pages into `out`. `room(to)` is the room
+    /// towards peer `to` now, a shard or a node (the planner subtracts its own
+    /// batches; this shard's own batches take none). Returns the bytes charged to
+    /// the messages whose delivery ended (the commit core's budget) and the work
+    /// done: 1 at least while anything waits for room or for its turn, so the shard
+    /// keeps turning until it is delivered; nothing more while a page waits for
+    /// lookup replies (see the type's docs).
     pub fn pump(
         &mut self,
         view: &ClusterView,
         lookup: &mut impl EndpointLookup,
-        room: &mut impl FnMut(ShardId) -> usize,
+        room: &mut impl FnMut(PushTo) -> usize,
         limits: &PlanLimits,
-        out: &mut Vec<Push>,
+        out: &mut Vec<PlanOutput>,
     ) -> (usize, usize) {
         if self.backlog.is_empty() {
             return (0, 0);
@@ -296,44 +477,79 @@ impl Planner {
         self.emitted.clear();
         let (mut work, mut freed_bytes) = (self.retry_stalled(room, limits, out), 0);
         let mut pages = 0;
-        while pages < limits.pages_per_turn_max && self.stalled.is_empty() {
+        while self.stalled.is_empty() {
+            if self.page_open {
+                if !self.awaiting.is_empty() {
+                    break; // the head-of-line wait for its replies
+                }
+                self.push_page(room, limits, out);
+                work += 1;
+                continue;
+            }
             let Some(front) = self.backlog.front() else {
                 break;
             };
-            let (message, sender) = (front.message.clone(), front.sender);
-            let subscribers = front.subscribers.clone();
+            let (message_id, subscribers) = (front.message.message_id, front.subscribers.clone());
             let person;
             let recipients: &[Uid] = match &subscribers {
                 Some(s) => &s.uids,
                 None => {
-                    person = message.person_recipients();
+                    person = front.message.person_recipients();
                     &person
                 }
             };
             let start = self.next_page * limits.subscriber_page_max;
             if start < recipients.len() {
+                if pages == limits.pages_per_turn_max {
+                    break;
+                }
                 self.next_page += 1;
                 let end = recipients.len().min(start + limits.subscriber_page_max);
                 let page = &recipients[start..end];
-                self.plan_page(view, lookup, room, limits, &message, sender, page, out);
+                work += self.look_up_page(view, lookup, limits, message_id, page, out);
                 pages += 1;
-                work += 1;
-                if end < recipients.len() || !self.stalled.is_empty() {
-                    continue;
-                }
+                continue;
             }
-            // Its last page is planned and nothing of it waits: it leaves now.
+            // Its last page is pushed and nothing of it waits: it leaves now.
             freed_bytes += self.finish_front();
         }
-        (freed_bytes, work + usize::from(!self.backlog.is_empty()))
+        let more = !self.backlog.is_empty() && self.awaiting.is_empty();
+        (freed_bytes, work + usize::from(more))
+    }
+
+    /// A reply to lookup `lookup_id` (or the driver's failure for it). Its found
+    /// endpoints join the open page's; its failed groups are counted. Returns
+    /// whether it was awaited: a reply for an unknown lookup, or one already
+    /// answered (a late reply after a deadline failure), is ignored and counted
+    /// (`ignored_replies`). Lookup ids are unique per planner only: a driver must
+    /// not hand a planner the replies of another planner's lookups.
+    pub fn on_lookup_reply(&mut self, lookup_id: u64, reply: LookupReply) -> bool {
+        let Some(i) = self.awaiting.iter().position(|(id, _)| *id == lookup_id) else {
+            self.counts.ignored_replies += 1;
+            return false;
+        };
+        let (_, groups) = self.awaiting.swap_remove(i);
+        let failed = match reply {
+            LookupReply::Found { endpoints, results } => {
+                take_found(endpoints, &results, groups, &mut self.endpoints)
+            }
+            LookupReply::Failed(_) => None,
+        };
+        let failed = failed.unwrap_or_else(|| {
+            self.counts.failed_lookups += 1;
+            groups
+        });
+        self.page_failed_groups += failed;
+        self.counts.failed_groups += failed as u64;
+        true
     }
 
     /// Sends the front message's stalled batches to the peers that have room now.
     fn retry_stalled(
         &mut self,
-        room: &mut impl FnMut(ShardId) -> usize,
+        room: &mut impl FnMut(PushTo) -> usize,
         limits: &PlanLimits,
-        out: &mut Vec<Push>,
+        out: &mut Vec<PlanOutput>,
     ) -> usize {
         if self.stalled.is_empty() {
             return 0;
@@ -345,14 +561,14 @@ impl Planner {
         let mut stalled = std::mem::take(&mut self.stalled);
         let before = stalled.len();
         stalled.retain_mut(|(to, endpoints)| {
-            if !take_room(&mut self.emitted, room, *to, limits) {
+            if !self.emitted.take_room(room, *to, limits) {
                 return true;
             }
-            out.push(Push {
-                to: PushTo::Shard(*to),
+            out.push(PlanOutput::Push(Push {
+                to: *to,
                 message: message.clone(),
                 endpoints: std::mem::take(endpoints),
-            });
+            }));
             false
         });
         let sent = before - stalled.len();
@@ -360,54 +576,117 @@ impl Planner {
         sent.max(usize::from(!self.stalled.is_empty()))
     }
 
-    /// Plans one page: groups by target, one lookup, batches by owner; this shard's
-    /// batches come last (other shards write their sockets meanwhile).
-    #[allow(clippy::too_many_arguments)]
-    fn plan_page(
+    /// Opens a page: groups by target, one synchronous lookup of the groups this
+    /// node leads, one [`Lookup`] per other node (nodes in order of first
+    /// appearance). Returns 1 if it emitted lookups (the page waits), else 0 (the
+    /// page is pushed next).
+    fn look_up_page(
         &mut self,
         view: &ClusterView,
         lookup: &mut impl EndpointLookup,
-        room: &mut impl FnMut(ShardId) -> usize,
         limits: &PlanLimits,
-        message: &Arc<Committed>,
-        sender: Option<Sender>,
+        message_id: i64,
         page: &[Uid],
-        out: &mut Vec<Push>,
-    ) {
+        out: &mut Vec<PlanOutput>,
+    ) -> usize {
         group_by_target(view, page, &mut self.groups);
-        let lookups: Vec<(Target, &[Uid])> = self.groups.lookups().collect();
         self.endpoints.clear();
         self.results.clear();
-        lookup.endpoints_by_targets_into(&lookups, &mut self.endpoints, &mut self.results);
-        let failed_groups = self.results.iter().filter(|r| r.is_err()).count();
+        let local_node = limits.local_node;
+        let local: Vec<(Target, &[Uid])> = self
+            .groups
+            .lookups()
+            .filter(|(t, _)| t.leader_node_id == local_node)
+            .collect();
+        if !local.is_empty() {
+            lookup.endpoints_by_targets_into(&local, &mut self.endpoints, &mut self.results);
+        }
+        let failed = self.results.iter().filter(|r| r.is_err()).count();
+        self.counts.failed_groups += failed as u64;
+        self.page_open = true;
+        self.page_failed_groups = failed;
+        let lookups = self.remote_lookups(local_node, message_id);
+        let emitted = lookups.len();
+        self.counts.lookups += emitted as u64;
+        for l in lookups {
+            self.awaiting.push((l.lookup_id, l.groups.len()));
+            out.push(PlanOutput::Lookup(l));
+        }
+        usize::from(emitted > 0)
+    }
+
+    /// The open page's groups led by other nodes than `local_node`, one lookup per
+    /// node.
+    fn remote_lookups(&mut self, local_node: NodeId, message_id: i64) -> Vec<Lookup> {
+        let mut lookups: Vec<Lookup> = Vec::new();
+        for (target, range) in &self.groups.groups {
+            let node = target.leader_node_id;
+            if node == local_node {
+                continue;
+            }
+            let i = match lookups.iter().position(|l| l.node == node) {
+                Some(i) => i,
+                None => {
+                    lookups.push(Lookup {
+                        lookup_id: self.next_lookup_id,
+                        node,
+                        message_id,
+                        groups: Vec::new(),
+                        uids: Vec::new(),
+                    });
+                    self.next_lookup_id += 1;
+                    lookups.len() - 1
+                }
+            };
+            let l = &mut lookups[i];
+            let start = l.uids.len();
+            l.uids.extend_from_slice(&self.groups.uids[range.clone()]);
+            l.groups.push((*target, start..l.uids.len()));
+        }
+        lookups
+    }
+
+    /// Pushes the open page (every lookup of it answered): batches by owner; a
+    /// batch for a peer without room stalls; this shard's batches come last (other
+    /// shards write their sockets meanwhile).
+    fn push_page(
+        &mut self,
+        room: &mut impl FnMut(PushTo) -> usize,
+        limits: &PlanLimits,
+        out: &mut Vec<PlanOutput>,
+    ) {
+        let Some(front) = self.backlog.front() else {
+            unreachable!("an open page belongs to the backlog's front message");
+        };
+        let (message, sender) = (&front.message, front.sender);
+        self.page_open = false;
         let plan = plan_pushes(
             limits.local_node,
             self.endpoints.drain(..),
-            failed_groups,
+            self.page_failed_groups,
             sender,
             limits.push_batch_max,
         );
-        self.counts.failed_groups += plan.failed_groups as u64;
         for (to, endpoints) in plan.batches {
             match to {
                 PushTo::Shard(s) if s == limits.me => self.local.push(endpoints),
-                PushTo::Shard(s) if !take_room(&mut self.emitted, room, s, limits) => {
+                to if !self.emitted.take_room(room, to, limits) => {
                     self.counts.stalls += 1;
-                    self.stalled.push((s, endpoints));
+                    self.stalled.push((to, endpoints));
                 }
-                to => out.push(Push {
+                to => out.push(PlanOutput::Push(Push {
                     to,
                     message: message.clone(),
                     endpoints,
-                }),
+                })),
             }
         }
         for endpoints in self.local.drain(..) {
-            out.push(Push {
+            out.push(PlanOutput::Push(Push {
                 to: PushTo::Shard(limits.me),
                 message: message.clone(),
                 endpoints,
-            });
+            }));
         }
     }
 
@@ -418,23 +697,32 @@ impl Planner {
     }
 }
 
-/// Takes one slot of room towards `to` if it has more than the reserve (counting
-/// the batches this call already emitted there).
-fn take_room(
-    emitted: &mut Vec<usize>,
-    room: &mut impl FnMut(ShardId) -> usize,
-    to: ShardId,
-    limits: &PlanLimits,
-) -> bool {
-    let i = to as usize;
-    if emitted.len() <= i {
-        emitted.resize(i + 1, 0);
+/// Moves the endpoints of a reply's successful groups into `into`; returns how
+/// many of its `groups` failed, or `None` if the reply does not fit the request
+/// (a result count other than `groups`, ranges out of bounds or out of order).
+fn take_found(
+    endpoints: Vec<Endpoint>,
+    results: &[Result<Range<usize>, AuthorityError>],
+    groups: usize,
+    into: &mut Vec<Endpoint>,
+) -> Option<usize> {
+    if results.len() != groups {
+        return None;
     }
-    if room(to).saturating_sub(emitted[i]) <= limits.reserved_room_per_peer {
-        return false;
+    let mut end = 0;
+    for r in results.iter().flatten() {
+        if r.start < end || r.start > r.end || r.end > endpoints.len() {
+            return None;
+        }
+        end = r.end;
     }
-    emitted[i] += 1;
-    true
+    let mut found = endpoints.into_iter();
+    let mut at = 0;
+    for r in results.iter().flatten().filter(|r| !r.is_empty()) {
+        into.extend(found.by_ref().skip(r.start - at).take(r.len()));
+        at = r.end;
+    }
+    Some(results.iter().filter(|r| r.is_err()).count())
 }
 
 #[cfg(test)]
@@ -543,5 +831,412 @@ mod tests {
             .flat_map(|b| b.1.iter().map(|e| &*e.uid))
             .collect();
         assert_eq!(shard0, vec!["a", "c", "d", "e"]);
+    }
+}
+
+#[cfg(test)]
+mod planner_tests {
+    use super::*;
+    use crate::channel::Subscribers;
+    use crate::route::DeviceLevel;
+
+    /// This node; hash slot `h` is led by node `h % 3 + 1` (see [`view`]).
+    const ME: NodeId = 1;
+    const CHARGE: usize = 100;
+
+    fn view() -> ClusterView {
+        ClusterView::initial(&[1, 2, 3], 256).unwrap()
+    }
+
+    fn limits() -> PlanLimits {
+        PlanLimits {
+            local_node: ME,
+            me: 0,
+            subscriber_page_max: 16,
+            push_batch_max: 16,
+            pages_per_turn_max: 4,
+            reserved_room_per_peer: 1,
+        }
+    }
+
+    /// `n` uids whose authority is `node`, named `{tag}…`.
+    fn led_by(node: NodeId, tag: &str, n: usize) -> Vec<Uid> {
+        let v = view();
+        (0..)
+            .map(|i| Uid::from(format!("{tag}{i}")))
+            .filter(|u| v.target_for_uid(u).leader_node_id == node)
+            .take(n)
+            .collect()
+    }
+
+    /// The one session of `uid`: owned by node 2 if the uid starts with 'r'
+    /// (a remote owner), else by shard 1 of this node.
+    fn endpoint(uid: &Uid) -> Endpoint {
+        let node_id = if uid.starts_with('r') { 2 } else { ME };
+        Endpoint {
+            uid: uid.clone(),
+            device_flag: 1,
+            device_level: DeviceLevel::Master,
+            node_id,
+            boot_id: 7,
+            session_id: session_id(1, uid.len() as u64),
+            owner_seq: 1,
+        }
+    }
+
+    /// This node's authority: every uid online once; records what it was asked.
+    #[derive(Default)]
+    struct Local {
+        asked: Vec<Uid>,
+    }
+
+    impl EndpointLookup for Local {
+        fn endpoints_by_targets_into(
+            &mut self,
+            lookups: &[(Target, &[Uid])],
+            endpoints: &mut Vec<Endpoint>,
+            results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+        ) {
+            for (target, uids) in lookups {
+                assert_eq!(target.leader_node_id, ME, "only local groups here");
+                let start = endpoints.len();
+                for uid in *uids {
+                    self.asked.push(uid.clone());
+                    endpoints.push(endpoint(uid));
+                }
+                results.push(Ok(start..endpoints.len()));
+            }
+        }
+    }
+
+    /// The authority node's reply to `l`: every uid online once, except the groups
+    /// at the indexes in `stale`.
+    fn found(l: &Lookup, stale: &[usize]) -> LookupReply {
+        let (mut endpoints, mut results) = (Vec::new(), Vec::new());
+        for (g, (_, uids)) in l.groups().enumerate() {
+            if stale.contains(&g) {
+                results.push(Err(AuthorityError::StaleTarget));
+                continue;
+            }
+            let start = endpoints.len();
+            endpoints.extend(uids.iter().map(endpoint));
+            results.push(Ok(start..endpoints.len()));
+        }
+        LookupReply::Found { endpoints, results }
+    }
+
+    fn delivery(id: i64, uids: Vec<Uid>) -> Delivery {
+        let message = Committed {
+            committed_ns: 0,
+            message_id: id,
+            message_seq: id as u64,
+            timestamp_s: 0,
+            from_uid: "sender".into(),
+            channel_key: "g".into(),
+            channel_type: 2,
+            client_msg_no: String::new(),
+            setting: 0,
+            flags: 0,
+            expire_s: 0,
+            topic: String::new(),
+            payload: Vec::new(),
+        };
+        Delivery {
+            message: Arc::new(message),
+            sender: None,
+            subscribers: Some(Arc::new(Subscribers { uids })),
+            charge_bytes: CHARGE,
+        }
+    }
+
+    /// A planner, its local authority, and the room of every peer (`room_max`
+    /// unless set in `room`).
+    struct Rig {
+        p: Planner,
+        local: Local,
+        limits: PlanLimits,
+        room: Vec<(PushTo, usize)>,
+    }
+
+    /// What one `pump` did: freed bytes, work, the pushes as (to, message, uids),
+    /// the lookups.
+    type Pumped = (usize, usize, Vec<(PushTo, i64, Vec<Uid>)>, Vec<Lookup>);
+
+    impl Rig {
+        fn new(deliveries: Vec<Delivery>) -> Rig {
+            let mut p = Planner::default();
+            for d in deliveries {
+                p.enqueue(d);
+            }
+            Rig {
+                p,
+                local: Local::default(),
+                limits: limits(),
+                room: Vec::new(),
+            }
+        }
+
+        fn pump(&mut self) -> Pumped {
+            let table = self.room.clone();
+            let mut room = |to: PushTo| {
+                let set = table.iter().find(|(t, _)| *t == to);
+                set.map_or(usize::MAX, |(_, r)| *r)
+            };
+            let mut out = Vec::new();
+            let (freed, work) =
+                self.p
+                    .pump(&view(), &mut self.local, &mut room, &self.limits, &mut out);
+            let (mut pushes, mut lookups) = (Vec::new(), Vec::new());
+            for o in out {
+                match o {
+                    PlanOutput::Push(p) => {
+                        let uids = p.endpoints.iter().map(|e| e.uid.clone()).collect();
+                        pushes.push((p.to, p.message.message_id, uids));
+                    }
+                    PlanOutput::Lookup(l) => lookups.push(l),
+                }
+            }
+            (freed, work, pushes, lookups)
+        }
+    }
+
+    fn sorted(mut uids: Vec<Uid>) -> Vec<Uid> {
+        uids.sort();
+        uids
+    }
+
+    /// Every uid pushed, sorted.
+    fn all_pushed(pushes: &[(PushTo, i64, Vec<Uid>)]) -> Vec<Uid> {
+        sorted(pushes.iter().flat_map(|p| p.2.iter().cloned()).collect())
+    }
+
+    #[test]
+    fn a_page_with_remote_groups_is_pushed_only_when_its_lookup_is_answered() {
+        let (local, remote) = (led_by(1, "a", 2), led_by(2, "b", 2));
+        let recipients = [local.clone(), remote.clone()].concat();
+        let mut rig = Rig::new(vec![delivery(1, recipients.clone())]);
+        let (freed, work, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty(), "the local endpoints wait for the page");
+        assert_eq!(
+            (freed, work),
+            (0, 1),
+            "the lookup was work; no more is asked"
+        );
+        assert_eq!(sorted(rig.local.asked.clone()), sorted(local));
+        let [l] = lookups.as_slice() else {
+            panic!("one lookup, to node 2: {lookups:?}");
+        };
+        assert_eq!((l.node, l.message_id), (2, 1));
+        let asked: Vec<Uid> = l.groups().flat_map(|g| g.1.to_vec()).collect();
+        assert_eq!(sorted(asked), sorted(remote));
+        for (target, uids) in l.groups() {
+            assert!(uids.iter().all(|u| view().target_for_uid(u) == target));
+        }
+        assert_eq!(rig.pump(), (0, 0, vec![], vec![]), "waiting: nothing to do");
+        assert_eq!(rig.p.len(), 1);
+        assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[])));
+        let (freed, work, pushes, lookups) = rig.pump();
+        assert!(lookups.is_empty());
+        assert_eq!(
+            (freed, work),
+            (CHARGE, 1),
+            "pushed, and the message is done"
+        );
+        assert_eq!(all_pushed(&pushes), sorted(recipients));
+        assert!(pushes.iter().all(|p| p.0 == PushTo::Shard(1)));
+        assert_eq!(
+            pushes.len(),
+            1,
+            "local and remote endpoints coalesce by owner"
+        );
+        assert!(rig.p.is_empty());
+        let counts = rig.p.take_counts();
+        assert_eq!((counts.lookups, counts.failed_groups), (1, 0));
+    }
+
+    #[test]
+    fn two_remote_nodes_get_one_lookup_each_and_the_page_waits_for_both() {
+        let recipients = [led_by(2, "b", 2), led_by(3, "c", 2)].concat();
+        let mut rig = Rig::new(vec![delivery(1, recipients.clone())]);
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty() && rig.local.asked.is_empty());
+        let nodes: Vec<NodeId> = lookups.iter().map(|l| l.node).collect();
+        assert_eq!(sorted_nodes(nodes), vec![2, 3]);
+        assert_ne!(lookups[0].lookup_id, lookups[1].lookup_id);
+        assert_eq!(rig.p.awaiting_lookups(), 2);
+        assert!(rig
+            .p
+            .on_lookup_reply(lookups[1].lookup_id, found(&lookups[1], &[])));
+        let (_, work, pushes, _) = rig.pump();
+        assert!(pushes.is_empty(), "one reply of two: still waiting");
+        assert_eq!(work, 0);
+        assert!(rig
+            .p
+            .on_lookup_reply(lookups[0].lookup_id, found(&lookups[0], &[])));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(recipients));
+        assert_eq!(freed, CHARGE);
+    }
+
+    fn sorted_nodes(mut nodes: Vec<NodeId>) -> Vec<NodeId> {
+        nodes.sort_unstable();
+        nodes
+    }
+
+    #[test]
+    fn a_failed_lookup_fails_its_groups_and_the_rest_is_delivered() {
+        let (local, node2, node3) = (led_by(1, "a", 2), led_by(2, "b", 3), led_by(3, "c", 1));
+        let recipients = [local.clone(), node2, node3.clone()].concat();
+        let mut rig = Rig::new(vec![delivery(1, recipients)]);
+        let (_, _, _, lookups) = rig.pump();
+        let (to2, to3) = match lookups.as_slice() {
+            [a, b] if a.node == 2 => (a, b),
+            [a, b] => (b, a),
+            _ => panic!("two lookups: {lookups:?}"),
+        };
+        let failed = LookupReply::Failed(LookupFailure::Deadline);
+        assert!(rig.p.on_lookup_reply(to2.lookup_id, failed));
+        assert!(rig.p.on_lookup_reply(to3.lookup_id, found(to3, &[])));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted([local, node3].concat()));
+        assert_eq!(freed, CHARGE, "a failed group does not hold the message");
+        let counts = rig.p.take_counts();
+        assert_eq!(
+            (counts.failed_groups, counts.failed_lookups),
+            (to2.groups.len() as u64, 1),
+            "every group of the failed lookup is counted"
+        );
+    }
+
+    #[test]
+    fn a_stale_group_in_a_reply_fails_alone() {
+        let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 4))]);
+        let (_, _, _, lookups) = rig.pump();
+        let l = &lookups[0];
+        assert!(l.groups.len() >= 2, "the uids span several hash slots");
+        assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
+        let (_, _, pushes, _) = rig.pump();
+        let survivors: Vec<Uid> = l.groups().skip(1).flat_map(|g| g.1.to_vec()).collect();
+        assert_eq!(all_pushed(&pushes), sorted(survivors));
+        let counts = rig.p.take_counts();
+        assert_eq!((counts.failed_groups, counts.failed_lookups), (1, 0));
+    }
+
+    #[test]
+    fn a_late_or_unknown_reply_is_ignored() {
+        let first = delivery(1, led_by(2, "b", 2));
+        let second = delivery(2, led_by(2, "d", 2));
+        let mut rig = Rig::new(vec![first, second]);
+        let (_, _, _, lookups) = rig.pump();
+        let l1 = lookups[0].clone();
+        // The driver's deadline fails it; the node's reply arrives after.
+        assert!(rig
+            .p
+            .on_lookup_reply(l1.lookup_id, LookupReply::Failed(LookupFailure::Deadline)));
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty(), "message 1's only groups failed");
+        let l2 = lookups[0].clone();
+        assert_eq!(l2.message_id, 2);
+        assert!(
+            !rig.p.on_lookup_reply(l1.lookup_id, found(&l1, &[])),
+            "late"
+        );
+        assert!(!rig.p.on_lookup_reply(99, found(&l1, &[])), "unknown");
+        assert_eq!(rig.p.awaiting_lookups(), 1, "message 2 still waits");
+        assert!(rig.p.on_lookup_reply(l2.lookup_id, found(&l2, &[])));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(l2.uids.clone()), "none of l1's");
+        assert_eq!(freed, CHARGE);
+        assert_eq!(rig.p.take_counts().ignored_replies, 2);
+    }
+
+    #[test]
+    fn the_next_message_waits_behind_a_waiting_page() {
+        let (remote, local) = (led_by(2, "b", 2), led_by(1, "a", 2));
+        let mut rig = Rig::new(vec![delivery(1, remote), delivery(2, local.clone())]);
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty(), "message 2 is not planned meanwhile");
+        assert!(rig.local.asked.is_empty(), "not even looked up");
+        assert_eq!(rig.pump().1, 0);
+        assert!(rig
+            .p
+            .on_lookup_reply(lookups[0].lookup_id, found(&lookups[0], &[])));
+        let (freed, _, pushes, _) = rig.pump();
+        let order: Vec<i64> = pushes.iter().map(|p| p.1).collect();
+        assert_eq!(order, vec![1, 2], "in order, once the reply came");
+        assert_eq!(freed, 2 * CHARGE);
+        assert_eq!(sorted(rig.local.asked.clone()), sorted(local));
+    }
+
+    #[test]
+    fn a_batch_for_a_node_without_room_stalls_until_it_has_room() {
+        // Local authority, sessions owned by node 2 ('r…') and by shard 1 ('a…').
+        let (remote_owned, here) = (led_by(1, "r", 2), led_by(1, "a", 1));
+        let mut rig = Rig::new(vec![delivery(1, [remote_owned.clone(), here].concat())]);
+        rig.room = vec![(PushTo::Node(2), 1)]; // no more than the reserve
+        let (freed, work, pushes, _) = rig.pump();
+        let to: Vec<PushTo> = pushes.iter().map(|p| p.0).collect();
+        assert_eq!(
+            to,
+            vec![PushTo::Shard(1)],
+            "the shard's batch goes; node 2's waits"
+        );
+        assert_eq!((freed, work), (0, 2), "busy while stalled");
+        assert_eq!(rig.p.take_counts().stalls, 1);
+        assert_eq!(rig.pump().2, vec![], "still no room");
+        rig.room = vec![(PushTo::Node(2), 2)];
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushes, vec![(PushTo::Node(2), 1, remote_owned)]);
+        assert_eq!(freed, CHARGE);
+    }
+
+    #[test]
+    fn a_reply_that_does_not_fit_its_request_fails_every_group() {
+        let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 4))]);
+        let (_, _, _, lookups) = rig.pump();
+        let l = &lookups[0];
+        let LookupReply::Found {
+            endpoints,
+            mut results,
+        } = found(l, &[])
+        else {
+            unreachable!()
+        };
+        results.pop();
+        let short = LookupReply::Found { endpoints, results };
+        assert!(rig.p.on_lookup_reply(l.lookup_id, short));
+        assert!(rig.pump().2.is_empty());
+        let counts = rig.p.take_counts();
+        assert_eq!(
+            (counts.failed_groups, counts.failed_lookups),
+            (l.groups.len() as u64, 1)
+        );
+    }
+
+    #[test]
+    fn found_endpoints_are_moved_by_range_and_bad_ranges_refused() {
+        let eps: Vec<Endpoint> = ["x", "y", "z"].map(|u| endpoint(&Uid::from(u))).to_vec();
+        let mut into = Vec::new();
+        let results = [
+            Ok(0..1),
+            Err(AuthorityError::StaleTarget),
+            Ok(1..1),
+            Ok(2..3),
+        ];
+        assert_eq!(take_found(eps.clone(), &results, 4, &mut into), Some(1));
+        let uids: Vec<&str> = into.iter().map(|e| &*e.uid).collect();
+        assert_eq!(
+            uids,
+            vec!["x", "z"],
+            "only the successful groups' endpoints"
+        );
+        for bad in [
+            [Ok(1..2), Ok(0..1)],
+            [Ok(0..4), Ok(4..4)],
+            [Ok(Range { start: 2, end: 1 }), Ok(2..2)],
+        ] {
+            assert_eq!(take_found(eps.clone(), &bad, 2, &mut into), None, "{bad:?}");
+        }
+        assert_eq!(take_found(eps, &[Ok(0..3)], 2, &mut into), None, "count");
     }
 }

@@ -10,7 +10,12 @@
 //! `messagesync` does) and leaving (the directory's unregister lags), a network to
 //! the other owner shards that reorders and drops pushes, room per peer (sometimes
 //! none: stalls), clients that acknowledge late or never (re-sends with DUP, then
-//! expiry). One `StdRng` per seed, a virtual clock, no threads or sleeps inside a seed.
+//! expiry), and a fake remote node leading a share of the hash slots (none, 30% or
+//! 70% per seed): the planner's `Lookup`s for their uids are answered after a delay
+//! from the directory (a group may be stale), or failed at the driver's deadline
+//! (and maybe answered late: the planner must ignore it), or lost with a restarted
+//! peer (failed when the driver learns it). One `StdRng` per seed, a virtual clock,
+//! no threads or sleeps inside a seed.
 //!
 //! Invariants (`inv1`..`inv7` in a failure's text):
 //! 1. Every request gets exactly one answer (or none if its core crashed first);
@@ -26,8 +31,11 @@
 //! 5. Every message answered with success reaches every recipient session active
 //!    from before its commit to the end: its RECV was acknowledged or expired with a
 //!    count (each session's tracked RECVs = acked + expired), or it was counted as
-//!    untracked (ack limits), or its push was dropped (counted), or its delivery died
-//!    with a core restart; and it is readable from the log by seq unless NoPersist.
+//!    untracked (ack limits), or its push was dropped (counted), or its group's
+//!    lookup failed (local or remote, stale or the whole lookup: counted in
+//!    `failed_groups`, which must equal the failures the world injected), or its
+//!    delivery died with a core restart; and it is readable from the log by seq
+//!    unless NoPersist.
 //! 6. The race: a session that became active while a message committed either got
 //!    its RECV (or a counted report) or read it from the log when it activated.
 //! 7. The core's bounds, after every turn: `backlog_len <= delivery_backlog_max`,
@@ -37,8 +45,9 @@
 //! A simulation that cannot fail is a defect: `send_sim_catches_planted_bugs` plants
 //! one bug at a time in the world (a crash that loses a synced record, an owner that
 //! skips revalidation, a route published only after its session read the log, a
-//! restart without the window's refill, pushes dropped uncounted) and requires the
-//! matching invariant to fail.
+//! restart without the window's refill, pushes dropped uncounted, a failed remote
+//! lookup whose recipients are not reported) and requires the matching invariant to
+//! fail.
 //!
 //! A message whose first copy was never answered with success (a failed sync
 //! answered it 15, or the core crashed before answering) but whose record survived
@@ -46,7 +55,8 @@
 //! marks what it refilled from the log. Seeds 20 (a failed sync) and 61 (a crash)
 //! found it when the core answered such a resend without delivering it.
 //!
-//! The model's simplifications: one node and one commit core; a restart is the core's
+//! The model's simplifications: one commit core, its node owning every session (the
+//! remote node is an authority only: no push goes to another node); a restart is the core's
 //! alone (sessions, owners and the network live on, so a delivery that dies with the
 //! core is counted as `crash_lost`); `messagesync` reads every appended record.
 //!
@@ -343,6 +353,14 @@ fn send_sim_catches_planted_bugs() {
         (
             Bugs {
                 silent_drop: true,
+                ..Bugs::default()
+            },
+            None,
+            "inv5",
+        ),
+        (
+            Bugs {
+                unreported_lookup_failure: true,
                 ..Bugs::default()
             },
             None,

@@ -1,7 +1,8 @@
 //! The simulated world around one commit core: the groups, the owner shards with
-//! their registries and sessions, the directory the planner looks endpoints up in,
-//! the network between the core and the owners, the clients, and the events in
-//! flight. Every decision is drawn from one `StdRng`; time is virtual.
+//! their registries and sessions, the directory the planner looks endpoints up in
+//! (this node's authority, and the fake remote node's, which answers `Lookup`s as
+//! events), the network between the core and the owners, the clients, and the
+//! events in flight. Every decision is drawn from one `StdRng`; time is virtual.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -15,7 +16,10 @@ use domain::cluster::{ClusterView, NodeId, Target};
 use domain::commit::{
     CommitCore, CommitLimits, CommitOutput, CommitRequest, Committed, Committing, Groups, Now,
 };
-use domain::delivery::{session_id, session_shard, EndpointLookup, PlanLimits, Push, PushTo};
+use domain::delivery::{
+    session_id, session_shard, EndpointLookup, Lookup, LookupFailure, LookupReply, PlanLimits,
+    PlanOutput, Push, PushTo,
+};
 use domain::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
 use domain::idgen::MessageIdGen;
 use domain::registry::{NewSession, Registry, RegistryConfig, SessionHandle};
@@ -28,6 +32,11 @@ use shard::slots::ShardId;
 use super::log::{FakeLog, Store};
 
 pub const NODE: NodeId = 1;
+/// The fake remote node that leads part of the hash slots (the authority of their
+/// uids; their sessions are still owned here).
+pub const REMOTE: NodeId = 2;
+/// The driver's deadline for a remote lookup: a failure is synthesized then.
+const LOOKUP_DEADLINE_MS: u64 = 40;
 pub const BOOT: u64 = 7;
 /// Owner shards; shard `ME` is also the commit core's (its pushes skip the network).
 pub const OWNERS: usize = 3;
@@ -63,6 +72,9 @@ pub struct Bugs {
     pub no_refill: bool,
     /// The network drops pushes without counting them.
     pub silent_drop: bool,
+    /// A remote lookup that failed as a whole is not reported (its recipients are
+    /// not counted as failed groups by the world).
+    pub unreported_lookup_failure: bool,
 }
 
 /// One seed's configuration, drawn from the seed.
@@ -73,6 +85,12 @@ pub struct Params {
     pub sync_fail_permille: u32,
     pub restart_permille: u32,
     pub lookup_fail_permille: u32,
+    /// Hash slots led by [`REMOTE`].
+    pub remote_share_permille: u32,
+    /// Remote lookups failed at the deadline (then maybe answered late).
+    pub remote_fail_permille: u32,
+    /// Remote lookups lost (the peer restarted): failed when the driver learns it.
+    pub remote_lost_permille: u32,
     pub ring_cap: usize,
     pub commit: CommitLimits,
     pub plan: PlanLimits,
@@ -89,6 +107,9 @@ impl Params {
             sync_fail_permille: pick(rng, &[0, 0, 40]),
             restart_permille: pick(rng, &[0, 8, 25]),
             lookup_fail_permille: pick(rng, &[0, 0, 20]),
+            remote_share_permille: pick(rng, &[0, 300, 700]),
+            remote_fail_permille: pick(rng, &[0, 50, 150]),
+            remote_lost_permille: pick(rng, &[0, 0, 50]),
             ring_cap,
             commit: CommitLimits {
                 answer_after_sync: always.unwrap_or_else(|| rng.gen_bool(0.5)),
@@ -143,6 +164,12 @@ pub struct Seen {
     /// Resends of a message recovered from the log at start, delivered with them
     /// (`Committing::Recovered`).
     pub recovered: u64,
+    /// Lookups sent to the remote authority.
+    pub remote_lookups: u64,
+    /// ... that failed as a whole (deadline, restarted peer).
+    pub remote_failed: u64,
+    /// ... whose reply came after the deadline's failure (ignored).
+    pub late_replies: u64,
 }
 
 impl Seen {
@@ -153,12 +180,12 @@ impl Seen {
         }
     }
 
-    fn fields(&self) -> [u64; 20] {
+    fn fields(&self) -> [u64; 23] {
         let mut c = *self;
         c.fields_mut().map(|x| *x)
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 20] {
+    fn fields_mut(&mut self) -> [&mut u64; 23] {
         [
             &mut self.committed,
             &mut self.deduplicated,
@@ -180,12 +207,15 @@ impl Seen {
             &mut self.race_recv,
             &mut self.pairs,
             &mut self.recovered,
+            &mut self.remote_lookups,
+            &mut self.remote_failed,
+            &mut self.late_replies,
         ]
     }
 
     /// The counters that stayed zero.
     pub fn zeros(&self) -> Vec<&'static str> {
-        const NAMES: [&str; 20] = [
+        const NAMES: [&str; 23] = [
             "committed",
             "deduplicated",
             "refused_backlog",
@@ -206,6 +236,9 @@ impl Seen {
             "race_recv",
             "pairs",
             "recovered",
+            "remote_lookups",
+            "remote_failed",
+            "late_replies",
         ];
         NAMES
             .iter()
@@ -360,6 +393,15 @@ pub enum Ev {
         ok: bool,
     },
     SyncTimer,
+    /// The remote authority's reply to a lookup (`None`: found, evaluated on the
+    /// directory now), or the driver's failure for it; `late`: a reply after that
+    /// failure, which the planner must ignore.
+    LookupReply {
+        epoch: u32,
+        lookup: Lookup,
+        failure: Option<LookupFailure>,
+        late: bool,
+    },
 }
 
 pub struct Sim {
@@ -395,7 +437,18 @@ pub struct Sim {
     pub failed_lookup: HashSet<(i64, usize)>,
     /// Per channel, the epoch and seq of the last new message answered.
     answered_seq: HashMap<String, (u32, u64)>,
+    /// Group failures the world injected (local and remote) and lookup replies it
+    /// expects ignored; the planner's counts must match them.
+    expected: PlanTally,
+    counted: PlanTally,
     pub seen: Seen,
+}
+
+/// The planner's failure counts, as the world expects or the planner reported them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct PlanTally {
+    failed_groups: u64,
+    ignored_replies: u64,
 }
 
 fn err<T>(msg: String) -> Result<T, String> {
@@ -425,13 +478,14 @@ impl Sim {
             ..Store::default()
         }));
         let core = CommitCore::new(FakeLog(store.clone()), new_ids(), window(), p.commit);
+        let view = view(&mut rng, p.remote_share_permille);
         let mut sim = Sim {
             rng,
             p,
             bugs,
             now: 0,
             chaos: true,
-            view: ClusterView::single_node(NODE),
+            view,
             groups: SimGroups(groups),
             uids,
             store,
@@ -455,6 +509,8 @@ impl Sim {
             dropped: HashSet::new(),
             failed_lookup: HashSet::new(),
             answered_seq: HashMap::new(),
+            expected: PlanTally::default(),
+            counted: PlanTally::default(),
             seen: Seen::default(),
         };
         if !p.commit.answer_after_sync {
@@ -617,6 +673,17 @@ impl Sim {
                 self.core.on_sync_timer(&mut out);
                 self.schedule(SYNC_INTERVAL_MS, Ev::SyncTimer);
                 return self.carry(out);
+            }
+            Ev::LookupReply {
+                epoch,
+                lookup,
+                failure,
+                late,
+            } => {
+                // A new core's lookups are not the old one's: the driver drops them.
+                if epoch == self.epoch {
+                    return self.lookup_reply(&lookup, failure, late);
+                }
             }
         }
         Ok(())
@@ -1005,7 +1072,8 @@ impl Sim {
     // ---- delivery ------------------------------------------------------------
 
     /// The core's delivery turn: room per peer is the ring's capacity less what is
-    /// in flight and other traffic (sometimes all of it: a stall).
+    /// in flight and other traffic (sometimes all of it: a stall); the remote node's
+    /// room is unbounded (its sessions are owned here: no push goes there).
     pub fn pump(&mut self) -> Result<(), String> {
         let mut room = [0usize; OWNERS];
         for (s, r) in room.iter_mut().enumerate() {
@@ -1035,34 +1103,156 @@ impl Sim {
             failed: Vec::new(),
             failed_groups: 0,
         };
-        let mut pushes = Vec::new();
+        let mut outputs = Vec::new();
         self.core.pump(
             &self.view,
             &mut lookup,
-            &mut |s: ShardId| room[s as usize],
+            &mut |to: PushTo| match to {
+                PushTo::Shard(s) => room[s as usize],
+                PushTo::Node(_) => usize::MAX,
+            },
             &self.p.plan,
-            &mut pushes,
+            &mut outputs,
         );
-        let counts = self.core.take_plan_counts();
-        self.seen.stalls += counts.stalls;
-        if counts.failed_groups != lookup.failed_groups {
-            return err(format!(
-                "{} lookups failed, the planner counted {}",
-                lookup.failed_groups, counts.failed_groups
-            ));
+        let (failed, failed_groups) = (lookup.failed, lookup.failed_groups);
+        self.expected.failed_groups += failed_groups;
+        self.check_plan_counts()?;
+        self.seen.failed_lookups += failed_groups;
+        for i in front {
+            self.report_failed(self.delivery_order[i], &failed);
         }
-        self.seen.failed_lookups += lookup.failed_groups;
-        for uid in lookup.failed {
-            for s in (0..self.sessions.len()).filter(|&s| self.sessions[s].uid == uid) {
-                for &id in &self.delivery_order[front.clone()] {
-                    self.failed_lookup.insert((id, s));
-                }
+        for output in outputs {
+            match output {
+                PlanOutput::Push(push) => self.carry_push(push)?,
+                PlanOutput::Lookup(lookup) => self.send_lookup(lookup)?,
             }
         }
-        for push in pushes {
-            self.carry_push(push)?;
+        Ok(())
+    }
+
+    /// The planner's counts so far against what the world injected.
+    fn check_plan_counts(&mut self) -> Result<(), String> {
+        let counts = self.core.take_plan_counts();
+        self.seen.stalls += counts.stalls;
+        self.counted.failed_groups += counts.failed_groups;
+        self.counted.ignored_replies += counts.ignored_replies;
+        if self.counted != self.expected {
+            return err(format!(
+                "the planner counted {:?}, the world injected {:?}",
+                self.counted, self.expected
+            ));
         }
         Ok(())
+    }
+
+    /// The pairs of message `id` and the sessions of `uids` are reported: their
+    /// lookup failed (they catch up by sync).
+    fn report_failed(&mut self, id: i64, uids: &[Uid]) {
+        for uid in uids {
+            for s in (0..self.sessions.len()).filter(|&s| self.sessions[s].uid == *uid) {
+                self.failed_lookup.insert((id, s));
+            }
+        }
+    }
+
+    /// A lookup to the remote authority: answered after a while, or (chaos) failed
+    /// at the deadline and maybe answered late, or lost with a restarted peer (the
+    /// driver fails it when it learns of the restart).
+    fn send_lookup(&mut self, lookup: Lookup) -> Result<(), String> {
+        if lookup.node != REMOTE {
+            return err(format!("a lookup to node {}", lookup.node));
+        }
+        self.seen.remote_lookups += 1;
+        let epoch = self.epoch;
+        let roll = self.rng.gen_range(0..1000);
+        let (fail, lost) = (self.p.remote_fail_permille, self.p.remote_lost_permille);
+        let (after, failure) = if self.chaos && roll < fail {
+            if self.rng.gen_bool(0.5) {
+                let late = Ev::LookupReply {
+                    epoch,
+                    lookup: lookup.clone(),
+                    failure: None,
+                    late: true,
+                };
+                let after = LOOKUP_DEADLINE_MS + self.rng.gen_range(1..=20);
+                self.schedule(after, late);
+            }
+            (LOOKUP_DEADLINE_MS, Some(LookupFailure::Deadline))
+        } else if self.chaos && roll < fail + lost {
+            let after = self.rng.gen_range(1..=LOOKUP_DEADLINE_MS);
+            (after, Some(LookupFailure::PeerRestarted))
+        } else {
+            (self.rng.gen_range(1..=30), None)
+        };
+        let ev = Ev::LookupReply {
+            epoch,
+            lookup,
+            failure,
+            late: false,
+        };
+        self.schedule(after, ev);
+        Ok(())
+    }
+
+    /// A lookup's reply (or failure) reaches the core: the remote authority looks
+    /// its groups up in the directory now (a group may be stale); a late reply must
+    /// be ignored.
+    fn lookup_reply(
+        &mut self,
+        lookup: &Lookup,
+        failure: Option<LookupFailure>,
+        late: bool,
+    ) -> Result<(), String> {
+        let (reply, failed, failed_groups) = match failure {
+            Some(f) => {
+                self.seen.remote_failed += 1;
+                let uids = if self.bugs.unreported_lookup_failure {
+                    Vec::new()
+                } else {
+                    lookup.uids.clone()
+                };
+                (LookupReply::Failed(f), uids, lookup.groups.len() as u64)
+            }
+            None => self.remote_found(lookup),
+        };
+        if late {
+            self.seen.late_replies += 1;
+            self.expected.ignored_replies += 1;
+        } else {
+            self.expected.failed_groups += failed_groups;
+            self.report_failed(lookup.message_id, &failed);
+        }
+        let awaited = self.core.on_lookup_reply(lookup.lookup_id, reply);
+        if awaited == late {
+            return err(format!(
+                "lookup {} (late {late}): the planner said awaited {awaited}",
+                lookup.lookup_id
+            ));
+        }
+        self.check_plan_counts()
+    }
+
+    /// The remote authority's answer, from the directory now; the uids of its
+    /// stale groups and their count.
+    fn remote_found(&mut self, lookup: &Lookup) -> (LookupReply, Vec<Uid>, u64) {
+        let mut dir = DirLookup {
+            dir: &self.directory,
+            now: self.now,
+            rng: &mut self.rng,
+            fail_permille: if self.chaos {
+                self.p.lookup_fail_permille
+            } else {
+                0
+            },
+            failed: Vec::new(),
+            failed_groups: 0,
+        };
+        let groups: Vec<(Target, &[Uid])> = lookup.groups().collect();
+        let (mut endpoints, mut results) = (Vec::new(), Vec::new());
+        dir.endpoints_by_targets_into(&groups, &mut endpoints, &mut results);
+        let failed_groups = dir.failed_groups;
+        let reply = LookupReply::Found { endpoints, results };
+        (reply, dir.failed, failed_groups)
     }
 
     /// A push batch: to this shard's own sessions at once; to another shard over
@@ -1284,6 +1474,17 @@ impl Sim {
                 .iter()
                 .all(|s| s.life != Life::Active || s.pending.is_empty())
     }
+}
+
+/// This node leads every hash slot but a share that [`REMOTE`] leads.
+fn view(rng: &mut StdRng, remote_share_permille: u32) -> ClusterView {
+    let mut view = ClusterView::single_node(NODE);
+    for slot in view.slots.iter_mut() {
+        if rng.gen_range(0..1000) < remote_share_permille {
+            slot.leader_node_id = REMOTE;
+        }
+    }
+    view
 }
 
 fn new_ids() -> MessageIdGen {

@@ -3,17 +3,19 @@
 //! [`Commit`], ends each loop turn with it (group commit), runs its sync jobs on the
 //! shard's syncer thread, and carries its outputs: SENDACKs to the gateways, API
 //! replies, push batches to the owner shards (or to [`super::owner`] for this
-//! shard's own sessions).
+//! shard's own sessions), and the planner's remote lookups
+//! ([`NodeShard::send_remote_lookup`]).
 
 use std::sync::Arc;
 
 use net::io::NetDriver;
 use net::wkproto::ReasonCode;
 use shard::runtime::Context;
-use shard::slots::ShardId;
 
 use domain::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
-use domain::delivery::{EndpointLookup, PlanLimits, Push, PushTo};
+use domain::delivery::{
+    EndpointLookup, Lookup, LookupFailure, LookupReply, PlanLimits, PlanOutput, Push, PushTo,
+};
 
 use crate::authority::AuthorityReader;
 use crate::channel::Subscribers;
@@ -42,7 +44,8 @@ pub struct CommitSide {
     outputs: Vec<CommitOutput<Origin, SyncJob>>,
     /// The outputs being carried while the core adds more (an inline sync).
     carrying: Vec<CommitOutput<Origin, SyncJob>>,
-    pushes: Vec<Push>,
+    /// The planner's outputs: push batches and remote lookups.
+    planned: Vec<PlanOutput>,
 }
 
 impl CommitSide {
@@ -52,7 +55,7 @@ impl CommitSide {
             syncer,
             outputs: Vec::new(),
             carrying: Vec::new(),
-            pushes: Vec::new(),
+            planned: Vec::new(),
         }
     }
 }
@@ -323,8 +326,11 @@ fn answer(
 }
 
 /// Delivers from the backlog (the core's planner): push batches to the owner
-/// shards that have room, this shard's own last. Returns the work done (1 at least
-/// while anything waits, so the shard keeps turning until it is delivered).
+/// shards that have room, this shard's own last, and lookups of the groups another
+/// node leads. Returns the work done (1 at least while anything waits for room, so
+/// the shard keeps turning until it is delivered; nothing for a page that waits for
+/// lookup replies, whose arrival wakes the shard; 1 more if a reply came at once,
+/// so the next turn pushes its page).
 pub fn pump_deliveries(
     node: &mut NodeShard,
     cx: &mut Context<Msg, NodeTimer>,
@@ -333,36 +339,87 @@ pub fn pump_deliveries(
     if node.commit.core.delivering() == 0 {
         return 0;
     }
+    let limits = plan_limits(node);
+    let mut planned = std::mem::take(&mut node.commit.planned);
+    let mut lookup = TimedLookup {
+        reader: &mut node.reader,
+        stages: &node.stages,
+        clock: &node.shared,
+    };
+    let mut room = |to: PushTo| match to {
+        PushTo::Shard(s) => cx.send_capacity(s),
+        // TODO(issue 13): the room of that node's link once owner push is an RPC.
+        PushTo::Node(_) => usize::MAX,
+    };
+    let work = node
+        .commit
+        .core
+        .pump(&node.view, &mut lookup, &mut room, &limits, &mut planned);
+    publish_plan_counts(node);
+    // The push-hop stage starts when the batches are handed over (one clock read).
+    let handed_ns = node.shared.mono_ns();
+    let mut lookups_sent = false;
+    for output in planned.drain(..) {
+        match output {
+            PlanOutput::Push(push) => carry_push(node, cx, driver, push, handed_ns),
+            PlanOutput::Lookup(lookup) => {
+                lookups_sent = true;
+                node.send_remote_lookup(cx, lookup);
+            }
+        }
+    }
+    node.commit.planned = planned;
+    let answered_at_once = lookups_sent && node.commit.core.awaiting_lookups() == 0;
+    work + usize::from(answered_at_once)
+}
+
+/// The planner's limits from `[delivery]`.
+fn plan_limits(node: &NodeShard) -> PlanLimits {
     let cfg = &node.shared.config.delivery;
-    let limits = PlanLimits {
+    PlanLimits {
         local_node: node.shared.config.node_id,
         me: node.me,
         subscriber_page_max: cfg.subscriber_page_max,
         push_batch_max: cfg.push_batch_max,
         pages_per_turn_max: cfg.pages_per_turn_max,
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
-    };
-    let mut pushes = std::mem::take(&mut node.commit.pushes);
-    let mut lookup = TimedLookup {
-        reader: &mut node.reader,
-        stages: &node.stages,
-        clock: &node.shared,
-    };
-    let mut room = |s: ShardId| cx.send_capacity(s);
-    let work = node
-        .commit
-        .core
-        .pump(&node.view, &mut lookup, &mut room, &limits, &mut pushes);
+    }
+}
+
+/// The planner's counters, as metrics.
+fn publish_plan_counts(node: &mut NodeShard) {
     let counts = node.commit.core.take_plan_counts();
     node.metrics.stale_lookups.add(counts.failed_groups);
     node.metrics.delivery_stalls.add(counts.stalls);
-    // The push-hop stage starts when the batches are handed over (one clock read).
-    let handed_ns = node.shared.mono_ns();
-    for push in pushes.drain(..) {
-        carry_push(node, cx, driver, push, handed_ns);
+    // TODO(issue 13): metrics for remote lookups (sent, failed, ignored replies).
+    if counts.ignored_replies > 0 {
+        tracing::debug!(
+            ignored = counts.ignored_replies,
+            "lookup replies for no awaited lookup"
+        );
     }
-    node.commit.pushes = pushes;
-    work
+}
+
+impl NodeShard {
+    /// Sends one remote lookup (EndpointsByTargets to `lookup.node`) and answers it
+    /// exactly once through `CommitCore::on_lookup_reply`: the node's reply, or a
+    /// failure at the RPC deadline or when the peer is down or restarted.
+    ///
+    /// For now it fails the lookup at once as `PeerDown`: its groups are counted
+    /// failed and their recipients catch up by messagesync. A node alone never
+    /// gets here (it leads every target); a configured cluster did the same before
+    /// (this node's reader failed those groups as not led here). TODO(issue 13): the
+    /// EndpointsByTargets RPC.
+    pub(crate) fn send_remote_lookup(&mut self, _cx: &mut Context<Msg, NodeTimer>, lookup: Lookup) {
+        tracing::debug!(
+            node = lookup.node,
+            message_id = lookup.message_id,
+            groups = lookup.groups.len(),
+            "remote authority: lookup failed (no inter-node RPC yet)"
+        );
+        let reply = LookupReply::Failed(LookupFailure::PeerDown);
+        self.commit.core.on_lookup_reply(lookup.lookup_id, reply);
+    }
 }
 
 /// One push batch: to this shard's sessions at once, to another shard over its ring.
