@@ -73,8 +73,8 @@ impl NodeShard {
             let now_ms = cx.now_ms();
             for node in view.nodes.clone() {
                 if node != self.shared.config.node_id {
-                    let message = wire::OneWay::View(Box::new(view.clone()));
-                    self.peers.oneway(node, &message, now_ms);
+                    self.peers
+                        .oneway(node, &wire::OneWayRef::View(view), now_ms);
                 }
             }
         }

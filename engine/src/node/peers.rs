@@ -130,7 +130,7 @@ impl Peers {
     }
 
     /// Sends a one-way message to `node`; false if the link refused it.
-    pub fn oneway(&mut self, node: NodeId, message: &wire::OneWay, now_ms: u64) -> bool {
+    pub fn oneway(&mut self, node: NodeId, message: &wire::OneWayRef<'_>, now_ms: u64) -> bool {
         wire::encode(message, &mut self.body);
         let body = std::mem::take(&mut self.body);
         let sent = self.link_mut(node).is_some_and(|l| {
@@ -509,9 +509,9 @@ impl NodeShard {
     /// unreachable learns the latest view when it reconnects).
     fn on_peer_up(&mut self, cx: &mut Context<Msg, NodeTimer>, node: NodeId) {
         if self.me == 0 {
-            let view = Box::new((*self.shared.view()).clone());
+            let view = self.shared.view();
             self.peers
-                .oneway(node, &wire::OneWay::View(view), cx.now_ms());
+                .oneway(node, &wire::OneWayRef::View(&view), cx.now_ms());
         }
     }
 }

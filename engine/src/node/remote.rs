@@ -25,6 +25,7 @@ use crate::route::{AuthorityError, BootId, Route, SessionId};
 use super::msg::{AuthorityReply, Corr, Msg, Remote, ReplyTo, SendAck};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
+use domain::delivery::{LookupFailure, LookupReply};
 
 /// What a request to another node leaves behind until its reply (or failure).
 pub enum Pending {
@@ -152,8 +153,9 @@ impl NodeShard {
                 };
                 super::send::on_sendack(self, driver, ack);
             }
-            (Pending::Lookup { lookup_id }, R::Lookup(results)) => {
-                super::send::on_lookup_reply(self, lookup_id, Ok(results));
+            (Pending::Lookup { lookup_id }, R::Lookup { endpoints, results }) => {
+                let reply = LookupReply::Found { endpoints, results };
+                super::send::on_lookup_reply(self, lookup_id, reply);
             }
             (pending, reply) => {
                 tracing::warn!(
@@ -216,7 +218,10 @@ impl NodeShard {
                 };
                 super::send::on_sendack(self, driver, ack);
             }
-            Pending::Lookup { lookup_id } => super::send::on_lookup_reply(self, lookup_id, Err(())),
+            Pending::Lookup { lookup_id } => {
+                let reply = LookupReply::Failed(LookupFailure::PeerDown);
+                super::send::on_lookup_reply(self, lookup_id, reply);
+            }
         }
     }
 
@@ -261,30 +266,35 @@ impl NodeShard {
             wire::Request::Send(send) => {
                 super::send::on_forwarded_send(self, cx, driver, from, *send)
             }
-            wire::Request::Lookup { groups } => {
-                let results = self.lookup_for_peer(&groups);
-                self.reply_remote(cx, from, wire::Reply::Lookup(results));
+            wire::Request::Lookup { groups, uids } => {
+                let reply = self.lookup_for_peer(&groups, &uids);
+                self.reply_remote(cx, from, reply);
             }
         }
     }
 
     /// EndpointsByTargets for another node: each group at its exact target, read
-    /// lock-free from this node's tables (a stale group fails alone).
+    /// lock-free from this node's tables (a stale group fails alone). Groups whose
+    /// range does not lie in `uids` (a peer's bad input) fail alone too.
     fn lookup_for_peer(
         &mut self,
-        groups: &[(Target, Vec<crate::route::Uid>)],
-    ) -> Vec<Result<Vec<crate::route::Endpoint>, AuthorityError>> {
+        groups: &[(Target, std::ops::Range<usize>)],
+        uids: &[crate::route::Uid],
+    ) -> wire::Reply {
+        let valid = |r: &std::ops::Range<usize>| r.start <= r.end && r.end <= uids.len();
         let lookups: Vec<(Target, &[crate::route::Uid])> = groups
             .iter()
-            .map(|(t, uids)| (*t, uids.as_slice()))
+            .map(|(t, r)| (*t, if valid(r) { &uids[r.clone()] } else { &[][..] }))
             .collect();
         let (mut endpoints, mut results) = (Vec::new(), Vec::new());
         self.reader
             .endpoints_by_targets_into(&lookups, &mut endpoints, &mut results);
-        results
-            .into_iter()
-            .map(|r| r.map(|range| endpoints[range].to_vec()))
-            .collect()
+        for (result, (_, r)) in results.iter_mut().zip(groups) {
+            if !valid(r) {
+                *result = Err(AuthorityError::StaleTarget);
+            }
+        }
+        wire::Reply::Lookup { endpoints, results }
     }
 
     /// A message of another node that needs no answer.

@@ -16,6 +16,8 @@
 //! Everything here is plain data of `domain` (routes, targets, endpoints, messages):
 //! never a session key (the owner encrypts per session).
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 
 use net::rpc::Kind;
@@ -43,8 +45,12 @@ pub enum Request {
     /// A client's SEND, forwarded to its channel's home; answered with the SENDACK.
     Send(Box<ForwardedSend>),
     /// EndpointsByTargets: the endpoints of each group's uids at its exact target
-    /// (each group fenced alone).
-    Lookup { groups: Vec<(Target, Vec<Uid>)> },
+    /// (each group fenced alone); a group is its target and the range of its uids
+    /// in `uids`.
+    Lookup {
+        groups: Vec<(Target, Range<usize>)>,
+        uids: Vec<Uid>,
+    },
 }
 
 /// A SEND forwarded from the gateway's node to the channel's home.
@@ -64,7 +70,8 @@ pub struct ForwardedSend {
     pub payload: Vec<u8>,
 }
 
-/// A message that needs no answer.
+/// A message that needs no answer (decoded; [`OneWayRef`] encodes it without a
+/// copy).
 #[derive(Serialize, Deserialize)]
 pub enum OneWay {
     /// Owner push: the plaintext message and the exact endpoints (revalidated by the
@@ -75,6 +82,17 @@ pub enum OneWay {
     },
     /// A cluster view (a node applies only a higher revision).
     View(Box<ClusterView>),
+}
+
+/// [`OneWay`] by reference, for encoding (the same bytes: same variants in the same
+/// order).
+#[derive(Serialize)]
+pub enum OneWayRef<'a> {
+    Push {
+        message: &'a Committed,
+        endpoints: &'a [Endpoint],
+    },
+    View(&'a ClusterView),
 }
 
 /// The answer to a [`Request`].
@@ -92,8 +110,12 @@ pub enum Reply {
         /// The SENDACK reason code.
         reason: u8,
     },
-    /// One result per group, in request order.
-    Lookup(Vec<Result<Vec<Endpoint>, AuthorityError>>),
+    /// One result per group, in request order: the range of its endpoints in
+    /// `endpoints`, or why that group alone failed.
+    Lookup {
+        endpoints: Vec<Endpoint>,
+        results: Vec<Result<Range<usize>, AuthorityError>>,
+    },
 }
 
 impl Request {
@@ -114,12 +136,12 @@ impl Request {
     }
 }
 
-impl OneWay {
+impl OneWayRef<'_> {
     /// The frame kind that carries it.
     pub fn kind(&self) -> Kind {
         match self {
-            OneWay::Push { .. } => Kind::Push,
-            OneWay::View(_) => Kind::View,
+            OneWayRef::Push { .. } => Kind::Push,
+            OneWayRef::View(_) => Kind::View,
         }
     }
 }
@@ -213,7 +235,7 @@ mod tests {
         view.revision = 7;
         view.slots[3].leader_node_id = 2;
         let mut body = Vec::new();
-        encode(&OneWay::View(Box::new(view.clone())), &mut body);
+        encode(&OneWayRef::View(&view), &mut body);
         let Some(Ok(Body::OneWay(OneWay::View(got)))) = decode(Kind::View, &body) else {
             panic!("not a view");
         };

@@ -13,9 +13,7 @@ use net::wkproto::ReasonCode;
 use shard::runtime::Context;
 
 use domain::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
-use domain::delivery::{
-    EndpointLookup, Lookup, LookupFailure, LookupReply, PlanLimits, PlanOutput, Push, PushTo,
-};
+use domain::delivery::{EndpointLookup, Lookup, LookupReply, PlanLimits, PlanOutput, Push, PushTo};
 
 use crate::authority::AuthorityReader;
 use crate::channel::Subscribers;
@@ -26,6 +24,7 @@ use crate::store::{LogError, MessageLog, NewMessage, SyncJob};
 use super::super::catalog::Catalog;
 use super::super::metrics::StageHistograms;
 use super::super::msg::{Msg, Remote, SendAck};
+use super::super::remote::Pending;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::syncer::LogSyncer;
 use super::super::wire;
@@ -410,15 +409,15 @@ impl NodeShard {
     /// gets here (it leads every target); a configured cluster did the same before
     /// (this node's reader failed those groups as not led here). TODO(issue 13): the
     /// EndpointsByTargets RPC.
-    pub(crate) fn send_remote_lookup(&mut self, _cx: &mut Context<Msg, NodeTimer>, lookup: Lookup) {
-        tracing::debug!(
-            node = lookup.node,
-            message_id = lookup.message_id,
-            groups = lookup.groups.len(),
-            "remote authority: lookup failed (no inter-node RPC yet)"
-        );
-        let reply = LookupReply::Failed(LookupFailure::PeerDown);
-        self.commit.core.on_lookup_reply(lookup.lookup_id, reply);
+    pub(crate) fn send_remote_lookup(&mut self, cx: &mut Context<Msg, NodeTimer>, lookup: Lookup) {
+        let request = wire::Request::Lookup {
+            groups: lookup.groups,
+            uids: lookup.uids,
+        };
+        let pending = Pending::Lookup {
+            lookup_id: lookup.lookup_id,
+        };
+        self.request_remote(cx, lookup.node, request, pending);
     }
 }
 
@@ -444,11 +443,17 @@ fn carry_push(
             cx.flush_to(s);
         }
         PushTo::Node(n) => {
-            // Remote owners come with the cluster (owner-push RPC).
-            tracing::debug!(node = n, "remote owner: push not delivered (single node)");
-            node.metrics
-                .push_remote_dropped
-                .add(push.endpoints.len() as u64);
+            // Owner push: the plaintext message and the exact endpoints; the owner
+            // revalidates and encrypts per session.
+            let message = wire::OneWayRef::Push {
+                message: &push.message,
+                endpoints: &push.endpoints,
+            };
+            if !node.peers.oneway(n, &message, cx.now_ms()) {
+                node.metrics
+                    .push_remote_dropped
+                    .add(push.endpoints.len() as u64);
+            }
         }
     }
 }
@@ -519,12 +524,11 @@ pub fn on_forwarded_send(
     }
 }
 
-/// The reply to a delivery page's endpoint lookup at another node (`Err`: it
-/// failed: deadline, link lost, peer restarted).
-pub fn on_lookup_reply(
-    _node: &mut NodeShard,
-    _lookup_id: u64,
-    _reply: Result<Vec<Result<Vec<crate::route::Endpoint>, crate::route::AuthorityError>>, ()>,
-) {
-    // Wired to the planner's asynchronous lookups (issue 13).
+/// The reply to a delivery page's endpoint lookup at another node (or its
+/// failure: deadline, link lost, peer restarted): the page goes on, and the next
+/// turn's `pump_deliveries` pushes it.
+pub fn on_lookup_reply(node: &mut NodeShard, lookup_id: u64, reply: LookupReply) {
+    if !node.commit.core.on_lookup_reply(lookup_id, reply) {
+        tracing::debug!(lookup_id, "lookup reply for no waiting page: ignored");
+    }
 }
