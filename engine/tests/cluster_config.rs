@@ -1,7 +1,8 @@
 //! Issue 13's configuration (`[listen] rpc_addr`, `[cluster]`, `[[cluster.nodes]]`):
 //! parsed through the loader, validated with one message per mistake, the initial
-//! view built from it, and a start with peers refused (the inter-node transport does
-//! not exist yet). A node alone, listing itself or nothing, starts as today.
+//! view built from it; a node of three is ready only once it reached a majority,
+//! and three processes started from one file form a cluster. A node alone, listing
+//! itself or nothing, starts as today.
 
 mod support;
 
@@ -198,75 +199,107 @@ fn each_mistake_gets_its_own_message() {
     }
 }
 
-/// A configuration with peers is valid but refused at start, before the data
-/// directory is created or a socket bound, with one line naming the peers.
+/// A node of three started alone is up but not ready: `/readyz` is 503 and says
+/// how many peers it reached (none) and that a majority of the nodes is needed.
 #[test]
-fn a_start_with_peers_is_refused_with_one_line() {
+fn a_node_without_its_peers_is_not_ready() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Config::parse(&three_nodes(1), no_env)
         .unwrap()
         .to_node_config()
         .unwrap();
+    let free = TcpListener::bind("127.0.0.1:0").unwrap();
+    c.rpc_addr = Some(free.local_addr().unwrap());
+    c.cluster.nodes[0].rpc_addr = free.local_addr().unwrap();
+    drop(free);
     c.data_dir = dir.path().join("data");
-    let e = Node::start(c).err().expect("a start with peers is refused");
-    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
-    let line = e.to_string();
+    c.tcp_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    c.ws_addr = None;
+    c.api.addr = None;
+    let node = Node::start(c).unwrap();
+    let reply = node.api().handle("GET", "/readyz", None, b"");
+    assert_eq!(reply.status, 503, "{}", reply.body);
     assert!(
-        line.starts_with(
-            "cluster mode is not available yet (issue 13): [[cluster.nodes]] lists peers 2 \
-             (127.0.0.1:11002), 3 (127.0.0.1:11003)"
-        ),
-        "{line}"
+        reply
+            .body
+            .contains("reached 0 of 2 peers: a majority of the 3 nodes is needed"),
+        "{}",
+        reply.body
     );
-    assert!(!line.contains('\n'), "{line}");
-    assert!(
-        !dir.path().join("data").exists(),
-        "refused before the data dir"
-    );
+    node.shutdown().unwrap();
 }
 
-/// The binary refuses the same file with that line and a non-zero exit.
+/// Three `imrouter` processes started from the issue's file (ports made free)
+/// reach each other: each `/readyz` turns 200 (a node alone stays 503 until then).
 #[test]
-fn the_binary_refuses_a_file_with_peers() {
+fn three_processes_from_one_file_form_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("imrouter.toml");
-    std::fs::write(&path, three_nodes(1)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_imrouter"))
-        .arg("--config")
-        .arg(&path)
-        .args(["--tcp-addr", "127.0.0.1:0", "--ws-addr", "127.0.0.1:0"])
-        .args(["--api-addr", "127.0.0.1:0", "--shards", "1", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A node that starts instead of refusing never exits on its own: stop it at a
-    // generous deadline and fail.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    let ports: Vec<u16> = (0..6)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect();
+    let mut text = three_nodes(1);
+    for i in 0..3 {
+        text = text
+            .replace(
+                &format!("127.0.0.1:1100{}", i + 1),
+                &format!("127.0.0.1:{}", ports[i]),
+            )
+            .replace(
+                &format!("127.0.0.1:500{}", i + 1),
+                &format!("127.0.0.1:{}", ports[3 + i]),
+            );
     }
-    let out = child.wait_with_output().unwrap();
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{all}");
-    assert!(
-        all.contains("cluster mode is not available yet (issue 13)"),
-        "{all}"
-    );
-    assert!(
-        !dir.path().join("data").exists(),
-        "refused before the data dir"
-    );
+    let mut children = Vec::new();
+    for id in 1..=3u64 {
+        let file = text
+            .replace("node_id = 1", &format!("node_id = {id}"))
+            .replacen(
+                &format!("rpc_addr = \"127.0.0.1:{}\"", ports[0]),
+                &format!("rpc_addr = \"127.0.0.1:{}\"", ports[id as usize - 1]),
+                1,
+            );
+        let path = dir.path().join(format!("node{id}.toml"));
+        std::fs::write(&path, file).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_imrouter"))
+            .arg("--config")
+            .arg(&path)
+            .args([
+                "--tcp-addr",
+                "127.0.0.1:0",
+                "--ws-addr",
+                "127.0.0.1:0",
+                "--shards",
+                "2",
+            ])
+            .arg("--api-addr")
+            .arg(format!("127.0.0.1:{}", ports[3 + id as usize - 1]))
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("data{id}")))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        children.push(KillOnDrop(child));
+    }
+    for id in 1..=3usize {
+        let api = SocketAddr::from(([127, 0, 0, 1], ports[3 + id - 1]));
+        let (status, body) =
+            support::wait_http(api, "/readyz", 200, std::time::Duration::from_secs(30));
+        assert_eq!(status, 200, "node {id}: {body}");
+    }
+}
+
+/// Kills the process when the test ends, whatever its outcome.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Validation also holds for a configuration built in code: `Node::start` refuses
