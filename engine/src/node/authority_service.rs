@@ -26,6 +26,7 @@ use super::msg::{AuthorityReply, Corr, Msg, ReplyTo};
 use super::remote::{AuthorityCall, Pending};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
+use crate::route::AuthorityError;
 
 impl NodeShard {
     /// `Msg::Authority`: serves a call for one of this shard's slots and answers it
@@ -56,6 +57,12 @@ impl NodeShard {
         request: AuthorityRequest,
     ) {
         if target.leader_node_id != self.shared.config.node_id {
+            if !self.peers.knows(target.leader_node_id) {
+                // A view naming a node this one has no link to (not in
+                // `[[cluster.nodes]]`): answered as not-leader, as a node would.
+                let reply = AuthorityCall::of(&request).failed(AuthorityError::NotLeader);
+                return self.on_authority_reply(cx, corr, reply);
+            }
             let pending = Pending::Authority {
                 corr,
                 kind: AuthorityCall::of(&request),

@@ -110,7 +110,8 @@ shard_metrics! {
     pending_ack_bytes,
     /// Endpoints whose owner revalidation failed.
     push_stale,
-    /// Endpoints on other nodes (not delivered until the cluster milestone).
+    /// Endpoints on other nodes whose owner push could not be sent (the link to that
+    /// node was down).
     push_remote_dropped,
     /// Lookup groups refused as stale or not-leader.
     stale_lookups,

@@ -99,6 +99,11 @@ impl Peers {
         !self.links.is_empty()
     }
 
+    /// Whether `node` is a peer this shard has a link to.
+    pub fn knows(&self, node: NodeId) -> bool {
+        self.links.iter().any(|l| l.node == node)
+    }
+
     fn link_mut(&mut self, node: NodeId) -> Option<&mut PeerLink> {
         self.links.iter_mut().find(|l| l.node == node)
     }

@@ -67,7 +67,7 @@ impl AuthorityCall {
         }
     }
 
-    fn failed(self, err: AuthorityError) -> AuthorityReply {
+    pub fn failed(self, err: AuthorityError) -> AuthorityReply {
         match self {
             AuthorityCall::Register => AuthorityReply::Register(Err(err)),
             AuthorityCall::Commit => AuthorityReply::Commit(Err(err)),

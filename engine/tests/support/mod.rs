@@ -21,6 +21,8 @@ macro_rules! on_both_drivers {
 }
 use std::path::Path;
 
+pub mod cluster;
+
 use engine::node::{Node, NodeConfig};
 use serde_json::{json, Value};
 

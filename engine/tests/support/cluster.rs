@@ -1,0 +1,111 @@
+//! Three nodes on 127.0.0.1 in the test's process (each with its own shards,
+//! links and data directory; they talk over real loopback sockets only).
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use engine::channel::Channel;
+use engine::cluster::ClusterView;
+use engine::config::{ClusterNode, ClusterSecret};
+use engine::node::{Node, NodeConfig};
+use net::io::Backend;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The test clusters' `[cluster] slot_ids`.
+pub const SLOT_IDS: u32 = 64;
+
+/// Free loopback ports (bound then released: the nodes bind them again).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    pub view: ClusterView,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl Cluster {
+    /// Three nodes, ids 1..=3 in config order, no token authentication (CONNECT
+    /// takes any token: the token hop is tested on its own), all peers reached.
+    pub fn start(backend: Backend) -> Cluster {
+        Cluster::start_with(backend, |_| {})
+    }
+
+    /// [`Cluster::start`], each node's config changed by `tune` first.
+    pub fn start_with(backend: Backend, tune: impl Fn(&mut NodeConfig)) -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let ports = free_ports(6);
+        let members: Vec<ClusterNode> = (0..3)
+            .map(|i| ClusterNode {
+                id: i as u64 + 1,
+                rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
+                api_addr: SocketAddr::from(([127, 0, 0, 1], ports[3 + i])),
+                tcp_addr: None,
+                ws_addr: None,
+                wss_addr: None,
+            })
+            .collect();
+        let mut dirs = Vec::new();
+        let mut nodes = Vec::new();
+        for (i, member) in members.iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c: NodeConfig = super::config(dir.path(), backend);
+            c.node_id = member.id;
+            c.rpc_addr = Some(member.rpc_addr);
+            c.cluster.nodes = members.clone();
+            c.cluster.slot_ids = SLOT_IDS;
+            c.cluster.secret = ClusterSecret::new("cluster-routing-test-secret".into());
+            c.token_auth = false;
+            tune(&mut c);
+            let node = Node::start(c).unwrap_or_else(|e| panic!("node {}: {e}", i + 1));
+            nodes.push(node);
+            dirs.push(dir);
+        }
+        let cluster = Cluster {
+            nodes,
+            view: ClusterView::initial(&[1, 2, 3], SLOT_IDS).unwrap(),
+            _dirs: dirs,
+        };
+        cluster.wait_linked();
+        cluster
+    }
+
+    /// Waits (bounded) until every node's every shard has an up link to both peers.
+    pub fn wait_linked(&self) {
+        let deadline = Instant::now() + READ_TIMEOUT;
+        for (i, n) in self.nodes.iter().enumerate() {
+            while n.shared().peers_reached() < 2 {
+                assert!(
+                    Instant::now() < deadline,
+                    "node {} reached {} of 2 peers",
+                    i + 1,
+                    n.shared().peers_reached()
+                );
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    pub fn node(&self, id: u64) -> &Node {
+        &self.nodes[id as usize - 1]
+    }
+
+    /// The authority (slot leader) of `uid` in the initial view.
+    pub fn authority_of(&self, uid: &str) -> u64 {
+        self.view.target_for_uid(uid).leader_node_id
+    }
+
+    /// The home of the channel `channel_id` as `sender` addresses it.
+    pub fn home_of(&self, sender: &str, channel_id: &str, channel_type: u8) -> u64 {
+        let c = Channel::resolve(sender, channel_id, channel_type).unwrap();
+        self.view
+            .home_node(shard::slots::hash_slot(c.key().as_bytes()))
+    }
+}
