@@ -159,7 +159,42 @@ fn master_login_on_another_node_kicks_the_old_session(backend: Backend) {
     nothing_more(&mut slave_other_flag);
 }
 
+/// With `token_auth` on, a CONNECT on any node is checked against the token stored
+/// at the uid's home (the token never leaves it): right token 1, wrong token 2;
+/// with the home stopped, 14 (QueryTokenError) at once, not a hang.
+fn tokens_are_checked_at_the_uids_home(backend: Backend) {
+    let mut cluster = Cluster::start_with(backend, |c| c.token_auth = true);
+    let uid = find_uid("tok", |u| home_of_uid(&cluster, u) == 3);
+    let (status, reply) = api(
+        cluster.node(3),
+        "/user/token",
+        json!({"uid": uid, "token": "secret-token", "device_flag": 1, "device_level": 1}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let connect = |node: &Node, token: &str| {
+        let (_, reason) = Client::connect(
+            node.tcp_addr().unwrap(),
+            &Login::new(&uid, token),
+            READ_TIMEOUT,
+        )
+        .unwrap();
+        reason
+    };
+    assert_eq!(connect(cluster.node(1), "secret-token"), 1);
+    assert_eq!(connect(cluster.node(2), "wrong"), 2);
+    cluster.nodes.pop().unwrap().shutdown().unwrap();
+    assert_eq!(connect(cluster.node(1), "secret-token"), 14);
+}
+
+/// The home of `uid`'s tokens.
+fn home_of_uid(cluster: &Cluster, uid: &str) -> u64 {
+    cluster
+        .view
+        .home_node(shard::slots::hash_slot(uid.as_bytes()))
+}
+
 on_both_drivers!(
+    tokens_are_checked_at_the_uids_home,
     person_message_crosses_four_roles,
     group_message_reaches_members_on_every_node,
     master_login_on_another_node_kicks_the_old_session,

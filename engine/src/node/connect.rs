@@ -26,10 +26,13 @@ use crate::route::{DeviceLevel, SessionId, Uid};
 
 use super::conns::ConnState;
 use super::msg::{Corr, Msg};
+use super::remote::Pending;
 use super::shard::{NodeShard, NodeTimer};
+use super::wire;
+use crate::cluster::NodeId;
 
 /// CONNECT fields copied out of the input buffer.
-pub(super) struct OwnedConnect {
+pub struct OwnedConnect {
     version: u8,
     device_flag: u8,
     device_id: String,
@@ -74,8 +77,31 @@ struct Admitted {
     deadline_ms: u64,
 }
 
+/// A token against this node's catalog (the uid's home): the device level, or
+/// `Err` (mismatch: CONNACK 2). With `token_auth` off, the stored level or the
+/// configured default.
+pub(super) fn check_token(
+    shared: &super::NodeShared,
+    uid: &str,
+    device_flag: u8,
+    token: &str,
+) -> Result<DeviceLevel, ()> {
+    let stored = shared.catalog.token(uid, device_flag);
+    if !shared.config.token_auth {
+        return Ok(stored.map_or(shared.config.default_device_level, |(_, l)| l));
+    }
+    match stored {
+        Some((stored, level)) if super::catalog::token_matches(&stored, token) => Ok(level),
+        _ => Err(()),
+    }
+}
+
 impl NodeShard {
-    /// Admits a CONNECT and starts its activation, or refuses it with a CONNACK.
+    /// Admits a CONNECT and starts its activation, or refuses it with a CONNACK. A
+    /// uid homed on another node has its token checked there first (the hop
+    /// `TokenLookup`; the connection waits `Authenticating`, bounded by the request's
+    /// deadline and the connect timeout), then admission goes on in
+    /// [`NodeShard::on_token_checked`].
     pub(super) fn on_connect(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
@@ -83,14 +109,94 @@ impl NodeShard {
         id: ConnId,
         c: OwnedConnect,
     ) {
-        let admitted = self.negotiate_version(id, &c).and_then(|()| {
-            let level = self.authenticate(&c)?;
-            let handshake = self.agree_key(id, &c)?;
-            self.arm_activation(cx, level, handshake)
+        let checked = self.negotiate_version(id, &c).and_then(|()| {
+            let home = self.token_home(&c)?;
+            match home {
+                Some(node) => Ok(Err(node)),
+                None => self.authenticate(&c).map(Ok),
+            }
         });
+        match checked {
+            Ok(Ok(level)) => self.admit(cx, driver, id, c, level),
+            Ok(Err(home)) => self.check_token_at_home(cx, id, home, c),
+            Err(r) => self.refuse_connect(driver, id, r.reason, r.why),
+        }
+    }
+
+    /// The token was checked (here or at the uid's home): the key agreement, the
+    /// activation's timer, the activation.
+    fn admit(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        c: OwnedConnect,
+        level: DeviceLevel,
+    ) {
+        let admitted = self
+            .agree_key(id, &c)
+            .and_then(|handshake| self.arm_activation(cx, level, handshake));
         match admitted {
             Ok(admitted) => self.start_activation(cx, driver, id, c, admitted),
             Err(r) => self.refuse_connect(driver, id, r.reason, r.why),
+        }
+    }
+
+    /// The node that stores `c.uid`'s tokens when it is another one and the token
+    /// must be checked (`token_auth`); an empty uid is refused here.
+    fn token_home(&self, c: &OwnedConnect) -> Result<Option<NodeId>, Refusal> {
+        if c.uid.is_empty() {
+            return Err(Refusal::new(ReasonCode::AUTH_FAIL, "empty uid"));
+        }
+        let home = self
+            .view
+            .home_node(shard::slots::hash_slot(c.uid.as_bytes()));
+        let cfg = &self.shared.config;
+        Ok((cfg.token_auth && home != cfg.node_id).then_some(home))
+    }
+
+    fn check_token_at_home(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        id: ConnId,
+        home: NodeId,
+        c: OwnedConnect,
+    ) {
+        if let Some(conn) = self.conn_mut(id) {
+            conn.state = ConnState::Authenticating;
+        }
+        let request = wire::Request::Token {
+            uid: c.uid.clone(),
+            device_flag: c.device_flag,
+            token: c.token.clone(),
+        };
+        let pending = Pending::Token {
+            conn: id,
+            connect: Box::new(c),
+        };
+        self.request_remote(cx, home, request, pending);
+    }
+
+    /// The uid's home answered (`Ok(level)`, or the CONNACK reason: 2 a token
+    /// mismatch, 14 the home did not answer). A connection closed meanwhile is
+    /// left alone.
+    pub(super) fn on_token_checked(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+        c: OwnedConnect,
+        checked: Result<DeviceLevel, ReasonCode>,
+    ) {
+        match self.conn_mut(id) {
+            Some(conn) if conn.state == ConnState::Authenticating => {
+                conn.state = ConnState::AwaitConnect;
+            }
+            _ => return,
+        }
+        match checked {
+            Ok(level) => self.admit(cx, driver, id, c, level),
+            Err(reason) => self.refuse_connect(driver, id, reason, "token check at the uid's home"),
         }
     }
 
@@ -112,26 +218,11 @@ impl NodeShard {
         Ok(())
     }
 
-    /// The uid and token (when `token_auth` is on); the device level.
+    /// The uid's token (when `token_auth` is on) against this node's catalog; the
+    /// device level.
     fn authenticate(&self, c: &OwnedConnect) -> Result<DeviceLevel, Refusal> {
-        let cfg = &self.shared.config;
-        if c.uid.is_empty() {
-            return Err(Refusal::new(ReasonCode::AUTH_FAIL, "empty uid"));
-        }
-        if cfg.token_auth {
-            match self.shared.catalog.token(&c.uid, c.device_flag) {
-                Some((token, level)) if super::catalog::token_matches(&token, &c.token) => {
-                    Ok(level)
-                }
-                _ => Err(Refusal::new(ReasonCode::AUTH_FAIL, "token mismatch")),
-            }
-        } else {
-            Ok(self
-                .shared
-                .catalog
-                .token(&c.uid, c.device_flag)
-                .map_or(cfg.default_device_level, |(_, l)| l))
-        }
+        check_token(&self.shared, &c.uid, c.device_flag, &c.token)
+            .map_err(|_| Refusal::new(ReasonCode::AUTH_FAIL, "token mismatch"))
     }
 
     /// The key agreement: a fresh server key pair and salt against the client's key.

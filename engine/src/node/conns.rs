@@ -29,6 +29,8 @@ use super::shard::{NodeShard, NodeTimer};
 pub(crate) enum ConnState {
     /// Accepted; waiting for CONNECT.
     AwaitConnect,
+    /// CONNECT received; its token is being checked at the uid's home node.
+    Authenticating,
     /// CONNECT received; activation running.
     Activating(ActivationId),
     /// CONNACK success sent; the session receives messages.
@@ -268,7 +270,7 @@ impl NodeShard {
             }
             (
                 Frame::Send(_) | Frame::Recvack(_) | Frame::Sub(_),
-                Some(ConnState::Activating(_)),
+                Some(ConnState::Activating(_) | ConnState::Authenticating),
             ) => FrameOutcome::Close(ReasonCode::SYSTEM_ERROR, "frame before CONNACK"),
             (other, _) => {
                 tracing::info!(?id, kind = ?other.packet_type(), "unexpected packet: closing");
@@ -328,7 +330,7 @@ impl NodeShard {
         if let Some(conn) = self.conn_mut(id) {
             if conn.state == ConnState::Active {
                 conn.state = ConnState::Closing;
-            } else if let ConnState::AwaitConnect = conn.state {
+            } else if let ConnState::AwaitConnect | ConnState::Authenticating = conn.state {
                 conn.state = ConnState::Closing;
             }
             // An activating connection stays Activating until `Closed` arrives, so

@@ -12,7 +12,8 @@
 //! same answer a refusal would: an authority call fails `Unreachable` (CONNACK 15,
 //! an unregister retried later), a touch batch is requeued, an owner action fails
 //! (CONNACK 15), a forwarded SEND is answered SENDACK 10, a lookup's groups count as
-//! failed (their recipients catch up by messagesync).
+//! failed (their recipients catch up by messagesync), a CONNECT waiting for its
+//! token's check is answered CONNACK 14 (QueryTokenError).
 
 use net::io::{ConnId, NetDriver};
 use net::wkproto::ReasonCode;
@@ -46,6 +47,11 @@ pub enum Pending {
     },
     /// A delivery page's endpoint lookup.
     Lookup { lookup_id: u64 },
+    /// A CONNECT waiting for its token's check at the uid's home.
+    Token {
+        conn: ConnId,
+        connect: Box<super::connect::OwnedConnect>,
+    },
 }
 
 /// Which authority call a pending one is (the shape of its failure).
@@ -157,6 +163,10 @@ impl NodeShard {
                 let reply = LookupReply::Found { endpoints, results };
                 super::send::on_lookup_reply(self, lookup_id, reply);
             }
+            (Pending::Token { conn, connect }, R::Token(level)) => {
+                let checked = level.map_err(|()| ReasonCode::AUTH_FAIL);
+                self.on_token_checked(cx, driver, conn, *connect, checked);
+            }
             (pending, reply) => {
                 tracing::warn!(
                     node = from.0,
@@ -222,6 +232,10 @@ impl NodeShard {
                 let reply = LookupReply::Failed(LookupFailure::PeerDown);
                 super::send::on_lookup_reply(self, lookup_id, reply);
             }
+            Pending::Token { conn, connect } => {
+                let checked = Err(ReasonCode::QUERY_TOKEN_ERROR);
+                self.on_token_checked(cx, driver, conn, *connect, checked);
+            }
         }
     }
 
@@ -265,6 +279,14 @@ impl NodeShard {
             }
             wire::Request::Send(send) => {
                 super::send::on_forwarded_send(self, cx, driver, from, *send)
+            }
+            wire::Request::Token {
+                uid,
+                device_flag,
+                token,
+            } => {
+                let level = super::connect::check_token(&self.shared, &uid, device_flag, &token);
+                self.reply_remote(cx, from, wire::Reply::Token(level));
             }
             wire::Request::Lookup { groups, uids } => {
                 let reply = self.lookup_for_peer(&groups, &uids);

@@ -25,7 +25,9 @@ use net::rpc::Kind;
 use crate::activation::{AuthorityRequest, OwnerActionFailed};
 use crate::channel::Channel;
 use crate::cluster::{ClusterView, NodeId, Target};
-use crate::route::{AuthorityError, BootId, Endpoint, OwnerAction, Route, SessionId, Uid};
+use crate::route::{
+    AuthorityError, BootId, DeviceLevel, Endpoint, OwnerAction, Route, SessionId, Uid,
+};
 
 use super::msg::AuthorityReply;
 use super::send::Committed;
@@ -44,6 +46,12 @@ pub enum Request {
     OwnerAction { action: OwnerAction },
     /// A client's SEND, forwarded to its channel's home; answered with the SENDACK.
     Send(Box<ForwardedSend>),
+    /// A CONNECT's token, checked at the uid's home (the token never comes back).
+    Token {
+        uid: String,
+        device_flag: u8,
+        token: String,
+    },
     /// EndpointsByTargets: the endpoints of each group's uids at its exact target
     /// (each group fenced alone); a group is its target and the range of its uids
     /// in `uids`.
@@ -110,6 +118,8 @@ pub enum Reply {
         /// The SENDACK reason code.
         reason: u8,
     },
+    /// The token matched: the device level it was stored with; `Err`: it did not.
+    Token(Result<DeviceLevel, ()>),
     /// One result per group, in request order: the range of its endpoints in
     /// `endpoints`, or why that group alone failed.
     Lookup {
@@ -132,6 +142,7 @@ impl Request {
             Request::OwnerAction { .. } => Kind::OwnerAction,
             Request::Send(_) => Kind::ForwardedSend,
             Request::Lookup { .. } => Kind::EndpointLookup,
+            Request::Token { .. } => Kind::TokenLookup,
         }
     }
 }
@@ -182,7 +193,8 @@ pub fn decode(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
         | Kind::TouchBatch
         | Kind::EndpointLookup
         | Kind::OwnerAction
-        | Kind::ForwardedSend => postcard::from_bytes(body).map(Body::Request).map_err(bad),
+        | Kind::ForwardedSend
+        | Kind::TokenLookup => postcard::from_bytes(body).map(Body::Request).map_err(bad),
         _ => return None,
     })
 }
@@ -190,7 +202,7 @@ pub fn decode(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::{DeviceLevel, Transport};
+    use crate::route::Transport;
 
     fn route() -> Route {
         Route {

@@ -55,53 +55,34 @@ pub fn on_send(
         Ok(payload) => payload,
         Err(reason) => return refuse(node, driver, reason),
     };
-    let home = node
-        .view
-        .home_node(shard::slots::hash_slot(channel.key().as_bytes()));
-    if home != node.shared.config.node_id {
-        // Only the connection's credit: the link's in-flight table bounds the rest.
-        if !take_credit(node, id, node.me) {
-            node.metrics.sends_refused_credit.inc();
-            return refuse(node, driver, ReasonCode::RATE_LIMIT);
-        }
-        let request = forward_request(node, id, p, (uid, session_id), channel, payload);
-        return node.request_remote(
-            cx,
-            home,
-            wire::Request::Send(Box::new(request.0)),
-            request.1,
-        );
-    }
-    let to = node.shared.slot_map.shard_of_key(channel.key().as_bytes());
+    let key = channel.key().as_bytes();
+    let home = node.view.home_node(shard::slots::hash_slot(key));
+    let remote = home != node.shared.config.node_id;
+    // A SEND to another node holds only the connection's credit (taken with `to` =
+    // this shard): the link's in-flight table bounds the rest.
+    let to = if remote {
+        node.me
+    } else {
+        node.shared.slot_map.shard_of_key(key)
+    };
     if !take_credit(node, id, to) {
         node.metrics.sends_refused_credit.inc();
         return refuse(node, driver, ReasonCode::RATE_LIMIT);
     }
-    node.metrics.sends.inc();
-    let sender = Sender {
-        node_id: node.shared.config.node_id,
-        boot_id: node.shared.boot_id,
+    let sent = SendOf {
+        id,
+        uid,
         session_id,
-    };
-    let request = CommitRequest {
-        answer_to: Origin::Client {
-            shard: node.me,
-            conn: id,
-            session_id,
-            client_seq: p.client_seq,
-        },
-        sender: Some(sender),
-        from_uid: uid,
-        client_msg_no: p.client_msg_no.to_owned(),
-        setting: p.setting.0,
-        flags: p.flags.0 & (Flags::NO_PERSIST.0 | Flags::SYNC_ONCE.0 | Flags::RED_DOT.0),
-        expire_s: p.expire_s,
-        topic: p.topic.to_owned(),
-        payload,
         channel,
+        payload,
     };
+    if remote {
+        let (request, pending) = forward_request(node, p, sent);
+        return node.request_remote(cx, home, wire::Request::Send(Box::new(request)), pending);
+    }
+    node.metrics.sends.inc();
     let commit = Commit {
-        request,
+        request: commit_request(node, p, sent),
         decoded_ns,
     };
     if to == node.me {
@@ -111,34 +92,72 @@ pub fn on_send(
     }
 }
 
+/// A SEND that passed the gateway's checks: its connection, sender, channel and
+/// plaintext payload.
+struct SendOf {
+    id: ConnId,
+    uid: crate::route::Uid,
+    session_id: crate::route::SessionId,
+    channel: Channel,
+    payload: Vec<u8>,
+}
+
+/// The SEND's flags the commit keeps.
+fn commit_flags(p: &SendPacket<'_>) -> u8 {
+    p.flags.0 & (Flags::NO_PERSIST.0 | Flags::SYNC_ONCE.0 | Flags::RED_DOT.0)
+}
+
+/// A commit on this node, answered to this connection.
+fn commit_request(node: &NodeShard, p: &SendPacket<'_>, s: SendOf) -> CommitRequest {
+    let sender = Sender {
+        node_id: node.shared.config.node_id,
+        boot_id: node.shared.boot_id,
+        session_id: s.session_id,
+    };
+    CommitRequest {
+        answer_to: Origin::Client {
+            shard: node.me,
+            conn: s.id,
+            session_id: s.session_id,
+            client_seq: p.client_seq,
+        },
+        sender: Some(sender),
+        from_uid: s.uid,
+        client_msg_no: p.client_msg_no.to_owned(),
+        setting: p.setting.0,
+        flags: commit_flags(p),
+        expire_s: p.expire_s,
+        topic: p.topic.to_owned(),
+        payload: s.payload,
+        channel: s.channel,
+    }
+}
+
 /// A SEND whose channel is homed on another node, as the hop `ForwardedSend` to
 /// it; its SENDACK comes back as the reply (or SENDACK 10 if the home does not
 /// answer), to the connection the [`Pending`] names.
 fn forward_request(
     node: &mut NodeShard,
-    id: ConnId,
     p: &SendPacket<'_>,
-    (from_uid, session_id): (crate::route::Uid, crate::route::SessionId),
-    channel: Channel,
-    payload: Vec<u8>,
+    s: SendOf,
 ) -> (wire::ForwardedSend, Pending) {
     node.metrics.sends.inc();
     let send = wire::ForwardedSend {
         sender_node_id: node.shared.config.node_id,
         sender_boot_id: node.shared.boot_id,
-        sender_session_id: session_id,
-        from_uid,
-        channel,
+        sender_session_id: s.session_id,
+        from_uid: s.uid,
+        channel: s.channel,
         client_msg_no: p.client_msg_no.to_owned(),
         setting: p.setting.0,
-        flags: p.flags.0 & (Flags::NO_PERSIST.0 | Flags::SYNC_ONCE.0 | Flags::RED_DOT.0),
+        flags: commit_flags(p),
         expire_s: p.expire_s,
         topic: p.topic.to_owned(),
-        payload,
+        payload: s.payload,
     };
     let pending = Pending::Send {
-        conn: id,
-        session_id,
+        conn: s.id,
+        session_id: s.session_id,
         client_seq: p.client_seq,
     };
     (send, pending)
