@@ -16,6 +16,9 @@ use std::time::Duration;
 use engine::node::{Node, NodeConfig};
 use serde_json::{json, Value};
 
+mod support;
+use support::cluster::Cluster;
+
 /// Bounds every wait for an event: only a failing test waits this long.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -214,4 +217,45 @@ fn js_sdk_person_group_and_kick() {
     second.message("after the kick");
     drop((a, b, c, d, second));
     node.shutdown().unwrap();
+}
+
+/// Two SDK clients on different nodes of a three-node cluster (token authentication
+/// on: each token stored at its uid's home, checked there when the client connects
+/// elsewhere): person messages both ways and a group message with a member on the
+/// third node.
+#[test]
+fn js_sdk_on_a_three_node_cluster() {
+    let cluster = Cluster::start_with(net::io::Backend::Auto, |c| c.token_auth = true);
+    let home = |key: &str| {
+        cluster
+            .view
+            .home_node(shard::slots::hash_slot(key.as_bytes()))
+    };
+    for uid in ["c1", "c2", "c3"] {
+        let body =
+            json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": 1});
+        let (status, reply) = support::api(cluster.node(home(uid)), "/user/token", body);
+        assert_eq!(status, 200, "{reply}");
+    }
+    let body = json!({"channel_id": "cg", "channel_type": 2, "subscribers": ["c1", "c2", "c3"]});
+    let (status, reply) = support::api(cluster.node(home("cg")), "/channel/subscriber_add", body);
+    assert_eq!(status, 200, "{reply}");
+    let mut a = SdkClient::start(cluster.node(1), "c1");
+    let mut b = SdkClient::start(cluster.node(2), "c2");
+    let c = SdkClient::start(cluster.node(3), "c3");
+    for client in [&a, &b, &c] {
+        client.connected();
+    }
+    a.send("c2", 1, "from node 1");
+    assert_eq!(b.message("from node 1")["channel_id"], "c1");
+    b.send("c1", 1, "from node 2");
+    assert_eq!(a.message("from node 2")["channel_id"], "c2");
+    a.send("cg", 2, "to the group");
+    for client in [&b, &c] {
+        let m = client.message("to the group");
+        assert_eq!(
+            (m["from"].as_str(), m["channel_id"].as_str()),
+            (Some("c1"), Some("cg"))
+        );
+    }
 }
