@@ -516,12 +516,21 @@ impl NodeShared {
 }
 
 /// Descriptors each shard holds besides its client connections: its log's segment
-/// files, per listener the socket and the accepts in flight (io_uring), the ring or
-/// epoll instance, the doorbell eventfd, the spare descriptor and a margin.
+/// files, per listener (TCP, WebSocket, RPC) the socket and the accepts in flight
+/// (io_uring), its inter-node links, the ring or epoll instance, the doorbell
+/// eventfd, the spare descriptor and a margin.
 pub fn fd_per_shard(config: &NodeConfig) -> u64 {
-    let listeners = u64::from(config.tcp_addr.is_some()) + u64::from(config.ws_addr.is_some());
+    let peers = config.cluster.peers(config.node_id).count() as u64;
+    let rpc_listener = u64::from(config.rpc_addr.is_some() && peers > 0);
+    let listeners = u64::from(config.tcp_addr.is_some())
+        + u64::from(config.ws_addr.is_some())
+        + rpc_listener;
+    // Inter-node links: one outbound per peer, and at worst every inbound link of
+    // every peer's shards (as many as ours) accepted by this shard.
+    let links = peers * (1 + u64::from(config.runtime.shard_count.max(1)));
     u64::from(config.log.max_segments)
         + listeners * (1 + u64::from(config.net.uring_accepts_inflight))
+        + links
         + 8
 }
 
