@@ -186,6 +186,26 @@ fn tokens_are_checked_at_the_uids_home(backend: Backend) {
     assert_eq!(connect(cluster.node(1), "secret-token"), 14);
 }
 
+/// A SEND to a channel homed on a node that is down is answered SENDACK 10
+/// (ForwardSendPacketError) at once; one homed on a live node still goes through.
+fn a_send_to_a_channel_homed_on_a_stopped_node_gets_10(backend: Backend) {
+    let mut cluster = Cluster::start(backend);
+    let a = "stopper";
+    let to_dead = find_uid("dead", |u| cluster.home_of(a, u, 1) == 3);
+    let to_live = find_uid("live", |u| {
+        cluster.home_of(a, u, 1) != 3 && cluster.authority_of(u) != 3
+    });
+    let mut ca = login(cluster.node(1), a, 1);
+    let mut live = login(cluster.node(2), &to_live, 1);
+    cluster.nodes.pop().unwrap().shutdown().unwrap();
+    ca.send(&to_dead, 1, 1, "d-1", b"nobody home", true)
+        .unwrap();
+    assert_eq!(next_sendack(&mut ca).3, 10);
+    ca.send(&to_live, 1, 2, "l-1", b"still here", true).unwrap();
+    assert_eq!(next_sendack(&mut ca).3, 1);
+    assert_eq!(next_recv(&mut live).payload, b"still here");
+}
+
 /// The home of `uid`'s tokens.
 fn home_of_uid(cluster: &Cluster, uid: &str) -> u64 {
     cluster
@@ -195,6 +215,7 @@ fn home_of_uid(cluster: &Cluster, uid: &str) -> u64 {
 
 on_both_drivers!(
     tokens_are_checked_at_the_uids_home,
+    a_send_to_a_channel_homed_on_a_stopped_node_gets_10,
     person_message_crosses_four_roles,
     group_message_reaches_members_on_every_node,
     master_login_on_another_node_kicks_the_old_session,

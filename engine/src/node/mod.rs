@@ -522,9 +522,8 @@ impl NodeShared {
 pub fn fd_per_shard(config: &NodeConfig) -> u64 {
     let peers = config.cluster.peers(config.node_id).count() as u64;
     let rpc_listener = u64::from(config.rpc_addr.is_some() && peers > 0);
-    let listeners = u64::from(config.tcp_addr.is_some())
-        + u64::from(config.ws_addr.is_some())
-        + rpc_listener;
+    let listeners =
+        u64::from(config.tcp_addr.is_some()) + u64::from(config.ws_addr.is_some()) + rpc_listener;
     // Inter-node links: one outbound per peer, and at worst every inbound link of
     // every peer's shards (as many as ours) accepted by this shard.
     let links = peers * (1 + u64::from(config.runtime.shard_count.max(1)));
