@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# A three-node imrouter cluster on 127.0.0.1 for imbench (release build):
+#
+#   perf/cluster.sh start DIR     # starts nodes 1..3, waits for /readyz, prints imbench flags
+#   perf/cluster.sh stop DIR      # stops them (SIGTERM)
+#
+# Node i listens on TCP 51i0, WebSocket 52i0, API 50i1 (i = 1..3; e.g. node 2: 5210,
+# 5220, 5021) and RPC 1100i; data and logs under DIR/node$i. Token authentication is
+# off (imbench --no-tokens), so the run needs no token writes. Clients are spread
+# over the three nodes by imbench (one address per node in --tcp). SHARDS=n sets each
+# node's shard count (default: one per core; three nodes on a small machine share it).
+#
+#   eval "$(perf/cluster.sh start /tmp/c3)"          # sets $C3 to the imbench flags
+#   target/release/imbench person $C3
+#   target/release/imbench group $C3
+set -euo pipefail
+cmd=${1:?start|stop}
+dir=${2:?directory}
+bin=${IMROUTER_BIN:-target/release/imrouter}
+secret=${IMROUTER_CLUSTER_SECRET:-imbench-cluster-secret-0123}
+
+node_config() {
+    local id=$1
+    cat <<EOF
+[node]
+node_id = $id
+data_dir = "$dir/node$id/data"
+[listen]
+tcp_addr = "127.0.0.1:51${id}0"
+ws_addr = "127.0.0.1:52${id}0"
+api_addr = "127.0.0.1:50${id}1"
+rpc_addr = "127.0.0.1:1100$id"
+[auth]
+token_auth = false
+[cluster]
+secret = "$secret"
+slot_ids = 64
+EOF
+    for n in 1 2 3; do
+        printf '[[cluster.nodes]]\nid = %s\nrpc_addr = "127.0.0.1:1100%s"\napi_addr = "127.0.0.1:50%s1"\n' "$n" "$n" "$n"
+    done
+}
+
+case $cmd in
+start)
+    mkdir -p "$dir"
+    for id in 1 2 3; do
+        mkdir -p "$dir/node$id"
+        node_config "$id" >"$dir/node$id/imrouter.toml"
+        "$bin" --config "$dir/node$id/imrouter.toml" ${SHARDS:+--shards "$SHARDS"} >"$dir/node$id/log" 2>&1 &
+        echo $! >"$dir/node$id/pid"
+    done
+    for id in 1 2 3; do
+        for _ in $(seq 1 300); do
+            if curl -fs "http://127.0.0.1:50${id}1/readyz" >/dev/null 2>&1; then
+                break
+            fi
+            sleep 0.1
+        done
+        curl -fs "http://127.0.0.1:50${id}1/readyz" >/dev/null ||
+            { echo "node $id not ready: $(tail -3 "$dir/node$id/log")" >&2; exit 1; }
+    done
+    echo "C3='--tcp 127.0.0.1:5110,127.0.0.1:5120,127.0.0.1:5130 --api 127.0.0.1:5011 --no-tokens'"
+    ;;
+stop)
+    for id in 1 2 3; do
+        [ -f "$dir/node$id/pid" ] && kill "$(cat "$dir/node$id/pid")" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    ;;
+*)
+    echo "usage: $0 start|stop DIR" >&2
+    exit 2
+    ;;
+esac
