@@ -10,11 +10,11 @@ mod support;
 use std::time::Duration;
 
 use engine::node::Node;
-use net::client::{Client, Login, Received, RecvMessage};
+use net::client::{Client, Login, Received};
 use net::io::Backend;
 use serde_json::json;
-use support::api;
 use support::cluster::Cluster;
+use support::{api, next_recv, next_sendack};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -24,31 +24,6 @@ fn login(node: &Node, uid: &str, device_flag: u8) -> Client {
     let (client, reason) = Client::connect(node.tcp_addr().unwrap(), &login, READ_TIMEOUT).unwrap();
     assert_eq!(reason, 1, "CONNACK for {uid}");
     client
-}
-
-fn next_recv(c: &mut Client) -> RecvMessage {
-    loop {
-        match c.read().unwrap() {
-            Received::Recv(m) => return m,
-            Received::Pong => continue,
-            other => panic!("expected RECV, got {other:?}"),
-        }
-    }
-}
-
-fn next_sendack(c: &mut Client) -> (u32, i64, u64, u8) {
-    loop {
-        match c.read().unwrap() {
-            Received::Sendack {
-                client_seq,
-                message_id,
-                message_seq,
-                reason,
-            } => return (client_seq, message_id, message_seq, reason),
-            Received::Pong => continue,
-            other => panic!("expected SENDACK, got {other:?}"),
-        }
-    }
 }
 
 /// A PING answered: everything the node wrote before it has been read.

@@ -8,13 +8,13 @@
 use std::time::Duration;
 
 use engine::node::Node;
-use net::client::{Client, Login, Received, RecvMessage, Transport};
+use net::client::{Client, Login, Received, Transport};
 use net::io::Backend;
 use serde_json::json;
 
 #[macro_use]
 mod support;
-use support::{api, config, set_token};
+use support::{api, config, next_recv, next_sendack, set_token};
 
 /// Bounds every blocking read: only a failing test ever waits this long.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,32 +38,6 @@ fn login_via(node: &Node, uid: &str, transport: Transport) -> Client {
     .unwrap();
     assert_eq!(reason, 1, "CONNACK for {uid}");
     client
-}
-
-/// Reads until a RECV arrives (skipping PONGs).
-fn next_recv(c: &mut Client) -> RecvMessage {
-    loop {
-        match c.read().unwrap() {
-            Received::Recv(m) => return m,
-            Received::Pong => continue,
-            other => panic!("expected RECV, got {other:?}"),
-        }
-    }
-}
-
-fn next_sendack(c: &mut Client) -> (u32, i64, u64, u8) {
-    loop {
-        match c.read().unwrap() {
-            Received::Sendack {
-                client_seq,
-                message_id,
-                message_seq,
-                reason,
-            } => return (client_seq, message_id, message_seq, reason),
-            Received::Pong => continue,
-            other => panic!("expected SENDACK, got {other:?}"),
-        }
-    }
 }
 
 fn person_and_group(backend: Backend, transport: Transport) {

@@ -129,3 +129,33 @@ pub fn wait_http(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Reads until a RECV arrives (skipping PONGs; anything else fails the test).
+pub fn next_recv(c: &mut net::client::Client) -> net::client::RecvMessage {
+    use net::client::Received;
+    loop {
+        match c.read().unwrap() {
+            Received::Recv(m) => return m,
+            Received::Pong => continue,
+            other => panic!("expected RECV, got {other:?}"),
+        }
+    }
+}
+
+/// Reads until a SENDACK arrives (skipping PONGs): `(client_seq, message_id,
+/// message_seq, reason)`.
+pub fn next_sendack(c: &mut net::client::Client) -> (u32, i64, u64, u8) {
+    use net::client::Received;
+    loop {
+        match c.read().unwrap() {
+            Received::Sendack {
+                client_seq,
+                message_id,
+                message_seq,
+                reason,
+            } => return (client_seq, message_id, message_seq, reason),
+            Received::Pong => continue,
+            other => panic!("expected SENDACK, got {other:?}"),
+        }
+    }
+}
