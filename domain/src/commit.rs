@@ -121,7 +121,10 @@ impl Committed {
 }
 
 /// A message to commit, and where its answer goes (`A`: the driver's address of the
-/// SENDACK or the API reply; the core only hands it back).
+/// SENDACK or the API reply; the core only hands it back). A SEND forwarded to its
+/// channel's home node travels as `CommitRequest<()>` (the home names the answer's
+/// address with [`CommitRequest::answered_to`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct CommitRequest<A> {
     pub answer_to: A,
     /// The sending session: `Some` for a client's SEND (its group membership is
@@ -138,6 +141,24 @@ pub struct CommitRequest<A> {
     pub topic: String,
     /// The plaintext payload.
     pub payload: Vec<u8>,
+}
+
+impl<A> CommitRequest<A> {
+    /// The same request, answered to `answer_to`.
+    pub fn answered_to<B>(self, answer_to: B) -> CommitRequest<B> {
+        CommitRequest {
+            answer_to,
+            sender: self.sender,
+            from_uid: self.from_uid,
+            channel: self.channel,
+            client_msg_no: self.client_msg_no,
+            setting: self.setting,
+            flags: self.flags,
+            expire_s: self.expire_s,
+            topic: self.topic,
+            payload: self.payload,
+        }
+    }
 }
 
 /// A message to append, as the core hands it to its [`CommitLog`] (and the store's

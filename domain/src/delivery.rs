@@ -104,7 +104,7 @@ pub fn group_by_target(view: &ClusterView, uids: &[Uid], out: &mut TargetGroups)
 }
 
 /// The exact session that sent a message, whose own echo is suppressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Sender {
     pub node_id: NodeId,
     pub boot_id: BootId,

@@ -23,11 +23,8 @@ use serde::{Deserialize, Serialize};
 use net::rpc::Kind;
 
 use crate::activation::{AuthorityRequest, OwnerActionFailed};
-use crate::channel::Channel;
-use crate::cluster::{ClusterView, NodeId, Target};
-use crate::route::{
-    AuthorityError, BootId, DeviceLevel, Endpoint, OwnerAction, Route, SessionId, Uid,
-};
+use crate::cluster::{ClusterView, Target};
+use crate::route::{AuthorityError, DeviceLevel, Endpoint, OwnerAction, Route, Uid};
 
 use super::msg::AuthorityReply;
 use super::send::Committed;
@@ -61,22 +58,10 @@ pub enum Request {
     },
 }
 
-/// A SEND forwarded from the gateway's node to the channel's home.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ForwardedSend {
-    /// The sending session (its own echo is suppressed).
-    pub sender_node_id: NodeId,
-    pub sender_boot_id: BootId,
-    pub sender_session_id: SessionId,
-    pub from_uid: Uid,
-    pub channel: Channel,
-    pub client_msg_no: String,
-    pub setting: u8,
-    pub flags: u8,
-    pub expire_s: u32,
-    pub topic: String,
-    pub payload: Vec<u8>,
-}
+/// A SEND forwarded from the gateway's node to the channel's home: the commit
+/// request the home's commit core takes (the sending session in `sender`), its
+/// answer's address named there.
+pub type ForwardedSend = domain::commit::CommitRequest<()>;
 
 /// A message that needs no answer (decoded; [`OneWayRef`] encodes it without a
 /// copy).

@@ -28,8 +28,7 @@ use super::super::remote::Pending;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::syncer::LogSyncer;
 use super::super::wire;
-use super::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
-use domain::delivery::Sender;
+use super::{ApiSendResult, Commit, MessageSyncRequest, Origin};
 
 /// The commit core of this shard, over its message log.
 pub type CommitCore = domain::commit::CommitCore<MessageLog, Origin>;
@@ -492,29 +491,12 @@ pub fn on_forwarded_send(
     from: Remote,
     send: wire::ForwardedSend,
 ) {
-    let sender = Sender {
-        node_id: send.sender_node_id,
-        boot_id: send.sender_boot_id,
-        session_id: send.sender_session_id,
-    };
     let to = node
         .shared
         .slot_map
         .shard_of_key(send.channel.key().as_bytes());
-    let request = CommitRequest {
-        answer_to: Origin::Remote(from),
-        sender: Some(sender),
-        from_uid: send.from_uid,
-        channel: send.channel,
-        client_msg_no: send.client_msg_no,
-        setting: send.setting,
-        flags: send.flags,
-        expire_s: send.expire_s,
-        topic: send.topic,
-        payload: send.payload,
-    };
     let commit = Commit {
-        request,
+        request: send.answered_to(Origin::Remote(from)),
         decoded_ns: node.shared.mono_ns(),
     };
     if to == node.me {

@@ -15,7 +15,7 @@ use super::super::msg::{Msg, SendAck};
 use super::super::remote::Pending;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::wire;
-use super::{Commit, CommitRequest, Origin};
+use super::{Commit, Origin};
 
 /// A SEND from an active connection.
 pub fn on_send(
@@ -81,8 +81,14 @@ pub fn on_send(
         return node.request_remote(cx, home, wire::Request::Send(Box::new(request)), pending);
     }
     node.metrics.sends.inc();
+    let answer_to = Origin::Client {
+        shard: node.me,
+        conn: sent.id,
+        session_id: sent.session_id,
+        client_seq: p.client_seq,
+    };
     let commit = Commit {
-        request: commit_request(node, p, sent),
+        request: commit_request(node, p, sent, answer_to),
         decoded_ns,
     };
     if to == node.me {
@@ -107,20 +113,20 @@ fn commit_flags(p: &SendPacket<'_>) -> u8 {
     p.flags.0 & (Flags::NO_PERSIST.0 | Flags::SYNC_ONCE.0 | Flags::RED_DOT.0)
 }
 
-/// A commit on this node, answered to this connection.
-fn commit_request(node: &NodeShard, p: &SendPacket<'_>, s: SendOf) -> CommitRequest {
+/// The SEND as its commit core takes it, answered to `answer_to`.
+fn commit_request<A>(
+    node: &NodeShard,
+    p: &SendPacket<'_>,
+    s: SendOf,
+    answer_to: A,
+) -> domain::commit::CommitRequest<A> {
     let sender = Sender {
         node_id: node.shared.config.node_id,
         boot_id: node.shared.boot_id,
         session_id: s.session_id,
     };
-    CommitRequest {
-        answer_to: Origin::Client {
-            shard: node.me,
-            conn: s.id,
-            session_id: s.session_id,
-            client_seq: p.client_seq,
-        },
+    domain::commit::CommitRequest {
+        answer_to,
         sender: Some(sender),
         from_uid: s.uid,
         client_msg_no: p.client_msg_no.to_owned(),
@@ -142,25 +148,12 @@ fn forward_request(
     s: SendOf,
 ) -> (wire::ForwardedSend, Pending) {
     node.metrics.sends.inc();
-    let send = wire::ForwardedSend {
-        sender_node_id: node.shared.config.node_id,
-        sender_boot_id: node.shared.boot_id,
-        sender_session_id: s.session_id,
-        from_uid: s.uid,
-        channel: s.channel,
-        client_msg_no: p.client_msg_no.to_owned(),
-        setting: p.setting.0,
-        flags: commit_flags(p),
-        expire_s: p.expire_s,
-        topic: p.topic.to_owned(),
-        payload: s.payload,
-    };
     let pending = Pending::Send {
         conn: s.id,
         session_id: s.session_id,
         client_seq: p.client_seq,
     };
-    (send, pending)
+    (commit_request(node, p, s, ()), pending)
 }
 
 /// How fast this connection starts new channels (`domain::new_channels`).
