@@ -343,6 +343,37 @@ fn cluster_slots_names_each_slots_home_and_the_nodes_states() {
     assert_eq!(nodes[1]["boot_id"], me.boot_id.to_string());
     let api = me.config.cluster.nodes[2].api_addr.to_string();
     assert_eq!(nodes[2]["api_addr"], api);
+    // A peer's boot id shows once a link reported it.
+    let peer_boot = cluster.node(3).shared().boot_id;
+    me.note_peer_boot(3, peer_boot);
+    let (_, slots) = call(cluster.node(2), "GET", "/cluster/slots", Value::Null);
+    assert_eq!(slots["nodes"][2]["boot_id"], peer_boot.to_string());
+}
+
+#[test]
+fn a_node_alone_routes_every_uid_to_its_own_listeners() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(support::config(dir.path(), Backend::Mio)).unwrap();
+    let reply = node.api().handle("GET", "/route?uid=u%201", None, b"");
+    let r: Value = serde_json::from_str(&reply.body).unwrap();
+    let tcp = node.tcp_addr().unwrap().to_string();
+    let ws = format!("ws://{}", node.ws_addr().unwrap());
+    assert_eq!(r, json!({"tcp_addr": tcp, "ws_addr": ws, "wss_addr": ""}));
+    let reply = node
+        .api()
+        .handle("POST", "/route/batch", None, br#"["a","b"]"#);
+    let r: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(
+        r,
+        json!([{"uids": ["a", "b"], "tcp_addr": tcp, "ws_addr": ws, "wss_addr": ""}])
+    );
+    let reply = node.api().handle("GET", "/route", None, b"");
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let slots: Value =
+        serde_json::from_str(&node.api().handle("GET", "/cluster/slots", None, b"").body).unwrap();
+    assert_eq!(slots["nodes"][0]["state"], "self");
+    assert_eq!(slots["slots"][7]["home_node_id"], 1);
+    node.shutdown().unwrap();
 }
 
 #[test]
@@ -388,4 +419,28 @@ fn a_stopped_home_is_a_503_naming_it_and_leaves_the_routes() {
         "/user/token",
         json!({"uid": other_uid, "token": "t"}),
     );
+}
+
+#[test]
+fn a_forwarded_request_is_answered_where_it_arrives_and_never_passed_on() {
+    let cluster = start();
+    let uid = find("fwd", |u| home(&cluster, u) == 3);
+    let body = json!({"uid": uid, "token": "t", "device_flag": 1}).to_string();
+    let request = |forwarded_by| engine::http::ApiRequest {
+        method: "POST",
+        target: "/user/token",
+        authorization: Some(BEARER),
+        forwarded_by,
+        body: body.as_bytes(),
+    };
+    let before = forwards(cluster.node(1));
+    let reply = cluster.node(1).api().handle_request(&request(Some(2)));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(forwards(cluster.node(1)), before, "not passed on");
+    assert!(cluster.node(1).shared().catalog.token(&uid, 1).is_some());
+    // The header must name a peer.
+    for bad in [Some(1), Some(9)] {
+        let reply = cluster.node(1).api().handle_request(&request(bad));
+        assert_eq!(reply.status, 400, "{bad:?}: {}", reply.body);
+    }
 }

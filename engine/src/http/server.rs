@@ -14,8 +14,11 @@
 //!   ([`AcceptBackoff`]); the loop never ends on them;
 //! - the bearer token is checked before the body is read;
 //! - requests that wait on a shard or on the metadata store run on a bounded blocking
-//!   pool (`blocking_threads`), over it 503 at once; `/healthz`, `/readyz`,
-//!   `/metrics` and `/cluster/slots` answer on the runtime, never behind the pool;
+//!   pool (`blocking_threads`), over it 503 at once (a request passed to another
+//!   node waits there too); `/healthz`, `/readyz`, `/metrics`, `/cluster/slots`,
+//!   `/route` and `/route/batch` answer on the runtime, never behind the pool;
+//! - `x-imrouter-forwarded` (a node id) is read after the token and handed to the
+//!   API as [`super::ApiRequest::forwarded_by`]; a value that is not a number is 400;
 //! - a panicking handler answers 500 and is counted.
 
 use std::collections::HashMap;
