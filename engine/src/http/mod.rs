@@ -6,7 +6,31 @@
 //! the owning shard through its injector and waits for the answer with a bound.
 //! The server itself (hyper through axum, on its own small tokio runtime) is in
 //! [`server`]; the `/metrics` text in [`prom`].
+//!
+//! # On a cluster (issue 13)
+//! Every route works on every node ([`cluster`]):
+//! - the routes whose data lives on a **home** node (`/user/token` by uid,
+//!   `/channel/subscriber_add|remove` by group, `/message/send` and
+//!   `/channel/messagesync` by the channel key the node computes: a person
+//!   channel's sorted pair, a group's id) are validated here, then, on a node that
+//!   is not the key's home (`view.home_node(hash_slot(key))`), passed as they are
+//!   (method, path and query, body, bearer token) to the home's API
+//!   (`[[cluster.nodes]] api_addr`) with [`forward::FORWARDED_HEADER`] naming this
+//!   node; the home's status and body are the answer. This HTTP hop is the
+//!   transport of HTTP writes and reads homed elsewhere: the reserved RPC kinds
+//!   `HttpWrite` and `MessageSync` stay unused for now;
+//! - `/user/onlinestatus` asks each uid's authority node for its share and merges;
+//!   `/user/device_quit` closes the local sessions and asks every other node to;
+//! - a request carrying the forwarded header is answered from this node's data
+//!   only and never forwarded again (the header is honoured only behind the bearer
+//!   token, and only naming a peer);
+//! - a node that does not answer within `forward_timeout_ms` (connect included)
+//!   makes the request 503, with the node and its address named;
+//! - `GET /route?uid=U` and `POST /route/batch` tell clients which node to connect
+//!   to; `GET /cluster/slots` adds each hash slot's home and the nodes' states.
 
+mod cluster;
+pub mod forward;
 mod prom;
 mod server;
 
@@ -25,6 +49,7 @@ pub use prom::ApiMetrics;
 pub use server::HttpServer;
 
 use crate::channel::{person_channel_key, Channel, CHANNEL_TYPE_GROUP, CHANNEL_TYPE_PERSON};
+use crate::cluster::NodeId;
 use crate::delivery::{group_by_target, TargetGroups};
 use crate::node::msg::Msg;
 use crate::node::send::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
@@ -69,6 +94,14 @@ pub struct ApiConfig {
     /// Largest `/channel/messagesync` answer: messages stop before the one that would
     /// pass it (`more` is then 1). A single larger message is still sent alone.
     pub max_sync_response_bytes: usize,
+    /// A request homed on another node (or a share of one asked of another node) is
+    /// passed to that node's API and must be answered within this long, connect
+    /// included; else 503 naming the node.
+    pub forward_timeout_ms: u64,
+    /// Largest answer body read from another node's API (502 over it). Keep it
+    /// above `max_sync_response_bytes` (a `messagesync` homed elsewhere comes back
+    /// through it) plus one message.
+    pub forward_answer_bytes_max: usize,
 }
 
 impl Default for ApiConfig {
@@ -86,6 +119,8 @@ impl Default for ApiConfig {
             request_timeout_ms: 15_000,
             answer_write_timeout_ms: 15_000,
             max_sync_response_bytes: 8 << 20,
+            forward_timeout_ms: 2_000,
+            forward_answer_bytes_max: 16 << 20,
         }
     }
 }
@@ -100,10 +135,12 @@ impl ApiConfig {
             || self.request_timeout_ms == 0
             || self.answer_write_timeout_ms == 0
             || self.max_sync_response_bytes == 0
+            || self.forward_timeout_ms == 0
+            || self.forward_answer_bytes_max == 0
         {
             return Err("api: worker_threads, blocking_threads, max_connections, \
-                 header_read_timeout_ms, request_timeout_ms, answer_write_timeout_ms and \
-                 max_sync_response_bytes \
+                 header_read_timeout_ms, request_timeout_ms, answer_write_timeout_ms, \
+                 max_sync_response_bytes, forward_timeout_ms and forward_answer_bytes_max \
                  must be at least 1"
                 .into());
         }
@@ -135,6 +172,32 @@ impl Reply {
     }
     fn error(status: u16, msg: impl Into<String>) -> Reply {
         Reply::json(status, json!({"status": status, "msg": msg.into()}))
+    }
+}
+
+/// One request as the API sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiRequest<'a> {
+    pub method: &'a str,
+    /// The path, with the query if any (`/route?uid=u1`).
+    pub target: &'a str,
+    /// The `Authorization` header, if any (passed on when forwarded).
+    pub authorization: Option<&'a str>,
+    /// The node that forwarded the request ([`forward::FORWARDED_HEADER`]): it is
+    /// answered from this node's data only.
+    pub forwarded_by: Option<NodeId>,
+    pub body: &'a [u8],
+}
+
+impl<'a> ApiRequest<'a> {
+    /// The path without the query.
+    pub fn path(&self) -> &'a str {
+        self.target.split('?').next().unwrap_or(self.target)
+    }
+
+    /// The query (after `?`), empty when none.
+    pub fn query(&self) -> &'a str {
+        self.target.split_once('?').map_or("", |(_, q)| q)
     }
 }
 
@@ -262,7 +325,8 @@ impl Api {
         Duration::from_millis(self.config.shard_reply_timeout_ms)
     }
 
-    /// Answers one request. `authorization` is the Authorization header, if any.
+    /// Answers one request (not forwarded by another node). `path` may carry a
+    /// query; `authorization` is the Authorization header, if any.
     pub fn handle(
         &self,
         method: &str,
@@ -270,17 +334,28 @@ impl Api {
         authorization: Option<&str>,
         body: &[u8],
     ) -> Reply {
-        let path = path.split('?').next().unwrap_or(path);
-        if let Some(reply) = self.handle_open(method, path) {
+        self.handle_request(&ApiRequest {
+            method,
+            target: path,
+            authorization,
+            forwarded_by: None,
+            body,
+        })
+    }
+
+    /// Answers one request: the open routes, then the token, the body limit and
+    /// [`Api::handle_authorized`].
+    pub fn handle_request(&self, req: &ApiRequest<'_>) -> Reply {
+        if let Some(reply) = self.handle_open(req.method, req.path()) {
             return reply;
         }
-        if let Err(reply) = self.authorize(authorization) {
+        if let Err(reply) = self.authorize(req.authorization) {
             return reply;
         }
-        if body.len() > self.config.max_body_bytes {
+        if req.body.len() > self.config.max_body_bytes {
             return Reply::error(413, "request body too large");
         }
-        self.handle_authorized(method, path, body)
+        self.handle_authorized(req)
     }
 
     /// The routes open without a token (`/healthz`, `/readyz`); `None` for the rest.
@@ -315,30 +390,40 @@ impl Api {
         }
     }
 
-    /// Whether the route answers from memory at once (no shard, no disk): served on
-    /// the API's runtime, never queued behind the blocking pool.
+    /// Whether the route answers from memory at once (no shard, no disk, no other
+    /// node): served on the API's runtime, never queued behind the blocking pool.
     pub fn is_immediate(method: &str, path: &str) -> bool {
         matches!(
             (method, path),
-            ("GET", "/metrics") | ("GET", "/cluster/slots")
+            ("GET", "/metrics")
+                | ("GET", "/cluster/slots")
+                | ("GET", "/route")
+                | ("POST", "/route/batch")
         )
     }
 
     /// Answers a request whose token has been checked and whose body is within
-    /// `max_body_bytes`. May wait on a shard (up to `shard_reply_timeout_ms`) or the
-    /// metadata store's fsync unless [`Api::is_immediate`].
-    pub fn handle_authorized(&self, method: &str, path: &str, body: &[u8]) -> Reply {
+    /// `max_body_bytes`. May wait on a shard (up to `shard_reply_timeout_ms`), the
+    /// metadata store's fsync or another node (up to `forward_timeout_ms`) unless
+    /// [`Api::is_immediate`]. Refuses (400) a forwarded header naming no peer.
+    pub fn handle_authorized(&self, req: &ApiRequest<'_>) -> Reply {
+        if let Err(reply) = self.check_forwarded(req) {
+            return reply;
+        }
+        let (method, path, body) = (req.method, req.path(), req.body);
         let result = match (method, path) {
-            ("POST", "/user/token") => self.user_token(body),
-            ("POST", "/user/device_quit") => self.device_quit(body),
-            ("POST", "/user/onlinestatus") => self.online_status(body),
-            ("POST", "/channel/subscriber_add") => self.subscriber_add(body),
-            ("POST", "/channel/subscriber_remove") => self.subscriber_remove(body),
-            ("POST", "/message/send") => self.message_send(body),
-            ("POST", "/channel/messagesync") => self.message_sync(body),
+            ("POST", "/user/token") => self.user_token(req),
+            ("POST", "/user/device_quit") => self.device_quit(req),
+            ("POST", "/user/onlinestatus") => self.online_status(req),
+            ("POST", "/channel/subscriber_add") => self.subscriber_add(req),
+            ("POST", "/channel/subscriber_remove") => self.subscriber_remove(req),
+            ("POST", "/message/send") => self.message_send(req),
+            ("POST", "/channel/messagesync") => self.message_sync(req),
             ("GET", "/metrics") => Ok(self.metrics()),
             ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
             ("POST", "/cluster/slots/leader") => self.move_leaders(body),
+            ("GET", "/route") => self.route_one(req),
+            ("POST", "/route/batch") => self.route_batch(req),
             #[cfg(test)]
             ("GET", "/test/panic") => panic!("a test handler panics"),
             #[cfg(test)]
@@ -355,8 +440,8 @@ impl Api {
         result.unwrap_or_else(|e| e)
     }
 
-    fn user_token(&self, body: &[u8]) -> Result<Reply, Reply> {
-        let r: TokenReq = parse(body)?;
+    fn user_token(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+        let r: TokenReq = parse(req.body)?;
         if r.uid.is_empty() || r.token.is_empty() {
             return Err(Reply::error(400, "uid and token must not be empty"));
         }
@@ -370,6 +455,7 @@ impl Api {
                 ))
             }
         };
+        self.answer_at_home(r.uid.as_bytes(), req)?;
         self.shared
             .catalog
             .set_token(&r.uid, r.device_flag, &r.token, level)
@@ -377,17 +463,26 @@ impl Api {
         Ok(Reply::ok())
     }
 
-    fn device_quit(&self, body: &[u8]) -> Result<Reply, Reply> {
-        let r: DeviceQuitReq = parse(body)?;
+    /// Closes the sessions of the uid and flag on this node's shards, then (unless
+    /// forwarded here) asks every other node to ([`Api::quit_elsewhere`]).
+    fn device_quit(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+        let r: DeviceQuitReq = parse(req.body)?;
         let flag = match r.device_flag {
             -1 => None,
             f @ 0..=255 => Some(f as u8),
             f => return Err(Reply::error(400, format!("bad device_flag {f}"))),
         };
+        self.quit_local(&r.uid, flag)?;
+        self.quit_elsewhere(req)
+    }
+
+    /// Closes the sessions of `uid` (and `flag`, `None`: all) on every shard of
+    /// this node; 503 when a shard's queue is full, 504 when one does not answer.
+    fn quit_local(&self, uid: &str, flag: Option<u8>) -> Result<(), Reply> {
         let (tx, rx) = sync_channel(self.injectors.len());
         for inj in &self.injectors {
             let msg = Msg::DeviceQuit {
-                uid: r.uid.clone(),
+                uid: uid.to_owned(),
                 device_flag: flag,
                 done: tx.clone(),
             };
@@ -399,14 +494,12 @@ impl Api {
             rx.recv_timeout(self.timeout())
                 .map_err(|_| Reply::error(504, "a shard did not answer in time"))?;
         }
-        Ok(Reply::ok())
+        Ok(())
     }
 
-    fn online_status(&self, body: &[u8]) -> Result<Reply, Reply> {
-        let uids: Vec<String> = parse(body)?;
-        if uids.len() > self.config.max_uids_per_request {
-            return Err(Reply::error(413, "too many uids"));
-        }
+    /// The online devices of `uids` in this node's authority tables (a uid whose
+    /// slot this node does not lead, or whose group is stale, is reported offline).
+    fn local_online(&self, uids: &[String]) -> Vec<Value> {
         let uids: Vec<Uid> = uids.iter().map(|u| Uid::from(u.as_str())).collect();
         let mut groups = TargetGroups::default();
         group_by_target(&self.shared.view(), &uids, &mut groups);
@@ -419,12 +512,13 @@ impl Api {
                 out.push(json!({"uid": &*ep.uid, "device_flag": ep.device_flag, "online": 1}));
             }
         }
-        Ok(Reply::json(200, Value::Array(out)))
+        out
     }
 
-    fn subscriber_add(&self, body: &[u8]) -> Result<Reply, Reply> {
-        let r: SubscribersReq = parse(body)?;
+    fn subscriber_add(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+        let r: SubscribersReq = parse(req.body)?;
         self.check_group(&r)?;
+        self.answer_at_home(r.channel_id.as_bytes(), req)?;
         self.shared
             .catalog
             .add_subscribers(&r.channel_id, &r.subscribers, r.reset == 1)
@@ -432,9 +526,10 @@ impl Api {
         Ok(Reply::ok())
     }
 
-    fn subscriber_remove(&self, body: &[u8]) -> Result<Reply, Reply> {
-        let r: SubscribersReq = parse(body)?;
+    fn subscriber_remove(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+        let r: SubscribersReq = parse(req.body)?;
         self.check_group(&r)?;
+        self.answer_at_home(r.channel_id.as_bytes(), req)?;
         self.shared
             .catalog
             .remove_subscribers(&r.channel_id, &r.subscribers)
@@ -458,8 +553,8 @@ impl Api {
         Ok(())
     }
 
-    fn message_send(&self, body: &[u8]) -> Result<Reply, Reply> {
-        let r: SendReq = parse(body)?;
+    fn message_send(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+        let r: SendReq = parse(req.body)?;
         if r.from_uid.is_empty() {
             return Err(Reply::error(400, "from_uid must not be empty"));
         }
@@ -470,6 +565,7 @@ impl Api {
             Channel::resolve(&r.from_uid, &r.channel_id, r.channel_type).map_err(|e| {
                 Reply::error(400, format!("bad channel (reason {})", e.reason_code().0))
             })?;
+        self.answer_at_home(channel.key().as_bytes(), req)?;
         let mut flags = 0u8;
         if r.header.no_persist == 1 {
             flags |= 0x01;
@@ -518,30 +614,29 @@ impl Api {
         ))
     }
 
-    fn message_sync(&self, body: &[u8]) -> Result<Reply, Reply> {
-        let r: SyncReq = parse(body)?;
-        let key = self.sync_channel_key(&r)?;
+    fn message_sync(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+        let r: SyncReq = parse(req.body)?;
+        let key = sync_channel_key(&r)?;
+        self.answer_at_home(key.as_bytes(), req)?;
+        self.check_member(&r)?;
         let (messages, more) = self.read_channel(&r, key)?;
         Ok(self.sync_answer(&r, &messages, more))
     }
 
-    /// The stored key of the channel `r` reads. Refuses (403) a group the login uid
-    /// does not subscribe to and (400) a channel type other than person or group.
-    fn sync_channel_key(&self, r: &SyncReq) -> Result<String, Reply> {
-        match r.channel_type {
-            CHANNEL_TYPE_PERSON => Ok(person_channel_key(&r.login_uid, &r.channel_id)),
-            CHANNEL_TYPE_GROUP => {
-                let members = self.shared.catalog.subscribers(&r.channel_id);
-                if !members.is_some_and(|m| m.contains(&r.login_uid)) {
-                    return Err(Reply::error(
-                        403,
-                        "login_uid is not a subscriber of the channel",
-                    ));
-                }
-                Ok(r.channel_id.clone())
-            }
-            t => Err(Reply::error(400, format!("unsupported channel_type {t}"))),
+    /// Refuses (403) a group read by a login uid that does not subscribe to it
+    /// (the subscribers are the home's: call it on the channel's home).
+    fn check_member(&self, r: &SyncReq) -> Result<(), Reply> {
+        if r.channel_type != CHANNEL_TYPE_GROUP {
+            return Ok(());
         }
+        let members = self.shared.catalog.subscribers(&r.channel_id);
+        if !members.is_some_and(|m| m.contains(&r.login_uid)) {
+            return Err(Reply::error(
+                403,
+                "login_uid is not a subscriber of the channel",
+            ));
+        }
+        Ok(())
     }
 
     /// Reads the channel `key` on its commit shard: the messages (ascending, at
@@ -647,20 +742,15 @@ impl Api {
         }
         Ok(self.cluster_slots())
     }
+}
 
-    fn cluster_slots(&self) -> Reply {
-        let view = self.shared.view();
-        let slots: Vec<Value> = (0..shard::slots::HASH_SLOTS as u16)
-            .map(|s| {
-                let t = view.target_for_slot(s);
-                json!({"hash_slot": s, "slot_id": t.slot_id, "leader_node_id": t.leader_node_id,
-                       "leader_term": t.leader_term, "config_epoch": t.config_epoch})
-            })
-            .collect();
-        Reply::json(
-            200,
-            json!({"config_epoch": view.config_epoch, "revision": view.revision, "slots": slots}),
-        )
+/// The stored key of the channel `r` reads (its home is the key's). Refuses (400)
+/// a channel type other than person or group.
+fn sync_channel_key(r: &SyncReq) -> Result<String, Reply> {
+    match r.channel_type {
+        CHANNEL_TYPE_PERSON => Ok(person_channel_key(&r.login_uid, &r.channel_id)),
+        CHANNEL_TYPE_GROUP => Ok(r.channel_id.clone()),
+        t => Err(Reply::error(400, format!("unsupported channel_type {t}"))),
     }
 }
 

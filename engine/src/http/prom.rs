@@ -35,6 +35,11 @@ pub struct ApiMetrics {
     pub requests_in_progress: AtomicU64,
     /// Requests holding a place of the blocking pool.
     pub blocking_in_use: AtomicU64,
+    /// Requests (or shares of one) passed to another node's API.
+    pub forwards: AtomicU64,
+    /// Of those, the ones that got no usable answer (unreachable, timed out, a bad
+    /// answer).
+    pub forward_failures: AtomicU64,
 }
 
 impl ApiMetrics {
@@ -241,6 +246,18 @@ const API_FAMILIES: &[ApiFamily] = &[
         "counter",
         "HTTP API connections closed because their client accepted no byte of an answer for answer_write_timeout_ms.",
         |a| &a.write_timeouts,
+    ),
+    (
+        "imrouter_api_forwards_total",
+        "counter",
+        "HTTP API requests (or a node's share of one) passed to another node's API: homed there, its authority's onlinestatus share, device_quit on every node.",
+        |a| &a.forwards,
+    ),
+    (
+        "imrouter_api_forward_failures_total",
+        "counter",
+        "Of imrouter_api_forwards_total, those that got no usable answer (unreachable or silent for forward_timeout_ms: 503; a bad answer: 502).",
+        |a| &a.forward_failures,
     ),
     (
         "imrouter_api_connections",

@@ -14,8 +14,11 @@
 //!   ([`AcceptBackoff`]); the loop never ends on them;
 //! - the bearer token is checked before the body is read;
 //! - requests that wait on a shard or on the metadata store run on a bounded blocking
-//!   pool (`blocking_threads`), over it 503 at once; `/healthz`, `/readyz`,
-//!   `/metrics` and `/cluster/slots` answer on the runtime, never behind the pool;
+//!   pool (`blocking_threads`), over it 503 at once (a request passed to another
+//!   node waits there too); `/healthz`, `/readyz`, `/metrics`, `/cluster/slots`,
+//!   `/route` and `/route/batch` answer on the runtime, never behind the pool;
+//! - `x-imrouter-forwarded` (a node id) is read after the token and handed to the
+//!   API as [`super::ApiRequest::forwarded_by`]; a value that is not a number is 400;
 //! - a panicking handler answers 500 and is counted.
 
 use std::collections::HashMap;
@@ -179,37 +182,89 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
     if let Some(reply) = app.api.handle_open(&method, &path) {
         return to_response(reply);
     }
-    let auth = request
-        .headers()
+    let headers = request.headers();
+    let auth = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if let Err(reply) = app.api.authorize(auth) {
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Err(reply) = app.api.authorize(auth.as_deref()) {
         return to_response(reply);
     }
-    let limit = app.api.config.max_body_bytes;
+    let forwarded_by = match headers.get(super::forward::FORWARDED_HEADER) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|v| v.trim().parse().ok()) {
+            Some(node) => Some(node),
+            None => return to_response(Reply::error(400, "bad x-imrouter-forwarded header")),
+        },
+    };
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| path.clone(), |p| p.as_str().to_owned());
+    let body = match read_body(request, app.api.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(reply) => return to_response(reply),
+    };
+    let owned = OwnedRequest {
+        method,
+        target,
+        auth,
+        forwarded_by,
+        body,
+    };
+    if Api::is_immediate(&owned.method, &path) {
+        return to_response(app.api.handle_authorized(&owned.as_request()));
+    }
+    run_blocking(app, owned).await
+}
+
+/// A request's parts, owned (to move to the blocking pool).
+struct OwnedRequest {
+    method: String,
+    target: String,
+    auth: Option<String>,
+    forwarded_by: Option<crate::cluster::NodeId>,
+    body: Bytes,
+}
+
+impl OwnedRequest {
+    fn as_request(&self) -> super::ApiRequest<'_> {
+        super::ApiRequest {
+            method: &self.method,
+            target: &self.target,
+            authorization: self.auth.as_deref(),
+            forwarded_by: self.forwarded_by,
+            body: &self.body,
+        }
+    }
+}
+
+/// The body, within `limit` (413 over it, by its Content-Length or as read).
+async fn read_body(request: Request, limit: usize) -> Result<Bytes, Reply> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return to_response(Reply::error(413, "request body too large"));
+        return Err(Reply::error(413, "request body too large"));
     }
-    let body = match axum::body::to_bytes(request.into_body(), limit).await {
-        Ok(b) => b,
-        Err(e) => {
+    axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|e| {
             let too_large = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return to_response(if too_large {
+            if too_large {
                 Reply::error(413, "request body too large")
             } else {
                 Reply::error(400, format!("could not read the body: {e}"))
-            });
-        }
-    };
-    if Api::is_immediate(&method, &path) {
-        return to_response(app.api.handle_authorized(&method, &path, &body));
-    }
+            }
+        })
+}
+
+/// Answers `request` on the blocking pool: 503 at once when it is full, 500 when
+/// the handler panics (counted).
+async fn run_blocking(app: Arc<App>, request: OwnedRequest) -> Response {
     let Ok(permit) = app.pool.clone().try_acquire_owned() else {
         ApiMetrics::inc(&app.metrics().pool_refusals);
         return to_response(Reply::error(503, "the API is busy; retry"));
@@ -232,7 +287,7 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
             _permit: permit,
             api,
         };
-        place.api.handle_authorized(&method, &path, &body)
+        place.api.handle_authorized(&request.as_request())
     });
     match task.await {
         Ok(reply) => to_response(reply),

@@ -392,6 +392,13 @@ pub struct NodeShared {
     /// Per shard: the peers (bit i = the i-th peer in config order) its outbound
     /// link to is up, published by the shard as links come and go.
     pub peer_links_up: Vec<AtomicU64>,
+    /// Per peer (config order, like `peer_links_up`'s bits): the boot id its link
+    /// last reported, 0 before any ([`NodeShared::note_peer_boot`]).
+    peer_boot_ids: Vec<AtomicU64>,
+    /// The client listeners' bound addresses (port 0 resolved): what `GET /route`
+    /// answers for this node when its `[[cluster.nodes]]` entry names none.
+    pub client_tcp_addr: Option<SocketAddr>,
+    pub client_ws_addr: Option<SocketAddr>,
 }
 
 impl NodeShared {
@@ -423,6 +430,22 @@ impl NodeShared {
         self.peer_links_up
             .iter()
             .fold(u64::MAX, |m, s| m & s.load(Ordering::Acquire))
+    }
+
+    /// Records that a link to peer `node` came up with `boot_id` (shown by `GET
+    /// /cluster/slots`). Any shard may call it; an unknown node is ignored.
+    pub fn note_peer_boot(&self, node: NodeId, boot_id: BootId) {
+        let me = self.config.node_id;
+        if let Some(i) = self.config.cluster.peers(me).position(|n| n.id == node) {
+            self.peer_boot_ids[i].store(boot_id, Ordering::Release);
+        }
+    }
+
+    /// The boot id a link to peer `node` last reported; `None` before any.
+    pub fn peer_boot_id(&self, node: NodeId) -> Option<BootId> {
+        let me = self.config.node_id;
+        let i = self.config.cluster.peers(me).position(|n| n.id == node)?;
+        Some(self.peer_boot_ids[i].load(Ordering::Acquire)).filter(|&b| b != 0)
     }
 
     /// How many peers every shard has an up link to.
@@ -805,6 +828,19 @@ fn spawn_syncers(
     sync_handles
 }
 
+/// Logs the listeners that are up (TCP, WebSocket, inter-node).
+fn log_listeners(tcp: Option<SocketAddr>, ws: Option<SocketAddr>, rpc: Option<SocketAddr>) {
+    if let Some(a) = tcp {
+        tracing::info!(%a, "TCP listener up");
+    }
+    if let Some(a) = ws {
+        tracing::info!(%a, "WebSocket listener up");
+    }
+    if let Some(a) = rpc {
+        tracing::info!(%a, "inter-node listener up");
+    }
+}
+
 /// Starts the HTTP API server when `api.addr` is configured. Gives the error of its
 /// bind.
 fn start_http(
@@ -872,6 +908,11 @@ impl Node {
             api_metrics: Default::default(),
             fd_budget,
             peer_links_up: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            peer_boot_ids: (config.cluster.peers(config.node_id))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            client_tcp_addr: bound.tcp_addr,
+            client_ws_addr: bound.ws_addr,
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
@@ -894,15 +935,7 @@ impl Node {
             .map(|i| runtime.injector(i as ShardId))
             .collect();
         let sync_handles = spawn_syncers(sync_threads, &injectors);
-        if let Some(a) = bound.tcp_addr {
-            tracing::info!(%a, "TCP listener up");
-        }
-        if let Some(a) = bound.ws_addr {
-            tracing::info!(%a, "WebSocket listener up");
-        }
-        if let Some(a) = bound.rpc_addr {
-            tracing::info!(%a, "inter-node listener up");
-        }
+        log_listeners(bound.tcp_addr, bound.ws_addr, bound.rpc_addr);
         let http = start_http(&shared, &injectors)?;
         Ok(Node {
             http,
