@@ -96,7 +96,9 @@ pub struct ApiConfig {
     pub max_sync_response_bytes: usize,
     /// A request homed on another node (or a share of one asked of another node) is
     /// passed to that node's API and must be answered within this long, connect
-    /// included; else 503 naming the node.
+    /// included; else 503 naming the node. Above `shard_reply_timeout_ms` (the
+    /// home's own wait on its shards), so a slow commit at the home is answered by
+    /// the home, not taken for an unreachable node.
     pub forward_timeout_ms: u64,
     /// Largest answer body read from another node's API (502 over it). Keep it
     /// above `max_sync_response_bytes` (a `messagesync` homed elsewhere comes back
@@ -119,7 +121,7 @@ impl Default for ApiConfig {
             request_timeout_ms: 15_000,
             answer_write_timeout_ms: 15_000,
             max_sync_response_bytes: 8 << 20,
-            forward_timeout_ms: 2_000,
+            forward_timeout_ms: 6_000,
             forward_answer_bytes_max: 16 << 20,
         }
     }

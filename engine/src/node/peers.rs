@@ -287,6 +287,7 @@ impl NodeShard {
                         "peer link up"
                     );
                     let node = l.node;
+                    self.shared.note_peer_boot(node, peer_boot_id);
                     self.publish_peer_links();
                     self.on_peer_up(cx, node);
                 }
