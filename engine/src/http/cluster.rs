@@ -204,6 +204,10 @@ impl Api {
         if let Some(i) = shares.iter().position(|(n, _)| *n == me) {
             out = self.local_online(&shares.swap_remove(i).1);
         }
+        // A view naming a node that is not in `[[cluster.nodes]]` (a drill on a node
+        // alone): nothing is known of those uids here, and there is no one to ask.
+        let peers = self.peer_ids();
+        shares.retain(|(n, _)| peers.contains(n));
         let to: Vec<(NodeId, Vec<u8>)> = shares
             .into_iter()
             .map(|(n, list)| (n, json!(list).to_string().into_bytes()))
