@@ -1004,11 +1004,11 @@ impl Registry {
                 continue;
             };
             match e.state {
-                SessionState::Active if moved[e.hash_slot as usize] => {
-                    if !e.links[Queue::Rebuild as usize].on {
-                        self.link(Queue::Rebuild, index);
-                        queued += 1;
-                    }
+                SessionState::Active
+                    if moved[e.hash_slot as usize] && !e.links[Queue::Rebuild as usize].on =>
+                {
+                    self.link(Queue::Rebuild, index);
+                    queued += 1;
                 }
                 SessionState::Pending if e.info.target != new.target_for_slot(e.hash_slot) => {
                     e.rebuild_on_active = true;
