@@ -17,6 +17,12 @@
 //!   bounded batches grouped by the *current* authority target
 //!   ([`Registry::drain_touches`]). At most one entry per session, so it is bounded by
 //!   `max_sessions`.
+//! - The **rebuild queue**: when a view moves hash slots, the active sessions of
+//!   the moved slots are queued ([`Registry::queue_rebuild`]) and re-registered at
+//!   the new authority at a bounded rate ([`Registry::drain_rebuild`], a token
+//!   bucket of [`RebuildLimits`]) in TouchRoutes batches: the new authority's
+//!   directory is rebuilt at once, not as clients ping (rule 15). At most one entry
+//!   per session, so it is bounded by `max_sessions`.
 //! - The **pending-unregister queue** (rule 32): [`Registry::deactivate`] removes the
 //!   session first (delivery stops seeing it at once), then queues the authority
 //!   unregister; [`Registry::drain_unregisters`] hands due entries out with the target
@@ -360,6 +366,91 @@ pub struct RegistryStats {
     pub touches_requeued: u64,
     /// Failed touches dropped because their route was no longer current.
     pub touches_dropped_stale: u64,
+    /// Routes waiting in the rebuild queue.
+    pub rebuild_queued: u32,
+    /// Routes handed out by [`Registry::drain_rebuild`] (resends included).
+    pub routes_rebuilt: u64,
+    /// Failed rebuild touches put back into the rebuild queue.
+    pub rebuild_requeued: u64,
+    /// The last closed rebuild round's duration: from the view's arrival to the
+    /// drain that found the queue empty (`None` before the first).
+    pub rebuild_last_ms: Option<u64>,
+}
+
+/// How fast one registry re-registers routes after a view change
+/// ([`Registry::drain_rebuild`]): a token bucket.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RebuildLimits {
+    /// Routes re-registered per second (the bucket's refill). At least 1.
+    pub routes_per_s: u32,
+    /// The bucket's size: most routes one drain takes after a pause. At least 1.
+    pub burst_routes: u32,
+    /// Most routes in one TouchRoutes batch (at most the authority's
+    /// `max_touch_batch_routes`).
+    pub batch_max_routes: usize,
+}
+
+/// The rebuild round and its token bucket.
+#[derive(Clone, Copy, Debug, Default)]
+struct RebuildState {
+    /// Numbers the views that queued something (0: none yet).
+    round: u32,
+    /// When the open round's view arrived; `None` while no round is open.
+    since_ms: Option<u64>,
+    /// When the latest view arrived (a requeue after the round closed reopens it
+    /// from there).
+    view_ms: u64,
+    last_duration_ms: Option<u64>,
+    /// Tokens in thousandths of a route.
+    tokens_milli: u64,
+    /// When the bucket was last refilled; `None`: it is full.
+    refilled_ms: Option<u64>,
+}
+
+impl RebuildState {
+    /// Refills the bucket to `now_ms` and takes at most `queued` whole tokens.
+    fn take_tokens(&mut self, now_ms: u64, limits: &RebuildLimits, queued: u32) -> u32 {
+        let cap = u64::from(limits.burst_routes.max(1)) * 1000;
+        let per_ms = u64::from(limits.routes_per_s.max(1));
+        self.tokens_milli = match self.refilled_ms {
+            None => cap,
+            Some(t) => cap.min(
+                self.tokens_milli
+                    .saturating_add(now_ms.saturating_sub(t).saturating_mul(per_ms)),
+            ),
+        };
+        self.refilled_ms = Some(now_ms.max(self.refilled_ms.unwrap_or(0)));
+        let n = (self.tokens_milli / 1000).min(u64::from(queued)) as u32;
+        self.tokens_milli -= u64::from(n) * 1000;
+        n
+    }
+}
+
+/// TouchRoutes batches under construction: one open batch per hash slot (its
+/// target), a new one when it holds `max` routes; batches in order of creation.
+struct Batches {
+    out: Vec<(Target, Vec<Route>)>,
+    open: [u32; HASH_SLOTS],
+    max: usize,
+}
+
+impl Batches {
+    fn new(max: usize) -> Self {
+        Batches {
+            out: Vec::new(),
+            open: [u32::MAX; HASH_SLOTS],
+            max,
+        }
+    }
+
+    fn push(&mut self, view: &ClusterView, hs: HashSlot, route: Route) {
+        let g = &mut self.open[hs as usize];
+        if *g == u32::MAX || self.out[*g as usize].1.len() >= self.max {
+            *g = self.out.len() as u32;
+            self.out.push((view.target_for_slot(hs), Vec::new()));
+        }
+        self.out[*g as usize].1.push(route);
+    }
 }
 
 /// A multiplicative hasher for integer keys (session ids): one 64×64→128 multiply.
@@ -395,12 +486,55 @@ struct Entry {
     hash_slot: HashSlot,
     uid_prev: u32,
     uid_next: u32,
-    dirty: bool,
-    dirty_prev: u32,
-    dirty_next: u32,
+    /// Links in the dirty set (`Queue::Dirty`) and the rebuild queue
+    /// (`Queue::Rebuild`).
+    links: [Link; 2],
     /// Last activity second seen by `mark_touched`.
     touched_s: u64,
+    /// Registered (pending) under a target a later view moved: queued for rebuild
+    /// when it becomes active.
+    rebuild_on_active: bool,
+    /// The rebuild round whose drain last sent this route (0: none since its last
+    /// ordinary touch): a failure of it goes back to the rebuild queue.
+    rebuild_round_sent: u32,
 }
+
+/// The intrusive FIFO lists an entry can be on (index into `Entry::links`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Queue {
+    /// Touched since the last flush (rule 33).
+    Dirty = 0,
+    /// Waiting to be re-registered at the target a new view gave its hash slot.
+    Rebuild = 1,
+}
+
+/// An entry's place in one [`Queue`].
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    on: bool,
+    prev: u32,
+    next: u32,
+}
+
+const UNLINKED: Link = Link {
+    on: false,
+    prev: NIL,
+    next: NIL,
+};
+
+/// Head, tail and length of one [`Queue`].
+#[derive(Clone, Copy, Debug)]
+struct Ends {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+const EMPTY: Ends = Ends {
+    head: NIL,
+    tail: NIL,
+    len: 0,
+};
 
 enum Body {
     Vacant { next_free: u32 },
@@ -429,9 +563,9 @@ pub struct Registry {
     by_session: IdMap<u32>,
     /// uid → head of the intrusive list of that uid's sessions.
     by_uid: HashMap<Uid, u32>,
-    dirty_head: u32,
-    dirty_tail: u32,
-    dirty_len: u32,
+    /// The dirty set and the rebuild queue, by [`Queue`].
+    queues: [Ends; 2],
+    rebuild: RebuildState,
     next_owner_seq: OwnerSeq,
     unregisters: VecDeque<PendingUnregister>,
     stats: RegistryStats,
@@ -462,9 +596,8 @@ impl Registry {
             len: 0,
             by_session: IdMap::default(),
             by_uid: HashMap::new(),
-            dirty_head: NIL,
-            dirty_tail: NIL,
-            dirty_len: 0,
+            queues: [EMPTY; 2],
+            rebuild: RebuildState::default(),
             next_owner_seq: 1,
             unregisters: VecDeque::new(),
             stats: RegistryStats::default(),
@@ -490,7 +623,9 @@ impl Registry {
     pub fn stats(&self) -> RegistryStats {
         RegistryStats {
             sessions: self.len,
-            dirty: self.dirty_len,
+            dirty: self.queues[Queue::Dirty as usize].len,
+            rebuild_queued: self.queues[Queue::Rebuild as usize].len,
+            rebuild_last_ms: self.rebuild.last_duration_ms,
             pending_unregisters: self.unregisters.len(),
             ..self.stats
         }
@@ -567,10 +702,10 @@ impl Registry {
             hash_slot,
             uid_prev: NIL,
             uid_next,
-            dirty: false,
-            dirty_prev: NIL,
-            dirty_next: NIL,
+            links: [UNLINKED; 2],
             touched_s: 0,
+            rebuild_on_active: false,
+            rebuild_round_sent: 0,
         });
         let generation = slot.generation;
         self.by_session.insert(new.session_id, index);
@@ -584,7 +719,8 @@ impl Registry {
 
     /// Pending → Active: the route is committed at the authority. Fails if the
     /// session is gone or closing (the activation must then unregister the route,
-    /// rule 31) or already active.
+    /// rule 31) or already active. A session whose slot moved while it was pending
+    /// ([`Registry::queue_rebuild`]) joins the rebuild queue.
     pub fn mark_active(&mut self, handle: SessionHandle) -> Result<(), Gone> {
         let e = self.get_entry_mut(handle).ok_or(Gone)?;
         if e.state != SessionState::Pending {
@@ -592,6 +728,9 @@ impl Registry {
         }
         e.state = SessionState::Active;
         e.committed = true;
+        if std::mem::take(&mut e.rebuild_on_active) {
+            self.queue_for_rebuild(handle.index);
+        }
         Ok(())
     }
 
@@ -602,7 +741,8 @@ impl Registry {
         let e = self.get_entry_mut(handle).ok_or(Gone)?;
         e.state = SessionState::Closing;
         let index = handle.index;
-        self.unlink_dirty(index);
+        self.unlink(Queue::Dirty, index);
+        self.unlink(Queue::Rebuild, index);
         Ok(())
     }
 
@@ -740,15 +880,16 @@ impl Registry {
             return false;
         }
         e.touched_s = e.touched_s.max(now_s);
-        if !e.dirty {
-            self.link_dirty(handle.index);
+        if !e.links[Queue::Dirty as usize].on {
+            self.link(Queue::Dirty, handle.index);
         }
         true
     }
 
     /// Whether the session is in the dirty set.
     pub fn is_dirty(&self, handle: SessionHandle) -> bool {
-        self.get_entry(handle).is_some_and(|e| e.dirty)
+        self.get_entry(handle)
+            .is_some_and(|e| e.links[Queue::Dirty as usize].on)
     }
 
     /// Takes up to `max_batch_routes` dirty sessions (oldest first) and groups their
@@ -761,35 +902,33 @@ impl Registry {
         view: &ClusterView,
         max_batch_routes: usize,
     ) -> Vec<(Target, Vec<Route>)> {
-        let mut batches: Vec<(Target, Vec<Route>)> = Vec::new();
-        let mut group_of = [u16::MAX; HASH_SLOTS];
+        let mut batches = Batches::new(usize::MAX);
         let mut taken = 0;
-        while taken < max_batch_routes && self.dirty_head != NIL {
-            let index = self.dirty_head;
-            self.unlink_dirty(index);
+        while taken < max_batch_routes && self.queues[Queue::Dirty as usize].head != NIL {
+            let index = self.queues[Queue::Dirty as usize].head;
+            self.unlink(Queue::Dirty, index);
             let Some(e) = self.entry_mut(index) else {
                 debug_assert!(false, "dirty list reaches a vacant slot");
                 break;
             };
             debug_assert_eq!(e.state, SessionState::Active);
+            // An ordinary touch carries the route from now on: its failure goes
+            // back to the dirty set.
+            e.rebuild_round_sent = 0;
             let route = e.info.route(Some(e.touched_s));
-            let hs = e.hash_slot;
-            let g = &mut group_of[hs as usize];
-            if *g == u16::MAX {
-                *g = batches.len() as u16;
-                batches.push((view.target_for_slot(hs), Vec::new()));
-            }
-            batches[*g as usize].1.push(route);
+            batches.push(view, e.hash_slot, route);
             taken += 1;
         }
-        batches
+        batches.out
     }
 
-    /// Touches of `routes` sent to `target` failed: each is put back into the dirty
-    /// set only if it is still **current**: the session it names (node id, boot id,
-    /// session id, uid) is live and active and its route owner_seq equals the route's.
-    /// Others are dropped. The requeued activity is the newer of the failed one and
-    /// any touch since.
+    /// Touches of `routes` sent to `target` failed: each is put back only if it is
+    /// still **current**: the session it names (node id, boot id, session id, uid)
+    /// is live and active and its route owner_seq equals the route's. Others are
+    /// dropped. A route last sent by the latest rebuild round
+    /// ([`Registry::drain_rebuild`]) goes back to the rebuild queue (the round is
+    /// open again until it is drained), any other to the dirty set. The requeued
+    /// activity is the newer of the failed one and any touch since.
     pub fn touch_failed(&mut self, target: Target, routes: &[Route]) {
         for route in routes {
             let current = self.current_index(route);
@@ -802,12 +941,19 @@ impl Registry {
                 );
                 continue;
             };
+            let round = self.rebuild.round;
             let Some(e) = self.entry_mut(index) else {
                 continue;
             };
             e.touched_s = e.touched_s.max(route.last_active_s.unwrap_or(0));
-            if !e.dirty {
-                self.link_dirty(index);
+            if round != 0 && e.rebuild_round_sent == round {
+                e.rebuild_round_sent = 0;
+                self.queue_for_rebuild(index);
+                self.stats.rebuild_requeued += 1;
+                continue;
+            }
+            if !e.links[Queue::Dirty as usize].on {
+                self.link(Queue::Dirty, index);
             }
             self.stats.touches_requeued += 1;
         }
@@ -823,6 +969,126 @@ impl Registry {
             && e.info.owner_seq == route.owner_seq
             && e.info.uid == route.uid)
             .then_some(index)
+    }
+
+    // ---- route rebuild after a view change ---------------------------------------
+
+    /// A new cluster view arrived at `now_ms` (the shard's clock); `old` is the view
+    /// this shard held before. Every **active** session whose hash slot's target
+    /// differs between the two (leader node, term, slot id or config epoch: the slot
+    /// moved, and the new authority's directory does not hold its route) is queued
+    /// for re-registration at the new target ([`Registry::drain_rebuild`]); a session
+    /// already queued keeps its place. A **pending** session registered under a
+    /// target other than the new one is queued when it becomes active
+    /// ([`Registry::mark_active`]): its activation may still commit at the old
+    /// authority, which has dropped the slot. Returns how many were queued now.
+    ///
+    /// A rebuild round opens here (if one is not open yet): its duration runs from
+    /// this `now_ms` until a drain finds the queue empty
+    /// ([`RegistryStats::rebuild_last_ms`]). Costs one pass over the sessions (no
+    /// allocation) when a slot moved, nothing otherwise.
+    pub fn queue_rebuild(&mut self, old: &ClusterView, new: &ClusterView, now_ms: u64) -> usize {
+        let mut moved = [false; HASH_SLOTS];
+        let mut any = false;
+        for (hs, m) in moved.iter_mut().enumerate() {
+            *m = old.target_for_slot(hs as HashSlot) != new.target_for_slot(hs as HashSlot);
+            any |= *m;
+        }
+        if !any {
+            return 0;
+        }
+        self.rebuild.round = self.rebuild.round.wrapping_add(1).max(1);
+        let mut queued = 0;
+        for index in 0..self.slots.len() as u32 {
+            let Some(e) = self.entry_mut(index) else {
+                continue;
+            };
+            match e.state {
+                SessionState::Active
+                    if moved[e.hash_slot as usize] && !e.links[Queue::Rebuild as usize].on =>
+                {
+                    self.link(Queue::Rebuild, index);
+                    queued += 1;
+                }
+                SessionState::Pending if e.info.target != new.target_for_slot(e.hash_slot) => {
+                    e.rebuild_on_active = true;
+                }
+                _ => {}
+            }
+        }
+        if self.rebuild.since_ms.is_none() {
+            self.rebuild.view_ms = now_ms;
+            if self.queues[Queue::Rebuild as usize].len > 0 {
+                self.rebuild.since_ms = Some(now_ms);
+            }
+        }
+        queued
+    }
+
+    /// Takes the routes to re-register now, at most what the token bucket of
+    /// `limits` allows at `now_ms` (`routes_per_s`, up to `burst_routes` at once;
+    /// full when the first drain comes), oldest first, grouped by the target
+    /// **current in `view`** into TouchRoutes batches of at most
+    /// `batch_max_routes` (the authority recreates a missing route that conflicts
+    /// with nothing, rule 15). Each route carries activity `now_ms / 1000`: its
+    /// session is live on this shard, so the route's TTL at the new authority starts
+    /// now. Give failures back with [`Registry::touch_failed`]. A drain that finds
+    /// the queue empty closes the open round (its duration is recorded).
+    pub fn drain_rebuild(
+        &mut self,
+        view: &ClusterView,
+        now_ms: u64,
+        limits: &RebuildLimits,
+    ) -> Vec<(Target, Vec<Route>)> {
+        let allowed =
+            self.rebuild
+                .take_tokens(now_ms, limits, self.queues[Queue::Rebuild as usize].len);
+        let mut batches = Batches::new(limits.batch_max_routes.max(1));
+        let round = self.rebuild.round;
+        for _ in 0..allowed {
+            let index = self.queues[Queue::Rebuild as usize].head;
+            self.unlink(Queue::Rebuild, index);
+            let Some(e) = self.entry_mut(index) else {
+                debug_assert!(false, "rebuild queue reaches a vacant slot");
+                break;
+            };
+            debug_assert_eq!(e.state, SessionState::Active);
+            e.rebuild_round_sent = round;
+            let route = e.info.route(Some(now_ms / 1000));
+            batches.push(view, e.hash_slot, route);
+        }
+        self.stats.routes_rebuilt += u64::from(allowed);
+        if self.queues[Queue::Rebuild as usize].len == 0 {
+            if let Some(since) = self.rebuild.since_ms.take() {
+                self.rebuild.last_duration_ms = Some(now_ms.saturating_sub(since));
+            }
+        }
+        batches.out
+    }
+
+    /// Routes waiting in the rebuild queue.
+    pub fn rebuild_queued(&self) -> usize {
+        self.queues[Queue::Rebuild as usize].len as usize
+    }
+
+    /// Whether the session waits in the rebuild queue.
+    pub fn is_queued_for_rebuild(&self, handle: SessionHandle) -> bool {
+        self.get_entry(handle)
+            .is_some_and(|e| e.links[Queue::Rebuild as usize].on)
+    }
+
+    /// Puts entry `index` (active) on the rebuild queue if it is not on it, and
+    /// reopens the round of the latest view if it was closed.
+    fn queue_for_rebuild(&mut self, index: u32) {
+        let on = self
+            .entry(index)
+            .is_some_and(|e| e.links[Queue::Rebuild as usize].on);
+        if !on {
+            self.link(Queue::Rebuild, index);
+        }
+        if self.rebuild.since_ms.is_none() {
+            self.rebuild.since_ms = Some(self.rebuild.view_ms);
+        }
     }
 
     // ---- authority unregisters ------------------------------------------------
@@ -965,7 +1231,8 @@ impl Registry {
     fn remove(&mut self, handle: SessionHandle) -> Option<(SessionInfo, bool)> {
         self.get_entry(handle)?;
         let index = handle.index;
-        self.unlink_dirty(index);
+        self.unlink(Queue::Dirty, index);
+        self.unlink(Queue::Rebuild, index);
         let slot = &mut self.slots[index as usize];
         let body = std::mem::replace(
             &mut slot.body,
@@ -1000,47 +1267,50 @@ impl Registry {
         Some((e.info, e.committed))
     }
 
-    fn link_dirty(&mut self, index: u32) {
-        let tail = self.dirty_tail;
+    /// Appends entry `index` to queue `q` (it must not be on it).
+    fn link(&mut self, q: Queue, index: u32) {
+        let k = q as usize;
+        let tail = self.queues[k].tail;
         if let Some(e) = self.entry_mut(index) {
-            debug_assert!(!e.dirty);
-            e.dirty = true;
-            e.dirty_prev = tail;
-            e.dirty_next = NIL;
+            debug_assert!(!e.links[k].on);
+            e.links[k] = Link {
+                on: true,
+                prev: tail,
+                next: NIL,
+            };
         } else {
             return;
         }
         if tail == NIL {
-            self.dirty_head = index;
+            self.queues[k].head = index;
         } else if let Some(t) = self.entry_mut(tail) {
-            t.dirty_next = index;
+            t.links[k].next = index;
         }
-        self.dirty_tail = index;
-        self.dirty_len += 1;
-        debug_assert!(self.dirty_len <= self.len);
+        self.queues[k].tail = index;
+        self.queues[k].len += 1;
+        debug_assert!(self.queues[k].len <= self.len);
     }
 
-    fn unlink_dirty(&mut self, index: u32) {
+    /// Takes entry `index` off queue `q` (nothing if it is not on it).
+    fn unlink(&mut self, q: Queue, index: u32) {
+        let k = q as usize;
         let (prev, next) = match self.entry_mut(index) {
-            Some(e) if e.dirty => {
-                e.dirty = false;
-                let pn = (e.dirty_prev, e.dirty_next);
-                e.dirty_prev = NIL;
-                e.dirty_next = NIL;
-                pn
+            Some(e) if e.links[k].on => {
+                let l = std::mem::replace(&mut e.links[k], UNLINKED);
+                (l.prev, l.next)
             }
             _ => return,
         };
         if prev == NIL {
-            self.dirty_head = next;
+            self.queues[k].head = next;
         } else if let Some(p) = self.entry_mut(prev) {
-            p.dirty_next = next;
+            p.links[k].next = next;
         }
         if next == NIL {
-            self.dirty_tail = prev;
+            self.queues[k].tail = prev;
         } else if let Some(n) = self.entry_mut(next) {
-            n.dirty_prev = prev;
+            n.links[k].prev = prev;
         }
-        self.dirty_len -= 1;
+        self.queues[k].len -= 1;
     }
 }

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::node::metrics::{ShardMetrics, GAUGES, LATENCY_BUCKETS_NS, STAGE_HELP};
+use crate::node::metrics::{ShardMetrics, GAUGES, LATENCY_BUCKETS_NS, MAX_GAUGES, STAGE_HELP};
 use crate::node::NodeShared;
 
 /// The HTTP API's counters, written by any of its threads.
@@ -306,7 +306,12 @@ impl Exposition {
             }
             let (full, ty) = shard_metric_name("imrouter_", name);
             self.family(&full, ty, help);
-            let total: u64 = snapshots.iter().map(|s| s[i].1).sum();
+            let shards = snapshots.iter().map(|s| s[i].1);
+            let total: u64 = if MAX_GAUGES.contains(name) {
+                shards.max().unwrap_or(0)
+            } else {
+                shards.sum()
+            };
             self.sample(&full, "", total);
         }
         for (i, (name, help)) in ShardMetrics::DESCRIPTIONS.iter().enumerate() {

@@ -276,9 +276,11 @@ impl NodeShard {
 
     // ------------------------------------------------------- touch, unregister, expiry
 
-    /// The touch worker: sends the dirty routes in bounded TouchRoutes batches and
-    /// drains the queued authority unregisters.
+    /// The touch worker: sends the routes due for rebuild
+    /// ([`NodeShard::flush_rebuild`]) and the dirty routes in bounded TouchRoutes
+    /// batches, and drains the queued authority unregisters.
     pub(super) fn flush_touches(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+        self.flush_rebuild(cx);
         let shared = self.shared.clone();
         let cfg = &shared.config.session;
         let batches = self
@@ -286,28 +288,7 @@ impl NodeShard {
             .drain_touches(&self.view, cfg.touch_batch_max_routes);
         for (target, routes) in batches {
             self.metrics.touches.add(routes.len() as u64);
-            if target.leader_node_id != self.shared.config.node_id {
-                let pending = Pending::Touch {
-                    target,
-                    routes: routes.clone(),
-                };
-                let node = target.leader_node_id;
-                self.request_remote(cx, node, wire::Request::Touch { target, routes }, pending);
-                continue;
-            }
-            let to = self.shared.slot_map.shard_of(target.hash_slot);
-            if to == self.me {
-                let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
-                self.registry.touch_failed(target, &failed);
-            } else {
-                let reply_to = ReplyTo::Shard(self.me, ());
-                let msg = Msg::Touch {
-                    reply_to,
-                    target,
-                    routes,
-                };
-                self.send_msg(cx, to, msg);
-            }
+            self.send_touch_batch(cx, target, routes);
         }
         let requests =
             self.registry
@@ -316,6 +297,64 @@ impl NodeShard {
             let target = request.target;
             let call = request.request();
             self.call_authority(cx, Corr::Unregister(Box::new(request)), target, call);
+        }
+    }
+
+    /// The failover rebuild: the routes the registry's token bucket lets go now
+    /// (`[session] rebuild_routes_per_s`), re-registered at the target current in
+    /// this shard's view as TouchRoutes batches (the authority recreates a missing
+    /// route that conflicts with nothing, rule 15; failures come back through
+    /// `Registry::touch_failed`). Updates the rebuild gauges.
+    pub(super) fn flush_rebuild(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+        // Also when the queue is empty: that drain closes a round whose sessions
+        // all left before their turn.
+        let limits = self.shared.config.session.rebuild_limits();
+        let batches = self
+            .registry
+            .drain_rebuild(&self.view, cx.now_ms(), &limits);
+        for (target, routes) in batches {
+            self.metrics.routes_rebuilt.add(routes.len() as u64);
+            self.send_touch_batch(cx, target, routes);
+        }
+        let stats = self.registry.stats();
+        self.metrics
+            .route_rebuild_queued
+            .set(u64::from(stats.rebuild_queued));
+        if let Some(ms) = stats.rebuild_last_ms {
+            self.metrics.route_rebuild_last_ms.set(ms);
+        }
+    }
+
+    /// Sends one TouchRoutes batch to the shard that leads `target`'s hash slot: to
+    /// another node as a request, over the ring, or served here (its failures
+    /// requeued at once).
+    fn send_touch_batch(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        target: Target,
+        routes: Vec<Route>,
+    ) {
+        if target.leader_node_id != self.shared.config.node_id {
+            let pending = Pending::Touch {
+                target,
+                routes: routes.clone(),
+            };
+            let node = target.leader_node_id;
+            self.request_remote(cx, node, wire::Request::Touch { target, routes }, pending);
+            return;
+        }
+        let to = self.shared.slot_map.shard_of(target.hash_slot);
+        if to == self.me {
+            let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+            self.registry.touch_failed(target, &failed);
+        } else {
+            let reply_to = ReplyTo::Shard(self.me, ());
+            let msg = Msg::Touch {
+                reply_to,
+                target,
+                routes,
+            };
+            self.send_msg(cx, to, msg);
         }
     }
 

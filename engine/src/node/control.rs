@@ -62,12 +62,30 @@ impl NodeShard {
         closed
     }
 
-    /// A new cluster view: slots this node gained get a fresh identity, lost ones
-    /// drop their state; touches drained from now on go to the new targets.
+    /// A new cluster view (a revision above this shard's; an older one that arrives
+    /// late is ignored): slots this node gained get a fresh identity, lost ones drop
+    /// their state; touches drained from now on go to the new targets. This shard's
+    /// live sessions whose hash slot moved are queued for re-registration at their
+    /// new authority and the first rebuild batches leave at once
+    /// ([`NodeShard::flush_rebuild`]); the touch flush sends the rest at
+    /// `[session] rebuild_routes_per_s`.
     pub(super) fn apply_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: &ClusterView) {
+        if view.revision <= self.view.revision {
+            return;
+        }
         self.authority
             .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
-        self.view = view.clone();
+        let old = std::mem::replace(&mut self.view, view.clone());
+        let queued = self.registry.queue_rebuild(&old, view, cx.now_ms());
+        if queued > 0 {
+            tracing::debug!(
+                shard = self.me,
+                revision = view.revision,
+                queued,
+                "routes queued for rebuild at their new authority"
+            );
+        }
+        self.flush_rebuild(cx);
         // Shard 0 spreads it to the other nodes (each applies only a higher revision).
         if self.me == 0 && self.peers.is_cluster() {
             let now_ms = cx.now_ms();

@@ -52,7 +52,12 @@ pub const GAUGES: &[&str] = &[
     "listener_paused_ws",
     "outbound_bytes",
     "pending_ack_bytes",
+    "route_rebuild_queued",
+    "route_rebuild_last_ms",
 ];
+
+/// The gauges whose node series is the largest shard's value, not the sum.
+pub const MAX_GAUGES: &[&str] = &["route_rebuild_last_ms"];
 
 macro_rules! shard_metrics {
     ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
@@ -191,6 +196,17 @@ shard_metrics! {
     slow_reader_closes,
     /// Queued, unwritten client output of the shard (gauge).
     outbound_bytes,
+    /// Routes waiting to be re-registered at the new authority after a view moved
+    /// their hash slots (gauge; 0 when the rebuild is done). Sampled at each touch
+    /// flush.
+    route_rebuild_queued,
+    /// Routes re-registered at a new authority after a view moved their hash slots
+    /// (sent in TouchRoutes batches at `[session] rebuild_routes_per_s`; resends of
+    /// failed ones included).
+    routes_rebuilt,
+    /// The last route rebuild's duration in ms: from the view's arrival on the shard
+    /// to its rebuild queue drained (gauge; the node series is the slowest shard's).
+    route_rebuild_last_ms,
 }
 
 impl ShardMetrics {

@@ -78,6 +78,11 @@ pub struct SessionConfig {
     pub touch_batch_max_routes: usize,
     /// Most authority unregisters one flush sends.
     pub unregister_batch_max: usize,
+    /// Routes one shard re-registers per second at the new authority after a view
+    /// moved their hash slots (failover; `domain::registry::Registry::drain_rebuild`):
+    /// a token bucket of `rebuild_routes_per_s × touch_flush_interval_ms` routes,
+    /// drained when the view arrives and at every touch flush.
+    pub rebuild_routes_per_s: u32,
     /// How often the authority's expiry pass runs.
     pub expiry_interval_ms: u64,
     /// Unacknowledged RECVs kept per session; past it a RECV is sent untracked.
@@ -119,6 +124,7 @@ impl Default for SessionConfig {
             touch_flush_interval_ms: 1_000,
             touch_batch_max_routes: 512,
             unregister_batch_max: 512,
+            rebuild_routes_per_s: 50_000,
             expiry_interval_ms: 1_000,
             pending_acks_per_session_max: 1_024,
             ack_timeout_ms: 10_000,
@@ -150,6 +156,17 @@ impl SessionConfig {
         }
     }
 
+    /// The rebuild's token bucket: `rebuild_routes_per_s`, a flush interval's worth
+    /// at once, batches of `touch_batch_max_routes`.
+    pub fn rebuild_limits(&self) -> domain::registry::RebuildLimits {
+        let burst = u64::from(self.rebuild_routes_per_s) * self.touch_flush_interval_ms / 1000;
+        domain::registry::RebuildLimits {
+            routes_per_s: self.rebuild_routes_per_s,
+            burst_routes: burst.clamp(1, u64::from(u32::MAX)) as u32,
+            batch_max_routes: self.touch_batch_max_routes,
+        }
+    }
+
     /// The gateway's SEND rate per uid (`domain::send_rate`).
     pub fn send_rate_limits(&self) -> domain::send_rate::SendRateLimits {
         domain::send_rate::SendRateLimits {
@@ -172,6 +189,7 @@ impl SessionConfig {
                 ("touch_flush_interval_ms", self.touch_flush_interval_ms),
                 ("touch_batch_max_routes", self.touch_batch_max_routes as u64),
                 ("unregister_batch_max", self.unregister_batch_max as u64),
+                ("rebuild_routes_per_s", u64::from(self.rebuild_routes_per_s)),
                 ("expiry_interval_ms", self.expiry_interval_ms),
                 (
                     "pending_acks_per_session_max",
