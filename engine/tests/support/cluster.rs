@@ -29,18 +29,36 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Three nodes, ids 1..=3 in config order, no token authentication (CONNECT
-    /// takes any token: the token hop is tested on its own), all peers reached.
+    /// Three nodes, ids 1..=3 in config order, each API on its `api_addr`, no token
+    /// authentication (CONNECT takes any token: the token hop is tested on its
+    /// own), all peers reached.
     pub fn start(backend: Backend) -> Cluster {
         Cluster::start_with(backend, |_| {})
     }
 
-    /// [`Cluster::start`], each node's config changed by `tune` first.
+    /// [`Cluster::start`], each node's config changed by `tune` first. The ports
+    /// are picked free, then bound by the nodes: if another test took one in
+    /// between (`AddrInUse`), the nodes started are stopped and the cluster starts
+    /// again on other ports (a few attempts).
     pub fn start_with(backend: Backend, tune: impl Fn(&mut NodeConfig)) -> Cluster {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
+        for _attempt in 0..5 {
+            match Cluster::try_start(backend, &tune) {
+                Ok(cluster) => {
+                    cluster.wait_linked();
+                    return cluster;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => panic!("cluster start: {e}"),
+            }
+        }
+        panic!("cluster start: every attempt met a port taken meanwhile");
+    }
+
+    fn try_start(backend: Backend, tune: &impl Fn(&mut NodeConfig)) -> std::io::Result<Cluster> {
         let ports = free_ports(6);
         let members: Vec<ClusterNode> = (0..3)
             .map(|i| ClusterNode {
@@ -54,7 +72,7 @@ impl Cluster {
             .collect();
         let mut dirs = Vec::new();
         let mut nodes = Vec::new();
-        for (i, member) in members.iter().enumerate() {
+        for member in &members {
             let dir = tempfile::tempdir().unwrap();
             let mut c: NodeConfig = super::config(dir.path(), backend);
             c.node_id = member.id;
@@ -63,18 +81,18 @@ impl Cluster {
             c.cluster.slot_ids = SLOT_IDS;
             c.cluster.secret = ClusterSecret::new("cluster-routing-test-secret".into());
             c.token_auth = false;
+            // Each node's HTTP API on its `api_addr`: the nodes pass requests homed
+            // elsewhere (and onlinestatus, device_quit) to each other's API.
+            c.api.addr = Some(member.api_addr);
             tune(&mut c);
-            let node = Node::start(c).unwrap_or_else(|e| panic!("node {}: {e}", i + 1));
-            nodes.push(node);
+            nodes.push(Node::start(c)?);
             dirs.push(dir);
         }
-        let cluster = Cluster {
+        Ok(Cluster {
             nodes,
             view: ClusterView::initial(&[1, 2, 3], SLOT_IDS).unwrap(),
             _dirs: dirs,
-        };
-        cluster.wait_linked();
-        cluster
+        })
     }
 
     /// Waits (bounded) until every node's every shard has an up link to both peers.
