@@ -8,6 +8,13 @@
 //! bytes, gives them the time, nonces and jitter, and hands what they read to
 //! [`super::remote`].
 //!
+//! A peer that comes up is dialed back at once: when any link of this node (an
+//! inbound one, or another shard's outbound one) reports a boot id of the peer that
+//! a down outbound link has not dialed yet, that link dials without waiting for its
+//! backoff (`dial_due`). Replies travel on the outbound link, so until
+//! it is up the peer's requests cannot be answered; a restarted node would see its
+//! requests fail for up to `rpc_backoff_max_ms`.
+//!
 //! Output to a link is appended to its buffer as it is produced and handed to the
 //! driver once per loop turn ([`NodeShard::flush_peers`]): one write carries every
 //! frame of the turn. The buffer is bounded by the driver's outbound queue limit
@@ -18,7 +25,7 @@ use std::net::SocketAddr;
 
 use net::io::{CloseReason, ConnId, NetDriver, NetEvent, Transport};
 use net::rpc::link::{
-    request_shard, Failure, Inbound, InboundEvent, LinkEvent, LinkLimits, Outbound,
+    request_shard, Failure, Inbound, InboundEvent, LinkEvent, LinkLimits, LinkState, Outbound,
 };
 use net::rpc::{ClusterSecret, Identity};
 use rand::RngCore;
@@ -41,6 +48,9 @@ struct PeerLink {
     link: Outbound<Pending>,
     /// Frames written since the last flush.
     out: Vec<u8>,
+    /// The peer process this link was last up with or dialed for (a boot id
+    /// reported since, by any link of the node, makes a down link dial at once).
+    boot_known: Option<BootId>,
 }
 
 /// This shard's links (empty on a node alone).
@@ -77,6 +87,7 @@ impl Peers {
                     conn: None,
                     link: Outbound::new(secret, me, node, shard, limits),
                     out: Vec::new(),
+                    boot_known: None,
                 })
                 .collect(),
             None => Vec::new(),
@@ -287,6 +298,7 @@ impl NodeShard {
                         "peer link up"
                     );
                     let node = l.node;
+                    l.boot_known = Some(peer_boot_id);
                     self.shared.note_peer_boot(node, peer_boot_id);
                     self.publish_peer_links();
                     self.on_peer_up(cx, node);
@@ -455,10 +467,23 @@ impl NodeShard {
         work + self.fail_remote_requests(cx, driver)
     }
 
+    /// Dials each link whose retry time has come, and each down link whose peer
+    /// has a process it has not dialed yet (see the module docs: a peer that comes
+    /// up is dialed back at once).
     fn dial_due(&mut self, driver: &mut NetDriver, now_ms: u64) {
         for i in 0..self.peers.links.len() {
-            if !self.peers.links[i].link.due_to_dial(now_ms) {
+            let l = &self.peers.links[i];
+            let back = self
+                .shared
+                .peer_boot_id(l.node)
+                .filter(|&boot| Some(boot) != l.boot_known);
+            let dial_back = back.is_some() && matches!(l.link.state(), LinkState::Down { .. });
+            if !(dial_back || l.link.due_to_dial(now_ms)) {
                 continue;
+            }
+            if let Some(boot) = back {
+                tracing::debug!(node = l.node, boot, shard = self.me, "dialing a peer back");
+                self.peers.links[i].boot_known = Some(boot);
             }
             let mut nonce = [0u8; net::rpc::auth::NONCE_BYTES];
             self.rng.fill_bytes(&mut nonce);
@@ -498,9 +523,12 @@ impl NodeShard {
         }
     }
 
-    /// A peer authenticated on an inbound link: if this shard's outbound link to it
-    /// is up with another boot id, that peer restarted and the link is stale.
+    /// A peer authenticated on an inbound link: its boot id is noted for the node
+    /// (every shard's down link to it dials back at once), and if this shard's
+    /// outbound link to it is up with another boot id, that peer restarted and the
+    /// link is stale.
     fn on_peer_boot(&mut self, driver: &mut NetDriver, peer: Identity) {
+        self.shared.note_peer_boot(peer.node_id, peer.boot_id);
         let Some(i) = self.peers.links.iter().position(|l| l.node == peer.node_id) else {
             return;
         };
