@@ -10,8 +10,9 @@
 //!   current view and serves clients again; its old sessions never get a RECV.
 //! - A node that comes up is dialed back at once by its peers (not after their
 //!   backoff), so the replies to its requests have a way back.
-//! - Two `#[ignore]`d tests state what issue 13 asks that the engine does not do
-//!   yet (run them with `--ignored`; each fails today, its doc says where).
+//! - A client of the killed node logs in on another node at once (the close owner
+//!   action toward the dead node counts as done), and a session whose authority
+//!   died with it is rebuilt at the new authority after the drill.
 //!
 //! Every wait is bounded and only detects a failure; no test depends on timing.
 
@@ -655,16 +656,15 @@ fn a_node_that_comes_up_is_dialed_back_at_once() {
 }
 
 // ---------------------------------------------------------------------------
-// What issue 13 asks that the engine does not do yet (run with `--ignored`).
+// Failover after a kill.
 
 /// Issue 13, Failover: "kill -9 of a node: its clients reconnect elsewhere". A
 /// client of the killed node reconnecting on another node (same uid and device)
-/// while it is down, even after the drill, gets CONNACK 15: its old route, at a
-/// live authority, names the dead node, the close owner action to it fails, and
-/// rule 11 aborts the activation; this lasts until the route expires
-/// (`route_ttl_s`, 120 s) or the node is back.
+/// while it is down: its old route, at a live authority, names the dead node; the
+/// close owner action toward a node whose link is down counts as done
+/// (`imrouter_owner_actions_owner_down_total`), so the login gets CONNACK 1 (it
+/// was CONNACK 15 under rule 11 until the old route's TTL).
 #[test]
-#[ignore = "issue 13 gap: the close owner action to a dead node fails the reconnect (CONNACK 15)"]
 fn a_client_of_the_killed_node_reconnects_elsewhere() {
     let mut p = start_ready();
     let cast = Cast::choose(&p);
@@ -681,12 +681,10 @@ fn a_client_of_the_killed_node_reconnects_elsewhere() {
 
 /// Issue 13, Failover: "When a view moves slots, gateways re-register their live
 /// sessions of those slots with the new authority at once". A session on node 2
-/// whose authority died with node 3 is not re-registered at node 1 after the drill
-/// (only its next touch would rebuild it): `/user/onlinestatus` at the new
-/// authority never shows it, and a message to it is acknowledged but not pushed.
-/// The same holds for a drill without a kill.
+/// whose authority died with node 3 is rebuilt at node 1 after the drill (the
+/// rebuild queue, not its next touch): `/user/onlinestatus` at the new authority
+/// shows it, and a message to it is pushed.
 #[test]
-#[ignore = "issue 13 gap: live sessions of moved slots are not re-registered at the new authority"]
 fn sessions_whose_authority_died_are_rebuilt_after_the_drill() {
     let mut p = start_ready();
     let cast = Cast::choose(&p);

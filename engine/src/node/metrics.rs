@@ -125,6 +125,10 @@ shard_metrics! {
     rpc_refused,
     /// Outbound inter-node links that closed (each fails its requests in flight).
     rpc_link_closes,
+    /// Owner actions (kick, close) toward a node whose link was down, taken as done:
+    /// its sessions cannot be reached while it is down, so a new login replaces the
+    /// old route (a client of a dead node logs in elsewhere at once).
+    owner_actions_owner_down,
     /// Requests to other nodes that failed: link down, in-flight table full,
     /// deadline passed, link lost, peer restarted.
     rpc_request_failures,

@@ -119,15 +119,15 @@ impl Peers {
         self.links.iter_mut().find(|l| l.node == node)
     }
 
-    /// Sends `request` to `node`; gives the pending back if the link refuses it
-    /// (down, unknown node, in-flight table full).
+    /// Sends `request` to `node`; gives the pending back if the link refuses it,
+    /// with whether the link is down (no connection to that node) rather than full.
     pub fn request(
         &mut self,
         node: NodeId,
         request: &wire::Request,
         pending: Pending,
         now_ms: u64,
-    ) -> Result<(), Pending> {
+    ) -> Result<(), (Pending, bool)> {
         wire::encode(request, &mut self.body);
         let body = std::mem::take(&mut self.body);
         let result = match self.link_mut(node) {
@@ -137,9 +137,9 @@ impl Peers {
                 .map(|_| ())
                 .map_err(|(why, pending)| {
                     tracing::debug!(node, %why, "request to peer refused");
-                    pending
+                    (pending, why == net::rpc::link::Refused::Down)
                 }),
-            None => Err(pending),
+            None => Err((pending, true)),
         };
         self.body = body;
         result

@@ -11,7 +11,8 @@
 //! `remote_failures` at the end of the loop turn, which gives the requester the
 //! same answer a refusal would: an authority call fails `Unreachable` (CONNACK 15,
 //! an unregister retried later), a touch batch is requeued, an owner action fails
-//! (CONNACK 15), a forwarded SEND is answered SENDACK 10, a lookup's groups count as
+//! (CONNACK 15; but one toward a node whose link is down counts as done: see
+//! [`NodeShard::request_remote`]), a forwarded SEND is answered SENDACK 10, a lookup's groups count as
 //! failed (their recipients catch up by messagesync), a CONNECT waiting for its
 //! token's check is answered CONNACK 14 (QueryTokenError).
 
@@ -93,8 +94,22 @@ impl NodeShard {
         request: wire::Request,
         pending: Pending,
     ) {
-        if let Err(pending) = self.peers.request(node, &request, pending, cx.now_ms()) {
-            self.remote_failures.push(pending);
+        match self.peers.request(node, &request, pending, cx.now_ms()) {
+            Ok(()) => {}
+            // An owner on a node this shard has no link to cannot be asked, and its
+            // sessions cannot be reached from this cluster while it is: the action
+            // counts as done, so the new session replaces the old route (a client
+            // of a dead node logs in elsewhere at once, not after the old route's
+            // TTL). The one exception to rule 11; counted.
+            Err((Pending::OwnerAction { activation, index }, true)) => {
+                self.metrics.owner_actions_owner_down.inc();
+                let event = Event::OwnerActionDone {
+                    index,
+                    result: Ok(()),
+                };
+                self.local_events.push_back((activation, event));
+            }
+            Err((pending, _)) => self.remote_failures.push(pending),
         }
     }
 
