@@ -134,6 +134,43 @@ fn master_login_on_another_node_kicks_the_old_session(backend: Backend) {
     nothing_more(&mut slave_other_flag);
 }
 
+/// Slave devices coexist across nodes: two Slave logins of one uid and flag with
+/// different device ids, on two nodes (the authority on the third), both stay and
+/// both receive; a third Slave login with the first one's device id replaces it
+/// (a close, no kick) from yet another node.
+fn slave_devices_coexist_across_nodes(backend: Backend) {
+    let cluster = Cluster::start_with(backend, |c| {
+        c.default_device_level = engine::route::DeviceLevel::Slave
+    });
+    let uid = find_uid("slave", |u| cluster.authority_of(u) == 3);
+    let device = |id: &str| {
+        let mut l = Login::new(&uid, "any");
+        l.device_id = id.into();
+        l
+    };
+    let connect = |node: u64, login: &Login| {
+        let addr = cluster.node(node).tcp_addr().unwrap();
+        let (client, reason) = Client::connect(addr, login, READ_TIMEOUT).unwrap();
+        assert_eq!(reason, 1, "CONNACK for {} on node {node}", login.device_id);
+        client
+    };
+    let mut phone = connect(1, &device("phone"));
+    let mut tablet = connect(2, &device("tablet"));
+    let mut sender = login(cluster.node(3), "slave-sender", 1);
+    sender.send(&uid, 1, 1, "s-1", b"to both devices", true).unwrap();
+    assert_eq!(next_sendack(&mut sender).3, 1);
+    for c in [&mut phone, &mut tablet] {
+        assert_eq!(next_recv(c).payload, b"to both devices");
+    }
+    let _phone_again = connect(3, &device("phone"));
+    let seen = phone.wait_closed().unwrap();
+    assert!(
+        !seen.iter().any(|f| matches!(f, Received::Disconnect { .. })),
+        "a Slave replacing its own device id closes without a kick: {seen:?}"
+    );
+    nothing_more(&mut tablet);
+}
+
 /// With `token_auth` on, a CONNECT on any node is checked against the token stored
 /// at the uid's home (the token never leaves it): right token 1, wrong token 2;
 /// with the home stopped, 14 (QueryTokenError) at once, not a hang.
@@ -189,6 +226,7 @@ fn home_of_uid(cluster: &Cluster, uid: &str) -> u64 {
 }
 
 on_both_drivers!(
+    slave_devices_coexist_across_nodes,
     tokens_are_checked_at_the_uids_home,
     a_send_to_a_channel_homed_on_a_stopped_node_gets_10,
     person_message_crosses_four_roles,
