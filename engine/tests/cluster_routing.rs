@@ -157,7 +157,9 @@ fn slave_devices_coexist_across_nodes(backend: Backend) {
     let mut phone = connect(1, &device("phone"));
     let mut tablet = connect(2, &device("tablet"));
     let mut sender = login(cluster.node(3), "slave-sender", 1);
-    sender.send(&uid, 1, 1, "s-1", b"to both devices", true).unwrap();
+    sender
+        .send(&uid, 1, 1, "s-1", b"to both devices", true)
+        .unwrap();
     assert_eq!(next_sendack(&mut sender).3, 1);
     for c in [&mut phone, &mut tablet] {
         assert_eq!(next_recv(c).payload, b"to both devices");
@@ -165,7 +167,9 @@ fn slave_devices_coexist_across_nodes(backend: Backend) {
     let _phone_again = connect(3, &device("phone"));
     let seen = phone.wait_closed().unwrap();
     assert!(
-        !seen.iter().any(|f| matches!(f, Received::Disconnect { .. })),
+        !seen
+            .iter()
+            .any(|f| matches!(f, Received::Disconnect { .. })),
         "a Slave replacing its own device id closes without a kick: {seen:?}"
     );
     nothing_more(&mut tablet);
