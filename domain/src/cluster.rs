@@ -152,6 +152,35 @@ impl ClusterView {
         self.home_of(self.slots[hash_slot as usize].slot_id)
     }
 
+    /// Whether this view replaces `current` on a node that holds `current`: a
+    /// higher revision does; at the same revision (two drills on two nodes at
+    /// once), the view whose content digest is higher does, so every node ends on
+    /// the same one (the other drill is lost, visible in `/cluster/slots`). Equal
+    /// views never replace each other.
+    pub fn supersedes(&self, current: &ClusterView) -> bool {
+        match self.revision.cmp(&current.revision) {
+            std::cmp::Ordering::Greater => true,
+            std::cmp::Ordering::Less => false,
+            std::cmp::Ordering::Equal => self != current && self.digest() > current.digest(),
+        }
+    }
+
+    /// A digest of the content (leaders, terms, epoch, nodes): a deterministic
+    /// tie-break between two views of one revision.
+    fn digest(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        for s in &self.slots {
+            h.update(&s.slot_id.to_le_bytes());
+            h.update(&s.leader_node_id.to_le_bytes());
+            h.update(&s.leader_term.to_le_bytes());
+        }
+        h.update(&self.config_epoch.to_le_bytes());
+        for n in &self.nodes {
+            h.update(&n.to_le_bytes());
+        }
+        h.finalize()
+    }
+
     /// The exact target of hash slot `hash_slot` in this view.
     #[inline]
     pub fn target_for_slot(&self, hash_slot: HashSlot) -> Target {
@@ -218,6 +247,27 @@ mod tests {
 #[cfg(test)]
 mod initial_view_tests {
     use super::*;
+
+    #[test]
+    fn a_higher_revision_supersedes_and_a_tie_is_broken_the_same_way_everywhere() {
+        let base = ClusterView::initial(&[1, 2, 3], 64).unwrap();
+        let mut a = base.clone();
+        a.slots[0].leader_node_id = 2;
+        a.slots[0].leader_term += 1;
+        a.revision += 1;
+        let mut b = base.clone();
+        b.slots[9].leader_node_id = 3;
+        b.slots[9].leader_term += 1;
+        b.revision += 1;
+        assert!(a.supersedes(&base) && b.supersedes(&base));
+        assert!(!base.supersedes(&a));
+        // Two drills of one revision: exactly one of them wins, wherever compared.
+        assert_ne!(a.supersedes(&b), b.supersedes(&a));
+        assert!(
+            !a.supersedes(&a.clone()),
+            "an equal view never replaces itself"
+        );
+    }
 
     #[test]
     fn three_nodes_lead_slot_ids_round_robin_in_config_order() {

@@ -62,15 +62,15 @@ impl NodeShard {
         closed
     }
 
-    /// A new cluster view (a revision above this shard's; an older one that arrives
-    /// late is ignored): slots this node gained get a fresh identity, lost ones drop
+    /// A new cluster view (one that supersedes this shard's: a higher revision, or
+    /// the same-revision tie-break; an older one that arrives late is ignored): slots this node gained get a fresh identity, lost ones drop
     /// their state; touches drained from now on go to the new targets. This shard's
     /// live sessions whose hash slot moved are queued for re-registration at their
     /// new authority and the first rebuild batches leave at once
     /// ([`NodeShard::flush_rebuild`]); the touch flush sends the rest at
     /// `[session] rebuild_routes_per_s`.
     pub(super) fn apply_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: &ClusterView) {
-        if view.revision <= self.view.revision {
+        if !view.supersedes(&self.view) {
             return;
         }
         self.authority
@@ -98,8 +98,8 @@ impl NodeShard {
         }
     }
 
-    /// A view from another node: installed if its revision is higher than this
-    /// node's, then applied by every shard.
+    /// A view from another node: installed if it supersedes this node's, then
+    /// applied by every shard.
     pub(super) fn on_remote_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: ClusterView) {
         let Some(view) = self.shared.install_view(view) else {
             return;

@@ -539,11 +539,12 @@ impl NodeShared {
         guard.clone()
     }
 
-    /// Installs `view` if its revision is higher than the current one's (a view
-    /// from another node); gives it back installed, or `None` (not newer).
+    /// Installs `view` if it supersedes the current one (a higher revision, or the
+    /// tie-break of `ClusterView::supersedes` at the same revision: a view from
+    /// another node); gives it back installed, or `None`.
     pub fn install_view(&self, view: ClusterView) -> Option<Arc<ClusterView>> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        if view.revision <= guard.revision {
+        if !view.supersedes(&guard) {
             return None;
         }
         *guard = Arc::new(view);
