@@ -118,6 +118,17 @@ impl Committed {
             vec![Uid::from(peer), self.from_uid.clone()]
         }
     }
+
+    /// How many uids [`person_recipients`](Self::person_recipients) gives, without
+    /// building them (the planner asks it for every page it considers).
+    pub fn person_recipient_count(&self) -> usize {
+        let peer = recv_channel_id(&self.channel_key, self.channel_type, &self.from_uid);
+        if *peer == *self.from_uid {
+            1
+        } else {
+            2
+        }
+    }
 }
 
 /// A message to commit, and where its answer goes (`A`: the driver's address of the

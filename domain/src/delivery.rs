@@ -804,7 +804,7 @@ impl Planner {
 fn recipient_count(d: &Delivery) -> usize {
     match &d.subscribers {
         Some(s) => s.uids.len(),
-        None => d.message.person_recipients().len(),
+        None => d.message.person_recipient_count(),
     }
 }
 
