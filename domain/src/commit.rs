@@ -118,6 +118,17 @@ impl Committed {
             vec![Uid::from(peer), self.from_uid.clone()]
         }
     }
+
+    /// How many uids [`person_recipients`](Self::person_recipients) gives, without
+    /// building them (the planner asks it for every page it considers).
+    pub fn person_recipient_count(&self) -> usize {
+        let peer = recv_channel_id(&self.channel_key, self.channel_type, &self.from_uid);
+        if *peer == *self.from_uid {
+            1
+        } else {
+            2
+        }
+    }
 }
 
 /// A message to commit, and where its answer goes (`A`: the driver's address of the
@@ -385,8 +396,8 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     /// Delivers from the backlog ([`Planner::pump`]): push batches and remote
     /// lookups into `out`; `room(to)` is the room towards a peer shard or node.
     /// Returns the work done (1 at least while anything waits for delivery, except
-    /// while a page waits for lookup replies: then nothing, the reply's arrival is
-    /// the next event).
+    /// while the pages in flight only wait for lookup replies: then nothing, a
+    /// reply's arrival is the next event).
     pub fn pump(
         &mut self,
         view: &ClusterView,
@@ -408,9 +419,14 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         self.planner.on_lookup_reply(lookup_id, reply)
     }
 
-    /// Lookups of the page in delivery that await their replies.
+    /// Lookups of the pages in delivery that await their replies.
     pub fn awaiting_lookups(&self) -> usize {
         self.planner.awaiting_lookups()
+    }
+
+    /// Pages looked up and not yet pushed ([`Planner::pages_in_flight`]).
+    pub fn pages_in_flight(&self) -> usize {
+        self.planner.pages_in_flight()
     }
 
     /// The planner's counters so far, reset.
@@ -1176,6 +1192,7 @@ mod tests {
             subscriber_page_max: 2,
             push_batch_max: 8,
             pages_per_turn_max: 8,
+            lookup_pages_in_flight_max: 4,
             reserved_room_per_peer: 4,
         }
     }

@@ -7,7 +7,8 @@
 //!    its siblings succeed): those this node leads synchronously ([`EndpointLookup`],
 //!    the node's lock-free `AuthorityReader`), those led by other nodes by one
 //!    EndpointsByTargets RPC per node and page ([`Lookup`], answered by
-//!    [`Planner::on_lookup_reply`]; the page waits for every reply, see [`Planner`]).
+//!    [`Planner::on_lookup_reply`]; the page waits for every reply, while later
+//!    pages are looked up meanwhile and wait behind it: see [`Planner`]).
 //! 3. The endpoints found are coalesced by owner into bounded push batches
 //!    ([`plan_pushes`]): one per owner shard of this node, one per remote owner node.
 //!    Only the sender's exact SEND session is suppressed; its other devices receive.
@@ -192,8 +193,9 @@ pub struct Push {
 ///
 /// The driver must answer it exactly once with [`Planner::on_lookup_reply`]: the
 /// node's reply, or a [`LookupReply::Failed`] it synthesizes (the RPC deadline
-/// passed, the peer is down, the peer restarted). Until then the page, and every
-/// message behind it, waits.
+/// passed, the peer is down, the peer restarted). Until then the page waits, and
+/// so does every page behind it: they may be looked up meanwhile (up to
+/// `lookup_pages_in_flight_max` pages in flight) but are pushed only after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lookup {
     /// Unique among this planner's lookups (a counter from 0).
@@ -295,6 +297,11 @@ pub struct PlanLimits {
     pub push_batch_max: usize,
     /// Pages planned per [`Planner::pump`].
     pub pages_per_turn_max: usize,
+    /// Pages looked up and not yet pushed at once (waiting for their lookups, or
+    /// complete behind one that waits): the pipeline's depth, see [`Planner`]. 1:
+    /// one page at a time (a page led elsewhere holds everything behind it for a
+    /// round trip). 0 counts as 1.
+    pub lookup_pages_in_flight_max: usize,
     /// Room kept free towards every peer (shard or node) for commits, SENDACKs and
     /// control: a batch for a peer with no more room than this waits.
     pub reserved_room_per_peer: usize,
@@ -375,60 +382,96 @@ impl Emitted {
 
 /// Step 3's delivery: plans the backlog of answered messages, oldest first, page by
 /// page, into push batches ([`PlanOutput::Push`]). At most `pages_per_turn_max`
-/// pages a call.
+/// pages are looked up a call.
 ///
 /// # A page
 ///
 /// Its uids are grouped by exact target ([`group_by_target`], one view snapshot).
 /// The groups this node leads (`limits.local_node`) are looked up synchronously
 /// (`EndpointLookup`); the groups led by other nodes become one
-/// [`PlanOutput::Lookup`] per node. A page without remote groups is pushed at
-/// once; a page with them waits until every one of its lookups is answered
-/// ([`on_lookup_reply`](Self::on_lookup_reply)), then the next `pump` pushes its
-/// endpoints, local and remote, exactly as a local page: coalesced by owner into
-/// bounded batches ([`plan_pushes`]), the sender's own session suppressed. A
-/// failed remote lookup fails its groups alone: the page's other endpoints are
-/// pushed.
+/// [`PlanOutput::Lookup`] per node. A page is *complete* once every one of its
+/// lookups is answered ([`on_lookup_reply`](Self::on_lookup_reply); a page without
+/// remote groups is complete at once). A complete page's endpoints, local and
+/// remote, are pushed exactly as a local page's: coalesced by owner into bounded
+/// batches ([`plan_pushes`]), the sender's own session suppressed. A failed remote
+/// lookup fails its groups alone: the page's other endpoints are pushed.
+///
+/// # The pipeline, and why it keeps order
+///
+/// Up to `lookup_pages_in_flight_max` pages are *in flight* (looked up, not yet
+/// pushed) at once, across the messages of the backlog: while the oldest waits for
+/// a round trip, the next pages (of the same message or of later ones) are looked
+/// up and their lookups sent, so one channel's delivery is no longer bounded by
+/// one round trip per page.
+///
+/// Pages are opened in backlog order (message after message, page after page of
+/// each) and queued in that order; only the head of the queue is ever pushed, and
+/// only once it is complete. So pushes leave in the order the pages were opened,
+/// whatever order the replies come in: a complete page (local-only ones too) behind
+/// a waiting one waits for it. Messages join the backlog in the order their
+/// commits were answered, which per channel is seq order; a carrier that keeps
+/// each peer's order (a ring, a link) therefore hands a session message N before
+/// N+1, and never a later page's RECVs before an earlier page's of the same
+/// message. `lookup_pages_in_flight_max = 1` is the unpipelined planner: nothing
+/// behind a waiting page is looked up.
 ///
 /// # Waiting, and its bounds
 ///
-/// - Head-of-line wait: while the front message has a page waiting for lookups, no
-///   further page (of it or of any later message) is planned; `pump` reports no
-///   work for that wait (the shard may sleep), and the reply's arrival makes the
-///   driver pump again. The wait is bounded by the RPC deadline, since the driver
-///   answers every lookup (at the latest with [`LookupFailure::Deadline`]).
-///   Pipelining pages (lookups of later pages while one waits, pushed in order) is
-///   future work.
-/// - At most one page is in flight per planner, so its lookups in flight are at
-///   most the number of other nodes in the view.
+/// - While the head page waits and no further page may be opened (the limit
+///   reached, or nothing left to open), `pump` reports no work for that wait (the
+///   shard may sleep); the reply's arrival makes the driver pump again. The wait
+///   is bounded by the RPC deadline, since the driver answers every lookup (at the
+///   latest with [`LookupFailure::Deadline`]).
+/// - Memory: the pages in flight hold at most `lookup_pages_in_flight_max ×
+///   subscriber_page_max` uids' endpoints (each uid's sessions: the authority's
+///   `max_records_per_uid` at most; a remote reply is also bounded by the RPC
+///   frame), and their lookups in flight are at most `lookup_pages_in_flight_max`
+///   × the number of other nodes in the view. The [`Lookup`]s themselves are the
+///   driver's once emitted.
 /// - A batch for a peer (a shard of this node, or another node) without room
-///   beyond `reserved_room_per_peer` waits (`stalled`), and no further page is
-///   planned until it went, so a slow peer pauses delivery rather than growing a
-///   queue.
+///   beyond `reserved_room_per_peer` waits (`stalled`), and nothing behind it is
+///   pushed until it went (pages may still complete meanwhile, within the limit),
+///   so a slow peer pauses delivery rather than growing a queue, and order holds.
 ///
 /// Buffers are reused from page to page.
 #[derive(Default)]
 pub struct Planner {
     /// Answered messages whose delivery has not ended, oldest first.
     backlog: VecDeque<Delivery>,
-    /// The next page of the backlog's front message.
-    next_page: usize,
+    /// The number of the backlog's front message (messages are numbered from 0 as
+    /// they are enqueued).
+    front_message: u64,
+    /// The next page to open: a message's number and the page's index in it.
+    cursor: (u64, usize),
+    /// Pages opened and not yet pushed, in the order they were opened.
+    pages: VecDeque<Page>,
+    /// The number of `pages`' head (pages are numbered from 0 as they are opened).
+    head_page: u64,
     /// Batches of the front message that a peer had no room for.
     stalled: Vec<(PushTo, Vec<Endpoint>)>,
-    /// A page of the front message is looked up and not yet pushed; its endpoints
-    /// so far are in `endpoints`.
-    page_open: bool,
-    /// Groups of the open page that failed so far.
-    page_failed_groups: usize,
-    /// The open page's lookups not yet answered: `(lookup_id, groups)`.
-    awaiting: Vec<(u64, usize)>,
+    /// Lookups not yet answered: `(lookup_id, page number, groups)`.
+    awaiting: Vec<(u64, u64, usize)>,
     next_lookup_id: u64,
+    /// Endpoint buffers of pushed pages, for the next pages (at most
+    /// `lookup_pages_in_flight_max`).
+    spare: Vec<Vec<Endpoint>>,
     groups: TargetGroups,
-    endpoints: Vec<Endpoint>,
     results: Vec<Result<Range<usize>, AuthorityError>>,
     local: Vec<Vec<Endpoint>>,
     emitted: Emitted,
     counts: PlanCounts,
+}
+
+/// A page looked up and not yet pushed.
+struct Page {
+    /// The number of its message.
+    message: u64,
+    /// Its lookups not yet answered (0: complete).
+    awaiting: usize,
+    /// Its groups that failed so far.
+    failed_groups: usize,
+    /// The endpoints found so far, local and remote.
+    endpoints: Vec<Endpoint>,
 }
 
 impl Planner {
@@ -451,18 +494,25 @@ impl Planner {
         std::mem::take(&mut self.counts)
     }
 
-    /// The open page's lookups not yet answered (while any, `pump` plans nothing).
+    /// Lookups of the pages in flight not yet answered.
     pub fn awaiting_lookups(&self) -> usize {
         self.awaiting.len()
     }
 
-    /// Plans up to `pages_per_turn_max` pages into `out`. `room(to)` is the room
-    /// towards peer `to` now, a shard or a node (the planner subtracts its own
-    /// batches; this shard's own batches take none). Returns the bytes charged to
-    /// the messages whose delivery ended (the commit core's budget) and the work
-    /// done: 1 at least while anything waits for room or for its turn, so the shard
-    /// keeps turning until it is delivered; nothing more while a page waits for
-    /// lookup replies (see the type's docs).
+    /// Pages looked up and not yet pushed (at most `lookup_pages_in_flight_max`).
+    pub fn pages_in_flight(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Plans into `out`: pushes the complete pages at the head of the pipeline and
+    /// opens up to `pages_per_turn_max` new pages while fewer than
+    /// `lookup_pages_in_flight_max` are in flight. `room(to)` is the room towards
+    /// peer `to` now, a shard or a node (the planner subtracts its own batches;
+    /// this shard's own batches take none). Returns the bytes charged to the
+    /// messages whose delivery ended (the commit core's budget) and the work done:
+    /// 1 at least while anything waits for room or could be planned now, so the
+    /// shard keeps turning until it is delivered; nothing more while the pages in
+    /// flight only wait for lookup replies (see the type's docs).
     pub fn pump(
         &mut self,
         view: &ClusterView,
@@ -477,61 +527,46 @@ impl Planner {
         self.emitted.clear();
         let (mut work, mut freed_bytes) = (self.retry_stalled(room, limits, out), 0);
         let mut pages = 0;
-        while self.stalled.is_empty() {
-            if self.page_open {
-                if !self.awaiting.is_empty() {
-                    break; // the head-of-line wait for its replies
-                }
-                self.push_page(room, limits, out);
+        loop {
+            freed_bytes += self.finish_delivered(limits);
+            if !self.stalled.is_empty() {
+                break;
+            }
+            if self.head_complete() {
+                self.push_head(room, limits, out);
                 work += 1;
                 continue;
             }
-            let Some(front) = self.backlog.front() else {
+            if !self.may_open(limits) || pages == limits.pages_per_turn_max {
                 break;
-            };
-            let (message_id, subscribers) = (front.message.message_id, front.subscribers.clone());
-            let person;
-            let recipients: &[Uid] = match &subscribers {
-                Some(s) => &s.uids,
-                None => {
-                    person = front.message.person_recipients();
-                    &person
-                }
-            };
-            let start = self.next_page * limits.subscriber_page_max;
-            if start < recipients.len() {
-                if pages == limits.pages_per_turn_max {
-                    break;
-                }
-                self.next_page += 1;
-                let end = recipients.len().min(start + limits.subscriber_page_max);
-                let page = &recipients[start..end];
-                work += self.look_up_page(view, lookup, limits, message_id, page, out);
-                pages += 1;
-                continue;
             }
-            // Its last page is pushed and nothing of it waits: it leaves now.
-            freed_bytes += self.finish_front();
+            work += self.open_page(view, lookup, limits, out);
+            pages += 1;
         }
-        let more = !self.backlog.is_empty() && self.awaiting.is_empty();
+        let more = !self.stalled.is_empty() || self.head_complete() || self.may_open(limits);
         (freed_bytes, work + usize::from(more))
     }
 
     /// A reply to lookup `lookup_id` (or the driver's failure for it). Its found
-    /// endpoints join the open page's; its failed groups are counted. Returns
-    /// whether it was awaited: a reply for an unknown lookup, or one already
-    /// answered (a late reply after a deadline failure), is ignored and counted
+    /// endpoints join its page's; its failed groups are counted. Returns whether it
+    /// was awaited: a reply for an unknown lookup, or one already answered (a late
+    /// reply after a deadline failure), is ignored and counted
     /// (`ignored_replies`). Lookup ids are unique per planner only: a driver must
-    /// not hand a planner the replies of another planner's lookups.
+    /// not hand a planner the replies of another planner's lookups. Pump again
+    /// afterwards: the head page may be complete.
     pub fn on_lookup_reply(&mut self, lookup_id: u64, reply: LookupReply) -> bool {
-        let Some(i) = self.awaiting.iter().position(|(id, _)| *id == lookup_id) else {
+        let Some(i) = self.awaiting.iter().position(|(id, ..)| *id == lookup_id) else {
             self.counts.ignored_replies += 1;
             return false;
         };
-        let (_, groups) = self.awaiting.swap_remove(i);
+        let (_, page, groups) = self.awaiting.swap_remove(i);
+        let Some(page) = self.pages.get_mut((page - self.head_page) as usize) else {
+            unreachable!("an awaited lookup's page is in flight until it is complete");
+        };
+        page.awaiting -= 1;
         let failed = match reply {
             LookupReply::Found { endpoints, results } => {
-                take_found(endpoints, &results, groups, &mut self.endpoints)
+                take_found(endpoints, &results, groups, &mut page.endpoints)
             }
             LookupReply::Failed(_) => None,
         };
@@ -539,7 +574,7 @@ impl Planner {
             self.counts.failed_lookups += 1;
             groups
         });
-        self.page_failed_groups += failed;
+        page.failed_groups += failed;
         self.counts.failed_groups += failed as u64;
         true
     }
@@ -576,21 +611,82 @@ impl Planner {
         sent.max(usize::from(!self.stalled.is_empty()))
     }
 
-    /// Opens a page: groups by target, one synchronous lookup of the groups this
-    /// node leads, one [`Lookup`] per other node (nodes in order of first
-    /// appearance). Returns 1 if it emitted lookups (the page waits), else 0 (the
-    /// page is pushed next).
-    fn look_up_page(
+    /// Whether the head page is complete (and may be pushed unless stalled).
+    fn head_complete(&self) -> bool {
+        self.pages.front().is_some_and(|p| p.awaiting == 0)
+    }
+
+    /// Whether another page may be opened now: one is left and the pipeline has
+    /// room.
+    fn may_open(&mut self, limits: &PlanLimits) -> bool {
+        self.pages.len() < limits.lookup_pages_in_flight_max.max(1)
+            && self.next_page(limits).is_some()
+    }
+
+    /// The next page to open, `(backlog index, its uids' range)`, the cursor moved
+    /// past messages whose pages are all open; `None` if none is left.
+    fn next_page(&mut self, limits: &PlanLimits) -> Option<(usize, Range<usize>)> {
+        loop {
+            let (message, page) = self.cursor;
+            let i = (message - self.front_message) as usize;
+            let n = recipient_count(self.backlog.get(i)?);
+            let start = page * limits.subscriber_page_max;
+            if start < n {
+                return Some((i, start..n.min(start + limits.subscriber_page_max)));
+            }
+            self.cursor = (message + 1, 0);
+        }
+    }
+
+    /// The front messages whose pages are all open and pushed, and nothing of
+    /// which is stalled, leave; returns their charge.
+    fn finish_delivered(&mut self, limits: &PlanLimits) -> usize {
+        let _ = self.next_page(limits); // moves the cursor past opened messages
+        let mut freed_bytes = 0;
+        while self.stalled.is_empty()
+            && self.cursor.0 > self.front_message
+            && self
+                .pages
+                .front()
+                .is_none_or(|p| p.message != self.front_message)
+        {
+            let Some(d) = self.backlog.pop_front() else {
+                break;
+            };
+            self.front_message += 1;
+            freed_bytes += d.charge_bytes;
+        }
+        freed_bytes
+    }
+
+    /// Opens the next page (there is one: `may_open`): groups by target, one
+    /// synchronous lookup of the groups this node leads, one [`Lookup`] per other
+    /// node (nodes in order of first appearance); queues it. Returns 1 if it
+    /// emitted lookups (the page waits), else 0 (the page is complete).
+    fn open_page(
         &mut self,
         view: &ClusterView,
         lookup: &mut impl EndpointLookup,
         limits: &PlanLimits,
-        message_id: i64,
-        page: &[Uid],
         out: &mut Vec<PlanOutput>,
     ) -> usize {
-        group_by_target(view, page, &mut self.groups);
-        self.endpoints.clear();
+        let Some((i, range)) = self.next_page(limits) else {
+            unreachable!("a page is opened only when one is left");
+        };
+        let number = self.front_message + i as u64;
+        self.cursor.1 += 1;
+        let d = &self.backlog[i];
+        let (message_id, subscribers) = (d.message.message_id, d.subscribers.clone());
+        let person;
+        let recipients: &[Uid] = match &subscribers {
+            Some(s) => &s.uids,
+            None => {
+                person = d.message.person_recipients();
+                &person
+            }
+        };
+        group_by_target(view, &recipients[range], &mut self.groups);
+        let mut endpoints = self.spare.pop().unwrap_or_default();
         self.results.clear();
         let local_node = limits.local_node;
         let local: Vec<(Target, &[Uid])> = self
@@ -599,24 +695,29 @@ impl Planner {
             .filter(|(t, _)| t.leader_node_id == local_node)
             .collect();
         if !local.is_empty() {
-            lookup.endpoints_by_targets_into(&local, &mut self.endpoints, &mut self.results);
+            lookup.endpoints_by_targets_into(&local, &mut endpoints, &mut self.results);
         }
         let failed = self.results.iter().filter(|r| r.is_err()).count();
         self.counts.failed_groups += failed as u64;
-        self.page_open = true;
-        self.page_failed_groups = failed;
         let lookups = self.remote_lookups(local_node, message_id);
-        let emitted = lookups.len();
-        self.counts.lookups += emitted as u64;
+        let page = self.head_page + self.pages.len() as u64;
+        self.counts.lookups += lookups.len() as u64;
+        self.pages.push_back(Page {
+            message: number,
+            awaiting: lookups.len(),
+            failed_groups: failed,
+            endpoints,
+        });
+        let emitted = !lookups.is_empty();
         for l in lookups {
-            self.awaiting.push((l.lookup_id, l.groups.len()));
+            self.awaiting.push((l.lookup_id, page, l.groups.len()));
             out.push(PlanOutput::Lookup(l));
         }
-        usize::from(emitted > 0)
+        usize::from(emitted)
     }
 
-    /// The open page's groups led by other nodes than `local_node`, one lookup per
-    /// node.
+    /// The page being opened's groups led by other nodes than `local_node`, one
+    /// lookup per node.
     fn remote_lookups(&mut self, local_node: NodeId, message_id: i64) -> Vec<Lookup> {
         let mut lookups: Vec<Lookup> = Vec::new();
         for (target, range) in &self.groups.groups {
@@ -646,27 +747,34 @@ impl Planner {
         lookups
     }
 
-    /// Pushes the open page (every lookup of it answered): batches by owner; a
-    /// batch for a peer without room stalls; this shard's batches come last (other
-    /// shards write their sockets meanwhile).
-    fn push_page(
+    /// Pushes the head page (complete; every page before it pushed, so its message
+    /// is the front): batches by owner; a batch for a peer without room stalls;
+    /// this shard's batches come last (other shards write their sockets meanwhile).
+    fn push_head(
         &mut self,
         room: &mut impl FnMut(PushTo) -> usize,
         limits: &PlanLimits,
         out: &mut Vec<PlanOutput>,
     ) {
-        let Some(front) = self.backlog.front() else {
-            unreachable!("an open page belongs to the backlog's front message");
+        let Some(mut page) = self.pages.pop_front() else {
+            unreachable!("pushed only when complete");
         };
+        self.head_page += 1;
+        let Some(front) = self.backlog.front() else {
+            unreachable!("a page in flight belongs to the backlog");
+        };
+        debug_assert_eq!(page.message, self.front_message, "pages push in order");
         let (message, sender) = (&front.message, front.sender);
-        self.page_open = false;
         let plan = plan_pushes(
             limits.local_node,
-            self.endpoints.drain(..),
-            self.page_failed_groups,
+            page.endpoints.drain(..),
+            page.failed_groups,
             sender,
             limits.push_batch_max,
         );
+        if self.spare.len() < limits.lookup_pages_in_flight_max {
+            self.spare.push(page.endpoints);
+        }
         for (to, endpoints) in plan.batches {
             match to {
                 PushTo::Shard(s) if s == limits.me => self.local.push(endpoints),
@@ -689,11 +797,14 @@ impl Planner {
             }));
         }
     }
+}
 
-    /// The front message is delivered: it leaves; returns its charge.
-    fn finish_front(&mut self) -> usize {
-        self.next_page = 0;
-        self.backlog.pop_front().map_or(0, |d| d.charge_bytes)
+/// How many recipients `d` has (a group's subscribers, or a person channel's one
+/// or two uids).
+fn recipient_count(d: &Delivery) -> usize {
+    match &d.subscribers {
+        Some(s) => s.uids.len(),
+        None => d.message.person_recipient_count(),
     }
 }
 
@@ -855,6 +966,9 @@ mod planner_tests {
             subscriber_page_max: 16,
             push_batch_max: 16,
             pages_per_turn_max: 4,
+            // The unpipelined planner: the tests above the pipeline's, written for
+            // it, pass unchanged (limit 1 = the old behaviour).
+            lookup_pages_in_flight_max: 1,
             reserved_room_per_peer: 1,
         }
     }
@@ -1238,5 +1352,202 @@ mod planner_tests {
             assert_eq!(take_found(eps.clone(), &bad, 2, &mut into), None, "{bad:?}");
         }
         assert_eq!(take_found(eps, &[Ok(0..3)], 2, &mut into), None, "count");
+    }
+
+    // ---- the pipeline (lookup_pages_in_flight_max > 1) ----
+
+    /// A rig whose planner opens pages of two uids, up to `in_flight` of them in
+    /// flight (and up to 8 a call).
+    fn pipelined(deliveries: Vec<Delivery>, in_flight: usize) -> Rig {
+        let mut rig = Rig::new(deliveries);
+        rig.limits.subscriber_page_max = 2;
+        rig.limits.pages_per_turn_max = 8;
+        rig.limits.lookup_pages_in_flight_max = in_flight;
+        rig
+    }
+
+    /// Each push as (message, its uids sorted), in push order.
+    fn pushed_pages(pushes: &[(PushTo, i64, Vec<Uid>)]) -> Vec<(i64, Vec<Uid>)> {
+        pushes.iter().map(|p| (p.1, sorted(p.2.clone()))).collect()
+    }
+
+    fn answer(rig: &mut Rig, l: &Lookup) {
+        assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[])));
+    }
+
+    const IDLE: Pumped = (0, 0, Vec::new(), Vec::new());
+
+    #[test]
+    fn pages_in_flight_answered_out_of_order_are_pushed_in_page_order() {
+        let (remote, local) = (led_by(2, "b", 8), led_by(1, "a", 2));
+        let deliveries = vec![delivery(1, remote.clone()), delivery(2, local.clone())];
+        let mut rig = pipelined(deliveries, 5);
+        let (freed, work, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty());
+        assert_eq!(
+            (freed, work),
+            (0, 4),
+            "four pages sent lookups; then only waiting"
+        );
+        assert_eq!(
+            lookups.len(),
+            4,
+            "one lookup per page of message 1, all at once"
+        );
+        for (l, page) in lookups.iter().zip(remote.chunks(2)) {
+            assert_eq!(
+                (l.message_id, sorted(l.uids.clone())),
+                (1, sorted(page.to_vec()))
+            );
+        }
+        assert_eq!(
+            sorted(rig.local.asked.clone()),
+            sorted(local.clone()),
+            "message 2's local page is looked up meanwhile"
+        );
+        assert_eq!(rig.p.pages_in_flight(), 5);
+        for l in lookups[1..].iter().rev() {
+            answer(&mut rig, l);
+            assert_eq!(
+                rig.pump(),
+                IDLE,
+                "the head page still waits: nothing pushed"
+            );
+        }
+        answer(&mut rig, &lookups[0]);
+        let (freed, _, pushes, lookups) = rig.pump();
+        assert!(lookups.is_empty());
+        let mut expected: Vec<(i64, Vec<Uid>)> =
+            remote.chunks(2).map(|p| (1, sorted(p.to_vec()))).collect();
+        expected.push((2, sorted(local)));
+        assert_eq!(
+            pushed_pages(&pushes),
+            expected,
+            "page order, not reply order"
+        );
+        assert_eq!(freed, 2 * CHARGE);
+        assert!(rig.p.is_empty() && rig.p.pages_in_flight() == 0);
+    }
+
+    #[test]
+    fn a_failed_lookup_in_the_middle_fails_its_page_alone() {
+        let mut rig = pipelined(vec![delivery(1, led_by(2, "b", 6))], 8);
+        let (_, _, _, lookups) = rig.pump();
+        let [l0, l1, l2] = lookups.as_slice() else {
+            panic!("three pages, three lookups: {lookups:?}");
+        };
+        answer(&mut rig, l2);
+        let failed = LookupReply::Failed(LookupFailure::PeerDown);
+        assert!(rig.p.on_lookup_reply(l1.lookup_id, failed));
+        assert_eq!(rig.pump(), IDLE, "the head still waits");
+        answer(&mut rig, l0);
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(1, sorted(l0.uids.clone())), (1, sorted(l2.uids.clone()))]
+        );
+        assert_eq!(freed, CHARGE, "a failed page does not hold the message");
+        let counts = rig.p.take_counts();
+        assert_eq!(
+            (counts.failed_groups, counts.failed_lookups, counts.lookups),
+            (l1.groups.len() as u64, 1, 3)
+        );
+    }
+
+    #[test]
+    fn at_the_limit_nothing_more_is_looked_up_until_the_head_is_pushed() {
+        let remote = led_by(2, "b", 8);
+        let mut rig = pipelined(vec![delivery(1, remote.clone())], 2);
+        let (_, work, _, first) = rig.pump();
+        assert_eq!((first.len(), work), (2, 2));
+        assert_eq!(rig.p.pages_in_flight(), 2);
+        assert_eq!(rig.pump(), IDLE, "full and waiting: the shard may sleep");
+        answer(&mut rig, &first[1]);
+        assert_eq!(
+            rig.pump(),
+            IDLE,
+            "the second page is complete, but the head waits and holds its slot"
+        );
+        answer(&mut rig, &first[0]);
+        let (freed, _, pushes, next) = rig.pump();
+        let pages: Vec<(i64, Vec<Uid>)> =
+            first.iter().map(|l| (1, sorted(l.uids.clone()))).collect();
+        assert_eq!(pushed_pages(&pushes), pages);
+        assert_eq!(next.len(), 2, "the freed slots are filled at once");
+        for (l, page) in next.iter().zip(remote[4..].chunks(2)) {
+            assert_eq!(sorted(l.uids.clone()), sorted(page.to_vec()));
+        }
+        assert_eq!(freed, 0, "the message's last pages are in flight");
+        assert_eq!(rig.p.awaiting_lookups(), 2);
+        next.iter().for_each(|l| answer(&mut rig, l));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushes.len(), 2);
+        assert_eq!(freed, CHARGE);
+        assert!(rig.p.is_empty());
+    }
+
+    #[test]
+    fn limit_one_looks_up_one_page_at_a_time() {
+        let (remote, local) = (led_by(2, "b", 4), led_by(1, "a", 2));
+        let deliveries = vec![delivery(1, remote.clone()), delivery(2, local.clone())];
+        let mut rig = pipelined(deliveries, 1);
+        let (mut pushed, mut round_trips) = (Vec::new(), 0);
+        loop {
+            let (_, _, pushes, lookups) = rig.pump();
+            pushed.extend(pushed_pages(&pushes));
+            let l = match lookups.as_slice() {
+                [] => break,
+                [l] => l.clone(),
+                more => panic!("one lookup at a time: {more:?}"),
+            };
+            round_trips += 1;
+            assert_eq!(rig.p.pages_in_flight(), 1);
+            assert!(rig.local.asked.is_empty(), "nothing behind a waiting page");
+            assert_eq!(rig.pump(), IDLE);
+            answer(&mut rig, &l);
+        }
+        assert_eq!(round_trips, 2, "one per page");
+        let expected = vec![
+            (1, sorted(remote[..2].to_vec())),
+            (1, sorted(remote[2..].to_vec())),
+            (2, sorted(local)),
+        ];
+        assert_eq!(pushed, expected);
+        assert!(rig.p.is_empty());
+    }
+
+    #[test]
+    fn a_stalled_batch_holds_the_complete_pages_behind_it() {
+        // Message 1: led by node 2, its sessions owned by node 2 ('r…'); message 2:
+        // local, owned by shard 1.
+        let (theirs, here) = (led_by(2, "r", 2), led_by(1, "a", 2));
+        let deliveries = vec![delivery(1, theirs.clone()), delivery(2, here.clone())];
+        let mut rig = pipelined(deliveries, 4);
+        rig.room = vec![(PushTo::Node(2), 1)]; // no more than the reserve
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(
+            pushes.is_empty(),
+            "message 2 is complete, behind a waiting page"
+        );
+        assert_eq!(sorted(rig.local.asked.clone()), sorted(here.clone()));
+        answer(&mut rig, &lookups[0]);
+        let (freed, work, pushes, _) = rig.pump();
+        assert!(
+            pushes.is_empty(),
+            "node 2's batch stalls; message 2 waits behind it"
+        );
+        assert_eq!((freed, work), (0, 2), "busy while stalled");
+        assert_eq!(rig.p.take_counts().stalls, 1);
+        assert_eq!(rig.pump().2, vec![], "still no room");
+        rig.room = vec![(PushTo::Node(2), 2)];
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(
+            pushes,
+            vec![
+                (PushTo::Node(2), 1, theirs),
+                (PushTo::Shard(1), 2, sorted(here))
+            ]
+        );
+        assert_eq!(freed, 2 * CHARGE);
     }
 }

@@ -11,13 +11,15 @@
 //! the other owner shards that reorders and drops pushes, room per peer (sometimes
 //! none: stalls), clients that acknowledge late or never (re-sends with DUP, then
 //! expiry), and a fake remote node leading a share of the hash slots (none, 30% or
-//! 70% per seed): the planner's `Lookup`s for their uids are answered after a delay
-//! from the directory (a group may be stale), or failed at the driver's deadline
-//! (and maybe answered late: the planner must ignore it), or lost with a restarted
-//! peer (failed when the driver learns it). One `StdRng` per seed, a virtual clock,
-//! no threads or sleeps inside a seed.
+//! 70% per seed): the planner's `Lookup`s for their uids are answered after a random
+//! delay from the directory (a group may be stale), so several pages' lookups in
+//! flight are answered out of order, or failed at the driver's deadline (and maybe
+//! answered late: the planner must ignore it), or lost with a restarted peer (failed
+//! when the driver learns it). The planner keeps up to `lookup_pages_in_flight_max`
+//! pages in flight, drawn in 1..=8 per seed (1: one page at a time). One `StdRng`
+//! per seed, a virtual clock, no threads or sleeps inside a seed.
 //!
-//! Invariants (`inv1`..`inv7` in a failure's text):
+//! Invariants (`inv1`..`inv8` in a failure's text):
 //! 1. Every request gets exactly one answer (or none if its core crashed first);
 //!    a success names a record in the log, durable under `fsync = always`, and no
 //!    crash loses such a record under `always` ("nothing acknowledged is lost"; the
@@ -41,13 +43,19 @@
 //! 7. The core's bounds, after every turn: `backlog_len <= delivery_backlog_max`,
 //!    `backlog_bytes <= backlog_budget_bytes + one charge`, `unanswered <=
 //!    commits_unsynced_max`, and each owner's pending-ack bytes within its budget.
+//! 8. Order: per session and channel, the pushes a core hands to the carriers
+//!    follow the channel's seqs (new messages; a resend of a message recovered from
+//!    the log is older by design), however the lookups of the pages in flight were
+//!    answered: as every real carrier keeps its order, a session's RECVs of one
+//!    channel arrive in seq order whenever nothing is dropped (the world's network
+//!    reorders on purpose, so the check is where the driver carries them).
 //!
 //! A simulation that cannot fail is a defect: `send_sim_catches_planted_bugs` plants
 //! one bug at a time in the world (a crash that loses a synced record, an owner that
 //! skips revalidation, a route published only after its session read the log, a
 //! restart without the window's refill, pushes dropped uncounted, a failed remote
-//! lookup whose recipients are not reported) and requires the matching invariant to
-//! fail.
+//! lookup whose recipients are not reported, a later page's pushes carried before
+//! an earlier one's) and requires the matching invariant to fail.
 //!
 //! A message whose first copy was never answered with success (a failed sync
 //! answered it 15, or the core crashed before answering) but whose record survived
@@ -365,6 +373,14 @@ fn send_sim_catches_planted_bugs() {
             },
             None,
             "inv5",
+        ),
+        (
+            Bugs {
+                unordered_pages: true,
+                ..Bugs::default()
+            },
+            None,
+            "inv8",
         ),
     ];
     for (bugs, always, inv) in planted {

@@ -75,6 +75,10 @@ pub struct Bugs {
     /// A remote lookup that failed as a whole is not reported (its recipients are
     /// not counted as failed groups by the world).
     pub unreported_lookup_failure: bool,
+    /// The pushes of one pump are carried newest first: a later page's (or later
+    /// message's) RECVs leave before an earlier one's, as they would from a planner
+    /// that emits a page before the pages ahead of it are complete and pushed.
+    pub unordered_pages: bool,
 }
 
 /// One seed's configuration, drawn from the seed.
@@ -124,6 +128,7 @@ impl Params {
                 push_batch_max: rng.gen_range(1..=4),
                 pages_per_turn_max: rng.gen_range(1..=4),
                 reserved_room_per_peer: rng.gen_range(0..=(ring_cap - 1).min(2)),
+                lookup_pages_in_flight_max: rng.gen_range(1..=8),
             },
             acks: AckLimits {
                 per_session_max: rng.gen_range(2..=16),
@@ -170,6 +175,13 @@ pub struct Seen {
     pub remote_failed: u64,
     /// ... whose reply came after the deadline's failure (ignored).
     pub late_replies: u64,
+    /// Lookup replies (or failures) that reached the core while an older lookup
+    /// of the same core still waited.
+    pub reordered_replies: u64,
+    /// Pumps that left two pages or more in flight.
+    pub pipelined: u64,
+    /// (session, channel) pushes checked by invariant 8.
+    pub ordered_pushes: u64,
 }
 
 impl Seen {
@@ -180,12 +192,12 @@ impl Seen {
         }
     }
 
-    fn fields(&self) -> [u64; 23] {
+    fn fields(&self) -> [u64; 26] {
         let mut c = *self;
         c.fields_mut().map(|x| *x)
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 23] {
+    fn fields_mut(&mut self) -> [&mut u64; 26] {
         [
             &mut self.committed,
             &mut self.deduplicated,
@@ -210,12 +222,15 @@ impl Seen {
             &mut self.remote_lookups,
             &mut self.remote_failed,
             &mut self.late_replies,
+            &mut self.reordered_replies,
+            &mut self.pipelined,
+            &mut self.ordered_pushes,
         ]
     }
 
     /// The counters that stayed zero.
     pub fn zeros(&self) -> Vec<&'static str> {
-        const NAMES: [&str; 23] = [
+        const NAMES: [&str; 26] = [
             "committed",
             "deduplicated",
             "refused_backlog",
@@ -239,6 +254,9 @@ impl Seen {
             "remote_lookups",
             "remote_failed",
             "late_replies",
+            "reordered_replies",
+            "pipelined",
+            "ordered_pushes",
         ];
         NAMES
             .iter()
@@ -435,6 +453,14 @@ pub struct Sim {
     pub dropped: HashSet<(i64, usize)>,
     /// Pairs whose lookup may have failed (any of the messages a failing call planned).
     pub failed_lookup: HashSet<(i64, usize)>,
+    /// Invariant 8: per (session, channel), the seq of the last message this core
+    /// pushed there.
+    pushed_seq: HashMap<(usize, u8, String), u64>,
+    /// Messages this core delivers again with a resend (`Committing::Recovered`):
+    /// older than its new ones, outside invariant 8.
+    recovered_ids: HashSet<i64>,
+    /// This core's lookups not yet answered (or failed).
+    awaited_lookups: std::collections::BTreeSet<u64>,
     /// Per channel, the epoch and seq of the last new message answered.
     answered_seq: HashMap<String, (u32, u64)>,
     /// Group failures the world injected (local and remote) and lookup replies it
@@ -508,6 +534,9 @@ impl Sim {
             untracked: HashSet::new(),
             dropped: HashSet::new(),
             failed_lookup: HashSet::new(),
+            pushed_seq: HashMap::new(),
+            recovered_ids: HashSet::new(),
+            awaited_lookups: std::collections::BTreeSet::new(),
             answered_seq: HashMap::new(),
             expected: PlanTally::default(),
             counted: PlanTally::default(),
@@ -1050,6 +1079,7 @@ impl Sim {
     /// never answered with success; delivered once more if it was).
     fn recovered_answered(&mut self, req: usize, id: i64, seq: u64) -> Result<(), String> {
         self.seen.recovered += 1;
+        self.recovered_ids.insert(id);
         if !self.msgs.contains_key(&id) {
             self.duplicate_answered(req, id, seq)?;
             self.seen.deduplicated -= 1;
@@ -1085,12 +1115,13 @@ impl Sim {
             };
             *r = cap.saturating_sub(self.in_flight[s] + busy);
         }
-        // The messages this call may look up: the planner's oldest, one page each,
-        // after a front message whose last page went before (stalled).
+        // The messages this call may look up (locally): those of the pages in
+        // flight (at most one message each past the front, whose last page may have
+        // gone before: stalled), then one per page it opens.
         let planned = self.core.delivering();
         let front = self.delivery_order.len() - planned;
-        let front =
-            front..(front + self.p.plan.pages_per_turn_max + 1).min(self.delivery_order.len());
+        let reach = self.p.plan.lookup_pages_in_flight_max + self.p.plan.pages_per_turn_max + 1;
+        let front = front..(front + reach).min(self.delivery_order.len());
         let mut lookup = DirLookup {
             dir: &self.directory,
             now: self.now,
@@ -1120,6 +1151,10 @@ impl Sim {
         self.seen.failed_lookups += failed_groups;
         for i in front {
             self.report_failed(self.delivery_order[i], &failed);
+        }
+        self.seen.pipelined += u64::from(self.core.pages_in_flight() >= 2);
+        if self.bugs.unordered_pages {
+            outputs.reverse();
         }
         for output in outputs {
             match output {
@@ -1163,6 +1198,7 @@ impl Sim {
             return err(format!("a lookup to node {}", lookup.node));
         }
         self.seen.remote_lookups += 1;
+        self.awaited_lookups.insert(lookup.lookup_id);
         let epoch = self.epoch;
         let roll = self.rng.gen_range(0..1000);
         let (fail, lost) = (self.p.remote_fail_permille, self.p.remote_lost_permille);
@@ -1219,6 +1255,12 @@ impl Sim {
             self.seen.late_replies += 1;
             self.expected.ignored_replies += 1;
         } else {
+            let oldest = self.awaited_lookups.pop_first();
+            if oldest != Some(lookup.lookup_id) {
+                self.seen.reordered_replies += 1;
+                oldest.map(|id| self.awaited_lookups.insert(id));
+                self.awaited_lookups.remove(&lookup.lookup_id);
+            }
             self.expected.failed_groups += failed_groups;
             self.report_failed(lookup.message_id, &failed);
         }
@@ -1262,6 +1304,7 @@ impl Sim {
             PushTo::Shard(s) => s as usize,
             PushTo::Node(n) => return err(format!("a push to node {n} in a one-node world")),
         };
+        self.check_push_order(&push)?;
         if shard == ME as usize {
             return self.owner_push(shard, &push.message, &push.endpoints);
         }
@@ -1287,6 +1330,34 @@ impl Sim {
                 endpoints: push.endpoints,
             },
         );
+        Ok(())
+    }
+
+    /// Invariant 8: the pushes a core hands over reach each session in the seq order
+    /// of their channel (its new messages; NoPersist ones have no seq, resends of
+    /// recovered messages are older than its new ones). Checked as the driver
+    /// carries them: every carrier between shards (a ring) and nodes (a link) keeps
+    /// its order, and this world's network reorders (and drops) on purpose, so a
+    /// session's RECVs arrive in that order whenever nothing is dropped.
+    fn check_push_order(&mut self, push: &Push) -> Result<(), String> {
+        let m = &push.message;
+        if m.message_seq == 0 || self.recovered_ids.contains(&m.message_id) {
+            return Ok(());
+        }
+        for ep in &push.endpoints {
+            let Some(&s) = self.by_id.get(&ep.session_id) else {
+                continue;
+            };
+            self.seen.ordered_pushes += 1;
+            let key = (s, m.channel_type, m.channel_key.clone());
+            let last = self.pushed_seq.insert(key, m.message_seq);
+            if let Some(last) = last.filter(|&last| last >= m.message_seq) {
+                return err(format!(
+                    "inv8: message {} (seq {}) of channel {} pushed to session {s} after seq {last}",
+                    m.message_id, m.message_seq, m.channel_key
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -1443,6 +1514,9 @@ impl Sim {
     /// idempotency window is refilled from the records.
     fn rebuild(&mut self) {
         self.epoch += 1;
+        self.pushed_seq.clear();
+        self.recovered_ids.clear();
+        self.awaited_lookups.clear();
         self.delivery_order.clear();
         let store = self.store.borrow();
         let mut ids = new_ids();

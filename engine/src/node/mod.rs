@@ -243,6 +243,12 @@ pub struct DeliveryConfig {
     /// Subscriber pages one shard plans per loop turn (the rest waits for the next
     /// turn, so sockets and rings are served in between).
     pub pages_per_turn_max: usize,
+    /// Subscriber pages one shard has looked up and not yet pushed: while a page
+    /// waits for another node's EndpointsByTargets reply, the next ones are looked
+    /// up (pushed in order, after it). 1: one page at a time, each remote round
+    /// trip holding the shard's deliveries. Their endpoints are held meanwhile: at
+    /// most this × `subscriber_page_max` uids'.
+    pub lookup_pages_in_flight_max: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -256,6 +262,7 @@ impl Default for DeliveryConfig {
             delivery_backlog_max: 8_192,
             backlog_budget_bytes: 256 << 20,
             pages_per_turn_max: 64,
+            lookup_pages_in_flight_max: 32,
         }
     }
 }
@@ -306,6 +313,10 @@ impl DeliveryConfig {
                 ),
                 ("delivery_backlog_max", self.delivery_backlog_max as u64),
                 ("pages_per_turn_max", self.pages_per_turn_max as u64),
+                (
+                    "lookup_pages_in_flight_max",
+                    self.lookup_pages_in_flight_max as u64,
+                ),
                 ("backlog_budget_bytes", self.backlog_budget_bytes as u64),
             ],
         )

@@ -380,6 +380,7 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
         subscriber_page_max: cfg.subscriber_page_max,
         push_batch_max: cfg.push_batch_max,
         pages_per_turn_max: cfg.pages_per_turn_max,
+        lookup_pages_in_flight_max: cfg.lookup_pages_in_flight_max,
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
     }
 }
