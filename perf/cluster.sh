@@ -66,7 +66,16 @@ stop)
     for id in 1 2 3; do
         [ -f "$dir/node$id/pid" ] && kill "$(cat "$dir/node$id/pid")" 2>/dev/null || true
     done
-    wait 2>/dev/null || true
+    # The nodes are not this shell's children: wait until each has exited (its
+    # ports free for the next start).
+    for id in 1 2 3; do
+        [ -f "$dir/node$id/pid" ] || continue
+        pid=$(cat "$dir/node$id/pid")
+        for _ in $(seq 1 300); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+    done
     ;;
 *)
     echo "usage: $0 start|stop DIR" >&2
