@@ -37,7 +37,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(20);
 /// detector, not a wait: every wait below polls its condition).
 const CONVERGE: Duration = Duration::from_secs(30);
 /// Idle clients of the drill (two descriptors each in this process).
-const IDLE_CLIENTS: usize = 960;
+const IDLE_CLIENTS: usize = 1_000;
 const SENDERS: usize = 6;
 const GROUPS: usize = 3;
 const GROUP_IDLE_MEMBERS: usize = 20;
