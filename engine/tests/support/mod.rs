@@ -95,22 +95,7 @@ pub fn metric(node: &Node, name: &str) -> u64 {
 /// `GET path` on an HTTP API at `api` (one connection, `Connection: close`): the
 /// status and body.
 pub fn http_get(api: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(api)?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))?;
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    Ok((status, body))
+    processes::http(api, "GET", path, "")
 }
 
 /// Polls `GET path` until it answers `status` or `timeout` passes (a failure

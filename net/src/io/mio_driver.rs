@@ -19,8 +19,8 @@ use shard::runtime::{Driver, EventFd};
 
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, start_connect,
-    ConnId, NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
+    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, NetConfig,
+    NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 const DOORBELL: Token = Token(usize::MAX);
@@ -120,17 +120,13 @@ impl MioDriver {
     /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect,
     /// registered for both readiness kinds; its first event tells the outcome.
     pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
-        self.core.reserve_dial()?;
-        let (stream, failed) = start_connect(addr)?;
-        let idx = self.core.alloc_dial(addr);
-        let id = self.core.id(idx);
+        let (idx, id, stream) = super::begin_dial(&mut self.core, addr)?;
         if self.conns.len() <= idx as usize {
             self.conns.resize_with(idx as usize + 1, MioConn::default);
         }
-        if let Some(e) = failed {
-            self.core.on_error(idx, e.kind());
+        let Some(stream) = stream else {
             return Ok(id);
-        }
+        };
         let mut stream = TcpStream::from_std(stream);
         if let Err(e) = self.poll.registry().register(
             &mut stream,

@@ -464,6 +464,25 @@ fn start_connect(addr: SocketAddr) -> io::Result<(std::net::TcpStream, Option<io
     Ok((socket.into(), failed))
 }
 
+/// The start of a dial, common to both backends: the cap checked, the socket's
+/// non-blocking connect started, the slot taken. Gives the slot, its id, and the
+/// socket to watch — `None` when the `connect` call failed at once (the dial is
+/// then already reported failed by the table).
+fn begin_dial(
+    core: &mut self::core::Core,
+    addr: SocketAddr,
+) -> io::Result<(u32, ConnId, Option<std::net::TcpStream>)> {
+    core.reserve_dial()?;
+    let (stream, failed) = start_connect(addr)?;
+    let idx = core.alloc_dial(addr);
+    let id = core.id(idx);
+    if let Some(e) = failed {
+        core.on_error(idx, e.kind());
+        return Ok((idx, id, None));
+    }
+    Ok((idx, id, Some(stream)))
+}
+
 /// Where a dialing socket stands once it signalled writability or an error:
 /// `Ok(Some(peer))` connected, `Ok(None)` still connecting (a spurious wakeup; with
 /// `hangup`, i.e. the poll reported an error or hang-up, it counts as failed), `Err`

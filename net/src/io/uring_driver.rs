@@ -26,8 +26,8 @@ use shard::runtime::{Driver, EventFd};
 use super::bufring::BufRing;
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, start_connect,
-    ConnId, NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
+    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, NetConfig,
+    NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 /// Buffer group id of the provided receive buffers.
@@ -201,17 +201,13 @@ impl UringDriver {
     /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect
     /// now, its writability poll submitted by the next poll's enter.
     pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
-        self.core.reserve_dial()?;
-        let (stream, failed) = start_connect(addr)?;
-        let idx = self.core.alloc_dial(addr);
-        let id = self.core.id(idx);
+        let (idx, id, stream) = super::begin_dial(&mut self.core, addr)?;
         if self.conns.len() <= idx as usize {
             self.conns.resize_with(idx as usize + 1, UConn::default);
         }
-        if let Some(e) = failed {
-            self.core.on_error(idx, e.kind());
+        let Some(stream) = stream else {
             return Ok(id);
-        }
+        };
         self.conns[idx as usize].fd = Some(OwnedFd::from(stream));
         if let Err(e) = self.arm_connect(idx) {
             self.core.on_error(idx, e.kind());
