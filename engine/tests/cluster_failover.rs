@@ -23,16 +23,14 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use engine::cluster::ClusterView;
-use engine::node::Node;
-use net::client::{Client, Login, Received, RecvMessage};
+use net::client::{Client, Received, RecvMessage};
 use net::io::Backend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use support::api;
-use support::cluster::Cluster;
+use support::cluster::{login_any, Cluster};
 
-const READ_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a condition may take to hold before the test fails (a failure
 /// detector, not a wait: every wait below polls its condition).
 const CONVERGE: Duration = Duration::from_secs(30);
@@ -56,17 +54,6 @@ fn seed() -> u64 {
         .unwrap_or(0x13_F0_13);
     eprintln!("failover seed: FAILOVER_SEED={seed}");
     seed
-}
-
-fn login_on(node: &Node, uid: &str) -> Client {
-    let (client, reason) = Client::connect(
-        node.tcp_addr().unwrap(),
-        &Login::new(uid, "any"),
-        READ_TIMEOUT,
-    )
-    .unwrap();
-    assert_eq!(reason, 1, "CONNACK for {uid}");
-    client
 }
 
 /// What a RECV must be to be addressed to `uid`: a person message whose payload
@@ -463,7 +450,7 @@ fn failover_drill(backend: Backend) {
     let mut clients: BTreeMap<String, (u64, Client)> = BTreeMap::new();
     for u in &idle {
         let node = rng.gen_range(1..=3);
-        clients.insert(u.clone(), (node, login_on(cluster.node(node), u)));
+        clients.insert(u.clone(), (node, login_any(cluster.node(node), u)));
     }
     let (warm_tx, warm_rx) = mpsc::channel();
     let mut connected: BTreeSet<String> = idle.iter().chain(&senders).cloned().collect();
@@ -475,7 +462,7 @@ fn failover_drill(backend: Backend) {
             .iter()
             .enumerate()
             .map(|(k, uid)| {
-                let c = login_on(cluster.node(k as u64 % 3 + 1), uid);
+                let c = login_any(cluster.node(k as u64 % 3 + 1), uid);
                 let (stop_tx, stop) = mpsc::channel();
                 stops.push(stop_tx);
                 let (groups, idle, warm) = (&groups, &idle, warm_tx.clone());
@@ -512,7 +499,7 @@ fn failover_drill(backend: Backend) {
                 connected.remove(u);
             } else {
                 let to = node % 3 + 1;
-                let new = login_on(cluster.node(to), u);
+                let new = login_any(cluster.node(to), u);
                 errors.extend(drain_replaced(u, &mut old, &groups));
                 clients.insert(u.clone(), (to, new));
             }
@@ -589,7 +576,7 @@ fn reconnect_during_the_drill_leaves_one_route(backend: Backend) {
         .iter()
         .map(|u| {
             let node = rng.gen_range(1..=3);
-            (node, login_on(cluster.node(node), u))
+            (node, login_any(cluster.node(node), u))
         })
         .collect();
     let view = move_slots(&cluster, &mut rng, 256 / 3);
@@ -598,7 +585,7 @@ fn reconnect_during_the_drill_leaves_one_route(backend: Backend) {
     let mut new: Vec<Client> = Vec::new();
     for (u, (node, c)) in uids.iter().zip(old.iter_mut()) {
         let to = (*node + rng.gen_range(0..2)) % 3 + 1;
-        new.push(login_on(cluster.node(to), u));
+        new.push(login_any(cluster.node(to), u));
         errors.extend(drain_replaced(u, c, &groups));
     }
     let moved = uids
@@ -610,7 +597,7 @@ fn reconnect_during_the_drill_leaves_one_route(backend: Backend) {
     let expected: BTreeSet<String> = uids.iter().cloned().collect();
     wait_online(&cluster, &view, &uids, &expected);
     // A message to each reaches its new connection.
-    let mut sender = login_on(cluster.node(1), "fo-r-sender");
+    let mut sender = login_any(cluster.node(1), "fo-r-sender");
     for (i, (u, c)) in uids.iter().zip(new.iter_mut()).enumerate() {
         let seq = i as u32 + 1;
         sender

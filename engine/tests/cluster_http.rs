@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use engine::node::{Node, NodeConfig};
-use net::client::{Client, Login, Received, RecvMessage};
+use net::client::{Client, Received, RecvMessage};
 use net::io::Backend;
 use serde_json::{json, Value};
-use support::cluster::Cluster;
+use support::cluster::{login_any, Cluster};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 const BEARER: &str = "Bearer cluster-http-test";
@@ -78,17 +78,6 @@ fn find(prefix: &str, ok: impl Fn(&str) -> bool) -> String {
 /// A node other than `a` and `b`.
 fn other(a: u64, b: u64) -> u64 {
     (1..=3).find(|&n| n != a && n != b).unwrap()
-}
-
-fn login(node: &Node, uid: &str) -> Client {
-    let (client, reason) = Client::connect(
-        node.tcp_addr().unwrap(),
-        &Login::new(uid, "any"),
-        READ_TIMEOUT,
-    )
-    .unwrap();
-    assert_eq!(reason, 1, "CONNACK for {uid}");
-    client
 }
 
 fn next_recv(c: &mut Client) -> RecvMessage {
@@ -155,9 +144,9 @@ fn subscribers_added_on_a_non_home_node_let_a_group_send_through() {
         .catalog
         .subscribers(&group)
         .is_none());
-    let mut m1 = login(cluster.node(1), "gm-1");
-    let mut m2 = login(cluster.node(2), "gm-2");
-    let mut m3 = login(cluster.node(3), "gm-3");
+    let mut m1 = login_any(cluster.node(1), "gm-1");
+    let mut m2 = login_any(cluster.node(2), "gm-2");
+    let mut m3 = login_any(cluster.node(3), "gm-3");
     m1.send(&group, 2, 1, "g-1", b"to the group", true).unwrap();
     for c in [&mut m2, &mut m3] {
         let m = next_recv(c);
@@ -187,7 +176,7 @@ fn message_send_on_a_non_home_node_delivers_and_every_node_syncs_it() {
     let to = find("rcpt", |u| {
         home(&cluster, &engine::channel::person_channel_key("sys", u)) == 3
     });
-    let mut client = login(cluster.node(2), &to);
+    let mut client = login_any(cluster.node(2), &to);
     let payload = base64::engine::general_purpose::STANDARD.encode(b"from the server");
     let sent = post(
         cluster.node(1),
@@ -221,8 +210,8 @@ fn onlinestatus_on_any_node_lists_uids_online_on_other_nodes() {
     // its session on node 3.
     let u3 = find("on3-", |u| cluster.authority_of(u) == 3);
     let u1 = find("on1-", |u| cluster.authority_of(u) == 1);
-    let _c3 = login(cluster.node(2), &u3);
-    let _c1 = login(cluster.node(3), &u1);
+    let _c3 = login_any(cluster.node(2), &u3);
+    let _c1 = login_any(cluster.node(3), &u1);
     for n in 1..=3 {
         let (status, list) = call(
             cluster.node(n),
@@ -247,8 +236,8 @@ fn onlinestatus_on_any_node_lists_uids_online_on_other_nodes() {
 #[test]
 fn device_quit_on_node_1_closes_a_session_on_node_2() {
     let cluster = start();
-    let mut far = login(cluster.node(2), "quitter");
-    let mut near = login(cluster.node(1), "quitter");
+    let mut far = login_any(cluster.node(2), "quitter");
+    let mut near = login_any(cluster.node(1), "quitter");
     post(
         cluster.node(1),
         "/user/device_quit",

@@ -28,6 +28,7 @@ use net::client::{Client, Login, Received};
 use net::rpc::auth::HANDSHAKE_FRAME_BYTES_MAX;
 use net::rpc::{ClusterSecret, FrameLimits, Handshake, Identity, Kind, Outcome, Refusal};
 use rand::{Rng, SeedableRng};
+use support::cluster::{find_uid, nothing_more};
 use support::processes::{Processes, NODES, SECRET};
 use support::{next_recv, next_sendack};
 
@@ -51,20 +52,6 @@ fn logged_in(p: &Processes, node: u64, uid: &str) -> Client {
 fn sendack(c: &mut Client) -> (u32, u8) {
     let (client_seq, _, _, reason) = next_sendack(c);
     (client_seq, reason)
-}
-
-/// A PING answered: everything the node wrote before it has been read.
-fn nothing_more(c: &mut Client) {
-    c.ping().unwrap();
-    assert_eq!(c.read().unwrap(), Received::Pong, "nothing but the PONG");
-}
-
-/// The first uid `prefix{n}` whose placement `ok` accepts.
-fn find_uid(prefix: &str, ok: impl Fn(&str) -> bool) -> String {
-    (0..100_000)
-        .map(|n| format!("{prefix}{n}"))
-        .find(|u| ok(u))
-        .expect("a uid with the wanted placement")
 }
 
 /// `from` sends `text` to `to` (person channel); the SENDACK is success and `to`

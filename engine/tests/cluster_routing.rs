@@ -13,7 +13,7 @@ use engine::node::Node;
 use net::client::{Client, Login, Received};
 use net::io::Backend;
 use serde_json::json;
-use support::cluster::Cluster;
+use support::cluster::{find_uid, nothing_more, Cluster};
 use support::{api, next_recv, next_sendack};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -24,20 +24,6 @@ fn login(node: &Node, uid: &str, device_flag: u8) -> Client {
     let (client, reason) = Client::connect(node.tcp_addr().unwrap(), &login, READ_TIMEOUT).unwrap();
     assert_eq!(reason, 1, "CONNACK for {uid}");
     client
-}
-
-/// A PING answered: everything the node wrote before it has been read.
-fn nothing_more(c: &mut Client) {
-    c.ping().unwrap();
-    assert_eq!(c.read().unwrap(), Received::Pong, "nothing but the PONG");
-}
-
-/// The first uid `prefix{n}` whose properties `ok` accepts.
-fn find_uid(prefix: &str, ok: impl Fn(&str) -> bool) -> String {
-    (0..100_000)
-        .map(|n| format!("{prefix}{n}"))
-        .find(|u| ok(u))
-        .expect("a uid with the wanted placement")
 }
 
 fn person_message_crosses_four_roles(backend: Backend) {

@@ -117,13 +117,50 @@ impl Cluster {
 
     /// The authority (slot leader) of `uid` in the initial view.
     pub fn authority_of(&self, uid: &str) -> u64 {
-        self.view.target_for_uid(uid).leader_node_id
+        authority_of(&self.view, uid)
     }
 
     /// The home of the channel `channel_id` as `sender` addresses it.
     pub fn home_of(&self, sender: &str, channel_id: &str, channel_type: u8) -> u64 {
-        let c = Channel::resolve(sender, channel_id, channel_type).unwrap();
-        self.view
-            .home_node(shard::slots::hash_slot(c.key().as_bytes()))
+        home_of(&self.view, sender, channel_id, channel_type)
     }
+}
+
+/// The authority (slot leader) of `uid` in `view`.
+pub fn authority_of(view: &ClusterView, uid: &str) -> u64 {
+    view.target_for_uid(uid).leader_node_id
+}
+
+/// The home in `view` of the channel `channel_id` as `sender` addresses it.
+pub fn home_of(view: &ClusterView, sender: &str, channel_id: &str, channel_type: u8) -> u64 {
+    let c = Channel::resolve(sender, channel_id, channel_type).unwrap();
+    view.home_node(shard::slots::hash_slot(c.key().as_bytes()))
+}
+
+/// The first uid `prefix{n}` whose placement `ok` accepts.
+pub fn find_uid(prefix: &str, ok: impl Fn(&str) -> bool) -> String {
+    (0..100_000)
+        .map(|n| format!("{prefix}{n}"))
+        .find(|u| ok(u))
+        .expect("a uid with the wanted placement")
+}
+
+/// A PING answered: everything the node wrote before it has been read.
+pub fn nothing_more(c: &mut net::client::Client) {
+    c.ping().unwrap();
+    assert_eq!(
+        c.read().unwrap(),
+        net::client::Received::Pong,
+        "nothing but the PONG"
+    );
+}
+
+/// A client of `uid` (device flag 1, any token: the clusters run without token
+/// authentication) logged in on `node` over TCP, CONNACK success asserted.
+pub fn login_any(node: &Node, uid: &str) -> net::client::Client {
+    let login = net::client::Login::new(uid, "any");
+    let addr = node.tcp_addr().unwrap();
+    let (client, reason) = net::client::Client::connect(addr, &login, READ_TIMEOUT).unwrap();
+    assert_eq!(reason, 1, "CONNACK for {uid}");
+    client
 }

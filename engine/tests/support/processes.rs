@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::channel::Channel;
 use engine::cluster::ClusterView;
 
 use super::cluster::SLOT_IDS;
@@ -239,14 +238,12 @@ impl Processes {
 
     /// The authority (slot leader) of `uid` in the initial view.
     pub fn authority_of(&self, uid: &str) -> u64 {
-        self.view.target_for_uid(uid).leader_node_id
+        super::cluster::authority_of(&self.view, uid)
     }
 
     /// The home of the channel `channel_id` as `sender` addresses it.
     pub fn home_of(&self, sender: &str, channel_id: &str, channel_type: u8) -> u64 {
-        let c = Channel::resolve(sender, channel_id, channel_type).unwrap();
-        self.view
-            .home_node(shard::slots::hash_slot(c.key().as_bytes()))
+        super::cluster::home_of(&self.view, sender, channel_id, channel_type)
     }
 
     /// The hash slots node `leader` leads in the initial view.
