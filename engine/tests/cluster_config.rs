@@ -234,12 +234,7 @@ fn a_node_without_its_peers_is_not_ready() {
 #[test]
 fn three_processes_from_one_file_form_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..6)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect::<Vec<_>>()
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect();
+    let ports = support::cluster::free_ports(6);
     let mut text = three_nodes(1);
     for i in 0..3 {
         text = text

@@ -1,7 +1,7 @@
 //! Three nodes on 127.0.0.1 in the test's process (each with its own shards,
 //! links and data directory; they talk over real loopback sockets only).
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use engine::channel::Channel;
@@ -14,12 +14,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The test clusters' `[cluster] slot_ids`.
 pub const SLOT_IDS: u32 = 64;
 
-/// Free loopback ports (bound then released: the nodes bind them again).
+/// Free loopback ports for the nodes to bind, below the kernel's ephemeral range
+/// (no outgoing connection or port-0 bind takes one meanwhile).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    super::processes::free_fixed_ports(n)
 }
 
 pub struct Cluster {

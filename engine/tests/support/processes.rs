@@ -315,7 +315,7 @@ const FIXED_PORT_MIN: u16 = 10_000;
 /// could be taken in between. The search starts at an offset derived from the
 /// process id, and each call in the process further on, so concurrent tests rarely
 /// probe the same ports.
-fn free_fixed_ports(n: usize) -> Vec<u16> {
+pub fn free_fixed_ports(n: usize) -> Vec<u16> {
     let ephemeral_min = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
