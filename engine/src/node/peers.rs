@@ -182,6 +182,15 @@ impl Peers {
         into.extend(self.failed.drain(..).map(|(p, _)| p));
     }
 
+    /// Bytes written to the up link to `node` and not yet on the wire (this turn's
+    /// frames and the driver's queue); `None` when the link is not up.
+    pub fn queued_bytes(&self, node: NodeId, driver: &NetDriver) -> Option<usize> {
+        let l = self.links.iter().find(|l| l.node == node)?;
+        let up = matches!(l.link.state(), net::rpc::link::LinkState::Up { .. });
+        let conn = l.conn.filter(|_| up)?;
+        Some(l.out.len() + driver.outbound_bytes(conn))
+    }
+
     /// Bit i set: the link to the i-th peer (config order) is up.
     pub fn up_mask(&self) -> u64 {
         self.links.iter().enumerate().fold(0, |m, (i, l)| {

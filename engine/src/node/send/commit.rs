@@ -344,10 +344,18 @@ pub fn pump_deliveries(
         stages: &node.stages,
         clock: &node.shared,
     };
+    let peers = &node.peers;
+    let link_limit_bytes = node.shared.config.net.outbound_queue_bytes_max / 2;
     let mut room = |to: PushTo| match to {
         PushTo::Shard(s) => cx.send_capacity(s),
-        // TODO(issue 13): the room of that node's link once owner push is an RPC.
-        PushTo::Node(_) => usize::MAX,
+        // A link with half its connection's outbound queue still unwritten has no
+        // room: the page waits (a stall) until the peer reads. A link that is down
+        // takes everything (the push is dropped and counted, its recipients catch
+        // up by sync), so a dead node never stalls everyone else's delivery.
+        PushTo::Node(n) => match peers.queued_bytes(n, driver) {
+            Some(queued) if queued >= link_limit_bytes => 0,
+            _ => usize::MAX,
+        },
     };
     let work = node
         .commit
