@@ -125,6 +125,9 @@ shard_metrics! {
     rpc_refused,
     /// Outbound inter-node links that closed (each fails its requests in flight).
     rpc_link_closes,
+    /// Replies to another node's requests that could not be sent: the link to it
+    /// was down (the request fails at its deadline there).
+    rpc_replies_dropped,
     /// Owner actions (kick, close) toward a node whose link was down, taken as done:
     /// its sessions cannot be reached while it is down, so a new login replaces the
     /// old route (a client of a dead node logs in elsewhere at once).

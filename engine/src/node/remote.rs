@@ -121,7 +121,11 @@ impl NodeShard {
         to: Remote,
         reply: wire::Reply,
     ) {
-        self.peers.reply(to, &reply, cx.now_ms());
+        if !self.peers.reply(to, &reply, cx.now_ms()) {
+            // The link to the requester is down (it restarted and is not dialed
+            // back yet, or it died): the request fails at its deadline there.
+            self.metrics.rpc_replies_dropped.inc();
+        }
     }
 
     /// A reply to one of this shard's requests (forwarded here by the shard whose
