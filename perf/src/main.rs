@@ -152,7 +152,8 @@ impl Preset {
 
 #[derive(Args, Clone)]
 struct Common {
-    /// Node TCP addresses, comma-separated (one per node).
+    /// Node TCP addresses, comma-separated (one per node): the clients are spread
+    /// over them round robin (a cluster: `perf/cluster.sh`).
     #[arg(long, value_delimiter = ',')]
     tcp: Vec<SocketAddr>,
     /// Node WebSocket addresses, comma-separated.
