@@ -20,7 +20,7 @@ use crate::node::NodeShared;
 
 /// What a forward needs (shareable with the fan-out's threads).
 #[derive(Clone, Copy)]
-struct Forwarder<'a> {
+pub(super) struct Forwarder<'a> {
     config: &'a ApiConfig,
     shared: &'a NodeShared,
 }
@@ -29,7 +29,13 @@ impl Forwarder<'_> {
     /// Passes `req`, with `body` instead of its own, to node `node`'s API (named
     /// `role` in errors); the node's status and body, or 503 when it cannot be
     /// reached or does not answer in time, 502 when its answer is not one.
-    fn forward(&self, node: NodeId, role: &str, req: &ApiRequest<'_>, body: &[u8]) -> Reply {
+    pub(super) fn forward(
+        &self,
+        node: NodeId,
+        role: &str,
+        req: &ApiRequest<'_>,
+        body: &[u8],
+    ) -> Reply {
         let cluster = &self.shared.config.cluster;
         let Some(addr) = cluster
             .nodes
@@ -134,7 +140,7 @@ fn query_param(query: &str, name: &str) -> Option<String> {
 }
 
 impl Api {
-    fn forwarder(&self) -> Forwarder<'_> {
+    pub(super) fn forwarder(&self) -> Forwarder<'_> {
         Forwarder {
             config: &self.config,
             shared: &self.shared,
@@ -142,12 +148,12 @@ impl Api {
     }
 
     /// This node's id.
-    fn me(&self) -> NodeId {
+    pub(super) fn me(&self) -> NodeId {
         self.shared.config.node_id
     }
 
     /// The other nodes of the cluster, in config order (none on a node alone).
-    fn peer_ids(&self) -> Vec<NodeId> {
+    pub(super) fn peer_ids(&self) -> Vec<NodeId> {
         let me = self.me();
         self.shared.config.cluster.peers(me).map(|n| n.id).collect()
     }
@@ -246,9 +252,29 @@ impl Api {
         Ok(Reply::ok())
     }
 
-    /// The nodes a client may be sent to now: this node and each peer every shard
-    /// has an up link to, in config order (a node alone: itself).
+    /// The peers every shard has an up link to, in config order.
+    pub(super) fn reachable_peers(&self) -> Vec<NodeId> {
+        let me = self.me();
+        self.up_nodes_with_me()
+            .into_iter()
+            .filter(|&n| n != me)
+            .collect()
+    }
+
+    /// The nodes a client may be sent to now: this node (unless it is draining)
+    /// and each peer every shard has an up link to, in config order (a node alone,
+    /// or a draining node that reaches no peer: itself).
     fn up_nodes(&self) -> Vec<NodeId> {
+        let me = self.me();
+        let mut up = self.up_nodes_with_me();
+        if self.shared.is_draining() && up.len() > 1 {
+            up.retain(|&n| n != me);
+        }
+        up
+    }
+
+    /// This node and each peer every shard has an up link to, in config order.
+    fn up_nodes_with_me(&self) -> Vec<NodeId> {
         let me = self.me();
         let cluster = &self.shared.config.cluster;
         if cluster.nodes.is_empty() {

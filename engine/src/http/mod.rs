@@ -27,9 +27,12 @@
 //! - a node that does not answer within `forward_timeout_ms` (connect included)
 //!   makes the request 503, with the node and its address named;
 //! - `GET /route?uid=U` and `POST /route/batch` tell clients which node to connect
-//!   to; `GET /cluster/slots` adds each hash slot's home and the nodes' states.
+//!   to; `GET /cluster/slots` adds each hash slot's home and the nodes' states;
+//! - `POST /node/drain` ([`drain`]) moves the hash slots this node leads to the
+//!   other nodes and disconnects its sessions, before a restart.
 
 mod cluster;
+mod drain;
 pub mod forward;
 mod prom;
 mod server;
@@ -424,6 +427,7 @@ impl Api {
             ("GET", "/metrics") => Ok(self.metrics()),
             ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
             ("POST", "/cluster/slots/leader") => self.move_leaders(body),
+            ("POST", "/node/drain") => self.drain(req),
             ("GET", "/route") => self.route_one(req),
             ("POST", "/route/batch") => self.route_batch(req),
             #[cfg(test)]

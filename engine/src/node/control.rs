@@ -1,10 +1,10 @@
 //! The node's control of one shard: the gauges only this shard can read, device
-//! quit (the HTTP API's `/user/device_quit`), cluster view changes, shutdown, and
-//! the injected panic of the crash tests.
+//! quit (the HTTP API's `/user/device_quit`), cluster view changes, drain (`POST
+//! /node/drain`), shutdown, and the injected panic of the crash tests.
 //!
-//! What enters here: `Msg::DeviceQuit`, `Msg::View`, `Msg::Shutdown` (and `on_stop`
-//! when no shutdown came first), `Msg::InjectPanic`; the gauges are sampled after
-//! each expiry pass (`NodeTimer::Expiry`).
+//! What enters here: `Msg::DeviceQuit`, `Msg::View`, `Msg::Drain`, `Msg::Shutdown`
+//! (and `on_stop` when no shutdown came first), `Msg::InjectPanic`; the gauges are
+//! sampled after each expiry pass (`NodeTimer::Expiry`).
 
 use net::io::{ConnId, NetDriver};
 use net::wkproto::ReasonCode;
@@ -15,7 +15,7 @@ use crate::registry::SessionHandle;
 use crate::route::{OwnerAction, OwnerActionKind};
 
 use super::msg::Msg;
-use super::shard::{NodeShard, NodeTimer};
+use super::shard::{ConnState, NodeShard, NodeTimer};
 use super::wire;
 
 impl NodeShard {
@@ -121,15 +121,50 @@ impl NodeShard {
     /// queued), then one last touch flush sends what is queued. Connections
     /// accepted from now on are closed at once.
     pub(super) fn shutdown(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
+        self.disconnect_all(cx, driver, "server shutting down");
+    }
+
+    /// A drain (`POST /node/drain`, after the view that moved this node's hash
+    /// slots away was applied: it came first on the same queue): new client
+    /// connections are closed at once from now on (the listening sockets stay
+    /// bound until the node stops), and every client connection gets DISCONNECT
+    /// with reason 0 (Unknown: not 12, which tells clients another login kicked
+    /// them and they should not reconnect) and is closed, its session unregistered
+    /// at its authority. Returns how many connections were disconnected (those not closing already: about 0 on
+    /// a second drain). Inter-node links are untouched.
+    pub(super) fn drain(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) -> usize {
+        self.disconnect_all(cx, driver, "node draining: reconnect to another node")
+    }
+
+    /// Refuses new client connections from now on; DISCONNECT (reason 0, `text`)
+    /// to every client connection, each session removed locally (its authority
+    /// unregister queued); then one touch flush sends what is queued. Returns how
+    /// many of them were not closing already.
+    fn disconnect_all(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        text: &str,
+    ) -> usize {
         self.stopping = true;
-        let ids: Vec<ConnId> = self.conns.iter().flatten().map(|c| c.id).collect();
-        for id in ids {
+        let ids: Vec<(ConnId, bool)> = self
+            .conns
+            .iter()
+            .flatten()
+            .map(|c| (c.id, c.state != ConnState::Closing))
+            .collect();
+        for &(id, _) in &ids {
             if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
                 self.registry.deactivate(handle, cx.now_ms());
             }
-            self.disconnect(driver, id, ReasonCode::UNKNOWN, "server shutting down");
+            self.disconnect(driver, id, ReasonCode::UNKNOWN, text);
         }
         self.flush_touches(cx);
+        ids.iter().filter(|(_, open)| *open).count()
     }
 
     /// The crash tests' fault: this shard panics, and the runtime reports it.

@@ -428,6 +428,9 @@ pub struct NodeShared {
     /// answers for this node when its `[[cluster.nodes]]` entry names none.
     pub client_tcp_addr: Option<SocketAddr>,
     pub client_ws_addr: Option<SocketAddr>,
+    /// Set by the first `POST /node/drain`, never cleared (a drained node is
+    /// stopped next): `/readyz` is 503, `/route` no longer names this node.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl NodeShared {
@@ -493,6 +496,11 @@ impl NodeShared {
         if !self.all_shards_started() {
             return Some("shards are starting".into());
         }
+        if self.is_draining() {
+            return Some(
+                "draining: this node takes no new client connections and will stop".into(),
+            );
+        }
         let peers = self.config.cluster.peers(self.config.node_id).count();
         let (reached, nodes) = (self.peers_reached(), peers + 1);
         if peers > 0 && (reached + 1) * 2 <= nodes {
@@ -538,9 +546,16 @@ impl NodeShared {
     /// each moved slot's term advances, and so does the routing revision. Returns the
     /// new view, which the caller sends to every shard.
     pub fn move_leaders(&self, hash_slots: &[u16], leader_node_id: NodeId) -> Arc<ClusterView> {
+        let moves: Vec<(u16, NodeId)> = hash_slots.iter().map(|&s| (s, leader_node_id)).collect();
+        self.move_leaders_each(&moves)
+    }
+
+    /// [`NodeShared::move_leaders`] with a new leader per hash slot, in one view
+    /// change (one revision).
+    pub fn move_leaders_each(&self, moves: &[(u16, NodeId)]) -> Arc<ClusterView> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
         let mut view = (**guard).clone();
-        for &s in hash_slots {
+        for &(s, leader_node_id) in moves {
             let slot = &mut view.slots[s as usize];
             slot.leader_node_id = leader_node_id;
             slot.leader_term += 1;
@@ -548,6 +563,47 @@ impl NodeShared {
         view.revision += 1;
         *guard = Arc::new(view);
         guard.clone()
+    }
+
+    /// Marks the node draining (`POST /node/drain`): from now on `/readyz` is 503
+    /// and `/route` sends clients elsewhere. The shards refuse new client
+    /// connections once each got `Msg::Drain`. Never undone: a drained node is
+    /// stopped next (a restart serves again).
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether `POST /node/drain` was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The hash slots this node leads in the newest view, each with the peer it
+    /// moves to when drained: slot ids (and all their hash slots) round robin over
+    /// `to`, in slot id order. Empty when it leads none or `to` is empty.
+    pub fn drain_moves(&self, to: &[NodeId]) -> Vec<(u16, NodeId)> {
+        let me = self.config.node_id;
+        let view = self.view();
+        let mut slot_ids: Vec<crate::cluster::SlotId> = Vec::new();
+        let mut moves = Vec::new();
+        if to.is_empty() {
+            return moves;
+        }
+        for h in 0..::shard::slots::HASH_SLOTS as u16 {
+            let t = view.target_for_slot(h);
+            if t.leader_node_id != me {
+                continue;
+            }
+            let i = match slot_ids.iter().position(|&s| s == t.slot_id) {
+                Some(i) => i,
+                None => {
+                    slot_ids.push(t.slot_id);
+                    slot_ids.len() - 1
+                }
+            };
+            moves.push((h, to[i % to.len()]));
+        }
+        moves
     }
 
     /// Installs `view` if it supersedes the current one (a higher revision, or the
@@ -682,8 +738,29 @@ fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget>
     Ok(budget)
 }
 
+/// The cluster this node's data dir belongs to: `[[cluster.nodes]]` (ids and RPC
+/// addresses, config order) and `[cluster] slot_ids`; none for a node alone (no
+/// peers), whose homes are all itself.
+fn cluster_layout(config: &NodeConfig) -> crate::store::layout::ClusterLayout {
+    let cluster = &config.cluster;
+    if cluster.peers(config.node_id).next().is_none() {
+        return crate::store::layout::ClusterLayout::alone();
+    }
+    crate::store::layout::ClusterLayout {
+        slot_ids: cluster.slot_ids,
+        nodes: cluster
+            .nodes
+            .iter()
+            .map(|n| crate::store::layout::RecordedNode {
+                id: n.id,
+                rpc_addr: n.rpc_addr,
+            })
+            .collect(),
+    }
+}
+
 /// Creates the data directory (private), checks its recorded layout (shard and slot
-/// counts) and opens the metadata store. Gives the error of each, with its path.
+/// counts, the cluster's nodes: [`cluster_layout`]) and opens the metadata store. Gives the error of each, with its path.
 fn open_data_dir(config: &NodeConfig) -> io::Result<Catalog> {
     crate::store::create_private_dir_all(&config.data_dir)
         .map_err(|e| io::Error::other(format!("data dir {}: {e}", config.data_dir.display())))?;
@@ -691,6 +768,7 @@ fn open_data_dir(config: &NodeConfig) -> io::Result<Catalog> {
         &config.data_dir,
         config.runtime.shard_count,
         ::shard::slots::HASH_SLOTS as u16,
+        &cluster_layout(config),
     )
     .map_err(io::Error::other)?;
     let meta_dir = config.data_dir.join("meta");
@@ -943,6 +1021,7 @@ impl Node {
                 .collect(),
             client_tcp_addr: bound.tcp_addr,
             client_ws_addr: bound.ws_addr,
+            draining: std::sync::atomic::AtomicBool::new(false),
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();

@@ -81,6 +81,12 @@ pub enum Msg {
     /// The shard's log syncer thread → the shard: a sync job ended (a wake-up; the
     /// result is collected by the next `flush_commits`).
     LogSynced,
+    /// Control (`POST /node/drain`) → every shard: refuse new client connections,
+    /// DISCONNECT every session (unregistered); answered on `done` with how many
+    /// connections were disconnected.
+    Drain {
+        done: std::sync::mpsc::SyncSender<usize>,
+    },
     /// Control → every shard: send DISCONNECT to every session, unregister them, stop.
     Shutdown,
     /// Fault injection (tests): the shard panics.

@@ -16,7 +16,8 @@
 //!   `Msg::Touch`, `Msg::TouchReply`, `Msg::OwnerAction`, `NodeTimer::TouchFlush`,
 //!   `NodeTimer::Expiry`);
 //! - `node/control.rs`: gauges, device quit, view changes, shutdown, injected panics
-//!   (`Msg::DeviceQuit`, `Msg::View`, `Msg::Shutdown`, `Msg::InjectPanic`);
+//!   (`Msg::DeviceQuit`, `Msg::View`, `Msg::Drain`, `Msg::Shutdown`,
+//!   `Msg::InjectPanic`);
 //! - [`super::send`]: the SEND → RECV path, in flow order (`Msg::Commit`,
 //!   `Msg::SendAck`, `Msg::Push`, `Msg::MessageSync`, `NodeTimer::LogSync`,
 //!   `NodeTimer::Ack`, and the end of each loop turn).
@@ -103,7 +104,7 @@ pub struct NodeShard {
     pub(crate) pending_ack_bytes: usize,
     /// RECVs an ack timeout re-sends (reused).
     pub(crate) ack_resend_buf: Vec<Arc<super::send::Committed>>,
-    /// Shut down: new connections are closed at once.
+    /// Shut down or drained: new client connections are closed at once.
     pub(super) stopping: bool,
     /// The links to the other nodes (none on a node alone).
     pub(super) peers: super::peers::Peers,
@@ -307,6 +308,10 @@ impl Handler for NodeShard {
                 reply,
             } => self.on_remote_reply(cx, driver, from, request_id, *reply),
             Msg::LogSynced => {}
+            Msg::Drain { done } => {
+                let n = self.drain(cx, driver);
+                let _ = done.try_send(n);
+            }
             Msg::Shutdown => self.shutdown(cx, driver),
             Msg::InjectPanic => self.inject_panic(),
         }

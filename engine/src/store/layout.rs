@@ -1,6 +1,7 @@
 //! The data dir's layout record, `DATA_DIR/layout.toml`: how the data was placed
-//! (shard count, the hash-slot placement rule, a layout version), written
-//! atomically (mode 0600) at the first start and checked at every later one.
+//! (shard count, the hash-slot placement rule, the cluster's nodes and slot ids, a
+//! layout version), written atomically (mode 0600) at the first start and checked
+//! at every later one.
 //!
 //! Channels live on the shard of their hash slot (`slot % shard_count`), each
 //! shard with its own log (`DATA_DIR/shard-N/log`): the same data dir opened with
@@ -9,14 +10,27 @@
 //! rule or hash slot count differs is refused with one line that says what to do,
 //! and so is a layout version newer than this binary knows. A data dir written
 //! before this file existed is judged by its `shard-N` directories.
+//!
+//! On a cluster the data of a uid or channel is homed on `nodes[slot_id % n]`
+//! (`ClusterView::home_node`): the node list (ids and RPC addresses, in config
+//! order) and `[cluster] slot_ids` decide which data this node holds. A start whose
+//! `[[cluster.nodes]]` or slot ids differ from the recorded ones is refused with one
+//! line naming both ([`LayoutError::Cluster`]): the homes would move and data
+//! written here would be looked for on another node. A node alone (no peers)
+//! records no node list; moving a node alone into a cluster (or a cluster node out
+//! of it) is refused the same way, since the homes of its data would move too:
+//! start the new cluster on new data dirs. A data dir recorded by layout version 1
+//! (before the node list existed) is accepted with the nodes configured now, which
+//! are recorded from then on.
 
 use std::io;
 use std::path::Path;
 
 use super::fsutil::write_atomic;
 
-/// The layout version this binary writes and reads.
-pub const LAYOUT_VERSION: u32 = 1;
+/// The layout version this binary writes (and every one up to it, it reads): 2
+/// added the cluster's node list and slot ids.
+pub const LAYOUT_VERSION: u32 = 2;
 /// The file's name in the data dir.
 pub const LAYOUT_FILE: &str = "layout.toml";
 /// The placement rule of this binary (`shard::slots::SlotMap::modulo`).
@@ -29,6 +43,54 @@ struct Layout {
     shard_count: u16,
     hash_slots: u16,
     placement: String,
+    /// `[cluster] slot_ids` (0 for a node alone). Absent before version 2.
+    #[serde(default)]
+    cluster_slot_ids: u32,
+    /// `[[cluster.nodes]]` in config order (empty for a node alone). Absent
+    /// before version 2.
+    #[serde(default)]
+    cluster_nodes: Vec<RecordedNode>,
+}
+
+/// One node of the cluster as the data dir records it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedNode {
+    pub id: u64,
+    pub rpc_addr: std::net::SocketAddr,
+}
+
+/// The cluster a data dir belongs to: the nodes in config order and the slot id
+/// count, which decide every hash slot's home. A node alone: [`ClusterLayout::alone`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterLayout {
+    pub slot_ids: u32,
+    pub nodes: Vec<RecordedNode>,
+}
+
+impl ClusterLayout {
+    /// A node alone: no node list, no slot ids.
+    pub fn alone() -> ClusterLayout {
+        ClusterLayout::default()
+    }
+
+    /// How the refusal names it: `a node alone (…)` or `the cluster
+    /// [1@127.0.0.1:11001, …] over N slot ids`.
+    fn describe(&self) -> String {
+        if self.nodes.is_empty() {
+            return "a node alone (no [[cluster.nodes]])".into();
+        }
+        let list: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("{}@{}", n.id, n.rpc_addr))
+            .collect();
+        format!(
+            "the cluster [{}] over {} slot ids",
+            list.join(", "),
+            self.slot_ids
+        )
+    }
 }
 
 /// Why a data dir cannot be opened with this configuration.
@@ -44,6 +106,13 @@ pub enum LayoutError {
     TooNew {
         data_dir: String,
         version: u32,
+    },
+    /// The data dir belongs to another cluster (node list or slot ids), or to a
+    /// node alone started in a cluster, or the other way round.
+    Cluster {
+        data_dir: String,
+        written: String,
+        configured: String,
     },
     /// Another placement rule or hash slot count, or an unreadable file.
     Other(String),
@@ -65,6 +134,17 @@ impl std::fmt::Display for LayoutError {
                 "data dir {data_dir} has layout version {version}, newer than this \
                  binary knows ({LAYOUT_VERSION}); run a newer imrouter"
             ),
+            LayoutError::Cluster {
+                data_dir,
+                written,
+                configured,
+            } => write!(
+                f,
+                "data dir {data_dir} was written by {written}, but \
+                 [[cluster.nodes]] and [cluster] slot_ids now give {configured}: the homes \
+                 of its data would move; start with the recorded cluster, or use a new \
+                 data dir for the new cluster"
+            ),
             LayoutError::Other(what) => f.write_str(what),
             LayoutError::Io(e) => write!(f, "data dir layout: {e}"),
         }
@@ -73,12 +153,14 @@ impl std::fmt::Display for LayoutError {
 
 impl std::error::Error for LayoutError {}
 
-/// Checks `data_dir` against `shard_count` and `hash_slots`, recording the layout
-/// if the dir has none yet. `data_dir` must exist.
+/// Checks `data_dir` against `shard_count`, `hash_slots` and `cluster`, recording
+/// the layout if the dir has none yet (or one of version 1, which gets the cluster
+/// recorded). `data_dir` must exist.
 pub fn check_or_record(
     data_dir: &Path,
     shard_count: u16,
     hash_slots: u16,
+    cluster: &ClusterLayout,
 ) -> Result<(), LayoutError> {
     let shown = data_dir.display().to_string();
     let mine = Layout {
@@ -86,13 +168,20 @@ pub fn check_or_record(
         shard_count,
         hash_slots,
         placement: PLACEMENT.into(),
+        cluster_slot_ids: cluster.slot_ids,
+        cluster_nodes: cluster.nodes.clone(),
     };
     let found = match std::fs::read_to_string(data_dir.join(LAYOUT_FILE)) {
         Ok(text) => Some(parse(&shown, &text)?),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(LayoutError::Io(e)),
     };
-    let recorded = found.is_some();
+    let recorded = found
+        .as_ref()
+        .is_some_and(|l| l.layout_version == LAYOUT_VERSION);
+    if let Some(layout) = found.as_ref().filter(|_| recorded) {
+        check_cluster(&shown, layout, cluster)?;
+    }
     let written = match found {
         Some(layout) => {
             if layout.placement != mine.placement || layout.hash_slots != mine.hash_slots {
@@ -119,13 +208,30 @@ pub fn check_or_record(
     if !recorded {
         let text = format!(
             "# Written by imrouter at the first start of this data dir. Channels are\n\
-             # placed on shards by these values: starting with another shard count\n\
-             # is refused. Do not edit.\n{}",
-            toml::to_string(&mine).expect("a flat struct serializes")
+             # placed on shards, and homed on the cluster's nodes, by these values:\n\
+             # starting with another shard count or another cluster is refused.\n\
+             # Do not edit.\n{}",
+            toml::to_string(&mine).expect("the layout serializes")
         );
         write_atomic(data_dir, LAYOUT_FILE, text.as_bytes()).map_err(LayoutError::Io)?;
     }
     Ok(())
+}
+
+/// Refuses a layout recorded for another cluster than `cluster`.
+fn check_cluster(shown: &str, layout: &Layout, cluster: &ClusterLayout) -> Result<(), LayoutError> {
+    let written = ClusterLayout {
+        slot_ids: layout.cluster_slot_ids,
+        nodes: layout.cluster_nodes.clone(),
+    };
+    if written == *cluster {
+        return Ok(());
+    }
+    Err(LayoutError::Cluster {
+        data_dir: shown.into(),
+        written: written.describe(),
+        configured: cluster.describe(),
+    })
 }
 
 fn parse(shown: &str, text: &str) -> Result<Layout, LayoutError> {
@@ -164,4 +270,112 @@ fn legacy_shard_count(data_dir: &Path) -> io::Result<Option<u16>> {
         }
     }
     Ok(highest.map(|h| h.saturating_add(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(nodes: &[(u64, u16)], slot_ids: u32) -> ClusterLayout {
+        ClusterLayout {
+            slot_ids,
+            nodes: nodes
+                .iter()
+                .map(|&(id, port)| RecordedNode {
+                    id,
+                    rpc_addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                })
+                .collect(),
+        }
+    }
+
+    fn check(dir: &Path, c: &ClusterLayout) -> Result<(), LayoutError> {
+        check_or_record(dir, 2, 256, c)
+    }
+
+    #[test]
+    fn the_cluster_is_recorded_and_the_same_one_starts_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let three = cluster(&[(1, 11001), (2, 11002), (3, 11003)], 64);
+        check(dir.path(), &three).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LAYOUT_FILE)).unwrap();
+        assert!(text.contains("layout_version = 2"), "{text}");
+        assert!(text.contains("cluster_slot_ids = 64"), "{text}");
+        assert!(text.contains("[[cluster_nodes]]"), "{text}");
+        assert!(text.contains("rpc_addr = \"127.0.0.1:11003\""), "{text}");
+        check(dir.path(), &three).unwrap();
+    }
+
+    #[test]
+    fn another_node_list_is_refused_with_one_line_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let three = cluster(&[(1, 11001), (2, 11002), (3, 11003)], 64);
+        check(dir.path(), &three).unwrap();
+        let cases = [
+            cluster(&[(1, 11001), (2, 11002)], 64),
+            cluster(&[(1, 11001), (3, 11003), (2, 11002)], 64),
+            cluster(&[(1, 11001), (2, 11002), (3, 12003)], 64),
+            cluster(&[(1, 11001), (2, 11002), (3, 11003), (4, 11004)], 64),
+            cluster(&[(1, 11001), (2, 11002), (3, 11003)], 32),
+            ClusterLayout::alone(),
+        ];
+        for configured in cases {
+            let err = check(dir.path(), &configured).unwrap_err();
+            assert!(matches!(err, LayoutError::Cluster { .. }), "{err:?}");
+            let line = err.to_string();
+            assert!(!line.contains('\n'), "one line: {line}");
+            assert!(
+                line.contains(
+                    "[1@127.0.0.1:11001, 2@127.0.0.1:11002, 3@127.0.0.1:11003] over 64 slot ids"
+                ),
+                "names the recorded list: {line}"
+            );
+            assert!(
+                line.contains(&configured.describe()),
+                "names the configured list: {line}"
+            );
+        }
+        check(dir.path(), &three).unwrap();
+    }
+
+    #[test]
+    fn a_node_alone_records_no_cluster_and_is_refused_into_one() {
+        let dir = tempfile::tempdir().unwrap();
+        check(dir.path(), &ClusterLayout::alone()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LAYOUT_FILE)).unwrap();
+        assert!(text.contains("cluster_nodes = []"), "{text}");
+        let three = cluster(&[(1, 11001), (2, 11002), (3, 11003)], 64);
+        let line = check(dir.path(), &three).unwrap_err().to_string();
+        assert!(
+            line.contains("written by a node alone (no [[cluster.nodes]])"),
+            "{line}"
+        );
+        assert!(line.contains("over 64 slot ids"), "{line}");
+        check(dir.path(), &ClusterLayout::alone()).unwrap();
+    }
+
+    #[test]
+    fn a_version_1_layout_takes_the_cluster_configured_now() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(LAYOUT_FILE),
+            "layout_version = 1\nshard_count = 2\nhash_slots = 256\n\
+             placement = \"hash_slot % shard_count\"\n",
+        )
+        .unwrap();
+        let three = cluster(&[(1, 11001), (2, 11002), (3, 11003)], 64);
+        check(dir.path(), &three).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LAYOUT_FILE)).unwrap();
+        assert!(text.contains("layout_version = 2"), "{text}");
+        let other = cluster(&[(1, 11001), (2, 11002)], 64);
+        assert!(matches!(
+            check(dir.path(), &other),
+            Err(LayoutError::Cluster { .. })
+        ));
+        // The shard count is still checked first for a version 1 file.
+        assert!(matches!(
+            check_or_record(dir.path(), 3, 256, &three),
+            Err(LayoutError::ShardCount { .. })
+        ));
+    }
 }

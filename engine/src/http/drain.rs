@@ -1,0 +1,184 @@
+//! `POST /node/drain`: the first step of a rolling restart of one cluster node.
+//!
+//! Contract: called on the node to drain, with an optional body `{"move_to": [node
+//! ids]}` (default: every peer every shard reaches, in config order). In order:
+//! 1. the node is marked draining ([`NodeShared::begin_drain`]): `/readyz` answers
+//!    503 "draining…" and `/route` stops naming it;
+//! 2. every hash slot it leads moves to the targets, whole slot ids round robin in
+//!    slot id order ([`NodeShared::drain_moves`]), in one view change like `POST
+//!    /cluster/slots/leader` (each moved slot's term and the revision advance; the
+//!    view goes to every shard, shard 0 sends it to every peer, gateways rebuild
+//!    their routes at the new authorities);
+//! 3. it waits, up to `forward_timeout_ms`, until every target's `GET
+//!    /cluster/slots` shows that revision (or a later one), so clients reconnecting
+//!    there register at the new authorities; a target that does not is named in
+//!    `peers_without_view` (it gets the view when its link comes back);
+//! 4. every shard closes new client connections at once from then on and sends
+//!    DISCONNECT (reason 0: reconnect; not 12) to each of its sessions, which are
+//!    unregistered at their authorities.
+//!
+//! The answer (200) is `{"moved_hash_slots", "disconnected", "revision",
+//! "moved_to", "peers_without_view", "homes"}`. **Homes do not move**: the uids
+//! and channels homed on this node (tokens, subscribers, message logs) stay served
+//! by it, through the other nodes, until it stops; while it is down they are
+//! unavailable (no replication). A second drain answers again, with what was
+//! left to do (usually 0 slots and 0 sessions: new connections are closed since
+//! the first). Refusals: 409 on a node alone (nowhere to move), 400
+//! for a `move_to` naming this node or a node that is not a peer, 503 when a
+//! target (or every peer) is unreachable or a shard's queue is full.
+
+use std::sync::mpsc::sync_channel;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{parse, Api, ApiRequest, Reply};
+use crate::cluster::NodeId;
+use crate::node::msg::Msg;
+
+/// How often a target's view is asked for while the drain waits for it.
+const VIEW_POLL_INTERVAL_MS: u64 = 20;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DrainReq {
+    #[serde(default)]
+    move_to: Option<Vec<NodeId>>,
+}
+
+impl Api {
+    /// `POST /node/drain` (module docs).
+    pub(super) fn drain(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+        let r: DrainReq = if req.body.iter().all(u8::is_ascii_whitespace) {
+            DrainReq::default()
+        } else {
+            parse(req.body)?
+        };
+        let targets = self.drain_targets(r.move_to)?;
+        self.shared.begin_drain();
+        let moves = self.shared.drain_moves(&targets);
+        let revision = if moves.is_empty() {
+            self.shared.view().revision
+        } else {
+            let view = self.shared.move_leaders_each(&moves);
+            self.send_to_shards(|| Msg::View(view.clone()))?;
+            view.revision
+        };
+        tracing::info!(
+            moved_hash_slots = moves.len(),
+            revision,
+            ?targets,
+            "draining: hash slots moved"
+        );
+        let behind = self.await_view(&targets, revision, req);
+        let disconnected = self.drain_shards()?;
+        tracing::info!(disconnected, "draining: sessions disconnected");
+        Ok(Reply::json(
+            200,
+            json!({
+                "moved_hash_slots": moves.len(),
+                "disconnected": disconnected,
+                "revision": revision,
+                "moved_to": targets,
+                "peers_without_view": behind,
+                "homes": "not moved: the uids and channels homed on this node stay served \
+                          by it until it stops",
+            }),
+        ))
+    }
+
+    /// The peers the hash slots move to: `move_to` (each a peer, each reachable)
+    /// or every reachable peer in config order. Refuses 409 on a node alone, 400 a
+    /// `move_to` that is empty or names no peer, 503 an unreachable target or no
+    /// reachable peer.
+    fn drain_targets(&self, move_to: Option<Vec<NodeId>>) -> Result<Vec<NodeId>, Reply> {
+        let peers = self.peer_ids();
+        if peers.is_empty() {
+            return Err(Reply::error(
+                409,
+                "a node alone has nowhere to move its hash slots or sessions: stop it instead",
+            ));
+        }
+        let reachable = self.reachable_peers();
+        let Some(list) = move_to else {
+            if reachable.is_empty() {
+                return Err(Reply::error(
+                    503,
+                    "no peer is reachable: nowhere to move the hash slots",
+                ));
+            }
+            return Ok(reachable);
+        };
+        if list.is_empty() {
+            return Err(Reply::error(400, "move_to must name at least one peer"));
+        }
+        for n in &list {
+            if !peers.contains(n) {
+                return Err(Reply::error(
+                    400,
+                    format!("move_to: node {n} is not a peer of node {}", self.me()),
+                ));
+            }
+            if !reachable.contains(n) {
+                return Err(Reply::error(
+                    503,
+                    format!("move_to: node {n} is unreachable"),
+                ));
+            }
+        }
+        Ok(list)
+    }
+
+    /// Sends `msg()` to every shard; 503 when a shard's control queue is full.
+    fn send_to_shards(&self, msg: impl Fn() -> Msg) -> Result<(), Reply> {
+        for inj in &self.injectors {
+            inj.send(msg()).map_err(|_| {
+                Reply::error(503, "a shard's control queue is full; retry the drain")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `Msg::Drain` to every shard; the connections they disconnected, summed. 503
+    /// when a shard's queue is full, 504 when one does not answer in time.
+    fn drain_shards(&self) -> Result<usize, Reply> {
+        let (tx, rx) = sync_channel(self.injectors.len());
+        self.send_to_shards(|| Msg::Drain { done: tx.clone() })?;
+        let mut total = 0;
+        for _ in 0..self.injectors.len() {
+            total += rx
+                .recv_timeout(self.timeout())
+                .map_err(|_| Reply::error(504, "a shard did not answer the drain in time"))?;
+        }
+        Ok(total)
+    }
+
+    /// Waits up to `forward_timeout_ms` until each of `targets` shows view
+    /// `revision` or a later one in its `GET /cluster/slots`; gives those that did
+    /// not.
+    fn await_view(&self, targets: &[NodeId], revision: u64, req: &ApiRequest<'_>) -> Vec<NodeId> {
+        let deadline = Instant::now() + Duration::from_millis(self.config.forward_timeout_ms);
+        let ask = ApiRequest {
+            method: "GET",
+            target: "/cluster/slots",
+            authorization: req.authorization,
+            forwarded_by: None,
+            body: b"",
+        };
+        let mut behind: Vec<NodeId> = targets.to_vec();
+        loop {
+            behind.retain(|&n| {
+                let answer = self.forwarder().forward(n, "node", &ask, b"");
+                let seen = serde_json::from_str::<Value>(&answer.body)
+                    .ok()
+                    .and_then(|v| v["revision"].as_u64());
+                !(answer.status == 200 && seen.is_some_and(|r| r >= revision))
+            });
+            if behind.is_empty() || Instant::now() >= deadline {
+                return behind;
+            }
+            std::thread::sleep(Duration::from_millis(VIEW_POLL_INTERVAL_MS));
+        }
+    }
+}
