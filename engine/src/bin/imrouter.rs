@@ -57,7 +57,9 @@ struct Args {
 /// Subcommands; without one the node runs.
 #[derive(clap::Subcommand, Debug)]
 enum Command {
-    /// Checks this host against the configuration (the same flags and file): the
+    /// Checks this host against the configuration (exit 1: it would not carry it).
+    ///
+    /// The configuration is the one the same file and flags describe. Checks the
     /// open-file limit, somaxconn, io_uring, the shard cores and their isolation,
     /// governor, THP and other processes on them. Prints a table and a verdict; exit
     /// 1 when a setting would break the configured load, 2 for an invalid
