@@ -4,6 +4,7 @@
 //! bytes and messages between them.
 //!
 //! - [`config`]: the node's TOML configuration, every limit with its unit.
+//! - [`hostcheck`]: `imrouter check-host`, the host against the configured load.
 //! - [`http`]: the HTTP API (WuKongIM's server API subset, health, metrics).
 //! - [`node`]: a running node: the shards wired to sockets, rings, timers and logs.
 //! - [`store`]: the durable message log of a commit shard and the metadata store.
@@ -13,6 +14,7 @@
 pub use domain::{activation, authority, channel, cluster, delivery, registry, route};
 
 pub mod config;
+pub mod hostcheck;
 pub mod http;
 pub mod node;
 pub mod store;

@@ -1,5 +1,7 @@
 //! `imrouter`: one node. With no arguments it serves WuKongIM's default ports on
 //! 127.0.0.1 (TCP 5100, WebSocket 5200, HTTP API 5001) with data under `./data`.
+//! `imrouter check-host [flags]` judges this machine against the configuration the
+//! same flags describe (engine::hostcheck) and exits 1 when it would not carry it.
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
 
@@ -19,35 +21,50 @@ use engine::node::Node;
 )]
 struct Args {
     /// TOML configuration file; flags override it.
-    #[arg(long)]
+    #[arg(global = true, long)]
     config: Option<PathBuf>,
     /// This node's id.
-    #[arg(long)]
+    #[arg(global = true, long)]
     node_id: Option<u64>,
     /// Client TCP listener.
-    #[arg(long)]
+    #[arg(global = true, long)]
     tcp_addr: Option<std::net::SocketAddr>,
     /// Client WebSocket listener.
-    #[arg(long)]
+    #[arg(global = true, long)]
     ws_addr: Option<std::net::SocketAddr>,
     /// HTTP API listener.
-    #[arg(long)]
+    #[arg(global = true, long)]
     api_addr: Option<std::net::SocketAddr>,
     /// Where the message logs and metadata live.
-    #[arg(long)]
+    #[arg(global = true, long)]
     data_dir: Option<PathBuf>,
     /// Shard threads (default: one per core).
-    #[arg(long)]
+    #[arg(global = true, long)]
     shards: Option<u16>,
     /// IO backend.
-    #[arg(long, value_enum)]
+    #[arg(global = true, long, value_enum)]
     io: Option<IoBackend>,
     /// Require the token stored with /user/token on CONNECT.
-    #[arg(long, value_parser = ["on", "off"])]
+    #[arg(global = true, long, value_parser = ["on", "off"])]
     token_auth: Option<String>,
     /// Print the full configuration (defaults, the file and the flags merged) as TOML and exit.
     #[arg(long)]
     print_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Subcommands; without one the node runs.
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Checks this host against the configuration (exit 1: it would not carry it).
+    ///
+    /// The configuration is the one the same file and flags describe. Checks the
+    /// open-file limit, somaxconn, io_uring, the shard cores and their isolation,
+    /// governor, THP and other processes on them. Prints a table and a verdict; exit
+    /// 1 when a setting would break the configured load, 2 for an invalid
+    /// configuration, 0 otherwise (warnings included).
+    CheckHost,
 }
 
 fn main() -> ExitCode {
@@ -66,6 +83,9 @@ fn main() -> ExitCode {
     };
     if args.print_config {
         return print_config(&config);
+    }
+    if let Some(Command::CheckHost) = args.command {
+        return check_host(&config);
     }
     let node = match start(&config) {
         Ok(n) => n,
@@ -134,6 +154,29 @@ fn print_config(config: &Config) -> ExitCode {
             eprintln!("imrouter: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `check-host`: the findings for `config` on this host as a table, then the
+/// verdict. Exit 1 when one would break the configured load, 2 for an invalid
+/// configuration.
+fn check_host(config: &Config) -> ExitCode {
+    use engine::hostcheck;
+    let load = match hostcheck::Load::from_config(config) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("imrouter: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let facts = hostcheck::HostFacts::read(&load, &config.net);
+    let findings = hostcheck::evaluate(&load, &facts);
+    print!("{}", hostcheck::render(&findings));
+    println!("{}", hostcheck::verdict(&findings));
+    if hostcheck::failed(&findings) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
