@@ -56,6 +56,10 @@ fn flood_child() {
     if let Ok(r) = std::env::var(CHILD_RESERVE) {
         config.net.fd_reserve = r.parse().unwrap();
     }
+    // The most connections the limit holds per shard (a start whose configured cap
+    // does not fit is refused): the flood then meets that cap.
+    config.net.max_connections_per_shard =
+        engine::node::fd_budget(&config, NODE_NOFILE).per_shard_cap as usize;
     let node = Node::start(config).unwrap();
     let mut out = std::io::stdout();
     writeln!(
@@ -567,4 +571,29 @@ fn print_config_shows_the_descriptor_budget() {
         text.contains("# WARNING: max_connections_per_shard"),
         "{text}"
     );
+}
+
+/// A start whose configured connections need more descriptors than the limit
+/// allows is refused at once, with one line naming the numbers and the two fixes
+/// (issue 15), before the data dir is touched; a cap that fits starts.
+#[test]
+fn a_start_whose_connections_do_not_fit_the_descriptor_limit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = support::config(&dir.path().join("data"), net::io::Backend::Mio);
+    c.net.max_connections_per_shard = 1 << 30;
+    let e = Node::start(c.clone()).err().expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let line = e.to_string();
+    assert!(
+        line.contains("max_connections_per_shard = 1073741824 on 2 shards needs")
+            && line.contains("LimitNOFILE")
+            && !line.contains('\n'),
+        "{line}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "refused before the data dir"
+    );
+    c.net.max_connections_per_shard = 100;
+    Node::start(c).unwrap().shutdown().unwrap();
 }

@@ -256,7 +256,8 @@ fn computed_limits(config: &Config) -> String {
             if b.over_committed() {
                 out.push_str(&format!(
                     "# WARNING: max_connections_per_shard = {} needs {} descriptors; the limit \
-                     allows {} per shard (raise the hard limit, e.g. LimitNOFILE=).\n",
+                     allows {} per shard: the node refuses to start (raise the hard limit, \
+                     e.g. LimitNOFILE=, or lower max_connections_per_shard).\n",
                     b.configured_cap,
                     b.configured_cap * shards + b.reserve,
                     b.per_shard_cap

@@ -722,8 +722,9 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
 }
 
 /// The descriptor budget: raises the soft limit to the hard one (a warning when it
-/// cannot), keeps the reserve, splits the rest between the shards as their connection
-/// cap (set in `config.net`), and logs it. Gives the error of reading the limit.
+/// cannot), keeps the reserve, and checks that every shard's configured connection
+/// cap fits in its share of the rest; refuses the start (`InvalidInput`, one line
+/// with the numbers) when it does not. Gives the error of reading the limit.
 fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget> {
     let fd_limit = match net::io::fd::raise_nofile_limit() {
         Ok((_, soft)) => soft,
@@ -733,6 +734,21 @@ fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget>
         }
     };
     let budget = fd_budget(config, fd_limit);
+    if budget.over_committed() {
+        // Refused at start rather than failing later under load (issue 15).
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "[net] max_connections_per_shard = {} on {} shards needs {} descriptors                  ({} reserved), but RLIMIT_NOFILE allows {}: raise the limit (LimitNOFILE=                  in the service unit) or lower max_connections_per_shard (at most {} here)",
+                budget.configured_cap,
+                budget.shards,
+                budget.configured_cap * budget.shards + budget.reserve,
+                budget.reserve,
+                budget.limit,
+                budget.per_shard_cap
+            ),
+        ));
+    }
     budget.log();
     config.net.max_connections_per_shard = budget.per_shard_cap as usize;
     Ok(budget)

@@ -16,8 +16,9 @@ pub struct FdBudget {
     pub shards: u64,
     /// The configured `max_connections_per_shard`.
     pub configured_cap: u64,
-    /// Each shard's connection cap: the configured cap, lowered to the shard's
-    /// share of `limit - reserve` (at least 1).
+    /// The configured cap, or the shard's share of `limit - reserve` when that is
+    /// lower (at least 1): the most the limit holds. The node refuses a start where
+    /// it is lower than configured ([`FdBudget::over_committed`]).
     pub per_shard_cap: u64,
 }
 

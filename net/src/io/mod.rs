@@ -130,8 +130,9 @@ pub enum Backend {
 pub struct NetConfig {
     /// Open connections per shard (TCP, WebSocket and RPC, accepted and dialed
     /// together); further accepted sockets are reset at once, further dials refused
-    /// with an error. The node lowers it to the shard's share of the descriptor
-    /// limit (see `fd_reserve`).
+    /// with an error. The node refuses to start when the descriptor limit cannot
+    /// hold this many per shard beside `fd_reserve` (raise `LimitNOFILE=` or lower
+    /// this; `imrouter check-host` tells before a start).
     pub max_connections_per_shard: usize,
     /// Descriptors the node keeps out of the connection caps for the process as a
     /// whole: the metadata journal, the HTTP API's connections, threads' files,
@@ -202,7 +203,7 @@ impl Default for NetConfig {
         let read_chunk_bytes = 64 * 1024;
         let max_frame_bytes = (1 << 20) + 5;
         NetConfig {
-            max_connections_per_shard: 65536,
+            max_connections_per_shard: 8192,
             fd_reserve: 256,
             outbound_queue_bytes_max: 4 << 20,
             outbound_budget_bytes_per_shard: 256 << 20,
