@@ -739,7 +739,9 @@ fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget>
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "[net] max_connections_per_shard = {} on {} shards needs {} descriptors                  ({} reserved), but RLIMIT_NOFILE allows {}: raise the limit (LimitNOFILE=                  in the service unit) or lower max_connections_per_shard (at most {} here)",
+                "[net] max_connections_per_shard = {} on {} shards needs {} descriptors \
+                 ({} reserved), but RLIMIT_NOFILE allows {}: raise the limit (LimitNOFILE= \
+                 in the service unit) or lower max_connections_per_shard (at most {} here)",
                 budget.configured_cap,
                 budget.shards,
                 budget.configured_cap * budget.shards + budget.reserve,
