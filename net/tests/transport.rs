@@ -619,7 +619,12 @@ fn ten_thousand_connections(backend: Backend) {
     // test at a time, so the server ends of both backends' runs never add up.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let server = Server::start(backend, 1, NetConfig::default());
+    // One shard holds all of them (the default cap is 8,192 per shard).
+    let cfg = NetConfig {
+        max_connections_per_shard: MANY_CONNECTIONS + 64,
+        ..NetConfig::default()
+    };
+    let server = Server::start(backend, 1, cfg);
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "child_clients", "--nocapture"])
         .env(CHILD_ADDR_ENV, server.tcp.to_string())
