@@ -28,8 +28,11 @@ use support::{api, http_get};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 const CLIENTS: usize = 9;
-/// Most SENDs one client makes (it keeps PINGing after, until told to stop).
+/// Most SENDs one client makes before the drain answered (it keeps PINGing after,
+/// until the drain raises its budget or the test stops it).
 const SENDS_PER_CLIENT_MAX: u32 = 200;
+/// SENDs each client may make more once the drain answered.
+const SENDS_AFTER_DRAIN_MAX: u32 = 20;
 /// SENDACKed messages (all clients) before the drain starts.
 const ACKED_BEFORE_DRAIN: usize = 90;
 /// SENDACKed messages each client gets after the drain answered.
@@ -66,6 +69,9 @@ struct Shared {
     group: String,
     uids: Vec<String>,
     stop: AtomicBool,
+    /// How many SENDs each client may make (raised once the drain answered, so a
+    /// client that used its budget before still sends after it).
+    sends_allowed: std::sync::atomic::AtomicU32,
     acked_total: AtomicUsize,
     acked: Vec<AtomicUsize>,
 }
@@ -222,7 +228,7 @@ impl ClientRun<'_> {
     fn run(mut self) -> Outcome {
         let mut k = 0;
         while !self.shared.stop.load(Ordering::SeqCst) {
-            if k < SENDS_PER_CLIENT_MAX {
+            if k < self.shared.sends_allowed.load(Ordering::SeqCst) {
                 self.send(k);
                 k += 1;
             } else {
@@ -421,6 +427,7 @@ fn drain_under_load_loses_no_acknowledged_message(backend: Backend) {
         group,
         uids,
         stop: AtomicBool::new(false),
+        sends_allowed: std::sync::atomic::AtomicU32::new(SENDS_PER_CLIENT_MAX),
         acked_total: AtomicUsize::new(0),
         acked: (0..CLIENTS).map(|_| AtomicUsize::new(0)).collect(),
     });
@@ -434,6 +441,10 @@ fn drain_under_load_loses_no_acknowledged_message(backend: Backend) {
         .iter()
         .map(|a| a.load(Ordering::SeqCst))
         .collect();
+    shared.sends_allowed.store(
+        SENDS_PER_CLIENT_MAX + SENDS_AFTER_DRAIN_MAX,
+        Ordering::SeqCst,
+    );
     wait_until("every client sends after the drain", || {
         (0..CLIENTS).all(|i| {
             shared.acked[i].load(Ordering::SeqCst) >= after[i] + ACKED_AFTER_DRAIN_PER_CLIENT
