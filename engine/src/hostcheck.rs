@@ -256,8 +256,8 @@ fn open_files(load: &Load, facts: &HostFacts) -> Finding {
     );
     if b.over_committed() {
         let why = format!(
-            "{sizing} = {need} > {limit}: each shard would accept only {} connections \
-             (raise the hard limit or lower [net] max_connections_per_shard)",
+            "{sizing} = {need} > {limit}: the node refuses to start (raise the hard \
+             limit, or lower [net] max_connections_per_shard to at most {})",
             b.per_shard_cap
         );
         return finding(NAME, value, recommended, Severity::Fail, why);
