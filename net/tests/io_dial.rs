@@ -3,6 +3,8 @@
 //! one accepting on a `Transport::Rpc` listener, on 127.0.0.1. Every wait is for an
 //! event or a kernel state; the deadline only bounds a failing test.
 
+mod support;
+
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -340,46 +342,6 @@ fn a_pending_dial_times_out(backend: Backend) {
         x[0].d.connection_count() == 0
     });
     drop(l);
-}
-
-/// Whether io_uring works here; prints why the io_uring half is skipped if not.
-/// Probed on its own thread (a ring's teardown may interrupt the blocking socket
-/// calls of the thread that created it).
-fn uring_available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        std::thread::spawn(|| {
-            let config = NetConfig {
-                backend: Backend::Uring,
-                uring_entries: 8,
-                uring_buf_count: 4,
-                ..NetConfig::default()
-            };
-            let doorbell = Arc::new(EventFd::new().unwrap());
-            match NetDriver::new(&config, doorbell, Vec::new()) {
-                Ok(_) => true,
-                Err(e) => {
-                    println!("NOTE: io_uring refused by the kernel ({e}); io_uring tests skipped");
-                    false
-                }
-            }
-        })
-        .join()
-        .unwrap()
-    })
-}
-
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod mio {
-            use super::*;
-            $( #[test] fn $name() { super::$name(Backend::Mio) } )*
-        }
-        mod uring {
-            use super::*;
-            $( #[test] fn $name() { if uring_available() { super::$name(Backend::Uring) } } )*
-        }
-    };
 }
 
 suite!(

@@ -3,6 +3,9 @@
 //! clients on 127.0.0.1. Every wait is on an event or a read; timeouts only bound a
 //! failure.
 
+mod support;
+use support::uring_available;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -666,46 +669,6 @@ fn child_clients() {
         ok += 1;
     }
     println!("echoed {ok} of {MANY_CONNECTIONS}");
-}
-
-/// Whether io_uring works here; prints why the io_uring half is skipped if not.
-/// Probed once, on its own thread: a ring's teardown may interrupt the blocking
-/// socket calls (with timeouts) of the thread that created it.
-fn uring_available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        std::thread::spawn(|| {
-            let doorbell = std::sync::Arc::new(EventFd::new().unwrap());
-            let config = NetConfig {
-                backend: Backend::Uring,
-                uring_entries: 8,
-                uring_buf_count: 4,
-                ..NetConfig::default()
-            };
-            match NetDriver::new(&config, doorbell, Vec::new()) {
-                Ok(_) => true,
-                Err(e) => {
-                    println!("NOTE: io_uring refused by the kernel ({e}); io_uring tests skipped");
-                    false
-                }
-            }
-        })
-        .join()
-        .unwrap()
-    })
-}
-
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod mio {
-            use super::*;
-            $( #[test] fn $name() { super::$name(Backend::Mio) } )*
-        }
-        mod uring {
-            use super::*;
-            $( #[test] fn $name() { if uring_available() { super::$name(Backend::Uring) } } )*
-        }
-    };
 }
 
 suite!(
