@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use net::io::{
     bind_reuseport, Backend, CloseReason, ConnId, NetConfig, NetDriver, NetEvent, Transport,
 };
-use shard::runtime::{Context, EventFd, Handler, Runtime, RuntimeConfig, ShardInit};
+use shard::runtime::{Context, Driver, EventFd, Handler, Runtime, RuntimeConfig, ShardInit};
 use shard::slots::ShardId;
 use tungstenite::Message;
 
@@ -671,7 +671,52 @@ fn child_clients() {
     println!("echoed {ok} of {MANY_CONNECTIONS}");
 }
 
+/// `poll_now` takes the time from its caller (the runtime's one clock reading per
+/// turn): a turn clock past a connection's idle timeout closes it in that poll,
+/// though the minute has not passed, and a clock before it closes nothing.
+fn poll_now_runs_the_drivers_timers_on_the_callers_clock(backend: Backend) {
+    let config = NetConfig {
+        backend,
+        idle_timeout_ms: 60_000,
+        ..NetConfig::default()
+    };
+    let listener = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let doorbell = Arc::new(EventFd::new().unwrap());
+    let mut driver = NetDriver::new(&config, doorbell, vec![(Transport::Tcp, listener)]).unwrap();
+    let _client = connect(addr);
+    let mut events = Vec::new();
+    let give_up = Instant::now() + FAIL_AFTER;
+    let conn = loop {
+        driver
+            .poll(Some(Duration::from_millis(50)), &mut events)
+            .unwrap();
+        let accepted = events.iter().find_map(|e| match e {
+            NetEvent::Accepted { conn, .. } => Some(*conn),
+            _ => None,
+        });
+        if let Some(conn) = accepted {
+            break conn;
+        }
+        assert!(Instant::now() < give_up, "never accepted");
+    };
+    driver.mark_established(conn);
+    events.clear();
+    driver.poll_now(Instant::now(), &mut events).unwrap();
+    assert!(events.is_empty(), "nothing is due yet: {events:?}");
+    let later = Instant::now() + Duration::from_secs(61);
+    driver.poll_now(later, &mut events).unwrap();
+    assert_eq!(
+        events,
+        [NetEvent::Closed {
+            conn,
+            reason: CloseReason::IdleTimeout
+        }]
+    );
+}
+
 suite!(
+    poll_now_runs_the_drivers_timers_on_the_callers_clock,
     tcp_echo,
     ws_echo_ping_close,
     split_and_coalesced_input,

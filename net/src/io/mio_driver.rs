@@ -376,7 +376,7 @@ impl MioDriver {
     /// How long the poll may wait: not at all with events undelivered, else the
     /// caller's `timeout` bounded by the core's next deadline (`None`: forever).
     fn wait_time(&self, timeout: Option<Duration>) -> Option<Duration> {
-        if self.core.has_events() {
+        if self.core.has_events() || timeout.is_some_and(|t| t.is_zero()) {
             return Some(Duration::ZERO);
         }
         match (timeout, self.core.next_deadline_ms()) {
@@ -450,6 +450,23 @@ impl Driver for MioDriver {
     type Event = NetEvent;
 
     fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
+        self.poll_at(timeout, None, out)
+    }
+
+    fn poll_now(&mut self, now: Instant, out: &mut Vec<NetEvent>) -> io::Result<()> {
+        self.poll_at(Some(Duration::ZERO), Some(now), out)
+    }
+}
+
+impl MioDriver {
+    /// [`Driver::poll`]; `now`: the caller's clock reading for a poll that does not
+    /// block (else the clock is read once, after the wait).
+    fn poll_at(
+        &mut self,
+        timeout: Option<Duration>,
+        now: Option<Instant>,
+        out: &mut Vec<NetEvent>,
+    ) -> io::Result<()> {
         self.flush_reap_resume();
         let wait = self.wait_time(timeout);
         match self.poll.poll(&mut self.events, wait) {
@@ -458,9 +475,15 @@ impl Driver for MioDriver {
             Err(e) => return Err(e),
         }
         // Deadlines of what arrived are measured from after the wait.
-        self.core.set_now(self.now_ms());
+        let now_ms = match now {
+            Some(t) if wait.is_some_and(|w| w.is_zero()) => {
+                t.saturating_duration_since(self.start).as_millis() as u64
+            }
+            _ => self.now_ms(),
+        };
+        self.core.set_now(now_ms);
         self.handle_ready();
-        self.core.advance(self.now_ms());
+        self.core.advance(now_ms);
         self.accept_resumed();
         self.core.take_events(out);
         Ok(())

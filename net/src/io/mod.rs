@@ -641,6 +641,10 @@ impl Driver for NetDriver {
     fn poll(&mut self, timeout: Option<Duration>, events: &mut Vec<NetEvent>) -> io::Result<()> {
         dispatch!(self, d => d.poll(timeout, events))
     }
+
+    fn poll_now(&mut self, now: std::time::Instant, events: &mut Vec<NetEvent>) -> io::Result<()> {
+        dispatch!(self, d => d.poll_now(now, events))
+    }
 }
 
 /// Accept counters of one driver's listeners of one kind.

@@ -630,6 +630,22 @@ impl Driver for UringDriver {
     type Event = NetEvent;
 
     fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
+        self.poll_at(timeout, None, out)
+    }
+
+    fn poll_now(&mut self, now: Instant, out: &mut Vec<NetEvent>) -> io::Result<()> {
+        self.poll_at(Some(Duration::ZERO), Some(now), out)
+    }
+}
+
+impl UringDriver {
+    /// [`Driver::poll`]; `now`: the caller's clock reading (else the clock is read).
+    fn poll_at(
+        &mut self,
+        timeout: Option<Duration>,
+        now: Option<Instant>,
+        out: &mut Vec<NetEvent>,
+    ) -> io::Result<()> {
         self.arm_static()?;
         // Paused connections resume once the handler consumed.
         let mut list = std::mem::take(&mut self.list_buf);
@@ -662,9 +678,12 @@ impl Driver for UringDriver {
         // Then sockets of dead connections close (including those the flush finished).
         self.reap()?;
 
-        // One clock read per poll that does not block (the spinning shard polls often),
-        // a second one only after a real wait.
-        let mut now_ms = self.now_ms();
+        // At most one clock read per poll that does not block (none when the caller
+        // gave its turn's reading), a second one only after a real wait.
+        let mut now_ms = now.map_or_else(
+            || self.now_ms(),
+            |t| t.saturating_duration_since(self.start).as_millis() as u64,
+        );
         let wait = if self.core.has_events() {
             Some(Duration::ZERO)
         } else {

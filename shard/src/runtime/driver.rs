@@ -9,7 +9,7 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::eventfd::EventFd;
 
@@ -29,6 +29,15 @@ pub trait Driver {
 
     /// Collects ready IO into `events`, waiting at most `timeout` (see the trait docs).
     fn poll(&mut self, timeout: Option<Duration>, events: &mut Vec<Self::Event>) -> io::Result<()>;
+
+    /// `poll(Some(Duration::ZERO), events)` where `now` is the caller's clock reading
+    /// from this turn: a driver that needs the time (to stamp arrivals, fire its own
+    /// timers) uses it instead of reading the clock again. The runtime reads the
+    /// clock once per turn and passes it here.
+    fn poll_now(&mut self, now: Instant, events: &mut Vec<Self::Event>) -> io::Result<()> {
+        let _ = now;
+        self.poll(Some(Duration::ZERO), events)
+    }
 }
 
 /// A driver without sockets: blocking polls wait on the doorbell alone.

@@ -10,7 +10,8 @@
 //! 5. flush the outboxes: each peer's batch goes into its ring with one index publish,
 //!    and the peer's doorbell is rung at most once per batch, only if it sleeps.
 //!
-//! A turn that found no work counts as idle. After `idle_spin_us` of idle turns the
+//! A turn that found no work counts as idle. After a spin of idle turns (at most
+//! `idle_spin_us`; how long is [`SpinPolicy`]'s decision, adaptive by default) the
 //! shard parks: it announces sleep on its [`ring::Doorbell`], re-checks its inbound
 //! rings, and then blocks in [`Driver::poll`] with the next timer as the timeout. That
 //! one wait covers sockets, messages from peers (their eventfd write) and timers.
@@ -44,9 +45,11 @@
 
 mod driver;
 mod eventfd;
+mod spin;
 
 pub use driver::{Driver, PlainDriver};
 pub use eventfd::EventFd;
+pub use spin::SpinPolicy;
 
 use std::collections::VecDeque;
 use std::io;
@@ -78,8 +81,14 @@ pub struct RuntimeConfig {
     pub inbound_batch_max: usize,
     /// Messages queued per shard from outside the runtime ([`Injector`]).
     pub injector_capacity: usize,
-    /// How long a shard keeps spinning on idle turns before it parks.
+    /// The longest a shard spins on idle turns before it parks.
     pub idle_spin_us: u64,
+    /// Adapt the spin to how idle spells end, within a credit earned by busy time
+    /// ([`SpinPolicy`]); `false`: every idle spell spins `idle_spin_us`.
+    pub idle_spin_adaptive: bool,
+    /// Adaptive: spin time earned per busy time, in percent (the spin CPU's bound
+    /// relative to the work's).
+    pub idle_spin_busy_percent: u64,
     /// Live timers per shard.
     pub max_timers: usize,
     /// Pin shard `i` to core `pin_cores[i % len]`; empty: no pinning. Default: all cores.
@@ -98,6 +107,8 @@ impl Default for RuntimeConfig {
             inbound_batch_max: 256,
             injector_capacity: 1024,
             idle_spin_us: 50,
+            idle_spin_adaptive: true,
+            idle_spin_busy_percent: 25,
             max_timers: 1 << 20,
             pin_cores: core_affinity::get_core_ids()
                 .map(|ids| ids.into_iter().map(|c| c.id).collect())
@@ -797,21 +808,21 @@ fn run_shard<S: Handler>(
     let mut cx = new_context::<S>(&config, shard, producers, doorbells, eventfds, shared);
     let mut events: Vec<<S::Driver as Driver>::Event> = Vec::new();
     let mut fired: Vec<(TimerHandle, S::Timer)> = Vec::new();
-    let idle_spin = Duration::from_micros(config.idle_spin_us);
-    let mut idle_since: Option<Instant> = None;
+    let mut idle = Idle::new(&config, start);
 
     handler.on_start(&mut cx, &mut driver);
     cx.flush_all();
     loop {
         let now = Instant::now();
+        idle.turn(now);
         cx.now_ms = now.duration_since(start).as_millis() as u64;
         cx.stats.turns += 1;
         // 1. Messages from peers, the injector and this shard, a bounded batch of each.
         let mut work = inbound.drain(&mut cx, &mut handler, &mut driver);
         // 2. Due timers.
         work += fire_timers(&mut cx, &mut fired, &mut handler, &mut driver);
-        // 3. IO that is ready, without blocking.
-        driver.poll(Some(Duration::ZERO), &mut events)?;
+        // 3. IO that is ready, without blocking (the driver reuses the turn's clock).
+        driver.poll_now(now, &mut events)?;
         work += events.len();
         dispatch_io(&mut cx, &mut events, &mut handler, &mut driver);
         // 4. The handler's own work; 5. flush outboxes.
@@ -824,14 +835,14 @@ fn run_shard<S: Handler>(
             break;
         }
         if work > 0 || cx.outboxes_pending() || !cx.self_queue.is_empty() {
-            idle_since = None;
+            idle.work(now);
             continue;
         }
-        let idle_start = *idle_since.get_or_insert(now);
-        if now.duration_since(idle_start) < idle_spin {
+        if idle.keep_spinning(now) {
             std::hint::spin_loop();
             continue;
         }
+        idle.park(now);
         if park::<S>(
             &mut cx,
             &inbound,
@@ -840,13 +851,82 @@ fn run_shard<S: Handler>(
             &mut driver,
             &mut events,
         )? {
-            idle_since = None;
             dispatch_io(&mut cx, &mut events, &mut handler, &mut driver);
         }
     }
     handler.on_stop(&mut cx, &mut driver);
     cx.flush_all();
     Ok((handler, cx.stats))
+}
+
+/// The shard loop's idle time, fed to its [`SpinPolicy`]: whether the previous turn
+/// was busy, the current idle spell (its start and what it may spin), and the park
+/// that ended the last one. Uses the turn's clock reading only.
+struct Idle {
+    policy: SpinPolicy,
+    last_turn: Instant,
+    last_busy: bool,
+    spell: Option<(Instant, u64)>,
+    /// The spell that parked: its spin (ns) and when it parked.
+    parked: Option<(u64, Instant)>,
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+impl Idle {
+    fn new(config: &RuntimeConfig, start: Instant) -> Self {
+        Idle {
+            policy: SpinPolicy::new(
+                config.idle_spin_us.saturating_mul(1_000),
+                config.idle_spin_adaptive,
+                config.idle_spin_busy_percent,
+            ),
+            last_turn: start,
+            last_busy: false,
+            spell: None,
+            parked: None,
+        }
+    }
+
+    /// A turn starts at `now`: the previous one's busy time, or the park's length.
+    #[inline]
+    fn turn(&mut self, now: Instant) {
+        if self.last_busy {
+            self.policy.on_busy(nanos(now - self.last_turn));
+        }
+        self.last_turn = now;
+        if let Some((spun_ns, at)) = self.parked.take() {
+            self.policy.on_park(spun_ns, nanos(now - at));
+        }
+    }
+
+    /// The turn found work: ends the idle spell, if one was on.
+    #[inline]
+    fn work(&mut self, now: Instant) {
+        self.last_busy = true;
+        if let Some((since, _)) = self.spell.take() {
+            self.policy.on_work(nanos(now - since));
+        }
+    }
+
+    /// The turn found no work: whether to spin on (else park).
+    #[inline]
+    fn keep_spinning(&mut self, now: Instant) -> bool {
+        self.last_busy = false;
+        let policy = &self.policy;
+        let (since, allowed_ns) = *self.spell.get_or_insert_with(|| (now, policy.allowed_ns()));
+        nanos(now - since) < allowed_ns
+    }
+
+    /// The shard parks at `now`, ending the spell (a park that found work at once
+    /// counts as a zero-length one).
+    fn park(&mut self, now: Instant) {
+        if let Some((since, _)) = self.spell.take() {
+            self.parked = Some((nanos(now - since), now));
+        }
+    }
 }
 
 /// Builds shard `shard`'s [`Context`]: its outboxes (one per peer), rings, peers'
