@@ -230,12 +230,32 @@ impl IdempotencyWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::BuildHasher;
 
     fn ids(n: u64) -> SentIds {
         SentIds {
             message_id: n as i64 * 10,
             message_seq: n,
         }
+    }
+
+    /// The keys are chosen by clients (`client_msg_no`, up to 64 KiB): the table
+    /// hashes them with a keyed hasher, its key random per window (std's
+    /// `RandomState`: SipHash-1-3 keyed from the OS), so no one can precompute keys
+    /// that collide. An unkeyed hasher (FxHash, a fixed seed) fails this test: two
+    /// windows would hash every key alike.
+    #[test]
+    fn client_chosen_keys_are_hashed_with_a_random_key_per_window() {
+        let window = || IdempotencyWindow::new(IdempotencyConfig::default()).unwrap();
+        let (a, b) = (window(), window());
+        let keyed: &std::collections::hash_map::RandomState = a.map.hasher();
+        let differ = (0..8u64)
+            .filter(|i| {
+                let key: &[u8] = &i.to_le_bytes();
+                keyed.hash_one(key) != b.map.hasher().hash_one(key)
+            })
+            .count();
+        assert_eq!(differ, 8, "two windows hash alike: the hasher is not keyed");
     }
 
     #[test]
