@@ -56,15 +56,17 @@ pub fn on_send(
         Ok(payload) => payload,
         Err(reason) => return refuse(node, driver, reason),
     };
-    let key = channel.key().as_bytes();
-    let home = node.view.home_node(shard::slots::hash_slot(key));
+    // One CRC32 of the channel key: its hash slot gives both the home node and the
+    // commit shard.
+    let slot = shard::slots::hash_slot(channel.key().as_bytes());
+    let home = node.view.home_node(slot);
     let remote = home != node.shared.config.node_id;
     // A SEND to another node holds only the connection's credit (taken with `to` =
     // this shard): the link's in-flight table bounds the rest.
     let to = if remote {
         node.me
     } else {
-        node.shared.slot_map.shard_of_key(key)
+        node.shared.slot_map.shard_of(slot)
     };
     if !take_credit(node, id, to) {
         node.metrics.sends_refused_credit.inc();
