@@ -10,6 +10,7 @@
 //! After a restart, the store refills the window ([`IdempotencyWindow::refill`]) from the
 //! records still in its log (their timestamps stand for the insertion time).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -158,17 +159,23 @@ impl IdempotencyWindow {
         }
         self.expire(now_s);
         let key = Self::key(&mut self.scratch, uid, client_msg_no);
-        if let Some(first) = self.map.get(key) {
-            return Some(first.ids);
-        }
         let cost = key.len() + ENTRY_OVERHEAD_BYTES;
         if cost > self.config.budget_bytes {
             // Larger than the whole window: not remembered (a resend of it commits
-            // again), and nothing else is evicted for it.
+            // again; it was never in the window either), and nothing else is
+            // evicted for it.
             return None;
         }
+        // One hash of the key: a committed send is almost never in the window
+        // already (the commit core asked `first_send` first), so the key is
+        // allocated up front and the rare hit drops it.
         let key: Arc<[u8]> = Arc::from(key);
-        self.map.insert(key.clone(), entry);
+        match self.map.entry(key.clone()) {
+            Entry::Occupied(first) => return Some(first.get().ids),
+            Entry::Vacant(slot) => {
+                slot.insert(entry);
+            }
+        }
         self.order.push_back((key, now_s));
         self.bytes += cost;
         while self.order.len() > self.config.max_entries || self.bytes > self.config.budget_bytes {
