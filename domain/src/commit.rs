@@ -324,6 +324,9 @@ pub struct CommitCore<L: CommitLog, A> {
     unsynced: Vec<Unanswered<A>>,
     /// Under `answer_after_sync`: the commits the job in flight makes durable.
     awaiting_sync: Vec<Unanswered<A>>,
+    /// An empty batch with its capacity, swapped in for `unsynced` when a batch is
+    /// answered or handed to a job (nothing allocated per turn once warm).
+    spare: Vec<Unanswered<A>>,
     /// Whether a job is in flight (submitted, its end not yet reported).
     job_in_flight: bool,
     /// The unanswered commits that will be delivered (not the plain duplicates).
@@ -349,6 +352,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             limits,
             unsynced: Vec::new(),
             awaiting_sync: Vec::new(),
+            spare: Vec::new(),
             job_in_flight: false,
             unanswered_deliveries: 0,
             planner: Planner::default(),
@@ -619,18 +623,20 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             // Nothing new, or the next job starts when this one ends and covers these.
             return 0;
         }
-        let batch = std::mem::take(&mut self.unsynced);
+        let spare = std::mem::take(&mut self.spare);
+        let mut batch = std::mem::replace(&mut self.unsynced, spare);
         let n = batch.len();
         if !self.limits.answer_after_sync {
-            self.release(batch, true, out);
+            self.release(&mut batch, true, out);
             return n;
         }
         match self.log.begin_sync() {
             // Nothing appended (NoPersist, duplicates): every earlier job has ended.
-            Ok(None) => self.release(batch, true, out),
+            Ok(None) => self.release(&mut batch, true, out),
             Ok(Some(job)) => {
                 self.job_in_flight = true;
-                self.awaiting_sync = batch;
+                // (`awaiting_sync` is empty here: no job was in flight.)
+                self.spare = std::mem::replace(&mut self.awaiting_sync, batch);
                 out.push(CommitOutput::SubmitSync(job));
             }
             Err(fault) => {
@@ -638,7 +644,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                     what: "begin sync",
                     fault,
                 });
-                self.release(batch, false, out);
+                self.release(&mut batch, false, out);
             }
         }
         n
@@ -683,8 +689,8 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                 false
             }
         };
-        let batch = std::mem::take(&mut self.awaiting_sync);
-        self.release(batch, durable, out);
+        let mut batch = std::mem::take(&mut self.awaiting_sync);
+        self.release(&mut batch, durable, out);
     }
 
     /// A graceful stop: everything appended is made durable here and now (the job in
@@ -702,18 +708,19 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         };
         let mut batch = std::mem::take(&mut self.awaiting_sync);
         batch.append(&mut self.unsynced);
-        self.release(batch, durable, out);
+        self.release(&mut batch, durable, out);
     }
 
-    /// Answers a batch: success and delivery if `durable`, else SENDACK 15 (nothing
-    /// acknowledged is lost; the client retries).
+    /// Answers a batch, drained: success and delivery if `durable`, else SENDACK 15
+    /// (nothing acknowledged is lost; the client retries). The emptied batch is kept
+    /// as the next turn's `unsynced` (its capacity reused).
     fn release(
         &mut self,
-        batch: Vec<Unanswered<A>>,
+        batch: &mut Vec<Unanswered<A>>,
         durable: bool,
         out: &mut Vec<CommitOutput<A, L::Job>>,
     ) {
-        for u in batch {
+        for u in batch.drain(..) {
             let (reason, ids) = if durable {
                 (ReasonCode::SUCCESS, (u.message_id, u.message_seq))
             } else {
@@ -739,19 +746,28 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                 None => {}
             }
         }
+        if batch.capacity() > self.spare.capacity() {
+            std::mem::swap(batch, &mut self.spare);
+        }
     }
 }
 
 /// The request's answer address and its message as committed with `ids` at `now`.
 fn into_committed<A>(r: CommitRequest<A>, ids: SentIds, now: Now) -> (A, Committed) {
+    let channel_type = r.channel.channel_type();
+    // The request's own key string moves into the message (no copy).
+    let channel_key = match r.channel {
+        Channel::Person { key, .. } => key,
+        Channel::Group { id } => id,
+    };
     let message = Committed {
         committed_ns: now.mono_ns,
         message_id: ids.message_id,
         message_seq: ids.message_seq,
         timestamp_s: (now.wall_ms / 1000) as u32,
         from_uid: r.from_uid,
-        channel_key: r.channel.key().to_owned(),
-        channel_type: r.channel.channel_type(),
+        channel_key,
+        channel_type,
         client_msg_no: r.client_msg_no,
         setting: r.setting,
         flags: r.flags,
@@ -964,6 +980,31 @@ mod tests {
         c.on_sync_done(Ok(()), T0, &mut out);
         assert!(out.is_empty(), "nothing waited for it");
         assert_eq!(c.log().durable, 3);
+    }
+
+    /// The turn's batch of unanswered commits keeps its buffer from turn to turn
+    /// (nothing allocated per SEND once warm), under both policies.
+    #[test]
+    fn the_turns_batches_reuse_their_buffers() {
+        for answer_after_sync in [false, true] {
+            let (mut c, g, mut out) = (core(limits(answer_after_sync)), groups(), Out::new());
+            for turn in 0..3u32 {
+                for to in 0..4 {
+                    c.on_commit(request(turn * 4 + to, "a", "g1", ""), &g, T0, &mut out);
+                }
+                c.end_turn(&mut out);
+                if answer_after_sync {
+                    c.on_sync_done(Ok(()), T0, &mut out);
+                }
+                out.clear();
+            }
+            assert!(
+                c.unsynced.capacity() >= 4,
+                "answer_after_sync {answer_after_sync}: the next turn's batch starts empty \
+                 with capacity {}",
+                c.unsynced.capacity()
+            );
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! After a restart, the store refills the window ([`IdempotencyWindow::refill`]) from the
 //! records still in its log (their timestamps stand for the insertion time).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -158,17 +159,23 @@ impl IdempotencyWindow {
         }
         self.expire(now_s);
         let key = Self::key(&mut self.scratch, uid, client_msg_no);
-        if let Some(first) = self.map.get(key) {
-            return Some(first.ids);
-        }
         let cost = key.len() + ENTRY_OVERHEAD_BYTES;
         if cost > self.config.budget_bytes {
             // Larger than the whole window: not remembered (a resend of it commits
-            // again), and nothing else is evicted for it.
+            // again; it was never in the window either), and nothing else is
+            // evicted for it.
             return None;
         }
+        // One hash of the key: a committed send is almost never in the window
+        // already (the commit core asked `first_send` first), so the key is
+        // allocated up front and the rare hit drops it.
         let key: Arc<[u8]> = Arc::from(key);
-        self.map.insert(key.clone(), entry);
+        match self.map.entry(key.clone()) {
+            Entry::Occupied(first) => return Some(first.get().ids),
+            Entry::Vacant(slot) => {
+                slot.insert(entry);
+            }
+        }
         self.order.push_back((key, now_s));
         self.bytes += cost;
         while self.order.len() > self.config.max_entries || self.bytes > self.config.budget_bytes {
@@ -230,12 +237,32 @@ impl IdempotencyWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::BuildHasher;
 
     fn ids(n: u64) -> SentIds {
         SentIds {
             message_id: n as i64 * 10,
             message_seq: n,
         }
+    }
+
+    /// The keys are chosen by clients (`client_msg_no`, up to 64 KiB): the table
+    /// hashes them with a keyed hasher, its key random per window (std's
+    /// `RandomState`: SipHash-1-3 keyed from the OS), so no one can precompute keys
+    /// that collide. An unkeyed hasher (FxHash, a fixed seed) fails this test: two
+    /// windows would hash every key alike.
+    #[test]
+    fn client_chosen_keys_are_hashed_with_a_random_key_per_window() {
+        let window = || IdempotencyWindow::new(IdempotencyConfig::default()).unwrap();
+        let (a, b) = (window(), window());
+        let keyed: &std::collections::hash_map::RandomState = a.map.hasher();
+        let differ = (0..8u64)
+            .filter(|i| {
+                let key: &[u8] = &i.to_le_bytes();
+                keyed.hash_one(key) != b.map.hasher().hash_one(key)
+            })
+            .count();
+        assert_eq!(differ, 8, "two windows hash alike: the hasher is not keyed");
     }
 
     #[test]

@@ -77,8 +77,9 @@ pub struct NodeShard {
     pub(crate) reader: AuthorityReader,
     /// Connections by `ConnId::index`.
     pub(crate) conns: Vec<Option<Conn>>,
-    /// This shard's sessions (pending and active) → their connection.
-    pub(crate) session_conns: HashMap<SessionId, ConnId>,
+    /// This shard's sessions (pending and active) → their connection; node-assigned
+    /// ids, so the fast unkeyed hasher (looked up once per RECV).
+    pub(crate) session_conns: HashMap<SessionId, ConnId, domain::authority::FxBuildHasher>,
     /// Activations running on this shard, with their connection.
     pub(super) activations: HashMap<ActivationId, (Activation, ConnId)>,
     /// Replies of authority calls served on this shard itself, fed back in order.
@@ -168,7 +169,7 @@ impl NodeShard {
             authority,
             reader,
             conns: Vec::new(),
-            session_conns: HashMap::new(),
+            session_conns: HashMap::default(),
             activations: HashMap::new(),
             local_events: VecDeque::new(),
             next_activation: 1,

@@ -44,6 +44,9 @@ pub struct CommitSide {
     carrying: Vec<CommitOutput<Origin, SyncJob>>,
     /// The planner's outputs: push batches and remote lookups.
     planned: Vec<PlanOutput>,
+    /// This loop turn's clock ([`turn_now`]), read by the turn's first SEND or
+    /// commit and forgotten when the turn flushes its commits.
+    turn_now: Option<Now>,
 }
 
 impl CommitSide {
@@ -54,6 +57,7 @@ impl CommitSide {
             outputs: Vec::new(),
             carrying: Vec::new(),
             planned: Vec::new(),
+            turn_now: None,
         }
     }
 }
@@ -127,6 +131,19 @@ fn now(node: &NodeShard) -> Now {
     }
 }
 
+/// The clock of this loop turn: one read (wall and monotonic) for every SEND decoded
+/// and every commit of the turn, not two or three per SEND. Message ids and
+/// timestamps, the SEND rate and the `gateway_to_commit` stage see the turn's
+/// start, at most one turn early; [`flush_commits`] forgets it.
+pub(crate) fn turn_now(node: &mut NodeShard) -> Now {
+    if let Some(now) = node.commit.turn_now {
+        return now;
+    }
+    let now = now(node);
+    node.commit.turn_now = Some(now);
+    now
+}
+
 /// Step 2: a commit arrives (from a gateway's ring, this shard's own gateway, or the
 /// API); a refusal is answered at once, a commit with its turn.
 pub fn on_commit(
@@ -135,7 +152,7 @@ pub fn on_commit(
     driver: &mut NetDriver,
     c: Commit,
 ) {
-    let now = now(node);
+    let now = turn_now(node);
     let mut out = std::mem::take(&mut node.commit.outputs);
     let catalog = &node.shared.catalog;
     if node
@@ -159,6 +176,8 @@ pub fn flush_commits(
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
 ) -> usize {
+    // The turn's SENDs and commits are in: the next turn reads the clock afresh.
+    node.commit.turn_now = None;
     // Outputs queued by the sync timer come first.
     let mut out = std::mem::take(&mut node.commit.outputs);
     let mut work = 0;
@@ -506,7 +525,7 @@ pub fn on_forwarded_send(
         .shard_of_key(send.channel.key().as_bytes());
     let commit = Commit {
         request: send.answered_to(Origin::Remote(from)),
-        decoded_ns: node.shared.mono_ns(),
+        decoded_ns: turn_now(node).mono_ns,
     };
     if to == node.me {
         on_commit(node, cx, driver, commit);

@@ -25,7 +25,8 @@ pub fn on_send(
     id: ConnId,
     p: &SendPacket<'_>,
 ) {
-    let decoded_ns = node.shared.mono_ns();
+    // The turn's clock (`commit::turn_now`): one read per loop turn, not per SEND.
+    let decoded_ns = super::commit::turn_now(node).mono_ns;
     let refuse = |node: &mut NodeShard, driver: &mut NetDriver, reason: ReasonCode| {
         let ack = SendackPacket {
             client_seq: p.client_seq,
@@ -55,15 +56,17 @@ pub fn on_send(
         Ok(payload) => payload,
         Err(reason) => return refuse(node, driver, reason),
     };
-    let key = channel.key().as_bytes();
-    let home = node.view.home_node(shard::slots::hash_slot(key));
+    // One CRC32 of the channel key: its hash slot gives both the home node and the
+    // commit shard.
+    let slot = shard::slots::hash_slot(channel.key().as_bytes());
+    let home = node.view.home_node(slot);
     let remote = home != node.shared.config.node_id;
     // A SEND to another node holds only the connection's credit (taken with `to` =
     // this shard): the link's in-flight table bounds the rest.
     let to = if remote {
         node.me
     } else {
-        node.shared.slot_map.shard_of_key(key)
+        node.shared.slot_map.shard_of(slot)
     };
     if !take_credit(node, id, to) {
         node.metrics.sends_refused_credit.inc();
@@ -174,14 +177,13 @@ fn open_payload(node: &NodeShard, id: ConnId, p: &SendPacket<'_>) -> Result<Vec<
         .conn(id)
         .and_then(|c| c.cipher.as_ref())
         .ok_or(ReasonCode::SYSTEM_ERROR)?;
-    if !cipher.send_msg_key_ok(p) {
-        node.metrics.send_refused.inc();
-        return Err(ReasonCode::MSG_KEY_ERROR);
-    }
+    // One pass: `open_send` verifies the msg_key (one MD5 over the re-encrypted
+    // sign string) and then decrypts; a mismatch is SENDACK 8, a payload that is not
+    // ciphertext SENDACK 9 (`CryptoError::reason_code`).
     let mut plain = Vec::with_capacity(p.payload.len());
-    if cipher.open_send(p, &mut plain).is_err() {
+    if let Err(err) = cipher.open_send(p, &mut plain) {
         node.metrics.send_refused.inc();
-        return Err(ReasonCode::PAYLOAD_DECODE_ERROR);
+        return Err(err.reason_code());
     }
     Ok(plain)
 }
