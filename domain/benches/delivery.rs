@@ -87,8 +87,7 @@ fn group(a: &mut Authority, view: &ClusterView, members: usize, every: usize) ->
         }
         uids.push(u.into());
     }
-    uids.sort();
-    Arc::new(Subscribers { uids })
+    Arc::new(Subscribers::new(uids))
 }
 
 fn delivery(subscribers: &Arc<Subscribers>) -> Delivery {
@@ -155,7 +154,10 @@ fn bench_planning(c: &mut Criterion) {
             let mut p = Planner::default();
             let mut out = Vec::new();
             let want = members.div_ceil(every);
-            assert_eq!(plan_one(&mut p, &mut reader, &view, delivery(&subs), &mut out), want);
+            assert_eq!(
+                plan_one(&mut p, &mut reader, &view, delivery(&subs), &mut out),
+                want
+            );
             g.throughput(Throughput::Elements(1));
             g.bench_function(format!("members_{members}_online_{pct}pct"), |b| {
                 b.iter_custom(|iters| {
