@@ -7,9 +7,10 @@
 //! `/channel/messagesync`, never neither. And what must never be missed: a marker
 //! message sent after the device's CONNACK reaches it (its route was published, so
 //! its hash slot's filter covers it), as does every message to a member online
-//! before the SEND. Filters are rebuilt every round (`presence_filter_stale_percent`
-//! 1, the previous round's device leaves), so rebuilds race the rounds too. The
-//! group has 1,000 members who never connect (each lookup skips most of them).
+//! before the SEND. With `presence_filter_stale_percent` 1, a slot's filter is
+//! rebuilt at each route that leaves (the previous round's device closes), so
+//! rebuilds may race the rounds too. The group has 1,000 members who never
+//! connect (each lookup skips most of them).
 //!
 //! Deterministic seed (`GROUP_PRESENCE_SEED`, printed on failure): it chooses,
 //! per round, which side is released first after the barrier.
@@ -138,8 +139,10 @@ fn connect_racing_a_send(backend: net::io::Backend) {
         );
         previous = Some(device);
     }
-    assert!(metric(&node, "imrouter_lookups_filter_skipped_total") > 0);
-    assert!(metric(&node, "imrouter_presence_filter_rebuilds_total") > 0);
+    // The offline members were skipped by the filters, not probed. (Rebuilds are
+    // not asserted: a closed device's route leaves through the unregister queue,
+    // on its own timer; the rebuilds have unit tests.)
+    assert!(metric(&node, "imrouter_lookups_filter_skipped_total") >= OFFLINE as u64);
     drop((sender, watcher, previous));
     match Arc::try_unwrap(node) {
         Ok(node) => node.shutdown().unwrap(),
