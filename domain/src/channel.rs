@@ -6,8 +6,12 @@
 //! full `x@y` key, which must contain the sender. In a RECV, a person channel's id is
 //! the other party's uid, not the stored key.
 
-use net::wkproto::ReasonCode;
+use std::ops::Range;
 
+use net::wkproto::ReasonCode;
+use shard::slots::hash_slot;
+
+use crate::cluster::HashSlot;
 use crate::route::Uid;
 
 /// channel_type of a person (one-to-one) channel.
@@ -127,16 +131,100 @@ pub fn recv_channel_id<'a>(key: &'a str, channel_type: u8, recipient: &str) -> &
     }
 }
 
-/// A group's subscribers: sorted, without duplicates.
+/// A group's subscribers, without duplicates, kept as the delivery planner reads
+/// them: grouped by hash slot (ascending; uids sorted within a slot), each with
+/// its hash slot and its table hash ([`uid_hash`](crate::authority::uid_hash))
+/// computed once, when the list is built (the catalog builds it when the list is
+/// published), so planning a page hashes nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Subscribers {
-    pub uids: Vec<Uid>,
+    uids: Vec<Uid>,
+    /// `uid_hash` of each uid.
+    hashes: Vec<u64>,
+    /// The runs of one hash slot, in order: the slot and the end of its run.
+    runs: Vec<(HashSlot, u32)>,
 }
 
 impl Subscribers {
+    /// The list of `uids` (duplicates dropped). The hash slot is the cluster's
+    /// (`shard::slots::hash_slot`, as `ClusterView::target_for_uid`).
+    pub fn new(uids: impl IntoIterator<Item = Uid>) -> Subscribers {
+        let mut by_slot: Vec<(HashSlot, Uid)> = uids
+            .into_iter()
+            .map(|u| (hash_slot(u.as_bytes()), u))
+            .collect();
+        by_slot.sort_unstable();
+        by_slot.dedup();
+        assert!(
+            by_slot.len() <= u32::MAX as usize,
+            "subscriber list too long"
+        );
+        let mut s = Subscribers {
+            uids: Vec::with_capacity(by_slot.len()),
+            hashes: Vec::with_capacity(by_slot.len()),
+            runs: Vec::new(),
+        };
+        for (slot, uid) in by_slot {
+            if s.runs.last().is_none_or(|r| r.0 != slot) {
+                s.runs.push((slot, s.uids.len() as u32));
+            }
+            s.hashes.push(crate::authority::uid_hash(&uid));
+            s.uids.push(uid);
+            s.runs.last_mut().expect("pushed").1 += 1;
+        }
+        s
+    }
+
+    /// The uids, grouped by hash slot.
+    pub fn uids(&self) -> &[Uid] {
+        &self.uids
+    }
+
+    /// The table hash of each uid of [`uids`](Self::uids).
+    pub fn hashes(&self) -> &[u64] {
+        &self.hashes
+    }
+
+    pub fn len(&self) -> usize {
+        self.uids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.uids.is_empty()
+    }
+
     /// Whether `uid` subscribes.
     pub fn contains(&self, uid: &str) -> bool {
-        self.uids.binary_search_by(|u| (**u).cmp(uid)).is_ok()
+        let slot = hash_slot(uid.as_bytes());
+        let run = self.runs.partition_point(|r| r.0 < slot);
+        match self.runs.get(run) {
+            Some(&(s, end)) if s == slot => {
+                let start = run.checked_sub(1).map_or(0, |p| self.runs[p].1) as usize;
+                self.uids[start..end as usize]
+                    .binary_search_by(|u| (**u).cmp(uid))
+                    .is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    /// The runs of one hash slot within `range` of [`uids`](Self::uids): each
+    /// slot and its part of `range`, in order.
+    pub fn slot_runs(
+        &self,
+        range: Range<usize>,
+    ) -> impl Iterator<Item = (HashSlot, Range<usize>)> + '_ {
+        let first = self.runs.partition_point(|r| (r.1 as usize) <= range.start);
+        let mut start = range.start;
+        self.runs[first..].iter().map_while(move |&(slot, end)| {
+            let end = (end as usize).min(range.end);
+            if start >= end {
+                return None;
+            }
+            let r = start..end;
+            start = end;
+            Some((slot, r))
+        })
     }
 }
 
@@ -202,5 +290,44 @@ mod tests {
                 peer: "bob@example".into()
             })
         );
+    }
+
+    /// Pre-grouped lists against the plain sorted set: membership, every uid once
+    /// in its own slot's run, precomputed hashes, and runs cut by any page range.
+    #[test]
+    fn subscribers_are_grouped_by_hash_slot_with_their_hashes() {
+        let uids: Vec<Uid> = (0..600)
+            .map(|i| Uid::from(format!("m{}", i % 500)))
+            .collect();
+        let s = Subscribers::new(uids);
+        assert_eq!(s.len(), 500, "duplicates dropped");
+        for (u, h) in s.uids().iter().zip(s.hashes()) {
+            assert_eq!(*h, crate::authority::uid_hash(u));
+        }
+        for i in 0..520 {
+            assert_eq!(s.contains(&format!("m{i}")), i < 500, "m{i}");
+        }
+        for page in [1, 7, 64, 500] {
+            let mut seen = 0;
+            for start in (0..s.len()).step_by(page) {
+                let range = start..s.len().min(start + page);
+                let mut at = range.start;
+                let mut last_slot = None;
+                for (slot, r) in s.slot_runs(range.clone()) {
+                    assert_eq!(r.start, at, "runs cover the page in order");
+                    assert!(last_slot < Some(slot));
+                    last_slot = Some(slot);
+                    for u in &s.uids()[r.clone()] {
+                        assert_eq!(hash_slot(u.as_bytes()), slot);
+                    }
+                    at = r.end;
+                }
+                assert_eq!(at, range.end);
+                seen += range.len();
+            }
+            assert_eq!(seen, 500);
+        }
+        assert!(!Subscribers::new(Vec::new()).contains("m1"));
+        assert_eq!(Subscribers::new(Vec::new()).slot_runs(0..0).count(), 0);
     }
 }

@@ -23,6 +23,8 @@ use std::sync::Arc;
 
 use shard::slots::ShardId;
 
+use crate::authority::uid_hash;
+pub use crate::authority::HashedGroup;
 use crate::cluster::{ClusterView, NodeId, Target};
 use crate::commit::{Committed, Delivery};
 use crate::route::{AuthorityError, BootId, Endpoint, SessionId, Uid};
@@ -268,6 +270,19 @@ pub trait EndpointLookup {
         endpoints: &mut Vec<Endpoint>,
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     );
+
+    /// The same for groups whose uids' hashes are given (what the planner asks;
+    /// `AuthorityReader` skips the uids its presence filters rule out without
+    /// reading them). By default the plain lookup, hashes unused.
+    fn endpoints_by_hashed_groups_into(
+        &mut self,
+        lookups: &[HashedGroup<'_>],
+        endpoints: &mut Vec<Endpoint>,
+        results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+    ) {
+        let plain: Vec<(Target, &[Uid])> = lookups.iter().map(|g| (g.target, g.uids)).collect();
+        self.endpoints_by_targets_into(&plain, endpoints, results);
+    }
 }
 
 impl EndpointLookup for crate::authority::AuthorityReader {
@@ -278,6 +293,17 @@ impl EndpointLookup for crate::authority::AuthorityReader {
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     ) {
         crate::authority::AuthorityReader::endpoints_by_targets_into(
+            self, lookups, endpoints, results,
+        )
+    }
+
+    fn endpoints_by_hashed_groups_into(
+        &mut self,
+        lookups: &[HashedGroup<'_>],
+        endpoints: &mut Vec<Endpoint>,
+        results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+    ) {
+        crate::authority::AuthorityReader::endpoints_by_hashed_groups_into(
             self, lookups, endpoints, results,
         )
     }
@@ -455,7 +481,14 @@ pub struct Planner {
     /// Endpoint buffers of pushed pages, for the next pages (at most
     /// `lookup_pages_in_flight_max`).
     spare: Vec<Vec<Endpoint>>,
+    /// A person channel's page grouped by target, and its uids' hashes.
     groups: TargetGroups,
+    hashes: Vec<u64>,
+    /// The page's groups: target and range of their uids (in the subscriber list,
+    /// or in `groups.uids` for a person channel).
+    page_groups: Vec<(Target, Range<usize>)>,
+    /// The page's local groups, as looked up (its allocation reused).
+    local_groups: Vec<HashedGroup<'static>>,
     results: Vec<Result<Range<usize>, AuthorityError>>,
     local: Vec<Vec<Endpoint>>,
     emitted: Emitted,
@@ -659,10 +692,12 @@ impl Planner {
         freed_bytes
     }
 
-    /// Opens the next page (there is one: `may_open`): groups by target, one
-    /// synchronous lookup of the groups this node leads, one [`Lookup`] per other
-    /// node (nodes in order of first appearance); queues it. Returns 1 if it
-    /// emitted lookups (the page waits), else 0 (the page is complete).
+    /// Opens the next page (there is one: `may_open`): its groups by target (a
+    /// subscriber list's runs of one hash slot, pre-grouped and pre-hashed; a
+    /// person channel's one or two uids grouped and hashed here), one synchronous
+    /// lookup of the groups this node leads, one [`Lookup`] per other node (nodes
+    /// in order of first appearance); queues it. Returns 1 if it emitted lookups
+    /// (the page waits), else 0 (the page is complete).
     fn open_page(
         &mut self,
         view: &ClusterView,
@@ -677,29 +712,51 @@ impl Planner {
         self.cursor.1 += 1;
         let d = &self.backlog[i];
         let (message_id, subscribers) = (d.message.message_id, d.subscribers.clone());
-        let person;
-        let recipients: &[Uid] = match &subscribers {
-            Some(s) => &s.uids,
+        self.page_groups.clear();
+        let (uids, hashes): (&[Uid], &[u64]) = match &subscribers {
+            Some(s) => {
+                let runs = s.slot_runs(range);
+                let groups = runs.map(|(slot, r)| (view.target_for_slot(slot), r));
+                self.page_groups.extend(groups);
+                (s.uids(), s.hashes())
+            }
             None => {
-                person = d.message.person_recipients();
-                &person
+                let person = d.message.person_recipients();
+                group_by_target(view, &person[range], &mut self.groups);
+                self.hashes.clear();
+                self.hashes
+                    .extend(self.groups.uids.iter().map(|u| uid_hash(u)));
+                self.page_groups.extend(self.groups.groups.iter().cloned());
+                (&self.groups.uids, &self.hashes)
             }
         };
-        group_by_target(view, &recipients[range], &mut self.groups);
         let mut endpoints = self.spare.pop().unwrap_or_default();
         self.results.clear();
         let local_node = limits.local_node;
-        let local: Vec<(Target, &[Uid])> = self
-            .groups
-            .lookups()
-            .filter(|(t, _)| t.leader_node_id == local_node)
-            .collect();
+        let mut local = recycle(std::mem::take(&mut self.local_groups));
+        local.extend(
+            self.page_groups
+                .iter()
+                .filter(|(t, _)| t.leader_node_id == local_node)
+                .map(|(t, r)| HashedGroup {
+                    target: *t,
+                    uids: &uids[r.clone()],
+                    hashes: &hashes[r.clone()],
+                }),
+        );
         if !local.is_empty() {
-            lookup.endpoints_by_targets_into(&local, &mut endpoints, &mut self.results);
+            lookup.endpoints_by_hashed_groups_into(&local, &mut endpoints, &mut self.results);
         }
+        self.local_groups = recycle(local);
         let failed = self.results.iter().filter(|r| r.is_err()).count();
         self.counts.failed_groups += failed as u64;
-        let lookups = self.remote_lookups(local_node, message_id);
+        let lookups = remote_lookups(
+            &self.page_groups,
+            uids,
+            local_node,
+            message_id,
+            &mut self.next_lookup_id,
+        );
         let page = self.head_page + self.pages.len() as u64;
         self.counts.lookups += lookups.len() as u64;
         self.pages.push_back(Page {
@@ -714,37 +771,6 @@ impl Planner {
             out.push(PlanOutput::Lookup(l));
         }
         usize::from(emitted)
-    }
-
-    /// The page being opened's groups led by other nodes than `local_node`, one
-    /// lookup per node.
-    fn remote_lookups(&mut self, local_node: NodeId, message_id: i64) -> Vec<Lookup> {
-        let mut lookups: Vec<Lookup> = Vec::new();
-        for (target, range) in &self.groups.groups {
-            let node = target.leader_node_id;
-            if node == local_node {
-                continue;
-            }
-            let i = match lookups.iter().position(|l| l.node == node) {
-                Some(i) => i,
-                None => {
-                    lookups.push(Lookup {
-                        lookup_id: self.next_lookup_id,
-                        node,
-                        message_id,
-                        groups: Vec::new(),
-                        uids: Vec::new(),
-                    });
-                    self.next_lookup_id += 1;
-                    lookups.len() - 1
-                }
-            };
-            let l = &mut lookups[i];
-            let start = l.uids.len();
-            l.uids.extend_from_slice(&self.groups.uids[range.clone()]);
-            l.groups.push((*target, start..l.uids.len()));
-        }
-        lookups
     }
 
     /// Pushes the head page (complete; every page before it pushed, so its message
@@ -803,9 +829,55 @@ impl Planner {
 /// or two uids).
 fn recipient_count(d: &Delivery) -> usize {
     match &d.subscribers {
-        Some(s) => s.uids.len(),
+        Some(s) => s.len(),
         None => d.message.person_recipient_count(),
     }
+}
+
+/// An empty vector with `v`'s allocation, for borrows of another lifetime (the
+/// page's groups borrow its subscriber list only while it is looked up).
+fn recycle<'a, 'b>(mut v: Vec<HashedGroup<'a>>) -> Vec<HashedGroup<'b>> {
+    v.clear();
+    // Same size and alignment, no element left: the in-place collect reuses the
+    // allocation.
+    v.into_iter().map(|_| unreachable!("cleared")).collect()
+}
+
+/// The page's groups led by other nodes than `local_node`, one lookup per node
+/// (their uids copied: the request carries them).
+fn remote_lookups(
+    page_groups: &[(Target, Range<usize>)],
+    uids: &[Uid],
+    local_node: NodeId,
+    message_id: i64,
+    next_lookup_id: &mut u64,
+) -> Vec<Lookup> {
+    let mut lookups: Vec<Lookup> = Vec::new();
+    for (target, range) in page_groups {
+        let node = target.leader_node_id;
+        if node == local_node {
+            continue;
+        }
+        let i = match lookups.iter().position(|l| l.node == node) {
+            Some(i) => i,
+            None => {
+                lookups.push(Lookup {
+                    lookup_id: *next_lookup_id,
+                    node,
+                    message_id,
+                    groups: Vec::new(),
+                    uids: Vec::new(),
+                });
+                *next_lookup_id += 1;
+                lookups.len() - 1
+            }
+        };
+        let l = &mut lookups[i];
+        let start = l.uids.len();
+        l.uids.extend_from_slice(&uids[range.clone()]);
+        l.groups.push((*target, start..l.uids.len()));
+    }
+    lookups
 }
 
 /// Moves the endpoints of a reply's successful groups into `into`; returns how
@@ -1058,7 +1130,7 @@ mod planner_tests {
         Delivery {
             message: Arc::new(message),
             sender: None,
-            subscribers: Some(Arc::new(Subscribers { uids })),
+            subscribers: Some(Arc::new(Subscribers::new(uids))),
             charge_bytes: CHARGE,
         }
     }
@@ -1112,6 +1184,11 @@ mod planner_tests {
             }
             (freed, work, pushes, lookups)
         }
+    }
+
+    /// `uids` in the order a subscriber list pages them (by hash slot).
+    fn in_page_order(uids: Vec<Uid>) -> Vec<Uid> {
+        Subscribers::new(uids).uids().to_vec()
     }
 
     fn sorted(mut uids: Vec<Uid>) -> Vec<Uid> {
@@ -1379,7 +1456,7 @@ mod planner_tests {
 
     #[test]
     fn pages_in_flight_answered_out_of_order_are_pushed_in_page_order() {
-        let (remote, local) = (led_by(2, "b", 8), led_by(1, "a", 2));
+        let (remote, local) = (in_page_order(led_by(2, "b", 8)), led_by(1, "a", 2));
         let deliveries = vec![delivery(1, remote.clone()), delivery(2, local.clone())];
         let mut rig = pipelined(deliveries, 5);
         let (freed, work, pushes, lookups) = rig.pump();
@@ -1456,7 +1533,7 @@ mod planner_tests {
 
     #[test]
     fn at_the_limit_nothing_more_is_looked_up_until_the_head_is_pushed() {
-        let remote = led_by(2, "b", 8);
+        let remote = in_page_order(led_by(2, "b", 8));
         let mut rig = pipelined(vec![delivery(1, remote.clone())], 2);
         let (_, work, _, first) = rig.pump();
         assert_eq!((first.len(), work), (2, 2));
@@ -1488,7 +1565,7 @@ mod planner_tests {
 
     #[test]
     fn limit_one_looks_up_one_page_at_a_time() {
-        let (remote, local) = (led_by(2, "b", 4), led_by(1, "a", 2));
+        let (remote, local) = (in_page_order(led_by(2, "b", 4)), led_by(1, "a", 2));
         let deliveries = vec![delivery(1, remote.clone()), delivery(2, local.clone())];
         let mut rig = pipelined(deliveries, 1);
         let (mut pushed, mut round_trips) = (Vec::new(), 0);
@@ -1520,7 +1597,10 @@ mod planner_tests {
     fn a_stalled_batch_holds_the_complete_pages_behind_it() {
         // Message 1: led by node 2, its sessions owned by node 2 ('r…'); message 2:
         // local, owned by shard 1.
-        let (theirs, here) = (led_by(2, "r", 2), led_by(1, "a", 2));
+        let (theirs, here) = (
+            in_page_order(led_by(2, "r", 2)),
+            in_page_order(led_by(1, "a", 2)),
+        );
         let deliveries = vec![delivery(1, theirs.clone()), delivery(2, here.clone())];
         let mut rig = pipelined(deliveries, 4);
         rig.room = vec![(PushTo::Node(2), 1)]; // no more than the reserve
@@ -1543,10 +1623,7 @@ mod planner_tests {
         let (freed, _, pushes, _) = rig.pump();
         assert_eq!(
             pushes,
-            vec![
-                (PushTo::Node(2), 1, theirs),
-                (PushTo::Shard(1), 2, sorted(here))
-            ]
+            vec![(PushTo::Node(2), 1, theirs), (PushTo::Shard(1), 2, here)]
         );
         assert_eq!(freed, 2 * CHARGE);
     }

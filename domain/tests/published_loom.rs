@@ -2,6 +2,10 @@
 //! (`domain/src/authority/seqline.rs`, included here with loom's atomics): a writer
 //! rewrites lines (version, backup line), readers read them; a reader never gets a
 //! torn value, a value of another line, or a value older than one it already got.
+//! And of the presence filter's invariant (`domain/src/authority/presence.rs`,
+//! included the same way): a reader that sees a uid's endpoint sees its filter
+//! bits, through filter rebuilds too, and a lookup that happens after an insert
+//! (filter first, then the table) is never told "absent".
 //!
 //! Each model explores every interleaving (and every value the C11 memory model
 //! lets a relaxed load return) up to `LOOM_MAX_PREEMPTIONS` preemptions, default 2
@@ -19,6 +23,10 @@ use loom::thread;
 #[path = "../src/authority/seqline.rs"]
 #[allow(dead_code)]
 mod seqline;
+
+#[path = "../src/authority/presence.rs"]
+#[allow(dead_code)]
+mod presence;
 
 /// What `seqline` takes its atomics from (the library: `std`'s).
 mod line_sync {
@@ -138,5 +146,110 @@ fn concurrent_readers_get_whole_values() {
         let mine = whole(t.read(0), "line 0");
         assert_eq!(mine, 1, "the writer reads its own write");
         assert!(r.join().unwrap() <= 1);
+    });
+}
+
+/// Filter keys of two uids (any values: the bits are what they are).
+const KEY_X: u32 = 0x1234_5678;
+const KEY_Y: u32 = 0x9abc_def0;
+
+fn filter() -> presence::Filter {
+    presence::Filter::for_routes(0, 16, 1 << 10)
+}
+
+/// The writer sets a uid's bits, then writes the entry that gives it an endpoint:
+/// a reader that sees the endpoint sees the bits.
+#[test]
+fn a_reader_that_sees_an_endpoint_sees_its_filter_bits() {
+    model(|| {
+        let t = table(&[0]);
+        let f = Arc::new(filter());
+        let w = {
+            let (t, f) = (t.clone(), f.clone());
+            thread::spawn(move || {
+                f.insert(KEY_X);
+                t.write(0, &value(1));
+            })
+        };
+        if whole(t.read(0), "line 0") == 1 {
+            assert!(f.may_contain(KEY_X), "endpoint visible, its bits not");
+        }
+        w.join().unwrap();
+    });
+}
+
+/// Two filters and the index of the published one (the library swaps a pointer
+/// with the same orderings: Release to publish, Acquire to load).
+struct Slot {
+    table: Arc<Table>,
+    filters: [presence::Filter; 2],
+    current: loom::sync::atomic::AtomicU64,
+    /// Set (Release) by the writer once Y's insert is done: what a CONNACK and the
+    /// SEND it leads to carry in the node.
+    y_done: loom::sync::atomic::AtomicU64,
+}
+
+/// X (line 0) has an endpoint and its bits in filter 0; Y (line 1) has none. The
+/// writer removes X, rebuilds the filter from the table (filter 1: nothing live),
+/// publishes it, then inserts Y (bits in filter 1, then the entry), then says so.
+fn rebuild_then_insert(s: &Slot) {
+    use loom::sync::atomic::Ordering;
+    s.table.write(0, &value(0));
+    // The rebuild: the table has no live uid (X was removed), so no bit to set.
+    s.current.store(1, Ordering::Release);
+    s.filters[1].insert(KEY_Y);
+    s.table.write(1, &value(1));
+    s.y_done.store(1, Ordering::Release);
+}
+
+fn slot() -> Arc<Slot> {
+    let s = Slot {
+        table: table(&[1, 0]),
+        filters: [filter(), filter()],
+        current: loom::sync::atomic::AtomicU64::new(0),
+        y_done: loom::sync::atomic::AtomicU64::new(0),
+    };
+    s.filters[0].insert(KEY_X);
+    Arc::new(s)
+}
+
+/// Through a rebuild: a reader that sees Y's endpoint sees Y's bits in the
+/// filter it loads then.
+#[test]
+fn a_rebuilt_filter_covers_what_the_reader_sees() {
+    use loom::sync::atomic::Ordering;
+    model(|| {
+        let s = slot();
+        let w = {
+            let s = s.clone();
+            thread::spawn(move || rebuild_then_insert(&s))
+        };
+        if whole(s.table.read(1), "line 1") == 1 {
+            let c = s.current.load(Ordering::Acquire) as usize;
+            assert_eq!(c, 1, "Y's endpoint visible, the old filter loaded");
+            assert!(s.filters[c].may_contain(KEY_Y), "Y visible, its bits not");
+        }
+        w.join().unwrap();
+    });
+}
+
+/// A lookup that happens after Y's insert (here: it saw the writer's flag),
+/// done as the node does it (the filter first, then the table only on "maybe"),
+/// finds Y: never "absent" for a uid whose endpoint was published before.
+#[test]
+fn a_lookup_after_an_insert_is_never_told_absent() {
+    use loom::sync::atomic::Ordering;
+    model(|| {
+        let s = slot();
+        let w = {
+            let s = s.clone();
+            thread::spawn(move || rebuild_then_insert(&s))
+        };
+        if s.y_done.load(Ordering::Acquire) == 1 {
+            let c = s.current.load(Ordering::Acquire) as usize;
+            assert!(s.filters[c].may_contain(KEY_Y), "the filter ruled Y out");
+            assert_eq!(whole(s.table.read(1), "line 1"), 1);
+        }
+        w.join().unwrap();
     });
 }

@@ -53,6 +53,7 @@
 
 mod expiry;
 mod huge;
+mod presence;
 mod published;
 mod seqline;
 
@@ -83,8 +84,8 @@ use shard::timer::{TimerWheel, WheelStats};
 
 use expiry::{ExpiryRing, RingLink};
 
-pub use published::{Directory, FxBuildHasher, FxHasher};
-use published::{SlotView, TableWriter, NIL};
+pub use published::{Directory, FilterCounts, FxBuildHasher, FxHasher};
+use published::{FilterLimits, SlotView, TableWriter, NIL};
 
 use crate::cluster::{ClusterView, HashSlot, NodeId, Revision, Target};
 use crate::route::{
@@ -119,6 +120,18 @@ pub struct AuthorityConfig {
     /// routes; a new table is built as uids come, up to twice `max_routes_per_slot`
     /// entries).
     pub initial_buckets_per_slot: usize,
+    /// Bits per route of each slot's presence filter (a lookup skips a uid the
+    /// filter says is absent, without probing the table): sized for the slot's
+    /// routes at this many bits (up to twice as many), 4 bits set per uid in one
+    /// 64-bit word. 16: about 0.5% false positives at worst.
+    pub presence_filter_bits_per_route: usize,
+    /// Bits of one slot's presence filter at most (past its routes × bits per
+    /// route, false positives rise; the lookup stays exact).
+    pub presence_filter_bits_max_per_slot: usize,
+    /// Uids that lost their last endpoint since a slot's filter was built (their
+    /// bits stay set), in percent of the routes it was sized for, that make its
+    /// writer rebuild it from the table.
+    pub presence_filter_stale_percent: usize,
 }
 
 impl Default for AuthorityConfig {
@@ -134,6 +147,9 @@ impl Default for AuthorityConfig {
             max_lookup_uids: 1 << 16,
             max_touch_batch_routes: 4096,
             initial_buckets_per_slot: 64,
+            presence_filter_bits_per_route: 16,
+            presence_filter_bits_max_per_slot: 1 << 21,
+            presence_filter_stale_percent: 50,
         }
     }
 }
@@ -173,6 +189,14 @@ impl AuthorityConfig {
             ("max_lookup_uids", self.max_lookup_uids),
             ("max_touch_batch_routes", self.max_touch_batch_routes),
             ("initial_buckets_per_slot", self.initial_buckets_per_slot),
+            (
+                "presence_filter_bits_per_route",
+                self.presence_filter_bits_per_route,
+            ),
+            (
+                "presence_filter_bits_max_per_slot",
+                self.presence_filter_bits_max_per_slot,
+            ),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));
@@ -293,6 +317,9 @@ pub struct AuthorityStats {
     /// Entries examined by expiry passes (fired, or placed again: a deadline beyond
     /// the ring's window, a wheel entry moved to a finer level).
     pub expiry_entries_visited: u64,
+    /// Presence filters rebuilt from their table (grown, or past
+    /// `presence_filter_stale_percent` of stale bits).
+    pub filter_rebuilds: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
@@ -1514,6 +1541,8 @@ pub struct Authority {
     slots: Vec<Option<Box<SlotWriter>>>,
     view_revision: Option<Revision>,
     stats: AuthorityStats,
+    /// Presence filter rebuilds of this writer's slots (`AuthorityStats`).
+    filter_rebuilds: Arc<std::sync::atomic::AtomicU64>,
     /// The due entries of an expiry pass, with their slot (at most the rings' and
     /// wheels' limits; capacity kept across passes).
     fired: Vec<(HashSlot, Due)>,
@@ -1569,6 +1598,7 @@ impl Authority {
             slots: (0..HASH_SLOTS).map(|_| None).collect(),
             view_revision: None,
             stats: AuthorityStats::default(),
+            filter_rebuilds: Arc::default(),
             fired: Vec::new(),
             next_nonce: vec![0; HASH_SLOTS].into_boxed_slice(),
         })
@@ -1620,11 +1650,18 @@ impl Authority {
         }
         // Dropping the old writer first: its table bookkeeping names the old state.
         self.slots[s] = None;
+        let filter = FilterLimits {
+            bits_per_route: self.cfg.presence_filter_bits_per_route,
+            bits_max: self.cfg.presence_filter_bits_max_per_slot,
+            stale_percent: self.cfg.presence_filter_stale_percent,
+            rebuilds: self.filter_rebuilds.clone(),
+        };
         let table = self.dir.install(
             s,
             target,
             self.cfg.initial_buckets_per_slot,
             table_entries_max(&self.cfg),
+            filter,
         );
         let w = SlotWriter::new(
             target,
@@ -1863,7 +1900,12 @@ impl Authority {
 
     /// Cumulative counters.
     pub fn stats(&self) -> AuthorityStats {
-        self.stats
+        AuthorityStats {
+            filter_rebuilds: self
+                .filter_rebuilds
+                .load(std::sync::atomic::Ordering::Relaxed),
+            ..self.stats
+        }
     }
 
     /// Summed work counters of the slots' current expiry rings and candidate wheels.
@@ -1967,16 +2009,44 @@ impl Authority {
     }
 }
 
-/// Lock-free lookups of the directory, from any thread. Cheap to clone.
+/// The well-mixed 64-bit hash of a uid that the published tables and their
+/// presence filters use: a subscriber list computes it once per uid
+/// ([`HashedGroup`]).
+#[inline]
+pub fn uid_hash(uid: &str) -> u64 {
+    published::uid_hash(uid)
+}
+
+/// A lookup group whose uids' hashes ([`uid_hash`]) were computed ahead (a
+/// group's subscriber list keeps them): `hashes[i]` is the hash of `uids[i]`.
+#[derive(Clone, Copy, Debug)]
+pub struct HashedGroup<'a> {
+    pub target: Target,
+    pub uids: &'a [Uid],
+    pub hashes: &'a [u64],
+}
+
+/// Lock-free lookups of the directory, from any thread. Cheap to clone (a clone
+/// starts its own filter counts).
 #[derive(Clone)]
 pub struct AuthorityReader {
     dir: Arc<Directory>,
+    /// What this reader's lookups' presence filters saved, so far.
+    counts: std::cell::Cell<FilterCounts>,
 }
 
 impl AuthorityReader {
     /// A reader of `dir`.
     pub fn new(dir: &Arc<Directory>) -> AuthorityReader {
-        AuthorityReader { dir: dir.clone() }
+        AuthorityReader {
+            dir: dir.clone(),
+            counts: std::cell::Cell::default(),
+        }
+    }
+
+    /// The presence filter counts of this reader's lookups so far (cumulative).
+    pub fn filter_counts(&self) -> FilterCounts {
+        self.counts.get()
     }
 
     /// The identity currently published for `hash_slot`.
@@ -1994,17 +2064,23 @@ impl AuthorityReader {
     /// its uid by `uid_index`, the uid's position in the group's slice. One pin for
     /// the whole call; never blocks or waits for the writers; allocates only when
     /// `out` or `results` grows. The fast form: no uid reference count touched.
+    /// A uid its slot's presence filter says is absent is not probed.
     pub fn endpoints_by_targets_compact_into(
         &self,
         groups: &[(Target, &[Uid])],
         out: &mut Vec<CompactEndpoint>,
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     ) {
-        self.for_each_group(groups, results, |view, uids| {
-            let start = out.len();
-            view.lookup(uids, |e| out.push(e));
-            start..out.len()
-        });
+        self.for_each_group(
+            groups,
+            |g| (g.0, g.1.len()),
+            results,
+            |view, g| {
+                let start = out.len();
+                let c = view.lookup(g.1, |e| out.push(e));
+                (start..out.len(), c)
+            },
+        );
     }
 
     /// [`endpoints_by_targets_compact_into`](Self::endpoints_by_targets_compact_into)
@@ -2015,11 +2091,40 @@ impl AuthorityReader {
         out: &mut Vec<Endpoint>,
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     ) {
-        self.for_each_group(groups, results, |view, uids| {
-            let start = out.len();
-            view.lookup(uids, |e| out.push(e.endpoint(&uids[e.uid_index as usize])));
-            start..out.len()
-        });
+        self.for_each_group(
+            groups,
+            |g| (g.0, g.1.len()),
+            results,
+            |view, g| {
+                let uids = g.1;
+                let start = out.len();
+                let c = view.lookup(uids, |e| out.push(e.endpoint(&uids[e.uid_index as usize])));
+                (start..out.len(), c)
+            },
+        );
+    }
+
+    /// [`endpoints_by_targets_into`](Self::endpoints_by_targets_into) of groups
+    /// whose uids' hashes are given: a uid its filter says is absent costs its
+    /// hash's filter word, its bytes are not read.
+    pub fn endpoints_by_hashed_groups_into(
+        &self,
+        groups: &[HashedGroup<'_>],
+        out: &mut Vec<Endpoint>,
+        results: &mut Vec<Result<Range<usize>, AuthorityError>>,
+    ) {
+        self.for_each_group(
+            groups,
+            |g| (g.target, g.uids.len()),
+            results,
+            |view, g| {
+                let uids = g.uids;
+                let start = out.len();
+                let push = |e: CompactEndpoint| out.push(e.endpoint(&uids[e.uid_index as usize]));
+                let c = view.lookup_hashed(uids, g.hashes, push);
+                (start..out.len(), c)
+            },
+        );
     }
 
     /// [`endpoints_by_targets_into`](Self::endpoints_by_targets_into) with one owned
@@ -2037,35 +2142,42 @@ impl AuthorityReader {
             .collect()
     }
 
-    /// Checks each group's budget and target under one pin, pushing its error or
-    /// the range `lookup` returns for it.
+    /// Checks each group's budget and target under one pin (`shape`: a group's
+    /// target and uid count), pushing its error or the range `lookup` returns for
+    /// it; adds up the filter counts.
     #[inline]
-    fn for_each_group(
+    fn for_each_group<G>(
         &self,
-        groups: &[(Target, &[Uid])],
+        groups: &[G],
+        shape: impl Fn(&G) -> (Target, usize),
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
-        mut lookup: impl FnMut(&SlotView<'_>, &[Uid]) -> Range<usize>,
+        mut lookup: impl FnMut(&SlotView<'_>, &G) -> (Range<usize>, FilterCounts),
     ) {
         let guard = crossbeam_epoch::pin();
         let mut budget = self.dir.max_lookup_uids;
+        let mut counts = self.counts.get();
         results.reserve(groups.len());
-        for (target, uids) in groups {
+        for g in groups {
+            let (target, n) = shape(g);
             // `uid_index` is a u32: a larger group cannot be named (and would pass
             // any sane `max_lookup_uids`).
-            if uids.len() > budget || uids.len() > u32::MAX as usize {
+            if n > budget || n > u32::MAX as usize {
                 results.push(Err(AuthorityError::Full));
                 continue;
             }
-            budget -= uids.len();
+            budget -= n;
             let Some(view) = self.dir.state(target.hash_slot as usize, &guard) else {
                 results.push(Err(AuthorityError::NotLeader));
                 continue;
             };
-            if view.target != *target {
+            if view.target != target {
                 results.push(Err(AuthorityError::StaleTarget));
                 continue;
             }
-            results.push(Ok(lookup(&view, uids)));
+            let (range, c) = lookup(&view, g);
+            counts.add(c);
+            results.push(Ok(range));
         }
+        self.counts.set(counts);
     }
 }

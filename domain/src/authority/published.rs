@@ -42,13 +42,14 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use shard::slots::HASH_SLOTS;
 
 use super::huge::{HugeBox, HugePages};
+use super::presence::{filter_key, Filter};
 use super::seqline::{Line, Lines};
 use crate::cluster::Target;
 use crate::route::{CompactEndpoint, DeviceLevel, Uid};
@@ -437,10 +438,12 @@ impl Drop for Table {
     }
 }
 
-/// The published state of one hash slot: its identity and its routes.
+/// The published state of one hash slot: its identity, its routes and their
+/// presence filter (see `presence`).
 pub(crate) struct SlotState {
     target: Target,
     table: Atomic<Table>,
+    filter: Atomic<Filter>,
 }
 
 impl Drop for SlotState {
@@ -452,6 +455,32 @@ impl Drop for SlotState {
             // SAFETY: the table is owned by this (unreachable) state alone.
             drop(unsafe { p.into_owned() });
         }
+        let f = self.filter.load(Ordering::Relaxed, guard);
+        if !f.is_null() {
+            // SAFETY: the filter is owned by this (unreachable) state alone.
+            drop(unsafe { f.into_owned() });
+        }
+    }
+}
+
+/// The presence filters' limits (`AuthorityConfig`) and the writer's counter of
+/// rebuilds (shared by the slots of one `Authority`).
+#[derive(Clone, Debug)]
+pub(crate) struct FilterLimits {
+    /// Bits per route a filter is sized with.
+    pub(crate) bits_per_route: usize,
+    /// Bits of one slot's filter at most.
+    pub(crate) bits_max: usize,
+    /// Removals since the last rebuild, in percent of the routes the filter was
+    /// sized for, that make the writer rebuild it.
+    pub(crate) stale_percent: usize,
+    /// Filter rebuilds (written by the one writer that owns it, read by metrics).
+    pub(crate) rebuilds: Arc<AtomicU64>,
+}
+
+impl FilterLimits {
+    fn filter_for(&self, routes: usize) -> Filter {
+        Filter::for_routes(routes, self.bits_per_route, self.bits_max)
     }
 }
 
@@ -495,9 +524,14 @@ impl Directory {
         // SAFETY: same as above for the state's table; it is never null while the
         // state is published (installed with a table; replaced, never nulled).
         let table = unsafe { t.as_ref() }?;
+        let f = state.filter.load(Ordering::Acquire, guard);
+        // SAFETY: as for the table: published with the state, replaced (and retired
+        // through `defer_destroy`), never nulled.
+        let filter = unsafe { f.as_ref() }?;
         Some(SlotView {
             target: state.target,
             table,
+            filter,
         })
     }
 
@@ -509,12 +543,14 @@ impl Directory {
         target: Target,
         min_entries: usize,
         max_entries: usize,
+        filter: FilterLimits,
     ) -> TableWriter {
-        let tw = TableWriter::new(slot, min_entries, max_entries);
+        let tw = TableWriter::new(slot, min_entries, max_entries, filter);
         let guard = epoch::pin();
         let new = Owned::new(SlotState {
             target,
             table: Atomic::new(Table::with_entries(tw.min_entries)),
+            filter: Atomic::new(tw.filter.filter_for(0)),
         });
         let old = self.slots[slot].swap(new, Ordering::AcqRel, &guard);
         retire(old, &guard);
@@ -542,6 +578,34 @@ impl Directory {
         let state = unsafe { p.as_ref() }?;
         // SAFETY: see above.
         unsafe { state.table.load(Ordering::Acquire, guard).as_ref() }
+    }
+
+    /// The current presence filter of `slot` (writer only), `None` when not
+    /// installed. Same contract as [`writer_table`](Self::writer_table).
+    #[inline]
+    fn writer_filter(&self, slot: usize) -> Option<&Filter> {
+        // SAFETY: as in `writer_table`: only this writer replaces the slot's state
+        // and filter, and the reference does not outlive the calling method.
+        let guard = unsafe { epoch::unprotected() };
+        let p = self.slots[slot].load(Ordering::Acquire, guard);
+        // SAFETY: see above.
+        let state = unsafe { p.as_ref() }?;
+        // SAFETY: see above.
+        unsafe { state.filter.load(Ordering::Acquire, guard).as_ref() }
+    }
+
+    /// Publishes `new` as the presence filter of `slot` (writer only; Release:
+    /// a reader that loads it sees its bits).
+    fn swap_filter(&self, slot: usize, new: Filter) {
+        let guard = epoch::pin();
+        let p = self.slots[slot].load(Ordering::Acquire, &guard);
+        // SAFETY: pinned, and only this writer retires the slot's state.
+        let Some(state) = (unsafe { p.as_ref() }) else {
+            debug_assert!(false, "filter swap in an uninstalled slot");
+            return;
+        };
+        let old = state.filter.swap(Owned::new(new), Ordering::AcqRel, &guard);
+        retire(old, &guard);
     }
 
     /// Replaces the table of `slot` with `new` (writer only).
@@ -591,9 +655,13 @@ fn retire_list(addr: u64, count: usize) {
     }
 }
 
-/// Uids looked up together, their cache misses overlapped by prefetching.
+/// Uids looked up together, their cache misses overlapped by prefetching (and
+/// checked against the filter together).
 pub(crate) const LOOKUP_LANES: usize = 16;
-/// Lanes in flight in a lookup's pipeline (hash, peek, read).
+/// Blocks of [`LOOKUP_LANES`] uids whose filter words are prefetched ahead of
+/// the block being checked (a word is an L2 or L3 miss with many routes).
+const FILTER_AHEAD_BLOCKS: usize = 3;
+/// Lanes in flight in a lookup's table probes (prefetch, peek, read).
 const LOOKUP_PIPELINE_LANES: usize = 3;
 
 /// Hints the CPU to load the cache line at `p`. Never faults, whatever `p` is.
@@ -630,73 +698,236 @@ impl Drop for Directory {
 pub(crate) struct SlotView<'g> {
     pub(crate) target: Target,
     table: &'g Table,
+    filter: &'g Filter,
+}
+
+/// What the presence filter saved (and cost) in lookups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FilterCounts {
+    /// Uids the filter said were certainly absent: no table probe.
+    pub skipped: u64,
+    /// Uids the filter let through that had no endpoints (false positives).
+    pub false_positives: u64,
+}
+
+impl FilterCounts {
+    pub(crate) fn add(&mut self, o: FilterCounts) {
+        self.skipped += o.skipped;
+        self.false_positives += o.false_positives;
+    }
+}
+
+/// Uids of a lookup that passed the filter: their positions in the input and
+/// their hashes.
+#[derive(Clone, Copy)]
+struct Lane {
+    n: usize,
+    at: [u32; LOOKUP_LANES],
+    hash: [u64; LOOKUP_LANES],
+}
+
+impl Lane {
+    const EMPTY: Lane = Lane {
+        n: 0,
+        at: [0; LOOKUP_LANES],
+        hash: [0; LOOKUP_LANES],
+    };
+
+    #[inline(always)]
+    fn items(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.at[..self.n]
+            .iter()
+            .copied()
+            .zip(self.hash[..self.n].iter().copied())
+    }
+}
+
+/// The table probes of a lookup: a software pipeline over lanes of uids that
+/// passed the filter, one step per lane: lane L's entries are prefetched, lane
+/// L - 1's are peeked for what they point to (published uid bytes, endpoint lists:
+/// also prefetched), lane L - 2 is read; so each miss has a lane's work to arrive.
+struct Probes<'a, 'g, P> {
+    view: &'a SlotView<'g>,
+    uids: &'a [Uid],
+    push: P,
+    lanes: [Lane; LOOKUP_PIPELINE_LANES],
+    step: usize,
+    false_positives: u64,
+}
+
+impl<P: FnMut(CompactEndpoint)> Probes<'_, '_, P> {
+    /// The lane being filled: the one the next step takes.
+    #[inline(always)]
+    fn filling(&mut self) -> &mut Lane {
+        &mut self.lanes[self.step % LOOKUP_PIPELINE_LANES]
+    }
+
+    /// Adds a uid that passed the filter; a full lane enters the pipeline.
+    #[inline(always)]
+    fn add(&mut self, at: u32, hash: u64) {
+        let lane = self.filling();
+        lane.at[lane.n] = at;
+        lane.hash[lane.n] = hash;
+        lane.n += 1;
+        if lane.n == LOOKUP_LANES {
+            self.step();
+        }
+    }
+
+    /// Lets every lane through (the last one partly filled).
+    #[inline(always)]
+    fn finish(&mut self) {
+        if self.filling().n > 0 {
+            self.step();
+        }
+        for _ in 1..LOOKUP_PIPELINE_LANES {
+            self.filling().n = 0;
+            self.step();
+        }
+    }
+
+    /// One step: the filling lane enters the pipeline (its entries prefetched),
+    /// the previous one is peeked, the one before it read; the next lane fills the
+    /// read one's place.
+    #[inline(always)]
+    fn step(&mut self) {
+        let t = self.view.table;
+        let s = self.step;
+        self.step += 1;
+        for (_, h) in self.lanes[s % LOOKUP_PIPELINE_LANES].items() {
+            t.prefetch_entry(t.home(h));
+        }
+        if s >= 1 {
+            for (at, h) in self.lanes[(s - 1) % LOOKUP_PIPELINE_LANES].items() {
+                t.prefetch_payload(t.home(h), &self.uids[at as usize]);
+            }
+        }
+        let read = (s + 1) % LOOKUP_PIPELINE_LANES;
+        if s >= 2 {
+            let lane = self.lanes[read];
+            self.read(&lane);
+        }
+        self.lanes[read].n = 0;
+    }
+
+    /// Reads the entries of `lane` and passes their endpoints on.
+    #[inline(always)]
+    fn read(&mut self, lane: &Lane) {
+        for (at, h) in lane.items() {
+            let v = match self.view.table.find(h, &self.uids[at as usize]) {
+                Some((_, v)) if v.count() > 0 => v,
+                _ => {
+                    self.false_positives += 1;
+                    continue;
+                }
+            };
+            if v.count() == 1 {
+                (self.push)(v.inline_endpoint(at));
+                continue;
+            }
+            // SAFETY: `v` is a consistent value read under the pin that `'g`
+            // borrows, and it has more than one endpoint.
+            for e in unsafe { list_of(&v) } {
+                (self.push)(CompactEndpoint {
+                    uid_index: at,
+                    ..*e
+                });
+            }
+        }
+    }
 }
 
 impl SlotView<'_> {
     /// Passes the endpoints of every uid in `uids` to `push`, in input order, each
     /// with `uid_index` = the uid's position in `uids` (readers write nothing to
-    /// published lines and touch no reference count). A software pipeline over
-    /// lanes of [`LOOKUP_LANES`] uids, one step per lane: lane L is hashed and its
-    /// entries prefetched (lane L + 1's uid bytes too), lane L - 1's entries are
-    /// peeked for what they point to (published uid bytes, endpoint lists: also
-    /// prefetched), lane L - 2 is read; so each miss has a lane's work to arrive.
+    /// published lines and touch no reference count). Hashes each uid.
     #[inline]
-    pub(crate) fn lookup(&self, uids: &[Uid], mut push: impl FnMut(CompactEndpoint)) {
+    pub(crate) fn lookup(&self, uids: &[Uid], push: impl FnMut(CompactEndpoint)) -> FilterCounts {
+        self.lookup_with(uids, true, |i| uid_hash(&uids[i]), push)
+    }
+
+    /// [`lookup`](Self::lookup) with each uid's hash given (`hashes[i]` is
+    /// `uid_hash(uids[i])`): an absent uid's bytes are never read.
+    #[inline]
+    pub(crate) fn lookup_hashed(
+        &self,
+        uids: &[Uid],
+        hashes: &[u64],
+        push: impl FnMut(CompactEndpoint),
+    ) -> FilterCounts {
+        debug_assert_eq!(uids.len(), hashes.len());
+        self.lookup_with(uids, false, |i| hashes[i], push)
+    }
+
+    /// The lookup: blocks of [`LOOKUP_LANES`] uids are hashed (`hash_of`) and
+    /// their filter words prefetched one block ahead of the check; the uids the
+    /// filter lets through go to the table probes ([`Probes`]) lane by lane.
+    /// `prefetch_uids`: the hashing reads the uids' bytes (prefetched a block
+    /// further ahead).
+    #[inline(always)]
+    fn lookup_with(
+        &self,
+        uids: &[Uid],
+        prefetch_uids: bool,
+        hash_of: impl Fn(usize) -> u64,
+        push: impl FnMut(CompactEndpoint),
+    ) -> FilterCounts {
         debug_assert!(uids.len() <= u32::MAX as usize);
-        let t = self.table;
-        let lanes = uids.len().div_ceil(LOOKUP_LANES);
-        let lane = |l: usize| {
-            let start = l * LOOKUP_LANES;
-            &uids[start..uids.len().min(start + LOOKUP_LANES)]
+        let f = self.filter;
+        let n = uids.len();
+        let blocks = n.div_ceil(LOOKUP_LANES);
+        let block = |b: usize| b * LOOKUP_LANES..n.min((b + 1) * LOOKUP_LANES);
+        // The hashes of the blocks in flight, by block number modulo the depth.
+        let mut hashes = [[0u64; LOOKUP_LANES]; FILTER_AHEAD_BLOCKS + 1];
+        let fill = |b: usize, hs: &mut [u64; LOOKUP_LANES]| {
+            if prefetch_uids && b + 1 < blocks {
+                for u in &uids[block(b + 1)] {
+                    prefetch(u.as_ptr());
+                }
+            }
+            for (h, i) in hs.iter_mut().zip(block(b)) {
+                *h = hash_of(i);
+                prefetch(f.word_ptr(filter_key(*h)));
+            }
         };
-        // The hashes of the lanes in flight, by lane number modulo the depth.
-        let mut hashes = [[0u64; LOOKUP_LANES]; LOOKUP_PIPELINE_LANES];
-        for u in uids.iter().take(LOOKUP_LANES) {
-            prefetch(u.as_ptr());
+        if prefetch_uids {
+            for u in &uids[block(0)] {
+                prefetch(u.as_ptr());
+            }
         }
-        for step in 0..lanes + LOOKUP_PIPELINE_LANES - 1 {
-            if step < lanes {
-                if step + 1 < lanes {
-                    for u in lane(step + 1) {
-                        prefetch(u.as_ptr());
-                    }
-                }
-                let hs = &mut hashes[step % LOOKUP_PIPELINE_LANES];
-                for (h, u) in hs.iter_mut().zip(lane(step)) {
-                    *h = uid_hash(u);
-                    t.prefetch_entry(t.home(*h));
+        for (b, hs) in hashes
+            .iter_mut()
+            .enumerate()
+            .take(blocks.min(FILTER_AHEAD_BLOCKS))
+        {
+            fill(b, hs);
+        }
+        let mut probes = Probes {
+            view: self,
+            uids,
+            push,
+            lanes: [Lane::EMPTY; LOOKUP_PIPELINE_LANES],
+            step: 0,
+            false_positives: 0,
+        };
+        let mut skipped = 0;
+        for b in 0..blocks {
+            let ahead = b + FILTER_AHEAD_BLOCKS;
+            if ahead < blocks {
+                fill(ahead, &mut hashes[ahead % (FILTER_AHEAD_BLOCKS + 1)]);
+            }
+            for (&h, i) in hashes[b % (FILTER_AHEAD_BLOCKS + 1)].iter().zip(block(b)) {
+                if f.may_contain(filter_key(h)) {
+                    probes.add(i as u32, h);
+                } else {
+                    skipped += 1;
                 }
             }
-            if let Some(l) = step.checked_sub(1).filter(|&l| l < lanes) {
-                for (h, u) in hashes[l % LOOKUP_PIPELINE_LANES].iter().zip(lane(l)) {
-                    t.prefetch_payload(t.home(*h), u);
-                }
-            }
-            let Some(l) = step.checked_sub(2).filter(|&l| l < lanes) else {
-                continue;
-            };
-            let base = l * LOOKUP_LANES;
-            for (k, (h, u)) in hashes[l % LOOKUP_PIPELINE_LANES]
-                .iter()
-                .zip(lane(l))
-                .enumerate()
-            {
-                let Some((_, v)) = t.find(*h, u) else {
-                    continue;
-                };
-                let uid_index = (base + k) as u32;
-                match v.count() {
-                    0 => {}
-                    1 => push(v.inline_endpoint(uid_index)),
-                    _ => {
-                        // SAFETY: `v` is a consistent value read under the pin that
-                        // `'g` borrows, and it has more than one endpoint.
-                        for e in unsafe { list_of(&v) } {
-                            push(CompactEndpoint { uid_index, ..*e });
-                        }
-                    }
-                }
-            }
+        }
+        probes.finish();
+        FilterCounts {
+            skipped,
+            false_positives: probes.false_positives,
         }
     }
 }
@@ -718,10 +949,25 @@ pub(crate) struct TableWriter {
     max_entries: usize,
     /// Endpoints of the uid being changed (at most `max_records_per_uid`).
     scratch: Vec<CompactEndpoint>,
+    /// The presence filter's limits.
+    filter: FilterLimits,
+    /// Routes the current filter was sized for: past it, a larger one is built.
+    filter_capacity: usize,
+    /// Uids that lost their last endpoint since the filter was built (their bits
+    /// are stale).
+    filter_removed: usize,
+    /// Whether the filter is below `bits_max` (past its capacity at the limit, it
+    /// is not rebuilt: false positives rise, lookups stay exact).
+    filter_can_grow: bool,
 }
 
 impl TableWriter {
-    fn new(slot: usize, min_entries: usize, max_entries: usize) -> TableWriter {
+    fn new(
+        slot: usize,
+        min_entries: usize,
+        max_entries: usize,
+        filter: FilterLimits,
+    ) -> TableWriter {
         let max_entries = max_entries.next_power_of_two().max(TABLE_ENTRIES_MIN);
         let min_entries = min_entries
             .next_power_of_two()
@@ -734,8 +980,58 @@ impl TableWriter {
             live: 0,
             min_entries,
             max_entries,
+            filter_capacity: filter.filter_for(0).capacity(filter.bits_per_route),
+            filter,
+            filter_removed: 0,
+            filter_can_grow: true,
             scratch: Vec::new(),
         }
+    }
+
+    /// Sets the filter bits of the uid keyed `key_word` (before the entry that
+    /// gives it endpoints is written: see `presence`).
+    #[inline]
+    fn cover(&self, dir: &Directory, key_word: u64) {
+        if let Some(f) = dir.writer_filter(self.slot) {
+            f.insert(filter_key(key_word));
+        }
+    }
+
+    /// After the live count changed (`removed`: a uid lost its last endpoint):
+    /// rebuilds the filter once it is past its capacity or its stale bits pass
+    /// `stale_percent` of it.
+    #[inline]
+    fn filter_upkeep(&mut self, dir: &Directory, removed: bool) {
+        self.filter_removed += usize::from(removed);
+        if (self.live > self.filter_capacity && self.filter_can_grow)
+            || self.filter_removed * 100 > self.filter.stale_percent * self.filter_capacity
+        {
+            self.rebuild_filter(dir);
+        }
+    }
+
+    /// Builds a filter from the table's entries that have endpoints and publishes
+    /// it (the single writer writes nothing meanwhile: it covers the table when it
+    /// becomes visible).
+    fn rebuild_filter(&mut self, dir: &Directory) {
+        let Some(t) = dir.writer_table(self.slot) else {
+            return;
+        };
+        let f = self.filter.filter_for(self.live + self.live / 4 + 1);
+        for (i, &user) in self.owner.iter().enumerate() {
+            if user != NIL {
+                let v = t.current(i);
+                if v.count() > 0 {
+                    f.insert(filter_key(v.word(W_KEY)));
+                }
+            }
+        }
+        self.filter_capacity = f.capacity(self.filter.bits_per_route);
+        self.filter_can_grow = 2 * f.bits() <= self.filter.bits_max;
+        self.filter_removed = 0;
+        let n = &self.filter.rebuilds;
+        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        dir.swap_filter(self.slot, f);
     }
 
     /// Used entries that make the writer build a new table: 3/4.
@@ -784,16 +1080,21 @@ impl TableWriter {
         let i = i as usize;
         let old = t.current(i);
         debug_assert_eq!(old.uid_len(), uid.len());
+        let change = (old.count() > 0, !eps.is_empty());
+        if change == (false, true) {
+            self.cover(dir, old.word(W_KEY));
+        }
         let v = Value::encode(old.word(W_KEY), old.uid_addr(), eps, new_list(eps));
         t.write(i, &v);
-        match (old.count() > 0, !eps.is_empty()) {
-            (false, true) => self.live += 1,
-            (true, false) => self.live -= 1,
-            _ => {}
-        }
         if old.count() > 1 {
             retire_list(old.list_addr(), old.count());
         }
+        match change {
+            (false, true) => self.live += 1,
+            (true, false) => self.live -= 1,
+            _ => return,
+        }
+        self.filter_upkeep(dir, change.0);
     }
 
     /// Removes from `user`'s published endpoints the one `is_it` names: the route
@@ -823,6 +1124,7 @@ impl TableWriter {
                 debug_assert!(is_it(&old.inline_endpoint(0)));
                 t.write(i, &Value::encode(old.word(W_KEY), old.uid_addr(), &[], 0));
                 self.live -= 1;
+                self.filter_upkeep(dir, true);
             }
             n => {
                 let mut eps = std::mem::take(&mut self.scratch);
@@ -872,7 +1174,9 @@ impl TableWriter {
         let old = t.current(i);
         debug_assert_eq!(old.count(), 0, "a reusable entry has no endpoints");
         let addr = Arc::into_raw(uid.clone()).cast::<u8>() as u64;
-        let v = Value::encode(key_word(hash, uid.len()), addr, eps, new_list(eps));
+        let key = key_word(hash, uid.len());
+        self.cover(dir, key);
+        let v = Value::encode(key, addr, eps, new_list(eps));
         t.write(i, &v);
         if old.uid_addr() == 0 {
             self.used += 1;
@@ -886,6 +1190,7 @@ impl TableWriter {
             self.entry_of.resize(u + 1, NIL);
         }
         self.entry_of[u] = i as u32;
+        self.filter_upkeep(dir, false);
     }
 
     /// Builds a table sized for `live` uids with endpoints from the current one
@@ -934,6 +1239,8 @@ impl TableWriter {
         self.used = used;
         self.live = used;
         dir.swap_table(self.slot, new);
+        // The stale bits of the uids left out go with a new filter.
+        self.rebuild_filter(dir);
     }
 
     /// Checks the bookkeeping against the published table (O(table); tests) and
@@ -1042,6 +1349,104 @@ mod tests {
     /// Reads of each reader of `concurrent_readers_never_see_a_torn_value`.
     const READS: u64 = if cfg!(miri) { 300 } else { 2_000_000 };
 
+    /// Small filters, rebuilt after few removals: the tests take every path.
+    fn filter_limits() -> FilterLimits {
+        FilterLimits {
+            bits_per_route: 16,
+            bits_max: 1 << 16,
+            stale_percent: 10,
+            rebuilds: Arc::default(),
+        }
+    }
+
+    fn target(hash_slot: u8) -> Target {
+        Target {
+            hash_slot: hash_slot.into(),
+            slot_id: 1,
+            leader_node_id: 1,
+            leader_term: 1,
+            config_epoch: 1,
+        }
+    }
+
+    /// A uid the filter rules out is not probed (counted as skipped); one it lets
+    /// through without endpoints is a false positive (counted) and finds nothing;
+    /// a uid with endpoints is found whatever the filter's other bits.
+    #[test]
+    fn the_filter_skips_absent_uids_and_false_positives_fall_through() {
+        const N: usize = if cfg!(miri) { 40 } else { 400 };
+        let dir = Directory::with_limit(1 << 16);
+        let mut tw = dir.install(5, target(5), 4, 4 * N, filter_limits());
+        let uids: Vec<Uid> = (0..N).map(|i| format!("f{i}").into()).collect();
+        for (u, uid) in uids.iter().enumerate().filter(|(u, _)| u % 10 == 0) {
+            tw.publish(&dir, u as u32, uid, &[ep(u as u64)]);
+        }
+        let hashes: Vec<u64> = uids.iter().map(|u| uid_hash(u)).collect();
+        let guard = epoch::pin();
+        let view = dir.state(5, &guard).unwrap();
+        let mut found = Vec::new();
+        let c = view.lookup_hashed(&uids, &hashes, |e| found.push(e.uid_index));
+        let online: Vec<u32> = (0..N as u32).filter(|u| u % 10 == 0).collect();
+        assert_eq!(found, online, "every uid with endpoints, in order");
+        let absent = (N - online.len()) as u64;
+        assert_eq!(c.skipped + c.false_positives, absent);
+        assert!(
+            c.skipped > absent * 9 / 10,
+            "{c:?}: the filter rules out most"
+        );
+        // A filter saying "maybe" to everything: every absent uid is a false
+        // positive, found through the table's full lookup; the answer is the same.
+        view.filter.fill();
+        found.clear();
+        let c = view.lookup(&uids, |e| found.push(e.uid_index));
+        assert_eq!(found, online);
+        assert_eq!(
+            c,
+            FilterCounts {
+                skipped: 0,
+                false_positives: absent
+            }
+        );
+    }
+
+    /// The filter is rebuilt as routes come (past its capacity) and as removals
+    /// leave stale bits (past `stale_percent`), each rebuild counted; it covers the
+    /// uids with endpoints throughout (`table_run` checks it at every step).
+    #[test]
+    fn the_filter_grows_with_its_routes_and_is_rebuilt_as_stale_bits_accumulate() {
+        const N: usize = if cfg!(miri) { 80 } else { 1000 };
+        let dir = Directory::with_limit(1 << 16);
+        let limits = filter_limits();
+        let rebuilds = limits.rebuilds.clone();
+        let mut tw = dir.install(7, target(7), 4, 4 * N, limits);
+        let uids: Vec<Uid> = (0..N).map(|i| format!("g{i}").into()).collect();
+        let initial = tw.filter_capacity;
+        for (u, uid) in uids.iter().enumerate() {
+            tw.publish(&dir, u as u32, uid, &[ep(u as u64)]);
+        }
+        let grown = rebuilds.load(Ordering::Relaxed);
+        assert!(grown >= 1 && tw.filter_capacity >= N, "grew from {initial}");
+        for (u, uid) in uids.iter().enumerate().skip(N / 10) {
+            tw.unpublish_one(&dir, u as u32, |_| true);
+            tw.publish(&dir, u as u32, uid, &[]);
+            tw.release(&dir, u as u32);
+        }
+        assert!(
+            rebuilds.load(Ordering::Relaxed) > grown,
+            "stale bits rebuilt"
+        );
+        assert!(tw.filter_removed * 100 <= 10 * tw.filter_capacity);
+        let guard = epoch::pin();
+        let view = dir.state(7, &guard).unwrap();
+        let mut found = 0;
+        let c = view.lookup(&uids, |_| found += 1);
+        assert_eq!(found, N / 10);
+        assert!(
+            c.skipped > (N as u64 * 9 / 10) * 9 / 10,
+            "{c:?}: stale bits were cleared"
+        );
+    }
+
     #[test]
     fn a_reader_of_an_entry_in_mid_write_gets_the_previous_value_from_the_backup() {
         let t = Table::with_entries(4);
@@ -1092,7 +1497,7 @@ mod tests {
             leader_term: 1,
             config_epoch: 1,
         };
-        let mut tw = dir.install(0, target, 4, 2 * (UIDS + 1));
+        let mut tw = dir.install(0, target, 4, 2 * (UIDS + 1), filter_limits());
         let uids: Vec<Uid> = (0..UIDS).map(|i| format!("t{i}").into()).collect();
         // Equal strings in other allocations: lookups compare bytes.
         let copies: Vec<Uid> = uids.iter().map(|u| Uid::from(&**u)).collect();
@@ -1134,6 +1539,20 @@ mod tests {
             })?;
             let guard = epoch::pin();
             let view = dir.state(0, &guard).ok_or("not installed")?;
+            // The filter's invariant: every uid with endpoints is covered.
+            for (k, eps) in eps_of.iter().enumerate() {
+                if !eps.is_empty() && !view.filter.may_contain(filter_key(uid_hash(&uids[k]))) {
+                    return Err(format!(
+                        "step {step}: {} has endpoints, not in the filter",
+                        uids[k]
+                    ));
+                }
+            }
+            if tw.filter_removed * 100 > tw.filter.stale_percent * tw.filter_capacity {
+                return Err(format!(
+                    "step {step}: stale bits past the limit, no rebuild"
+                ));
+            }
             for look in [&uids, &copies] {
                 let mut got: Vec<Vec<CompactEndpoint>> = vec![Vec::new(); UIDS];
                 view.lookup(look, |e| {
@@ -1163,7 +1582,7 @@ mod tests {
             leader_term: 1,
             config_epoch: 1,
         };
-        let mut tw = dir.install(3, target, 4, 2 * (UIDS + 1));
+        let mut tw = dir.install(3, target, 4, 2 * (UIDS + 1), filter_limits());
         let uids: Arc<Vec<Uid>> = Arc::new((0..UIDS).map(|i| format!("c{i}").into()).collect());
         let readers: Vec<_> = (0..READERS)
             .map(|_| {

@@ -494,7 +494,7 @@ impl Sim {
                 members.push(uids[g].clone());
             }
             members.sort();
-            groups.insert(format!("g{g}"), Arc::new(Subscribers { uids: members }));
+            groups.insert(format!("g{g}"), Arc::new(Subscribers::new(members)));
         }
         let registries = (0..OWNERS)
             .map(|s| Registry::new(RegistryConfig::new(s as u16, NODE, BOOT)).unwrap())
@@ -1093,7 +1093,7 @@ impl Sim {
 
     fn recipients(&self, r: &Req) -> Vec<Uid> {
         match &r.channel {
-            Channel::Group { id } => self.groups.0[id].uids.clone(),
+            Channel::Group { id } => self.groups.0[id].uids().to_vec(),
             Channel::Person { peer, .. } if **peer == *r.from_uid => vec![r.from_uid.clone()],
             Channel::Person { peer, .. } => vec![Uid::from(peer.as_str()), r.from_uid.clone()],
         }

@@ -156,6 +156,16 @@ shard_metrics! {
     /// Push batches held back because their owner shard's queue had no room (the
     /// delivery resumes as the owner drains).
     delivery_stalls,
+    /// Uids this shard's route lookups skipped: their hash slot's presence filter
+    /// said they have no endpoint (no table probe).
+    lookups_filter_skipped,
+    /// Uids this shard's route lookups probed because the presence filter said
+    /// "maybe", that had no endpoint (false positives; with the skipped ones, the
+    /// filter's false-positive rate).
+    lookups_filter_false_positives,
+    /// Presence filters this shard's authority rebuilt from their table (grown with
+    /// their routes, or past `presence_filter_stale_percent` of stale bits).
+    presence_filter_rebuilds,
     /// Authority calls refused as stale-target or not-leader.
     authority_stale_refusals,
     /// 1 once this shard's message log failed a write or sync (a disk I/O error):
@@ -225,6 +235,14 @@ shard_metrics! {
 impl ShardMetrics {
     /// Mirrors the IO driver's counters (called once per loop turn; stores only
     /// what changed).
+    /// Mirrors the presence filter counts of this shard's reader and authority.
+    pub fn record_presence_filter(&self, lookups: domain::authority::FilterCounts, rebuilds: u64) {
+        self.lookups_filter_skipped.set(lookups.skipped);
+        self.lookups_filter_false_positives
+            .set(lookups.false_positives);
+        self.presence_filter_rebuilds.set(rebuilds);
+    }
+
     pub fn record_net(&self, s: &net::io::NetStats) {
         self.accepts_tcp.set(s.tcp.accepted);
         self.accepts_ws.set(s.ws.accepted);

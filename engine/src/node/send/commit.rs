@@ -122,6 +122,21 @@ impl EndpointLookup for TimedLookup<'_> {
             .route_lookup
             .observe_ns(end_ns.saturating_sub(start_ns));
     }
+
+    fn endpoints_by_hashed_groups_into(
+        &mut self,
+        lookups: &[domain::delivery::HashedGroup<'_>],
+        endpoints: &mut Vec<Endpoint>,
+        results: &mut Vec<Result<std::ops::Range<usize>, AuthorityError>>,
+    ) {
+        let start_ns = self.clock.mono_ns();
+        self.reader
+            .endpoints_by_hashed_groups_into(lookups, endpoints, results);
+        let end_ns = self.clock.mono_ns();
+        self.stages
+            .route_lookup
+            .observe_ns(end_ns.saturating_sub(start_ns));
+    }
 }
 
 fn now(node: &NodeShard) -> Now {
