@@ -16,7 +16,7 @@ use perf::peer::{PeerProto, PeerUrl};
 use perf::{BenchConfig, Scenario, TargetSpec};
 
 /// Seed of the split points (printed on failure through the test name).
-const SPLIT_SEED: u64 = 0x5eed_0f_5711;
+const SPLIT_SEED: u64 = 0x5eed_f5a1_1711;
 
 type Subs = Arc<Mutex<HashMap<String, Vec<Arc<Mutex<TcpStream>>>>>>;
 
