@@ -512,13 +512,16 @@ fn rtrb_windowed_ping_pong() -> Vec<Duration> {
 }
 
 /// Interleaved rounds (ring, rtrb, ring, rtrb, …) of the windowed runs, printed as
-/// min / p10 / p50 of all windows of each: the A/B figure on a shared machine
-/// (`CROSS_CORE_ROUNDS`, default 6).
+/// min / p10 / p50 of all windows of each: the A/B figure on a shared machine.
+/// Runs only with `CROSS_CORE_ROUNDS=N` set (N rounds; slow on a loaded machine).
 fn interleaved_cross_core() {
     let rounds: usize = std::env::var("CROSS_CORE_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(6);
+        .unwrap_or(0);
+    if rounds == 0 {
+        return;
+    }
     type Run = fn() -> Vec<Duration>;
     let pairs: [(&str, Run, Run, f64); 2] = [
         (
