@@ -1,11 +1,12 @@
 //! `ring` vs `rtrb`: two-thread transfer throughput (single push/pop and
 //! batches of 32) and one-way hand-off latency (ping-pong round trip / 2).
-//! Producer/pinger on core 0, consumer/ponger on core 1 (when available).
+//! Producer/pinger on core 0, consumer/ponger on core 1 (when available), plus
+//! windowed figures (a low quantile of timed windows) that hold on a shared VM.
 //!
 //! `cargo bench -p benches --bench ring -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -16,11 +17,16 @@ const RING_CAPACITY: usize = 1024;
 /// Items per batch in the batched benches.
 const BATCH_ITEMS: usize = 32;
 
+/// Pins the calling thread to core `index` of the machine. The core list is read
+/// once, before any pinning: `core_affinity::get_core_ids` lists the *calling
+/// thread's* allowed cores, so a thread spawned by a pinned one would see only its
+/// parent's core and pin itself there too (both "pinned" threads on one core, each
+/// hand-off costing a scheduler time slice).
 fn pin(index: usize) {
-    if let Some(ids) = core_affinity::get_core_ids() {
-        if let Some(id) = ids.get(index % ids.len()) {
-            core_affinity::set_for_current(*id);
-        }
+    static CORES: OnceLock<Vec<core_affinity::CoreId>> = OnceLock::new();
+    let ids = CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
+    if let Some(id) = ids.get(index % ids.len().max(1)) {
+        core_affinity::set_for_current(*id);
     }
 }
 
