@@ -1,11 +1,12 @@
 //! `ring` vs `rtrb`: two-thread transfer throughput (single push/pop and
 //! batches of 32) and one-way hand-off latency (ping-pong round trip / 2).
-//! Producer/pinger on core 0, consumer/ponger on core 1 (when available).
+//! Producer/pinger on core 0, consumer/ponger on core 1 (when available), plus
+//! windowed figures (a low quantile of timed windows) that hold on a shared VM.
 //!
 //! `cargo bench -p benches --bench ring -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -16,11 +17,16 @@ const RING_CAPACITY: usize = 1024;
 /// Items per batch in the batched benches.
 const BATCH_ITEMS: usize = 32;
 
+/// Pins the calling thread to core `index` of the machine. The core list is read
+/// once, before any pinning: `core_affinity::get_core_ids` lists the *calling
+/// thread's* allowed cores, so a thread spawned by a pinned one would see only its
+/// parent's core and pin itself there too (both "pinned" threads on one core, each
+/// hand-off costing a scheduler time slice).
 fn pin(index: usize) {
-    if let Some(ids) = core_affinity::get_core_ids() {
-        if let Some(id) = ids.get(index % ids.len()) {
-            core_affinity::set_for_current(*id);
-        }
+    static CORES: OnceLock<Vec<core_affinity::CoreId>> = OnceLock::new();
+    let ids = CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
+    if let Some(id) = ids.get(index % ids.len().max(1)) {
+        core_affinity::set_for_current(*id);
     }
 }
 
@@ -358,5 +364,231 @@ fn latency(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, same_thread, throughput, latency);
+/// Items per timed window of the windowed transfer.
+const WINDOW_ITEMS: u64 = 4096;
+/// Windows per windowed transfer run.
+const WINDOWS: usize = 512;
+/// Round trips per timed window of the windowed ping-pong.
+const WINDOW_ROUND_TRIPS: u64 = 64;
+/// Windows per windowed ping-pong run (a hand-off to a descheduled thread costs a
+/// time slice: kept short so that a loaded machine still ends the run).
+const PING_PONG_WINDOWS: usize = 64;
+
+/// The time of the window at quantile `q` of `windows` (sorted here).
+fn quantile(windows: &mut [Duration], q: f64) -> Duration {
+    windows.sort_unstable();
+    windows[((windows.len() - 1) as f64 * q) as usize]
+}
+
+/// Windowed cross-core transfer, meaningful on a VM shared with other work: two
+/// spinning threads pinned to two cores only measure the ring while both run at
+/// once, so the consumer times every `WINDOW_ITEMS` items and the figure is a low
+/// quantile of the windows (the ones both threads ran through), not the total.
+/// `pop` returns whether it popped an item.
+fn windowed_transfer<P, C>(mut push: P, mut pop: C) -> Vec<Duration>
+where
+    P: FnMut(u64) -> bool + Send + 'static,
+    C: FnMut(&mut u64) -> bool,
+{
+    let count = WINDOW_ITEMS * (WINDOWS as u64 + 1);
+    pin(1);
+    let ready = Arc::new(Barrier::new(2));
+    let producer_ready = Arc::clone(&ready);
+    let producer = thread::spawn(move || {
+        pin(0);
+        producer_ready.wait();
+        for i in 0..count {
+            while !push(i) {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    ready.wait();
+    let mut windows = Vec::with_capacity(WINDOWS);
+    let (mut sum, mut received, mut v) = (0u64, 0u64, 0u64);
+    let mut start = Instant::now();
+    while received < count {
+        if pop(&mut v) {
+            sum = sum.wrapping_add(v);
+            received += 1;
+            if received % WINDOW_ITEMS == 0 {
+                let now = Instant::now();
+                // The first window includes the start-up: not kept.
+                if received > WINDOW_ITEMS {
+                    windows.push(now - start);
+                }
+                start = now;
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    producer.join().expect("producer panicked");
+    assert_eq!(sum, count * (count - 1) / 2, "lost or duplicated items");
+    windows
+}
+
+fn ring_windowed() -> Vec<Duration> {
+    let (mut p, mut c) = ring::channel::<u64>(RING_CAPACITY);
+    windowed_transfer(
+        move |i| p.push(i).is_ok(),
+        move |v| c.pop().map(|x| *v = x).is_some(),
+    )
+}
+
+fn rtrb_windowed() -> Vec<Duration> {
+    let (mut p, mut c) = rtrb::RingBuffer::<u64>::new(RING_CAPACITY);
+    windowed_transfer(
+        move |i| p.push(i).is_ok(),
+        move |v| c.pop().map(|x| *v = x).is_ok(),
+    )
+}
+
+/// Windowed ping-pong on two pinned cores: times every `WINDOW_ROUND_TRIPS`
+/// round trips; returns the windows' one-way time per hand-off.
+fn windowed_ping_pong<Send1, Recv1, Send2, Recv2>(
+    mut to_echo: Send1,
+    mut from_echo: Recv1,
+    mut to_ping: Send2,
+    mut from_ping: Recv2,
+) -> Vec<Duration>
+where
+    Send1: FnMut(u64) -> bool,
+    Recv1: FnMut() -> Option<u64>,
+    Send2: FnMut(u64) -> bool + Send + 'static,
+    Recv2: FnMut() -> Option<u64> + Send + 'static,
+{
+    let trips = WINDOW_ROUND_TRIPS * (PING_PONG_WINDOWS as u64 + 1);
+    pin(0);
+    let echo = thread::spawn(move || {
+        pin(1);
+        for _ in 0..trips {
+            let v = loop {
+                if let Some(v) = from_ping() {
+                    break v;
+                }
+                std::hint::spin_loop();
+            };
+            assert!(to_ping(v), "one item in flight");
+        }
+    });
+    let mut windows = Vec::with_capacity(PING_PONG_WINDOWS);
+    let mut start = Instant::now();
+    for i in 0..trips {
+        assert!(to_echo(i), "one item in flight");
+        loop {
+            if let Some(v) = from_echo() {
+                assert_eq!(v, i);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if (i + 1) % WINDOW_ROUND_TRIPS == 0 {
+            let now = Instant::now();
+            if i + 1 > WINDOW_ROUND_TRIPS {
+                windows.push((now - start) / (2 * WINDOW_ROUND_TRIPS as u32));
+            }
+            start = now;
+        }
+    }
+    echo.join().expect("echo panicked");
+    windows
+}
+
+fn ring_windowed_ping_pong() -> Vec<Duration> {
+    let (mut a, mut b) = ring::channel::<u64>(2);
+    let (mut c, mut d) = ring::channel::<u64>(2);
+    windowed_ping_pong(
+        move |v| a.push(v).is_ok(),
+        move || d.pop(),
+        move |v| c.push(v).is_ok(),
+        move || b.pop(),
+    )
+}
+
+fn rtrb_windowed_ping_pong() -> Vec<Duration> {
+    let (mut a, mut b) = rtrb::RingBuffer::<u64>::new(2);
+    let (mut c, mut d) = rtrb::RingBuffer::<u64>::new(2);
+    windowed_ping_pong(
+        move |v| a.push(v).is_ok(),
+        move || d.pop().ok(),
+        move |v| c.push(v).is_ok(),
+        move || b.pop().ok(),
+    )
+}
+
+/// Interleaved rounds (ring, rtrb, ring, rtrb, …) of the windowed runs, printed as
+/// min / p10 / p50 of all windows of each: the A/B figure on a shared machine.
+/// Runs only with `CROSS_CORE_ROUNDS=N` set (N rounds; slow on a loaded machine).
+fn interleaved_cross_core() {
+    let rounds: usize = std::env::var("CROSS_CORE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if rounds == 0 {
+        return;
+    }
+    type Run = fn() -> Vec<Duration>;
+    let pairs: [(&str, Run, Run, f64); 2] = [
+        (
+            "transfer ns/item",
+            ring_windowed,
+            rtrb_windowed,
+            WINDOW_ITEMS as f64,
+        ),
+        (
+            "one-way hand-off ns",
+            ring_windowed_ping_pong,
+            rtrb_windowed_ping_pong,
+            1.0,
+        ),
+    ];
+    for (what, a, b, per) in pairs {
+        let (mut wa, mut wb) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            wa.extend(a());
+            wb.extend(b());
+        }
+        let ns = |w: &mut Vec<Duration>, q: f64| quantile(w, q).as_nanos() as f64 / per;
+        println!(
+            "cross-core {what}, {rounds} interleaved rounds: ring min {:.1} p10 {:.1} p50 {:.1} | \
+             rtrb min {:.1} p10 {:.1} p50 {:.1} | ring/rtrb p10 {:.2}",
+            ns(&mut wa, 0.0),
+            ns(&mut wa, 0.1),
+            ns(&mut wa, 0.5),
+            ns(&mut wb, 0.0),
+            ns(&mut wb, 0.1),
+            ns(&mut wb, 0.5),
+            ns(&mut wa, 0.1) / ns(&mut wb, 0.1),
+        );
+    }
+}
+
+/// The cross-core figures that hold on a shared VM: each criterion iteration is
+/// one transfer (or hand-off) at the 10th percentile of a run's windows, i.e. the
+/// speed while both pinned threads actually ran (see [`windowed_transfer`]).
+/// Criterion's time is per item (transfer) or per one-way hand-off (ping-pong).
+fn cross_core(c: &mut Criterion) {
+    type Run = fn() -> Vec<Duration>;
+    interleaved_cross_core();
+    let mut group = c.benchmark_group("spsc_cross_core_p10_window");
+    group.sample_size(10);
+    let cases: [(&str, &str, Run, u64); 4] = [
+        ("ring", "transfer_single", ring_windowed, WINDOW_ITEMS),
+        ("rtrb", "transfer_single", rtrb_windowed, WINDOW_ITEMS),
+        ("ring", "one_way_latency", ring_windowed_ping_pong, 1),
+        ("rtrb", "one_way_latency", rtrb_windowed_ping_pong, 1),
+    ];
+    for (name, mode, run, per_window) in cases {
+        group.bench_function(BenchmarkId::new(name, mode), |b| {
+            b.iter_custom(|iters| {
+                let mut windows = run();
+                quantile(&mut windows, 0.10).mul_f64(iters as f64 / per_window as f64)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, same_thread, throughput, latency, cross_core);
 criterion_main!(benches);

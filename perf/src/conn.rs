@@ -14,9 +14,14 @@ use std::net::SocketAddr;
 
 pub use net::crypto::ClientKey;
 use net::crypto::SessionCipher;
-use net::wkproto::{decode, ConnectPacket, DeviceFlag, Frame, MAX_FRAME_BYTES};
+use net::wkproto::{
+    decode, ConnackPacket, ConnectPacket, DeviceFlag, Frame, ReasonCode, RecvPacket, SendackPacket,
+    Setting, MAX_FRAME_BYTES,
+};
 use net::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
 pub use net::Transport;
+
+use crate::peer::{self, PeerEvent, PeerProto, PeerRole};
 
 /// Bytes one connection buffers for reading before a frame must be complete.
 pub const RX_CAPACITY_MAX_BYTES: usize = MAX_FRAME_BYTES + 64 * 1024;
@@ -96,6 +101,11 @@ pub struct Conn {
     /// Frames queued while the WebSocket upgrade is pending (already WS-framed).
     pending: Vec<u8>,
     scratch: Vec<u8>,
+    /// A peer's connection (Redis, NATS) instead of wkproto.
+    pub peer: Option<PeerProto>,
+    /// Peer publishes answered so far (Redis answers in order: the next answer is
+    /// for client_seq `peer_acked + 1`).
+    peer_acked: u32,
 }
 
 /// What [`Conn::read_frames`] hands to its callback: a decoded frame of this connection.
@@ -108,6 +118,8 @@ pub struct ConnCtx<'a> {
     pub version: u8,
     /// When the `read` that brought this frame in returned (ns since the run's start).
     pub read_ns: u64,
+    /// Whether RECVs are acknowledged (wkproto); a peer has no RECVACK.
+    pub recvack: bool,
     key: &'a ClientKey,
     out: &'a mut Vec<u8>,
     ws: bool,
@@ -187,6 +199,8 @@ impl Conn {
             tx_off: 0,
             pending: Vec::new(),
             scratch: Vec::new(),
+            peer: None,
+            peer_acked: 0,
         };
         let connect = ConnectPacket {
             version: 6,
@@ -205,6 +219,16 @@ impl Conn {
         let mut encoded = Ok(0);
         c.queue(|out| encoded = connect.encode(6, out))?;
         encoded.map_err(|e| ConnError::Protocol(format!("{e:?}")))?;
+        Ok(c)
+    }
+
+    /// Starts a non-blocking connect to a peer server and queues its greeting
+    /// (subscription or PING): the connection is Active once the server confirms it.
+    pub fn start_peer(addr: SocketAddr, role: &PeerRole, now_ns: u64) -> Result<Conn, ConnError> {
+        let mut c = Conn::start(addr, Transport::Tcp, "", "", &client_key(0), now_ns)?;
+        c.tx.clear();
+        c.peer = Some(role.proto);
+        peer::encode_hello(role, &mut c.tx);
         Ok(c)
     }
 
@@ -424,7 +448,11 @@ impl Conn {
         now: u64,
         sink: &mut FrameSink<'_>,
     ) -> Result<usize, ConnError> {
+        if let Some(proto) = self.peer {
+            return self.decode_peer(proto, buf, now, sink);
+        }
         let mut ctx = ConnCtx {
+            recvack: true,
             cipher: &mut self.cipher,
             state: &mut self.state,
             key: &self.key,
@@ -452,6 +480,64 @@ impl Conn {
         };
         self.version = ctx.version;
         r
+    }
+
+    /// A peer's [`Conn::decode_slice`]: its replies and pushes handed to `sink` as
+    /// the frames they stand for (see [`crate::peer`]).
+    fn decode_peer(
+        &mut self,
+        proto: PeerProto,
+        buf: &[u8],
+        now: u64,
+        sink: &mut FrameSink<'_>,
+    ) -> Result<usize, ConnError> {
+        let mut ctx = ConnCtx {
+            recvack: false,
+            cipher: &mut self.cipher,
+            state: &mut self.state,
+            key: &self.key,
+            version: self.version,
+            read_ns: now,
+            out: &mut self.tx,
+            ws: false,
+            scratch: &mut self.scratch,
+        };
+        let mut off = 0;
+        loop {
+            let (ev, used) = match peer::decode(proto, &buf[off..]) {
+                Ok(Some(x)) => x,
+                Ok(None) => return Ok(off),
+                Err(e) => return Err(ConnError::Protocol(format!("{}: {e}", proto.name()))),
+            };
+            off += used;
+            let frame = match ev {
+                PeerEvent::Ready if *ctx.state == ConnState::AwaitConnack => {
+                    Frame::Connack(ConnackPacket {
+                        reason_code: ReasonCode::SUCCESS,
+                        ..Default::default()
+                    })
+                }
+                PeerEvent::Ready | PeerEvent::Ignored => continue,
+                PeerEvent::Ping => {
+                    peer::encode_pong(ctx.out);
+                    continue;
+                }
+                PeerEvent::Published(_) => {
+                    self.peer_acked = self.peer_acked.wrapping_add(1);
+                    Frame::Sendack(SendackPacket {
+                        client_seq: self.peer_acked,
+                        reason_code: ReasonCode::SUCCESS,
+                        ..Default::default()
+                    })
+                }
+                PeerEvent::Message(payload) => Frame::Recv(RecvPacket {
+                    setting: Setting::NO_ENCRYPT,
+                    payload,
+                    ..Default::default()
+                }),
+            };
+            sink(&mut ctx, frame);
+        }
     }
 }
 

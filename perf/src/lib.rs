@@ -17,6 +17,7 @@
 pub mod conn;
 pub mod floor;
 pub mod load;
+pub mod peer;
 pub mod plot;
 pub mod proc;
 pub mod report;
@@ -54,6 +55,9 @@ pub enum TargetSpec {
         api: Vec<SocketAddr>,
         bearer: Option<String>,
     },
+    /// A peer server (Redis pub/sub, NATS) driven with the same load: group scenario
+    /// only, plain TCP ([`peer`]).
+    Peer(peer::PeerUrl),
 }
 
 /// A scenario and its parameters.
@@ -226,6 +230,7 @@ impl Planner<'_> {
             token: token_of(&uid),
             uid,
             addr,
+            peer: None,
         });
         self.clients.len() - 1
     }
@@ -248,6 +253,51 @@ impl Planner<'_> {
         }
         Schedule {
             class: Class::Person,
+            rate_per_s: rate,
+            routes,
+        }
+    }
+
+    /// A peer's group: per group, `online - 1` subscribers of the group's channel
+    /// (the recipients: as many as imrouter's, whose sender is no recipient) and
+    /// `online` publishers (the senders, a connection each: a Redis subscriber
+    /// connection cannot PUBLISH), `rate` messages/s in all.
+    fn peer_group(
+        &mut self,
+        proto: peer::PeerProto,
+        count: usize,
+        members: usize,
+        share: f64,
+        rate: f64,
+    ) -> Schedule {
+        let prefix = self.prefix;
+        let online = ((members as f64 * share.clamp(0.0, 1.0)).round() as usize).min(members);
+        let mut routes = Vec::new();
+        for g in 0..count {
+            let gid = format!("{prefix}-grp{g}");
+            for j in 1..online {
+                let c = self.add(format!("{prefix}-g{g}s{j}"));
+                self.clients[c].peer = Some(peer::PeerRole {
+                    proto,
+                    subscribe: Some(gid.clone()),
+                });
+            }
+            for j in 0..online {
+                let c = self.add(format!("{prefix}-g{g}p{j}"));
+                self.clients[c].peer = Some(peer::PeerRole {
+                    proto,
+                    subscribe: None,
+                });
+                routes.push(Route {
+                    client: c,
+                    channel_id: gid.clone(),
+                    channel_type: 2,
+                    fanout: online.saturating_sub(1) as u32,
+                });
+            }
+        }
+        Schedule {
+            class: Class::Group,
             rate_per_s: rate,
             routes,
         }
@@ -326,6 +376,11 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
     let mut summary = new_summary(cfg, sc);
     let mut hists: Hists = Vec::new();
     measure_floor(cfg, sc, &mut summary, &mut hists)?;
+    if let TargetSpec::Peer(url) = &cfg.target {
+        run_peer(cfg, sc, *url, nofile, &mut summary, &mut hists)?;
+        finish(cfg, &summary, &hists)?;
+        return Ok((summary, hists));
+    }
     if matches!(sc, Scenario::Floor) {
         summary.target = "none".into();
         finish(cfg, &summary, &hists)?;
@@ -340,6 +395,93 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
     add_load_hists(&mut hists, measured.out);
     finish(cfg, &summary, &hists)?;
     Ok((summary, hists))
+}
+
+/// The group scenario against a peer server: its plan, the load, the client-side
+/// figures, and the server's CPU from `cfg.pid` or else from the process found
+/// listening on the peer's port.
+fn run_peer(
+    cfg: &BenchConfig,
+    sc: &Scenario,
+    url: peer::PeerUrl,
+    nofile: u64,
+    summary: &mut Summary,
+    hists: &mut Hists,
+) -> io::Result<()> {
+    let Scenario::Group {
+        members,
+        online_share,
+        groups,
+        rate,
+    } = *sc
+    else {
+        return Err(io::Error::other("a peer runs the group scenario only"));
+    };
+    if cfg.load.encrypt || cfg.load.transport != Transport::Tcp {
+        return Err(io::Error::other(
+            "a peer is driven over plain TCP: no --encrypt, no --transport ws",
+        ));
+    }
+    summary.target = url.to_string();
+    let prefix = format!("ib{}x{}", std::process::id(), unix_ms() % 100_000_000);
+    let mut p = Planner {
+        prefix: &prefix,
+        addrs: &[url.addr],
+        clients: Vec::new(),
+        groups: Vec::new(),
+    };
+    let schedule = p.peer_group(url.proto, groups, members, online_share, rate);
+    let cap = nofile.saturating_sub(RESERVED_FDS) as usize;
+    if p.clients.len() > cap {
+        return Err(io::Error::other(format!(
+            "the peer run needs {} connections, the open-files limit allows {cap}",
+            p.clients.len()
+        )));
+    }
+    let mut rates = [0.0; CLASSES];
+    rates[schedule.class as usize] = schedule.rate_per_s;
+    let built = Built {
+        plan: Plan {
+            clients: p.clients,
+            schedules: vec![schedule],
+        },
+        groups: Vec::new(),
+        rates,
+    };
+    let (pid, source) = match cfg.pid {
+        Some(pid) => (Some(pid), format!("pid {pid} (--peer-pid)")),
+        None => match peer::pid_listening_on(url.addr) {
+            Some(pid) => (
+                Some(pid),
+                format!("pid {pid} (listening on port {})", url.addr.port()),
+            ),
+            None => (
+                None,
+                "unknown (no --peer-pid, no process found on the port)".into(),
+            ),
+        },
+    };
+    let mut meter = Meter {
+        pid,
+        embedded: false,
+        rss_connected: None,
+        cpu_at_send: None,
+        cpu_at_done: None,
+    };
+    let rss_before = meter.rss();
+    let out = load::run(&built.plan, &cfg.load, &mut meter)?;
+    summarize_load(summary, &built, &out);
+    let m = Measured {
+        out,
+        meter,
+        rss_before,
+        text_before: String::new(),
+        text_after: String::new(),
+    };
+    summarize_server(summary, cfg, &m);
+    summary.server.source = source;
+    add_load_hists(hists, m.out);
+    Ok(())
 }
 
 /// The summary's description of the run, before anything is measured.
@@ -391,6 +533,7 @@ fn start_target(cfg: &BenchConfig) -> io::Result<Target> {
             api,
             bearer,
         } => Target::external(tcp, ws, api, bearer.clone()),
+        TargetSpec::Peer(url) => Err(io::Error::other(format!("{url} is no imrouter node"))),
     }
 }
 

@@ -47,6 +47,7 @@ use net::wkproto::{
 use crate::conn::{
     client_key, ClientKey, Conn, ConnCtx, ConnError, ConnState, Transport, READ_CHUNK_BYTES,
 };
+use crate::peer::{self, PeerRole};
 use crate::uring::{Completion, Ring};
 
 /// Messages one run may plan (sizes the accounting arrays: 8 bytes each).
@@ -99,6 +100,8 @@ pub struct ClientSpec {
     pub uid: String,
     pub token: String,
     pub addr: SocketAddr,
+    /// A peer server's client (Redis, NATS) instead of a wkproto one.
+    pub peer: Option<PeerRole>,
 }
 
 /// A sender and where it sends.
@@ -417,6 +420,12 @@ impl SendBufs {
         self.payload.push(msg.class as u8);
         self.payload
             .resize(cfg.payload_bytes.max(PAYLOAD_HEADER_BYTES), b'x');
+        if let Some(proto) = conn.peer {
+            self.frame.clear();
+            peer::encode_publish(proto, &route.channel_id, &self.payload, &mut self.frame);
+            conn.client_seq = conn.client_seq.wrapping_add(1);
+            return Some(conn.client_seq);
+        }
         let mut msg_no_buf = [0u8; 20];
         let mut p = SendPacket {
             setting: Setting::NO_ENCRYPT,
@@ -797,14 +806,18 @@ impl Worker {
                     self.stats.first_connect_ns = now.max(1);
                 }
                 let s = &self.slots[i];
-                match Conn::start(
-                    s.spec.addr,
-                    self.cfg.transport,
-                    &s.spec.uid,
-                    &s.spec.token,
-                    &s.key,
-                    now,
-                ) {
+                let started = match &s.spec.peer {
+                    Some(role) => Conn::start_peer(s.spec.addr, role, now),
+                    None => Conn::start(
+                        s.spec.addr,
+                        self.cfg.transport,
+                        &s.spec.uid,
+                        &s.spec.token,
+                        &s.key,
+                        now,
+                    ),
+                };
+                match started {
                     Ok(c) => {
                         self.slots[i].conn = Some(c);
                         if self.register(i).is_err() {
@@ -853,7 +866,12 @@ impl Worker {
             return;
         };
         self.shared.expect(idx, fanout);
-        slot.inflight.insert(seq, msg);
+        if conn.peer.is_some_and(|p| !p.acks_publish()) {
+            // No answer will come (NATS): acknowledged once written.
+            self.shared.acked.fetch_add(1, Ordering::Relaxed);
+        } else {
+            slot.inflight.insert(seq, msg);
+        }
         record(
             &mut self.stats.send_lag,
             self.shared.now_ns().saturating_sub(intended_ns),
@@ -1050,6 +1068,9 @@ impl Frames<'_> {
         }
         if r.flags.contains(Flags::DUP) {
             self.stats.dup_flagged += 1;
+        }
+        if !ctx.recvack {
+            return;
         }
         let ack = RecvackPacket {
             message_id: r.message_id,

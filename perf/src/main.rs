@@ -56,6 +56,8 @@ enum Cmd {
         groups: usize,
         #[arg(long, default_value_t = 2000.0)]
         rate: f64,
+        #[command(flatten)]
+        peer: PeerArgs,
     },
     /// Connection storm: CONNACK latency and activations/s.
     Storm {
@@ -101,9 +103,31 @@ struct PlotArgs {
     names: Vec<String>,
 }
 
+/// The same fan-out against Redis pub/sub or NATS, beside imrouter.
+#[derive(Args, Clone)]
+struct PeerArgs {
+    /// Also run the fan-out against a peer: `redis://HOST:PORT` (pub/sub) or
+    /// `nats://HOST:PORT`. imrouter's run and the peer's alternate (`--rounds`), then
+    /// a table of medians and ratios. The peer's subscribers are the recipients
+    /// (members online - 1); each sender publishes on a connection of its own.
+    #[arg(long)]
+    peer: Option<perf::peer::PeerUrl>,
+    /// The peer server's pid, for its CPU per delivered message (default: the process
+    /// listening on the peer's port, found through /proc/net/tcp and /proc/*/fd).
+    #[arg(long, requires = "peer")]
+    peer_pid: Option<u32>,
+    /// Rounds of (imrouter run, peer run) with `--peer`.
+    #[arg(long, default_value_t = 1, requires = "peer")]
+    rounds: usize,
+    /// With `--peer`: run the peer only (no imrouter run).
+    #[arg(long, requires = "peer")]
+    peer_only: bool,
+}
+
 /// What a command asks for.
 enum Job {
     Load(Common, Scenario, Option<Preset>),
+    Compare(Common, Scenario, Option<Preset>, PeerArgs),
     Plot(PlotArgs),
 }
 
@@ -319,6 +343,55 @@ fn main() -> ExitCode {
             run(&config(&common, scenario.name(), preset), &scenario)
         }
         Job::Plot(args) => plot(&args),
+        Job::Compare(common, scenario, preset, peer) => {
+            compare(&config(&common, scenario.name(), preset), &scenario, &peer)
+        }
+    }
+}
+
+/// `imbench group --peer URL`: imrouter's run then the peer's, `--rounds` times,
+/// each report printed as it ends, then the side-by-side table.
+fn compare(base: &BenchConfig, scenario: &Scenario, args: &PeerArgs) -> ExitCode {
+    let Some(url) = args.peer else {
+        return run(base, scenario);
+    };
+    let (mut node, mut peer) = (Vec::new(), Vec::new());
+    let mut clean = true;
+    for r in 1..=args.rounds.max(1) {
+        let mut runs = vec![];
+        if !args.peer_only {
+            let mut cfg = base.clone();
+            cfg.label = format!("{}-imrouter-r{r}", base.label);
+            runs.push((cfg, false));
+        }
+        let mut cfg = base.clone();
+        cfg.label = format!("{}-{}-r{r}", base.label, url.proto.name());
+        cfg.target = TargetSpec::Peer(url);
+        cfg.pid = args.peer_pid;
+        cfg.set_tokens = false;
+        runs.push((cfg, true));
+        for (cfg, is_peer) in runs {
+            match perf::run_scenario(&cfg, scenario) {
+                Ok((summary, _)) => {
+                    print!("{}", perf::report::table(&summary));
+                    clean &= summary.clean();
+                    if is_peer { &mut peer } else { &mut node }.push(summary);
+                }
+                Err(e) => {
+                    eprintln!("imbench: {}: {e}", cfg.label);
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    if !node.is_empty() {
+        print!("{}", perf::report::compare(&node, &peer, url.proto.name()));
+    }
+    if clean {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("imbench: accounting not clean (errors or missing RECVs), see above");
+        ExitCode::from(2)
     }
 }
 
@@ -366,17 +439,19 @@ fn job(cmd: Cmd) -> Job {
             online,
             groups,
             rate,
+            peer,
         } => {
+            let scenario = Scenario::Group {
+                members,
+                online_share: online,
+                groups,
+                rate,
+            };
+            if peer.peer.is_some() {
+                return Job::Compare(common, scenario, p, peer);
+            }
             preset = p;
-            (
-                common,
-                Scenario::Group {
-                    members,
-                    online_share: online,
-                    groups,
-                    rate,
-                },
-            )
+            (common, scenario)
         }
         Cmd::Storm {
             common,

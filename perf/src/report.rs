@@ -482,6 +482,124 @@ pub fn write_files(dir: &Path, s: &Summary, hists: &[(String, &Histogram<u64>)])
     Ok(())
 }
 
+/// The median of `v` (NaN for none).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One figure of a run (NaN where the run has none).
+type Figure = fn(&Summary) -> f64;
+
+fn group_recv(s: &Summary) -> Option<&Pcts> {
+    s.classes
+        .iter()
+        .find(|c| c.class == "group")
+        .map(|c| &c.recv)
+}
+
+/// The rows of [`compare`]: name and figure.
+const COMPARED: [(&str, Figure); 8] = [
+    ("floor p50 µs", |s| {
+        s.floor_rtt.as_ref().map_or(f64::NAN, |f| f.p50_us)
+    }),
+    ("RECV p50 µs", |s| {
+        group_recv(s).map_or(f64::NAN, |p| p.p50_us)
+    }),
+    ("RECV p90 µs", |s| {
+        group_recv(s).map_or(f64::NAN, |p| p.p90_us)
+    }),
+    ("RECV p99 µs", |s| {
+        group_recv(s).map_or(f64::NAN, |p| p.p99_us)
+    }),
+    ("RECV p99.9 µs", |s| {
+        group_recv(s).map_or(f64::NAN, |p| p.p999_us)
+    }),
+    ("server CPU µs/RECV", |s| {
+        s.server.cpu_us_per_recv.unwrap_or(f64::NAN)
+    }),
+    ("harness CPU µs/RECV", |s| s.harness_cpu_us_per_recv),
+    ("RECV p50 / floor p50", |s| {
+        let f = s.floor_rtt.as_ref().map_or(f64::NAN, |f| f.p50_us);
+        group_recv(s).map_or(f64::NAN, |p| p.p50_us / f)
+    }),
+];
+
+/// imrouter's runs beside a peer's (interleaved rounds): the median of each figure
+/// and their ratio (imrouter / peer), then each round's RECV p50/p99 and accounting.
+pub fn compare(node: &[Summary], peer: &[Summary], peer_name: &str) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\nimrouter vs {peer_name}: medians of {} interleaved round(s)",
+        node.len().min(peer.len())
+    );
+    let _ = writeln!(
+        t,
+        "{:<22} {:>12} {:>12} {:>16}",
+        "figure", "imrouter", peer_name, "imrouter/peer"
+    );
+    for (name, f) in COMPARED {
+        let a = median(node.iter().map(f).collect());
+        let b = median(peer.iter().map(f).collect());
+        let _ = writeln!(
+            t,
+            "{:<22} {:>12} {:>12} {:>15.2}×",
+            name,
+            fmt_fig(a),
+            fmt_fig(b),
+            a / b
+        );
+    }
+    for (i, (a, b)) in node.iter().zip(peer).enumerate() {
+        let _ = writeln!(
+            t,
+            "round {}: {}  |  {}",
+            i + 1,
+            round_line(a),
+            round_line(b)
+        );
+    }
+    t
+}
+
+fn fmt_fig(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.1}")
+    } else {
+        "-".into()
+    }
+}
+
+/// A run's RECV p50/p99 and its accounting, on one line.
+fn round_line(s: &Summary) -> String {
+    let (p50, p99) = group_recv(s).map_or((f64::NAN, f64::NAN), |p| (p.p50_us, p.p99_us));
+    let (mut exp, mut got, mut miss, mut extra) = (0, 0, 0, 0);
+    for c in &s.classes {
+        exp += c.expected_recvs;
+        got += c.delivered_recvs;
+        miss += c.missing_recvs;
+        extra += c.extra_recvs;
+    }
+    format!(
+        "{} p50 {} p99 {} µs, {got}/{exp} RECVs, {miss} missing, {extra} extra, {} dup-flagged, {} errors",
+        s.target,
+        fmt_fig(p50),
+        fmt_fig(p99),
+        s.dup_flagged_recvs,
+        s.errors_total
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,5 +749,33 @@ mod tests {
         assert!(!pts.is_empty());
         let last = pts.last().unwrap();
         assert!((last.1 - 1000.0).abs() < 2.0, "{last:?}");
+    }
+
+    /// The comparison's medians and ratios come from the runs' own figures.
+    #[test]
+    fn compare_prints_medians_and_their_ratio() {
+        let run = |p50: f64, floor: f64| Summary {
+            target: "t".into(),
+            floor_rtt: Some(Pcts {
+                p50_us: floor,
+                ..Pcts::default()
+            }),
+            classes: vec![ClassSummary {
+                class: "group".into(),
+                recv: Pcts {
+                    p50_us: p50,
+                    ..Pcts::default()
+                },
+                ..ClassSummary::default()
+            }],
+            ..Summary::default()
+        };
+        let node = [run(100.0, 50.0), run(300.0, 50.0), run(200.0, 50.0)];
+        let peer = [run(50.0, 50.0), run(100.0, 50.0), run(400.0, 50.0)];
+        let t = compare(&node, &peer, "redis");
+        let line = t.lines().find(|l| l.starts_with("RECV p50 µs")).unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&words[3..], ["200.0", "100.0", "2.00×"], "{t}");
+        assert_eq!(t.lines().filter(|l| l.starts_with("round ")).count(), 3);
     }
 }

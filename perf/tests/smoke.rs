@@ -193,6 +193,7 @@ fn missing_recvs_are_reported() {
             uid: u.to_string(),
             token: format!("t-{u}"),
             addr,
+            peer: None,
         })
         .collect();
     let plan = Plan {
