@@ -351,7 +351,6 @@ impl Config {
         let peers = u64::from(self.runtime.shard_count.max(1)) - 1;
         let queued = peers * (self.runtime.ring_capacity + self.runtime.peer_queue_max) as u64;
         let waiting = self.delivery.backlog_budget_bytes as u64;
-        let pairs = (self.connect.key_pool_max * crate::node::KEY_PAIR_BYTES) as u64;
         format!(
             "# Worst-case memory per shard (bytes):\n\
              #   [log] index + retired seqs: {log} ({:.1} MiB)\n\
@@ -361,7 +360,6 @@ impl Config {
              {acks} ({:.1} MiB)\n\
              #   [delivery] messages committed and not yet delivered \
              (backlog_budget_bytes): {waiting} ({:.1} MiB)\n\
-             #   [connect] server key pairs made ahead (key_pool_max): {pairs} ({:.1} MiB)\n\
              #   [runtime] messages queued towards other shards: at most {queued} \
              ((shard_count - 1) x (ring_capacity + peer_queue_max)); a push or commit \
              shares its message, the rest are small\n",
@@ -370,7 +368,6 @@ impl Config {
             mib(recent),
             mib(acks),
             mib(waiting),
-            mib(pairs),
         )
     }
 
@@ -379,7 +376,6 @@ impl Config {
         self.session.validate()?;
         self.delivery.validate()?;
         self.registry.validate()?;
-        self.connect.validate()?;
         let rpc_addr = addr("rpc_addr", &self.listen.rpc_addr)?;
         self.cluster.validate(self.node.node_id, rpc_addr)?;
         self.rpc.validate().map_err(|e| format!("rpc.{e}"))?;
@@ -484,9 +480,6 @@ mod tests {
         let c: Config = toml::from_str("[session]\nexpiry_interval_ms = 0\n").unwrap();
         let e = c.to_node_config().unwrap_err();
         assert!(e.contains("session.expiry_interval_ms"), "{e}");
-        let c: Config = toml::from_str("[connect]\nkey_pool_max = 2000000\n").unwrap();
-        let e = c.to_node_config().unwrap_err();
-        assert!(e.contains("connect.key_pool_max"), "{e}");
     }
 
     #[test]

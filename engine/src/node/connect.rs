@@ -78,10 +78,9 @@ impl Refusal {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConnectConfig {
-    /// Server X25519 key pairs each shard keeps made ahead of CONNECTs (76 B each,
-    /// [`KEY_PAIR_BYTES`]; at most [`KEY_POOL_MAX_LIMIT`]), so that a burst of up to
-    /// this many CONNECTs per shard skips the key generation (~9 µs each); 0: every
-    /// CONNECT makes its own pair.
+    /// Server X25519 key pairs each shard keeps made ahead of CONNECTs (76 B each),
+    /// so that a burst of up to this many CONNECTs per shard skips the key
+    /// generation (~9 µs each); 0: every CONNECT makes its own pair.
     pub key_pool_max: usize,
     /// Key pairs a shard makes per idle loop turn while its pool is short (each
     /// such turn is that much longer for what arrives during it).
@@ -101,26 +100,6 @@ impl Default for ConnectConfig {
             key_pool_refill_per_turn: 2,
             key_agreements_per_turn: 8,
         }
-    }
-}
-
-/// The most key pairs a shard's pool may hold (76 MiB per shard).
-pub const KEY_POOL_MAX_LIMIT: usize = 1 << 20;
-
-/// What one pooled key pair takes: the private key and the base64 public key.
-pub const KEY_PAIR_BYTES: usize = crypto::KEY_BYTES + crypto::KEY_B64_BYTES;
-
-impl ConnectConfig {
-    /// Refuses a pool beyond [`KEY_POOL_MAX_LIMIT`] (its room is reserved at start),
-    /// naming the key.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.key_pool_max > KEY_POOL_MAX_LIMIT {
-            return Err(format!(
-                "connect.key_pool_max = {} is above {KEY_POOL_MAX_LIMIT}",
-                self.key_pool_max
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -23,7 +23,7 @@
 mod authority_service;
 pub mod catalog;
 mod connect;
-pub use connect::{ConnectConfig, KEY_PAIR_BYTES};
+pub use connect::ConnectConfig;
 mod conns;
 mod control;
 pub mod metrics;
