@@ -293,8 +293,6 @@ pub struct Config {
     pub net: net::io::NetConfig,
     pub authority: AuthorityConfig,
     pub activation: ActivationConfig,
-    /// `[connect]`: server key pairs made ahead of CONNECTs.
-    pub connect: crate::node::ConnectConfig,
     pub registry: RegistryLimits,
     pub session: SessionConfig,
     pub delivery: DeliveryConfig,
@@ -399,7 +397,6 @@ impl Config {
             net,
             authority: self.authority.clone(),
             activation: self.activation,
-            connect: self.connect,
             registry: self.registry,
             session: self.session.clone(),
             delivery: self.delivery.clone(),

@@ -2,11 +2,7 @@
 //!
 //! Admission ([`NodeShard::on_connect`]) runs in named steps: version negotiation,
 //! the token check, the key agreement, the activation's timer; any failure is a
-//! CONNACK with its reason, then close. The key agreement runs at most
-//! `[connect] key_agreements_per_turn` times per loop turn
-//! ([`NodeShard::run_key_agreements`]: a storm's CONNECTs wait in order, and the
-//! turns stay short for the activations' hops), with a server key pair made ahead on
-//! an idle turn ([`KeyPool`], `key_pool_max`) or, when none is left, on the spot. Admitted, the connection's session is
+//! CONNACK with its reason, then close. Admitted, the connection's session is
 //! activated by the sans-IO [`crate::activation::Activation`]; this file only
 //! drives it: it feeds the machine its events ([`NodeShard::feed_activation`],
 //! [`NodeShard::drain_local_events`]) and carries out its outputs
@@ -17,9 +13,7 @@
 //! (queued by [`super::authority_service`] and drained here), the connection's
 //! `Closed` during activation.
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
-use net::crypto::{self as crypto, CryptoError, SessionCipher};
+use net::crypto::{server_handshake, CryptoError, ServerHandshake};
 use net::io::{ConnId, NetDriver};
 use net::wkproto::{self, ConnackPacket, ConnectPacket, ReasonCode};
 use rand::Rng;
@@ -74,142 +68,10 @@ impl Refusal {
     }
 }
 
-/// `[connect]`: the server key pairs each shard makes ahead of CONNECTs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ConnectConfig {
-    /// Server X25519 key pairs each shard keeps made ahead of CONNECTs (76 B each),
-    /// so that a burst of up to this many CONNECTs per shard skips the key
-    /// generation (~9 µs each); 0: every CONNECT makes its own pair.
-    pub key_pool_max: usize,
-    /// Key pairs a shard makes per idle loop turn while its pool is short (each
-    /// such turn is that much longer for what arrives during it).
-    pub key_pool_refill_per_turn: usize,
-    /// Key agreements (~32 µs each) a shard runs per loop turn; the CONNECTs beyond
-    /// wait in order for the next turns (at most one per connection, so that queue
-    /// is bounded by `max_connections_per_shard`), so that a storm's turns stay short
-    /// and the activations' hops between shards are not held up behind them.
-    /// 0: every CONNECT's key agreement runs at once, in the turn that read it.
-    pub key_agreements_per_turn: usize,
-}
-
-impl Default for ConnectConfig {
-    fn default() -> Self {
-        ConnectConfig {
-            key_pool_max: 4096,
-            key_pool_refill_per_turn: 2,
-            key_agreements_per_turn: 8,
-        }
-    }
-}
-
-/// A CONNECT admitted by its token, waiting for its key agreement (the connection
-/// is `Authenticating` meanwhile).
-pub(super) struct Queued {
-    id: ConnId,
-    connect: OwnedConnect,
-    level: DeviceLevel,
-}
-
-/// One server key pair: the X25519 private key and the CONNACK's `server_key`
-/// (base64 of the public key). Used for one connection only, then dropped: a pair
-/// shared by two connections would tie their secrets to one private key (one leak
-/// opens both, and a client that reuses its own key would get the same AES key on
-/// both connections).
-pub(super) struct KeyPair {
-    seed: [u8; crypto::KEY_BYTES],
-    public_b64: [u8; crypto::KEY_B64_BYTES],
-}
-
-impl KeyPair {
-    /// The pair of the private key `seed` (the ~9 µs part of a key agreement).
-    pub(super) fn new(seed: [u8; crypto::KEY_BYTES]) -> KeyPair {
-        let mut public_b64 = [0u8; crypto::KEY_B64_BYTES];
-        let n = B64
-            .encode_slice(crypto::public_key(seed), &mut public_b64)
-            .unwrap_or(0);
-        debug_assert_eq!(n, public_b64.len());
-        KeyPair { seed, public_b64 }
-    }
-
-    fn server_key(&self) -> &str {
-        core::str::from_utf8(&self.public_b64).unwrap_or_default()
-    }
-}
-
-/// A shard's server key pairs made ahead, at most `key_pool_max` (capacity reserved
-/// once); refilled on idle loop turns ([`KeyPool::refill`]), each pair taken once.
-/// Also the CONNECTs waiting for their key agreement, in arrival order.
-pub(super) struct KeyPool {
-    pairs: Vec<KeyPair>,
-    max: usize,
-    per_turn: usize,
-    queued: std::collections::VecDeque<Queued>,
-    agreements_per_turn: usize,
-}
-
-impl KeyPool {
-    pub(super) fn new(cfg: &ConnectConfig) -> KeyPool {
-        KeyPool {
-            pairs: Vec::with_capacity(cfg.key_pool_max),
-            max: cfg.key_pool_max,
-            per_turn: cfg.key_pool_refill_per_turn,
-            queued: std::collections::VecDeque::new(),
-            agreements_per_turn: cfg.key_agreements_per_turn,
-        }
-    }
-
-    /// A pair made ahead, if any is left.
-    pub(super) fn take(&mut self) -> Option<KeyPair> {
-        self.pairs.pop()
-    }
-
-    /// Makes up to `key_pool_refill_per_turn` pairs while below `key_pool_max`;
-    /// how many it made.
-    pub(super) fn refill(&mut self, rng: &mut impl Rng) -> usize {
-        let n = self.per_turn.min(self.max - self.pairs.len());
-        for _ in 0..n {
-            self.pairs.push(KeyPair::new(rng.gen()));
-        }
-        n
-    }
-
-    /// Pairs ready now.
-    pub(super) fn len(&self) -> usize {
-        self.pairs.len()
-    }
-}
-
-/// The server side of one key agreement: the connection's cipher and the CONNACK's
-/// `server_key` and `salt`.
-pub(super) struct Agreed {
-    pub cipher: SessionCipher,
-    pub server_key: Box<str>,
-    pub salt: Box<str>,
-}
-
-/// The key agreement with `pair` against CONNECT's `client_key`: what
-/// `net::crypto::server_handshake` computes, its server key pair made beforehand.
-pub(super) fn agree_with(
-    client_key: &str,
-    pair: KeyPair,
-    salt_random: [u8; crypto::SALT_BYTES],
-) -> Result<Agreed, CryptoError> {
-    let client_public = crypto::decode_client_key(client_key)?;
-    let secret = crypto::shared_secret(pair.seed, client_public)?;
-    let aes_key = crypto::aes_key_from_secret(&secret);
-    let salt = crypto::salt_from_random(salt_random);
-    Ok(Agreed {
-        cipher: SessionCipher::new(&aes_key, &salt),
-        server_key: pair.server_key().into(),
-        salt: core::str::from_utf8(&salt).unwrap_or_default().into(),
-    })
-}
-
 /// An admitted CONNECT's identifiers; its activation's timer is armed.
 struct Admitted {
     level: DeviceLevel,
-    handshake: Agreed,
+    handshake: ServerHandshake,
     session_id: SessionId,
     aid: ActivationId,
     deadline_ms: u64,
@@ -255,70 +117,10 @@ impl NodeShard {
             }
         });
         match checked {
-            Ok(Ok(level)) => self.admit_in_turn(cx, driver, id, c, level),
+            Ok(Ok(level)) => self.admit(cx, driver, id, c, level),
             Ok(Err(home)) => self.check_token_at_home(cx, id, home, c),
             Err(r) => self.refuse_connect(driver, id, r.reason, r.why),
         }
-    }
-
-    /// On an idle turn: makes up to `key_pool_refill_per_turn` key pairs ahead while
-    /// the pool is short; how many it made.
-    pub(super) fn refill_key_pool(&mut self) -> usize {
-        let made = self.key_pool.refill(&mut self.rng);
-        if made > 0 {
-            let ready = self.key_pool.len() as u64;
-            self.metrics.connect_key_pool_pairs.set(ready);
-        }
-        made
-    }
-
-    /// The token was checked: admission goes on now (`key_agreements_per_turn` 0),
-    /// or the CONNECT waits its turn for the key agreement
-    /// ([`NodeShard::run_key_agreements`]), the connection `Authenticating`.
-    fn admit_in_turn(
-        &mut self,
-        cx: &mut Context<Msg, NodeTimer>,
-        driver: &mut NetDriver,
-        id: ConnId,
-        connect: OwnedConnect,
-        level: DeviceLevel,
-    ) {
-        if self.key_pool.agreements_per_turn == 0 {
-            return self.admit(cx, driver, id, connect, level);
-        }
-        let Some(conn) = self.conn_mut(id) else {
-            return;
-        };
-        conn.state = ConnState::Authenticating;
-        self.key_pool
-            .queued
-            .push_back(Queued { id, connect, level });
-    }
-
-    /// Once per loop turn: up to `key_agreements_per_turn` queued CONNECTs, oldest
-    /// first, go on with their key agreement and activation; one whose connection
-    /// closed meanwhile is dropped. How many it took.
-    pub(super) fn run_key_agreements(
-        &mut self,
-        cx: &mut Context<Msg, NodeTimer>,
-        driver: &mut NetDriver,
-    ) -> usize {
-        let n = self.key_pool.agreements_per_turn;
-        let mut taken = 0;
-        while taken < n {
-            let Some(q) = self.key_pool.queued.pop_front() else {
-                break;
-            };
-            taken += 1;
-            match self.conn_mut(q.id) {
-                Some(conn) if conn.state == ConnState::Authenticating => {
-                    conn.state = ConnState::AwaitConnect;
-                }
-                _ => continue,
-            }
-            self.admit(cx, driver, q.id, q.connect, q.level);
-        }
-        taken
     }
 
     /// The token was checked (here or at the uid's home): the key agreement, the
@@ -393,7 +195,7 @@ impl NodeShard {
             _ => return,
         }
         match checked {
-            Ok(level) => self.admit_in_turn(cx, driver, id, c, level),
+            Ok(level) => self.admit(cx, driver, id, c, level),
             Err(reason) => self.refuse_connect(driver, id, reason, "token check at the uid's home"),
         }
     }
@@ -423,26 +225,15 @@ impl NodeShard {
             .map_err(|_| Refusal::new(ReasonCode::AUTH_FAIL, "token mismatch"))
     }
 
-    /// The key agreement: a server key pair never used before (made ahead from the
-    /// shard's pool, or now when it is empty) and a fresh salt against the client's key.
-    fn agree_key(&mut self, id: ConnId, c: &OwnedConnect) -> Result<Agreed, Refusal> {
+    /// The key agreement: a fresh server key pair and salt against the client's key.
+    fn agree_key(&mut self, id: ConnId, c: &OwnedConnect) -> Result<ServerHandshake, Refusal> {
         let empty_key = || Refusal::new(ReasonCode::CLIENT_KEY_IS_EMPTY, "empty client key");
         if c.client_key.is_empty() {
             return Err(empty_key());
         }
-        let pair = match self.key_pool.take() {
-            Some(pair) => {
-                let ready = self.key_pool.len() as u64;
-                self.metrics.connect_key_pool_pairs.set(ready);
-                pair
-            }
-            None => {
-                self.metrics.connect_keys_made_inline.inc();
-                KeyPair::new(self.rng.gen())
-            }
-        };
+        let seed: [u8; 32] = self.rng.gen();
         let salt: [u8; 16] = self.rng.gen();
-        match agree_with(&c.client_key, pair, salt) {
+        match server_handshake(&c.client_key, seed, salt) {
             Ok(hs) => Ok(hs),
             Err(CryptoError::EmptyClientKey) => Err(empty_key()),
             Err(err) => {
@@ -459,7 +250,7 @@ impl NodeShard {
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         level: DeviceLevel,
-        handshake: Agreed,
+        handshake: ServerHandshake,
     ) -> Result<Admitted, Refusal> {
         let session_id = session_id(self.me, self.next_session);
         self.next_session += 1;
@@ -498,8 +289,8 @@ impl NodeShard {
         let Some(conn) = self.conn_mut(id) else {
             return;
         };
-        conn.server_key = a.handshake.server_key;
-        conn.salt = a.handshake.salt;
+        conn.server_key = a.handshake.server_key().into();
+        conn.salt = a.handshake.salt().into();
         conn.cipher = Some(a.handshake.cipher);
         conn.uid = uid.clone();
         conn.session_id = a.session_id;
@@ -685,51 +476,5 @@ impl NodeShard {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::SeedableRng;
-
-    /// A pair made ahead gives what `net::crypto::server_handshake` gives for the
-    /// same private key and salt: the CONNACK strings and the cipher.
-    #[test]
-    fn agreement_with_a_pair_made_ahead_equals_the_server_handshake() {
-        let client = crypto::ClientKey::new([7u8; 32]);
-        let (seed, salt) = ([42u8; 32], [9u8; 16]);
-        let reference = crypto::server_handshake(client.client_key(), seed, salt).unwrap();
-        let agreed = agree_with(client.client_key(), KeyPair::new(seed), salt).unwrap();
-        assert_eq!(&*agreed.server_key, reference.server_key());
-        assert_eq!(&*agreed.salt, reference.salt());
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        agreed.cipher.encrypt_into(b"hello", &mut a);
-        reference.cipher.encrypt_into(b"hello", &mut b);
-        assert_eq!(a, b);
-    }
-
-    /// The pool never holds more than its limit, refills by its per-turn step, and
-    /// hands each pair out once.
-    #[test]
-    fn the_pool_is_bounded_and_each_pair_is_taken_once() {
-        let cfg = ConnectConfig {
-            key_pool_max: 5,
-            key_pool_refill_per_turn: 2,
-            key_agreements_per_turn: 0,
-        };
-        let mut pool = KeyPool::new(&cfg);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        let made: Vec<usize> = (0..4).map(|_| pool.refill(&mut rng)).collect();
-        assert_eq!(made, [2, 2, 1, 0]);
-        assert_eq!(pool.len(), 5);
-        let mut keys: Vec<String> = std::iter::from_fn(|| pool.take())
-            .map(|p| p.server_key().to_owned())
-            .collect();
-        assert_eq!(keys.len(), 5);
-        keys.sort();
-        keys.dedup();
-        assert_eq!(keys.len(), 5, "a pair was handed out twice");
-        assert!(pool.take().is_none());
     }
 }

@@ -52,7 +52,6 @@ pub const GAUGES: &[&str] = &[
     "listener_paused_ws",
     "outbound_bytes",
     "pending_ack_bytes",
-    "connect_key_pool_pairs",
     "route_rebuild_queued",
     "route_rebuild_last_ms",
 ];
@@ -87,11 +86,6 @@ shard_metrics! {
     activations,
     /// CONNECTs refused (bad token, key, version, activation failure).
     connect_refused,
-    /// CONNECTs whose server key pair was made on the spot: the shard's pool of
-    /// pairs made ahead (`[connect] key_pool_max`) was empty.
-    connect_keys_made_inline,
-    /// Server key pairs made ahead and ready for CONNECTs (gauge).
-    connect_key_pool_pairs,
     /// Sessions kicked or closed by owner actions and device_quit.
     kicks,
     /// Frames that could not be decoded (connection closed).

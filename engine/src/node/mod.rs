@@ -23,7 +23,6 @@
 mod authority_service;
 pub mod catalog;
 mod connect;
-pub use connect::ConnectConfig;
 mod conns;
 mod control;
 pub mod metrics;
@@ -350,8 +349,6 @@ pub struct NodeConfig {
     pub net: NetConfig,
     pub authority: AuthorityConfig,
     pub activation: ActivationConfig,
-    /// `[connect]`: server key pairs made ahead of CONNECTs.
-    pub connect: ConnectConfig,
     /// `[registry]`: each shard's registry (its unregister queue).
     pub registry: crate::registry::RegistryLimits,
     pub session: SessionConfig,
@@ -381,7 +378,6 @@ impl Default for NodeConfig {
             net: NetConfig::default(),
             authority: AuthorityConfig::default(),
             activation: ActivationConfig::default(),
-            connect: ConnectConfig::default(),
             registry: crate::registry::RegistryLimits::default(),
             session: SessionConfig::default(),
             delivery: DeliveryConfig::default(),

@@ -89,10 +89,6 @@ pub struct NodeShard {
     pub(super) next_session: u64,
     /// Server key pairs and salts: a CSPRNG seeded from the OS.
     pub(super) rng: StdRng,
-    /// Server key pairs made ahead of CONNECTs (`[connect]`), refilled on idle turns.
-    pub(super) key_pool: super::connect::KeyPool,
-    /// Whether this turn handled a message, a timer or IO (no key pair made then).
-    pub(super) turn_busy: bool,
     /// One frame copied out of the driver's input while it is handled.
     pub(super) rx_frame: Vec<u8>,
     /// An activation's outputs (reused).
@@ -157,8 +153,6 @@ impl NodeShard {
             ack_resend_buf: Vec::new(),
             me,
             rng: StdRng::from_entropy(),
-            key_pool: super::connect::KeyPool::new(&cfg.connect),
-            turn_busy: false,
             rx_frame: Vec::new(),
             metrics: shared.shard_metrics[me as usize].clone(),
             stages: shared.stages[me as usize].clone(),
@@ -261,7 +255,6 @@ impl Handler for NodeShard {
         from: ShardId,
         msg: Msg,
     ) {
-        self.turn_busy = true;
         match msg {
             Msg::Authority {
                 reply_to,
@@ -332,7 +325,6 @@ impl Handler for NodeShard {
         _handle: TimerHandle,
         timer: NodeTimer,
     ) {
-        self.turn_busy = true;
         match timer {
             NodeTimer::Activation(aid) => self.feed_activation(cx, driver, aid, Event::Tick),
             NodeTimer::TouchFlush => {
@@ -353,7 +345,6 @@ impl Handler for NodeShard {
     }
 
     fn on_io(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver, event: NetEvent) {
-        self.turn_busy = true;
         let peer = match &event {
             NetEvent::Accepted { listener, .. } => super::peers::is_rpc_listener(*listener),
             NetEvent::Connected { .. } => true,
@@ -380,16 +371,11 @@ impl Handler for NodeShard {
         // answered (SENDACK) and queued for delivery at once, and the `LogSync` timer
         // hands an fdatasync to the syncer; only `fsync = "always"` makes the turn's
         // appends one sync job, answered when it ends. Then deliveries go on where
-        // peers have room. First, the CONNECTs waiting for their key agreement (a
-        // bounded number per turn).
-        let work = self.run_key_agreements(cx, driver)
-            + super::send::flush_commits(self, cx, driver)
+        // peers have room.
+        let work = super::send::flush_commits(self, cx, driver)
             + super::send::pump_deliveries(self, cx, driver);
         // Last: the turn's frames to other nodes, one write per link.
-        let work = work + self.flush_peers(cx, driver);
-        // An idle turn makes server key pairs ahead of the next CONNECTs.
-        let busy = std::mem::take(&mut self.turn_busy) || work > 0;
-        work + if busy { 0 } else { self.refill_key_pool() }
+        work + self.flush_peers(cx, driver)
     }
 
     fn on_stop(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
