@@ -444,13 +444,9 @@ fn publish_plan_counts(node: &mut NodeShard) {
 impl NodeShard {
     /// Sends one remote lookup (EndpointsByTargets to `lookup.node`) and answers it
     /// exactly once through `CommitCore::on_lookup_reply`: the node's reply, or a
-    /// failure at the RPC deadline or when the peer is down or restarted.
-    ///
-    /// For now it fails the lookup at once as `PeerDown`: its groups are counted
-    /// failed and their recipients catch up by messagesync. A node alone never
-    /// gets here (it leads every target); a configured cluster did the same before
-    /// (this node's reader failed those groups as not led here). TODO(issue 13): the
-    /// EndpointsByTargets RPC.
+    /// failure at the RPC deadline or when the peer is down or restarted (a failed
+    /// lookup's groups are counted failed; their recipients catch up by
+    /// messagesync). A node alone never gets here: it leads every target.
     pub(crate) fn send_remote_lookup(&mut self, cx: &mut Context<Msg, NodeTimer>, lookup: Lookup) {
         let request = wire::Request::Lookup {
             groups: lookup.groups,
