@@ -282,6 +282,20 @@ fn tcp_echo(backend: Backend) {
     assert_eq!(server.wait_closed(conn), CloseReason::PeerClosed);
 }
 
+/// The accepted connection reports the client's address (the io_uring backend takes
+/// it from the accept itself, not from a `getpeername` per connection).
+fn accepted_peer_is_the_clients_address(backend: Backend) {
+    let server = Server::start(backend, 1, NetConfig::default());
+    for _ in 0..3 {
+        let c = connect(server.tcp);
+        let (_, ev) = server.wait_for("Accepted", |e| matches!(e, NetEvent::Accepted { .. }));
+        let NetEvent::Accepted { peer, .. } = ev else {
+            unreachable!()
+        };
+        assert_eq!(peer, c.local_addr().unwrap());
+    }
+}
+
 fn ws_echo_ping_close(backend: Backend) {
     let server = Server::start(backend, 1, NetConfig::default());
     let mut ws = ws_connect(server.ws, "/any/path?x=1");
@@ -718,6 +732,7 @@ fn poll_now_runs_the_drivers_timers_on_the_callers_clock(backend: Backend) {
 suite!(
     poll_now_runs_the_drivers_timers_on_the_callers_clock,
     tcp_echo,
+    accepted_peer_is_the_clients_address,
     ws_echo_ping_close,
     split_and_coalesced_input,
     bad_websocket_input_closes_only_that_client,

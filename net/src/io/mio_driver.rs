@@ -331,7 +331,7 @@ impl MioDriver {
                 reset(stream); // Over the shard's connection cap.
                 continue;
             };
-            let _ = stream.set_nodelay(true);
+            // TCP_NODELAY came from the listener (`prepare_listener`).
             if let Err(e) = self.poll.registry().register(
                 &mut stream,
                 Token(idx as usize),

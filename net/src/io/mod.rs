@@ -500,11 +500,16 @@ fn connect_outcome<S: std::os::fd::AsFd>(sock: &S, hangup: bool) -> io::Result<O
     }
 }
 
-/// Prepares a listener handed to a driver: non-blocking, backlog raised.
+/// Prepares a listener handed to a driver: non-blocking, backlog raised, and
+/// `TCP_NODELAY` set once on the listener, which Linux copies to every socket it
+/// accepts (so no `setsockopt` per accepted connection; pinned by the test
+/// `accepted_sockets_inherit_the_listeners_nodelay`).
 fn prepare_listener(listener: &TcpListener, backlog: i32) -> io::Result<()> {
     listener.set_nonblocking(true)?;
+    let sock = socket2::SockRef::from(listener);
+    sock.set_tcp_nodelay(true)?;
     // Calling listen again on a listening socket only changes its backlog.
-    socket2::SockRef::from(listener).listen(backlog)
+    sock.listen(backlog)
 }
 
 /// One shard's transport driver: io_uring or mio, chosen at construction.
@@ -714,4 +719,19 @@ pub struct NetStats {
     pub bytes_in: u64,
     /// Bytes written to sockets.
     pub bytes_out: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn accepted_sockets_inherit_the_listeners_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        super::prepare_listener(&listener, 16).unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(accepted.nodelay().unwrap(), "TCP_NODELAY not inherited");
+    }
 }

@@ -52,6 +52,51 @@ fn split_user_data(ud: u64) -> (u64, u32, u32) {
     (ud >> 56, ((ud >> 32) & 0xFF_FFFF) as u32, ud as u32)
 }
 
+/// Where the kernel writes an accepted connection's peer address: one per accept in
+/// flight, so the address comes with the accept (no `getpeername` per connection).
+#[derive(Clone, Copy)]
+struct AcceptAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl AcceptAddr {
+    fn empty() -> Self {
+        AcceptAddr {
+            // SAFETY: `sockaddr_storage` is plain old data; all zeroes is a valid value.
+            storage: unsafe { std::mem::zeroed() },
+            len: std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+        }
+    }
+
+    /// The address the kernel wrote, if it is an IP one.
+    fn peer(&self) -> Option<SocketAddr> {
+        let len = self.len as usize;
+        let at = (&raw const self.storage).cast::<u8>();
+        match i32::from(self.storage.ss_family) {
+            libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+                // SAFETY: the kernel wrote a `sockaddr_in` (family and length checked)
+                // at the start of the storage, which is large and aligned enough.
+                let a = unsafe { at.cast::<libc::sockaddr_in>().read() };
+                let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+                Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+            }
+            libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                // SAFETY: as above, a `sockaddr_in6`.
+                let a = unsafe { at.cast::<libc::sockaddr_in6>().read() };
+                let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+                Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                    ip,
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
 #[derive(Default)]
 struct UConn {
     fd: Option<OwnedFd>,
@@ -89,6 +134,11 @@ pub struct UringDriver {
     /// already installed, so they bound how far past its cap a shard's descriptors
     /// can go before it resets the extra ones.
     accepts_inflight: Vec<u32>,
+    /// Per listener, one address slot per accept in flight (`uring_accepts_inflight`),
+    /// and the free ones. Boxed: the kernel holds pointers into them until the accept
+    /// completes (leaked on drop if IO did not finish, as the buffers are).
+    accept_addrs: Vec<Box<[AcceptAddr]>>,
+    accept_free: Vec<Vec<u32>>,
     conns: Vec<UConn>,
     /// SQEs pushed whose final CQE has not arrived.
     inflight: usize,
@@ -144,6 +194,12 @@ impl UringDriver {
             doorbell_armed: false,
             listeners,
             accepts_inflight: vec![0; n],
+            accept_addrs: (0..n)
+                .map(|_| vec![AcceptAddr::empty(); config.uring_accepts_inflight as usize].into())
+                .collect(),
+            accept_free: (0..n)
+                .map(|_| (0..config.uring_accepts_inflight).rev().collect())
+                .collect(),
             conns: Vec::new(),
             inflight: 0,
             rearm: Vec::new(),
@@ -304,11 +360,22 @@ impl UringDriver {
                 // limit, and the accepted descriptors not yet handled stay bounded
                 // (a multishot accept would fill the descriptor table in a flood
                 // before the shard resets what is over its cap).
-                let e = opcode::Accept::new(Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
-                    .flags(libc::SOCK_CLOEXEC)
-                    .build()
-                    .user_data(user_data(OP_ACCEPT, i as u32, 0));
-                // SAFETY: the accept passes no address buffer.
+                let slot = self.accept_free[i]
+                    .pop()
+                    .expect("one address slot per accept in flight");
+                let a = &mut self.accept_addrs[i][slot as usize];
+                *a = AcceptAddr::empty();
+                let e = opcode::Accept::new(
+                    Fd(fd),
+                    (&raw mut a.storage).cast::<libc::sockaddr>(),
+                    &raw mut a.len,
+                )
+                .flags(libc::SOCK_CLOEXEC)
+                .build()
+                .user_data(user_data(OP_ACCEPT, i as u32, slot));
+                // SAFETY: the address slot is boxed (it does not move), not reused
+                // until this accept's completion returns it to `accept_free`, and
+                // outlives the ring (leaked on drop if IO did not finish).
                 unsafe { self.push(&e)? };
                 self.accepts_inflight[i] += 1;
             }
@@ -419,7 +486,8 @@ impl UringDriver {
         }
     }
 
-    fn on_accept(&mut self, li: usize, res: i32) -> io::Result<()> {
+    /// `peer`: the address the accept wrote (unspecified when the kernel gave none).
+    fn on_accept(&mut self, li: usize, res: i32, peer: Option<SocketAddr>) -> io::Result<()> {
         if res == -libc::ECANCELED {
             return Ok(());
         }
@@ -453,14 +521,12 @@ impl UringDriver {
             self.core.accept_refused(li, Refusal::FdLimit);
             return Ok(());
         };
-        let peer = stream
-            .peer_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let peer = peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let Some(idx) = self.core.alloc(li, peer) else {
             reset(stream); // Over the shard's connection cap.
             return Ok(());
         };
-        let _ = stream.set_nodelay(true);
+        // TCP_NODELAY came from the listener (`prepare_listener`).
         let raw: RawFd = stream.into_raw_fd();
         if self.conns.len() <= idx as usize {
             self.conns.resize_with(idx as usize + 1, UConn::default);
@@ -544,7 +610,7 @@ impl UringDriver {
                 if !cqueue::more(flags) {
                     self.inflight -= 1;
                 }
-                let (op, idx, _generation) = split_user_data(ud);
+                let (op, idx, generation) = split_user_data(ud);
                 match op {
                     OP_DOORBELL => {
                         self.doorbell.drain();
@@ -553,8 +619,11 @@ impl UringDriver {
                         }
                     }
                     OP_ACCEPT => {
-                        self.accepts_inflight[idx as usize] -= 1;
-                        self.on_accept(idx as usize, res)?;
+                        let li = idx as usize;
+                        self.accepts_inflight[li] -= 1;
+                        let peer = self.accept_addrs[li][generation as usize].peer();
+                        self.accept_free[li].push(generation);
+                        self.on_accept(li, res, peer)?;
                     }
                     OP_RECV => self.on_recv(idx, res, flags)?,
                     OP_SEND => self.on_send(idx, res)?,
@@ -728,6 +797,8 @@ impl Drop for UringDriver {
         }
         if self.bufs_unsafe_to_free {
             std::mem::replace(&mut self.bufs, BufRing::empty()).leak();
+            // An accept still in flight may write its peer address.
+            std::mem::forget(std::mem::take(&mut self.accept_addrs));
             // In-flight sends may still read the connections' output buffers.
             let cfg = self.core.cfg.clone();
             std::mem::forget(std::mem::replace(&mut self.core, Core::new(&cfg, 0)));
