@@ -564,6 +564,12 @@ fn set_up(cfg: &BenchConfig, sc: &Scenario, target: &Target, nofile: u64) -> io:
         .collect::<io::Result<Vec<_>>>()?;
     let prefix = format!("ib{}x{}", std::process::id(), unix_ms() % 100_000_000);
     let built = build(sc, &prefix, &addrs, cap)?;
+    // The clients' descriptors reserved before the timed phases: growing the table
+    // under load stalls every thread taking a descriptor (`reserve_fd_table`).
+    let want = built.plan.clients.len() as u64 * per_client_fds + RESERVED_FDS;
+    if let Err(e) = net::io::fd::reserve_fd_table(want) {
+        eprintln!("imbench: could not reserve {want} descriptors: {e}");
+    }
     if cfg.set_tokens {
         let uids: Vec<String> = built.plan.clients.iter().map(|c| c.uid.clone()).collect();
         target.control.set_tokens(&uids, token_of)?;

@@ -753,6 +753,13 @@ fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget>
     }
     budget.log();
     config.net.max_connections_per_shard = budget.per_shard_cap as usize;
+    // The descriptor table sized for the whole budget now, not grown (with a stall of
+    // every shard) while connections arrive: see `reserve_fd_table`.
+    let want = budget.per_shard_cap * budget.shards + budget.reserve;
+    match net::io::fd::reserve_fd_table(want) {
+        Ok(size) => tracing::debug!(want, ?size, "descriptor table reserved"),
+        Err(err) => tracing::warn!(%err, want, "could not reserve the descriptor table"),
+    }
     Ok(budget)
 }
 
