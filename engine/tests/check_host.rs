@@ -43,6 +43,8 @@ fn tuned() -> HostFacts {
             (2, Some("performance".into())),
         ],
         thp_enabled: Some("madvise".into()),
+        cpuidle_driver: Some("haltpoll".into()),
+        guest_halt_poll_ns: Some(200_000),
         processes: Some(vec![process(
             1,
             "init",
@@ -86,7 +88,7 @@ fn judge(load: &Load, facts: &HostFacts, prefix: &str) -> Finding {
 #[test]
 fn a_tuned_host_has_only_ok_findings() {
     let findings = evaluate(&load(), &tuned());
-    assert_eq!(findings.len(), 9);
+    assert_eq!(findings.len(), 10);
     for f in &findings {
         assert_eq!(f.severity, Severity::Ok, "{f:#?}");
     }
@@ -298,6 +300,22 @@ fn transparent_huge_pages_always_warns() {
 }
 
 #[test]
+fn guest_halt_polling_off_warns() {
+    let mut facts = tuned();
+    for (driver, poll_ns, severity) in [
+        (Some("haltpoll"), Some(0), Severity::Warn),
+        (Some("haltpoll"), Some(200_000), Severity::Ok),
+        (Some("intel_idle"), None, Severity::Info),
+        (None, None, Severity::Info),
+    ] {
+        facts.cpuidle_driver = driver.map(String::from);
+        facts.guest_halt_poll_ns = poll_ns;
+        let f = judge(&load(), &facts, "idle vCPU wake-ups");
+        assert_eq!(f.severity, severity, "{driver:?} {poll_ns:?}");
+    }
+}
+
+#[test]
 fn another_process_pinned_to_or_running_on_a_shard_core_warns() {
     let mut facts = tuned();
     let mut procs = facts.processes.clone().unwrap();
@@ -388,7 +406,7 @@ fn the_table_is_aligned() {
     facts.nofile = Some((10, 20));
     let text = render(&evaluate(&load(), &facts));
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 10, "a header and nine findings");
+    assert_eq!(lines.len(), 11, "a header and ten findings");
     let column = lines[0].find("STATUS").unwrap();
     for line in &lines[1..] {
         let status = &line[column..column + 4];
@@ -478,7 +496,7 @@ fn a_load_that_fits_the_descriptor_limit_passes() {
         "{open}"
     );
     assert!(line(&stdout, "verdict:").starts_with("verdict: OK"));
-    assert_eq!(stdout.lines().count(), 11, "header, nine findings, verdict");
+    assert_eq!(stdout.lines().count(), 12, "header, ten findings, verdict");
 }
 
 #[test]
