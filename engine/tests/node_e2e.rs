@@ -146,6 +146,11 @@ fn person_and_group(backend: Backend, transport: Transport) {
     // person RECV and u2's are separate messages), each timed until its socket write.
     let stage = |name: &str| value(&format!("imrouter_stage_{name}_seconds_count"));
     assert_eq!(
+        stage("connect"),
+        4,
+        "four CONNECTs (u1 to u4), each answered"
+    );
+    assert_eq!(
         [
             stage("gateway_to_commit"),
             stage("commit_to_durable"),

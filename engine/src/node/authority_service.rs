@@ -41,7 +41,10 @@ impl NodeShard {
         let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
         match reply_to {
             ReplyTo::Shard(shard, corr) => {
-                self.send_msg(cx, shard, Msg::AuthorityReply { corr, reply })
+                self.send_msg(cx, shard, Msg::AuthorityReply { corr, reply });
+                // A CONNACK waits for this answer: handed over now, not after the
+                // rest of the turn (which may be a batch of key agreements).
+                cx.flush_to(shard);
             }
             ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::Authority(reply)),
         }
@@ -87,6 +90,8 @@ impl NodeShard {
                 request,
             };
             self.send_msg(cx, to, msg);
+            // On a CONNECT's critical path: handed over now (see `on_authority_call`).
+            cx.flush_to(to);
         }
     }
 

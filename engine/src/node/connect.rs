@@ -109,6 +109,10 @@ impl NodeShard {
         id: ConnId,
         c: OwnedConnect,
     ) {
+        let now_ns = self.shared.mono_ns();
+        if let Some(conn) = self.conn_mut(id) {
+            conn.connect_ns = now_ns;
+        }
         let checked = self.negotiate_version(id, &c).and_then(|()| {
             let home = self.token_home(&c)?;
             match home {
@@ -345,6 +349,14 @@ impl NodeShard {
     }
 
     fn write_connack(&mut self, driver: &mut NetDriver, id: ConnId, reason: ReasonCode) {
+        let Some(conn) = self.conn_mut(id) else {
+            return;
+        };
+        let started_ns = std::mem::take(&mut conn.connect_ns);
+        if started_ns != 0 {
+            let waited_ns = self.shared.mono_ns().saturating_sub(started_ns);
+            self.stages.connect.observe_ns(waited_ns);
+        }
         let Some(conn) = self.conn(id) else { return };
         let server_version = conn.connack_server_version;
         let time_diff_ms = self.shared.wall_ms() as i64 - conn.client_timestamp_ms;

@@ -53,6 +53,9 @@ pub(crate) struct Conn {
     pub server_key: Box<str>,
     pub salt: Box<str>,
     pub client_timestamp_ms: i64,
+    /// When its CONNECT was decoded (`NodeShared::mono_ns`), until CONNACK: the start
+    /// of the connect stage; 0 otherwise.
+    pub connect_ns: u64,
     pub uid: Uid,
     pub session_id: SessionId,
     pub handle: Option<SessionHandle>,
@@ -112,6 +115,7 @@ impl NodeShard {
             server_key: Box::from(""),
             salt: Box::from(""),
             client_timestamp_ms: 0,
+            connect_ns: 0,
             uid: Uid::from(""),
             session_id: 0,
             handle: None,

@@ -307,6 +307,10 @@ impl LatencyHistogram {
 /// ([`super::NodeShared::mono_ns`]), read once per message or per batch.
 #[derive(Debug, Default)]
 pub struct StageHistograms {
+    /// CONNECT decoded → CONNACK queued: the token check, the key agreement and the
+    /// activation (with the answer of the uid's authority shard or node), or the
+    /// refusal.
+    pub connect: LatencyHistogram,
     /// SEND decoded on the gateway shard → appended to the commit shard's log
     /// (includes the ring hop between the two shards).
     pub gateway_to_commit: LatencyHistogram,
@@ -327,7 +331,11 @@ pub struct StageHistograms {
 }
 
 /// `(name, help)` of each stage in [`StageHistograms::named`] (the `# HELP` lines).
-pub const STAGE_HELP: [(&str, &str); 6] = [
+pub const STAGE_HELP: [(&str, &str); 7] = [
+    (
+        "stage_connect",
+        "CONNECT decoded to CONNACK queued (token, key agreement, activation).",
+    ),
     (
         "stage_gateway_to_commit",
         "SEND decoded on the gateway shard to appended to the commit shard's log.",
@@ -353,8 +361,9 @@ pub const STAGE_HELP: [(&str, &str); 6] = [
 
 impl StageHistograms {
     /// `(metric name, histogram)` in path order; exported as `imrouter_<name>_seconds`.
-    pub fn named(&self) -> [(&'static str, &LatencyHistogram); 6] {
+    pub fn named(&self) -> [(&'static str, &LatencyHistogram); 7] {
         [
+            ("stage_connect", &self.connect),
             ("stage_gateway_to_commit", &self.gateway_to_commit),
             ("stage_commit_to_durable", &self.commit_to_durable),
             ("stage_route_lookup", &self.route_lookup),
