@@ -621,7 +621,9 @@ impl UringDriver {
                     OP_ACCEPT => {
                         let li = idx as usize;
                         self.accepts_inflight[li] -= 1;
-                        let peer = self.accept_addrs[li][generation as usize].peer();
+                        // The address is only written by an accept that succeeded.
+                        let slot = &self.accept_addrs[li][generation as usize];
+                        let peer = if res >= 0 { slot.peer() } else { None };
                         self.accept_free[li].push(generation);
                         self.on_accept(li, res, peer)?;
                     }
