@@ -258,6 +258,7 @@ mod tests {
             Tracked::Yes { arm_timer_at: None }
         );
         assert_eq!(bytes, 2 * (ENTRY_OVERHEAD_BYTES + 8));
+        assert_eq!((p.len(), p.is_empty()), (2, false));
         let mut resend = Vec::new();
         // At 100 only the first is due: re-sent, due again at 200; next is 150.
         let out = p.on_timeout(100, &LIMITS, &mut bytes, &mut resend);
@@ -287,7 +288,7 @@ mod tests {
                 }
             )
         );
-        assert_eq!((p.len(), bytes), (0, 0));
+        assert_eq!((p.len(), p.is_empty(), bytes), (0, true, 0));
         // Disarmed: the next RECV asks for a timer again.
         assert_eq!(
             t(&mut p, 3, 400, &mut bytes),

@@ -1382,6 +1382,136 @@ mod planner_tests {
     }
 
     #[test]
+    fn planning_through_the_authority_reader_finds_every_registered_route() {
+        // The node's own lookup (`AuthorityReader`, not a fake): 40 subscribers over
+        // many hash slots, 25 of them online with one session each, on shards 0
+        // and 1; every online one is pushed to its session's shard, no one else.
+        use crate::authority::{Authority, AuthorityConfig, Directory};
+        use crate::cluster::HashSlot;
+        use crate::route::{RegisterOutcome, Route, Transport};
+        use shard::slots::HASH_SLOTS;
+
+        let cfg = AuthorityConfig::default();
+        let dir = Directory::new(&cfg).unwrap();
+        let slots: Vec<HashSlot> = (0..HASH_SLOTS as HashSlot).collect();
+        let mut authority = Authority::new(cfg, &dir, &slots).unwrap();
+        let view = ClusterView::single_node(ME);
+        assert!(authority.apply_view(&view, ME, 0));
+        let uids: Vec<Uid> = (0..40).map(|i| Uid::from(format!("m{i}"))).collect();
+        let mut online = Vec::new();
+        for (i, uid) in uids.iter().enumerate().filter(|(i, _)| i % 8 < 5) {
+            let route = Route {
+                uid: uid.clone(),
+                device_id: "d".into(),
+                device_flag: 1,
+                device_level: DeviceLevel::Master,
+                node_id: ME,
+                boot_id: 7,
+                session_id: session_id((i % 2) as ShardId, i as u64),
+                listener: Transport::Tcp,
+                owner_seq: 1,
+                connected_at_ms: 0,
+                last_active_s: Some(0),
+            };
+            let target = view.target_for_uid(uid);
+            assert_eq!(
+                authority.register_route(&target, route.clone(), 0),
+                Ok(RegisterOutcome::Active)
+            );
+            online.push((route.uid, route.session_id));
+        }
+        online.sort();
+        let mut reader = authority.reader();
+
+        let mut p = Planner::default();
+        p.enqueue(delivery(1, uids.clone()));
+        let mut limits = limits();
+        limits.subscriber_page_max = 64;
+        let mut out = Vec::new();
+        let (freed, _) = p.pump(&view, &mut reader, &mut |_| usize::MAX, &limits, &mut out);
+        assert_eq!(freed, CHARGE);
+        let mut pushed = Vec::new();
+        for o in out {
+            let PlanOutput::Push(push) = o else {
+                panic!("every group is local: no lookup");
+            };
+            for e in push.endpoints {
+                assert_eq!(push.to, PushTo::Shard(session_shard(e.session_id)));
+                pushed.push((e.uid, e.session_id));
+            }
+        }
+        pushed.sort();
+        assert_eq!(pushed, online);
+
+        // The plain lookup (by target, without hashes) finds the same.
+        let groups: Vec<(Target, Vec<Uid>)> = uids
+            .iter()
+            .map(|u| (view.target_for_uid(u), vec![u.clone()]))
+            .collect();
+        let lookups: Vec<(Target, &[Uid])> =
+            groups.iter().map(|(t, u)| (*t, u.as_slice())).collect();
+        let (mut endpoints, mut results) = (Vec::new(), Vec::new());
+        EndpointLookup::endpoints_by_targets_into(
+            &mut reader,
+            &lookups,
+            &mut endpoints,
+            &mut results,
+        );
+        assert_eq!(results.len(), uids.len());
+        assert!(results.iter().all(|r| r.is_ok()));
+        let mut plain: Vec<(Uid, SessionId)> = endpoints
+            .into_iter()
+            .map(|e| (e.uid, e.session_id))
+            .collect();
+        plain.sort();
+        assert_eq!(plain, online);
+    }
+
+    #[test]
+    fn every_batch_to_one_node_takes_its_room() {
+        // Three one-endpoint batches for node 2, whose room takes two past the
+        // reserve: the third waits, and goes once room is back.
+        let remote_owned = in_page_order(led_by(1, "r", 3));
+        let mut rig = Rig::new(vec![delivery(1, remote_owned.clone())]);
+        rig.limits.push_batch_max = 1;
+        rig.room = vec![(PushTo::Node(2), 3)];
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushes.len(), 2, "{pushes:?}");
+        assert!(pushes.iter().all(|p| p.0 == PushTo::Node(2)));
+        assert_eq!(freed, 0);
+        assert_eq!(rig.p.take_counts().stalls, 1);
+        assert!(!rig.p.is_empty(), "the message waits for its last batch");
+        let (freed, _, last, _) = rig.pump();
+        assert_eq!(last.len(), 1, "room is per call: a new call has it again");
+        let mut all: Vec<Uid> = pushes.into_iter().chain(last).flat_map(|p| p.2).collect();
+        all.sort();
+        assert_eq!(all, sorted(remote_owned));
+        assert_eq!(freed, CHARGE);
+        assert!(rig.p.is_empty());
+    }
+
+    #[test]
+    fn a_call_that_stops_at_pages_per_turn_max_asks_for_another() {
+        // Two local pages, one page a call: the first call pushes one page and says
+        // there is more; the second pushes the other and the message is done.
+        let here = in_page_order(led_by(1, "a", 4));
+        let mut rig = Rig::new(vec![delivery(1, here.clone())]);
+        rig.limits.subscriber_page_max = 2;
+        rig.limits.pages_per_turn_max = 1;
+        let (freed, work, pushes, _) = rig.pump();
+        assert_eq!(pushes.len(), 1);
+        assert_eq!((freed, work), (0, 2), "one push, and more to do");
+        assert_eq!((rig.p.len(), rig.p.is_empty()), (1, false));
+        let (freed, work, more, _) = rig.pump();
+        assert_eq!(more.len(), 1);
+        assert_eq!((freed, work), (CHARGE, 1), "the last page: nothing more");
+        let mut all: Vec<Uid> = pushes.into_iter().chain(more).flat_map(|p| p.2).collect();
+        all.sort();
+        assert_eq!(all, sorted(here));
+        assert_eq!(rig.pump(), (0, 0, vec![], vec![]));
+    }
+
+    #[test]
     fn a_reply_that_does_not_fit_its_request_fails_every_group() {
         let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 4))]);
         let (_, _, _, lookups) = rig.pump();

@@ -9,8 +9,8 @@ mod common;
 
 use common::*;
 use domain::activation::{
-    Activation, AuthorityRequest, Event, Failure, Outcome, Output, OwnerActionFailed, ReasonCode,
-    Stage,
+    Activation, ActivationConfig, AuthorityRequest, Event, Failure, Outcome, Output,
+    OwnerActionFailed, ReasonCode, Stage,
 };
 use domain::registry::{Registry, SessionState};
 use domain::route::{AuthorityError, OwnerActionKind, PendingToken, RegisterOutcome};
@@ -190,6 +190,45 @@ fn too_many_owner_actions_aborts() {
     );
     assert_eq!(out, abort_then_fail(&a, token));
     assert_rolled_back(&reg, &a, true);
+    assert_eq!(
+        a.outcome(),
+        Some(Outcome::Failed {
+            reason: ReasonCode::SYSTEM_ERROR,
+            failure: Failure::TooManyOwnerActions
+        })
+    );
+}
+
+#[test]
+fn exactly_max_owner_actions_are_performed() {
+    // The limit is inclusive: `max_owner_actions` (64 by default) actions are asked
+    // of their owners, one more fails (above).
+    let mut reg = registry();
+    let (mut a, _) = at_stage(&mut reg, "x", 1, Stage::AwaitRegister);
+    let max = ActivationConfig::default().max_owner_actions;
+    let actions: Vec<_> = (0..max as u64)
+        .map(|i| action("x", 100 + i, OwnerActionKind::Close))
+        .collect();
+    let token = token_of(&a, 1);
+    let out = step(
+        &mut a,
+        &mut reg,
+        Event::RegisterReply(Ok(RegisterOutcome::Pending {
+            token,
+            actions: actions.clone(),
+        })),
+        5,
+    );
+    let expected: Vec<Output> = actions
+        .into_iter()
+        .enumerate()
+        .map(|(i, action)| Output::PerformOwnerAction {
+            index: i as u32,
+            action,
+        })
+        .collect();
+    assert_eq!(out, expected);
+    assert_eq!(a.stage(), Some(Stage::AwaitOwnerActions));
 }
 
 #[test]
@@ -457,6 +496,19 @@ fn late_replies_after_the_end_are_ignored() {
             request: AuthorityRequest::Abort { token }
         }]
     );
+    // A late Pending answer that carries another session's token (another identity,
+    // or this identity at another owner_seq) is not ours to abort.
+    let mut other_identity = token_of(&a, 4);
+    other_identity.identity.session_id += 1;
+    let mut other_seq = token_of(&a, 5);
+    other_seq.owner_seq += 1;
+    for token in [other_identity, other_seq] {
+        let pending = Event::RegisterReply(Ok(RegisterOutcome::Pending {
+            token,
+            actions: vec![],
+        }));
+        assert!(step(&mut a, &mut reg, pending, 3_002).is_empty());
+    }
     for ev in [
         Event::RegisterReply(Ok(RegisterOutcome::Active)),
         Event::CommitReply(Ok(())),

@@ -673,3 +673,181 @@ impl<T> std::fmt::Debug for TimerWheel<T> {
             .finish()
     }
 }
+
+/// The checker against corrupted wheels: each part it covers, broken by hand, is
+/// reported (the tests that lean on `check_invariants` are only as strong as this).
+#[cfg(test)]
+mod check_invariants_tests {
+    use super::*;
+
+    const NOW: u64 = 100;
+
+    /// Handles of: a level-0 timer, a level-1 timer, one inserted already due,
+    /// one clamped past the top level's window; and one cancelled (a free slot).
+    struct Rig {
+        w: TimerWheel<u32>,
+        near: usize,
+        due: usize,
+        freed: usize,
+    }
+
+    fn rig() -> Rig {
+        let mut w = TimerWheel::new(NOW, 64);
+        let near = w.insert(NOW + 5, 1).unwrap().index as usize;
+        w.insert(NOW + 1_000, 2).unwrap();
+        let due = w.insert(NOW - 50, 3).unwrap().index as usize;
+        w.insert(u64::MAX / 2, 4).unwrap();
+        let gone = w.insert(NOW + 7, 5).unwrap();
+        assert_eq!(w.cancel(gone), Some(5));
+        w.check_invariants().unwrap();
+        Rig {
+            w,
+            near,
+            due,
+            freed: gone.index as usize,
+        }
+    }
+
+    fn broken(what: &str, corrupt: impl FnOnce(&mut Rig), expect: &str) {
+        let mut r = rig();
+        corrupt(&mut r);
+        match r.w.check_invariants() {
+            Ok(()) => panic!("{what}: not reported"),
+            Err(e) => assert!(e.contains(expect), "{what}: {e:?} lacks {expect:?}"),
+        }
+    }
+
+    #[test]
+    fn every_corruption_of_a_bucket_is_reported() {
+        let bucket = |r: &Rig| r.w.slab[r.near].loc as usize;
+        broken(
+            "bit cleared",
+            |r| r.w.occupied[0] &= !(1 << bucket(r)),
+            "bitmap",
+        );
+        broken(
+            "bit set for an empty bucket",
+            |r| r.w.occupied[0] |= 1 << ((bucket(r) + 1) % LVL_SIZE),
+            "bitmap",
+        );
+        broken("pos", |r| r.w.slab[r.near].pos += 1, "bad pos/loc/value");
+        broken(
+            "loc",
+            |r| {
+                let b = bucket(r);
+                let i = r.w.buckets[b].pop().unwrap();
+                r.w.buckets[b + 1].push(i);
+                r.w.occupied[0] ^= (1 << b) | (1 << (b + 1));
+            },
+            "bad pos/loc/value",
+        );
+        broken(
+            "value",
+            |r| r.w.slab[r.near].value = None,
+            "bad pos/loc/value",
+        );
+        broken(
+            "linked twice",
+            |r| {
+                let b = bucket(r);
+                r.w.buckets[b].push(r.near as u32);
+            },
+            "linked twice",
+        );
+        broken(
+            "index out of the slab",
+            |r| {
+                let b = bucket(r);
+                r.w.buckets[b].push(999);
+            },
+            "out of slab",
+        );
+        broken(
+            "misplaced deadline",
+            |r| r.w.slab[r.near].deadline = NOW + 6,
+            "misplaced",
+        );
+        broken(
+            "deadline not after now",
+            |r| r.w.slab[r.near].deadline = NOW,
+            "misplaced",
+        );
+        broken(
+            "a future deadline in the due list",
+            |r| r.w.slab[r.due].deadline = NOW + 1,
+            "due list",
+        );
+        broken(
+            "below the due list's bound",
+            |r| r.w.due_min = NOW - 10,
+            "due list",
+        );
+    }
+
+    #[test]
+    fn every_corruption_of_the_counts_and_free_list_is_reported() {
+        broken("len", |r| r.w.len += 1, "len");
+        broken(
+            "a free slot holding a value",
+            |r| r.w.slab[r.freed].value = Some(9),
+            "free entry",
+        );
+        broken(
+            "a free slot in a bucket",
+            |r| r.w.slab[r.freed].loc = 0,
+            "free entry",
+        );
+        broken(
+            "a live entry on the free list",
+            |r| r.w.free_head = r.near as u32,
+            "free entry",
+        );
+        broken(
+            "free list out of the slab",
+            |r| r.w.free_head = 999,
+            "out of slab",
+        );
+        broken(
+            "a slot neither live nor free",
+            |r| r.w.free_head = NIL,
+            "slots",
+        );
+    }
+}
+
+/// The work counters `/metrics` exports (through the authority's expiry passes).
+#[cfg(test)]
+mod stats_tests {
+    use super::*;
+
+    fn counts(w: &TimerWheel<u64>) -> (u64, u64, u64, u64) {
+        let s = w.stats();
+        (s.buckets_visited, s.entries_visited, s.fired, s.recascaded)
+    }
+
+    #[test]
+    fn stats_count_the_work_of_advance() {
+        let mut w = TimerWheel::new(0, 16);
+        for d in [5, 5, 100] {
+            w.insert(d, d).unwrap();
+        }
+        let mut fired = Vec::new();
+        w.advance(4, |_, _, v| fired.push(v));
+        assert_eq!(counts(&w), (0, 0, 0, 0), "nothing due");
+        w.advance(5, |_, _, v| fired.push(v));
+        assert_eq!(counts(&w), (1, 2, 2, 0), "one bucket, both fired");
+        // At 99 the level-1 bucket of ticks 96..=103 is due: its entry is not, and
+        // goes down a level.
+        w.advance(99, |_, _, v| fired.push(v));
+        assert_eq!(counts(&w), (2, 3, 2, 1));
+        w.advance(100, |_, _, v| fired.push(v));
+        assert_eq!(counts(&w), (3, 4, 3, 1));
+        assert_eq!(fired, vec![5, 5, 100]);
+        // A timer inserted already due waits in the due list: one more bucket.
+        w.insert(50, 50).unwrap();
+        w.advance(100, |_, _, v| fired.push(v));
+        assert_eq!(counts(&w), (4, 5, 4, 1));
+        w.reset_stats();
+        assert_eq!(counts(&w), (0, 0, 0, 0));
+    }
+}

@@ -881,7 +881,7 @@ impl SlotWriter {
         if found.conflicts.is_empty() {
             self.register_active(dir, cfg, route, sess, found.had_active, now_s)
         } else {
-            self.register_pending(dir, cfg, route, sess, found, now_s)
+            self.register_pending(cfg, route, sess, found, now_s)
         }
     }
 
@@ -958,7 +958,6 @@ impl SlotWriter {
     #[inline]
     fn register_pending(
         &mut self,
-        dir: &Directory,
         cfg: &AuthorityConfig,
         route: Route,
         sess: Sess,
@@ -973,20 +972,14 @@ impl SlotWriter {
         let i = self.record_index_or_create(&uid, sess, cfg)?;
         self.next_nonce += 1;
         let nonce = self.next_nonce;
-        let timer = match self.wheel.insert(
+        // The wheel holds `max_pending_per_slot + 1` timers: every candidate (at
+        // most that limit, checked above) and the one this registration replaces,
+        // cancelled below once its successor is in.
+        let Ok(timer) = self.wheel.insert(
             now_s.saturating_add(cfg.pending_ttl_s).saturating_add(1),
             PendingKey { rec: i, nonce },
-        ) {
-            Ok(h) => h,
-            Err(_) => {
-                // Cannot happen (the wheel's limit covers every candidate); a
-                // record made just now goes again.
-                let r = &self.recs[i];
-                if !r.is_active && r.pending.is_none() && !r.link.is_linked() {
-                    self.drop_record(dir, i);
-                }
-                return Err(AuthorityError::Full);
-            }
+        ) else {
+            unreachable!("the pending wheel is sized for every candidate and one more");
         };
         let rec = &mut self.recs[i];
         rec.last_owner_seq = rec.last_owner_seq.max(route.owner_seq);

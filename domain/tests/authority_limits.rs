@@ -1,0 +1,264 @@
+//! The authority's configured limits at and past their edge, with small limits (the
+//! defaults are too large for the other tests to reach), and calls that carry half a
+//! token or a view of the same revision.
+
+use domain::authority::{Authority, AuthorityConfig, Directory};
+use domain::cluster::{ClusterView, HashSlot, Target};
+use domain::route::{
+    AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
+};
+use shard::slots::{hash_slot, HASH_SLOTS};
+
+const NODE: u64 = 1;
+const T0: u64 = 1000;
+const SLOT: HashSlot = 7;
+
+fn setup(max_routes: usize, max_pending: usize) -> (Authority, Target) {
+    let cfg = AuthorityConfig {
+        max_routes_per_slot: max_routes,
+        max_pending_per_slot: max_pending,
+        max_fence_records_per_slot: 64,
+        ..AuthorityConfig::default()
+    };
+    let dir = Directory::new(&cfg).unwrap();
+    let slots: Vec<HashSlot> = (0..HASH_SLOTS as HashSlot).collect();
+    let mut a = Authority::new(cfg, &dir, &slots).unwrap();
+    let view = ClusterView::single_node(NODE);
+    assert!(a.apply_view(&view, NODE, T0));
+    (a, view.target_for_slot(SLOT))
+}
+
+/// The `n`-th uid that hashes to `SLOT`.
+fn uid(n: usize) -> Uid {
+    (0..)
+        .map(|i| format!("u{i}"))
+        .filter(|u| hash_slot(u.as_bytes()) == SLOT)
+        .nth(n)
+        .map(Uid::from)
+        .unwrap()
+}
+
+/// A Master route of `uid`'s device `dev` (device flag 1), session `session`.
+fn master(uid: &Uid, dev: &str, session: u64, seq: u64) -> Route {
+    Route {
+        uid: uid.clone(),
+        device_id: dev.into(),
+        device_flag: 1,
+        device_level: DeviceLevel::Master,
+        node_id: 2,
+        boot_id: 77,
+        session_id: session,
+        listener: Transport::Tcp,
+        owner_seq: seq,
+        connected_at_ms: 0,
+        last_active_s: Some(T0),
+    }
+}
+
+fn token(o: RegisterOutcome) -> PendingToken {
+    match o {
+        RegisterOutcome::Pending { token, .. } => token,
+        RegisterOutcome::Active => panic!("expected a pending candidate"),
+    }
+}
+
+/// Registers `uid`'s device "a" (session 1, active) and then its device "b" (session
+/// 2, pending behind it); returns the candidate's token.
+fn active_and_candidate(a: &mut Authority, t: &Target, uid: &Uid) -> PendingToken {
+    assert_eq!(
+        a.register_route(t, master(uid, "a", 1, 1), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    token(a.register_route(t, master(uid, "b", 2, 1), T0).unwrap())
+}
+
+#[test]
+fn max_routes_per_slot_is_reached_and_not_passed() {
+    let (mut a, t) = setup(2, 4);
+    for n in 0..2 {
+        assert_eq!(
+            a.register_route(&t, master(&uid(n), "a", 1, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+    }
+    assert_eq!(
+        a.register_route(&t, master(&uid(2), "a", 1, 1), T0),
+        Err(AuthorityError::Full)
+    );
+    // A route that replaces its own session's route takes no new room.
+    assert_eq!(
+        a.register_route(&t, master(&uid(0), "a", 1, 2), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    assert_eq!(a.counts(SLOT).active_routes, 2);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_commit_that_replaces_its_conflicts_fits_at_the_route_limit() {
+    // Two routes at a limit of two: a candidate that replaces one of them commits
+    // (2 - 1 + 1 routes).
+    let (mut a, t) = setup(2, 4);
+    let u0 = uid(0);
+    assert_eq!(
+        a.register_route(&t, master(&uid(1), "a", 1, 1), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    let tok = active_and_candidate(&mut a, &t, &u0);
+    assert_eq!(a.counts(SLOT).active_routes, 2);
+    assert_eq!(a.commit_route(&t, &tok, T0), Ok(()));
+    assert_eq!(a.counts(SLOT).active_routes, 2);
+    assert_eq!(a.route(&tok.identity).map(|r| r.session_id), Some(2));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_commit_that_adds_a_route_past_the_limit_is_refused_and_changes_nothing() {
+    // The candidate's conflict went away (unregistered) and two other routes filled
+    // the slot: its commit would make a third route.
+    let (mut a, t) = setup(2, 4);
+    let u0 = uid(0);
+    let tok = active_and_candidate(&mut a, &t, &u0);
+    let old = master(&u0, "a", 1, 1).identity();
+    assert_eq!(a.unregister_route(&t, &old, 1, T0), Ok(true));
+    for n in 1..3 {
+        assert_eq!(
+            a.register_route(&t, master(&uid(n), "a", 1, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+    }
+    assert_eq!(a.commit_route(&t, &tok, T0), Err(AuthorityError::Full));
+    assert_eq!(a.counts(SLOT).active_routes, 2);
+    assert!(a.has_pending(&tok.identity), "the candidate stays");
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn max_pending_per_slot_is_reached_and_not_passed() {
+    let (mut a, t) = setup(8, 2);
+    let tokens: Vec<PendingToken> = (0..2)
+        .map(|n| active_and_candidate(&mut a, &t, &uid(n)))
+        .collect();
+    assert_eq!(a.counts(SLOT).pending, 2);
+    // A third candidate does not fit.
+    let u2 = uid(2);
+    assert_eq!(
+        a.register_route(&t, master(&u2, "a", 1, 1), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    assert_eq!(
+        a.register_route(&t, master(&u2, "b", 2, 1), T0),
+        Err(AuthorityError::Full)
+    );
+    // A newer registration of an identity that has a candidate replaces it: no new
+    // room needed.
+    let renewed = token(
+        a.register_route(&t, master(&uid(0), "b", 2, 2), T0)
+            .unwrap(),
+    );
+    assert!(renewed.nonce > tokens[0].nonce);
+    assert_eq!(a.counts(SLOT).pending, 2);
+    assert_eq!(a.commit_route(&t, &renewed, T0), Ok(()));
+    assert_eq!(a.counts(SLOT).pending, 1);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn an_abort_must_match_the_whole_token() {
+    let (mut a, t) = setup(8, 4);
+    let tok = active_and_candidate(&mut a, &t, &uid(0));
+    // The nonce of the candidate with another owner_seq, and its owner_seq with a
+    // later nonce: neither is this candidate.
+    let mut other_seq = tok.clone();
+    other_seq.owner_seq += 1;
+    let mut other_nonce = tok.clone();
+    other_nonce.nonce += 1;
+    for half in [other_seq, other_nonce] {
+        assert_eq!(a.abort_route(&t, &half, T0), Ok(()));
+        assert!(
+            a.has_pending(&tok.identity),
+            "{half:?} aborted the candidate"
+        );
+    }
+    assert_eq!(a.abort_route(&t, &tok, T0), Ok(()));
+    assert!(!a.has_pending(&tok.identity));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_view_of_the_same_revision_is_applied() {
+    // Two views of one revision can differ (the cluster breaks the tie between them
+    // and hands the winner to every shard): the authority applies what it is given
+    // unless it is older.
+    let (mut a, _) = setup(8, 4);
+    let mut view = ClusterView::single_node(NODE);
+    view.slots[SLOT as usize].leader_node_id = 2;
+    assert_eq!(view.revision, ClusterView::single_node(NODE).revision);
+    assert!(a.apply_view(&view, NODE, T0));
+    assert_eq!(a.identity(SLOT), None, "the slot moved away");
+    assert!(a.identity(SLOT + 1).is_some(), "the others stay");
+    let mut older = ClusterView::single_node(NODE);
+    view.revision += 1;
+    assert!(a.apply_view(&view, NODE, T0));
+    older.revision = view.revision - 1;
+    assert!(!a.apply_view(&older, NODE, T0), "an older view is refused");
+    assert_eq!(a.identity(SLOT), None);
+}
+
+#[test]
+fn expiry_counters_count_what_expired_and_what_was_visited() {
+    // The counters /metrics exports: one candidate expires at its pending TTL, then
+    // two routes at their route TTL, then their fence records at their retention.
+    let (mut a, t) = setup(8, 4);
+    let cfg = AuthorityConfig::default();
+    let tok = active_and_candidate(&mut a, &t, &uid(0));
+    assert_eq!(
+        a.register_route(&t, master(&uid(1), "a", 1, 1), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    let zero = a.stats();
+    assert_eq!(
+        (
+            zero.pending_expired,
+            zero.routes_expired,
+            zero.expiry_entries_visited
+        ),
+        (0, 0, 0)
+    );
+
+    let pending_due = T0 + cfg.pending_ttl_s + 1;
+    assert_eq!(a.expire(pending_due - 1), 0);
+    assert_eq!(a.stats().pending_expired, 0, "not before its deadline");
+    assert_eq!(a.wheel_stats().fired, 0);
+    assert_eq!(a.expire(pending_due), 0);
+    let s = a.stats();
+    assert_eq!((s.pending_expired, s.routes_expired), (1, 0));
+    assert!(!a.has_pending(&tok.identity));
+    assert_eq!(a.wheel_stats().fired, 1, "the candidate's timer");
+    assert!(s.expiry_buckets_visited >= 1 && s.expiry_entries_visited >= 1);
+    // A pass with nothing due visits nothing.
+    assert_eq!(a.expire(pending_due), 0);
+    assert_eq!(a.stats(), s);
+
+    let route_due = T0 + cfg.route_ttl_s + 1;
+    assert_eq!(a.expire(route_due), 2);
+    let s2 = a.stats();
+    assert_eq!(
+        (
+            s2.pending_expired,
+            s2.routes_expired,
+            s2.fence_records_dropped
+        ),
+        (1, 2, 0)
+    );
+    assert!(s2.expiry_entries_visited >= s.expiry_entries_visited + 2);
+    assert!(s2.expiry_buckets_visited > s.expiry_buckets_visited);
+    assert_eq!(a.wheel_stats().fired, 3, "the candidate's and both routes'");
+
+    // Three identities' fence records (the expired candidate's too) go at the end
+    // of their retention.
+    assert_eq!(a.expire(route_due + cfg.fence_retention_s + 1), 0);
+    assert_eq!(a.stats().fence_records_dropped, 3);
+    assert_eq!(a.counts(SLOT), Default::default());
+    a.check_invariants().unwrap();
+}
