@@ -63,6 +63,12 @@ pub enum ViewError {
     SlotIds(u32),
     /// A node id appears twice in the node list.
     DuplicateNode(NodeId),
+    /// A view's node list is not the cluster's (`[[cluster.nodes]]` in order).
+    OtherNodes,
+    /// A view maps this hash slot to another slot id than `slot_id_of` does.
+    SlotIdOf(HashSlot),
+    /// A view names this node, outside the cluster, as a hash slot's leader.
+    UnknownLeader(HashSlot, NodeId),
 }
 
 impl std::fmt::Display for ViewError {
@@ -75,6 +81,11 @@ impl std::fmt::Display for ViewError {
                  slot id h * slot_ids / {MAX_SLOT_IDS})"
             ),
             ViewError::DuplicateNode(id) => write!(f, "node id {id} is listed twice"),
+            ViewError::OtherNodes => f.write_str("the view lists other nodes than the cluster's"),
+            ViewError::SlotIdOf(h) => write!(f, "hash slot {h} is in another slot id"),
+            ViewError::UnknownLeader(h, n) => {
+                write!(f, "hash slot {h} is led by node {n}, not in the cluster")
+            }
         }
     }
 }
@@ -137,6 +148,27 @@ impl ClusterView {
             revision: 1,
             nodes: nodes.to_vec(),
         }
+    }
+
+    /// Whether this view (from a peer) fits the cluster of `nodes` (config order)
+    /// and `slot_ids`: the same node list, every hash slot in its slot id, every
+    /// leader a node of the cluster. Only such a view may be installed: the homes,
+    /// targets and leaders of every other are meaningless here (an empty node list
+    /// has no home at all).
+    pub fn check(&self, nodes: &[NodeId], slot_ids: u32) -> Result<(), ViewError> {
+        if self.nodes != nodes {
+            return Err(ViewError::OtherNodes);
+        }
+        for (h, s) in self.slots.iter().enumerate() {
+            let h = h as HashSlot;
+            if s.slot_id != slot_id_of(h, slot_ids) {
+                return Err(ViewError::SlotIdOf(h));
+            }
+            if !nodes.contains(&s.leader_node_id) {
+                return Err(ViewError::UnknownLeader(h, s.leader_node_id));
+            }
+        }
+        Ok(())
     }
 
     /// The home of slot id `slot_id`: the node that stores its durable data, static
@@ -226,6 +258,39 @@ mod slots_wire {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_view_is_checked_against_the_cluster() {
+        let nodes = [1, 2, 3];
+        let view = ClusterView::initial(&nodes, 64).unwrap();
+        assert_eq!(view.check(&nodes, 64), Ok(()));
+        let mut moved = view.clone();
+        moved.slots[9].leader_node_id = 3;
+        moved.slots[9].leader_term = 2;
+        assert_eq!(moved.check(&nodes, 64), Ok(()), "a move fits");
+        assert_eq!(view.check(&nodes, 32), Err(ViewError::SlotIdOf(4)));
+        assert_eq!(view.check(&[1, 2], 64), Err(ViewError::OtherNodes));
+        assert_eq!(view.check(&[1, 3, 2], 64), Err(ViewError::OtherNodes));
+        let mut empty = view.clone();
+        empty.nodes.clear();
+        assert_eq!(empty.check(&nodes, 64), Err(ViewError::OtherNodes));
+        let mut stranger = view.clone();
+        stranger.slots[255].leader_node_id = 9;
+        assert_eq!(
+            stranger.check(&nodes, 64),
+            Err(ViewError::UnknownLeader(255, 9))
+        );
+        let mut shifted = view;
+        shifted.slots[255].slot_id = 62;
+        assert_eq!(shifted.check(&nodes, 64), Err(ViewError::SlotIdOf(255)));
+        for e in [
+            ViewError::OtherNodes,
+            ViewError::SlotIdOf(4),
+            ViewError::UnknownLeader(4, 9),
+        ] {
+            assert!(!e.to_string().is_empty());
+        }
+    }
 
     #[test]
     fn single_node_view_targets_every_slot_on_the_node() {

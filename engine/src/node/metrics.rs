@@ -121,8 +121,13 @@ shard_metrics! {
     /// Lookup groups refused as stale or not-leader.
     stale_lookups,
     /// Inter-node connections refused or closed for a protocol fault: a failed
-    /// handshake (wrong secret, unknown node), garbage, an undecodable frame.
+    /// handshake (wrong secret, unknown node), bytes that are not frames.
     rpc_refused,
+    /// Inter-node links closed for a frame whose body does not decode as its kind,
+    /// or holds a field no node of this cluster sends (a hash slot past 255, an
+    /// owner action for a shard this process does not have, a view that does not
+    /// fit the cluster's config).
+    rpc_bad_frames,
     /// Outbound inter-node links that closed (each fails its requests in flight).
     rpc_link_closes,
     /// Replies to another node's requests that could not be sent: the link to it

@@ -67,6 +67,8 @@ pub struct Peers {
     body: Vec<u8>,
     /// Bytes an inbound machine writes (Challenge, Pong, Goodbye; reused).
     scratch: Vec<u8>,
+    /// What every frame read is checked against.
+    bounds: wire::Bounds,
 }
 
 impl Peers {
@@ -77,6 +79,7 @@ impl Peers {
         secret: Option<ClusterSecret>,
         limits: LinkLimits,
         peers: &[(NodeId, SocketAddr)],
+        bounds: wire::Bounds,
     ) -> Peers {
         let links = match &secret {
             Some(secret) => peers
@@ -102,6 +105,7 @@ impl Peers {
             failed: Vec::new(),
             body: Vec::new(),
             scratch: Vec::new(),
+            bounds,
         }
     }
 
@@ -353,10 +357,12 @@ impl NodeShard {
             scratch.clear();
             let input = driver.input(conn);
             let step = inbound.on_input(input, now_ms, scratch);
+            let bounds = &self.peers.bounds;
             let frame = match &step.event {
-                Some(InboundEvent::Frame { header, body }) => {
-                    Some((*header, wire::decode(header.kind, &input[body.clone()])))
-                }
+                Some(InboundEvent::Frame { header, body }) => Some((
+                    *header,
+                    wire::decode(header.kind, &input[body.clone()], bounds),
+                )),
                 _ => None,
             };
             driver.consume(conn, step.consumed);
@@ -409,8 +415,8 @@ impl NodeShard {
         let body = match body {
             Some(Ok(body)) => body,
             Some(Err(err)) => {
-                tracing::warn!(node = from.node, %err, "undecodable frame from a peer: link closed");
-                self.metrics.rpc_refused.inc();
+                tracing::warn!(node = from.node, %err, "bad frame from a peer: link closed");
+                self.metrics.rpc_bad_frames.inc();
                 self.peers.inbound.remove(&conn);
                 return driver.close(conn);
             }
@@ -574,7 +580,14 @@ pub fn new_for_shard(shared: &super::NodeShared, me: ShardId) -> Peers {
         node_id: cfg.node_id,
         boot_id: shared.boot_id,
     };
-    Peers::new(me_id, me, secret, cfg.rpc, &peers)
+    let bounds = wire::Bounds {
+        node_id: cfg.node_id,
+        boot_id: shared.boot_id,
+        shard_count: usize::from(shared.slot_map.shard_count()),
+        nodes: cfg.cluster.nodes.iter().map(|n| n.id).collect(),
+        slot_ids: cfg.cluster.slot_ids,
+    };
+    Peers::new(me_id, me, secret, cfg.rpc, &peers, bounds)
 }
 
 /// Whether an accepted connection is an inter-node one.

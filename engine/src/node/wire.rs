@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use net::rpc::Kind;
 
 use crate::activation::{AuthorityRequest, OwnerActionFailed};
-use crate::cluster::{ClusterView, Target};
-use crate::route::{AuthorityError, DeviceLevel, Endpoint, OwnerAction, Route, Uid};
+use crate::cluster::{ClusterView, NodeId, Target};
+use crate::route::{AuthorityError, BootId, DeviceLevel, Endpoint, OwnerAction, Route, Uid};
 
 use super::msg::AuthorityReply;
 use super::send::Committed;
@@ -149,12 +149,81 @@ pub enum Body {
     Reply(Reply),
 }
 
-/// A body that does not decode as its kind says.
+/// A body that does not decode as its kind says, or holds a field no node of this
+/// cluster sends ([`Bounds`]).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind:?} body does not decode: {error}")]
+#[error("{kind:?} body {error}")]
 pub struct BadBody {
     pub kind: Kind,
-    pub error: postcard::Error,
+    pub error: BodyError,
+}
+
+/// Why a body was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("does not decode: {0}")]
+    Decode(postcard::Error),
+    #[error("is invalid: {0}")]
+    Invalid(String),
+}
+
+/// What a peer's frame is checked against where it is decoded: this process and
+/// its cluster. Every field a handler would index with, divide by or route on is
+/// checked here, so no frame of a peer (buggy, of another version, or forging on a
+/// link it authenticated) can crash the node: a bad one closes its link.
+#[derive(Clone, Debug)]
+pub struct Bounds {
+    /// This node and process: an owner action for one of its sessions must name a
+    /// shard it has.
+    pub node_id: NodeId,
+    pub boot_id: BootId,
+    pub shard_count: usize,
+    /// The cluster's nodes in config order and its slot id count: a view must fit
+    /// them ([`ClusterView::check`]).
+    pub nodes: Vec<NodeId>,
+    pub slot_ids: u32,
+}
+
+impl Bounds {
+    /// Checks a decoded body.
+    pub fn check(&self, body: &Body) -> Result<(), String> {
+        match body {
+            Body::Request(Request::Authority { target, .. } | Request::Touch { target, .. }) => {
+                check_target(target)
+            }
+            Body::Request(Request::Lookup { groups, .. }) => {
+                groups.iter().try_for_each(|(t, _)| check_target(t))
+            }
+            Body::Request(Request::OwnerAction { action }) => {
+                let r = &action.route;
+                let shard = crate::delivery::session_shard(r.session_id) as usize;
+                let ours = r.node_id == self.node_id && r.boot_id == self.boot_id;
+                if ours && shard >= self.shard_count {
+                    return Err(format!(
+                        "owner action for a session of shard {shard} ({} shards here)",
+                        self.shard_count
+                    ));
+                }
+                Ok(())
+            }
+            Body::OneWay(OneWay::View(view)) => view
+                .check(&self.nodes, self.slot_ids)
+                .map_err(|e| format!("view: {e}")),
+            // A push's endpoints are revalidated by the owner (which drops those of
+            // another node, process or shard); a reply's content is checked by the
+            // machine it answers; a SEND's and a token check's fields are data.
+            Body::Request(Request::Send(_) | Request::Token { .. })
+            | Body::OneWay(OneWay::Push { .. })
+            | Body::Reply(_) => Ok(()),
+        }
+    }
+}
+
+fn check_target(target: &Target) -> Result<(), String> {
+    if usize::from(target.hash_slot) >= shard::slots::HASH_SLOTS {
+        return Err(format!("hash slot {} (at most 255)", target.hash_slot));
+    }
+    Ok(())
 }
 
 /// Appends `value`'s body to `out` (cleared first).
@@ -165,9 +234,24 @@ pub fn encode<T: Serialize>(value: &T, out: &mut Vec<u8>) {
     *out = postcard::to_extend(value, taken).unwrap_or_default();
 }
 
-/// Decodes a frame body of `kind` (`None`: a control kind, which is not a hop).
-pub fn decode(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
-    let bad = |error| BadBody { kind, error };
+/// Decodes a frame body of `kind` and checks it against `bounds` (`None`: a control
+/// kind, which is not a hop).
+pub fn decode(kind: Kind, body: &[u8], bounds: &Bounds) -> Option<Result<Body, BadBody>> {
+    let decoded = decode_unchecked(kind, body)?;
+    Some(decoded.and_then(|body| match bounds.check(&body) {
+        Ok(()) => Ok(body),
+        Err(why) => Err(BadBody {
+            kind,
+            error: BodyError::Invalid(why),
+        }),
+    }))
+}
+
+fn decode_unchecked(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
+    let bad = |error| BadBody {
+        kind,
+        error: BodyError::Decode(error),
+    };
     Some(match kind {
         Kind::Push | Kind::View => postcard::from_bytes(body).map(Body::OneWay).map_err(bad),
         Kind::Reply => postcard::from_bytes(body).map(Body::Reply).map_err(bad),
@@ -203,6 +287,20 @@ mod tests {
             connected_at_ms: 1234,
             last_active_s: Some(3),
         }
+    }
+
+    fn bounds() -> Bounds {
+        Bounds {
+            node_id: 1,
+            boot_id: 0xb0,
+            shard_count: 2,
+            nodes: vec![1, 2, 3],
+            slot_ids: 64,
+        }
+    }
+
+    fn decode(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
+        super::decode(kind, body, &bounds())
     }
 
     #[test]

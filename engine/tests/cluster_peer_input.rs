@@ -1,0 +1,242 @@
+//! A peer's frames are checked where they are decoded: a frame whose fields no node of
+//! this cluster would send (a hash slot past 255, an owner action for a shard this
+//! process does not have, a view with no node or other nodes than the config's)
+//! closes its link with a named reason and a counter, and the node goes on serving.
+//!
+//! The test is node 2 of a two-node cluster whose node 1 runs in the process: it
+//! dials node 1's RPC listener with the cluster secret, as node 2 would, and sends
+//! each bad frame on a link of its own. Node 1 runs one shard, so a new link that
+//! completes its handshake after a bad frame shows the shard that read it is alive.
+
+#[macro_use]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use engine::activation::AuthorityRequest;
+use engine::cluster::{ClusterView, Target};
+use engine::config::{ClusterNode, ClusterSecret};
+use engine::node::wire::{self, OneWayRef};
+use engine::node::Node;
+use engine::route::{
+    DeviceLevel, OwnerAction, OwnerActionKind, Route, RouteIdentity, Transport, Uid,
+};
+use net::io::Backend;
+use net::rpc::auth::Identity;
+use net::rpc::link::{LinkEvent, LinkLimits, Outbound};
+use net::rpc::Kind;
+
+const SECRET: &str = "peer-input-test-secret-0123456789";
+const SLOT_IDS: u32 = 64;
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Node 1 of the cluster {1: in this process, 2: the test}, one shard.
+fn node_1(backend: Backend) -> (Node, SocketAddr, tempfile::TempDir) {
+    let ports = support::cluster::free_ports(4);
+    let member = |id: u64, i: usize| ClusterNode {
+        id,
+        rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
+        api_addr: SocketAddr::from(([127, 0, 0, 1], ports[2 + i])),
+        tcp_addr: None,
+        ws_addr: None,
+        wss_addr: None,
+    };
+    let members = vec![member(1, 0), member(2, 1)];
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = support::config(dir.path(), backend);
+    c.node_id = 1;
+    c.runtime.shard_count = 1;
+    c.rpc_addr = Some(members[0].rpc_addr);
+    c.cluster.nodes = members.clone();
+    c.cluster.slot_ids = SLOT_IDS;
+    c.cluster.secret = ClusterSecret::new(SECRET.into());
+    c.token_auth = false;
+    let node = Node::start(c).unwrap();
+    (node, members[0].rpc_addr, dir)
+}
+
+/// A link from "node 2" to node 1, handshake done; node 1's boot id.
+fn link(rpc_addr: SocketAddr) -> (TcpStream, Outbound<()>, u64) {
+    let secret = net::rpc::auth::ClusterSecret::new(SECRET.as_bytes()).unwrap();
+    let me = Identity {
+        node_id: 2,
+        boot_id: 0x2222,
+    };
+    let mut link = Outbound::new(&secret, me, 1, 0, LinkLimits::default());
+    let mut stream = TcpStream::connect(rpc_addr).unwrap();
+    stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut out = Vec::new();
+    assert!(link.on_dial([7; net::rpc::auth::NONCE_BYTES], 0, &mut out));
+    stream.write_all(&out).unwrap();
+    let mut input = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).expect("node 1 answers the handshake");
+        assert!(n > 0, "node 1 closed the link during the handshake");
+        input.extend_from_slice(&buf[..n]);
+        out.clear();
+        let step = link.on_input(&input, 0, &mut out);
+        input.drain(..step.consumed);
+        stream.write_all(&out).unwrap();
+        match step.event {
+            Some(LinkEvent::Up { peer_boot_id, .. }) => return (stream, link, peer_boot_id),
+            None => {}
+            Some(other) => panic!("handshake: {other:?}"),
+        }
+    }
+}
+
+/// Reads until node 1 closes the link (after a Goodbye, if it sends one).
+fn closed_by_node(mut stream: TcpStream) {
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+            Err(e) => panic!("node 1 did not close the link: {e}"),
+        }
+    }
+}
+
+fn route(uid: &str, session_id: u64, boot_id: u64) -> Route {
+    Route {
+        uid: Uid::from(uid),
+        device_id: "d".into(),
+        device_flag: 1,
+        device_level: DeviceLevel::Master,
+        node_id: 1,
+        boot_id,
+        session_id,
+        listener: Transport::Tcp,
+        owner_seq: 1,
+        connected_at_ms: 0,
+        last_active_s: Some(1),
+    }
+}
+
+/// The bad frames: (what, kind, body), given node 1's boot id.
+fn bad_frames(boot_id: u64) -> Vec<(&'static str, Kind, Vec<u8>)> {
+    let view = ClusterView::initial(&[1, 2], SLOT_IDS).unwrap();
+    let past_255 = Target {
+        hash_slot: 300,
+        ..view.target_for_slot(255)
+    };
+    let mut frames = Vec::new();
+    let body = |value: &dyn erased::Encode| {
+        let mut b = Vec::new();
+        value.encode(&mut b);
+        b
+    };
+    let register = wire::Request::Authority {
+        target: past_255,
+        request: AuthorityRequest::Register {
+            route: route("u1", 1, 0x2222),
+        },
+    };
+    frames.push((
+        "register past hash slot 255",
+        Kind::AuthorityRegister,
+        body(&register),
+    ));
+    let touch = wire::Request::Touch {
+        target: past_255,
+        routes: vec![route("u1", 1, 0x2222)],
+    };
+    frames.push(("touch past hash slot 255", Kind::TouchBatch, body(&touch)));
+    let lookup = wire::Request::Lookup {
+        groups: vec![(past_255, 0..1)],
+        uids: vec![Uid::from("u1")],
+    };
+    frames.push((
+        "lookup past hash slot 255",
+        Kind::EndpointLookup,
+        body(&lookup),
+    ));
+    // A session of node 1's own process on its shard 5 (it has one).
+    let action = wire::Request::OwnerAction {
+        action: OwnerAction {
+            kind: OwnerActionKind::Close,
+            route: RouteIdentity {
+                uid: Uid::from("u1"),
+                node_id: 1,
+                boot_id,
+                session_id: engine::delivery::session_id(5, 1),
+            },
+            owner_seq: 1,
+        },
+    };
+    frames.push((
+        "owner action on shard 5 of 1",
+        Kind::OwnerAction,
+        body(&action),
+    ));
+    let mut no_nodes = view.clone();
+    no_nodes.revision = 9;
+    no_nodes.nodes.clear();
+    frames.push((
+        "a view of no node",
+        Kind::View,
+        body(&OneWayRef::View(&no_nodes)),
+    ));
+    let mut other_nodes = view.clone();
+    other_nodes.revision = 9;
+    other_nodes.nodes = vec![1, 2, 3];
+    frames.push((
+        "a view of other nodes",
+        Kind::View,
+        body(&OneWayRef::View(&other_nodes)),
+    ));
+    let mut unknown_leader = view.clone();
+    unknown_leader.revision = 9;
+    unknown_leader.slots[3].leader_node_id = 7;
+    frames.push((
+        "a view with a leader outside the cluster",
+        Kind::View,
+        body(&OneWayRef::View(&unknown_leader)),
+    ));
+    frames
+}
+
+/// Serde values encoded as frame bodies, behind one object-safe trait.
+mod erased {
+    pub trait Encode {
+        fn encode(&self, out: &mut Vec<u8>);
+    }
+    impl<T: serde::Serialize> Encode for T {
+        fn encode(&self, out: &mut Vec<u8>) {
+            engine::node::wire::encode(self, out)
+        }
+    }
+}
+
+fn a_bad_peer_frame_closes_its_link_and_the_node_goes_on(backend: Backend) {
+    let (node, rpc_addr, _dir) = node_1(backend);
+    let (_, _, boot_id) = link(rpc_addr);
+    let frames = bad_frames(boot_id);
+    for (what, kind, body) in &frames {
+        let (mut stream, mut l, _) = link(rpc_addr);
+        let mut out = Vec::new();
+        if *kind == Kind::View {
+            l.oneway(*kind, body, 0, &mut out).unwrap();
+        } else {
+            l.request(*kind, body, 0, (), 0, &mut out).unwrap();
+        }
+        stream.write_all(&out).unwrap();
+        closed_by_node(stream);
+        // The shard that read it still answers a handshake.
+        let _alive = link(rpc_addr);
+        assert_eq!(node.wait_failure(Duration::ZERO), None, "{what}");
+    }
+    assert_eq!(
+        support::metric(&node, "imrouter_rpc_bad_frames_total"),
+        frames.len() as u64
+    );
+    // The view in force is still the configured one.
+    assert_eq!(node.shared().view().nodes, vec![1, 2]);
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(a_bad_peer_frame_closes_its_link_and_the_node_goes_on);
