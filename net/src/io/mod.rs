@@ -585,6 +585,19 @@ impl NetDriver {
         dispatch!(self, d => d.send(conn, bytes))
     }
 
+    /// Queues `bytes` (JSON text) for `conn` as one WebSocket text message (on TCP:
+    /// as they are); written at the next poll.
+    pub fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        dispatch!(self, d => d.send_text(conn, bytes))
+    }
+
+    /// Whether `conn` is a WebSocket connection whose first data message was text:
+    /// its input holds whole text messages, each behind its length
+    /// (`ws::next_text_message`), and its output goes with [`Self::send_text`].
+    pub fn text_messages(&self, conn: ConnId) -> bool {
+        dispatch!(self, d => d.text_messages(conn))
+    }
+
     /// Sends the same bytes to every connection of `conns`; returns how many took them.
     pub fn send_many(&mut self, conns: &[ConnId], bytes: &[u8]) -> usize {
         conns
