@@ -250,13 +250,11 @@ fn connect_must_come_within_the_deadline(backend: Backend) {
     c.net.connect_timeout_ms = 200;
     let node = Node::start(c).unwrap();
     let mut c = rpc(&node);
-    // A text message picks JSON-RPC; no connect follows.
-    c.send_text(b" ").unwrap();
-    let (_, code) = c.until_closed();
-    assert!(
-        code.is_some(),
-        "closed by the node's deadline, with a close frame"
-    );
+    // A text message begins (JSON-RPC) and is never finished: no connect comes.
+    c.send_text_fragment(br#"{"method":"connect","#).unwrap();
+    let (seen, code) = c.until_closed();
+    assert!(seen.is_empty(), "closed by the deadline, not as bad input: {seen:?}");
+    assert_eq!(code, Some(1000));
     node.shutdown().unwrap();
 }
 

@@ -69,6 +69,17 @@ impl RpcClient {
         self.tcp.write_all(&out)
     }
 
+    /// Sends the first fragment of a text message (not final; under 126 bytes).
+    pub fn send_text_fragment(&mut self, text: &[u8]) -> io::Result<()> {
+        assert!(text.len() < 126);
+        let mut out = vec![0x01, 0x80 | text.len() as u8];
+        out.extend_from_slice(&ws::FIXED_MASK);
+        let start = out.len();
+        out.extend_from_slice(text);
+        ws::apply_mask(&mut out[start..], ws::FIXED_MASK);
+        self.tcp.write_all(&out)
+    }
+
     /// Sends `bytes` as one binary message.
     pub fn send_binary(&mut self, bytes: &[u8]) -> io::Result<()> {
         let mut out = Vec::new();
