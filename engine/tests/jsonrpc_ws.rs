@@ -253,7 +253,10 @@ fn connect_must_come_within_the_deadline(backend: Backend) {
     // A text message begins (JSON-RPC) and is never finished: no connect comes.
     c.send_text_fragment(br#"{"method":"connect","#).unwrap();
     let (seen, code) = c.until_closed();
-    assert!(seen.is_empty(), "closed by the deadline, not as bad input: {seen:?}");
+    assert!(
+        seen.is_empty(),
+        "closed by the deadline, not as bad input: {seen:?}"
+    );
     assert_eq!(code, Some(1000));
     node.shutdown().unwrap();
 }

@@ -12,7 +12,7 @@
 //! | client → server | packet | server → client |
 //! | --- | --- | --- |
 //! | `connect` request (`uid`, `token`, `deviceId`, `deviceFlag`, `clientTimestamp`, `version`, `clientKey`) | CONNECT / CONNACK | result (`serverKey`, `salt`, `timeDiff`, `reasonCode`, `serverVersion`, `nodeId`), or an error object whose `code` is the refusal's reason code |
-//! | `send` request (`clientMsgNo`, `channelId`, `channelType`, `payload`, `header`, `setting`, `expire`, `topic`) | SEND / SENDACK | result (`messageId` as a string, `messageSeq`, `reasonCode`) |
+//! | `send` request (`clientMsgNo`, `channelId`, `channelType`, `payload`, `header`, `setting`, `expire`, `topic`; `streamNo` and `msgKey` are ignored: no streams, no encryption) | SEND / SENDACK | result (`messageId` as a string, `messageSeq`, `reasonCode`) |
 //! | | RECV | `recv` notification (`header`, `setting`, `messageId` as a string, `messageSeq`, `timestamp`, `channelId`, `channelType`, `fromUid`, `clientMsgNo`, `expire`, `topic`, `payload` as base64) |
 //! | `recvack` notification (`messageId`, `messageSeq`) | RECVACK | |
 //! | `ping` (request or notification) | PING / PONG | result `null` (request) or a `pong` notification |
@@ -110,7 +110,6 @@ pub struct SendFields {
     pub setting: Setting,
     pub client_seq: u32,
     pub client_msg_no: String,
-    pub stream_no: String,
     pub channel_id: String,
     pub channel_type: u8,
     pub expire_s: u32,
@@ -137,7 +136,7 @@ impl Inbound {
                 setting: s.setting,
                 client_seq: s.client_seq,
                 client_msg_no: &s.client_msg_no,
-                stream_no: &s.stream_no,
+                stream_no: "",
                 channel_id: &s.channel_id,
                 channel_type: ChannelType(s.channel_type),
                 expire_s: s.expire_s,
@@ -257,8 +256,6 @@ struct SendIn {
     setting: SettingIn,
     #[serde(default)]
     expire: u32,
-    #[serde(default)]
-    stream_no: String,
     #[serde(default)]
     topic: String,
 }
@@ -575,7 +572,6 @@ impl JsonRpc {
             setting,
             client_seq,
             client_msg_no: p.client_msg_no,
-            stream_no: p.stream_no,
             channel_id: p.channel_id,
             channel_type: p.channel_type,
             expire_s: p.expire,
