@@ -186,6 +186,31 @@ fn a_recv_not_acknowledged_is_resent_with_dup(backend: Backend) {
     node.shutdown().unwrap();
 }
 
+fn a_send_over_the_rate_is_answered_with_reason_22(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    c.session.sends_per_uid_per_s = 1;
+    c.session.sends_per_uid_burst = 1;
+    let node = Node::start(c).unwrap();
+    set_token(&node, "u1", 1, 1);
+    set_token(&node, "u2", 1, 1);
+    let mut j = rpc_login(&node, "u1");
+    let send = json!({"channelId": "u2", "channelType": 1, "payload": "aGk="});
+    j.requests_at_once(&[("a", "send", send.clone()), ("b", "send", send)]);
+    // (The refusal is answered at once, the first SEND once it is committed.)
+    let (mut first, mut second) = (j.message(), j.message());
+    if first["id"] == "b" {
+        std::mem::swap(&mut first, &mut second);
+    }
+    assert_eq!(first["result"]["reasonCode"], 1, "{first}");
+    assert_eq!(second["id"], "b");
+    assert_eq!(second["result"]["reasonCode"], 22, "{second}");
+    // A refusal is an answer, not bad input: the connection goes on.
+    let id = j.request("ping", Value::Null);
+    assert!(j.answer(&id).0["result"].is_null());
+    node.shutdown().unwrap();
+}
+
 fn bad_input_is_answered_then_closed(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path(), backend)).unwrap();
@@ -288,6 +313,7 @@ fn a_master_login_kicks_across_the_protocols(backend: Backend) {
 on_both_drivers!(
     jsonrpc_and_binary_clients_exchange_messages,
     a_recv_not_acknowledged_is_resent_with_dup,
+    a_send_over_the_rate_is_answered_with_reason_22,
     bad_input_is_answered_then_closed,
     connect_must_come_within_the_deadline,
     a_master_login_kicks_across_the_protocols,

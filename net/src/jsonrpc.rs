@@ -173,11 +173,15 @@ struct Envelope {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase")]
 struct HeaderIn {
+    #[serde(default, deserialize_with = "nullable")]
     no_persist: bool,
+    #[serde(default, deserialize_with = "nullable")]
     red_dot: bool,
+    #[serde(default, deserialize_with = "nullable")]
     sync_once: bool,
+    #[serde(default, deserialize_with = "nullable")]
     dup: bool,
 }
 
@@ -199,11 +203,14 @@ impl HeaderIn {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(default)]
 struct SettingIn {
+    #[serde(default, deserialize_with = "nullable")]
     receipt: bool,
+    #[serde(default, deserialize_with = "nullable")]
     signal: bool,
+    #[serde(default, deserialize_with = "nullable")]
     stream: bool,
+    #[serde(default, deserialize_with = "nullable")]
     topic: bool,
 }
 
@@ -228,35 +235,35 @@ impl SettingIn {
 #[serde(rename_all = "camelCase")]
 struct ConnectIn {
     uid: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     token: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     device_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     device_flag: u8,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     client_timestamp: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     version: u8,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     client_key: String,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct SendIn {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     client_msg_no: String,
     channel_id: String,
     channel_type: u8,
     payload: Value,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     header: HeaderIn,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     setting: SettingIn,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     expire: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     topic: String,
 }
 
@@ -264,15 +271,27 @@ struct SendIn {
 #[serde(rename_all = "camelCase")]
 struct RecvackIn {
     message_id: Value,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     message_seq: u64,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase")]
 struct DisconnectIn {
+    #[serde(default, deserialize_with = "nullable")]
     reason_code: u8,
+    #[serde(default, deserialize_with = "nullable")]
     reason: String,
+}
+
+/// An optional field: absent or `null` is the default (as WuKongIM's decoder takes
+/// it; the EasySDKs may send `null` for options not given).
+fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 // ----------------------------------------------------------------- outbound shapes
@@ -958,6 +977,40 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(encoded(&mut rpc, &Frame::Sendack(unknown)), None);
+    }
+
+    #[test]
+    fn optional_fields_may_be_null() {
+        let mut rpc = JsonRpc::new(4);
+        let got = decode(
+            &mut rpc,
+            json!({"method": "connect", "id": "c", "params": {"uid": "u", "token": null,
+                   "deviceId": null, "deviceFlag": null, "clientTimestamp": null}}),
+        )
+        .unwrap();
+        assert!(matches!(got, Inbound::Connect(ConnectFields { ref uid, .. }) if uid == "u"));
+        let mut rpc = connected();
+        let got = decode(
+            &mut rpc,
+            json!({"method": "send", "id": "s", "params": {"channelId": "u2", "channelType": 1,
+                   "payload": "aGk=", "clientMsgNo": null, "header": null, "setting": null,
+                   "topic": null, "expire": null}}),
+        )
+        .unwrap();
+        let Frame::Send(p) = got.frame() else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (p.payload, p.setting, p.flags),
+            (&b"hi"[..], Setting::NONE, Flags::NONE)
+        );
+        let err = decode(
+            &mut rpc,
+            json!({"method": "send", "id": "s", "params": {"channelId": null, "channelType": 1,
+                   "payload": "aGk="}}),
+        )
+        .unwrap_err();
+        assert_eq!(err.code, INVALID_PARAMS, "required fields are not optional");
     }
 
     #[test]

@@ -178,9 +178,12 @@ impl NodeShard {
     }
 
     /// A WebSocket connection still waiting for CONNECT whose first message was text
-    /// gets its JSON-RPC codec.
+    /// gets its JSON-RPC codec. It keeps the ids of one more `send` than the
+    /// connection's credits: the SEND past them is answered at once (SENDACK 22), as
+    /// on the binary protocol, before the codec's own bound could refuse it.
     fn detect_jsonrpc(&mut self, driver: &NetDriver, id: ConnId) {
-        let pending_max = self.shared.config.session.sends_in_flight_per_conn_max as usize;
+        let credits = self.shared.config.session.sends_in_flight_per_conn_max as usize;
+        let pending_max = credits.saturating_add(1);
         if let Some(conn) = self.conn_mut(id) {
             if conn.listener == Transport::WebSocket
                 && conn.state == ConnState::AwaitConnect

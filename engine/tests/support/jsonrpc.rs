@@ -69,6 +69,17 @@ impl RpcClient {
         self.tcp.write_all(&out)
     }
 
+    /// Sends requests `(method, params)` with the given ids in one write (they reach
+    /// the node together).
+    pub fn requests_at_once(&mut self, requests: &[(&str, &str, Value)]) {
+        let mut out = Vec::new();
+        for (id, method, params) in requests {
+            let v = json!({"jsonrpc": "2.0", "method": method, "params": params, "id": id});
+            ws::write_masked_text(&mut out, v.to_string().as_bytes(), ws::FIXED_MASK);
+        }
+        self.tcp.write_all(&out).unwrap();
+    }
+
     /// Sends the first fragment of a text message (not final; under 126 bytes).
     pub fn send_text_fragment(&mut self, text: &[u8]) -> io::Result<()> {
         assert!(text.len() < 126);
