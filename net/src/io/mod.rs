@@ -7,7 +7,8 @@
 //! The transports move bytes; they do not parse wkproto or RPC frames. For WebSocket connections
 //! they run the HTTP/1.1 upgrade and the framing, and hand the handler the
 //! concatenated payloads of the binary messages, i.e. the same byte stream a raw
-//! TCP connection carries.
+//! TCP connection carries; or, on a connection whose first message was text
+//! (JSON-RPC, [`NetDriver::text_messages`]), each text message behind its length.
 //!
 //! # Contract (both backends)
 //! - A driver belongs to one shard thread; it implements [`shard::runtime::Driver`]:
@@ -309,7 +310,8 @@ pub enum CloseReason {
     SlowReader,
     /// Unconsumed input passed `inbound_buffer_bytes_max`.
     InboundOverflow,
-    /// Bad WebSocket input (unmasked or malformed frame, oversized message, text).
+    /// Bad WebSocket input (unmasked or malformed frame, oversized message, a text
+    /// message on a binary connection or the reverse).
     WebSocketProtocol,
     /// The handler called `close`.
     Local,
