@@ -7,11 +7,16 @@
 //! - `recv_encrypt/*`: `SessionCipher::encode_recv` (AES of the payload,
 //!   msg_key over the sign string, frame encoding) per recipient.
 //! - `send_open/*`: `SessionCipher::open_send` (msg_key check + decrypt).
+//! - `jsonrpc_recv/*`: `jsonrpc::encode_recv` (a `recv` notification, base64 of the
+//!   payload) per JSON-RPC recipient, beside `recv_encrypt/*` for a binary one.
+//! - `jsonrpc_send/*`: `JsonRpc::decode` of a `send` request (base64 payload).
 
 use std::hint::black_box;
 
+use base64::Engine as _;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use net::crypto::SessionCipher;
+use net::jsonrpc::{self, JsonRpc};
 use net::wkproto::{decode, ChannelType, RecvPacket, SendPacket, Setting, MAX_FRAME_BYTES};
 
 const VERSION: u8 = 6;
@@ -126,5 +131,56 @@ fn crypto(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, codec, crypto);
+fn json_rpc(c: &mut Criterion) {
+    let mut g = c.benchmark_group("jsonrpc_recv");
+    g.throughput(Throughput::Elements(1));
+    for size in [64usize, 1024, 16 * 1024] {
+        let plain = vec![b'x'; size];
+        let mut out = Vec::with_capacity(64 * 1024);
+        g.bench_with_input(BenchmarkId::from_parameter(size), &plain, |b, plain| {
+            let p = RecvPacket {
+                msg_key: "",
+                payload: plain,
+                ..recv(&[])
+            };
+            b.iter(|| {
+                out.clear();
+                jsonrpc::encode_recv(black_box(&p), &mut out);
+                black_box(out.len())
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("jsonrpc_send");
+    g.throughput(Throughput::Elements(1));
+    for size in [64usize, 1024, 16 * 1024] {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; size]);
+        let text = format!(
+            r#"{{"method":"send","id":"0c6d2f3e","params":{{"clientMsgNo":"0c6d2f3e-5b7a-4e1c-9d3b-1f2e3d4c5b6a","channelId":"group-000123","channelType":2,"payload":"{b64}","header":{{"redDot":true}}}}}}"#
+        );
+        let mut rpc = JsonRpc::new(1);
+        let connect = br#"{"method":"connect","id":"c","params":{"uid":"u","token":"t"}}"#;
+        rpc.decode(connect).unwrap();
+        g.bench_with_input(BenchmarkId::from_parameter(size), &text, |b, text| {
+            b.iter(|| {
+                let got = rpc.decode(black_box(text.as_bytes())).unwrap();
+                // Answer it, so the codec's pending bound never fills.
+                let net::jsonrpc::Inbound::Send(s) = &got else {
+                    unreachable!()
+                };
+                let ack = net::wkproto::SendackPacket {
+                    client_seq: s.client_seq,
+                    ..Default::default()
+                };
+                let mut out = Vec::new();
+                rpc.encode(&net::wkproto::Frame::Sendack(ack), &mut out);
+                black_box(got)
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, codec, crypto, json_rpc);
 criterion_main!(benches);

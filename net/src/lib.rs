@@ -2,6 +2,8 @@
 //!
 //! - [`wkproto`]: the WuKongIM binary protocol codec, sans-IO (incremental,
 //!   zero-copy decoding; allocation-free encoding into reusable buffers).
+//! - [`jsonrpc`]: JSON-RPC 2.0 as WuKongIM's EasySDKs speak it over WebSocket text
+//!   messages, sans-IO: translated to and from the wkproto packet types.
 //! - [`crypto`]: the per-connection key agreement and encryption, sans-IO (the
 //!   caller supplies random seeds), both sides: [`crypto::server_handshake`] and
 //!   [`crypto::ClientKey`].
@@ -23,6 +25,7 @@ pub mod client;
 pub mod crypto;
 #[cfg(target_os = "linux")]
 pub mod io;
+pub mod jsonrpc;
 pub mod rpc;
 pub mod wkproto;
 pub mod ws;

@@ -1,7 +1,13 @@
 //! WebSocket, sans-IO, both sides: the HTTP/1.1 upgrade (`httparse`, accept key from
 //! `tungstenite`) and frame decoding/encoding (`tungstenite`'s [`FrameHeader`]) on
-//! our own buffers. Binary messages only; their payloads are appended to the
-//! connection's input as one byte stream.
+//! our own buffers.
+//!
+//! A connection's first data message picks its mode ([`WsMode`]), kept for its
+//! life: binary (wkproto) messages have their payloads appended to the
+//! connection's input as one byte stream; text (JSON-RPC, [`crate::jsonrpc`])
+//! messages keep their boundaries, each appended as a 4-byte little-endian length
+//! and the message ([`next_text_message`] takes one). A message of the other kind
+//! closes the connection with 1003.
 //!
 //! - Server ([`crate::io`]): [`handshake`] answers an upgrade request,
 //!   [`WsDecoder::default`] takes masked client frames, [`write_binary`] and friends
@@ -145,17 +151,46 @@ fn reject() -> Vec<u8> {
     b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".to_vec()
 }
 
+/// Bytes before each text message in a text-mode connection's input: its length,
+/// little-endian.
+pub const TEXT_PREFIX_BYTES: usize = 4;
+
+/// What a connection's data messages are, decided by its first one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WsMode {
+    /// No data message yet.
+    #[default]
+    Undecided,
+    /// Binary messages: one byte stream (wkproto).
+    Binary,
+    /// Text messages, boundaries kept (JSON-RPC).
+    Text,
+}
+
+/// The first whole text message of a text-mode connection's input and the bytes
+/// it takes there (prefix included); `None` until one is whole.
+pub fn next_text_message(input: &[u8]) -> Option<(&[u8], usize)> {
+    let prefix: [u8; TEXT_PREFIX_BYTES] = input.get(..TEXT_PREFIX_BYTES)?.try_into().ok()?;
+    let len = u32::from_le_bytes(prefix) as usize;
+    let end = TEXT_PREFIX_BYTES.checked_add(len)?;
+    input.get(TEXT_PREFIX_BYTES..end).map(|m| (m, end))
+}
+
 /// Per-connection frame decoder state. [`WsDecoder::default`] is the server's
 /// (client frames must be masked), [`WsDecoder::client`] the client's (server frames
 /// must not be, RFC 6455 §5.1).
 #[derive(Debug, Default)]
 pub struct WsDecoder {
-    /// A data message (binary) is in progress: continuation frames are expected.
+    /// A data message is in progress: continuation frames are expected.
     in_message: bool,
     /// Payload bytes of the message in progress.
     message_bytes: u64,
     /// Decodes a server's frames (unmasked) rather than a client's (masked).
     client: bool,
+    /// Binary or text, from the first data message on.
+    mode: WsMode,
+    /// A fragmented text message so far (at most the message limit).
+    text: Vec<u8>,
 }
 
 /// What decoding found besides data.
@@ -180,10 +215,15 @@ impl WsDecoder {
         }
     }
 
+    /// The connection's mode so far.
+    pub fn mode(&self) -> WsMode {
+        self.mode
+    }
+
     /// Whether a frame with `header` and a payload of `len` bytes may come next:
     /// no reserved bits or opcodes, masked as the side requires, short final control
-    /// frames, continuations only within a message, binary only, messages within
-    /// `message_bytes_max`.
+    /// frames, continuations only within a message, data of the connection's mode
+    /// only, messages within `message_bytes_max`.
     fn check(&self, header: &FrameHeader, len: u64, message_bytes_max: u64) -> Result<(), WsError> {
         if header.rsv1 || header.rsv2 || header.rsv3 {
             return Err(WsError(CLOSE_PROTOCOL));
@@ -196,9 +236,16 @@ impl WsDecoder {
             OpCode::Control(_) if len > CONTROL_PAYLOAD_MAX || !header.is_final => {
                 Err(WsError(CLOSE_PROTOCOL))
             }
-            OpCode::Data(Data::Binary) if self.in_message => Err(WsError(CLOSE_PROTOCOL)),
+            OpCode::Data(Data::Binary | Data::Text) if self.in_message => {
+                Err(WsError(CLOSE_PROTOCOL))
+            }
             OpCode::Data(Data::Continue) if !self.in_message => Err(WsError(CLOSE_PROTOCOL)),
-            OpCode::Data(Data::Text) => Err(WsError(CLOSE_UNSUPPORTED)),
+            OpCode::Data(Data::Text) if self.mode == WsMode::Binary => {
+                Err(WsError(CLOSE_UNSUPPORTED))
+            }
+            OpCode::Data(Data::Binary) if self.mode == WsMode::Text => {
+                Err(WsError(CLOSE_UNSUPPORTED))
+            }
             OpCode::Data(Data::Reserved(_)) | OpCode::Control(Control::Reserved(_)) => {
                 Err(WsError(CLOSE_PROTOCOL))
             }
@@ -209,10 +256,10 @@ impl WsDecoder {
         }
     }
 
-    /// Decodes whole frames from `raw`, appending binary payloads (unmasked) to
-    /// `input`, and calling `control` for pings and close frames. Returns how many
-    /// bytes of `raw` were consumed (the rest is an incomplete frame). Stops after a
-    /// close frame.
+    /// Decodes whole frames from `raw`, appending binary payloads (unmasked) or
+    /// whole text messages (prefixed with their length) to `input`, and calling
+    /// `control` for pings and close frames. Returns how many bytes of `raw` were
+    /// consumed (the rest is an incomplete frame). Stops after a close frame.
     pub fn decode(
         &mut self,
         raw: &[u8],
@@ -238,10 +285,19 @@ impl WsDecoder {
             let payload = &raw[pos + header_len..pos + header_len + len];
             pos += header_len + len;
             match header.opcode {
-                OpCode::Data(_) => {
-                    let start = input.len();
-                    input.extend_from_slice(payload);
-                    unmask(&mut input[start..], mask);
+                OpCode::Data(op) => {
+                    if op == Data::Text {
+                        self.mode = WsMode::Text;
+                    } else if op == Data::Binary {
+                        self.mode = WsMode::Binary;
+                    }
+                    if self.mode == WsMode::Text {
+                        self.take_text(payload, mask, header.is_final, input);
+                    } else {
+                        let start = input.len();
+                        input.extend_from_slice(payload);
+                        unmask(&mut input[start..], mask);
+                    }
                     if header.is_final {
                         self.in_message = false;
                         self.message_bytes = 0;
@@ -272,6 +328,36 @@ impl WsDecoder {
         Ok(pos)
     }
 }
+
+impl WsDecoder {
+    /// A text frame's payload: a whole message goes to `input` behind its length; a
+    /// fragment waits in `self.text` for the final one.
+    fn take_text(&mut self, payload: &[u8], mask: Option<[u8; 4]>, fin: bool, input: &mut Vec<u8>) {
+        // The message limit (at most `u32::MAX` in practice) bounds the lengths.
+        if fin && self.text.is_empty() {
+            input.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            let start = input.len();
+            input.extend_from_slice(payload);
+            unmask(&mut input[start..], mask);
+            return;
+        }
+        let start = self.text.len();
+        self.text.extend_from_slice(payload);
+        unmask(&mut self.text[start..], mask);
+        if fin {
+            input.extend_from_slice(&(self.text.len() as u32).to_le_bytes());
+            input.extend_from_slice(&self.text);
+            if self.text.capacity() > TEXT_KEEP_BYTES {
+                self.text = Vec::new();
+            } else {
+                self.text.clear();
+            }
+        }
+    }
+}
+
+/// Capacity of the fragment buffer kept between text messages.
+const TEXT_KEEP_BYTES: usize = 4096;
 
 fn unmask(buf: &mut [u8], mask: Option<[u8; 4]>) {
     if let Some(mask) = mask {
@@ -346,6 +432,17 @@ pub fn header_len(len: usize) -> usize {
 pub fn write_binary(out: &mut Vec<u8>, payload: &[u8]) {
     write_header(out, OpCode::Data(Data::Binary), payload.len());
     out.extend_from_slice(payload);
+}
+
+/// Appends a text message (the caller's bytes are UTF-8: JSON text).
+pub fn write_text(out: &mut Vec<u8>, payload: &[u8]) {
+    write_header(out, OpCode::Data(Data::Text), payload.len());
+    out.extend_from_slice(payload);
+}
+
+/// Appends a client's text message, masked with `mask`.
+pub fn write_masked_text(out: &mut Vec<u8>, payload: &[u8], mask: [u8; 4]) {
+    write_masked(out, OpCode::Data(Data::Text), payload, mask);
 }
 
 /// Appends a pong.
@@ -494,6 +591,93 @@ mod tests {
         write_masked_pong(&mut pong, b"hi", mask);
         let used = WsDecoder::default().decode(&pong, &mut input, 1024, |_| {});
         assert_eq!((used, input.len()), (Ok(pong.len()), 0));
+    }
+
+    #[test]
+    fn text_messages_keep_their_boundaries() {
+        // Two whole messages and one in three fragments with a ping between.
+        let mut raw = masked(0x1, true, b"{\"a\":1}", [1, 2, 3, 4]);
+        raw.extend(masked(0x1, true, b"{}", [4, 3, 2, 1]));
+        raw.extend(masked(0x1, false, b"{\"b\"", [9, 8, 7, 6]));
+        raw.extend(masked(0x0, false, b":", [1, 1, 1, 1]));
+        raw.extend(masked(0x9, true, b"p", [2, 2, 2, 2]));
+        raw.extend(masked(0x0, true, b"2}", [3, 3, 3, 3]));
+        let mut dec = WsDecoder::default();
+        assert_eq!(dec.mode(), WsMode::Undecided);
+        let mut input = Vec::new();
+        let mut controls = Vec::new();
+        // Byte by byte: partial frames and fragments wait.
+        let mut used = 0;
+        for end in 1..=raw.len() {
+            used += dec
+                .decode(&raw[used..end], &mut input, 1024, |c| controls.push(c))
+                .unwrap();
+        }
+        assert_eq!(used, raw.len());
+        assert_eq!(dec.mode(), WsMode::Text);
+        assert_eq!(controls, vec![WsControl::Ping(b"p".to_vec())]);
+        let mut messages = Vec::new();
+        let mut rest = &input[..];
+        while let Some((m, n)) = next_text_message(rest) {
+            messages.push(m.to_vec());
+            rest = &rest[n..];
+        }
+        assert!(rest.is_empty());
+        assert_eq!(
+            messages,
+            vec![b"{\"a\":1}".to_vec(), b"{}".to_vec(), b"{\"b\":2}".to_vec()]
+        );
+        assert_eq!(
+            next_text_message(&input[..input.len() - 1]).map(|(m, _)| m.len()),
+            Some(7)
+        );
+        assert_eq!(next_text_message(&input[..3]), None);
+    }
+
+    #[test]
+    fn the_first_data_message_picks_the_mode() {
+        let text = masked(0x1, true, b"{}", [1, 2, 3, 4]);
+        let binary = masked(0x2, true, b"\x70", [1, 2, 3, 4]);
+        let mut input = Vec::new();
+        let mut dec = WsDecoder::default();
+        dec.decode(&binary, &mut input, 1024, |_| {}).unwrap();
+        assert_eq!(dec.mode(), WsMode::Binary);
+        assert_eq!(
+            dec.decode(&text, &mut input, 1024, |_| {}),
+            Err(WsError(CLOSE_UNSUPPORTED))
+        );
+        let mut dec = WsDecoder::default();
+        dec.decode(&text, &mut input, 1024, |_| {}).unwrap();
+        assert_eq!(
+            dec.decode(&binary, &mut input, 1024, |_| {}),
+            Err(WsError(CLOSE_UNSUPPORTED))
+        );
+        // A text message is bounded like a binary one, fragments included.
+        let mut dec = WsDecoder::default();
+        let mut raw = masked(0x1, false, &[b' '; 60], [1, 1, 1, 1]);
+        raw.extend(masked(0x0, true, &[b' '; 60], [1, 1, 1, 1]));
+        assert_eq!(
+            dec.decode(&raw, &mut input, 100, |_| {}),
+            Err(WsError(CLOSE_TOO_BIG))
+        );
+        // A new data frame inside a fragmented message is a protocol error.
+        let mut dec = WsDecoder::default();
+        let mut raw = masked(0x1, false, b"{", [1, 1, 1, 1]);
+        raw.extend(masked(0x1, true, b"}", [1, 1, 1, 1]));
+        assert_eq!(
+            dec.decode(&raw, &mut input, 100, |_| {}),
+            Err(WsError(CLOSE_PROTOCOL))
+        );
+        // Server-side text frames reach a client as messages.
+        let mut down = Vec::new();
+        write_text(&mut down, b"{\"x\":1}");
+        let mut input = Vec::new();
+        let used = WsDecoder::client().decode(&down, &mut input, 1024, |_| {});
+        assert_eq!(used, Ok(down.len()));
+        assert_eq!(
+            next_text_message(&input).map(|(m, _)| m),
+            Some(&b"{\"x\":1}"[..])
+        );
     }
 
     #[test]

@@ -71,7 +71,8 @@ impl Refusal {
 /// An admitted CONNECT's identifiers; its activation's timer is armed.
 struct Admitted {
     level: DeviceLevel,
-    handshake: ServerHandshake,
+    /// `None`: a JSON-RPC client without a key (its payloads are plaintext).
+    handshake: Option<ServerHandshake>,
     session_id: SessionId,
     aid: ActivationId,
     deadline_ms: u64,
@@ -230,15 +231,24 @@ impl NodeShard {
     }
 
     /// The key agreement: a fresh server key pair and salt against the client's key.
-    fn agree_key(&mut self, id: ConnId, c: &OwnedConnect) -> Result<ServerHandshake, Refusal> {
+    /// A JSON-RPC client may give none (`None`: its payloads are plaintext, and
+    /// CONNACK's `serverKey` and `salt` are empty).
+    fn agree_key(
+        &mut self,
+        id: ConnId,
+        c: &OwnedConnect,
+    ) -> Result<Option<ServerHandshake>, Refusal> {
         let empty_key = || Refusal::new(ReasonCode::CLIENT_KEY_IS_EMPTY, "empty client key");
         if c.client_key.is_empty() {
+            if self.conn(id).is_some_and(|conn| conn.is_jsonrpc()) {
+                return Ok(None);
+            }
             return Err(empty_key());
         }
         let seed: [u8; 32] = self.rng.gen();
         let salt: [u8; 16] = self.rng.gen();
         match server_handshake(&c.client_key, seed, salt) {
-            Ok(hs) => Ok(hs),
+            Ok(hs) => Ok(Some(hs)),
             Err(CryptoError::EmptyClientKey) => Err(empty_key()),
             Err(err) => {
                 tracing::info!(?id, %err, "bad client key");
@@ -254,7 +264,7 @@ impl NodeShard {
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         level: DeviceLevel,
-        handshake: ServerHandshake,
+        handshake: Option<ServerHandshake>,
     ) -> Result<Admitted, Refusal> {
         let session_id = session_id(self.me, self.next_session);
         self.next_session += 1;
@@ -293,9 +303,11 @@ impl NodeShard {
         let Some(conn) = self.conn_mut(id) else {
             return;
         };
-        conn.server_key = a.handshake.server_key().into();
-        conn.salt = a.handshake.salt().into();
-        conn.cipher = Some(a.handshake.cipher);
+        if let Some(handshake) = a.handshake {
+            conn.server_key = handshake.server_key().into();
+            conn.salt = handshake.salt().into();
+            conn.cipher = Some(handshake.cipher);
+        }
         conn.uid = uid.clone();
         conn.session_id = a.session_id;
         conn.state = ConnState::Activating(a.aid);

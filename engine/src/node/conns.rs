@@ -3,6 +3,11 @@
 //! SEND and RECVACK to [`super::send`]), writing frames, DISCONNECT, close, and the
 //! `Closed` clean-up (pending ACKs, local removal of the session).
 //!
+//! A WebSocket connection whose first message is text speaks JSON-RPC
+//! ([`net::jsonrpc`]): its messages are translated to the same packets here, at the
+//! edge ([`NodeShard::on_readable`], [`NodeShard::write_frame`], and RECV in
+//! [`super::send`]), so everything behind sees one protocol.
+//!
 //! What enters here: the driver's `NetEvent`s (`Accepted`, `Readable`, `Closed`) from
 //! `NodeShard::on_io`. No timer enters here (a session's ack timer belongs to
 //! [`super::send`]; `Closed` only cancels it).
@@ -11,6 +16,7 @@
 
 use net::crypto::SessionCipher;
 use net::io::{CloseReason, ConnId, NetDriver, Transport};
+use net::jsonrpc::{self, Inbound, JsonRpc};
 use net::wkproto::{self, DisconnectPacket, Frame, ReasonCode};
 use shard::runtime::Context;
 use shard::timer::TimerHandle;
@@ -67,6 +73,16 @@ pub(crate) struct Conn {
     pub sends_in_flight: u32,
     /// How fast this connection may start sending to new channels.
     pub new_channels: domain::new_channels::NewChannelGate,
+    /// The JSON-RPC codec of a WebSocket connection whose first message was text;
+    /// `None`: binary wkproto.
+    pub jsonrpc: Option<Box<JsonRpc>>,
+}
+
+impl Conn {
+    /// Whether the connection speaks JSON-RPC (plaintext payloads, text messages).
+    pub fn is_jsonrpc(&self) -> bool {
+        self.jsonrpc.is_some()
+    }
 }
 
 /// What handling one frame asks of the connection.
@@ -123,6 +139,7 @@ impl NodeShard {
             ack_timer: None,
             sends_in_flight: 0,
             new_channels: Default::default(),
+            jsonrpc: None,
         });
         self.metrics.connections.inc();
     }
@@ -135,9 +152,10 @@ impl NodeShard {
         id: ConnId,
     ) {
         let max = self.shared.config.net.max_frame_bytes;
+        self.detect_jsonrpc(driver, id);
         loop {
             let Some(conn) = self.conn(id) else { return };
-            let (state, version) = (conn.state, conn.version);
+            let (state, version, json) = (conn.state, conn.version, conn.is_jsonrpc());
             if state == ConnState::Closing {
                 let n = driver.input(id).len();
                 driver.consume(id, n);
@@ -146,7 +164,9 @@ impl NodeShard {
             if driver.input(id).is_empty() {
                 return;
             }
-            let more = if state == ConnState::AwaitConnect {
+            let more = if json {
+                self.read_json(cx, driver, id)
+            } else if state == ConnState::AwaitConnect {
                 self.read_connect(cx, driver, id, max)
             } else {
                 self.read_frame(cx, driver, id, version, max)
@@ -154,6 +174,73 @@ impl NodeShard {
             if !more {
                 return;
             }
+        }
+    }
+
+    /// A WebSocket connection still waiting for CONNECT whose first message was text
+    /// gets its JSON-RPC codec. It keeps the ids of one more `send` than the
+    /// connection's credits: the SEND past them is answered at once (SENDACK 22), as
+    /// on the binary protocol, before the codec's own bound could refuse it.
+    fn detect_jsonrpc(&mut self, driver: &NetDriver, id: ConnId) {
+        let credits = self.shared.config.session.sends_in_flight_per_conn_max as usize;
+        let pending_max = credits.saturating_add(1);
+        if let Some(conn) = self.conn_mut(id) {
+            if conn.listener == Transport::WebSocket
+                && conn.state == ConnState::AwaitConnect
+                && conn.jsonrpc.is_none()
+                && driver.text_messages(id)
+            {
+                conn.jsonrpc = Some(Box::new(JsonRpc::new(pending_max)));
+            }
+        }
+    }
+
+    /// Decodes and handles one JSON-RPC message: `connect` first, then the packets
+    /// it stands for, as [`Self::read_frame`] does. False when no whole message is
+    /// there yet, or the connection was closed.
+    fn read_json(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        id: ConnId,
+    ) -> bool {
+        let Some((text, used)) = net::ws::next_text_message(driver.input(id)) else {
+            return false;
+        };
+        let decoded = match self.conn_mut(id).and_then(|c| c.jsonrpc.as_mut()) {
+            Some(rpc) => rpc.decode(text),
+            None => return false,
+        };
+        driver.consume(id, used);
+        let inbound = match decoded {
+            Ok(inbound) => inbound,
+            Err(rejection) => {
+                tracing::info!(?id, why = %rejection.message, "bad JSON-RPC message: closing");
+                self.metrics.bad_frames.inc();
+                self.frame_buf.clear();
+                jsonrpc::encode_rejection(&rejection, &mut self.frame_buf);
+                let _ = driver.send_text(id, &self.frame_buf);
+                self.close(driver, id);
+                return false;
+            }
+        };
+        let state = self.conn(id).map(|c| c.state);
+        match (&inbound, state) {
+            (Inbound::Connect(_), Some(ConnState::AwaitConnect)) => {
+                let Frame::Connect(p) = inbound.frame() else {
+                    return false;
+                };
+                let connect = OwnedConnect::from(&p);
+                self.on_connect(cx, driver, id, connect);
+                true
+            }
+            _ => match self.on_frame(cx, driver, id, inbound.frame()) {
+                FrameOutcome::Continue => true,
+                FrameOutcome::Close(reason, text) => {
+                    self.disconnect(driver, id, reason, text);
+                    false
+                }
+            },
         }
     }
 
@@ -242,7 +329,7 @@ impl NodeShard {
                 if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
                     self.registry.mark_touched(handle, cx.now_ms() / 1000);
                 }
-                let _ = driver.send(id, &[wkproto::PONG_BYTE]);
+                self.write_frame(driver, id, |v, out| Frame::Pong.encode(v, out));
                 FrameOutcome::Continue
             }
             (Frame::Send(p), Some(ConnState::Active)) => {
@@ -290,18 +377,20 @@ impl NodeShard {
         }
     }
 
-    /// Encodes one frame with the connection's version and queues it.
+    /// Encodes one frame with the connection's version and queues it (a JSON-RPC
+    /// connection's: translated, [`Self::write_json`]).
     pub(crate) fn write_frame(
         &mut self,
         driver: &mut NetDriver,
         id: ConnId,
         encode: impl FnOnce(u8, &mut Vec<u8>) -> Result<usize, wkproto::EncodeError>,
     ) {
-        let Some(version) = self.conn(id).map(|c| c.version) else {
+        let Some((version, json)) = self.conn(id).map(|c| (c.version, c.is_jsonrpc())) else {
             return;
         };
         self.frame_buf.clear();
         match encode(version, &mut self.frame_buf) {
+            Ok(_) if json => self.write_json(driver, id, version),
             Ok(_) => {
                 if let Err(err) = driver.send(id, &self.frame_buf) {
                     tracing::debug!(?id, %err, "write to a closed or overflowing connection");
@@ -309,6 +398,28 @@ impl NodeShard {
             }
             Err(err) => tracing::warn!(?id, ?err, "frame could not be encoded"),
         }
+    }
+
+    /// The wkproto frame in `frame_buf`, as the JSON-RPC message answering or
+    /// carrying it (none for an answer whose request is unknown).
+    fn write_json(&mut self, driver: &mut NetDriver, id: ConnId, version: u8) {
+        let frame_bytes = std::mem::take(&mut self.frame_buf);
+        let mut text = std::mem::take(&mut self.json_buf);
+        text.clear();
+        let encoded = match (
+            wkproto::decode(&frame_bytes, version, usize::MAX),
+            self.conn_mut(id).and_then(|c| c.jsonrpc.as_mut()),
+        ) {
+            (Ok(Some((frame, _))), Some(rpc)) => rpc.encode(&frame, &mut text),
+            _ => false,
+        };
+        if encoded {
+            if let Err(err) = driver.send_text(id, &text) {
+                tracing::debug!(?id, %err, "write to a closed or overflowing connection");
+            }
+        }
+        self.frame_buf = frame_bytes;
+        self.json_buf = text;
     }
 
     /// DISCONNECT with `reason`, then close.

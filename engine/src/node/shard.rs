@@ -95,6 +95,8 @@ pub struct NodeShard {
     pub(super) outputs: Vec<Output>,
     /// Scratch buffer for encoding frames.
     pub(crate) frame_buf: Vec<u8>,
+    /// Scratch buffer for a frame translated to JSON-RPC (`conns::write_json`).
+    pub(super) json_buf: Vec<u8>,
     pub(crate) commit: CommitSide,
     /// This gateway's credits of SENDs in flight (`domain::gateway`).
     pub(crate) credits: domain::gateway::SendCredits,
@@ -170,6 +172,7 @@ impl NodeShard {
             next_session: 1,
             outputs: Vec::new(),
             frame_buf: Vec::with_capacity(4096),
+            json_buf: Vec::new(),
             commit,
             stopping: false,
             peers,

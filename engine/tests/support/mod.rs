@@ -22,6 +22,7 @@ macro_rules! on_both_drivers {
 use std::path::Path;
 
 pub mod cluster;
+pub mod jsonrpc;
 pub mod processes;
 
 use engine::node::{Node, NodeConfig};

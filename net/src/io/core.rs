@@ -1090,6 +1090,23 @@ impl Core {
     }
 
     pub(crate) fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        self.send_as(conn, bytes, false)
+    }
+
+    /// Whether `conn` is a WebSocket connection whose messages are text (JSON-RPC).
+    pub(crate) fn text_messages(&self, conn: ConnId) -> bool {
+        self.lookup(conn).is_some_and(|i| {
+            let c = &self.conns[i];
+            c.kind == Transport::WebSocket && c.ws.mode() == ws::WsMode::Text
+        })
+    }
+
+    /// Like [`Self::send`], as a text message on a WebSocket connection.
+    pub(crate) fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        self.send_as(conn, bytes, true)
+    }
+
+    fn send_as(&mut self, conn: ConnId, bytes: &[u8], text: bool) -> Result<(), SendError> {
         let Some(i) = self.lookup(conn) else {
             return Err(SendError::Closed);
         };
@@ -1107,6 +1124,7 @@ impl Core {
         let c = &mut self.conns[i];
         match c.kind {
             Transport::Tcp | Transport::Rpc => c.out_next.extend_from_slice(bytes),
+            Transport::WebSocket if text => ws::write_text(&mut c.out_next, bytes),
             Transport::WebSocket => ws::write_binary(&mut c.out_next, bytes),
         }
         // Queued while connecting: written once connected (`on_connected`).

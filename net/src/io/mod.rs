@@ -7,7 +7,8 @@
 //! The transports move bytes; they do not parse wkproto or RPC frames. For WebSocket connections
 //! they run the HTTP/1.1 upgrade and the framing, and hand the handler the
 //! concatenated payloads of the binary messages, i.e. the same byte stream a raw
-//! TCP connection carries.
+//! TCP connection carries; or, on a connection whose first message was text
+//! (JSON-RPC, [`NetDriver::text_messages`]), each text message behind its length.
 //!
 //! # Contract (both backends)
 //! - A driver belongs to one shard thread; it implements [`shard::runtime::Driver`]:
@@ -309,7 +310,8 @@ pub enum CloseReason {
     SlowReader,
     /// Unconsumed input passed `inbound_buffer_bytes_max`.
     InboundOverflow,
-    /// Bad WebSocket input (unmasked or malformed frame, oversized message, text).
+    /// Bad WebSocket input (unmasked or malformed frame, oversized message, a text
+    /// message on a binary connection or the reverse).
     WebSocketProtocol,
     /// The handler called `close`.
     Local,
@@ -583,6 +585,19 @@ impl NetDriver {
     /// next poll.
     pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
         dispatch!(self, d => d.send(conn, bytes))
+    }
+
+    /// Queues `bytes` (JSON text) for `conn` as one WebSocket text message (on TCP:
+    /// as they are); written at the next poll.
+    pub fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        dispatch!(self, d => d.send_text(conn, bytes))
+    }
+
+    /// Whether `conn` is a WebSocket connection whose first data message was text:
+    /// its input holds whole text messages, each behind its length
+    /// (`ws::next_text_message`), and its output goes with [`Self::send_text`].
+    pub fn text_messages(&self, conn: ConnId) -> bool {
+        dispatch!(self, d => d.text_messages(conn))
     }
 
     /// Sends the same bytes to every connection of `conns`; returns how many took them.

@@ -231,6 +231,14 @@ impl UringDriver {
         self.core.send(conn, bytes)
     }
 
+    pub fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
+        self.core.send_text(conn, bytes)
+    }
+
+    pub fn text_messages(&self, conn: ConnId) -> bool {
+        self.core.text_messages(conn)
+    }
+
     pub fn close(&mut self, conn: ConnId) {
         self.core.close(conn)
     }

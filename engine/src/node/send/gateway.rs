@@ -168,9 +168,10 @@ fn admit_new_channel(node: &mut NodeShard, id: ConnId, channel: &Channel, now_ms
 }
 
 /// The plaintext payload: verified (msg_key) and decrypted for the connection's
-/// session, or as it came when the SEND says NoEncrypt.
+/// session, or as it came when the SEND says NoEncrypt or came as JSON-RPC.
 fn open_payload(node: &NodeShard, id: ConnId, p: &SendPacket<'_>) -> Result<Vec<u8>, ReasonCode> {
-    if p.setting.contains(Setting::NO_ENCRYPT) {
+    let json = node.conn(id).is_some_and(|c| c.is_jsonrpc());
+    if json || p.setting.contains(Setting::NO_ENCRYPT) {
         return Ok(p.payload.to_vec());
     }
     let cipher = node

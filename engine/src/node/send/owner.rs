@@ -143,7 +143,11 @@ fn write_recv(
 ) -> bool {
     let mut buf = std::mem::take(&mut node.frame_buf);
     buf.clear();
-    let written = encode_recv_for(node, id, uid, m, dup, &mut buf) && driver.send(id, &buf).is_ok();
+    let written = match encode_recv_for(node, id, uid, m, dup, &mut buf) {
+        Some(Wire::Binary) => driver.send(id, &buf).is_ok(),
+        Some(Wire::JsonRpc) => driver.send_text(id, &buf).is_ok(),
+        None => false,
+    };
     if written {
         node.metrics.recvs.inc();
     }
@@ -151,7 +155,15 @@ fn write_recv(
     written
 }
 
-/// Appends the RECV of `m` for connection `id` to `buf`; false if it has no session.
+/// How an encoded RECV goes out.
+enum Wire {
+    /// A wkproto frame (binary WebSocket message on WebSocket).
+    Binary,
+    /// A JSON-RPC `recv` notification (a text message).
+    JsonRpc,
+}
+
+/// Appends the RECV of `m` for connection `id` to `buf`; `None` if it has no session.
 fn encode_recv_for(
     node: &NodeShard,
     id: ConnId,
@@ -159,16 +171,11 @@ fn encode_recv_for(
     m: &Committed,
     dup: bool,
     buf: &mut Vec<u8>,
-) -> bool {
-    let Some(conn) = node.conn(id) else {
-        return false;
-    };
+) -> Option<Wire> {
+    let conn = node.conn(id)?;
     if conn.state != ConnState::Active {
-        return false;
+        return None;
     }
-    let Some(cipher) = conn.cipher.as_ref() else {
-        return false;
-    };
     let mut flags = Flags(m.flags);
     if dup {
         flags = flags.with(Flags::DUP);
@@ -189,11 +196,20 @@ fn encode_recv_for(
         payload: &[],
         ..Default::default()
     };
+    if conn.is_jsonrpc() {
+        let plain = RecvPacket {
+            payload: &m.payload,
+            ..base
+        };
+        net::jsonrpc::encode_recv(&plain, buf);
+        return Some(Wire::JsonRpc);
+    }
+    let cipher = conn.cipher.as_ref()?;
     match cipher.encode_recv(&base, &m.payload, conn.version, buf) {
-        Ok(_) => true,
+        Ok(_) => Some(Wire::Binary),
         Err(err) => {
             tracing::warn!(?err, "RECV could not be encoded");
-            false
+            None
         }
     }
 }
