@@ -300,7 +300,8 @@ mod tests {
             .map(|i| Uid::from(format!("m{}", i % 500)))
             .collect();
         let s = Subscribers::new(uids);
-        assert_eq!(s.len(), 500, "duplicates dropped");
+        assert_eq!((s.len(), s.is_empty()), (500, false), "duplicates dropped");
+        assert!(Subscribers::new(Vec::new()).is_empty());
         for (u, h) in s.uids().iter().zip(s.hashes()) {
             assert_eq!(*h, crate::authority::uid_hash(u));
         }

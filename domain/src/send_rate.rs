@@ -159,10 +159,12 @@ mod tests {
     #[test]
     fn burst_then_rate_and_refusals_cost_nothing() {
         let mut r = SendRate::new(LIMITS);
+        assert!(r.is_empty());
         let t = 10 * S;
         for _ in 0..3 {
             assert_eq!(r.admit("a", t), Verdict::Admit);
         }
+        assert!(!r.is_empty(), "the uid's bucket is kept");
         // hammering while empty delays nothing
         for _ in 0..100 {
             assert_eq!(r.admit("a", t), Verdict::OverRate);

@@ -126,7 +126,10 @@ mod tests {
     #[test]
     fn modulo_placement_spreads_slots_evenly() {
         let map = SlotMap::modulo(3).unwrap();
+        assert_eq!(map.shard_count(), 3);
         assert_eq!(map.shard_of(0), 0);
+        // hash_slot(b"123456789") is 0x26 = 38, on shard 38 % 3.
+        assert_eq!(map.shard_of_key(b"123456789"), 2);
         assert_eq!(map.shard_of(4), 1);
         assert_eq!(map.shard_of(255), 0);
         let counts: Vec<usize> = (0..3).map(|s| map.slots_of(s).count()).collect();

@@ -828,9 +828,11 @@ mod stats_tests {
     #[test]
     fn stats_count_the_work_of_advance() {
         let mut w = TimerWheel::new(0, 16);
+        assert!(w.is_empty());
         for d in [5, 5, 100] {
             w.insert(d, d).unwrap();
         }
+        assert!(!w.is_empty());
         let mut fired = Vec::new();
         w.advance(4, |_, _, v| fired.push(v));
         assert_eq!(counts(&w), (0, 0, 0, 0), "nothing due");
