@@ -6,11 +6,10 @@
 // Test configs change a few nested fields of the defaults.
 #![allow(clippy::field_reassign_with_default)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
 use std::time::Duration;
 
 use engine::node::{Node, NodeConfig};
@@ -30,7 +29,7 @@ struct SdkClient {
     uid: String,
     child: Child,
     stdin: ChildStdin,
-    events: Receiver<Value>,
+    events: support::SdkEvents,
 }
 
 impl SdkClient {
@@ -53,21 +52,7 @@ impl SdkClient {
             .expect("node (Node.js) must be installed");
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
-        let (tx, events) = channel();
-        let name = uid.to_owned();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                match serde_json::from_str::<Value>(&line) {
-                    Ok(v) => {
-                        if tx.send(v).is_err() {
-                            break;
-                        }
-                    }
-                    Err(_) => eprintln!("[{name}] {line}"),
-                }
-            }
-        });
+        let events = support::SdkEvents::read(uid, stdout);
         SdkClient {
             uid: uid.into(),
             child,
@@ -78,15 +63,7 @@ impl SdkClient {
 
     /// Waits for the first event matching `pred`, skipping others.
     fn expect(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        loop {
-            let ev = self
-                .events
-                .recv_timeout(EVENT_TIMEOUT)
-                .unwrap_or_else(|_| panic!("{}: no {what} event", self.uid));
-            if pred(&ev) {
-                return ev;
-            }
-        }
+        self.events.expect(what, EVENT_TIMEOUT, pred)
     }
 
     fn connected(&self) {

@@ -7,10 +7,9 @@
 // Test configs change a few nested fields of the defaults.
 #![allow(clippy::field_reassign_with_default)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
 use std::time::Duration;
 
 use engine::node::{Node, NodeConfig};
@@ -33,7 +32,7 @@ struct PySdk {
     uid: String,
     child: Child,
     stdin: ChildStdin,
-    events: Receiver<Value>,
+    events: support::SdkEvents,
 }
 
 impl PySdk {
@@ -55,21 +54,7 @@ impl PySdk {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
-        let (tx, events) = channel();
-        let name = uid.to_owned();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                match serde_json::from_str::<Value>(&line) {
-                    Ok(v) => {
-                        if tx.send(v).is_err() {
-                            break;
-                        }
-                    }
-                    Err(_) => eprintln!("[{name}] {line}"),
-                }
-            }
-        });
+        let events = support::SdkEvents::read(uid, stdout);
         PySdk {
             uid: uid.into(),
             child,
@@ -80,15 +65,7 @@ impl PySdk {
 
     /// Waits for the first event matching `pred`, skipping others.
     fn expect(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        loop {
-            let ev = self
-                .events
-                .recv_timeout(EVENT_TIMEOUT)
-                .unwrap_or_else(|_| panic!("{}: no {what} event", self.uid));
-            if pred(&ev) {
-                return ev;
-            }
-        }
+        self.events.expect(what, EVENT_TIMEOUT, pred)
     }
 
     fn connected(&self) -> Value {

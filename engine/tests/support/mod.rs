@@ -149,3 +149,54 @@ pub fn next_sendack(c: &mut net::client::Client) -> (u32, i64, u64, u8) {
         }
     }
 }
+
+/// The JSON lines an SDK driver process prints on stdout, as events (lines that are
+/// not JSON are echoed to stderr, prefixed with `name`).
+pub struct SdkEvents {
+    name: String,
+    events: std::sync::mpsc::Receiver<Value>,
+}
+
+impl SdkEvents {
+    /// Reads `stdout` on a thread of its own until it ends.
+    pub fn read(name: &str, stdout: std::process::ChildStdout) -> SdkEvents {
+        use std::io::BufRead;
+        let (tx, events) = std::sync::mpsc::channel();
+        let prefix = name.to_owned();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(v) => {
+                        if tx.send(v).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => eprintln!("[{prefix}] {line}"),
+                }
+            }
+        });
+        SdkEvents {
+            name: name.to_owned(),
+            events,
+        }
+    }
+
+    /// Waits up to `timeout` for the first event matching `pred`, skipping others.
+    pub fn expect(
+        &self,
+        what: &str,
+        timeout: std::time::Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        loop {
+            let ev = self
+                .events
+                .recv_timeout(timeout)
+                .unwrap_or_else(|_| panic!("{}: no {what} event", self.name));
+            if pred(&ev) {
+                return ev;
+            }
+        }
+    }
+}
