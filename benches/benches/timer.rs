@@ -1,4 +1,4 @@
-//! `shard::timer::TimerWheel`: insert, cancel and reschedule cost with 1M live
+//! `wheel::TimerWheel`: insert, cancel and reschedule cost with 1M live
 //! timers, and the expiry pass: 1M timers spread over a range, each pass
 //! advances by 1% of the range (so ~1% are due), compared with a full scan of
 //! 1M deadlines. Fired timers are re-armed one range ahead outside the timed
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shard::timer::{TimerHandle, TimerWheel};
+use wheel::{TimerHandle, TimerWheel};
 
 /// Live timers in every bench.
 const LIVE_TIMERS: usize = 1_000_000;

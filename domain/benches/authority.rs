@@ -22,7 +22,7 @@ use domain::cluster::{ClusterView, HashSlot, Target};
 use domain::route::{
     AuthorityError, CompactEndpoint, DeviceLevel, Endpoint, RegisterOutcome, Route, Transport, Uid,
 };
-use shard::slots::{hash_slot, HASH_SLOTS};
+use slots::{hash_slot, HASH_SLOTS};
 
 const ROUTES: usize = 1 << 20;
 

@@ -19,7 +19,7 @@ use domain::cluster::{ClusterView, HashSlot};
 use domain::commit::{Committed, Delivery};
 use domain::delivery::{session_id, PlanLimits, PlanOutput, Planner};
 use domain::route::{DeviceLevel, RegisterOutcome, Route, Transport, Uid};
-use shard::slots::HASH_SLOTS;
+use slots::HASH_SLOTS;
 
 /// Routes of uids outside the groups: the node's other online users.
 const POPULATION: usize = 1 << 20;

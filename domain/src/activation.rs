@@ -66,7 +66,7 @@ use crate::route::{
     AuthorityError, OwnerAction, OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity,
 };
 
-pub use net::wkproto::ReasonCode;
+pub use proto::wkproto::ReasonCode;
 
 /// Default for [`ActivationConfig::activation_timeout_ms`].
 pub const DEFAULT_ACTIVATION_TIMEOUT_MS: u64 = 3_000;

@@ -8,8 +8,8 @@
 
 use std::ops::Range;
 
-use net::wkproto::ReasonCode;
-use shard::slots::hash_slot;
+use proto::wkproto::ReasonCode;
+use slots::hash_slot;
 
 use crate::cluster::HashSlot;
 use crate::route::Uid;
@@ -147,7 +147,7 @@ pub struct Subscribers {
 
 impl Subscribers {
     /// The list of `uids` (duplicates dropped). The hash slot is the cluster's
-    /// (`shard::slots::hash_slot`, as `ClusterView::target_for_uid`).
+    /// (`slots::hash_slot`, as `ClusterView::target_for_uid`).
     pub fn new(uids: impl IntoIterator<Item = Uid>) -> Subscribers {
         let mut by_slot: Vec<(HashSlot, Uid)> = uids
             .into_iter()

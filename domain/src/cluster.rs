@@ -8,9 +8,9 @@
 //! Rule numbers refer to `docs/authority-rules.md` (each tested in
 //! `domain/tests/authority_rules.rs` or `activation_rules.rs`).
 
-use shard::slots::{hash_slot, HASH_SLOTS};
+use slots::{hash_slot, HASH_SLOTS};
 
-pub use shard::slots::HashSlot;
+pub use slots::HashSlot;
 
 /// A node's configured id.
 pub type NodeId = u64;

@@ -58,7 +58,7 @@
 
 use std::sync::Arc;
 
-use net::wkproto::{Flags, ReasonCode};
+use proto::wkproto::{Flags, ReasonCode};
 
 use crate::channel::{recv_channel_id, Channel, Subscribers};
 use crate::cluster::ClusterView;

@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
-use shard::slots::ShardId;
+use slots::ShardId;
 
 use crate::authority::uid_hash;
 pub use crate::authority::HashedGroup;
@@ -75,7 +75,7 @@ pub fn group_by_target(view: &ClusterView, uids: &[Uid], out: &mut TargetGroups)
     out.groups.clear();
     out.group_of.clear();
     // At most 256 distinct targets: a slot-indexed table finds a uid's group in O(1).
-    let mut group_of_slot = [u16::MAX; shard::slots::HASH_SLOTS];
+    let mut group_of_slot = [u16::MAX; slots::HASH_SLOTS];
     for uid in uids {
         let target = view.target_for_uid(uid);
         let g = &mut group_of_slot[target.hash_slot as usize];
@@ -1389,7 +1389,7 @@ mod planner_tests {
         use crate::authority::{Authority, AuthorityConfig, Directory};
         use crate::cluster::HashSlot;
         use crate::route::{RegisterOutcome, Route, Transport};
-        use shard::slots::HASH_SLOTS;
+        use slots::HASH_SLOTS;
 
         let cfg = AuthorityConfig::default();
         let dir = Directory::new(&cfg).unwrap();

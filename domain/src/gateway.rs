@@ -11,7 +11,7 @@
 //! The connection's count lives with the connection (it dies with it; a SENDACK for
 //! a closed connection returns only the shard credit).
 
-use shard::slots::ShardId;
+use slots::ShardId;
 
 /// The credits of one gateway shard.
 #[derive(Clone, Debug)]

@@ -51,7 +51,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use shard::slots::{hash_slot, HASH_SLOTS};
+use slots::{hash_slot, HASH_SLOTS};
 
 use crate::activation::AuthorityRequest;
 use crate::cluster::{ClusterView, HashSlot, NodeId, Target};

@@ -30,7 +30,7 @@ pub enum DeviceLevel {
 }
 
 /// The listener (transport) a session came in on.
-pub use net::Transport;
+pub use proto::Transport;
 
 /// The identity of a route: `(uid, node_id, boot_id, session_id)`. UID plus node id
 /// alone could deliver into a restarted or replaced connection.

@@ -7,7 +7,7 @@ use domain::cluster::{ClusterView, HashSlot, Target};
 use domain::route::{
     AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
 };
-use shard::slots::{hash_slot, HASH_SLOTS};
+use slots::{hash_slot, HASH_SLOTS};
 
 const NODE: u64 = 1;
 const T0: u64 = 1000;

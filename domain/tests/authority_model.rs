@@ -17,7 +17,7 @@ use domain::route::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shard::slots::hash_slot;
+use slots::hash_slot;
 
 const SLOT: HashSlot = 17;
 const TTL_S: u64 = 20;

@@ -15,7 +15,7 @@ use domain::route::{
     AuthorityError, DeviceLevel, Endpoint, OwnerActionKind, PendingToken, RegisterOutcome, Route,
     Transport, Uid,
 };
-use shard::slots::{hash_slot, HASH_SLOTS};
+use slots::{hash_slot, HASH_SLOTS};
 
 const NODE: u64 = 1;
 const TTL_S: u64 = 60;

@@ -23,7 +23,7 @@ use domain::route::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shard::slots::hash_slot;
+use slots::hash_slot;
 
 const SLOTS: [HashSlot; 4] = [1, 2, 3, 4];
 const AUTH_NODES: [NodeId; 2] = [10, 11];

@@ -1,11 +1,11 @@
 //! The sans-IO boundary of `domain`, the part the compiler and clippy cannot see.
 //!
-//! `engine` is not a dependency (so `node`, `store` and `http` cannot be named), and
+//! `engine`, `shard` (the runtime) and `net` (the drivers) are not dependencies, so
+//! no source of `domain` can name a node, a shard thread or a socket; and
 //! `clippy.toml` forbids std's clocks, files, sockets and threads (clippy runs with
 //! `-D warnings` in CI). Left to check here: the crate's dependencies stay pure data
-//! structures, and the two it shares with the drivers (`shard`, `net`) are used only
-//! for their sans-IO parts (hash slots and the timer wheel; the wkproto codec and
-//! crypto), never `shard::runtime` or `net::io`.
+//! structures, and so do the workspace crates it depends on (`slots`, `wheel`,
+//! `proto`): none of them reaches the runtime, a driver or an IO library.
 
 // A test driver, outside the sans-IO boundary: it reads the crate's files.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -13,16 +13,37 @@
 use std::path::{Path, PathBuf};
 
 /// What `domain` may depend on: none of these reaches a socket, a file, a thread or
-/// a clock through the parts named in the module docs above.
+/// a clock.
 const ALLOWED_DEPENDENCIES: &[&str] = &[
-    "shard",
-    "net",
+    "slots",
+    "wheel",
+    "proto",
     "crossbeam-epoch",
     "crc32fast",
     "tracing",
     "serde",
     "mimalloc",
     "allocator-api2",
+];
+
+/// The workspace crates among them, whose own dependencies are checked in turn.
+const WORKSPACE_DEPENDENCIES: &[&str] = &["slots", "wheel", "proto"];
+
+/// Crates that run threads or reach sockets, files or clocks: no crate of the pure
+/// floor may depend on them.
+const IO_CRATES: &[&str] = &[
+    "shard",
+    "net",
+    "engine",
+    "ring",
+    "tokio",
+    "mio",
+    "io-uring",
+    "libc",
+    "socket2",
+    "core_affinity",
+    "memmap2",
+    "hyper",
 ];
 
 /// Paths no source file of `domain` (tests excepted) may name.
@@ -34,10 +55,6 @@ const FORBIDDEN_PATHS: &[&str] = &[
     "std::env",
     "std::time::Instant",
     "std::time::SystemTime",
-    "shard::runtime",
-    "shard::doorbell",
-    "net::io",
-    "net::client",
     "tokio",
     "mio",
     "io_uring",
@@ -59,9 +76,9 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn dependencies_are_only_the_allowed_pure_ones() {
-    let manifest = std::fs::read_to_string(crate_dir().join("Cargo.toml")).unwrap();
+/// The names in a manifest's `[dependencies]` and target-specific dependency tables
+/// (not dev-dependencies: tests are drivers).
+fn dependencies(manifest: &str) -> Vec<String> {
     let mut section = "";
     let mut found = Vec::new();
     for line in manifest.lines().map(str::trim) {
@@ -69,13 +86,26 @@ fn dependencies_are_only_the_allowed_pure_ones() {
             section = line;
             continue;
         }
-        if section == "[dependencies]" && !line.is_empty() && !line.starts_with('#') {
+        let runtime_section = section == "[dependencies]"
+            || (section.starts_with("[target.") && section.ends_with(".dependencies]"));
+        if runtime_section && !line.is_empty() && !line.starts_with('#') {
             let name = line.split(['=', ' ', '.']).next().unwrap().to_owned();
             found.push(name);
         }
     }
+    found
+}
+
+fn manifest_of(crate_name: &str) -> String {
+    let dir = crate_dir().parent().unwrap().join(crate_name);
+    std::fs::read_to_string(dir.join("Cargo.toml")).unwrap()
+}
+
+#[test]
+fn dependencies_are_only_the_allowed_pure_ones() {
+    let found = dependencies(&manifest_of("domain"));
     assert!(
-        found.contains(&"shard".to_owned()),
+        found.contains(&"slots".to_owned()),
         "the parser reads the manifest"
     );
     for name in &found {
@@ -85,6 +115,25 @@ fn dependencies_are_only_the_allowed_pure_ones() {
              (add IO to engine instead, or extend the list with a reason)"
         );
     }
+}
+
+#[test]
+fn the_workspace_crates_below_domain_reach_no_io() {
+    for krate in WORKSPACE_DEPENDENCIES {
+        let found = dependencies(&manifest_of(krate));
+        for name in &found {
+            assert!(
+                !IO_CRATES.contains(&name.as_str()),
+                "`{krate}`, below the sans-IO domain, depends on `{name}`, which reaches IO"
+            );
+        }
+    }
+    // The check sees a driver's dependencies (a check that cannot fail is a defect).
+    let net = dependencies(&manifest_of("net"));
+    assert!(
+        net.iter().any(|n| IO_CRATES.contains(&n.as_str())),
+        "{net:?}"
+    );
 }
 
 /// The forbidden paths `text` names outside its unit tests and comments, with their
@@ -136,12 +185,12 @@ fn no_source_file_names_an_io_path() {
 fn the_scan_sees_io_paths_in_code_only() {
     let text = "use std::sync::Arc;\n\
                 fn f() { let t = std::time::Instant::now(); }\n\
-                use net::io::NetDriver; // the driver\n\
+                use mio::Poll; // the driver\n\
                 let minstd = 1; // std::fs here is a comment\n\
                 use tokio_like::X;\n\
                 #[cfg(test)]\nmod tests { use std::thread; }\n";
     assert_eq!(
         io_paths_named(text),
-        vec![(2, "std::time::Instant"), (3, "net::io")]
+        vec![(2, "std::time::Instant"), (3, "mio")]
     );
 }

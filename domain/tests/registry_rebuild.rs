@@ -12,7 +12,7 @@ use common::*;
 use domain::cluster::{ClusterView, Target};
 use domain::registry::{RebuildLimits, Registry, SessionHandle};
 use domain::route::Route;
-use shard::slots::hash_slot;
+use slots::hash_slot;
 
 fn active(reg: &mut Registry, v: &ClusterView, uid: &str, sid: u64) -> SessionHandle {
     let h = reg

@@ -84,7 +84,7 @@ mod world;
 
 use std::collections::{HashMap, HashSet};
 
-use net::wkproto::ReasonCode;
+use proto::wkproto::ReasonCode;
 use world::{Bugs, Life, Seen, Sim};
 
 /// Seeds of the default run (about 12 s in a debug build on 2 cores).

@@ -288,7 +288,7 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// `[rpc]`: the inter-node links' limits (in flight, deadlines, heartbeats,
     /// backoff, frame size).
-    pub rpc: net::rpc::link::LinkLimits,
+    pub rpc: proto::rpc::link::LinkLimits,
     pub runtime: shard::runtime::RuntimeConfig,
     pub net: net::io::NetConfig,
     pub authority: AuthorityConfig,

@@ -62,9 +62,7 @@ fn post(node: &Node, path: &str, body: Value) -> Value {
 
 /// The home of `key` (a uid, a group id or a person channel's key).
 fn home(cluster: &Cluster, key: &str) -> u64 {
-    cluster
-        .view
-        .home_node(shard::slots::hash_slot(key.as_bytes()))
+    cluster.view.home_node(slots::hash_slot(key.as_bytes()))
 }
 
 /// The first `prefix{n}` that `ok` accepts.

@@ -24,9 +24,9 @@ use engine::route::{
     DeviceLevel, OwnerAction, OwnerActionKind, Route, RouteIdentity, Transport, Uid,
 };
 use net::io::Backend;
-use net::rpc::auth::Identity;
-use net::rpc::link::{LinkEvent, LinkLimits, Outbound};
-use net::rpc::Kind;
+use proto::rpc::auth::Identity;
+use proto::rpc::link::{LinkEvent, LinkLimits, Outbound};
+use proto::rpc::Kind;
 
 const SECRET: &str = "peer-input-test-secret-0123456789";
 const SLOT_IDS: u32 = 64;
@@ -59,7 +59,7 @@ fn node_1(backend: Backend) -> (Node, SocketAddr, tempfile::TempDir) {
 
 /// A link from "node 2" to node 1, handshake done; node 1's boot id.
 fn link(rpc_addr: SocketAddr) -> (TcpStream, Outbound<()>, u64) {
-    let secret = net::rpc::auth::ClusterSecret::new(SECRET.as_bytes()).unwrap();
+    let secret = proto::rpc::auth::ClusterSecret::new(SECRET.as_bytes()).unwrap();
     let me = Identity {
         node_id: 2,
         boot_id: 0x2222,
@@ -68,7 +68,7 @@ fn link(rpc_addr: SocketAddr) -> (TcpStream, Outbound<()>, u64) {
     let mut stream = TcpStream::connect(rpc_addr).unwrap();
     stream.set_read_timeout(Some(TIMEOUT)).unwrap();
     let mut out = Vec::new();
-    assert!(link.on_dial([7; net::rpc::auth::NONCE_BYTES], 0, &mut out));
+    assert!(link.on_dial([7; proto::rpc::auth::NONCE_BYTES], 0, &mut out));
     stream.write_all(&out).unwrap();
     let mut input = Vec::new();
     let mut buf = [0u8; 4096];

@@ -25,8 +25,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use net::client::{Client, Login, Received};
-use net::rpc::auth::HANDSHAKE_FRAME_BYTES_MAX;
-use net::rpc::{ClusterSecret, FrameLimits, Handshake, Identity, Kind, Outcome, Refusal};
+use proto::rpc::auth::HANDSHAKE_FRAME_BYTES_MAX;
+use proto::rpc::{ClusterSecret, FrameLimits, Handshake, Identity, Kind, Outcome, Refusal};
 use rand::{Rng, SeedableRng};
 use support::cluster::{find_uid, nothing_more};
 use support::processes::{Processes, NODES, SECRET};
@@ -111,7 +111,7 @@ fn read_frame(s: &mut TcpStream) -> Vec<u8> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
     loop {
-        if let Some(f) = net::rpc::decode(&buf, limits).unwrap() {
+        if let Some(f) = proto::rpc::decode(&buf, limits).unwrap() {
             let n = f.wire_len();
             return buf[..n].to_vec();
         }
@@ -129,7 +129,7 @@ fn handshake_limits() -> FrameLimits {
 
 /// The frames in `bytes` are exactly one Goodbye; gives its reason text.
 fn goodbye_reason(bytes: &[u8]) -> String {
-    let f = net::rpc::decode(bytes, handshake_limits())
+    let f = proto::rpc::decode(bytes, handshake_limits())
         .unwrap()
         .unwrap_or_else(|| panic!("no whole frame before the close: {bytes:?}"));
     assert_eq!(f.header.kind, Kind::Goodbye);
@@ -158,7 +158,7 @@ fn wrong_secret_peer(rpc: SocketAddr, listener: u64, claimed: u64, rng: &mut imp
     let step = probe.receive(&challenge, &mut Vec::new());
     assert_eq!(step.outcome, Outcome::Refused(Refusal::BadMac));
     // The same transcript MACed with the wrong secret: the dialer proceeds.
-    let c = net::rpc::decode(&challenge, handshake_limits())
+    let c = proto::rpc::decode(&challenge, handshake_limits())
         .unwrap()
         .unwrap();
     let node = Identity {

@@ -210,9 +210,7 @@ fn a_send_to_a_channel_homed_on_a_stopped_node_gets_10(backend: Backend) {
 
 /// The home of `uid`'s tokens.
 fn home_of_uid(cluster: &Cluster, uid: &str) -> u64 {
-    cluster
-        .view
-        .home_node(shard::slots::hash_slot(uid.as_bytes()))
+    cluster.view.home_node(slots::hash_slot(uid.as_bytes()))
 }
 
 on_both_drivers!(

@@ -203,11 +203,7 @@ fn js_sdk_person_group_and_kick() {
 #[test]
 fn js_sdk_on_a_three_node_cluster() {
     let cluster = Cluster::start_with(net::io::Backend::Auto, |c| c.token_auth = true);
-    let home = |key: &str| {
-        cluster
-            .view
-            .home_node(shard::slots::hash_slot(key.as_bytes()))
-    };
+    let home = |key: &str| cluster.view.home_node(slots::hash_slot(key.as_bytes()));
     for uid in ["c1", "c2", "c3"] {
         let body =
             json!({"uid": uid, "token": format!("tok-{uid}"), "device_flag": 1, "device_level": 1});

@@ -1,4 +1,4 @@
-//! JSON-RPC over the WebSocket listener (`net::jsonrpc`), through real sockets: a
+//! JSON-RPC over the WebSocket listener (`proto::jsonrpc`), through real sockets: a
 //! JSON-RPC client and a binary client exchange messages both ways with the same
 //! payload bytes, messagesync returns them; ping and disconnect; bad input (wrong
 //! token, garbage, oversize, requests before `connect`, a binary message on a text
@@ -239,14 +239,14 @@ fn bad_input_is_answered_then_closed(backend: Backend) {
     let (seen, _) = c.until_closed();
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0]["id"], id);
-    assert_eq!(seen[0]["error"]["code"], net::jsonrpc::INVALID_REQUEST);
+    assert_eq!(seen[0]["error"]["code"], proto::jsonrpc::INVALID_REQUEST);
 
     // An unknown method after connect: method not found.
     let mut c = rpc_login(&node, "u1");
     let id = c.request("subscribe", json!({"channelId": "g", "channelType": 2}));
     let (seen, _) = c.until_closed();
     assert_eq!(seen[0]["id"], id, "{seen:?}");
-    assert_eq!(seen[0]["error"]["code"], net::jsonrpc::METHOD_NOT_FOUND);
+    assert_eq!(seen[0]["error"]["code"], proto::jsonrpc::METHOD_NOT_FOUND);
 
     // A text message over the limit: WebSocket close 1009, like a binary one.
     let mut c = rpc_login(&node, "u1");
@@ -259,7 +259,7 @@ fn bad_input_is_answered_then_closed(backend: Backend) {
 
     // A binary message on a JSON-RPC connection: close 1003.
     let mut c = rpc_login(&node, "u1");
-    c.send_binary(&[net::wkproto::PING_BYTE]).unwrap();
+    c.send_binary(&[proto::wkproto::PING_BYTE]).unwrap();
     assert_eq!(c.until_closed().1, Some(1003));
 
     // Each bad connection was only its own: a new one works.

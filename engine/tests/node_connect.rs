@@ -14,7 +14,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use engine::node::{Node, NodeConfig};
 use net::client::{Client, Login, Received};
-use net::wkproto::{
+use proto::wkproto::{
     connack_has_server_version, decode, peek_frame_len, ConnectPacket, DeviceFlag, Frame,
     MAX_FRAME_BYTES,
 };
@@ -23,7 +23,7 @@ mod support;
 
 /// The raw CONNACK frame a node sends for a CONNECT with `version`.
 fn connack_bytes(node: &Node, version: u8) -> Vec<u8> {
-    let key = net::crypto::public_key([9; 32]);
+    let key = proto::crypto::public_key([9; 32]);
     let client_key = base64::engine::general_purpose::STANDARD.encode(key);
     let connect = ConnectPacket {
         version,
@@ -70,7 +70,7 @@ fn connack_server_version_follows_the_client_version_byte() {
             connack_has_server_version(version),
             "HasServerVersion for a CONNECT with version {version}"
         );
-        let negotiated = net::wkproto::negotiate_version(version);
+        let negotiated = proto::wkproto::negotiate_version(version);
         let (frame, _) = decode(&bytes, negotiated, MAX_FRAME_BYTES)
             .unwrap()
             .unwrap();
@@ -83,7 +83,7 @@ fn connack_server_version_follows_the_client_version_byte() {
             connack_has_server_version(version).then_some(negotiated),
             "version {version}"
         );
-        let node_id = if net::wkproto::has_node_id(negotiated) {
+        let node_id = if proto::wkproto::has_node_id(negotiated) {
             1
         } else {
             0

@@ -301,9 +301,9 @@ fn empty_client_key_gets_connack_21(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1, 1);
-    let connect = net::wkproto::ConnectPacket {
+    let connect = proto::wkproto::ConnectPacket {
         version: 6,
-        device_flag: net::wkproto::DeviceFlag(1),
+        device_flag: proto::wkproto::DeviceFlag(1),
         device_id: "d",
         uid: "u1",
         token: "tok-u1",
@@ -317,8 +317,8 @@ fn empty_client_key_gets_connack_21(backend: Backend) {
     s.write_all(&frame).unwrap();
     let mut got = Vec::new();
     s.read_to_end(&mut got).unwrap();
-    match net::wkproto::decode(&got, 6, net::wkproto::MAX_FRAME_BYTES).unwrap() {
-        Some((net::wkproto::Frame::Connack(c), _)) => assert_eq!(c.reason_code.0, 21),
+    match proto::wkproto::decode(&got, 6, proto::wkproto::MAX_FRAME_BYTES).unwrap() {
+        Some((proto::wkproto::Frame::Connack(c), _)) => assert_eq!(c.reason_code.0, 21),
         other => panic!("expected CONNACK, got {other:?}"),
     }
     node.shutdown().unwrap();
@@ -331,7 +331,7 @@ fn unexpected_packet_gets_disconnect(backend: Backend) {
     let node = Node::start(config(dir.path(), backend)).unwrap();
     set_token(&node, "u1", 1, 1);
     let mut a = login(&node, "u1");
-    let connack = net::wkproto::ConnackPacket {
+    let connack = proto::wkproto::ConnackPacket {
         server_version: Some(6),
         ..Default::default()
     };

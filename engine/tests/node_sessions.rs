@@ -380,11 +380,11 @@ fn bad_msg_key_8_bad_payload_9_sub_23_and_the_connection_stays(backend: Backend)
     set_token(&node, "u1", 1);
     let mut a = login_device(&node, "u1", "d");
     // A SEND whose msg_key is wrong (encrypted flag set, key all zeros).
-    let bad_key = net::wkproto::SendPacket {
+    let bad_key = proto::wkproto::SendPacket {
         client_seq: 1,
         client_msg_no: "k",
         channel_id: "u2",
-        channel_type: net::wkproto::ChannelType(1),
+        channel_type: proto::wkproto::ChannelType(1),
         msg_key: "00000000000000000000000000000000",
         payload: b"AAAA",
         ..Default::default()
@@ -411,10 +411,10 @@ fn bad_msg_key_8_bad_payload_9_sub_23_and_the_connection_stays(backend: Backend)
         other => panic!("expected SENDACK 9, got {other:?}"),
     }
     // SUB is answered with SUBACK 23 (no subscribable channel type yet).
-    let sub = net::wkproto::SubPacket {
+    let sub = proto::wkproto::SubPacket {
         sub_no: "s1",
         channel_id: "c",
-        channel_type: net::wkproto::ChannelType(2),
+        channel_type: proto::wkproto::ChannelType(2),
         ..Default::default()
     };
     frame.clear();
@@ -449,7 +449,7 @@ fn moving_slot_leadership_away_fences_the_old_routes(backend: Backend) {
     set_token(&node, "u1", 1);
     let _a = login_device(&node, "u1", "d");
     assert_eq!(online_devices(&node, "u1"), 1);
-    let slot = shard::slots::hash_slot(b"u1");
+    let slot = slots::hash_slot(b"u1");
     let (status, body) = api(
         &node,
         "/cluster/slots/leader",

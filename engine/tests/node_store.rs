@@ -39,7 +39,7 @@ fn next_sendack(c: &mut Client) -> (u32, i64, u64, u8) {
 /// Recipients `r<i>` whose person channel with `from` lives on shard `shard` of
 /// `shards`.
 fn peers_on_shard(from: &str, shard: u16, shards: u16, n: usize) -> Vec<String> {
-    let map = shard::slots::SlotMap::modulo(shards).unwrap();
+    let map = slots::SlotMap::modulo(shards).unwrap();
     (0..)
         .map(|i| format!("r{i}"))
         .filter(|r| {
@@ -434,7 +434,7 @@ fn ids_continue_after_the_logs_newest_id_when_the_clock_is_behind() {
     let c = config(dir.path(), Backend::Mio);
     Node::start(c.clone()).unwrap().shutdown().unwrap();
     let key = engine::channel::person_channel_key("u1", "u2");
-    let map = shard::slots::SlotMap::modulo(2).unwrap();
+    let map = slots::SlotMap::modulo(2).unwrap();
     let shard = map.shard_of_key(key.as_bytes()) as usize;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

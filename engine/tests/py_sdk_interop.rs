@@ -1,5 +1,5 @@
 //! Interoperability with WuKongIM's Python EasySDK (`wukong-easy-sdk` 0.1.0: JSON-RPC
-//! over WebSocket, `net::jsonrpc`) beside a binary client: each SDK client is a child
+//! over WebSocket, `proto::jsonrpc`) beside a binary client: each SDK client is a child
 //! process (`interop/py_sdk_client.py`) driven by JSON lines. `scripts/test` installs
 //! the SDK into a virtual environment at `target/py-sdk` first
 //! (`interop/requirements-py.txt`).

@@ -58,7 +58,7 @@ impl SyncHook for Recorder {
 /// After the node stopped: whether its messages span more than one segment (the
 /// batches rolled, so seals were part of the test).
 fn rolled(c: &NodeConfig, data: &Path) -> bool {
-    let map = shard::slots::SlotMap::modulo(c.runtime.shard_count).unwrap();
+    let map = slots::SlotMap::modulo(c.runtime.shard_count).unwrap();
     let logs: Vec<MessageLog> = (0..c.runtime.shard_count as usize)
         .map(|i| {
             MessageLog::open(&log_dir(data, i), c.log.clone())
@@ -109,7 +109,7 @@ fn recover(
     sent: &HashMap<(usize, u64), Vec<u8>>,
     seed: u64,
 ) -> Vec<u64> {
-    let map = shard::slots::SlotMap::modulo(c.runtime.shard_count).unwrap();
+    let map = slots::SlotMap::modulo(c.runtime.shard_count).unwrap();
     let mut logs: Vec<MessageLog> = (0..c.runtime.shard_count as usize)
         .map(|i| MessageLog::open(&log_dir(to, i), c.log.clone()).unwrap().0)
         .collect();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use net::io::{bind_reuseport, Backend, NetConfig, NetDriver, NetEvent, Transport};
 use shard::runtime::{Context, Handler, Runtime, RuntimeConfig, ShardInit};
-use shard::slots::ShardId;
+use slots::ShardId;
 
 const MESSAGE_BYTES: usize = 64;
 const PERCENTILE_ROUND_TRIPS: usize = 20_000;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use net::io::{bind_reuseport, Backend, NetConfig, NetDriver, NetEvent, NetStats, Transport};
 use shard::runtime::{Context, Handler, Runtime, RuntimeConfig, ShardInit};
-use shard::slots::ShardId;
+use slots::ShardId;
 
 struct Echo {
     stats: NetStats,

@@ -1,4 +1,4 @@
-//! A small blocking wkproto client over TCP or WebSocket ([`crate::ws`]'s client
+//! A small blocking wkproto client over TCP or WebSocket ([`proto::ws`]'s client
 //! side): CONNECT with the key agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
 //! RECVACK, PING. For integration tests and tools; not for the data path.
 
@@ -6,13 +6,13 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::crypto::{ClientKey, SessionCipher};
-use crate::wkproto::{
+use proto::crypto::{ClientKey, SessionCipher};
+use proto::wkproto::{
     decode, ChannelType, ConnectPacket, DeviceFlag, Flags, Frame, RecvackPacket, SendPacket,
     Setting, MAX_FRAME_BYTES,
 };
-use crate::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
-pub use crate::Transport;
+use proto::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
+pub use proto::Transport;
 
 /// What a client logs in with.
 #[derive(Clone, Debug)]
@@ -93,7 +93,7 @@ const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 enum Stream {
     Tcp(TcpStream),
-    /// Framed by [`crate::ws`]: `raw` holds what arrived and is not deframed yet,
+    /// Framed by [`proto::ws`]: `raw` holds what arrived and is not deframed yet,
     /// `out` is the reused output buffer.
     Ws {
         tcp: TcpStream,
@@ -228,7 +228,7 @@ impl Client {
     ) -> io::Result<(Client, u8)> {
         let mut client = Client {
             stream: Stream::open(transport, addr, timeout)?,
-            version: crate::wkproto::negotiate_version(login.version),
+            version: proto::wkproto::negotiate_version(login.version),
             cipher: None,
             rx: Vec::new(),
             frame: Vec::new(),
@@ -283,7 +283,7 @@ impl Client {
     /// Reads one whole frame's bytes.
     fn next_frame_bytes(&mut self) -> io::Result<Vec<u8>> {
         loop {
-            if let Some(n) = crate::wkproto::peek_frame_len(&self.rx, MAX_FRAME_BYTES)
+            if let Some(n) = proto::wkproto::peek_frame_len(&self.rx, MAX_FRAME_BYTES)
                 .map_err(|e| bad(e.to_string()))?
             {
                 if n <= self.rx.len() {

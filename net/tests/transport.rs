@@ -17,7 +17,7 @@ use net::io::{
     bind_reuseport, Backend, CloseReason, ConnId, NetConfig, NetDriver, NetEvent, Transport,
 };
 use shard::runtime::{Context, Driver, EventFd, Handler, Runtime, RuntimeConfig, ShardInit};
-use shard::slots::ShardId;
+use slots::ShardId;
 use tungstenite::Message;
 
 /// Bounds every wait of a test that fails.

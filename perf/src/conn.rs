@@ -12,14 +12,14 @@
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
-pub use net::crypto::ClientKey;
-use net::crypto::SessionCipher;
-use net::wkproto::{
+pub use proto::crypto::ClientKey;
+use proto::crypto::SessionCipher;
+use proto::wkproto::{
     decode, ConnackPacket, ConnectPacket, DeviceFlag, Frame, ReasonCode, RecvPacket, SendackPacket,
     Setting, MAX_FRAME_BYTES,
 };
-use net::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
-pub use net::Transport;
+use proto::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
+pub use proto::Transport;
 
 use crate::peer::{self, PeerEvent, PeerProto, PeerRole};
 
@@ -549,7 +549,7 @@ mod tests {
     fn client_key_is_a_valid_x25519_public_key() {
         let k = client_key(42);
         assert_eq!(k.client_key().len(), 44);
-        assert!(net::crypto::decode_client_key(k.client_key()).is_ok());
+        assert!(proto::crypto::decode_client_key(k.client_key()).is_ok());
         assert_ne!(k.client_key(), client_key(43).client_key());
     }
 }

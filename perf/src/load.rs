@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use net::crypto::SessionCipher;
-use net::wkproto::{
+use proto::crypto::SessionCipher;
+use proto::wkproto::{
     ChannelType, ConnackPacket, Flags, Frame, RecvPacket, RecvackPacket, SendPacket, SendackPacket,
     Setting,
 };

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use engine::store::FsyncPolicy;
-use net::Transport;
 use perf::{BenchConfig, Scenario, TargetSpec};
+use proto::Transport;
 
 #[derive(Parser)]
 #[command(

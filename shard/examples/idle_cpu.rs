@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use shard::runtime::{Context, Handler, PlainDriver, Runtime, RuntimeConfig, ShardInit};
-use shard::slots::ShardId;
+use slots::ShardId;
 
 struct Idle;
 

@@ -1,13 +1,9 @@
 //! Thread-per-core runtime for imrouter.
 //!
-//! - [`slots`]: the 256 hash slots and their placement on shards.
-//! - [`timer`]: the per-shard hierarchical timer wheel (time passed in).
 //! - [`table`]: epoch-reclaimed single-writer/multi-reader hash table.
 //! - [`runtime`]: pinned shard threads, the N×N SPSC mesh, doorbells, the IO driver contract.
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
 
 pub mod runtime;
-pub mod slots;
 pub mod table;
-pub mod timer;

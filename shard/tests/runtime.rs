@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use shard::runtime::{Context, Handler, PlainDriver, Runtime, RuntimeConfig, ShardInit};
-use shard::slots::ShardId;
-use shard::timer::TimerHandle;
+use slots::ShardId;
+use wheel::TimerHandle;
 
 fn config(shards: u16) -> RuntimeConfig {
     RuntimeConfig {

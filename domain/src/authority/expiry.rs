@@ -1,7 +1,7 @@
 //! The expiry index of one hash slot: at most one deadline per record (its active
 //! route's expiry or its fence retention), in a ring of one-second buckets.
 //!
-//! Why not the shard's hierarchical [`TimerWheel`](shard::timer::TimerWheel): there a
+//! Why not the shard's hierarchical [`TimerWheel`](wheel::TimerWheel): there a
 //! fired entry costs a slab line of its own (a random access beside the record the
 //! authority handles next), and a deadline more than 64 ticks ahead sits in a coarse
 //! bucket and is visited twice (moved to a finer level, then fired). Route TTLs and
@@ -37,7 +37,7 @@
 //!   caller bug that would take another record out of the ring: refused with a
 //!   panic in every build.
 
-use shard::timer::WheelStats;
+use wheel::WheelStats;
 
 /// Fewest buckets of a ring.
 pub(crate) const RING_BUCKETS_MIN: usize = 64;

@@ -79,8 +79,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use shard::slots::{hash_slot, HASH_SLOTS};
-use shard::timer::{TimerWheel, WheelStats};
+use slots::{hash_slot, HASH_SLOTS};
+use wheel::{TimerWheel, WheelStats};
 
 use expiry::{ExpiryRing, RingLink};
 
@@ -365,7 +365,7 @@ struct Pending {
     route: Route,
     nonce: u64,
     acks: Vec<(Sess, OwnerSeq)>,
-    timer: shard::timer::TimerHandle,
+    timer: wheel::TimerHandle,
 }
 
 /// What [`SlotWriter::check_invariants`] counted while walking the records.

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
-use shard::slots::HASH_SLOTS;
+use slots::HASH_SLOTS;
 
 use super::huge::{HugeBox, HugePages};
 use super::presence::{filter_key, Filter};

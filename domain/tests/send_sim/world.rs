@@ -24,10 +24,10 @@ use domain::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
 use domain::idgen::MessageIdGen;
 use domain::registry::{NewSession, Registry, RegistryConfig, SessionHandle};
 use domain::route::{AuthorityError, DeviceLevel, Endpoint, SessionId, Transport, Uid};
-use net::wkproto::{Flags, ReasonCode};
+use proto::wkproto::{Flags, ReasonCode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shard::slots::ShardId;
+use slots::ShardId;
 
 use super::log::{FakeLog, Store};
 

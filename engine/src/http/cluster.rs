@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use shard::slots::hash_slot;
+use slots::hash_slot;
 
 use super::forward::{self, ForwardError, Outgoing};
 use super::{parse, Api, ApiConfig, ApiMetrics, ApiRequest, Reply};
@@ -413,7 +413,7 @@ impl Api {
     /// config epoch and home node) and the nodes ([`Api::cluster_nodes`]).
     pub(super) fn cluster_slots(&self) -> Reply {
         let view = self.shared.view();
-        let slots: Vec<Value> = (0..shard::slots::HASH_SLOTS as u16)
+        let slots: Vec<Value> = (0..slots::HASH_SLOTS as u16)
             .map(|s| {
                 let t = view.target_for_slot(s);
                 json!({"hash_slot": s, "slot_id": t.slot_id, "leader_node_id": t.leader_node_id,

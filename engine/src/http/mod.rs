@@ -608,7 +608,7 @@ impl Api {
             .recv_timeout(self.timeout())
             .map_err(|_| Reply::error(504, "commit did not finish in time"))?;
         let reason = res.reason.0;
-        if res.reason != net::wkproto::ReasonCode::SUCCESS {
+        if res.reason != proto::wkproto::ReasonCode::SUCCESS {
             return Err(Reply::json(
                 400,
                 json!({"status": 400, "msg": format!("send refused, reason {reason}"), "reason": reason}),
@@ -730,7 +730,7 @@ impl Api {
         if let Some(bad) = r
             .hash_slots
             .iter()
-            .find(|&&s| s as usize >= shard::slots::HASH_SLOTS)
+            .find(|&&s| s as usize >= slots::HASH_SLOTS)
         {
             return Err(Reply::error(
                 400,

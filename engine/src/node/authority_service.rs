@@ -14,7 +14,7 @@
 //! Rule numbers: `docs/authority-rules.md`.
 
 use net::io::NetDriver;
-use net::wkproto::ReasonCode;
+use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 
 use crate::activation::{ActivationId, AuthorityRequest, Event};

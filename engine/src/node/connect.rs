@@ -13,9 +13,9 @@
 //! (queued by [`super::authority_service`] and drained here), the connection's
 //! `Closed` during activation.
 
-use net::crypto::{server_handshake, CryptoError, ServerHandshake};
 use net::io::{ConnId, NetDriver};
-use net::wkproto::{self, ConnackPacket, ConnectPacket, ReasonCode};
+use proto::crypto::{server_handshake, CryptoError, ServerHandshake};
+use proto::wkproto::{self, ConnackPacket, ConnectPacket, ReasonCode};
 use rand::Rng;
 use shard::runtime::Context;
 
@@ -153,9 +153,7 @@ impl NodeShard {
         if c.uid.is_empty() {
             return Err(Refusal::new(ReasonCode::AUTH_FAIL, "empty uid"));
         }
-        let home = self
-            .view
-            .home_node(shard::slots::hash_slot(c.uid.as_bytes()));
+        let home = self.view.home_node(slots::hash_slot(c.uid.as_bytes()));
         let cfg = &self.shared.config;
         Ok((cfg.token_auth && home != cfg.node_id).then_some(home))
     }
@@ -207,7 +205,7 @@ impl NodeShard {
 
     /// One negotiation for the connection's version and the CONNACK's encoding.
     fn negotiate_version(&mut self, id: ConnId, c: &OwnedConnect) -> Result<(), Refusal> {
-        let negotiated = net::wkproto::negotiate(c.version);
+        let negotiated = proto::wkproto::negotiate(c.version);
         let version = negotiated.version;
         if let Some(conn) = self.conn_mut(id) {
             conn.version = version.max(wkproto::OLDEST_VERSION);

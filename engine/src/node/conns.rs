@@ -4,7 +4,7 @@
 //! `Closed` clean-up (pending ACKs, local removal of the session).
 //!
 //! A WebSocket connection whose first message is text speaks JSON-RPC
-//! ([`net::jsonrpc`]): its messages are translated to the same packets here, at the
+//! ([`proto::jsonrpc`]): its messages are translated to the same packets here, at the
 //! edge ([`NodeShard::on_readable`], [`NodeShard::write_frame`], and RECV in
 //! [`super::send`]), so everything behind sees one protocol.
 //!
@@ -14,12 +14,12 @@
 //!
 //! Rule numbers: `docs/authority-rules.md`.
 
-use net::crypto::SessionCipher;
 use net::io::{CloseReason, ConnId, NetDriver, Transport};
-use net::jsonrpc::{self, Inbound, JsonRpc};
-use net::wkproto::{self, DisconnectPacket, Frame, ReasonCode};
+use proto::crypto::SessionCipher;
+use proto::jsonrpc::{self, Inbound, JsonRpc};
+use proto::wkproto::{self, DisconnectPacket, Frame, ReasonCode};
 use shard::runtime::Context;
-use shard::timer::TimerHandle;
+use wheel::TimerHandle;
 
 use crate::activation::{ActivationId, Event};
 use crate::registry::SessionHandle;
@@ -204,7 +204,7 @@ impl NodeShard {
         driver: &mut NetDriver,
         id: ConnId,
     ) -> bool {
-        let Some((text, used)) = net::ws::next_text_message(driver.input(id)) else {
+        let Some((text, used)) = proto::ws::next_text_message(driver.input(id)) else {
             return false;
         };
         let decoded = match self.conn_mut(id).and_then(|c| c.jsonrpc.as_mut()) {

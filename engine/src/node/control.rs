@@ -7,7 +7,7 @@
 //! sampled after each expiry pass (`NodeTimer::Expiry`).
 
 use net::io::{ConnId, NetDriver};
-use net::wkproto::ReasonCode;
+use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 
 use crate::cluster::ClusterView;

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::shard::runtime::{Injector, Runtime, RuntimeConfig, RuntimeHandle, ShardInit};
-use ::shard::slots::{ShardId, SlotMap};
+use ::slots::{ShardId, SlotMap};
 use net::io::{bind_reuseport, NetConfig, NetDriver, Transport};
 
 use crate::activation::ActivationConfig;
@@ -340,7 +340,7 @@ pub struct NodeConfig {
     /// node alone).
     pub cluster: crate::config::ClusterConfig,
     /// The inter-node links' limits (`[rpc]`).
-    pub rpc: net::rpc::link::LinkLimits,
+    pub rpc: proto::rpc::link::LinkLimits,
     /// CONNECT must carry the token stored with `/user/token`.
     pub token_auth: bool,
     /// The level of sessions without a token record when `token_auth` is off.
@@ -368,7 +368,7 @@ impl Default for NodeConfig {
             ws_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5200))),
             rpc_addr: None,
             cluster: crate::config::ClusterConfig::default(),
-            rpc: net::rpc::link::LinkLimits::default(),
+            rpc: proto::rpc::link::LinkLimits::default(),
             token_auth: true,
             default_device_level: DeviceLevel::Master,
             runtime: RuntimeConfig {
@@ -589,7 +589,7 @@ impl NodeShared {
         if to.is_empty() {
             return moves;
         }
-        for h in 0..::shard::slots::HASH_SLOTS as u16 {
+        for h in 0..::slots::HASH_SLOTS as u16 {
             let t = view.target_for_slot(h);
             if t.leader_node_id != me {
                 continue;
@@ -792,7 +792,7 @@ fn open_data_dir(config: &NodeConfig) -> io::Result<Catalog> {
     crate::store::layout::check_or_record(
         &config.data_dir,
         config.runtime.shard_count,
-        ::shard::slots::HASH_SLOTS as u16,
+        ::slots::HASH_SLOTS as u16,
         &cluster_layout(config),
     )
     .map_err(io::Error::other)?;
@@ -1032,7 +1032,7 @@ impl Node {
                 .map(|_| Arc::new(metrics::StageHistograms::default()))
                 .collect(),
             epoch: std::time::Instant::now(),
-            routes_per_slot: (0..::shard::slots::HASH_SLOTS)
+            routes_per_slot: (0..::slots::HASH_SLOTS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             ring_occupancy: (0..shards * shards).map(|_| AtomicU64::new(0)).collect(),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use net::io::ConnId;
-use shard::slots::ShardId;
+use slots::ShardId;
 
 use crate::activation::{ActivationId, AuthorityRequest, OwnerActionFailed};
 use crate::authority::TouchResult;
@@ -135,7 +135,7 @@ pub struct SendAck {
     pub client_seq: u32,
     pub message_id: i64,
     pub message_seq: u64,
-    pub reason: net::wkproto::ReasonCode,
+    pub reason: proto::wkproto::ReasonCode,
 }
 
 /// What a touch result means for the owner: requeue `Full` only.

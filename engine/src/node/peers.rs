@@ -3,7 +3,7 @@
 //! and written only by it (its requests, its replies to the peer's requests, its
 //! one-way messages), and the **inbound** links peers' shards dialed to this node's
 //! RPC listener, which this shard reads (their frames) and answers only with Pongs.
-//! The machines are `net::rpc::link`'s (handshake, heartbeats, silence, backoff,
+//! The machines are `proto::rpc::link`'s (handshake, heartbeats, silence, backoff,
 //! request ids, deadlines, the bounded in-flight table): this file moves their
 //! bytes, gives them the time, nonces and jitter, and hands what they read to
 //! [`super::remote`].
@@ -24,13 +24,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use net::io::{CloseReason, ConnId, NetDriver, NetEvent, Transport};
-use net::rpc::link::{
+use proto::rpc::link::{
     request_shard, Failure, Inbound, InboundEvent, LinkEvent, LinkLimits, LinkState, Outbound,
 };
-use net::rpc::{ClusterSecret, Identity};
+use proto::rpc::{ClusterSecret, Identity};
 use rand::RngCore;
 use shard::runtime::Context;
-use shard::slots::ShardId;
+use slots::ShardId;
 
 use crate::cluster::NodeId;
 use crate::route::BootId;
@@ -141,7 +141,7 @@ impl Peers {
                 .map(|_| ())
                 .map_err(|(why, pending)| {
                     tracing::debug!(node, %why, "request to peer refused");
-                    (pending, why == net::rpc::link::Refused::Down)
+                    (pending, why == proto::rpc::link::Refused::Down)
                 }),
             None => Err((pending, true)),
         };
@@ -190,7 +190,7 @@ impl Peers {
     /// frames and the driver's queue); `None` when the link is not up.
     pub fn queued_bytes(&self, node: NodeId, driver: &NetDriver) -> Option<usize> {
         let l = self.links.iter().find(|l| l.node == node)?;
-        let up = matches!(l.link.state(), net::rpc::link::LinkState::Up { .. });
+        let up = matches!(l.link.state(), proto::rpc::link::LinkState::Up { .. });
         let conn = l.conn.filter(|_| up)?;
         Some(l.out.len() + driver.outbound_bytes(conn))
     }
@@ -198,7 +198,7 @@ impl Peers {
     /// Bit i set: the link to the i-th peer (config order) is up.
     pub fn up_mask(&self) -> u64 {
         self.links.iter().enumerate().fold(0, |m, (i, l)| {
-            let up = matches!(l.link.state(), net::rpc::link::LinkState::Up { .. });
+            let up = matches!(l.link.state(), proto::rpc::link::LinkState::Up { .. });
             m | (u64::from(up) << i)
         })
     }
@@ -241,7 +241,7 @@ impl NodeShard {
         let Some(secret) = &self.peers.secret else {
             return driver.close(conn);
         };
-        let mut nonce = [0u8; net::rpc::auth::NONCE_BYTES];
+        let mut nonce = [0u8; proto::rpc::auth::NONCE_BYTES];
         self.rng.fill_bytes(&mut nonce);
         let p = &self.peers;
         let inbound = Inbound::new(secret, p.me, &p.peer_ids, nonce, p.limits, cx.now_ms());
@@ -405,7 +405,7 @@ impl NodeShard {
         cx: &mut Context<Msg, NodeTimer>,
         driver: &mut NetDriver,
         conn: ConnId,
-        header: net::rpc::Header,
+        header: proto::rpc::Header,
         body: Option<Result<wire::Body, wire::BadBody>>,
     ) {
         let from = Remote {
@@ -500,7 +500,7 @@ impl NodeShard {
                 tracing::debug!(node = l.node, boot, shard = self.me, "dialing a peer back");
                 self.peers.links[i].boot_known = Some(boot);
             }
-            let mut nonce = [0u8; net::rpc::auth::NONCE_BYTES];
+            let mut nonce = [0u8; proto::rpc::auth::NONCE_BYTES];
             self.rng.fill_bytes(&mut nonce);
             let jitter = self.rng.next_u64();
             let peers = &mut self.peers;

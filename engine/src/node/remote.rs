@@ -17,7 +17,7 @@
 //! token's check is answered CONNACK 14 (QueryTokenError).
 
 use net::io::{ConnId, NetDriver};
-use net::wkproto::ReasonCode;
+use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 
 use crate::activation::{ActivationId, AuthorityRequest, Event, OwnerActionFailed};

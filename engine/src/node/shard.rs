@@ -29,8 +29,8 @@ use net::io::{ConnId, NetDriver, NetEvent};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use shard::runtime::{Context, Handler};
-use shard::slots::ShardId;
-use shard::timer::TimerHandle;
+use slots::ShardId;
+use wheel::TimerHandle;
 
 use crate::activation::{Activation, ActivationId, Event, Output};
 use crate::authority::{Authority, AuthorityReader};

@@ -1,4 +1,4 @@
-//! The hops between nodes as frame bodies (`net::rpc::frame`: the fixed header says
+//! The hops between nodes as frame bodies (`proto::rpc::frame`: the fixed header says
 //! the [`Kind`], the sender's node and boot id, the request id and the deadline; the
 //! body is one of the enums below in `postcard`, a compact serde format).
 //!
@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use net::rpc::Kind;
+use proto::rpc::Kind;
 
 use crate::activation::{AuthorityRequest, OwnerActionFailed};
 use crate::cluster::{ClusterView, NodeId, Target};
@@ -220,7 +220,7 @@ impl Bounds {
 }
 
 fn check_target(target: &Target) -> Result<(), String> {
-    if usize::from(target.hash_slot) >= shard::slots::HASH_SLOTS {
+    if usize::from(target.hash_slot) >= slots::HASH_SLOTS {
         return Err(format!("hash slot {} (at most 255)", target.hash_slot));
     }
     Ok(())

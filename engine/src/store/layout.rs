@@ -33,7 +33,7 @@ use super::fsutil::write_atomic;
 pub const LAYOUT_VERSION: u32 = 2;
 /// The file's name in the data dir.
 pub const LAYOUT_FILE: &str = "layout.toml";
-/// The placement rule of this binary (`shard::slots::SlotMap::modulo`).
+/// The placement rule of this binary (`slots::SlotMap::modulo`).
 pub const PLACEMENT: &str = "hash_slot % shard_count";
 
 #[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

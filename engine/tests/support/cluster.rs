@@ -132,7 +132,7 @@ pub fn authority_of(view: &ClusterView, uid: &str) -> u64 {
 /// The home in `view` of the channel `channel_id` as `sender` addresses it.
 pub fn home_of(view: &ClusterView, sender: &str, channel_id: &str, channel_type: u8) -> u64 {
     let c = Channel::resolve(sender, channel_id, channel_type).unwrap();
-    view.home_node(shard::slots::hash_slot(c.key().as_bytes()))
+    view.home_node(slots::hash_slot(c.key().as_bytes()))
 }
 
 /// The first uid `prefix{n}` whose placement `ok` accepts.

@@ -1,11 +1,11 @@
 //! A blocking JSON-RPC client over WebSocket text messages, as the EasySDKs speak
-//! it (`net::jsonrpc`), on the framing of `net::ws`.
+//! it (`proto::jsonrpc`), on the framing of `proto::ws`.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use net::ws::{self, UpgradeResponse, WsControl, WsDecoder};
+use proto::ws::{self, UpgradeResponse, WsControl, WsDecoder};
 use serde_json::{json, Value};
 
 /// What the server sent next.

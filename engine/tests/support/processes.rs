@@ -248,7 +248,7 @@ impl Processes {
 
     /// The hash slots node `leader` leads in the initial view.
     pub fn slots_led_by(&self, leader: u64) -> Vec<u16> {
-        (0..shard::slots::HASH_SLOTS as u16)
+        (0..slots::HASH_SLOTS as u16)
             .filter(|&h| self.view.target_for_slot(h).leader_node_id == leader)
             .collect()
     }

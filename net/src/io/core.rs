@@ -20,7 +20,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use shard::timer::{TimerHandle, TimerWheel};
+use wheel::{TimerHandle, TimerWheel};
 
 use super::ws::{self, Handshake, WsControl, WsDecoder};
 use super::{

@@ -99,7 +99,7 @@ mod core;
 pub mod fd;
 mod mio_driver;
 mod uring_driver;
-use crate::ws;
+use proto::ws;
 
 pub use self::core::AcceptBackoff;
 
@@ -270,7 +270,7 @@ impl NetConfig {
 
 /// Which listener accepted a connection: the one transport enum of the crate (the
 /// old name, kept for `engine`).
-pub use crate::Transport;
+pub use proto::Transport;
 
 /// One connection of one shard: slot index plus the slot's generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -60,8 +60,8 @@ use std::time::{Duration, Instant};
 
 use ring::{Consumer, Doorbell, Producer};
 
-use crate::slots::ShardId;
-use crate::timer::{TimerHandle, TimerWheel};
+use slots::ShardId;
+use wheel::{TimerHandle, TimerWheel};
 
 /// Limits and behaviour of a runtime. Every bound has its unit in its name.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use net::io::NetDriver;
-use net::wkproto::ReasonCode;
+use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 
 use domain::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};

@@ -3,7 +3,7 @@
 //! comes back, the SENDACK to the connection.
 
 use net::io::{ConnId, NetDriver};
-use net::wkproto::{Flags, ReasonCode, SendPacket, SendackPacket, Setting};
+use proto::wkproto::{Flags, ReasonCode, SendPacket, SendackPacket, Setting};
 use shard::runtime::Context;
 
 use crate::channel::Channel;
@@ -58,7 +58,7 @@ pub fn on_send(
     };
     // One CRC32 of the channel key: its hash slot gives both the home node and the
     // commit shard.
-    let slot = shard::slots::hash_slot(channel.key().as_bytes());
+    let slot = slots::hash_slot(channel.key().as_bytes());
     let home = node.view.home_node(slot);
     let remote = home != node.shared.config.node_id;
     // A SEND to another node holds only the connection's credit (taken with `to` =
@@ -191,7 +191,7 @@ fn open_payload(node: &NodeShard, id: ConnId, p: &SendPacket<'_>) -> Result<Vec<
 
 /// Credits (`domain::gateway`): the connection's SENDs in flight, and this shard's
 /// towards `to` (each reserves room for its SENDACK on the way back).
-fn take_credit(node: &mut NodeShard, id: ConnId, to: shard::slots::ShardId) -> bool {
+fn take_credit(node: &mut NodeShard, id: ConnId, to: slots::ShardId) -> bool {
     let Some(conn) = node
         .conns
         .get_mut(id.index())

@@ -6,7 +6,7 @@
 //! 1. [`gateway`] (the sender's shard): resolve the channel, the uid's SEND rate
 //!    (`domain::send_rate`), the connection's
 //!    new-channel budget (`domain::new_channels`), msg_key and decryption
-//!    (`net::crypto`), the credits of SENDs in flight; a [`Commit`] to the channel's
+//!    (`proto::crypto`), the credits of SENDs in flight; a [`Commit`] to the channel's
 //!    commit shard. Later the SENDACK back to the connection.
 //! 2. [`commit`] (the channel's commit shard, `hash_slot(channel key) % shards`): the
 //!    commit core (`domain::commit::CommitCore`: permission, back-pressure,
@@ -25,8 +25,8 @@ pub mod owner;
 use std::sync::mpsc::SyncSender;
 
 use net::io::ConnId;
-use net::wkproto::ReasonCode;
-use shard::slots::ShardId;
+use proto::wkproto::ReasonCode;
+use slots::ShardId;
 
 use crate::route::SessionId;
 use crate::store::{PullMode, StoredMessage};

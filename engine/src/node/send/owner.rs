@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use net::io::{ConnId, NetDriver};
-use net::wkproto::{ChannelType, Flags, RecvPacket, Setting};
+use proto::wkproto::{ChannelType, Flags, RecvPacket, Setting};
 use shard::runtime::Context;
 
 use crate::channel::recv_channel_id;
@@ -201,7 +201,7 @@ fn encode_recv_for(
             payload: &m.payload,
             ..base
         };
-        net::jsonrpc::encode_recv(&plain, buf);
+        proto::jsonrpc::encode_recv(&plain, buf);
         return Some(Wire::JsonRpc);
     }
     let cipher = conn.cipher.as_ref()?;

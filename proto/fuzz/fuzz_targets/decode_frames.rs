@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use net::wkproto::{decode, decode_connect, peek_frame_len, MAX_FRAME_BYTES};
+use proto::wkproto::{decode, decode_connect, peek_frame_len, MAX_FRAME_BYTES};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, buf)) = data.split_first() else {

@@ -1,4 +1,4 @@
-//! The inter-node frame codec (`net::rpc::frame`): round trips of every header
+//! The inter-node frame codec (`proto::rpc::frame`): round trips of every header
 //! field, truncation byte by byte, seeded garbage (no panic, no allocation, a
 //! refusal with a reason), oversized lengths.
 //!
@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use net::rpc::frame::{
+use proto::rpc::frame::{
     decode, encode, FrameError, FrameLimits, Header, Kind, HEADER_BYTES, MAGIC, WIRE_VERSION,
 };
 use rand::rngs::StdRng;

@@ -15,9 +15,9 @@ use std::hint::black_box;
 
 use base64::Engine as _;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use net::crypto::SessionCipher;
-use net::jsonrpc::{self, JsonRpc};
-use net::wkproto::{decode, ChannelType, RecvPacket, SendPacket, Setting, MAX_FRAME_BYTES};
+use proto::crypto::SessionCipher;
+use proto::jsonrpc::{self, JsonRpc};
+use proto::wkproto::{decode, ChannelType, RecvPacket, SendPacket, Setting, MAX_FRAME_BYTES};
 
 const VERSION: u8 = 6;
 
@@ -166,15 +166,15 @@ fn json_rpc(c: &mut Criterion) {
             b.iter(|| {
                 let got = rpc.decode(black_box(text.as_bytes())).unwrap();
                 // Answer it, so the codec's pending bound never fills.
-                let net::jsonrpc::Inbound::Send(s) = &got else {
+                let proto::jsonrpc::Inbound::Send(s) = &got else {
                     unreachable!()
                 };
-                let ack = net::wkproto::SendackPacket {
+                let ack = proto::wkproto::SendackPacket {
                     client_seq: s.client_seq,
                     ..Default::default()
                 };
                 let mut out = Vec::new();
-                rpc.encode(&net::wkproto::Frame::Sendack(ack), &mut out);
+                rpc.encode(&proto::wkproto::Frame::Sendack(ack), &mut out);
                 black_box(got)
             })
         });

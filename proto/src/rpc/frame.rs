@@ -72,31 +72,31 @@ pub enum Kind {
     Ping = 5,
     /// Listener → dialer: the answer to a Ping, with the Ping's body.
     Pong = 6,
-    /// Authority: register a route (being built).
+    /// Authority: register a route.
     AuthorityRegister = 16,
-    /// Authority: commit a registered route (being built).
+    /// Authority: commit a registered route.
     AuthorityCommit = 17,
-    /// Authority: abort a registration (being built).
+    /// Authority: abort a registration.
     AuthorityAbort = 18,
-    /// Authority: unregister a route (being built).
+    /// Authority: unregister a route.
     AuthorityUnregister = 19,
-    /// A batch of route touches (being built).
+    /// A batch of route touches.
     TouchBatch = 20,
-    /// Endpoints-by-targets lookups, grouped per target (being built).
+    /// Endpoints-by-targets lookups, grouped per target.
     EndpointLookup = 21,
-    /// Owner actions: kick with DISCONNECT 12, close (being built).
+    /// Owner actions: kick with DISCONNECT 12, close.
     OwnerAction = 22,
-    /// A SEND forwarded to its channel's home; its SENDACK comes back as a reply (being built).
+    /// A SEND forwarded to its channel's home; its SENDACK comes back as a reply.
     ForwardedSend = 23,
-    /// Owner push: plaintext messages and their exact endpoints (being built).
+    /// Owner push: plaintext messages and their exact endpoints.
     Push = 24,
-    /// A cluster view (being built).
+    /// A cluster view.
     View = 25,
-    /// A token lookup at the uid's home during CONNECT (being built).
+    /// A token lookup at the uid's home during CONNECT.
     TokenLookup = 26,
-    /// A messagesync read forwarded to the channel's home (being built).
+    /// A messagesync read forwarded to the channel's home.
     MessageSync = 27,
-    /// An HTTP API write forwarded to the home (being built).
+    /// An HTTP API write forwarded to the home.
     HttpWrite = 28,
     /// The reply to any request, matched by request id.
     Reply = 64,

@@ -1,4 +1,4 @@
-//! The inter-node link machines (`net::rpc::link`), a dialer's `Outbound` and a
+//! The inter-node link machines (`proto::rpc::link`), a dialer's `Outbound` and a
 //! listener's `Inbound` wired byte to byte in memory, time passed by hand:
 //! handshake → up; a request reaches the listener with its kind, id and deadline,
 //! its reply (written by the other node's own outbound link) completes it; deadlines,
@@ -8,10 +8,10 @@
 //! Seeds: `RPC_TEST_SEED=<u64>` replays a run; every failure message names its seed.
 
 use hmac::{Hmac, Mac};
-use net::rpc::auth::NONCE_BYTES;
-use net::rpc::frame::{decode, encode, FrameError, Header, Kind, HEADER_BYTES};
-use net::rpc::link::{deadline_at_ms, request_shard, InvalidLinkLimits};
-use net::rpc::{
+use proto::rpc::auth::NONCE_BYTES;
+use proto::rpc::frame::{decode, encode, FrameError, Header, Kind, HEADER_BYTES};
+use proto::rpc::link::{deadline_at_ms, request_shard, InvalidLinkLimits};
+use proto::rpc::{
     CloseReason, ClusterSecret, Failure, Identity, Inbound, InboundEvent, LinkEvent, LinkLimits,
     LinkState, Outbound, Refusal, Refused, SenderMismatch,
 };

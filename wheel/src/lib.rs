@@ -45,6 +45,8 @@
 //! - `now` never goes backward: `advance` with a smaller `now` is a caller bug
 //!   (`debug_assert`); in release builds it is treated as the current `now`.
 
+#![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+
 /// log2 of the number of buckets per level.
 pub const LVL_BITS: u32 = 6;
 /// Buckets per level.

@@ -9,10 +9,10 @@
 //! and the message ([`next_text_message`] takes one). A message of the other kind
 //! closes the connection with 1003.
 //!
-//! - Server ([`crate::io`]): [`handshake`] answers an upgrade request,
+//! - Server (`net::io`): [`handshake`] answers an upgrade request,
 //!   [`WsDecoder::default`] takes masked client frames, [`write_binary`] and friends
 //!   write unmasked frames.
-//! - Client ([`crate::client`], imbench): [`write_upgrade_request`] and
+//! - Client (`net::client`, imbench): [`write_upgrade_request`] and
 //!   [`upgrade_response`], [`WsDecoder::client`] takes unmasked server frames,
 //!   [`write_masked_binary`] and [`write_masked_pong`] write masked frames (no
 //!   allocation: the payload is copied once and masked in place).

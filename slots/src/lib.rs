@@ -5,6 +5,8 @@
 //! `slot % shard_count`); the authority state and the channel log of a hash slot are
 //! written only by that shard.
 
+#![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+
 /// Number of hash slots. Fixed: it is part of the cluster's placement contract.
 pub const HASH_SLOTS: usize = 256;
 

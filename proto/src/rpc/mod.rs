@@ -1,4 +1,4 @@
-//! The inter-node wire (issue 13, being built), sans-IO like [`crate::wkproto`]:
+//! The inter-node wire, sans-IO like [`crate::wkproto`]:
 //! no sockets, no clocks, no randomness of its own.
 //!
 //! - [`frame`]: fixed 40-byte `bytemuck` headers (magic, wire version, kind,

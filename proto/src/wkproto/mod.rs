@@ -26,7 +26,7 @@
 //! offset. After each read that appended bytes to `rx`:
 //!
 //! ```
-//! use net::wkproto::{decode, decode_connect, negotiate_version, Frame, MAX_FRAME_BYTES};
+//! use proto::wkproto::{decode, decode_connect, negotiate_version, Frame, MAX_FRAME_BYTES};
 //! # fn handle(_f: Frame<'_>) {}
 //! # let mut rx: Vec<u8> = vec![0x70, 0x70, 0x30]; // two PINGs and the start of a SEND
 //! # let version: Option<u8> = Some(6);

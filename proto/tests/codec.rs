@@ -6,14 +6,14 @@
 //! `NET_PROP_CASES` sets the case count (default 256). The seed in use is
 //! printed (shown on failure).
 
-use net::wkproto::{
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+use proto::wkproto::{
     decode, decode_connect, peek_frame_len, varint_len, ChannelType, ConnackPacket, ConnectPacket,
     DecodeError, DeviceFlag, DisconnectPacket, EncodeError, Flags, Frame, PacketType, ReasonCode,
     RecvPacket, RecvackPacket, SendPacket, SendackPacket, Setting, SubPacket, SubackPacket,
     MAX_FRAME_BYTES, MAX_STRING_BYTES, MAX_VARINT_VALUE,
 };
-use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
 
 const DEFAULT_SEED: u64 = 0x77b9_2026;
 

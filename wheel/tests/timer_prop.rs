@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shard::timer::{TimerHandle, TimerWheel};
 use std::collections::{BTreeMap, HashMap};
+use wheel::{TimerHandle, TimerWheel};
 
 const DEFAULT_SEED: u64 = 0x7133_2026;
 

@@ -1,4 +1,4 @@
-//! The inter-node handshake (`net::rpc::auth`): both sides established with the
+//! The inter-node handshake (`proto::rpc::auth`): both sides established with the
 //! same secret; a wrong secret refused on both sides; replayed and reflected
 //! messages refused; a peer claiming other ids refused; nothing but the handshake
 //! before authentication. The transcript documented in `auth.rs` is recomputed
@@ -7,9 +7,9 @@
 //! Seeds: `RPC_TEST_SEED=<u64>` replays a run; every failure message names its seed.
 
 use hmac::{Hmac, Mac};
-use net::rpc::auth::{HANDSHAKE_FRAME_BYTES_MAX, NONCE_BYTES};
-use net::rpc::frame::{decode, encode, FrameError, FrameLimits, Header, Kind, HEADER_BYTES};
-use net::rpc::{check_sender, ClusterSecret, Handshake, Identity, Outcome, Refusal};
+use proto::rpc::auth::{HANDSHAKE_FRAME_BYTES_MAX, NONCE_BYTES};
+use proto::rpc::frame::{decode, encode, FrameError, FrameLimits, Header, Kind, HEADER_BYTES};
+use proto::rpc::{check_sender, ClusterSecret, Handshake, Identity, Outcome, Refusal};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sha2::Sha256;

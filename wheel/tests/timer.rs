@@ -1,8 +1,8 @@
-//! Unit tests of the hierarchical timer wheel (`shard::timer`).
+//! Unit tests of the hierarchical timer wheel (`wheel`).
 
-use shard::timer::{TimerFull, TimerHandle, TimerWheel, LEVELS, LVL_CLK_SHIFT, LVL_SIZE};
 use std::cell::Cell;
 use std::rc::Rc;
+use wheel::{TimerFull, TimerHandle, TimerWheel, LEVELS, LVL_CLK_SHIFT, LVL_SIZE};
 
 /// Advances and returns the fired `(deadline, value)` pairs, sorted.
 fn advance_collect<T: Ord>(w: &mut TimerWheel<T>, now: u64) -> Vec<(u64, T)> {

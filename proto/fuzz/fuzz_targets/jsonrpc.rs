@@ -6,8 +6,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use net::jsonrpc::{encode_rejection, Inbound, JsonRpc};
-use net::wkproto::{decode, ConnackPacket, Frame, ReasonCode, SendackPacket};
+use proto::jsonrpc::{encode_rejection, Inbound, JsonRpc};
+use proto::wkproto::{decode, ConnackPacket, Frame, ReasonCode, SendackPacket};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, rest)) = data.split_first() else {

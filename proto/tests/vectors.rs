@@ -5,11 +5,11 @@
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use net::crypto::{
+use proto::crypto::{
     aes_key_from_secret, decode_client_key, public_key, salt_from_random, server_handshake,
     shared_secret, CryptoError, SessionCipher,
 };
-use net::wkproto::{
+use proto::wkproto::{
     decode, decode_connect, ChannelType, ConnackPacket, DecodeError, DeviceFlag, DisconnectPacket,
     Flags, Frame, PacketType, ReasonCode, RecvPacket, RecvackPacket, SendPacket, SendackPacket,
     Setting, MAX_FRAME_BYTES,

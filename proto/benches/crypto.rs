@@ -3,10 +3,10 @@
 //!
 //! Run: `cargo bench -p net --bench crypto -- --warm-up-time 1 --measurement-time 3`
 //!
-//! - `x25519/public_key`: `net::crypto::public_key` (fixed-base X25519).
-//! - `x25519/shared_secret`: `net::crypto::shared_secret` (variable-base
+//! - `x25519/public_key`: `proto::crypto::public_key` (fixed-base X25519).
+//! - `x25519/shared_secret`: `proto::crypto::shared_secret` (variable-base
 //!   X25519 + low-order check).
-//! - `handshake/server`: `net::crypto::server_handshake` (base64 decode,
+//! - `handshake/server`: `proto::crypto::server_handshake` (base64 decode,
 //!   both of the above, MD5 key derivation, AES key expansion).
 //! - `encode_recv/64`: `SessionCipher::encode_recv` of a 64 B payload.
 //!
@@ -18,8 +18,8 @@ use std::hint::black_box;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use net::crypto::{public_key, server_handshake, shared_secret, SessionCipher};
-use net::wkproto::{ChannelType, RecvPacket};
+use proto::crypto::{public_key, server_handshake, shared_secret, SessionCipher};
+use proto::wkproto::{ChannelType, RecvPacket};
 
 const VERSION: u8 = 6;
 
