@@ -5,8 +5,9 @@
 //! performed); the touch worker (dirty routes flushed in bounded TouchRoutes
 //! batches, queued unregisters drained) and its service; the expiry pass.
 //!
-//! What enters here: `Msg::Authority`, `Msg::AuthorityReply`, `Msg::Touch`,
-//! `Msg::OwnerAction`; an activation's `SendToAuthority` and `PerformOwnerAction`
+//! What enters here: the authority, touch and owner-action hops (`wire::Request`s
+//! served, `wire::Reply`s answered, through [`super::remote`]'s one dispatcher per
+//! side); an activation's `SendToAuthority` and `PerformOwnerAction`
 //! outputs (from [`super::connect`]); the `NodeTimer::TouchFlush` and
 //! `NodeTimer::Expiry` timers. Replies for activations are queued in
 //! `local_events` for [`super::connect`] to drain.
@@ -22,34 +23,12 @@ use crate::cluster::Target;
 use crate::delivery::session_shard;
 use crate::route::{OwnerAction, OwnerActionKind, Route};
 
-use super::msg::{AuthorityReply, Corr, Msg, ReplyTo};
-use super::remote::{AuthorityCall, Pending};
+use super::msg::{AuthorityCall, AuthorityReply, Corr, Msg, Pending, ReplyTo};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use crate::route::AuthorityError;
 
 impl NodeShard {
-    /// `Msg::Authority`: serves a call for one of this shard's slots and answers it
-    /// (to a shard of this node, or to the requesting node).
-    pub(super) fn on_authority_call(
-        &mut self,
-        cx: &mut Context<Msg, NodeTimer>,
-        reply_to: ReplyTo<Corr>,
-        target: Target,
-        request: AuthorityRequest,
-    ) {
-        let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
-        match reply_to {
-            ReplyTo::Shard(shard, corr) => {
-                self.send_msg(cx, shard, Msg::AuthorityReply { corr, reply });
-                // A CONNACK waits for this answer: handed over now, not after the
-                // rest of the turn (which may be a batch of key agreements).
-                cx.flush_to(shard);
-            }
-            ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::Authority(reply)),
-        }
-    }
-
     /// Sends an authority call to the shard that leads `target`'s hash slot: on this
     /// node over the ring (or served here), on another node as a request to it.
     pub(super) fn call_authority(
@@ -83,15 +62,16 @@ impl NodeShard {
             let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
             self.on_authority_reply(cx, corr, reply);
         } else {
-            let reply_to = ReplyTo::Shard(self.me, corr);
-            let msg = Msg::Authority {
-                reply_to,
-                target,
-                request,
+            let pending = Pending::Authority {
+                corr,
+                kind: AuthorityCall::of(&request),
             };
-            self.send_msg(cx, to, msg);
-            // On a CONNECT's critical path: handed over now (see `on_authority_call`).
-            cx.flush_to(to);
+            self.request_shard(
+                cx,
+                to,
+                wire::Request::Authority { target, request },
+                pending,
+            );
         }
     }
 
@@ -209,41 +189,33 @@ impl NodeShard {
                 },
             ));
         } else {
-            let reply_to = ReplyTo::Shard(self.me, (aid, index));
-            self.send_msg(cx, owner, Msg::OwnerAction { reply_to, action });
+            let pending = Pending::OwnerAction {
+                activation: aid,
+                index,
+            };
+            self.request_shard(cx, owner, wire::Request::OwnerAction { action }, pending);
         }
     }
 
-    /// `Msg::OwnerAction` (and the hop from another node): performs it on this
-    /// node's session (this shard's, or forwarded to its shard) and answers.
+    /// An owner action (from a shard of this node or another node): performed on
+    /// this node's session (this shard's, or handed to its shard) and answered.
     pub(super) fn on_owner_action(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         driver: &mut NetDriver,
-        reply_to: ReplyTo<(ActivationId, u32)>,
+        reply_to: ReplyTo,
         action: OwnerAction,
     ) {
         let local_process = action.route.boot_id == self.shared.boot_id;
         let owner = session_shard(action.route.session_id);
         if local_process && owner != self.me {
-            return self.send_msg(cx, owner, Msg::OwnerAction { reply_to, action });
+            let request = wire::Request::OwnerAction { action };
+            return self.send_msg(cx, owner, Msg::Request { reply_to, request });
         }
         if local_process {
             self.perform_owner_action(cx, driver, &action);
         }
-        match reply_to {
-            ReplyTo::Shard(shard, (activation, index)) => {
-                let msg = Msg::OwnerActionDone {
-                    activation,
-                    index,
-                    result: Ok(()),
-                };
-                self.send_msg(cx, shard, msg);
-            }
-            ReplyTo::Node(remote) => {
-                self.reply_remote(cx, remote, wire::Reply::OwnerAction(Ok(())))
-            }
-        }
+        self.answer(cx, driver, reply_to, wire::Reply::OwnerAction(Ok(())));
     }
 
     /// Kicks (DISCONNECT 12, then close) or closes one of this shard's sessions.
@@ -353,31 +325,13 @@ impl NodeShard {
             let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
             self.registry.touch_failed(target, &failed);
         } else {
-            let reply_to = ReplyTo::Shard(self.me, ());
-            let msg = Msg::Touch {
-                reply_to,
+            // Over the ring only the failures come back (a dropped batch is requeued by
+            // the next rebuild or touch): nothing to keep.
+            let pending = Pending::Touch {
                 target,
-                routes,
+                routes: Vec::new(),
             };
-            self.send_msg(cx, to, msg);
-        }
-    }
-
-    /// `Msg::Touch`: serves a batch; the routes that failed go back to the owner.
-    pub(super) fn on_touch_batch(
-        &mut self,
-        cx: &mut Context<Msg, NodeTimer>,
-        reply_to: ReplyTo<()>,
-        target: Target,
-        routes: Vec<Route>,
-    ) {
-        let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
-        match reply_to {
-            ReplyTo::Shard(..) if failed.is_empty() => {}
-            ReplyTo::Shard(shard, ()) => {
-                self.send_msg(cx, shard, Msg::TouchReply { target, failed })
-            }
-            ReplyTo::Node(remote) => self.reply_remote(cx, remote, wire::Reply::Touch { failed }),
+            self.request_shard(cx, to, wire::Request::Touch { target, routes }, pending);
         }
     }
 

@@ -9,8 +9,8 @@
 //! ([`NodeShard::run_outputs`]: authority calls, owner actions, CONNACK, close).
 //!
 //! What enters here: a decoded CONNECT (from [`super::conns`]); activation events:
-//! the `NodeTimer::Activation` deadline, `Msg::OwnerActionDone`, authority replies
-//! (queued by [`super::authority_service`] and drained here), the connection's
+//! the `NodeTimer::Activation` deadline, owner actions' and authority calls' replies
+//! (queued by [`super::hops`] and [`super::authority_service`] and drained here), the connection's
 //! `Closed` during activation.
 
 use net::io::{ConnId, NetDriver};
@@ -25,8 +25,8 @@ use crate::registry::NewSession;
 use crate::route::{DeviceLevel, SessionId, Uid};
 
 use super::conns::ConnState;
+use super::msg::Pending;
 use super::msg::{Corr, Msg};
-use super::remote::Pending;
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use crate::cluster::NodeId;

@@ -1,6 +1,8 @@
-//! Every message that crosses between the shards of a node, one variant per hop of
-//! the flows. Each names who answers and how the answer finds its way back.
-//! (Between nodes, the same hops will travel as inter-node RPCs.)
+//! Every message that crosses between the shards of a node. The hops of the flows
+//! that are requests and replies (authority calls, touch batches, owner actions,
+//! …) are one vocabulary with the hops between nodes: a [`super::wire::Request`]
+//! with a [`ReplyTo`], answered by a [`super::wire::Reply`] with the request's
+//! [`Pending`], whether the ring or a link carries them.
 //!
 //! Each message enters the receiving shard's `on_message` ([`super::shard`]), which
 //! hands it to the module that owns it (the list is in that module's doc).
@@ -10,44 +12,30 @@ use std::sync::Arc;
 use net::io::ConnId;
 use slots::ShardId;
 
-use crate::activation::{ActivationId, AuthorityRequest, OwnerActionFailed};
+use crate::activation::{ActivationId, AuthorityRequest};
 use crate::authority::TouchResult;
 use crate::cluster::Target;
 use crate::registry::UnregisterRequest;
-use crate::route::{AuthorityError, Endpoint, OwnerAction, RegisterOutcome, Route, SessionId};
+use crate::route::{AuthorityError, Endpoint, RegisterOutcome, Route, SessionId};
 
 use super::send::{Commit, Committed};
 
 /// A message between shards.
 pub enum Msg {
-    /// Gateway → authority shard: one authority call for an activation or an
-    /// unregister; answered by [`Msg::AuthorityReply`] (or a reply frame to the
-    /// requesting node).
-    Authority {
-        reply_to: ReplyTo<Corr>,
-        target: Target,
-        request: AuthorityRequest,
+    /// A hop's request (`wire::Request`: an authority call, a touch batch, an owner
+    /// action, …) to the shard that serves it, from a shard of this node or handed
+    /// on by the shard whose link read it from another node; answered by
+    /// [`Msg::Reply`] on the ring or a reply frame on the link ([`ReplyTo`]).
+    Request {
+        reply_to: ReplyTo,
+        request: super::wire::Request,
     },
-    /// Authority shard → gateway.
-    AuthorityReply { corr: Corr, reply: AuthorityReply },
-    /// Gateway touch worker → authority shard: a TouchRoutes batch.
-    Touch {
-        reply_to: ReplyTo<()>,
-        target: Target,
-        routes: Vec<Route>,
-    },
-    /// Authority shard → gateway: the routes to requeue (those that failed).
-    TouchReply { target: Target, failed: Vec<Route> },
-    /// New session's gateway → old session's owner: kick or close it.
-    OwnerAction {
-        reply_to: ReplyTo<(ActivationId, u32)>,
-        action: OwnerAction,
-    },
-    /// Owner → gateway of the activation.
-    OwnerActionDone {
-        activation: ActivationId,
-        index: u32,
-        result: Result<(), OwnerActionFailed>,
+    /// The answer to a request of this shard, with what the request left behind:
+    /// the same [`Pending`] and [`super::wire::Reply`] a reply frame from another
+    /// node brings, handled by the same code.
+    Reply {
+        pending: Pending,
+        reply: super::wire::Reply,
     },
     /// Gateway (or the HTTP API) → the channel's commit shard: commit a SEND.
     Commit(Box<Commit>),
@@ -94,12 +82,11 @@ pub enum Msg {
 }
 
 /// Where a request's answer goes: the requesting shard of this node over the ring,
-/// with the requester's correlation `C` handed back in the reply message; or a
-/// request of another node, answered by a reply frame on this shard's link to that
-/// node (the requester kept its correlation in its link's in-flight table).
-#[derive(Clone, Debug)]
-pub enum ReplyTo<C> {
-    Shard(ShardId, C),
+/// with what the request left behind ([`Pending`]) handed back in [`Msg::Reply`];
+/// or a request of another node, answered by a reply frame on this shard's link to
+/// that node (the requester keeps its [`Pending`] in its link's in-flight table).
+pub enum ReplyTo {
+    Shard(ShardId, Pending),
     Node(Remote),
 }
 
@@ -116,6 +103,65 @@ pub struct Remote {
 pub enum Corr {
     Activation(ActivationId),
     Unregister(Box<UnregisterRequest>),
+}
+
+/// What a request leaves behind until its reply (or failure): in the ring message
+/// when it goes to a shard of this node, in the link's in-flight table when it goes
+/// to another node. The reply, or the failure, hands it back.
+pub enum Pending {
+    /// An activation's or an unregister's authority call.
+    Authority { corr: Corr, kind: AuthorityCall },
+    /// A TouchRoutes batch (requeued if it fails; kept only for another node: a
+    /// ring message is not lost but dropped with a count, and the touch flush
+    /// requeues by timer).
+    Touch { target: Target, routes: Vec<Route> },
+    /// An activation's owner action.
+    OwnerAction {
+        activation: ActivationId,
+        index: u32,
+    },
+    /// A SEND forwarded to its channel's home: the SENDACK goes to this connection.
+    Send {
+        conn: ConnId,
+        session_id: SessionId,
+        client_seq: u32,
+    },
+    /// A delivery page's endpoint lookup.
+    Lookup { lookup_id: u64 },
+    /// A CONNECT waiting for its token's check at the uid's home.
+    Token {
+        conn: ConnId,
+        connect: Box<super::connect::OwnedConnect>,
+    },
+}
+
+/// Which authority call a pending one is (the shape of its failure).
+#[derive(Clone, Copy, Debug)]
+pub enum AuthorityCall {
+    Register,
+    Commit,
+    Abort,
+    Unregister,
+}
+
+impl AuthorityCall {
+    pub fn of(request: &AuthorityRequest) -> AuthorityCall {
+        match request {
+            AuthorityRequest::Register { .. } => AuthorityCall::Register,
+            AuthorityRequest::Commit { .. } => AuthorityCall::Commit,
+            AuthorityRequest::Abort { .. } => AuthorityCall::Abort,
+            AuthorityRequest::Unregister { .. } => AuthorityCall::Unregister,
+        }
+    }
+
+    pub fn failed(self, err: AuthorityError) -> AuthorityReply {
+        match self {
+            AuthorityCall::Register => AuthorityReply::Register(Err(err)),
+            AuthorityCall::Commit => AuthorityReply::Commit(Err(err)),
+            AuthorityCall::Abort => AuthorityReply::Abort(Err(err)),
+            AuthorityCall::Unregister => AuthorityReply::Unregister(Err(err)),
+        }
+    }
 }
 
 /// An authority shard's answer.

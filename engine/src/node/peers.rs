@@ -35,8 +35,8 @@ use slots::ShardId;
 use crate::cluster::NodeId;
 use crate::route::BootId;
 
+use super::msg::Pending;
 use super::msg::{Msg, Remote};
-use super::remote::Pending;
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 

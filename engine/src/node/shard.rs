@@ -9,12 +9,13 @@
 //! `impl Handler for NodeShard`, whose callbacks each hand their input to the
 //! concern that owns it:
 //! - `node/conns.rs`: the connection table and its frames (`on_io`);
+//! - `node/hops.rs`: every hop's request and reply, from a shard of this node
+//!   (`Msg::Request`, `Msg::Reply`) or from another node (`Msg::PeerReply`, and the
+//!   frames `node/peers.rs` reads), one dispatcher per side;
 //! - `node/connect.rs`: CONNECT admission and the activation driver
-//!   (`NodeTimer::Activation`, `Msg::OwnerActionDone`);
+//!   (`NodeTimer::Activation`, the owner actions' and authority calls' replies);
 //! - `node/authority_service.rs`: authority calls and their service, owner actions,
-//!   the touch worker, the expiry pass (`Msg::Authority`, `Msg::AuthorityReply`,
-//!   `Msg::Touch`, `Msg::TouchReply`, `Msg::OwnerAction`, `NodeTimer::TouchFlush`,
-//!   `NodeTimer::Expiry`);
+//!   the touch worker, the expiry pass (`NodeTimer::TouchFlush`, `NodeTimer::Expiry`);
 //! - `node/control.rs`: gauges, device quit, view changes, shutdown, injected panics
 //!   (`Msg::DeviceQuit`, `Msg::View`, `Msg::Drain`, `Msg::Shutdown`,
 //!   `Msg::InjectPanic`);
@@ -112,7 +113,7 @@ pub struct NodeShard {
     /// The links to the other nodes (none on a node alone).
     pub(super) peers: super::peers::Peers,
     /// Requests to other nodes that failed, answered at the end of the turn.
-    pub(super) remote_failures: Vec<super::remote::Pending>,
+    pub(super) remote_failures: Vec<super::msg::Pending>,
 }
 
 /// How often the inter-node links' timers run (dials, deadlines, heartbeats).
@@ -259,32 +260,8 @@ impl Handler for NodeShard {
         msg: Msg,
     ) {
         match msg {
-            Msg::Authority {
-                reply_to,
-                target,
-                request,
-            } => self.on_authority_call(cx, reply_to, target, request),
-            Msg::AuthorityReply { corr, reply } => {
-                self.on_authority_reply(cx, corr, reply);
-                self.drain_local_events(cx, driver);
-            }
-            Msg::Touch {
-                reply_to,
-                target,
-                routes,
-            } => self.on_touch_batch(cx, reply_to, target, routes),
-            Msg::TouchReply { target, failed } => self.registry.touch_failed(target, &failed),
-            Msg::OwnerAction { reply_to, action } => {
-                self.on_owner_action(cx, driver, reply_to, action)
-            }
-            Msg::OwnerActionDone {
-                activation,
-                index,
-                result,
-            } => {
-                let event = Event::OwnerActionDone { index, result };
-                self.feed_activation(cx, driver, activation, event);
-            }
+            Msg::Request { reply_to, request } => self.on_request(cx, driver, reply_to, request),
+            Msg::Reply { pending, reply } => self.on_reply(cx, driver, pending, reply),
             Msg::Commit(request) => super::send::on_commit(self, cx, driver, *request),
             Msg::SendAck(ack) => {
                 // The SEND's credit towards that commit shard comes back.

@@ -23,8 +23,7 @@ use crate::store::{LogError, MessageLog, NewMessage, SyncJob};
 
 use super::super::catalog::Catalog;
 use super::super::metrics::StageHistograms;
-use super::super::msg::{Msg, Remote, SendAck};
-use super::super::remote::Pending;
+use super::super::msg::{Msg, Pending, ReplyTo, SendAck};
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::syncer::LogSyncer;
 use super::super::wire;
@@ -527,15 +526,35 @@ pub fn on_forwarded_send(
     node: &mut NodeShard,
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
-    from: Remote,
+    reply_to: ReplyTo,
     send: wire::ForwardedSend,
 ) {
+    let origin = match reply_to {
+        ReplyTo::Node(remote) => Origin::Remote(remote),
+        ReplyTo::Shard(
+            shard,
+            Pending::Send {
+                conn,
+                session_id,
+                client_seq,
+            },
+        ) => Origin::Client {
+            shard,
+            conn,
+            session_id,
+            client_seq,
+        },
+        ReplyTo::Shard(..) => {
+            tracing::error!("a forwarded SEND from a shard without its connection: dropped");
+            return;
+        }
+    };
     let to = node
         .shared
         .slot_map
         .shard_of_key(send.channel.key().as_bytes());
     let commit = Commit {
-        request: send.answered_to(Origin::Remote(from)),
+        request: send.answered_to(origin),
         decoded_ns: turn_now(node).mono_ns,
     };
     if to == node.me {

@@ -11,8 +11,8 @@ use crate::delivery::Sender;
 use domain::gateway::SendCredits;
 use domain::send_rate::Verdict;
 
+use super::super::msg::Pending;
 use super::super::msg::{Msg, SendAck};
-use super::super::remote::Pending;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::wire;
 use super::{Commit, Origin};

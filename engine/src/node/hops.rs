@@ -1,10 +1,15 @@
-//! The hops between nodes on one shard, in the words of the flows: the requests this
-//! shard makes of other nodes and what it does with their replies or failures; the
-//! requests and one-way messages other nodes make of this node, handed to the
-//! shard that owns them exactly as the ring would (`Msg` with `ReplyTo::Node`).
-//! The bytes and links are [`super::peers`]'s; the bodies are [`super::wire`]'s.
+//! The hops of one shard, in the words of the flows, one dispatcher per side: every
+//! request ([`super::wire::Request`]) from a shard of this node (`Msg::Request`) or
+//! from another node (its frame) enters [`NodeShard::on_request`], which serves it
+//! or hands it to the shard that does, and answers it with [`NodeShard::answer`]
+//! (over the ring or on the link, as [`ReplyTo`] says); every answer, from the ring
+//! (`Msg::Reply`) or a reply frame, enters [`NodeShard::on_reply`] with the
+//! [`Pending`] its request left behind. A request goes to a shard of this node with
+//! [`NodeShard::request_shard`] and to another node with
+//! [`NodeShard::request_remote`]. The bytes and links are [`super::peers`]'s; the
+//! bodies are [`super::wire`]'s.
 //!
-//! Every request holds a [`Pending`] in this shard's link to the node (its in-flight
+//! A request to another node holds a [`Pending`] in this shard's link to the node (its in-flight
 //! table, bounded by `rpc_requests_in_flight_max`): the reply hands it back, and a
 //! request that cannot be answered (link down, table full, deadline passed, link
 //! lost, peer restarted) hands it to [`NodeShard::on_remote_failed`] through
@@ -16,73 +21,18 @@
 //! failed (their recipients catch up by messagesync), a CONNECT waiting for its
 //! token's check is answered CONNACK 14 (QueryTokenError).
 
-use net::io::{ConnId, NetDriver};
+use net::io::NetDriver;
 use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 
-use crate::activation::{ActivationId, AuthorityRequest, Event, OwnerActionFailed};
+use crate::activation::{Event, OwnerActionFailed};
 use crate::cluster::{NodeId, Target};
-use crate::route::{AuthorityError, BootId, Route, SessionId};
+use crate::route::{AuthorityError, BootId};
 
-use super::msg::{AuthorityReply, Corr, Msg, Remote, ReplyTo, SendAck};
+use super::msg::{Msg, Pending, Remote, ReplyTo, SendAck};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use domain::delivery::{LookupFailure, LookupReply};
-
-/// What a request to another node leaves behind until its reply (or failure).
-pub enum Pending {
-    /// An activation's or an unregister's authority call.
-    Authority { corr: Corr, kind: AuthorityCall },
-    /// A TouchRoutes batch (requeued if it fails).
-    Touch { target: Target, routes: Vec<Route> },
-    /// An activation's owner action.
-    OwnerAction {
-        activation: ActivationId,
-        index: u32,
-    },
-    /// A SEND forwarded to its channel's home: the SENDACK goes to this connection.
-    Send {
-        conn: ConnId,
-        session_id: SessionId,
-        client_seq: u32,
-    },
-    /// A delivery page's endpoint lookup.
-    Lookup { lookup_id: u64 },
-    /// A CONNECT waiting for its token's check at the uid's home.
-    Token {
-        conn: ConnId,
-        connect: Box<super::connect::OwnedConnect>,
-    },
-}
-
-/// Which authority call a pending one is (the shape of its failure).
-#[derive(Clone, Copy, Debug)]
-pub enum AuthorityCall {
-    Register,
-    Commit,
-    Abort,
-    Unregister,
-}
-
-impl AuthorityCall {
-    pub fn of(request: &AuthorityRequest) -> AuthorityCall {
-        match request {
-            AuthorityRequest::Register { .. } => AuthorityCall::Register,
-            AuthorityRequest::Commit { .. } => AuthorityCall::Commit,
-            AuthorityRequest::Abort { .. } => AuthorityCall::Abort,
-            AuthorityRequest::Unregister { .. } => AuthorityCall::Unregister,
-        }
-    }
-
-    pub fn failed(self, err: AuthorityError) -> AuthorityReply {
-        match self {
-            AuthorityCall::Register => AuthorityReply::Register(Err(err)),
-            AuthorityCall::Commit => AuthorityReply::Commit(Err(err)),
-            AuthorityCall::Abort => AuthorityReply::Abort(Err(err)),
-            AuthorityCall::Unregister => AuthorityReply::Unregister(Err(err)),
-        }
-    }
-}
 
 impl NodeShard {
     /// Sends `request` to `node` on this shard's link; if the link refuses it (down,
@@ -142,6 +92,19 @@ impl NodeShard {
         let Some(pending) = self.peers.complete(from, request_id) else {
             return;
         };
+        self.on_reply(cx, driver, pending, reply);
+    }
+
+    /// The answer to one of this shard's requests, from a shard of this node (over
+    /// the ring) or from another node (its reply frame), with what the request left
+    /// behind.
+    pub(super) fn on_reply(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        pending: Pending,
+        reply: wire::Reply,
+    ) {
         use wire::Reply as R;
         match (pending, reply) {
             (Pending::Authority { corr, .. }, R::Authority(reply)) => {
@@ -188,8 +151,6 @@ impl NodeShard {
             }
             (pending, reply) => {
                 tracing::warn!(
-                    node = from.0,
-                    request_id,
                     ?reply,
                     "reply of another kind than its request: treated as failed"
                 );
@@ -258,8 +219,7 @@ impl NodeShard {
         }
     }
 
-    /// A request of another node, read by this shard's inbound link from it: handed
-    /// to the shard that serves it, with the answer addressed to that node.
+    /// A request of another node, read by this shard's inbound link from it.
     pub(super) fn on_remote_request(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
@@ -267,37 +227,51 @@ impl NodeShard {
         from: Remote,
         request: wire::Request,
     ) {
-        let reply_to = ReplyTo::Node(from);
+        self.on_request(cx, driver, ReplyTo::Node(from), request);
+    }
+
+    /// A hop's request, from a shard of this node or from another node: served here,
+    /// or handed to the shard of this node that serves it; answered to `reply_to`.
+    pub(super) fn on_request(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        reply_to: ReplyTo,
+        request: wire::Request,
+    ) {
+        let served_by = match &request {
+            wire::Request::Authority { target, .. } | wire::Request::Touch { target, .. } => {
+                self.shared.slot_map.shard_of(target.hash_slot)
+            }
+            _ => self.me,
+        };
+        if served_by != self.me {
+            let urgent = matches!(request, wire::Request::Authority { .. });
+            self.send_msg(cx, served_by, Msg::Request { reply_to, request });
+            if urgent {
+                // On a CONNECT's critical path: handed over now, not after the rest
+                // of the turn (which may be a batch of key agreements).
+                cx.flush_to(served_by);
+            }
+            return;
+        }
         match request {
             wire::Request::Authority { target, request } => {
-                let to = self.shared.slot_map.shard_of(target.hash_slot);
-                if to == self.me {
-                    return self.on_authority_call(cx, reply_to, target, request);
-                }
-                let msg = Msg::Authority {
-                    reply_to,
-                    target,
-                    request,
-                };
-                self.send_msg(cx, to, msg);
+                let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
+                self.answer(cx, driver, reply_to, wire::Reply::Authority(reply));
             }
             wire::Request::Touch { target, routes } => {
-                let to = self.shared.slot_map.shard_of(target.hash_slot);
-                if to == self.me {
-                    return self.on_touch_batch(cx, ReplyTo::Node(from), target, routes);
+                let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+                // A shard of this node needs only the failures back.
+                if !(failed.is_empty() && matches!(reply_to, ReplyTo::Shard(..))) {
+                    self.answer(cx, driver, reply_to, wire::Reply::Touch { failed });
                 }
-                let msg = Msg::Touch {
-                    reply_to: ReplyTo::Node(from),
-                    target,
-                    routes,
-                };
-                self.send_msg(cx, to, msg);
             }
             wire::Request::OwnerAction { action } => {
-                self.on_owner_action(cx, driver, ReplyTo::Node(from), action)
+                self.on_owner_action(cx, driver, reply_to, action)
             }
             wire::Request::Send(send) => {
-                super::send::on_forwarded_send(self, cx, driver, from, *send)
+                super::send::on_forwarded_send(self, cx, driver, reply_to, *send)
             }
             wire::Request::Token {
                 uid,
@@ -305,12 +279,54 @@ impl NodeShard {
                 token,
             } => {
                 let level = super::connect::check_token(&self.shared, &uid, device_flag, &token);
-                self.reply_remote(cx, from, wire::Reply::Token(level));
+                self.answer(cx, driver, reply_to, wire::Reply::Token(level));
             }
             wire::Request::Lookup { groups, uids } => {
                 let reply = self.lookup_for_peer(&groups, &uids);
-                self.reply_remote(cx, from, reply);
+                self.answer(cx, driver, reply_to, reply);
             }
+        }
+    }
+
+    /// Answers a request: handled here if this shard asked it, over the ring to the
+    /// shard of this node that asked it, or on the link to the node that asked it.
+    pub(super) fn answer(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        reply_to: ReplyTo,
+        reply: wire::Reply,
+    ) {
+        match reply_to {
+            ReplyTo::Shard(shard, pending) if shard == self.me => {
+                self.on_reply(cx, driver, pending, reply)
+            }
+            ReplyTo::Shard(shard, pending) => {
+                let urgent = matches!(reply, wire::Reply::Authority(_));
+                self.send_msg(cx, shard, Msg::Reply { pending, reply });
+                if urgent {
+                    // A CONNACK waits for this answer (see `on_request`).
+                    cx.flush_to(shard);
+                }
+            }
+            ReplyTo::Node(remote) => self.reply_remote(cx, remote, reply),
+        }
+    }
+
+    /// Sends a hop's request to shard `to` of this node, over the ring; its answer
+    /// comes back as [`Msg::Reply`] with `pending`.
+    pub(super) fn request_shard(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        to: slots::ShardId,
+        request: wire::Request,
+        pending: Pending,
+    ) {
+        let reply_to = ReplyTo::Shard(self.me, pending);
+        let urgent = matches!(request, wire::Request::Authority { .. });
+        self.send_msg(cx, to, Msg::Request { reply_to, request });
+        if urgent {
+            cx.flush_to(to);
         }
     }
 
