@@ -23,7 +23,7 @@ use crate::cluster::Target;
 use crate::delivery::session_shard;
 use crate::route::{OwnerAction, OwnerActionKind, Route};
 
-use super::msg::{AuthorityCall, AuthorityReply, Corr, Msg, Pending, ReplyTo};
+use super::msg::{AuthorityCall, AuthorityReply, Corr, Msg, Pending, ReplyTo, RequestHop};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use crate::route::AuthorityError;
@@ -210,7 +210,11 @@ impl NodeShard {
         let owner = session_shard(action.route.session_id);
         if local_process && owner != self.me {
             let request = wire::Request::OwnerAction { action };
-            return self.send_msg(cx, owner, Msg::Request { reply_to, request });
+            return self.send_msg(
+                cx,
+                owner,
+                Msg::Request(Box::new(RequestHop { reply_to, request })),
+            );
         }
         if local_process {
             self.perform_owner_action(cx, driver, &action);

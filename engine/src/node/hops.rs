@@ -29,7 +29,7 @@ use crate::activation::{Event, OwnerActionFailed};
 use crate::cluster::{NodeId, Target};
 use crate::route::{AuthorityError, BootId};
 
-use super::msg::{Msg, Pending, Remote, ReplyTo, SendAck};
+use super::msg::{Msg, Pending, Remote, ReplyHop, ReplyTo, RequestHop, SendAck};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use domain::delivery::{LookupFailure, LookupReply};
@@ -247,7 +247,11 @@ impl NodeShard {
         };
         if served_by != self.me {
             let urgent = matches!(request, wire::Request::Authority { .. });
-            self.send_msg(cx, served_by, Msg::Request { reply_to, request });
+            self.send_msg(
+                cx,
+                served_by,
+                Msg::Request(Box::new(RequestHop { reply_to, request })),
+            );
             if urgent {
                 // On a CONNECT's critical path: handed over now, not after the rest
                 // of the turn (which may be a batch of key agreements).
@@ -303,7 +307,7 @@ impl NodeShard {
             }
             ReplyTo::Shard(shard, pending) => {
                 let urgent = matches!(reply, wire::Reply::Authority(_));
-                self.send_msg(cx, shard, Msg::Reply { pending, reply });
+                self.send_msg(cx, shard, Msg::Reply(Box::new(ReplyHop { pending, reply })));
                 if urgent {
                     // A CONNACK waits for this answer (see `on_request`).
                     cx.flush_to(shard);
@@ -324,7 +328,11 @@ impl NodeShard {
     ) {
         let reply_to = ReplyTo::Shard(self.me, pending);
         let urgent = matches!(request, wire::Request::Authority { .. });
-        self.send_msg(cx, to, Msg::Request { reply_to, request });
+        self.send_msg(
+            cx,
+            to,
+            Msg::Request(Box::new(RequestHop { reply_to, request })),
+        );
         if urgent {
             cx.flush_to(to);
         }

@@ -26,17 +26,11 @@ pub enum Msg {
     /// action, …) to the shard that serves it, from a shard of this node or handed
     /// on by the shard whose link read it from another node; answered by
     /// [`Msg::Reply`] on the ring or a reply frame on the link ([`ReplyTo`]).
-    Request {
-        reply_to: ReplyTo,
-        request: super::wire::Request,
-    },
+    Request(Box<RequestHop>),
     /// The answer to a request of this shard, with what the request left behind:
     /// the same [`Pending`] and [`super::wire::Reply`] a reply frame from another
     /// node brings, handled by the same code.
-    Reply {
-        pending: Pending,
-        reply: super::wire::Reply,
-    },
+    Reply(Box<ReplyHop>),
     /// Gateway (or the HTTP API) → the channel's commit shard: commit a SEND.
     Commit(Box<Commit>),
     /// Commit shard → gateway: write SENDACK to the sending connection.
@@ -79,6 +73,20 @@ pub enum Msg {
     Shutdown,
     /// Fault injection (tests): the shard panics.
     InjectPanic,
+}
+
+/// A hop's request on the ring. Boxed, like the other rare messages, so that a
+/// ring slot stays the size of the SEND path's messages (`Msg` is moved by value
+/// through the rings).
+pub struct RequestHop {
+    pub reply_to: ReplyTo,
+    pub request: super::wire::Request,
+}
+
+/// A hop's answer on the ring (boxed: see [`RequestHop`]).
+pub struct ReplyHop {
+    pub pending: Pending,
+    pub reply: super::wire::Reply,
 }
 
 /// Where a request's answer goes: the requesting shard of this node over the ring,
@@ -187,4 +195,18 @@ pub struct SendAck {
 /// What a touch result means for the owner: requeue `Full` only.
 pub fn touch_failed(result: &TouchResult) -> bool {
     matches!(result, TouchResult::Full)
+}
+#[cfg(test)]
+mod tests {
+    /// Every message is moved by value through the rings, so a ring slot is as
+    /// large as the largest variant: rare large messages are boxed to keep the SEND
+    /// path's slots small (a hop with a route inline made it 152 bytes).
+    #[test]
+    fn a_ring_slot_stays_small() {
+        assert!(
+            std::mem::size_of::<super::Msg>() <= 48,
+            "Msg is {} bytes: box the variant that grew",
+            std::mem::size_of::<super::Msg>()
+        );
+    }
 }

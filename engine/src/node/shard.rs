@@ -260,8 +260,8 @@ impl Handler for NodeShard {
         msg: Msg,
     ) {
         match msg {
-            Msg::Request { reply_to, request } => self.on_request(cx, driver, reply_to, request),
-            Msg::Reply { pending, reply } => self.on_reply(cx, driver, pending, reply),
+            Msg::Request(hop) => self.on_request(cx, driver, hop.reply_to, hop.request),
+            Msg::Reply(hop) => self.on_reply(cx, driver, hop.pending, hop.reply),
             Msg::Commit(request) => super::send::on_commit(self, cx, driver, *request),
             Msg::SendAck(ack) => {
                 // The SEND's credit towards that commit shard comes back.
