@@ -406,6 +406,7 @@ pub fn pump_deliveries(
                 lookups_sent = true;
                 node.send_remote_lookup(cx, lookup);
             }
+            PlanOutput::Offline(_) => {}
         }
     }
     node.commit.planned = planned;
@@ -424,6 +425,7 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
         pages_per_turn_max: cfg.pages_per_turn_max,
         lookup_pages_in_flight_max: cfg.lookup_pages_in_flight_max,
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
+        offline_uids: false,
     }
 }
 
