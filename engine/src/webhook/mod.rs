@@ -368,3 +368,82 @@ pub fn start(sink: &Arc<WebhookSink>, node_id: u64, runtime: &tokio::runtime::Ha
     runtime.spawn(driver::run(sink.clone(), client, rx));
     tracing::info!(url = %sink.config().url, events = ?sink.config().events, "webhooks on");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(f: impl Fn(&mut WebhookConfig)) -> Result<(), String> {
+        let mut c = WebhookConfig {
+            url: "http://127.0.0.1:9/hook".into(),
+            ..WebhookConfig::default()
+        };
+        f(&mut c);
+        c.validate()
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_key() {
+        assert_eq!(on(|_| {}), Ok(()));
+        let no_url = WebhookConfig {
+            batch_max: 0,
+            ..WebhookConfig::default()
+        };
+        assert_eq!(no_url.validate(), Ok(()), "nothing is checked while off");
+        let err = |f: fn(&mut WebhookConfig)| on(f).unwrap_err();
+        assert!(err(|c| c.url = "https://h/x".into()).contains("webhook.url"));
+        assert!(err(|c| c.url = "h:80".into()).contains("webhook.url"));
+        assert!(err(|c| c.events = vec!["msg.offlin".into()]).contains("unknown event"));
+        assert!(err(|c| c.events = vec!["msg.notify".into()]).contains("not sent yet"));
+        assert!(err(|c| c.batch_max = 0).contains("webhook.batch_max"));
+        assert!(err(|c| c.queue_bytes_max = 0).contains("webhook.queue_bytes_max"));
+        assert!(err(|c| c.timeout_ms = 0).contains("webhook.timeout_ms"));
+        assert!(err(|c| c.backoff_max_ms = 1).contains("webhook.backoff_max_ms"));
+        assert!(err(|c| c.secret = ClusterSecret::new("<set>".into())).contains("placeholder"));
+    }
+
+    #[test]
+    fn the_config_file_carries_the_section_and_refuses_its_mistakes() {
+        let text =
+            "[webhook]\nurl = \"http://127.0.0.1:8080/x\"\nevents = [\"user.onlinestatus\"]\n";
+        let c: crate::config::Config = toml::from_str(text).unwrap();
+        let node = c.to_node_config().unwrap();
+        assert_eq!(node.webhook.kinds(), [EventKind::OnlineStatus]);
+        let c: crate::config::Config =
+            toml::from_str("[webhook]\nurl = \"http://h/\"\nbatch_delay_ms = 1\nbatch_max = 0\n")
+                .unwrap();
+        assert!(c
+            .to_node_config()
+            .unwrap_err()
+            .contains("webhook.batch_max"));
+        assert!(toml::from_str::<crate::config::Config>("[webhook]\nurls = \"\"\n").is_err());
+    }
+
+    #[test]
+    fn a_disabled_sink_takes_nothing_and_a_full_one_drops_and_counts() {
+        let off = WebhookSink::new(&WebhookConfig::default());
+        assert!(!off.enabled(EventKind::Offline));
+        let change = PresenceChange {
+            uid: "u".into(),
+            device_flag: 1,
+            online: true,
+            session_id: 1,
+            device_online: 1,
+            total_online: 1,
+        };
+        off.status(change.clone());
+        assert_eq!(off.stats[EventKind::OnlineStatus.index()].bytes(), 0);
+        let small = WebhookConfig {
+            url: "http://127.0.0.1:9/".into(),
+            queue_bytes_max: 100,
+            ..WebhookConfig::default()
+        };
+        let sink = WebhookSink::new(&small);
+        sink.status(change.clone());
+        let stats = &sink.stats[EventKind::OnlineStatus.index()];
+        assert_eq!(stats.bytes(), 65, "charged on its way");
+        sink.status(change);
+        assert_eq!(stats.dropped.load(Ordering::Relaxed), 1, "65 + 65 > 100");
+        assert_eq!(stats.bytes(), 65);
+    }
+}
