@@ -54,6 +54,7 @@ fn limits() -> PlanLimits {
         pages_per_turn_max: 64,
         lookup_pages_in_flight_max: 32,
         reserved_room_per_peer: 3 * 1_024,
+        offline_uids: false,
     }
 }
 
@@ -131,6 +132,7 @@ fn plan_one(
             match o {
                 PlanOutput::Push(push) => pushed += push.endpoints.len(),
                 PlanOutput::Lookup(_) => unreachable!("one node leads every slot"),
+                PlanOutput::Offline(_) => unreachable!("offline uids not asked for"),
             }
         }
     }

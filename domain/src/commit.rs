@@ -1222,6 +1222,7 @@ mod tests {
             .map(|o| match o {
                 PlanOutput::Push(p) => (p.to, p.endpoints.len()),
                 PlanOutput::Lookup(l) => panic!("unexpected lookup {l:?}"),
+                PlanOutput::Offline(o) => panic!("offline uids not asked for: {:?}", o.uids),
             })
             .collect()
     }
@@ -1235,6 +1236,7 @@ mod tests {
             pages_per_turn_max: 8,
             lookup_pages_in_flight_max: 4,
             reserved_room_per_peer: 4,
+            offline_uids: false,
         }
     }
 

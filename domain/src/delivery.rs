@@ -13,6 +13,12 @@
 //!    ([`plan_pushes`]): one per owner shard of this node, one per remote owner node.
 //!    Only the sender's exact SEND session is suppressed; its other devices receive.
 //!
+//! 4. With `offline_uids` on, the recipients a page's lookups found no endpoint for
+//!    (the sender's uid left out, groups whose lookup failed left out: unknown, not
+//!    offline) are gathered per message and handed out once its last page is pushed
+//!    ([`PlanOutput::Offline`], the `msg.offline` webhook): the same lookups, no
+//!    second one.
+//!
 //! The owner revalidates every endpoint `(uid, boot_id, session_id, owner_seq)` before
 //! writing, so a plan made from a slightly old snapshot (or a remote reply that took
 //! a while) can never reach a stale session.
@@ -250,6 +256,16 @@ pub enum LookupReply {
     Failed(LookupFailure),
 }
 
+/// A message's recipients that had no route when it was planned (every page's
+/// lookups done): the `msg.offline` webhook's `to_uids`. Sorted, each uid once, the
+/// sender's uid never; recipients of a group whose lookup failed (stale target,
+/// not leader, a remote lookup that failed) are unknown and not in it.
+#[derive(Clone)]
+pub struct Offline {
+    pub message: Arc<Committed>,
+    pub uids: Vec<Uid>,
+}
+
 /// What [`Planner::pump`] hands to the driver.
 pub enum PlanOutput {
     /// A push batch to carry to its owner.
@@ -257,6 +273,10 @@ pub enum PlanOutput {
     /// An EndpointsByTargets RPC to send; answer it with
     /// [`Planner::on_lookup_reply`].
     Lookup(Lookup),
+    /// A message's offline recipients, after its last push (only with
+    /// `PlanLimits::offline_uids`, never for a NoPersist message or when none was
+    /// offline).
+    Offline(Offline),
 }
 
 /// Route lookups for a page's target groups (`AuthorityReader` in the node; the
@@ -331,6 +351,9 @@ pub struct PlanLimits {
     /// Room kept free towards every peer (shard or node) for commits, SENDACKs and
     /// control: a batch for a peer with no more room than this waits.
     pub reserved_room_per_peer: usize,
+    /// Whether each message's offline recipients are gathered and handed out
+    /// ([`PlanOutput::Offline`]; the `msg.offline` webhook). Off: no cost.
+    pub offline_uids: bool,
 }
 
 /// Counters the driver publishes as metrics.
@@ -475,8 +498,11 @@ pub struct Planner {
     head_page: u64,
     /// Batches of the front message that a peer had no room for.
     stalled: Vec<(PushTo, Vec<Endpoint>)>,
-    /// Lookups not yet answered: `(lookup_id, page number, groups)`.
-    awaiting: Vec<(u64, u64, usize)>,
+    /// Lookups not yet answered: `(lookup_id, page number, groups, the request's
+    /// copy when its page gathers offline uids)`.
+    awaiting: Vec<(u64, u64, usize, Option<Lookup>)>,
+    /// The offline recipients of the front message's pages pushed so far.
+    offline: Vec<Uid>,
     next_lookup_id: u64,
     /// Endpoint buffers of pushed pages, for the next pages (at most
     /// `lookup_pages_in_flight_max`).
@@ -505,6 +531,13 @@ struct Page {
     failed_groups: usize,
     /// The endpoints found so far, local and remote.
     endpoints: Vec<Endpoint>,
+    /// The sender's uid when the page gathers offline recipients (into `offline`).
+    from_uid: Option<Uid>,
+    /// Its recipients with no endpoint so far (local groups; remote ones as their
+    /// replies come).
+    offline: Vec<Uid>,
+    /// The last page of its message.
+    last: bool,
 }
 
 impl Planner {
@@ -592,13 +625,23 @@ impl Planner {
             self.counts.ignored_replies += 1;
             return false;
         };
-        let (_, page, groups) = self.awaiting.swap_remove(i);
+        let (_, page, groups, copy) = self.awaiting.swap_remove(i);
         let Some(page) = self.pages.get_mut((page - self.head_page) as usize) else {
             unreachable!("an awaited lookup's page is in flight until it is complete");
         };
         page.awaiting -= 1;
         let failed = match reply {
             LookupReply::Found { endpoints, results } => {
+                if let (Some(l), Some(from)) = (&copy, &page.from_uid) {
+                    if reply_fits(endpoints.len(), &results, groups) {
+                        for ((_, r), found) in l.groups.iter().zip(&results) {
+                            if let Ok(found) = found {
+                                let (uids, found) = (&l.uids[r.clone()], &endpoints[found.clone()]);
+                                offline_of(uids, found, from, &mut page.offline);
+                            }
+                        }
+                    }
+                }
                 take_found(endpoints, &results, groups, &mut page.endpoints)
             }
             LookupReply::Failed(_) => None,
@@ -712,6 +755,8 @@ impl Planner {
         self.cursor.1 += 1;
         let d = &self.backlog[i];
         let (message_id, subscribers) = (d.message.message_id, d.subscribers.clone());
+        let last = range.end == recipient_count(d);
+        let from_uid = gathers_offline(d, limits).then(|| d.message.from_uid.clone());
         self.page_groups.clear();
         let (uids, hashes): (&[Uid], &[u64]) = match &subscribers {
             Some(s) => {
@@ -747,6 +792,7 @@ impl Planner {
         if !local.is_empty() {
             lookup.endpoints_by_hashed_groups_into(&local, &mut endpoints, &mut self.results);
         }
+        let offline = local_offline(&local, &self.results, &endpoints, from_uid.as_ref());
         self.local_groups = recycle(local);
         let failed = self.results.iter().filter(|r| r.is_err()).count();
         self.counts.failed_groups += failed as u64;
@@ -759,15 +805,21 @@ impl Planner {
         );
         let page = self.head_page + self.pages.len() as u64;
         self.counts.lookups += lookups.len() as u64;
+        let copies = from_uid.is_some();
         self.pages.push_back(Page {
             message: number,
             awaiting: lookups.len(),
             failed_groups: failed,
             endpoints,
+            from_uid,
+            offline,
+            last,
         });
         let emitted = !lookups.is_empty();
         for l in lookups {
-            self.awaiting.push((l.lookup_id, page, l.groups.len()));
+            let copy = copies.then(|| l.clone());
+            self.awaiting
+                .push((l.lookup_id, page, l.groups.len(), copy));
             out.push(PlanOutput::Lookup(l));
         }
         usize::from(emitted)
@@ -822,6 +874,18 @@ impl Planner {
                 endpoints,
             }));
         }
+        if page.from_uid.is_some() {
+            self.offline.append(&mut page.offline);
+            if page.last && !self.offline.is_empty() {
+                let mut uids = std::mem::take(&mut self.offline);
+                uids.sort_unstable();
+                uids.dedup();
+                out.push(PlanOutput::Offline(Offline {
+                    message: message.clone(),
+                    uids,
+                }));
+            }
+        }
     }
 }
 
@@ -831,6 +895,47 @@ fn recipient_count(d: &Delivery) -> usize {
     match &d.subscribers {
         Some(s) => s.len(),
         None => d.message.person_recipient_count(),
+    }
+}
+
+/// Whether `d`'s pages gather its offline recipients: asked for, and a message
+/// that is stored (a NoPersist message is not, as WuKongIM does).
+fn gathers_offline(d: &Delivery, limits: &PlanLimits) -> bool {
+    limits.offline_uids && d.message.flags & proto::wkproto::Flags::NO_PERSIST.0 == 0
+}
+
+/// The offline recipients of a page's local groups (none when `from`, the sender,
+/// is `None`: the page gathers none).
+fn local_offline(
+    local: &[HashedGroup<'_>],
+    results: &[Result<Range<usize>, AuthorityError>],
+    endpoints: &[Endpoint],
+    from: Option<&Uid>,
+) -> Vec<Uid> {
+    let mut offline = Vec::new();
+    if let Some(from) = from {
+        for (g, found) in local.iter().zip(results) {
+            if let Ok(found) = found {
+                offline_of(g.uids, &endpoints[found.clone()], from, &mut offline);
+            }
+        }
+    }
+    offline
+}
+
+/// Appends the uids of `uids` that no endpoint of `found` (their lookup's) names,
+/// except `from` (the sender), to `out`.
+fn offline_of(uids: &[Uid], found: &[Endpoint], from: &Uid, out: &mut Vec<Uid>) {
+    let offline = |u: &&Uid| **u != *from;
+    if found.is_empty() {
+        out.extend(uids.iter().filter(offline).cloned());
+    } else if found.len() <= 16 {
+        let missing = |u: &&Uid| !found.iter().any(|e| e.uid == **u);
+        out.extend(uids.iter().filter(offline).filter(missing).cloned());
+    } else {
+        let online: std::collections::HashSet<&str> = found.iter().map(|e| &*e.uid).collect();
+        let missing = |u: &&Uid| !online.contains(&***u);
+        out.extend(uids.iter().filter(offline).filter(missing).cloned());
     }
 }
 
@@ -880,6 +985,26 @@ fn remote_lookups(
     lookups
 }
 
+/// Whether a reply's `results` fit a request of `groups` groups and `endpoints`
+/// endpoints: one per group, ranges in bounds, increasing and disjoint.
+fn reply_fits(
+    endpoints: usize,
+    results: &[Result<Range<usize>, AuthorityError>],
+    groups: usize,
+) -> bool {
+    if results.len() != groups {
+        return false;
+    }
+    let mut end = 0;
+    for r in results.iter().flatten() {
+        if r.start < end || r.start > r.end || r.end > endpoints {
+            return false;
+        }
+        end = r.end;
+    }
+    true
+}
+
 /// Moves the endpoints of a reply's successful groups into `into`; returns how
 /// many of its `groups` failed, or `None` if the reply does not fit the request
 /// (a result count other than `groups`, ranges out of bounds or out of order).
@@ -889,15 +1014,8 @@ fn take_found(
     groups: usize,
     into: &mut Vec<Endpoint>,
 ) -> Option<usize> {
-    if results.len() != groups {
+    if !reply_fits(endpoints.len(), results, groups) {
         return None;
-    }
-    let mut end = 0;
-    for r in results.iter().flatten() {
-        if r.start < end || r.start > r.end || r.end > endpoints.len() {
-            return None;
-        }
-        end = r.end;
     }
     let mut found = endpoints.into_iter();
     let mut at = 0;
@@ -1042,6 +1160,7 @@ mod planner_tests {
             // it, pass unchanged (limit 1 = the old behaviour).
             lookup_pages_in_flight_max: 1,
             reserved_room_per_peer: 1,
+            offline_uids: false,
         }
     }
 
@@ -1055,7 +1174,8 @@ mod planner_tests {
             .collect()
     }
 
-    /// The one session of `uid`: owned by node 2 if the uid starts with 'r'
+    /// The one session of `uid` (a uid starting with 'z' has none: offline):
+    /// owned by node 2 if the uid starts with 'r'
     /// (a remote owner), else by shard 1 of this node.
     fn endpoint(uid: &Uid) -> Endpoint {
         let node_id = if uid.starts_with('r') { 2 } else { ME };
@@ -1088,7 +1208,9 @@ mod planner_tests {
                 let start = endpoints.len();
                 for uid in *uids {
                     self.asked.push(uid.clone());
-                    endpoints.push(endpoint(uid));
+                    if !uid.starts_with('z') {
+                        endpoints.push(endpoint(uid));
+                    }
                 }
                 results.push(Ok(start..endpoints.len()));
             }
@@ -1105,7 +1227,8 @@ mod planner_tests {
                 continue;
             }
             let start = endpoints.len();
-            endpoints.extend(uids.iter().map(endpoint));
+            let online = uids.iter().filter(|u| !u.starts_with('z'));
+            endpoints.extend(online.map(endpoint));
             results.push(Ok(start..endpoints.len()));
         }
         LookupReply::Found { endpoints, results }
@@ -1142,6 +1265,8 @@ mod planner_tests {
         local: Local,
         limits: PlanLimits,
         room: Vec<(PushTo, usize)>,
+        /// Every `PlanOutput::Offline`: (message id, uids).
+        offline: Vec<(i64, Vec<Uid>)>,
     }
 
     /// What one `pump` did: freed bytes, work, the pushes as (to, message, uids),
@@ -1159,6 +1284,7 @@ mod planner_tests {
                 local: Local::default(),
                 limits: limits(),
                 room: Vec::new(),
+                offline: Vec::new(),
             }
         }
 
@@ -1180,6 +1306,7 @@ mod planner_tests {
                         pushes.push((p.to, p.message.message_id, uids));
                     }
                     PlanOutput::Lookup(l) => lookups.push(l),
+                    PlanOutput::Offline(o) => self.offline.push((o.message.message_id, o.uids)),
                 }
             }
             (freed, work, pushes, lookups)
@@ -1756,5 +1883,89 @@ mod planner_tests {
             vec![(PushTo::Node(2), 1, theirs), (PushTo::Shard(1), 2, here)]
         );
         assert_eq!(freed, 2 * CHARGE);
+    }
+
+    /// The offline rig: offline uids gathered, pages of 4.
+    fn gathering(deliveries: Vec<Delivery>, in_flight: usize) -> Rig {
+        let mut rig = pipelined(deliveries, in_flight);
+        rig.limits.offline_uids = true;
+        rig.limits.subscriber_page_max = 4;
+        rig
+    }
+
+    #[test]
+    fn a_group_message_names_its_offline_members_once_after_its_last_page() {
+        // 3 pages of 4 (local and remote groups): 5 offline ('z'), the sender
+        // offline too but never named, a failed group unknown (not offline).
+        let zs = [led_by(1, "za", 2), led_by(2, "zb", 2), led_by(3, "zc", 1)].concat();
+        let online = [led_by(1, "a", 2), led_by(2, "b", 2)].concat();
+        let stale = led_by(3, "zs", 1);
+        let mut uids = [zs.clone(), online, stale.clone()].concat();
+        uids.push("zsender".into());
+        let mut d = delivery(1, uids);
+        Arc::get_mut(&mut d.message).unwrap().from_uid = "zsender".into();
+        let mut rig = gathering(vec![d, delivery(2, led_by(1, "a", 1))], 8);
+        let mut answered = 0;
+        loop {
+            let (_, _, _, lookups) = rig.pump();
+            for l in &lookups {
+                // The group of the stale uid fails; the rest answers.
+                let bad: Vec<usize> = l
+                    .groups()
+                    .enumerate()
+                    .filter(|(_, (_, u))| u.iter().any(|u| stale.contains(u)))
+                    .map(|(g, _)| g)
+                    .collect();
+                assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &bad)));
+                answered += 1;
+            }
+            if lookups.is_empty() && rig.p.is_empty() {
+                break;
+            }
+        }
+        assert!(answered >= 2, "remote groups were asked");
+        let failed = rig.p.take_counts().failed_groups;
+        assert_eq!(failed, 1);
+        let stale_target = view().target_for_uid(&stale[0]);
+        assert!(
+            zs.iter().all(|u| view().target_for_uid(u) != stale_target),
+            "no offline member shares the failed group"
+        );
+        assert_eq!(
+            rig.offline,
+            vec![(1, sorted(zs))],
+            "one event for message 1 (all online in message 2)"
+        );
+    }
+
+    #[test]
+    fn no_offline_event_when_not_asked_for_or_not_stored() {
+        let zs = led_by(1, "z", 3);
+        let mut rig = pipelined(vec![delivery(1, zs.clone())], 4);
+        rig.pump();
+        assert!(rig.offline.is_empty() && rig.p.is_empty(), "off by default");
+        let mut no_persist = delivery(2, zs.clone());
+        Arc::get_mut(&mut no_persist.message).unwrap().flags = proto::wkproto::Flags::NO_PERSIST.0;
+        let mut rig = gathering(vec![no_persist, delivery(3, zs.clone())], 4);
+        rig.pump();
+        assert_eq!(rig.offline, vec![(3, sorted(zs))]);
+    }
+
+    #[test]
+    fn a_person_message_names_the_peer_when_offline_never_the_sender() {
+        let peer = led_by(2, "zp", 1).pop().unwrap();
+        let mut d = delivery(1, Vec::new());
+        d.subscribers = None;
+        let m = Arc::get_mut(&mut d.message).unwrap();
+        m.channel_type = 1;
+        m.channel_key = crate::channel::person_channel_key("zsender", &peer);
+        m.from_uid = "zsender".into();
+        let mut rig = gathering(vec![d], 4);
+        let (_, _, _, lookups) = rig.pump();
+        for l in &lookups {
+            rig.p.on_lookup_reply(l.lookup_id, found(l, &[]));
+        }
+        rig.pump();
+        assert_eq!(rig.offline, vec![(1, vec![peer])]);
     }
 }

@@ -21,6 +21,7 @@
 //! - [`idempotency`] and [`idgen`]: the commit's idempotency window and message ids.
 //! - [`delivery`]: post-commit delivery planning: targets, lookups, push batches.
 //! - [`acks`]: the owner's pending RECVACKs, re-sends and expiries.
+//! - [`webhook`]: the webhook queues: batching, the byte budget, retries, dedup.
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
 
@@ -38,3 +39,4 @@ pub mod new_channels;
 pub mod registry;
 pub mod route;
 pub mod send_rate;
+pub mod webhook;

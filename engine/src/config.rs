@@ -300,6 +300,9 @@ pub struct Config {
     pub idempotency: IdempotencyConfig,
     pub meta: MetaConfig,
     pub api: ApiConfig,
+    /// `[webhook]`: the application's receiver of `msg.offline` and
+    /// `user.onlinestatus` (none while `url` is empty).
+    pub webhook: crate::webhook::WebhookConfig,
 }
 
 fn addr(name: &str, s: &str) -> Result<Option<SocketAddr>, String> {
@@ -374,6 +377,7 @@ impl Config {
         self.session.validate()?;
         self.delivery.validate()?;
         self.registry.validate()?;
+        self.webhook.validate()?;
         let rpc_addr = addr("rpc_addr", &self.listen.rpc_addr)?;
         self.cluster.validate(self.node.node_id, rpc_addr)?;
         self.rpc.validate().map_err(|e| format!("rpc.{e}"))?;
@@ -404,6 +408,7 @@ impl Config {
             idempotency: self.idempotency,
             meta: self.meta,
             api,
+            webhook: self.webhook.clone(),
         })
     }
 }

@@ -18,3 +18,4 @@ pub mod hostcheck;
 pub mod http;
 pub mod node;
 pub mod store;
+pub mod webhook;

@@ -322,6 +322,33 @@ pub struct AuthorityStats {
     pub filter_rebuilds: u64,
 }
 
+/// A route that became active or ended at its authority, with its uid's active
+/// routes after the change (every node's: the authority sees them all): what the
+/// `user.onlinestatus` webhook reports, as WuKongIM's
+/// `uid-device_flag-online-session_id-device_online-total_online`. Recorded only
+/// when switched on ([`Authority::record_presence`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PresenceChange {
+    pub uid: Uid,
+    pub device_flag: u8,
+    /// Became active (`true`) or ended: unregistered, expired, replaced by a
+    /// conflicting login's commit.
+    pub online: bool,
+    /// The route's session (WuKongIM's connection id).
+    pub session_id: SessionId,
+    /// The uid's active routes with this device flag, after the change.
+    pub device_online: u32,
+    /// The uid's active routes, after the change.
+    pub total_online: u32,
+}
+
+/// The changes recorded since the driver last took them.
+#[derive(Default)]
+struct PresenceLog {
+    on: bool,
+    changes: Vec<PresenceChange>,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
 struct Sess {
     node_id: NodeId,
@@ -760,6 +787,33 @@ impl SlotWriter {
         self.find_record(u, sess)
     }
 
+    /// Records (when on) that record `i`'s route became active or ended, with its
+    /// uid's counts now.
+    fn note_presence(&self, log: &mut PresenceLog, i: u32, online: bool) {
+        if !log.on {
+            return;
+        }
+        let rec = &self.recs[i];
+        let Some(route) = rec.route.as_ref().map(|a| &a.route) else {
+            return;
+        };
+        let (mut device_online, mut total_online) = (0, 0);
+        for (_, r) in self.records_of(rec.user) {
+            if let Some(a) = r.active() {
+                total_online += 1;
+                device_online += u32::from(a.route.device_flag == route.device_flag);
+            }
+        }
+        log.changes.push(PresenceChange {
+            uid: route.uid.clone(),
+            device_flag: route.device_flag,
+            online,
+            session_id: route.session_id,
+            device_online,
+            total_online,
+        });
+    }
+
     /// Publishes the active endpoints of `user`, ordered by (node_id, boot_id,
     /// session_id) (rule 25).
     fn publish(&mut self, dir: &Directory, user: u32) {
@@ -866,6 +920,7 @@ impl SlotWriter {
         &mut self,
         dir: &Directory,
         cfg: &AuthorityConfig,
+        log: &mut PresenceLog,
         mut route: Route,
         now_s: u64,
     ) -> Result<RegisterOutcome, AuthorityError> {
@@ -879,7 +934,7 @@ impl SlotWriter {
             return Err(AuthorityError::Full);
         }
         if found.conflicts.is_empty() {
-            self.register_active(dir, cfg, route, sess, found.had_active, now_s)
+            self.register_active(dir, cfg, log, route, sess, found.had_active, now_s)
         } else {
             self.register_pending(cfg, route, sess, found, now_s)
         }
@@ -917,10 +972,12 @@ impl SlotWriter {
     /// a candidate of the record, settles its deadline and publishes the uid. Refuses
     /// (`Full`) a new active route beyond `max_routes_per_slot`.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn register_active(
         &mut self,
         dir: &Directory,
         cfg: &AuthorityConfig,
+        log: &mut PresenceLog,
         route: Route,
         sess: Sess,
         had_active: bool,
@@ -948,6 +1005,9 @@ impl SlotWriter {
         self.settle(i, now_s, cfg, false);
         let u = self.recs[i].user;
         self.publish(dir, u);
+        if !had_active {
+            self.note_presence(log, i, true);
+        }
         Ok(RegisterOutcome::Active)
     }
 
@@ -1020,6 +1080,7 @@ impl SlotWriter {
         &mut self,
         dir: &Directory,
         cfg: &AuthorityConfig,
+        log: &mut PresenceLog,
         token: &PendingToken,
         now_s: u64,
     ) -> Result<(), AuthorityError> {
@@ -1058,11 +1119,13 @@ impl SlotWriter {
         if self.active - remove.len() + usize::from(!had_active) > cfg.max_routes_per_slot {
             return Err(AuthorityError::Full);
         }
+        let mut ended = Vec::new();
         for &j in &remove {
             let r = &mut self.recs[j];
             if let Some(seq) = r.deactivate() {
                 r.tombstone = Some(r.tombstone.map_or(seq, |t| t.max(seq)));
                 self.active -= 1;
+                ended.push(j);
             }
             // Like an unregister: a candidate of the removed identity at or below
             // the new tombstone goes too.
@@ -1093,6 +1156,12 @@ impl SlotWriter {
         }
         self.settle(i, now_s, cfg, false);
         self.publish(dir, u);
+        for j in ended {
+            self.note_presence(log, j, false);
+        }
+        if !had_active {
+            self.note_presence(log, i, true);
+        }
         Ok(())
     }
 
@@ -1128,6 +1197,7 @@ impl SlotWriter {
         &mut self,
         dir: &Directory,
         cfg: &AuthorityConfig,
+        log: &mut PresenceLog,
         identity: &RouteIdentity,
         owner_seq: OwnerSeq,
         now_s: u64,
@@ -1157,6 +1227,7 @@ impl SlotWriter {
         if removed {
             let u = self.recs[i].user;
             self.publish(dir, u);
+            self.note_presence(log, i, false);
         }
         Ok(removed)
     }
@@ -1167,6 +1238,7 @@ impl SlotWriter {
         &mut self,
         dir: &Directory,
         cfg: &AuthorityConfig,
+        log: &mut PresenceLog,
         r: &Route,
         now_s: u64,
     ) -> TouchResult {
@@ -1242,6 +1314,7 @@ impl SlotWriter {
         self.settle(i, now_s, cfg, false);
         let u = self.recs[i].user;
         self.publish(dir, u);
+        self.note_presence(log, i, true);
         TouchResult::Recreated
     }
 
@@ -1269,6 +1342,7 @@ impl SlotWriter {
         due: Due,
         now_s: u64,
         stats: &mut AuthorityStats,
+        log: &mut PresenceLog,
     ) {
         let i = due.rec();
         let Some(rec) = self.recs.get_mut(i) else {
@@ -1318,6 +1392,7 @@ impl SlotWriter {
                         (e.node_id, e.boot_id, e.session_id)
                             == (sess.node_id, sess.boot_id, sess.session_id)
                     });
+                    self.note_presence(log, i, false);
                 } else if rec.pending.is_none() && rec.retain_until_s.is_some_and(|d| d <= now_s) {
                     stats.fence_records_dropped += 1;
                     self.drop_record(dir, i);
@@ -1542,6 +1617,8 @@ pub struct Authority {
     /// Registration nonces of each slot, kept across identities so a token of an
     /// older identity never names a candidate of a newer one.
     next_nonce: Box<[u64]>,
+    /// Route changes since the driver took them (when switched on).
+    presence: PresenceLog,
 }
 
 impl Drop for Authority {
@@ -1594,7 +1671,25 @@ impl Authority {
             filter_rebuilds: Arc::default(),
             fired: Vec::new(),
             next_nonce: vec![0; HASH_SLOTS].into_boxed_slice(),
+            presence: PresenceLog::default(),
         })
+    }
+
+    /// Records every route that becomes active or ends from now on (`on`), or
+    /// stops recording: each register, commit, unregister, touch and expiry pass
+    /// adds its [`PresenceChange`]s for [`take_presence`](Self::take_presence).
+    /// A slot dropped with its identity (a view that moved it) records nothing:
+    /// its routes live on at the new authority.
+    pub fn record_presence(&mut self, on: bool) {
+        self.presence.on = on;
+        if !on {
+            self.presence.changes.clear();
+        }
+    }
+
+    /// Moves the recorded changes, oldest first, to the end of `out`.
+    pub fn take_presence(&mut self, out: &mut Vec<PresenceChange>) {
+        out.append(&mut self.presence.changes);
     }
 
     /// A reader of the same directory (readers see every writer's slots).
@@ -1717,7 +1812,15 @@ impl Authority {
     fn slot_mut(
         &mut self,
         target: &Target,
-    ) -> Result<(&mut SlotWriter, &Directory, &AuthorityConfig), AuthorityError> {
+    ) -> Result<
+        (
+            &mut SlotWriter,
+            &Directory,
+            &AuthorityConfig,
+            &mut PresenceLog,
+        ),
+        AuthorityError,
+    > {
         let w = self
             .slots
             .get_mut(target.hash_slot as usize)
@@ -1726,7 +1829,7 @@ impl Authority {
         if w.target != *target {
             return Err(AuthorityError::StaleTarget);
         }
-        Ok((w, &self.dir, &self.cfg))
+        Ok((w, &self.dir, &self.cfg, &mut self.presence))
     }
 
     /// Registers `route` (rules 6–8, 12): active at once without conflicts, else a
@@ -1738,11 +1841,11 @@ impl Authority {
         route: Route,
         now_s: u64,
     ) -> Result<RegisterOutcome, AuthorityError> {
-        let (w, dir, cfg) = self.slot_mut(target)?;
+        let (w, dir, cfg, log) = self.slot_mut(target)?;
         if hash_slot(route.uid.as_bytes()) != target.hash_slot {
             return Err(AuthorityError::StaleTarget);
         }
-        w.register(dir, cfg, route, now_s)
+        w.register(dir, cfg, log, route, now_s)
     }
 
     /// Commits a candidate (rules 9, 10): removes exactly the acknowledged conflicts
@@ -1756,8 +1859,8 @@ impl Authority {
         token: &PendingToken,
         now_s: u64,
     ) -> Result<(), AuthorityError> {
-        let (w, dir, cfg) = self.slot_mut(target)?;
-        w.commit(dir, cfg, token, now_s)
+        let (w, dir, cfg, log) = self.slot_mut(target)?;
+        w.commit(dir, cfg, log, token, now_s)
     }
 
     /// Aborts a candidate (rule 11): the candidate is removed, existing routes stay.
@@ -1769,7 +1872,7 @@ impl Authority {
         token: &PendingToken,
         now_s: u64,
     ) -> Result<(), AuthorityError> {
-        let (w, _, cfg) = self.slot_mut(target)?;
+        let (w, _, cfg, _) = self.slot_mut(target)?;
         w.abort(cfg, token, now_s)
     }
 
@@ -1784,11 +1887,11 @@ impl Authority {
         owner_seq: OwnerSeq,
         now_s: u64,
     ) -> Result<bool, AuthorityError> {
-        let (w, dir, cfg) = self.slot_mut(target)?;
+        let (w, dir, cfg, log) = self.slot_mut(target)?;
         if hash_slot(identity.uid.as_bytes()) != target.hash_slot {
             return Err(AuthorityError::StaleTarget);
         }
-        w.unregister(dir, cfg, identity, owner_seq, now_s)
+        w.unregister(dir, cfg, log, identity, owner_seq, now_s)
     }
 
     /// Touches the owner's current routes (rules 14–17), appending one
@@ -1801,7 +1904,7 @@ impl Authority {
         now_s: u64,
         out: &mut Vec<TouchResult>,
     ) -> Result<TouchCounts, AuthorityError> {
-        let (w, dir, cfg) = self.slot_mut(target)?;
+        let (w, dir, cfg, log) = self.slot_mut(target)?;
         if routes.len() > cfg.max_touch_batch_routes {
             return Err(AuthorityError::Full);
         }
@@ -1811,7 +1914,7 @@ impl Authority {
             let res = if hash_slot(r.uid.as_bytes()) != target.hash_slot {
                 TouchResult::WrongSlot
             } else {
-                w.touch_one(dir, cfg, r, now_s)
+                w.touch_one(dir, cfg, log, r, now_s)
             };
             match res {
                 TouchResult::Refreshed => counts.refreshed += 1,
@@ -1885,7 +1988,14 @@ impl Authority {
             let (s, due) = self.fired[k];
             if let Some(w) = self.slots[s as usize].as_deref_mut() {
                 let now = w.ring.now();
-                w.fired(&self.dir, &self.cfg, due, now, &mut self.stats);
+                w.fired(
+                    &self.dir,
+                    &self.cfg,
+                    due,
+                    now,
+                    &mut self.stats,
+                    &mut self.presence,
+                );
             }
         }
         (self.stats.routes_expired - before) as usize

@@ -128,6 +128,7 @@ impl Params {
                 push_batch_max: rng.gen_range(1..=4),
                 pages_per_turn_max: rng.gen_range(1..=4),
                 reserved_room_per_peer: rng.gen_range(0..=(ring_cap - 1).min(2)),
+                offline_uids: false,
                 lookup_pages_in_flight_max: rng.gen_range(1..=8),
             },
             acks: AckLimits {
@@ -1160,6 +1161,7 @@ impl Sim {
             match output {
                 PlanOutput::Push(push) => self.carry_push(push)?,
                 PlanOutput::Lookup(lookup) => self.send_lookup(lookup)?,
+                PlanOutput::Offline(_) => unreachable!("offline uids not asked for"),
             }
         }
         Ok(())

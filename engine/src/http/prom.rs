@@ -292,6 +292,7 @@ pub fn render(shared: &NodeShared) -> String {
     out.stage_histograms(shared);
     out.routes_and_rings(shared);
     out.api(&shared.api_metrics);
+    out.webhooks(&shared.webhooks);
     out.text
 }
 
@@ -431,6 +432,27 @@ impl Exposition {
                 &format!("from=\"{from}\",to=\"{to}\""),
                 n,
             );
+        }
+    }
+
+    /// The webhooks' counters and queue gauges, by event (every event, sent or
+    /// not: the series stay put when the configuration changes).
+    fn webhooks(&mut self, sink: &crate::webhook::WebhookSink) {
+        type Read = fn(&crate::webhook::KindStats) -> u64;
+        let families: [(&str, &str, &str, Read); 6] = [
+            ("imrouter_webhook_sent_total", "counter", "Webhook events the receiver accepted (2xx), by event.", |s| s.sent.load(Ordering::Relaxed)),
+            ("imrouter_webhook_failed_total", "counter", "Webhook requests that failed (no 2xx in [webhook] timeout_ms, or no connection), by event; each is retried after a capped exponential backoff.", |s| s.failed.load(Ordering::Relaxed)),
+            ("imrouter_webhook_dropped_total", "counter", "Webhook events dropped, by event: their queue was at [webhook] queue_bytes_max (a slow or unreachable receiver).", |s| s.dropped.load(Ordering::Relaxed)),
+            ("imrouter_webhook_deduplicated_total", "counter", "Webhook events not queued, by event: their message id was accepted before.", |s| s.deduplicated.load(Ordering::Relaxed)),
+            ("imrouter_webhook_queued", "gauge", "Webhook events queued or in flight (retries included), by event.", |s| s.queued.load(Ordering::Relaxed)),
+            ("imrouter_webhook_queued_bytes", "gauge", "Bytes of webhook events queued, in flight or on their way from the shards, by event (bounded by [webhook] queue_bytes_max).", |s| s.bytes() as u64),
+        ];
+        for (name, ty, help, read) in families {
+            self.family(name, ty, help);
+            for kind in domain::webhook::EventKind::ALL {
+                let labels = format!("event=\"{}\"", kind.name());
+                self.sample(name, &labels, read(&sink.stats[kind.index()]));
+            }
         }
     }
 

@@ -499,6 +499,14 @@ impl HttpServer {
         self.addr
     }
 
+    /// The runtime the API runs on (the webhooks' driver runs there too).
+    pub fn runtime_handle(&self) -> tokio::runtime::Handle {
+        match &self.runtime {
+            Some(rt) => rt.handle().clone(),
+            None => unreachable!("the runtime is taken only by the stop"),
+        }
+    }
+
     /// Stops accepting, closes the connections, and waits (bounded by the shard
     /// reply timeout) for requests waiting on a shard.
     pub fn stop(mut self) {

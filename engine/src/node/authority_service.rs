@@ -83,6 +83,7 @@ impl NodeShard {
         request: AuthorityRequest,
     ) -> AuthorityReply {
         let reply = self.serve_authority_inner(now_s, target, request);
+        self.publish_presence();
         use crate::route::AuthorityError::{NotLeader, StaleTarget};
         if matches!(
             reply,
@@ -346,7 +347,9 @@ impl NodeShard {
         target: &Target,
         routes: Vec<Route>,
     ) -> Vec<Route> {
-        match self.authority.touch_routes(target, &routes, now_s) {
+        let touched = self.authority.touch_routes(target, &routes, now_s);
+        self.publish_presence();
+        match touched {
             Ok(results) => routes
                 .into_iter()
                 .zip(results)
@@ -364,5 +367,17 @@ impl NodeShard {
     pub(super) fn expire_routes(&mut self, now_ms: u64) {
         let expired = self.authority.expire(now_ms / 1000);
         self.metrics.expiries.add(expired as u64);
+        self.publish_presence();
+    }
+
+    /// Hands the authority's route changes since the last call to the
+    /// `user.onlinestatus` webhook (recorded only when it is on). This node leads
+    /// their hash slots: the one node that sends them.
+    fn publish_presence(&mut self) {
+        let mut changes = Vec::new();
+        self.authority.take_presence(&mut changes);
+        for change in changes {
+            self.shared.webhooks.status(change);
+        }
     }
 }

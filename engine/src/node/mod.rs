@@ -139,7 +139,7 @@ impl Default for SessionConfig {
 }
 
 /// `Err("section.name must be at least 1")` for each limit that is 0.
-fn at_least_one(section: &str, limits: &[(&str, u64)]) -> Result<(), String> {
+pub(crate) fn at_least_one(section: &str, limits: &[(&str, u64)]) -> Result<(), String> {
     match limits.iter().find(|(_, v)| *v == 0) {
         Some((name, _)) => Err(format!("{section}.{name} must be at least 1 (is 0)")),
         None => Ok(()),
@@ -357,6 +357,8 @@ pub struct NodeConfig {
     pub idempotency: IdempotencyConfig,
     pub meta: MetaConfig,
     pub api: crate::http::ApiConfig,
+    /// `[webhook]`: the application's webhook receiver (none by default).
+    pub webhook: crate::webhook::WebhookConfig,
 }
 
 impl Default for NodeConfig {
@@ -385,6 +387,7 @@ impl Default for NodeConfig {
             idempotency: IdempotencyConfig::default(),
             meta: MetaConfig::default(),
             api: crate::http::ApiConfig::default(),
+            webhook: crate::webhook::WebhookConfig::default(),
         }
     }
 }
@@ -431,6 +434,8 @@ pub struct NodeShared {
     /// Set by the first `POST /node/drain`, never cleared (a drained node is
     /// stopped next): `/readyz` is 503, `/route` no longer names this node.
     draining: std::sync::atomic::AtomicBool,
+    /// The webhooks' hand-off and counters (does nothing without `[webhook] url`).
+    pub webhooks: Arc<crate::webhook::WebhookSink>,
 }
 
 impl NodeShared {
@@ -665,6 +670,9 @@ pub struct Node {
     tcp_addr: Option<SocketAddr>,
     ws_addr: Option<SocketAddr>,
     http: Option<crate::http::HttpServer>,
+    /// The webhooks' runtime when the node has no HTTP API (whose runtime they use
+    /// otherwise).
+    webhook_runtime: Option<tokio::runtime::Runtime>,
 }
 
 /// Binds `addr` once per shard with SO_REUSEPORT (the kernel spreads connections over
@@ -709,6 +717,7 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .and_then(|()| config.delivery.validate())
         .and_then(|()| config.registry.validate())
         .and_then(|()| config.cluster.validate(config.node_id, config.rpc_addr))
+        .and_then(|()| config.webhook.validate())
         .map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -992,6 +1001,44 @@ fn start_http(
     Ok(Some(crate::http::HttpServer::start(api, addr)?))
 }
 
+/// The HTTP API (with `[listen] api_addr`) and the webhooks' driver, on its
+/// runtime or one of their own.
+#[allow(clippy::type_complexity)]
+fn start_api_and_webhooks(
+    shared: &Arc<NodeShared>,
+    injectors: &[Injector<Msg>],
+) -> io::Result<(
+    Option<crate::http::HttpServer>,
+    Option<tokio::runtime::Runtime>,
+)> {
+    let http = start_http(shared, injectors)?;
+    let webhooks = start_webhooks(shared, http.as_ref())?;
+    Ok((http, webhooks))
+}
+
+/// Starts the webhooks' driver (with `[webhook] url`): on the HTTP API's runtime,
+/// or on a one-thread runtime of its own (returned) when the node has no API.
+fn start_webhooks(
+    shared: &Arc<NodeShared>,
+    http: Option<&crate::http::HttpServer>,
+) -> io::Result<Option<tokio::runtime::Runtime>> {
+    if !shared.config.webhook.enabled() {
+        return Ok(None);
+    }
+    let node_id = shared.config.node_id;
+    if let Some(http) = http {
+        crate::webhook::start(&shared.webhooks, node_id, &http.runtime_handle());
+        return Ok(None);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("imrouter-webhook")
+        .enable_all()
+        .build()?;
+    crate::webhook::start(&shared.webhooks, node_id, runtime.handle());
+    Ok(Some(runtime))
+}
+
 impl Node {
     /// Starts a node: opens the logs, binds the listeners, starts the shards.
     pub fn start(config: NodeConfig) -> io::Result<Node> {
@@ -1047,6 +1094,7 @@ impl Node {
             client_tcp_addr: bound.tcp_addr,
             client_ws_addr: bound.ws_addr,
             draining: std::sync::atomic::AtomicBool::new(false),
+            webhooks: Arc::new(crate::webhook::WebhookSink::new(&config.webhook)),
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
@@ -1070,9 +1118,10 @@ impl Node {
             .collect();
         let sync_handles = spawn_syncers(sync_threads, &injectors);
         log_listeners(bound.tcp_addr, bound.ws_addr, bound.rpc_addr);
-        let http = start_http(&shared, &injectors)?;
+        let (http, webhook_runtime) = start_api_and_webhooks(&shared, &injectors)?;
         Ok(Node {
             http,
+            webhook_runtime,
             shared,
             runtime: Some(runtime),
             handle,
@@ -1142,6 +1191,9 @@ impl Node {
             return Ok(());
         };
         self.handle.stop();
+        if let Some(rt) = self.webhook_runtime.take() {
+            rt.shutdown_background();
+        }
         // Dropping the shards closes their syncers' job queues: the threads end.
         let results: Vec<io::Result<()>> =
             runtime.join().into_iter().map(|r| r.map(drop)).collect();

@@ -141,6 +141,12 @@ impl NodeShard {
         let mut authority = Authority::new(cfg.authority.clone(), &shared.directory, &my_slots)
             .map_err(|e| std::io::Error::other(format!("authority: {e:?}")))?;
         authority.apply_view(&view, cfg.node_id, 0);
+        // The `user.onlinestatus` webhook's route changes, from this shard's slots.
+        authority.record_presence(
+            shared
+                .webhooks
+                .enabled(domain::webhook::EventKind::OnlineStatus),
+        );
         let reader = authority.reader();
         let peers = super::peers::new_for_shard(&shared, me);
         let credits = domain::gateway::SendCredits::new(

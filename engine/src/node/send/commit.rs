@@ -405,6 +405,8 @@ pub fn pump_deliveries(
                 lookups_sent = true;
                 node.send_remote_lookup(cx, lookup);
             }
+            // The `msg.offline` webhook: this node committed the message.
+            PlanOutput::Offline(o) => node.shared.webhooks.offline(&o.message, o.uids),
         }
     }
     node.commit.planned = planned;
@@ -423,6 +425,10 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
         pages_per_turn_max: cfg.pages_per_turn_max,
         lookup_pages_in_flight_max: cfg.lookup_pages_in_flight_max,
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
+        offline_uids: node
+            .shared
+            .webhooks
+            .enabled(domain::webhook::EventKind::Offline),
     }
 }
 

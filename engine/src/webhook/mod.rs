@@ -1,0 +1,449 @@
+//! Webhooks as WuKongIM sends them (issue 28 item 3): `POST {url}?event=NAME` with a
+//! JSON body, to the application's receiver.
+//!
+//! - `msg.offline`: a committed message and `to_uids`, its recipients that had no
+//!   route when its delivery was planned (`domain::delivery::PlanOutput::Offline`,
+//!   the planner's own lookups), sent by the node that committed it (the channel's
+//!   home): one request per message.
+//! - `user.onlinestatus`: route changes at the uid's authority
+//!   (`domain::authority::PresenceChange`) as WuKongIM's strings
+//!   `uid-device_flag-online-session_id-device_online-total_online`, batched; the
+//!   counts are every node's, so the authority sends them, not the session's owner.
+//!
+//! The shards hand events to the [`WebhookSink`] and go on: the hand-off never
+//! blocks and never waits for the receiver. An event that would pass the kind's
+//! `queue_bytes_max` (what is queued, in flight and on its way there) is dropped and
+//! counted, with a warning at most every [`DROP_LOG_INTERVAL`]. The driver
+//! ([`driver`]) runs on the HTTP API's tokio runtime (or a one-thread runtime of its
+//! own when the node has no API listener): it encodes the events, feeds them to
+//! the sans-IO queues of `domain::webhook` (batching, the byte budget, retries with
+//! capped exponential backoff, dedup of message ids) and posts what they give with
+//! the [`client`].
+
+pub mod client;
+pub mod driver;
+mod encode;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use domain::authority::PresenceChange;
+use domain::commit::Committed;
+use domain::route::Uid;
+use domain::webhook::{EventKind, QueueLimits};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::config::ClusterSecret;
+
+/// The shortest time between two warnings about dropped events of one kind.
+pub const DROP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `[webhook]`: where and how events are posted. An empty `url`: no webhooks.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// `http://host:port/path` of the receiver (`?event=NAME` is added); empty: no
+    /// webhooks. Plain HTTP only: put a proxy in front of an HTTPS receiver.
+    pub url: String,
+    /// The events sent: `msg.offline`, `user.onlinestatus`.
+    pub events: Vec<String>,
+    /// One request's limit: connect, send, answer and its body.
+    pub timeout_ms: u64,
+    /// Events per request (`user.onlinestatus`; `msg.offline` is one message per
+    /// request).
+    pub batch_max: usize,
+    /// How long an event waits for its request to fill.
+    pub batch_delay_ms: u64,
+    /// Per event kind: what its events queued, in flight (retries included) and on
+    /// their way from the shards may hold; past it new events are dropped
+    /// (`imrouter_webhook_dropped_total`). Message ids accepted are remembered up to
+    /// as many bytes: a duplicate is not queued again.
+    pub queue_bytes_max: usize,
+    /// Per event kind: requests out or waiting for their retry at once.
+    pub requests_in_flight_max: usize,
+    /// A failed request is retried after this, doubling per attempt...
+    pub backoff_min_ms: u64,
+    /// ...up to this; retries go on while the node runs.
+    pub backoff_max_ms: u64,
+    /// When set, every request carries `X-Imrouter-Signature: sha256=<hex>`, the
+    /// HMAC-SHA256 of the body keyed by it.
+    pub secret: ClusterSecret,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            url: String::new(),
+            events: vec![
+                EventKind::Offline.name().into(),
+                EventKind::OnlineStatus.name().into(),
+            ],
+            timeout_ms: 5_000,
+            batch_max: 100,
+            batch_delay_ms: 50,
+            queue_bytes_max: 64 << 20,
+            requests_in_flight_max: 4,
+            backoff_min_ms: 100,
+            backoff_max_ms: 30_000,
+            secret: ClusterSecret::default(),
+        }
+    }
+}
+
+impl WebhookConfig {
+    /// Whether webhooks are on.
+    pub fn enabled(&self) -> bool {
+        !self.url.is_empty()
+    }
+
+    /// The event kinds asked for (names checked by [`validate`](Self::validate)).
+    pub fn kinds(&self) -> Vec<EventKind> {
+        let mut kinds: Vec<EventKind> = self
+            .events
+            .iter()
+            .filter_map(|e| EventKind::parse(e))
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+
+    /// The queues' limits.
+    pub fn limits(&self) -> QueueLimits {
+        QueueLimits {
+            batch_max: self.batch_max,
+            batch_delay_ms: self.batch_delay_ms,
+            queue_bytes_max: self.queue_bytes_max,
+            requests_in_flight_max: self.requests_in_flight_max,
+            backoff_min_ms: self.backoff_min_ms,
+            backoff_max_ms: self.backoff_max_ms,
+        }
+    }
+
+    /// Refuses a configuration the node cannot send with, naming the key. Nothing
+    /// is checked while `url` is empty.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        client::Target::parse(&self.url)
+            .map_err(|e| format!("webhook.url = {:?}: {e}", self.url))?;
+        for e in &self.events {
+            match EventKind::parse(e) {
+                Some(EventKind::Notify) => {
+                    return Err(format!(
+                        "webhook.events: {e:?} is not sent yet (the events sent: msg.offline, \
+                         user.onlinestatus)"
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    return Err(format!(
+                        "webhook.events: unknown event {e:?} (the events sent: msg.offline, \
+                         user.onlinestatus)"
+                    ))
+                }
+            }
+        }
+        if self.secret.expose() == b"<set>" {
+            return Err(
+                "webhook.secret is \"<set>\", the placeholder --print-config shows: \
+                 write the secret itself"
+                    .into(),
+            );
+        }
+        crate::node::at_least_one(
+            "webhook",
+            &[
+                ("timeout_ms", self.timeout_ms),
+                ("batch_max", self.batch_max as u64),
+                ("queue_bytes_max", self.queue_bytes_max as u64),
+                ("requests_in_flight_max", self.requests_in_flight_max as u64),
+                ("backoff_min_ms", self.backoff_min_ms),
+                ("backoff_max_ms", self.backoff_max_ms),
+            ],
+        )?;
+        if self.backoff_max_ms < self.backoff_min_ms {
+            return Err(format!(
+                "webhook.backoff_max_ms = {} is below backoff_min_ms = {}",
+                self.backoff_max_ms, self.backoff_min_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a shard hands over: the event before it is encoded (the driver encodes it,
+/// off the shards).
+pub enum Pending {
+    /// `msg.offline`: the message and its offline recipients.
+    Offline {
+        message: Arc<Committed>,
+        uids: Vec<Uid>,
+    },
+    /// `user.onlinestatus`: one route change.
+    Status(PresenceChange),
+}
+
+impl Pending {
+    fn kind(&self) -> EventKind {
+        match self {
+            Pending::Offline { .. } => EventKind::Offline,
+            Pending::Status(_) => EventKind::OnlineStatus,
+        }
+    }
+
+    /// What it is charged on its way (at least its encoded size, about).
+    fn charge(&self) -> usize {
+        match self {
+            Pending::Offline { message, uids } => {
+                let strings = message.from_uid.len()
+                    + message.channel_key.len()
+                    + message.client_msg_no.len()
+                    + message.topic.len();
+                let uids: usize = uids.iter().map(|u| u.len() + 3).sum();
+                320 + message.payload.len().div_ceil(3) * 4 + 2 * strings + uids
+            }
+            Pending::Status(c) => c.uid.len() + 64,
+        }
+    }
+}
+
+/// One event kind's counters and gauges (`/metrics`).
+#[derive(Debug, Default)]
+pub struct KindStats {
+    /// Whether this kind is sent.
+    pub enabled: bool,
+    /// Events the receiver accepted.
+    pub sent: AtomicU64,
+    /// Requests that failed (each retried).
+    pub failed: AtomicU64,
+    /// Events dropped: over `queue_bytes_max`.
+    pub dropped: AtomicU64,
+    /// Events not queued: their message id was accepted before.
+    pub deduplicated: AtomicU64,
+    /// Events queued and in flight (the driver's queue).
+    pub queued: AtomicU64,
+    /// Bytes queued and in flight (the driver's queue).
+    pub queued_bytes: AtomicUsize,
+    /// Bytes on their way from the shards to the driver.
+    handoff_bytes: AtomicUsize,
+    /// When a drop was last logged (ms since the sink started; 0: never).
+    last_drop_log_ms: AtomicU64,
+}
+
+impl KindStats {
+    /// Bytes charged against `queue_bytes_max`: queued, in flight, on their way.
+    pub fn bytes(&self) -> usize {
+        self.queued_bytes.load(Ordering::Relaxed) + self.handoff_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// The shards' end of the webhooks: a non-blocking hand-off to the driver, and the
+/// counters `/metrics` shows. Disabled (no `[webhook] url`): every call returns at
+/// once.
+pub struct WebhookSink {
+    config: WebhookConfig,
+    /// Per [`EventKind::index`].
+    pub stats: [KindStats; 3],
+    tx: Option<mpsc::UnboundedSender<Pending>>,
+    /// The driver's end, until it starts.
+    rx: Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
+    started: Instant,
+}
+
+impl WebhookSink {
+    pub fn new(config: &WebhookConfig) -> WebhookSink {
+        let mut stats: [KindStats; 3] = Default::default();
+        let (tx, rx) = if config.enabled() {
+            for k in config.kinds() {
+                stats[k.index()].enabled = true;
+            }
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        WebhookSink {
+            config: config.clone(),
+            stats,
+            tx,
+            rx: Mutex::new(rx),
+            started: Instant::now(),
+        }
+    }
+
+    /// Whether events of `kind` are sent.
+    pub fn enabled(&self, kind: EventKind) -> bool {
+        self.stats[kind.index()].enabled
+    }
+
+    pub fn config(&self) -> &WebhookConfig {
+        &self.config
+    }
+
+    /// A message's offline recipients (`msg.offline`).
+    pub fn offline(&self, message: &Arc<Committed>, uids: Vec<Uid>) {
+        if self.enabled(EventKind::Offline) {
+            let message = message.clone();
+            self.offer(Pending::Offline { message, uids });
+        }
+    }
+
+    /// A route change at this node's authority (`user.onlinestatus`).
+    pub fn status(&self, change: PresenceChange) {
+        if self.enabled(EventKind::OnlineStatus) {
+            self.offer(Pending::Status(change));
+        }
+    }
+
+    /// Hands `p` to the driver if its kind's budget has room; else drops it,
+    /// counted (and logged at a bounded rate).
+    fn offer(&self, p: Pending) {
+        let (kind, charge) = (p.kind(), p.charge());
+        let stats = &self.stats[kind.index()];
+        let Some(tx) = &self.tx else { return };
+        if stats.bytes() + charge > self.config.queue_bytes_max {
+            return self.dropped(kind, 1);
+        }
+        stats.handoff_bytes.fetch_add(charge, Ordering::Relaxed);
+        if tx.send(p).is_err() {
+            // The driver is gone (the node is stopping).
+            stats.handoff_bytes.fetch_sub(charge, Ordering::Relaxed);
+            self.dropped(kind, 1);
+        }
+    }
+
+    /// Counts `n` dropped events of `kind`; warns at most every
+    /// [`DROP_LOG_INTERVAL`] per kind.
+    pub(crate) fn dropped(&self, kind: EventKind, n: u64) {
+        let stats = &self.stats[kind.index()];
+        let total = stats.dropped.fetch_add(n, Ordering::Relaxed) + n;
+        let now_ms = self.started.elapsed().as_millis() as u64 + 1;
+        let last = stats.last_drop_log_ms.load(Ordering::Relaxed);
+        let due = last == 0 || now_ms >= last + DROP_LOG_INTERVAL.as_millis() as u64;
+        if due
+            && stats
+                .last_drop_log_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                event = kind.name(),
+                dropped_total = total,
+                queue_bytes_max = self.config.queue_bytes_max,
+                "webhook queue full: events dropped (a slow or unreachable receiver)"
+            );
+        }
+    }
+
+    /// The driver's end of the hand-off (once).
+    fn take_receiver(&self) -> Option<mpsc::UnboundedReceiver<Pending>> {
+        self.rx.lock().ok()?.take()
+    }
+
+    /// Marks `charge` bytes of `kind` as arrived at the driver.
+    fn arrived(&self, kind: EventKind, charge: usize) {
+        self.stats[kind.index()]
+            .handoff_bytes
+            .fetch_sub(charge, Ordering::Relaxed);
+    }
+}
+
+/// Starts the driver on `runtime` (the API's, or one of its own), if webhooks are
+/// on and it has not started.
+pub fn start(sink: &Arc<WebhookSink>, node_id: u64, runtime: &tokio::runtime::Handle) {
+    let Some(rx) = sink.take_receiver() else {
+        return;
+    };
+    let client = match client::WebhookClient::new(sink.config(), node_id) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(err = %e, "webhooks not started");
+            return;
+        }
+    };
+    runtime.spawn(driver::run(sink.clone(), client, rx));
+    tracing::info!(url = %sink.config().url, events = ?sink.config().events, "webhooks on");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(f: impl Fn(&mut WebhookConfig)) -> Result<(), String> {
+        let mut c = WebhookConfig {
+            url: "http://127.0.0.1:9/hook".into(),
+            ..WebhookConfig::default()
+        };
+        f(&mut c);
+        c.validate()
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_key() {
+        assert_eq!(on(|_| {}), Ok(()));
+        let no_url = WebhookConfig {
+            batch_max: 0,
+            ..WebhookConfig::default()
+        };
+        assert_eq!(no_url.validate(), Ok(()), "nothing is checked while off");
+        let err = |f: fn(&mut WebhookConfig)| on(f).unwrap_err();
+        assert!(err(|c| c.url = "https://h/x".into()).contains("webhook.url"));
+        assert!(err(|c| c.url = "h:80".into()).contains("webhook.url"));
+        assert!(err(|c| c.events = vec!["msg.offlin".into()]).contains("unknown event"));
+        assert!(err(|c| c.events = vec!["msg.notify".into()]).contains("not sent yet"));
+        assert!(err(|c| c.batch_max = 0).contains("webhook.batch_max"));
+        assert!(err(|c| c.queue_bytes_max = 0).contains("webhook.queue_bytes_max"));
+        assert!(err(|c| c.timeout_ms = 0).contains("webhook.timeout_ms"));
+        assert!(err(|c| c.backoff_max_ms = 1).contains("webhook.backoff_max_ms"));
+        assert!(err(|c| c.secret = ClusterSecret::new("<set>".into())).contains("placeholder"));
+    }
+
+    #[test]
+    fn the_config_file_carries_the_section_and_refuses_its_mistakes() {
+        let text =
+            "[webhook]\nurl = \"http://127.0.0.1:8080/x\"\nevents = [\"user.onlinestatus\"]\n";
+        let c: crate::config::Config = toml::from_str(text).unwrap();
+        let node = c.to_node_config().unwrap();
+        assert_eq!(node.webhook.kinds(), [EventKind::OnlineStatus]);
+        let c: crate::config::Config =
+            toml::from_str("[webhook]\nurl = \"http://h/\"\nbatch_delay_ms = 1\nbatch_max = 0\n")
+                .unwrap();
+        assert!(c
+            .to_node_config()
+            .unwrap_err()
+            .contains("webhook.batch_max"));
+        assert!(toml::from_str::<crate::config::Config>("[webhook]\nurls = \"\"\n").is_err());
+    }
+
+    #[test]
+    fn a_disabled_sink_takes_nothing_and_a_full_one_drops_and_counts() {
+        let off = WebhookSink::new(&WebhookConfig::default());
+        assert!(!off.enabled(EventKind::Offline));
+        let change = PresenceChange {
+            uid: "u".into(),
+            device_flag: 1,
+            online: true,
+            session_id: 1,
+            device_online: 1,
+            total_online: 1,
+        };
+        off.status(change.clone());
+        assert_eq!(off.stats[EventKind::OnlineStatus.index()].bytes(), 0);
+        let small = WebhookConfig {
+            url: "http://127.0.0.1:9/".into(),
+            queue_bytes_max: 100,
+            ..WebhookConfig::default()
+        };
+        let sink = WebhookSink::new(&small);
+        sink.status(change.clone());
+        let stats = &sink.stats[EventKind::OnlineStatus.index()];
+        assert_eq!(stats.bytes(), 65, "charged on its way");
+        sink.status(change);
+        assert_eq!(stats.dropped.load(Ordering::Relaxed), 1, "65 + 65 > 100");
+        assert_eq!(stats.bytes(), 65);
+    }
+}
