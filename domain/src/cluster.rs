@@ -213,6 +213,46 @@ impl ClusterView {
         h.finalize()
     }
 
+    /// The next view with the leadership of each hash slot of `moves` given to its
+    /// node (a slot move or a drain, one view change): each moved hash slot's term
+    /// advances, and the routing revision advances once. Moving a slot to its own
+    /// leader still advances its term (the authority rebuilds it).
+    pub fn with_leaders(&self, moves: &[(HashSlot, NodeId)]) -> ClusterView {
+        let mut view = self.clone();
+        for &(h, leader_node_id) in moves {
+            let slot = &mut view.slots[h as usize];
+            slot.leader_node_id = leader_node_id;
+            slot.leader_term += 1;
+        }
+        view.revision += 1;
+        view
+    }
+
+    /// The moves that drain node `me`: every hash slot it leads, each slot id (with
+    /// all its hash slots) given to the next node of `to` round robin, in slot id
+    /// order of first appearance. Empty when `me` leads nothing or `to` is empty.
+    pub fn drain_moves(&self, me: NodeId, to: &[NodeId]) -> Vec<(HashSlot, NodeId)> {
+        let mut slot_ids: Vec<SlotId> = Vec::new();
+        let mut moves = Vec::new();
+        if to.is_empty() {
+            return moves;
+        }
+        for (h, s) in self.slots.iter().enumerate() {
+            if s.leader_node_id != me {
+                continue;
+            }
+            let i = match slot_ids.iter().position(|&id| id == s.slot_id) {
+                Some(i) => i,
+                None => {
+                    slot_ids.push(s.slot_id);
+                    slot_ids.len() - 1
+                }
+            };
+            moves.push((h as HashSlot, to[i % to.len()]));
+        }
+        moves
+    }
+
     /// The exact target of hash slot `hash_slot` in this view.
     #[inline]
     pub fn target_for_slot(&self, hash_slot: HashSlot) -> Target {
@@ -391,5 +431,56 @@ mod initial_view_tests {
         let e = ClusterView::initial(&[1, 2, 1], 64).unwrap_err();
         assert_eq!(e, ViewError::DuplicateNode(1));
         assert!(e.to_string().contains("node id 1 is listed twice"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::*;
+
+    #[test]
+    fn a_move_advances_the_moved_terms_and_the_revision_once() {
+        let view = ClusterView::initial(&[1, 2, 3], 3).unwrap();
+        let moved = view.with_leaders(&[(0, 2), (200, 2), (201, 1)]);
+        assert_eq!(moved.revision, view.revision + 1);
+        assert_eq!(moved.config_epoch, view.config_epoch);
+        for h in 0..HASH_SLOTS {
+            let (before, after) = (view.slots[h], moved.slots[h]);
+            assert_eq!(after.slot_id, before.slot_id, "hash slot {h}");
+            match h {
+                0 | 200 => assert_eq!((after.leader_node_id, after.leader_term), (2, 2)),
+                201 => assert_eq!((after.leader_node_id, after.leader_term), (1, 2)),
+                _ => assert_eq!(after, before, "hash slot {h} did not move"),
+            }
+        }
+        assert!(moved.supersedes(&view));
+        // A move to the current leader is a move too: its term advances.
+        let again = moved.with_leaders(&[(0, 2)]);
+        assert_eq!(again.slots[0].leader_term, 3);
+        assert_eq!(again.revision, view.revision + 2);
+    }
+
+    #[test]
+    fn a_drain_gives_each_slot_id_whole_to_the_next_peer_round_robin() {
+        // 6 slot ids over 2 nodes: node 1 leads slot ids 0, 2, 4.
+        let view = ClusterView::initial(&[1, 2], 6).unwrap();
+        let moves = view.drain_moves(1, &[2, 5]);
+        let led: Vec<HashSlot> = (0..HASH_SLOTS as HashSlot)
+            .filter(|&h| view.slots[h as usize].leader_node_id == 1)
+            .collect();
+        assert_eq!(moves.iter().map(|m| m.0).collect::<Vec<_>>(), led);
+        for &(h, to) in &moves {
+            let slot_id = view.slots[h as usize].slot_id;
+            let expected = match slot_id {
+                0 | 4 => 2,
+                2 => 5,
+                other => panic!("slot id {other} is not node 1's"),
+            };
+            assert_eq!(to, expected, "hash slot {h} of slot id {slot_id}");
+        }
+        assert!(view.drain_moves(1, &[]).is_empty());
+        assert!(view.drain_moves(7, &[2]).is_empty(), "node 7 leads nothing");
+        let drained = view.with_leaders(&moves);
+        assert!(drained.slots.iter().all(|s| s.leader_node_id != 1));
     }
 }

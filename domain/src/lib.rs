@@ -11,6 +11,7 @@
 //! - [`authority`]: the fenced, expiring route directory of the hash slots a shard leads.
 //! - [`registry`]: the owner-local registry of sessions on one gateway shard.
 //! - [`activation`]: the CONNECT → CONNACK activation machine.
+//! - [`hop`]: the hops between the roles, and what a request without an answer becomes.
 //!
 //! The SEND path, in flow order:
 //! - [`channel`]: person channel keys and the channel ids a RECV carries.
@@ -33,6 +34,7 @@ pub mod cluster;
 pub mod commit;
 pub mod delivery;
 pub mod gateway;
+pub mod hop;
 pub mod idempotency;
 pub mod idgen;
 pub mod new_channels;

@@ -9,17 +9,13 @@
 //! [`NodeShard::request_remote`]. The bytes and links are [`super::peers`]'s; the
 //! bodies are [`super::wire`]'s.
 //!
-//! A request to another node holds a [`Pending`] in this shard's link to the node (its in-flight
-//! table, bounded by `rpc_requests_in_flight_max`): the reply hands it back, and a
-//! request that cannot be answered (link down, table full, deadline passed, link
-//! lost, peer restarted) hands it to [`NodeShard::on_remote_failed`] through
-//! `remote_failures` at the end of the loop turn, which gives the requester the
-//! same answer a refusal would: an authority call fails `Unreachable` (CONNACK 15,
-//! an unregister retried later), a touch batch is requeued, an owner action fails
-//! (CONNACK 15; but one toward a node whose link is down counts as done: see
-//! [`NodeShard::request_remote`]), a forwarded SEND is answered SENDACK 10, a lookup's groups count as
-//! failed (their recipients catch up by messagesync), a CONNECT waiting for its
-//! token's check is answered CONNACK 14 (QueryTokenError).
+//! A request to another node holds a [`Pending`] in this shard's link to the node
+//! (its in-flight table, bounded by `rpc_requests_in_flight_max`): the reply hands it
+//! back, and a request that gets no answer (link down, table full, deadline passed,
+//! link lost, peer restarted) gets what `domain::hop::on_no_answer` says, the answer
+//! a refusal would give, at the end of the loop turn (`fail_remote_requests`); the
+//! one exception, an owner action toward a node whose link is down counting as
+//! done, at once.
 
 use net::io::NetDriver;
 use proto::wkproto::ReasonCode;
@@ -32,7 +28,20 @@ use crate::route::{AuthorityError, BootId};
 use super::msg::{Msg, Pending, Remote, ReplyHop, ReplyTo, RequestHop, SendAck};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
-use domain::delivery::{LookupFailure, LookupReply};
+use domain::delivery::LookupReply;
+use domain::hop::{self, HopKind, NoAnswer, NoAnswerAction as Action};
+
+/// The hop a request's [`Pending`] waits for.
+fn pending_kind(pending: &Pending) -> HopKind {
+    match pending {
+        Pending::Authority { .. } => HopKind::Authority,
+        Pending::Touch { .. } => HopKind::Touch,
+        Pending::OwnerAction { .. } => HopKind::OwnerAction,
+        Pending::Send { .. } => HopKind::Send,
+        Pending::Lookup { .. } => HopKind::Lookup,
+        Pending::Token { .. } => HopKind::Token,
+    }
+}
 
 impl NodeShard {
     /// Sends `request` to `node` on this shard's link; if the link refuses it (down,
@@ -44,14 +53,19 @@ impl NodeShard {
         request: wire::Request,
         pending: Pending,
     ) {
-        match self.peers.request(node, &request, pending, cx.now_ms()) {
-            Ok(()) => {}
-            // An owner on a node this shard has no link to cannot be asked, and its
-            // sessions cannot be reached from this cluster while it is: the action
-            // counts as done, so the new session replaces the old route (a client
-            // of a dead node logs in elsewhere at once, not after the old route's
-            // TTL). The one exception to rule 11; counted.
-            Err((Pending::OwnerAction { activation, index }, true)) => {
+        let Err((pending, link_down)) = self.peers.request(node, &request, pending, cx.now_ms())
+        else {
+            return;
+        };
+        let why = if link_down {
+            NoAnswer::LinkDown
+        } else {
+            NoAnswer::LinkBusy
+        };
+        let action = hop::on_no_answer(pending_kind(&pending), why);
+        match (pending, action) {
+            // Given at once, as the activation's other owner actions are.
+            (Pending::OwnerAction { activation, index }, Action::OwnerActionDoneOwnerDown) => {
                 self.metrics.owner_actions_owner_down.inc();
                 let event = Event::OwnerActionDone {
                     index,
@@ -59,7 +73,7 @@ impl NodeShard {
                 };
                 self.local_events.push_back((activation, event));
             }
-            Err((pending, _)) => self.remote_failures.push(pending),
+            (pending, _) => self.remote_failures.push((pending, why)),
         }
     }
 
@@ -154,67 +168,86 @@ impl NodeShard {
                     ?reply,
                     "reply of another kind than its request: treated as failed"
                 );
-                self.remote_failures.push(pending);
+                self.remote_failures.push((pending, NoAnswer::Lost));
             }
         }
     }
 
-    /// The requests that failed this turn get the answer a refusal would give.
+    /// The requests that got no answer this turn get the answer the policy gives
+    /// (`domain::hop::on_no_answer`: the answer a refusal would give).
     pub(super) fn fail_remote_requests(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         driver: &mut NetDriver,
     ) -> usize {
-        self.peers.take_failed(&mut self.remote_failures);
-        let failures = std::mem::take(&mut self.remote_failures);
+        let mut lost = Vec::new();
+        self.peers.take_failed(&mut lost);
+        let mut failures = std::mem::take(&mut self.remote_failures);
+        failures.extend(lost.into_iter().map(|p| (p, NoAnswer::Lost)));
         let n = failures.len();
         self.metrics.rpc_request_failures.add(n as u64);
-        for pending in failures {
-            self.on_remote_failed(cx, driver, pending);
+        for (pending, why) in failures {
+            let action = hop::on_no_answer(pending_kind(&pending), why);
+            self.on_no_answer(cx, driver, pending, action);
         }
         n
     }
 
-    fn on_remote_failed(
+    /// Carries out the policy's action for a request that got no answer.
+    fn on_no_answer(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         driver: &mut NetDriver,
         pending: Pending,
+        action: Action,
     ) {
-        match pending {
-            Pending::Authority { corr, kind } => {
+        match (pending, action) {
+            (Pending::Authority { corr, kind }, Action::AuthorityUnreachable) => {
                 let reply = kind.failed(AuthorityError::Unreachable);
                 self.on_authority_reply(cx, corr, reply);
                 self.drain_local_events(cx, driver);
             }
-            Pending::Touch { target, routes } => self.registry.touch_failed(target, &routes),
-            Pending::OwnerAction { activation, index } => {
-                let result = Err(OwnerActionFailed);
+            (Pending::Touch { target, routes }, Action::RequeueTouch) => {
+                self.registry.touch_failed(target, &routes)
+            }
+            (Pending::OwnerAction { activation, index }, action) => {
+                let result = if action == Action::OwnerActionDoneOwnerDown {
+                    self.metrics.owner_actions_owner_down.inc();
+                    Ok(())
+                } else {
+                    Err(OwnerActionFailed)
+                };
                 let event = Event::OwnerActionDone { index, result };
                 self.feed_activation(cx, driver, activation, event);
             }
-            Pending::Send {
-                conn,
-                session_id,
-                client_seq,
-            } => {
+            (
+                Pending::Send {
+                    conn,
+                    session_id,
+                    client_seq,
+                },
+                Action::SendAck(reason),
+            ) => {
                 let ack = SendAck {
                     conn,
                     session_id,
                     client_seq,
                     message_id: 0,
                     message_seq: 0,
-                    reason: ReasonCode::FORWARD_SEND_PACKET_ERROR,
+                    reason,
                 };
                 super::send::on_sendack(self, driver, ack);
             }
-            Pending::Lookup { lookup_id } => {
-                let reply = LookupReply::Failed(LookupFailure::PeerDown);
+            (Pending::Lookup { lookup_id }, Action::LookupFailed(failure)) => {
+                let reply = LookupReply::Failed(failure);
                 super::send::on_lookup_reply(self, lookup_id, reply);
             }
-            Pending::Token { conn, connect } => {
-                let checked = Err(ReasonCode::QUERY_TOKEN_ERROR);
-                self.on_token_checked(cx, driver, conn, *connect, checked);
+            (Pending::Token { conn, connect }, Action::Connack(reason)) => {
+                self.on_token_checked(cx, driver, conn, *connect, Err(reason));
+            }
+            (pending, action) => {
+                // The policy answers each kind with its own action (domain::hop's test).
+                tracing::error!(kind = ?pending_kind(&pending), ?action, "no-answer action of another kind: dropped");
             }
         }
     }

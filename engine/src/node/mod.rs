@@ -559,14 +559,7 @@ impl NodeShared {
     /// change (one revision).
     pub fn move_leaders_each(&self, moves: &[(u16, NodeId)]) -> Arc<ClusterView> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        let mut view = (**guard).clone();
-        for &(s, leader_node_id) in moves {
-            let slot = &mut view.slots[s as usize];
-            slot.leader_node_id = leader_node_id;
-            slot.leader_term += 1;
-        }
-        view.revision += 1;
-        *guard = Arc::new(view);
+        *guard = Arc::new(guard.with_leaders(moves));
         guard.clone()
     }
 
@@ -587,28 +580,7 @@ impl NodeShared {
     /// moves to when drained: slot ids (and all their hash slots) round robin over
     /// `to`, in slot id order. Empty when it leads none or `to` is empty.
     pub fn drain_moves(&self, to: &[NodeId]) -> Vec<(u16, NodeId)> {
-        let me = self.config.node_id;
-        let view = self.view();
-        let mut slot_ids: Vec<crate::cluster::SlotId> = Vec::new();
-        let mut moves = Vec::new();
-        if to.is_empty() {
-            return moves;
-        }
-        for h in 0..::slots::HASH_SLOTS as u16 {
-            let t = view.target_for_slot(h);
-            if t.leader_node_id != me {
-                continue;
-            }
-            let i = match slot_ids.iter().position(|&s| s == t.slot_id) {
-                Some(i) => i,
-                None => {
-                    slot_ids.push(t.slot_id);
-                    slot_ids.len() - 1
-                }
-            };
-            moves.push((h, to[i % to.len()]));
-        }
-        moves
+        self.view().drain_moves(self.config.node_id, to)
     }
 
     /// Installs `view` if it supersedes the current one (a higher revision, or the

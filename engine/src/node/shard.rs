@@ -113,7 +113,7 @@ pub struct NodeShard {
     /// The links to the other nodes (none on a node alone).
     pub(super) peers: super::peers::Peers,
     /// Requests to other nodes that failed, answered at the end of the turn.
-    pub(super) remote_failures: Vec<super::msg::Pending>,
+    pub(super) remote_failures: Vec<(super::msg::Pending, domain::hop::NoAnswer)>,
 }
 
 /// How often the inter-node links' timers run (dials, deadlines, heartbeats).

@@ -1,0 +1,121 @@
+//! The hops between the roles of the cluster (gateway, authority, owner, home) as
+//! the decisions see them: which hop a request is, and what it becomes when no
+//! answer comes. The answer to a request that got none is the answer a refusal
+//! would give, so that every requester machine has exactly one way to go on; the
+//! whole policy is [`on_no_answer`], one table.
+//!
+//! A hop to a shard of the same node is carried by its ring, which never loses a
+//! request silently (a full queue drops with a count, and each dropped hop has a
+//! timer behind it); a hop to another node is carried by a link, which can refuse it
+//! (the link is down, or its in-flight table is full) or lose it (the deadline
+//! passed, the link closed, the peer restarted).
+
+use proto::wkproto::ReasonCode;
+
+use crate::delivery::LookupFailure;
+
+/// The kinds of request a hop carries (the replies mirror them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HopKind {
+    /// Gateway → the target's authority: register, commit, abort or unregister.
+    Authority,
+    /// Gateway → authority: a TouchRoutes batch.
+    Touch,
+    /// New session's gateway → the old session's owner: kick or close it.
+    OwnerAction,
+    /// Gateway → the channel's home: a SEND; answered with its SENDACK.
+    Send,
+    /// Commit shard → an authority: EndpointsByTargets for a delivery page.
+    Lookup,
+    /// Gateway → the uid's home: check a CONNECT's token.
+    Token,
+}
+
+/// Why a request got no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoAnswer {
+    /// Not sent: the link to the node is down (or there is none).
+    LinkDown,
+    /// Not sent: the link's in-flight table is full.
+    LinkBusy,
+    /// Sent, and the answer will not come: the deadline passed, the link closed or
+    /// the peer restarted.
+    Lost,
+}
+
+/// What the requester does with a request that got no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoAnswerAction {
+    /// The authority call failed `Unreachable` (an activation answers CONNACK 15; an
+    /// unregister is retried later).
+    AuthorityUnreachable,
+    /// The touch batch's routes are requeued.
+    RequeueTouch,
+    /// The owner action failed (the activation answers CONNACK 15).
+    OwnerActionFailed,
+    /// The owner action counts as done: the owner's node is down, and its
+    /// sessions cannot be reached from this cluster while it is, so the new session
+    /// replaces the old route (a client of a dead node logs in elsewhere at once, not
+    /// after the old route's TTL). The one exception to rule 11; counted.
+    OwnerActionDoneOwnerDown,
+    /// The SEND is answered with this SENDACK reason.
+    SendAck(ReasonCode),
+    /// The lookup's groups fail (their recipients catch up by messagesync).
+    LookupFailed(LookupFailure),
+    /// The CONNECT is answered with this CONNACK reason.
+    Connack(ReasonCode),
+}
+
+/// The policy: what a request of `kind` that got no answer (`why`) becomes.
+pub fn on_no_answer(kind: HopKind, why: NoAnswer) -> NoAnswerAction {
+    match (kind, why) {
+        (HopKind::Authority, _) => NoAnswerAction::AuthorityUnreachable,
+        (HopKind::Touch, _) => NoAnswerAction::RequeueTouch,
+        (HopKind::OwnerAction, NoAnswer::LinkDown) => NoAnswerAction::OwnerActionDoneOwnerDown,
+        (HopKind::OwnerAction, NoAnswer::LinkBusy | NoAnswer::Lost) => {
+            NoAnswerAction::OwnerActionFailed
+        }
+        (HopKind::Send, _) => NoAnswerAction::SendAck(ReasonCode::FORWARD_SEND_PACKET_ERROR),
+        (HopKind::Lookup, _) => NoAnswerAction::LookupFailed(LookupFailure::PeerDown),
+        (HopKind::Token, _) => NoAnswerAction::Connack(ReasonCode::QUERY_TOKEN_ERROR),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [HopKind; 6] = [
+        HopKind::Authority,
+        HopKind::Touch,
+        HopKind::OwnerAction,
+        HopKind::Send,
+        HopKind::Lookup,
+        HopKind::Token,
+    ];
+
+    #[test]
+    fn every_request_without_an_answer_gets_the_answer_a_refusal_would() {
+        use NoAnswerAction as A;
+        for why in [NoAnswer::LinkDown, NoAnswer::LinkBusy, NoAnswer::Lost] {
+            let got: Vec<NoAnswerAction> = KINDS.iter().map(|&k| on_no_answer(k, why)).collect();
+            let owner = if why == NoAnswer::LinkDown {
+                A::OwnerActionDoneOwnerDown
+            } else {
+                A::OwnerActionFailed
+            };
+            assert_eq!(
+                got,
+                vec![
+                    A::AuthorityUnreachable,
+                    A::RequeueTouch,
+                    owner,
+                    A::SendAck(ReasonCode::FORWARD_SEND_PACKET_ERROR),
+                    A::LookupFailed(LookupFailure::PeerDown),
+                    A::Connack(ReasonCode::QUERY_TOKEN_ERROR),
+                ],
+                "{why:?}"
+            );
+        }
+    }
+}
