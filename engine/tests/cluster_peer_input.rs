@@ -1,6 +1,7 @@
 //! A peer's frames are checked where they are decoded: a frame whose fields no node of
-//! this cluster would send (a hash slot past 255, an owner action for a shard this
-//! process does not have, a view with no node or other nodes than the config's)
+//! this cluster would send (a hash slot past 255, a route of another node registered
+//! or touched, an owner action for a shard this process does not have, a view with
+//! no node or other nodes than the config's)
 //! closes its link with a named reason and a counter, and the node goes on serving.
 //!
 //! The test is node 2 of a two-node cluster whose node 1 runs in the process: it
@@ -154,6 +155,29 @@ fn bad_frames(boot_id: u64) -> Vec<(&'static str, Kind, Vec<u8>)> {
         "lookup past hash slot 255",
         Kind::EndpointLookup,
         body(&lookup),
+    ));
+    // A route of node 1 (its own session on a shard it does not have) registered
+    // and touched by node 2: a node registers and touches only its own sessions.
+    let u1 = view.target_for_uid("u1");
+    let register_other = wire::Request::Authority {
+        target: u1,
+        request: AuthorityRequest::Register {
+            route: route("u1", engine::delivery::session_id(5, 1), boot_id),
+        },
+    };
+    frames.push((
+        "register of another node's route",
+        Kind::AuthorityRegister,
+        body(&register_other),
+    ));
+    let touch_other = wire::Request::Touch {
+        target: u1,
+        routes: vec![route("u1", engine::delivery::session_id(5, 1), boot_id)],
+    };
+    frames.push((
+        "touch of another node's route",
+        Kind::TouchBatch,
+        body(&touch_other),
     ));
     // A session of node 1's own process on its shard 5 (it has one).
     let action = wire::Request::OwnerAction {

@@ -124,9 +124,10 @@ shard_metrics! {
     /// handshake (wrong secret, unknown node), bytes that are not frames.
     rpc_refused,
     /// Inter-node links closed for a frame whose body does not decode as its kind,
-    /// or holds a field no node of this cluster sends (a hash slot past 255, an
-    /// owner action for a shard this process does not have, a view that does not
-    /// fit the cluster's config).
+    /// or holds a field no node of this cluster sends (a hash slot past 255, a route
+    /// of another node than the sender registered or touched, an owner action for
+    /// a shard this process does not have, a view that does not fit the cluster's
+    /// config).
     rpc_bad_frames,
     /// Outbound inter-node links that closed (each fails its requests in flight).
     rpc_link_closes,

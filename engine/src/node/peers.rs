@@ -361,7 +361,12 @@ impl NodeShard {
             let frame = match &step.event {
                 Some(InboundEvent::Frame { header, body }) => Some((
                     *header,
-                    wire::decode(header.kind, &input[body.clone()], bounds),
+                    wire::decode(
+                        header.kind,
+                        &input[body.clone()],
+                        bounds,
+                        header.sender_node_id,
+                    ),
                 )),
                 _ => None,
             };

@@ -185,11 +185,25 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// Checks a decoded body.
-    pub fn check(&self, body: &Body) -> Result<(), String> {
+    /// Checks a decoded body from node `from` (the link's authenticated peer).
+    pub fn check(&self, body: &Body, from: NodeId) -> Result<(), String> {
         match body {
-            Body::Request(Request::Authority { target, .. } | Request::Touch { target, .. }) => {
-                check_target(target)
+            Body::Request(Request::Authority { target, request }) => {
+                check_target(target)?;
+                let node = match request {
+                    AuthorityRequest::Register { route } => route.node_id,
+                    AuthorityRequest::Commit { token } | AuthorityRequest::Abort { token } => {
+                        token.identity.node_id
+                    }
+                    AuthorityRequest::Unregister { identity, .. } => identity.node_id,
+                };
+                check_own_route(node, from)
+            }
+            Body::Request(Request::Touch { target, routes }) => {
+                check_target(target)?;
+                routes
+                    .iter()
+                    .try_for_each(|r| check_own_route(r.node_id, from))
             }
             Body::Request(Request::Lookup { groups, .. }) => {
                 groups.iter().try_for_each(|(t, _)| check_target(t))
@@ -219,6 +233,15 @@ impl Bounds {
     }
 }
 
+/// A node registers, commits, aborts, unregisters and touches the routes of its own
+/// sessions only.
+fn check_own_route(node: NodeId, from: NodeId) -> Result<(), String> {
+    if node != from {
+        return Err(format!("a route of node {node} sent by node {from}"));
+    }
+    Ok(())
+}
+
 fn check_target(target: &Target) -> Result<(), String> {
     if usize::from(target.hash_slot) >= slots::HASH_SLOTS {
         return Err(format!("hash slot {} (at most 255)", target.hash_slot));
@@ -234,11 +257,16 @@ pub fn encode<T: Serialize>(value: &T, out: &mut Vec<u8>) {
     *out = postcard::to_extend(value, taken).unwrap_or_default();
 }
 
-/// Decodes a frame body of `kind` and checks it against `bounds` (`None`: a control
-/// kind, which is not a hop).
-pub fn decode(kind: Kind, body: &[u8], bounds: &Bounds) -> Option<Result<Body, BadBody>> {
+/// Decodes a frame body of `kind` from node `from` and checks it against `bounds`
+/// (`None`: a control kind, which is not a hop).
+pub fn decode(
+    kind: Kind,
+    body: &[u8],
+    bounds: &Bounds,
+    from: NodeId,
+) -> Option<Result<Body, BadBody>> {
     let decoded = decode_unchecked(kind, body)?;
-    Some(decoded.and_then(|body| match bounds.check(&body) {
+    Some(decoded.and_then(|body| match bounds.check(&body, from) {
         Ok(()) => Ok(body),
         Err(why) => Err(BadBody {
             kind,
@@ -300,7 +328,7 @@ mod tests {
     }
 
     fn decode(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
-        super::decode(kind, body, &bounds())
+        super::decode(kind, body, &bounds(), 2)
     }
 
     #[test]
