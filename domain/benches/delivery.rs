@@ -49,6 +49,7 @@ fn limits() -> PlanLimits {
     PlanLimits {
         local_node: 1,
         me: 0,
+        shard_count: 2,
         subscriber_page_max: 1_024,
         push_batch_max: 256,
         pages_per_turn_max: 64,

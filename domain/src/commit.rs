@@ -1231,6 +1231,7 @@ mod tests {
         PlanLimits {
             local_node: 1,
             me: 0,
+            shard_count: 2,
             subscriber_page_max: 2,
             push_batch_max: 8,
             pages_per_turn_max: 8,

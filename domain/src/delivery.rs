@@ -139,12 +139,17 @@ pub struct PushPlan {
     pub failed_groups: usize,
     /// Endpoints dropped because they are the sending session itself.
     pub suppressed: usize,
+    /// Endpoints of this node on a shard it does not have: dropped.
+    pub stale: usize,
 }
 
 /// Coalesces the endpoints a page's lookup found into push batches by owner (see the
 /// module docs); `failed_groups` is how many groups of the page failed (reported).
+/// An endpoint of `local_node` on a shard past `shard_count` is stale (no gateway of
+/// this process made it): dropped and counted.
 pub fn plan_pushes(
     local_node: NodeId,
+    shard_count: ShardId,
     found: impl IntoIterator<Item = Endpoint>,
     failed_groups: usize,
     sender: Option<Sender>,
@@ -165,7 +170,12 @@ pub fn plan_pushes(
             }
         }
         let to = if ep.node_id == local_node {
-            PushTo::Shard(session_shard(ep.session_id))
+            let shard = session_shard(ep.session_id);
+            if shard >= shard_count {
+                plan.stale += 1;
+                continue;
+            }
+            PushTo::Shard(shard)
         } else {
             PushTo::Node(ep.node_id)
         };
@@ -337,6 +347,9 @@ pub struct PlanLimits {
     pub local_node: NodeId,
     /// This shard: its batches are written at once, without a ring.
     pub me: ShardId,
+    /// This node's shards: an endpoint of this node on a shard it does not have (a
+    /// route no gateway of this process made) is stale, never pushed.
+    pub shard_count: ShardId,
     /// Recipients planned per lookup (one route snapshot per page).
     pub subscriber_page_max: usize,
     /// Endpoints per push batch.
@@ -369,6 +382,8 @@ pub struct PlanCounts {
     /// Lookups that failed as a whole ([`LookupReply::Failed`], or a malformed
     /// reply); their groups are in `failed_groups` too.
     pub failed_lookups: u64,
+    /// Endpoints of this node on a shard it does not have: dropped, not pushed.
+    pub stale_endpoints: u64,
     /// Replies for a lookup id that is not awaited (unknown, or already answered:
     /// a reply after the driver's deadline failure): ignored.
     pub ignored_replies: u64,
@@ -845,11 +860,13 @@ impl Planner {
         let (message, sender) = (&front.message, front.sender);
         let plan = plan_pushes(
             limits.local_node,
+            limits.shard_count,
             page.endpoints.drain(..),
             page.failed_groups,
             sender,
             limits.push_batch_max,
         );
+        self.counts.stale_endpoints += plan.stale as u64;
         if self.spare.len() < limits.lookup_pages_in_flight_max {
             self.spare.push(page.endpoints);
         }
@@ -1112,7 +1129,7 @@ mod tests {
             boot_id: 7,
             session_id: session_id(1, 2),
         };
-        let plan = plan_pushes(1, found, 1, Some(sender), 2);
+        let plan = plan_pushes(1, 4, found, 1, Some(sender), 2);
         assert_eq!(plan.failed_groups, 1);
         assert_eq!(plan.suppressed, 1);
         let dests: Vec<(PushTo, usize)> = plan.batches.iter().map(|(d, b)| (*d, b.len())).collect();
@@ -1153,6 +1170,7 @@ mod planner_tests {
         PlanLimits {
             local_node: ME,
             me: 0,
+            shard_count: 2,
             subscriber_page_max: 16,
             push_batch_max: 16,
             pages_per_turn_max: 4,
@@ -1370,6 +1388,40 @@ mod planner_tests {
         assert!(rig.p.is_empty());
         let counts = rig.p.take_counts();
         assert_eq!((counts.lookups, counts.failed_groups), (1, 0));
+    }
+
+    #[test]
+    fn an_endpoint_of_this_node_on_a_shard_it_does_not_have_is_never_pushed() {
+        // A remote authority answers with a route of this node on shard 9 (2 here):
+        // no gateway of this process made it (a peer's bug, or another process).
+        let (local, remote) = (led_by(1, "a", 2), led_by(2, "b", 2));
+        let mut rig = Rig::new(vec![delivery(1, [local.clone(), remote].concat())]);
+        let (_, _, _, lookups) = rig.pump();
+        let [l] = lookups.as_slice() else {
+            panic!("one lookup: {lookups:?}");
+        };
+        let LookupReply::Found {
+            mut endpoints,
+            results,
+        } = found(l, &[])
+        else {
+            unreachable!()
+        };
+        endpoints[0].session_id = session_id(9, 1);
+        let stale = endpoints[0].uid.clone();
+        assert!(rig
+            .p
+            .on_lookup_reply(l.lookup_id, LookupReply::Found { endpoints, results }));
+        let (_, _, pushes, _) = rig.pump();
+        assert!(
+            pushes
+                .iter()
+                .all(|p| matches!(p.0, PushTo::Shard(s) if s < rig.limits.shard_count)),
+            "{pushes:?}"
+        );
+        assert!(!all_pushed(&pushes).contains(&stale));
+        assert_eq!(all_pushed(&pushes).len(), 3, "the others are pushed");
+        assert_eq!(rig.p.take_counts().stale_endpoints, 1);
     }
 
     #[test]

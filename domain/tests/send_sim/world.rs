@@ -124,6 +124,7 @@ impl Params {
             plan: PlanLimits {
                 local_node: NODE,
                 me: ME,
+                shard_count: OWNERS as ShardId,
                 subscriber_page_max: rng.gen_range(1..=4),
                 push_batch_max: rng.gen_range(1..=4),
                 pages_per_turn_max: rng.gen_range(1..=4),

@@ -113,7 +113,8 @@ shard_metrics! {
     /// What the shard's unacknowledged RECVs are charged against
     /// `pending_acks_budget_bytes_per_shard` (gauge).
     pending_ack_bytes,
-    /// Endpoints whose owner revalidation failed.
+    /// Endpoints not written: their owner's revalidation failed, or they name a
+    /// shard this node does not have (dropped when planned).
     push_stale,
     /// Endpoints on other nodes whose owner push could not be sent (the link to that
     /// node was down).

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use net::io::NetDriver;
 use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
+use slots::ShardId;
 
 use domain::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
 use domain::delivery::{EndpointLookup, Lookup, LookupReply, PlanLimits, PlanOutput, Push, PushTo};
@@ -420,6 +421,7 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
     PlanLimits {
         local_node: node.shared.config.node_id,
         me: node.me,
+        shard_count: node.shared.slot_map.shard_count() as ShardId,
         subscriber_page_max: cfg.subscriber_page_max,
         push_batch_max: cfg.push_batch_max,
         pages_per_turn_max: cfg.pages_per_turn_max,
@@ -437,6 +439,7 @@ fn publish_plan_counts(node: &mut NodeShard) {
     let counts = node.commit.core.take_plan_counts();
     node.metrics.stale_lookups.add(counts.failed_groups);
     node.metrics.delivery_stalls.add(counts.stalls);
+    node.metrics.push_stale.add(counts.stale_endpoints);
     // TODO(issue 13): metrics for remote lookups (sent, failed, ignored replies).
     if counts.ignored_replies > 0 {
         tracing::debug!(
