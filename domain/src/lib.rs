@@ -11,6 +11,7 @@
 //! - [`authority`]: the fenced, expiring route directory of the hash slots a shard leads.
 //! - [`registry`]: the owner-local registry of sessions on one gateway shard.
 //! - [`activation`]: the CONNECT → CONNACK activation machine.
+//! - [`connection`]: what a client's frame does in each state of its connection.
 //! - [`hop`]: the hops between the roles, and what a request without an answer becomes.
 //!
 //! The SEND path, in flow order:
@@ -32,6 +33,7 @@ pub mod authority;
 pub mod channel;
 pub mod cluster;
 pub mod commit;
+pub mod connection;
 pub mod delivery;
 pub mod gateway;
 pub mod hop;

@@ -24,6 +24,7 @@ use wheel::TimerHandle;
 use crate::activation::{ActivationId, Event};
 use crate::registry::SessionHandle;
 use crate::route::{SessionId, Uid};
+use domain::connection::{self, ConnPhase, FrameAction, FrameKind};
 
 use super::connect::OwnedConnect;
 use super::msg::Msg;
@@ -76,6 +77,19 @@ pub(crate) struct Conn {
     /// The JSON-RPC codec of a WebSocket connection whose first message was text;
     /// `None`: binary wkproto.
     pub jsonrpc: Option<Box<JsonRpc>>,
+}
+
+impl ConnState {
+    /// The phase the frame table ([`connection::on_frame`]) decides by.
+    pub(crate) fn phase(self) -> ConnPhase {
+        match self {
+            ConnState::AwaitConnect => ConnPhase::AwaitConnect,
+            ConnState::Authenticating => ConnPhase::Authenticating,
+            ConnState::Activating(_) => ConnPhase::Activating,
+            ConnState::Active => ConnPhase::Active,
+            ConnState::Closing => ConnPhase::Closing,
+        }
+    }
 }
 
 impl Conn {
@@ -315,6 +329,9 @@ impl NodeShard {
         true
     }
 
+    /// One decoded frame of connection `id` after its CONNECT: the table
+    /// (`domain::connection::on_frame`) says what it does in the connection's
+    /// phase; this carries it out.
     fn on_frame(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
@@ -322,52 +339,45 @@ impl NodeShard {
         id: ConnId,
         frame: Frame<'_>,
     ) -> FrameOutcome {
-        let state = self.conn(id).map(|c| c.state);
-        match (frame, state) {
-            (Frame::Ping, _) => {
-                // Rule 33: a PING only marks the session touched; the touch worker batches.
+        let phase = self.conn(id).map(|c| c.state.phase());
+        match (connection::on_frame(phase, FrameKind::of(&frame)), frame) {
+            (FrameAction::Pong, _) => {
                 if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
                     self.registry.mark_touched(handle, cx.now_ms() / 1000);
                 }
                 self.write_frame(driver, id, |v, out| Frame::Pong.encode(v, out));
-                FrameOutcome::Continue
             }
-            (Frame::Send(p), Some(ConnState::Active)) => {
+            (FrameAction::Send, Frame::Send(p)) => {
                 self.touch_on_activity(cx, id);
                 super::send::on_send(self, cx, driver, id, &p);
-                FrameOutcome::Continue
             }
-            (Frame::Recvack(p), Some(ConnState::Active)) => {
+            (FrameAction::Recvack, Frame::Recvack(p)) => {
                 self.touch_on_activity(cx, id);
                 super::send::on_recvack(self, id, p.message_id);
-                FrameOutcome::Continue
             }
-            (Frame::Sub(p), Some(ConnState::Active)) => {
-                // No subscribable channel type yet: SUBACK 23 NotSupportChannelType.
+            (FrameAction::RefuseSub(reason_code), Frame::Sub(p)) => {
                 let ack = wkproto::SubackPacket {
                     sub_no: p.sub_no,
                     channel_id: p.channel_id,
                     channel_type: p.channel_type,
                     action: p.action,
-                    reason_code: ReasonCode::NOT_SUPPORT_CHANNEL_TYPE,
+                    reason_code,
                     ..Default::default()
                 };
                 self.write_frame(driver, id, |v, out| ack.encode(v, out));
-                FrameOutcome::Continue
             }
-            (Frame::Disconnect(_), _) => {
-                self.close(driver, id);
-                FrameOutcome::Continue
+            (FrameAction::Close, _) => self.close(driver, id),
+            (FrameAction::Refuse(reason, text), frame) => {
+                tracing::info!(?id, kind = ?frame.packet_type(), text, "refused packet: closing");
+                return FrameOutcome::Close(reason, text);
             }
-            (
-                Frame::Send(_) | Frame::Recvack(_) | Frame::Sub(_),
-                Some(ConnState::Activating(_) | ConnState::Authenticating),
-            ) => FrameOutcome::Close(ReasonCode::SYSTEM_ERROR, "frame before CONNACK"),
-            (other, _) => {
-                tracing::info!(?id, kind = ?other.packet_type(), "unexpected packet: closing");
-                FrameOutcome::Close(ReasonCode::NOT_SUPPORT_HEADER, "unexpected packet type")
+            (action, frame) => {
+                // The table answers each frame kind with its own action (its test).
+                tracing::error!(?id, ?action, kind = ?frame.packet_type(), "action for another frame kind: closing");
+                return FrameOutcome::Close(ReasonCode::SYSTEM_ERROR, "internal error");
             }
         }
+        FrameOutcome::Continue
     }
 
     /// Any client frame is activity for the route (`docs/wkproto.md`, Liveness).
