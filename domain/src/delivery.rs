@@ -125,8 +125,21 @@ pub struct Sender {
 pub enum PushTo {
     /// A shard of this node.
     Shard(ShardId),
-    /// Another node (owner-push RPC; the cluster milestone).
+    /// Another node (the owner-push hop).
     Node(NodeId),
+}
+
+/// The room of the link to another node, in push batches, for the planner's `room`:
+/// none while `queued_bytes` (what the link holds unwritten) is at `limit_bytes` or
+/// more, so the page waits (a stall) until the peer reads; unlimited otherwise. A
+/// link that is down (`None`) takes everything: its pushes are dropped and counted
+/// by the driver and their recipients catch up by sync, so a dead node never stalls
+/// everyone else's delivery.
+pub fn link_room(queued_bytes: Option<usize>, limit_bytes: usize) -> usize {
+    match queued_bytes {
+        Some(queued) if queued >= limit_bytes => 0,
+        _ => usize::MAX,
+    }
 }
 
 /// The outcome of planning one page.
@@ -1149,6 +1162,24 @@ mod tests {
             .flat_map(|b| b.1.iter().map(|e| &*e.uid))
             .collect();
         assert_eq!(shard0, vec!["a", "c", "d", "e"]);
+    }
+}
+
+#[cfg(test)]
+mod link_room_tests {
+    use super::link_room;
+
+    #[test]
+    fn a_link_has_room_below_its_limit_and_a_down_link_takes_everything() {
+        assert_eq!(link_room(Some(0), 100), usize::MAX);
+        assert_eq!(link_room(Some(99), 100), usize::MAX);
+        assert_eq!(link_room(Some(100), 100), 0, "at the limit: the page waits");
+        assert_eq!(link_room(Some(500), 100), 0);
+        assert_eq!(
+            link_room(None, 100),
+            usize::MAX,
+            "down: dropped and counted"
+        );
     }
 }
 

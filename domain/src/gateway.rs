@@ -11,7 +11,47 @@
 //! The connection's count lives with the connection (it dies with it; a SENDACK for
 //! a closed connection returns only the shard credit).
 
-use slots::ShardId;
+use slots::{HashSlot, ShardId, SlotMap};
+
+use crate::cluster::{ClusterView, NodeId};
+
+/// Where a SEND goes from its gateway: to the commit shard of its channel's hash
+/// slot on this node, or to the channel's home, another node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendRoute {
+    /// The channel's home is this node: this commit shard commits it.
+    Local(ShardId),
+    /// The channel's home is another node: the SEND is forwarded there.
+    Remote(NodeId),
+}
+
+impl SendRoute {
+    /// The route of a SEND to the channel of `hash_slot`, from a gateway of
+    /// `local_node`.
+    pub fn of(
+        view: &ClusterView,
+        slot_map: &SlotMap,
+        local_node: NodeId,
+        hash_slot: HashSlot,
+    ) -> Self {
+        let home = view.home_node(hash_slot);
+        if home == local_node {
+            SendRoute::Local(slot_map.shard_of(hash_slot))
+        } else {
+            SendRoute::Remote(home)
+        }
+    }
+
+    /// The shard the SEND's credit is taken towards ([`SendCredits::take`]): its
+    /// commit shard; for another node, this gateway shard `me` itself, so only the
+    /// connection's credit is held (the link's in-flight table bounds the rest).
+    pub fn credit_shard(self, me: ShardId) -> ShardId {
+        match self {
+            SendRoute::Local(shard) => shard,
+            SendRoute::Remote(_) => me,
+        }
+    }
+}
 
 /// The credits of one gateway shard.
 #[derive(Clone, Debug)]
@@ -109,5 +149,28 @@ mod tests {
         c.returned_from(0);
         let mut other = 0u32;
         assert!(c.take(&mut other, 0));
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::*;
+
+    #[test]
+    fn a_send_goes_to_its_commit_shard_here_or_to_its_home() {
+        // Slot id i of 4 is homed on nodes[i % 2]; hash slots 0..64 are slot id 0.
+        let view = ClusterView::initial(&[1, 2], 4).unwrap();
+        let map = SlotMap::modulo(3).unwrap();
+        let (here, there) = (5, 70);
+        assert_eq!(view.home_node(here), 1);
+        assert_eq!(view.home_node(there), 2);
+        let local = SendRoute::of(&view, &map, 1, here);
+        assert_eq!(local, SendRoute::Local(map.shard_of(here)));
+        assert_eq!(local.credit_shard(0), map.shard_of(here));
+        let remote = SendRoute::of(&view, &map, 1, there);
+        assert_eq!(remote, SendRoute::Remote(2));
+        assert_eq!(remote.credit_shard(1), 1, "held towards the gateway itself");
+        // Node 2 sees them the other way round.
+        assert_eq!(SendRoute::of(&view, &map, 2, here), SendRoute::Remote(1));
     }
 }

@@ -14,7 +14,9 @@ use shard::runtime::Context;
 use slots::ShardId;
 
 use domain::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
-use domain::delivery::{EndpointLookup, Lookup, LookupReply, PlanLimits, PlanOutput, Push, PushTo};
+use domain::delivery::{
+    link_room, EndpointLookup, Lookup, LookupReply, PlanLimits, PlanOutput, Push, PushTo,
+};
 
 use crate::authority::AuthorityReader;
 use crate::channel::Subscribers;
@@ -382,14 +384,8 @@ pub fn pump_deliveries(
     let link_limit_bytes = node.shared.config.net.outbound_queue_bytes_max / 2;
     let mut room = |to: PushTo| match to {
         PushTo::Shard(s) => cx.send_capacity(s),
-        // A link with half its connection's outbound queue still unwritten has no
-        // room: the page waits (a stall) until the peer reads. A link that is down
-        // takes everything (the push is dropped and counted, its recipients catch
-        // up by sync), so a dead node never stalls everyone else's delivery.
-        PushTo::Node(n) => match peers.queued_bytes(n, driver) {
-            Some(queued) if queued >= link_limit_bytes => 0,
-            _ => usize::MAX,
-        },
+        // A link's room: none with half its connection's outbound queue unwritten.
+        PushTo::Node(n) => link_room(peers.queued_bytes(n, driver), link_limit_bytes),
     };
     let work = node
         .commit

@@ -8,7 +8,7 @@ use shard::runtime::Context;
 
 use crate::channel::Channel;
 use crate::delivery::Sender;
-use domain::gateway::SendCredits;
+use domain::gateway::{SendCredits, SendRoute};
 use domain::send_rate::Verdict;
 
 use super::super::msg::Pending;
@@ -59,16 +59,9 @@ pub fn on_send(
     // One CRC32 of the channel key: its hash slot gives both the home node and the
     // commit shard.
     let slot = slots::hash_slot(channel.key().as_bytes());
-    let home = node.view.home_node(slot);
-    let remote = home != node.shared.config.node_id;
-    // A SEND to another node holds only the connection's credit (taken with `to` =
-    // this shard): the link's in-flight table bounds the rest.
-    let to = if remote {
-        node.me
-    } else {
-        node.shared.slot_map.shard_of(slot)
-    };
-    if !take_credit(node, id, to) {
+    let local_node = node.shared.config.node_id;
+    let route = SendRoute::of(&node.view, &node.shared.slot_map, local_node, slot);
+    if !take_credit(node, id, route.credit_shard(node.me)) {
         node.metrics.sends_refused_credit.inc();
         return refuse(node, driver, ReasonCode::RATE_LIMIT);
     }
@@ -79,10 +72,14 @@ pub fn on_send(
         channel,
         payload,
     };
-    if remote {
-        let (request, pending) = forward_request(node, p, sent);
-        return node.request_remote(cx, home, wire::Request::Send(Box::new(request)), pending);
-    }
+    let to = match route {
+        SendRoute::Local(to) => to,
+        SendRoute::Remote(home) => {
+            let (request, pending) = forward_request(node, p, sent);
+            let request = wire::Request::Send(Box::new(request));
+            return node.request_remote(cx, home, request, pending);
+        }
+    };
     node.metrics.sends.inc();
     let answer_to = Origin::Client {
         shard: node.me,
