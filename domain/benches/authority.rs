@@ -17,9 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use domain::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
 use domain::cluster::{ClusterView, HashSlot, Target};
-use domain::route::{
+use domain::presence::authority::{
+    Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult,
+};
+use domain::presence::route::{
     AuthorityError, CompactEndpoint, DeviceLevel, Endpoint, RegisterOutcome, Route, Transport, Uid,
 };
 use slots::{hash_slot, HASH_SLOTS};

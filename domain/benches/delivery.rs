@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use domain::authority::{Authority, AuthorityConfig, AuthorityReader, Directory};
-use domain::channel::Subscribers;
 use domain::cluster::{ClusterView, HashSlot};
-use domain::commit::{Committed, Delivery};
-use domain::delivery::{session_id, PlanLimits, PlanOutput, Planner};
-use domain::route::{DeviceLevel, RegisterOutcome, Route, Transport, Uid};
+use domain::presence::authority::{Authority, AuthorityConfig, AuthorityReader, Directory};
+use domain::presence::route::{DeviceLevel, RegisterOutcome, Route, Transport, Uid};
+use domain::send::channel::Subscribers;
+use domain::send::commit::{Committed, Delivery};
+use domain::send::delivery::{session_id, PlanLimits, PlanOutput, Planner};
 use slots::HASH_SLOTS;
 
 /// Routes of uids outside the groups: the node's other online users.

@@ -12,7 +12,7 @@
 
 use proto::wkproto::ReasonCode;
 
-use crate::delivery::LookupFailure;
+use crate::send::delivery::LookupFailure;
 
 /// The kinds of request a hop carries (the replies mirror them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,42 +5,32 @@
 //! so: this crate cannot name `engine`, and `clippy.toml` forbids the std types and
 //! functions that reach the outside (`tests/boundary.rs` checks the rest).
 //!
-//! The presence side (CONNECT):
-//! - [`cluster`]: the cluster view and the exact authority [`cluster::Target`].
-//! - [`route`]: routes, their identity, owner actions and the authority's errors.
-//! - [`authority`]: the fenced, expiring route directory of the hash slots a shard leads.
-//! - [`registry`]: the owner-local registry of sessions on one gateway shard.
-//! - [`activation`]: the CONNECT → CONNACK activation machine.
-//! - [`connection`]: what a client's frame does in each state of its connection.
-//! - [`hop`]: the hops between the roles, and what a request without an answer becomes.
+//! The presence side (CONNECT), [`presence`]:
+//! - [`presence::route`]: routes, their identity, owner actions and the authority's errors.
+//! - [`presence::authority`]: the fenced, expiring route directory of the hash slots a shard leads.
+//! - [`presence::registry`]: the owner-local registry of sessions on one gateway shard.
+//! - [`presence::activation`]: the CONNECT → CONNACK activation machine.
+//! - [`presence::connection`]: what a client's frame does in each state of its connection.
 //!
-//! The SEND path, in flow order:
-//! - [`channel`]: person channel keys and the channel ids a RECV carries.
-//! - [`send_rate`]: the gateway's per-uid SEND rate (per shard).
-//! - [`new_channels`]: the gateway's per-connection budget of new channels.
-//! - [`gateway`]: the gateway's credits of SENDs in flight.
-//! - [`commit`]: the commit core: permission, back-pressure, ids and seqs, sync.
-//! - [`idempotency`] and [`idgen`]: the commit's idempotency window and message ids.
-//! - [`delivery`]: post-commit delivery planning: targets, lookups, push batches.
-//! - [`acks`]: the owner's pending RECVACKs, re-sends and expiries.
+//! The SEND path, in flow order, [`send`]:
+//! - [`send::channel`]: person channel keys and the channel ids a RECV carries.
+//! - [`send::send_rate`]: the gateway's per-uid SEND rate (per shard).
+//! - [`send::new_channels`]: the gateway's per-connection budget of new channels.
+//! - [`send::gateway`]: the route of a SEND and the gateway's credits of SENDs in flight.
+//! - [`send::commit`]: the commit core: permission, back-pressure, ids and seqs, sync.
+//! - [`send::idempotency`] and [`send::idgen`]: the commit's idempotency window and message ids.
+//! - [`send::delivery`]: post-commit delivery planning: targets, lookups, push batches.
+//! - [`send::acks`]: the owner's pending RECVACKs, re-sends and expiries.
+//!
+//! Across both:
+//! - [`cluster`]: the cluster view and the exact authority [`cluster::Target`].
+//! - [`hop`]: the hops between the roles, and what a request without an answer becomes.
 //! - [`webhook`]: the webhook queues: batching, the byte budget, retries, dedup.
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
 
-pub mod acks;
-pub mod activation;
-pub mod authority;
-pub mod channel;
 pub mod cluster;
-pub mod commit;
-pub mod connection;
-pub mod delivery;
-pub mod gateway;
 pub mod hop;
-pub mod idempotency;
-pub mod idgen;
-pub mod new_channels;
-pub mod registry;
-pub mod route;
-pub mod send_rate;
+pub mod presence;
+pub mod send;
 pub mod webhook;

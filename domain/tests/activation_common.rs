@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
-use domain::activation::{Activation, ActivationConfig, ActivationId, Event, Output};
 use domain::cluster::ClusterView;
-use domain::registry::{NewSession, Registry, RegistryConfig};
-use domain::route::{
+use domain::presence::activation::{Activation, ActivationConfig, ActivationId, Event, Output};
+use domain::presence::registry::{NewSession, Registry, RegistryConfig};
+use domain::presence::route::{
     DeviceLevel, OwnerAction, OwnerActionKind, PendingToken, RouteIdentity, Transport,
 };
 

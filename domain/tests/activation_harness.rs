@@ -9,13 +9,13 @@
 
 use std::collections::HashMap;
 
-use domain::activation::{
+use domain::cluster::{ClusterView, Target};
+use domain::presence::activation::{
     Activation, ActivationConfig, ActivationId, AuthorityRequest, Event, Outcome, Output,
     OwnerActionFailed, ReasonCode,
 };
-use domain::cluster::{ClusterView, Target};
-use domain::registry::{Registry, SessionState, UnregisterRequest};
-use domain::route::{
+use domain::presence::registry::{Registry, SessionState, UnregisterRequest};
+use domain::presence::route::{
     AuthorityError, DeviceLevel, OwnerAction, OwnerSeq, PendingToken, RegisterOutcome, Route,
     RouteIdentity,
 };

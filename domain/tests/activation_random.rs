@@ -14,7 +14,7 @@
 //! session is active with its route.
 //!
 //! `activation_random_authority.rs` runs the same harness against the real
-//! `domain::authority`.
+//! `domain::presence::authority`.
 //!
 //! Seeds: `ACTIVATION_SEED=n` runs only seed `n`; `ACTIVATION_SEEDS=k` runs seeds
 //! `0..k` (default 48). A failure prints its seed.
@@ -29,7 +29,7 @@ mod harness;
 use std::collections::HashMap;
 
 use domain::cluster::Target;
-use domain::route::{
+use domain::presence::route::{
     AuthorityError, DeviceLevel, OwnerAction, OwnerActionKind, OwnerSeq, PendingToken,
     RegisterOutcome, Route, RouteIdentity,
 };

@@ -1,5 +1,5 @@
 //! The randomized activation harness of `activation_random.rs` against the real
-//! `domain::authority` (one writer leading all 256 hash slots of a single-node view),
+//! `domain::presence::authority` (one writer leading all 256 hash slots of a single-node view),
 //! with the authority's own invariant check every few steps.
 //!
 //! Seeds: `ACTIVATION_SEED=n` runs only seed `n`; `ACTIVATION_SEEDS=k` runs seeds
@@ -12,9 +12,9 @@
 #[path = "activation_harness.rs"]
 mod harness;
 
-use domain::authority::{Authority, AuthorityConfig, Directory, TouchResult};
 use domain::cluster::{HashSlot, Target};
-use domain::route::{
+use domain::presence::authority::{Authority, AuthorityConfig, Directory, TouchResult};
+use domain::presence::route::{
     AuthorityError, OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity,
 };
 use harness::common::{view, NODE};

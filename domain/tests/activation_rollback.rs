@@ -8,12 +8,12 @@
 mod common;
 
 use common::*;
-use domain::activation::{
+use domain::presence::activation::{
     Activation, ActivationConfig, AuthorityRequest, Event, Failure, Outcome, Output,
     OwnerActionFailed, ReasonCode, Stage,
 };
-use domain::registry::{Registry, SessionState};
-use domain::route::{AuthorityError, OwnerActionKind, PendingToken, RegisterOutcome};
+use domain::presence::registry::{Registry, SessionState};
+use domain::presence::route::{AuthorityError, OwnerActionKind, PendingToken, RegisterOutcome};
 
 const FAIL: [Output; 2] = [
     Output::SendConnack {

@@ -8,9 +8,11 @@
 mod common;
 
 use common::*;
-use domain::activation::{AuthorityRequest, Event, Failure, Outcome, Output, ReasonCode, Stage};
-use domain::registry::SessionState;
-use domain::route::{AuthorityError, OwnerActionKind, RegisterOutcome};
+use domain::presence::activation::{
+    AuthorityRequest, Event, Failure, Outcome, Output, ReasonCode, Stage,
+};
+use domain::presence::registry::SessionState;
+use domain::presence::route::{AuthorityError, OwnerActionKind, RegisterOutcome};
 
 #[test]
 fn rule_28_order_local_pending_then_register_then_owner_actions_then_commit_then_active_then_connack(
@@ -273,7 +275,7 @@ fn rule_32_deactivation_removes_the_local_session_first_then_queues_the_unregist
     cfg.unregister_max_attempts = 3;
     cfg.unregister_retry_base_ms = 100;
     cfg.unregister_retry_max_ms = 150;
-    let mut reg = domain::registry::Registry::new(cfg).unwrap();
+    let mut reg = domain::presence::registry::Registry::new(cfg).unwrap();
     let (mut a, _) = start(&mut reg, simple("erin", 15), 0);
     let h = a.handle().unwrap();
     step(

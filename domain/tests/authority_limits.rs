@@ -2,9 +2,9 @@
 //! defaults are too large for the other tests to reach), and calls that carry half a
 //! token or a view of the same revision.
 
-use domain::authority::{Authority, AuthorityConfig, Directory};
 use domain::cluster::{ClusterView, HashSlot, Target};
-use domain::route::{
+use domain::presence::authority::{Authority, AuthorityConfig, Directory};
+use domain::presence::route::{
     AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
 };
 use slots::{hash_slot, HASH_SLOTS};

@@ -7,11 +7,11 @@
 // the environment, time itself and run threads.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
-use domain::authority::{
+use domain::cluster::{HashSlot, Target};
+use domain::presence::authority::{
     Authority, AuthorityConfig, AuthorityReader, Directory, FenceRecord, TouchResult,
 };
-use domain::cluster::{HashSlot, Target};
-use domain::route::{
+use domain::presence::route::{
     AuthorityError, DeviceLevel, Endpoint, OwnerAction, OwnerActionKind, PendingToken,
     RegisterOutcome, Route, RouteIdentity, Transport, Uid,
 };

@@ -1,9 +1,9 @@
 //! The authority's presence changes (the `user.onlinestatus` webhook's input):
 //! every route that becomes active or ends, with its uid's counts after it.
 
-use domain::authority::{Authority, AuthorityConfig, Directory, PresenceChange};
 use domain::cluster::{ClusterView, HashSlot};
-use domain::route::{DeviceLevel, RegisterOutcome, Route, RouteIdentity, Transport, Uid};
+use domain::presence::authority::{Authority, AuthorityConfig, Directory, PresenceChange};
+use domain::presence::route::{DeviceLevel, RegisterOutcome, Route, RouteIdentity, Transport, Uid};
 use slots::HASH_SLOTS;
 
 const T0: u64 = 1_000;

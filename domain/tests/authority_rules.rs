@@ -7,11 +7,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use domain::authority::{
+use domain::cluster::{ClusterView, HashSlot, Target};
+use domain::presence::authority::{
     Authority, AuthorityConfig, AuthorityReader, Directory, InstallOutcome, TouchResult,
 };
-use domain::cluster::{ClusterView, HashSlot, Target};
-use domain::route::{
+use domain::presence::route::{
     AuthorityError, DeviceLevel, Endpoint, OwnerActionKind, PendingToken, RegisterOutcome, Route,
     Transport, Uid,
 };

@@ -15,9 +15,11 @@
 
 use std::collections::HashMap;
 
-use domain::authority::{Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult};
 use domain::cluster::{ClusterView, HashSlot, NodeId, Target};
-use domain::route::{
+use domain::presence::authority::{
+    Authority, AuthorityConfig, AuthorityReader, Directory, TouchResult,
+};
+use domain::presence::route::{
     AuthorityError, DeviceLevel, Endpoint, PendingToken, RegisterOutcome, Route, RouteIdentity,
     Transport, Uid,
 };

@@ -1,8 +1,8 @@
 //! Loom models of the published tables' in-place write protocol
-//! (`domain/src/authority/seqline.rs`, included here with loom's atomics): a writer
+//! (`domain/src/presence/authority/seqline.rs`, included here with loom's atomics): a writer
 //! rewrites lines (version, backup line), readers read them; a reader never gets a
 //! torn value, a value of another line, or a value older than one it already got.
-//! And of the presence filter's invariant (`domain/src/authority/presence.rs`,
+//! And of the presence filter's invariant (`domain/src/presence/authority/presence.rs`,
 //! included the same way): a reader that sees a uid's endpoint sees its filter
 //! bits, through filter rebuilds too, and a lookup that happens after an insert
 //! (filter first, then the table) is never told "absent".
@@ -20,11 +20,11 @@
 use loom::sync::Arc;
 use loom::thread;
 
-#[path = "../src/authority/seqline.rs"]
+#[path = "../src/presence/authority/seqline.rs"]
 #[allow(dead_code)]
 mod seqline;
 
-#[path = "../src/authority/presence.rs"]
+#[path = "../src/presence/authority/presence.rs"]
 #[allow(dead_code)]
 mod presence;
 

@@ -10,11 +10,11 @@ mod common;
 
 use common::*;
 use domain::cluster::ClusterView;
-use domain::registry::{
+use domain::presence::registry::{
     Gone, RegisterError, Registry, RegistryConfigError, SessionHandle, SessionState,
     UnregisterQueueFull,
 };
-use domain::route::{DeviceLevel, Route};
+use domain::presence::route::{DeviceLevel, Route};
 
 fn active(reg: &mut Registry, uid: &str, sid: u64) -> SessionHandle {
     let h = reg

@@ -10,8 +10,8 @@ mod common;
 
 use common::*;
 use domain::cluster::{ClusterView, Target};
-use domain::registry::{RebuildLimits, Registry, SessionHandle};
-use domain::route::Route;
+use domain::presence::registry::{RebuildLimits, Registry, SessionHandle};
+use domain::presence::route::Route;
 use slots::hash_slot;
 
 fn active(reg: &mut Registry, v: &ClusterView, uid: &str, sid: u64) -> SessionHandle {

@@ -188,7 +188,7 @@ impl ClusterConfig {
             let e = crate::cluster::ViewError::SlotIds(self.slot_ids);
             return Err(format!("cluster.{e}"));
         }
-        let max = domain::idgen::MAX_NODE_IDS;
+        let max = domain::send::idgen::MAX_NODE_IDS;
         for (i, n) in self.nodes.iter().enumerate() {
             if n.id >= max {
                 return Err(format!(

@@ -11,7 +11,9 @@
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
 
-pub use domain::{activation, authority, channel, cluster, delivery, registry, route};
+pub use domain::cluster;
+pub use domain::presence::{activation, authority, registry, route};
+pub use domain::send::{channel, delivery};
 
 pub mod config;
 pub mod hostcheck;

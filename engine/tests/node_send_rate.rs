@@ -3,7 +3,7 @@
 //! each counted in `imrouter_sends_refused_uid_rate_total`; another uid is not
 //! affected, and the HTTP API's sends are not limited. (The bucket's arithmetic,
 //! eviction and the full table are tested with a hand-driven clock in
-//! `domain::send_rate`.)
+//! `domain::send::send_rate`.)
 
 // Test configs change a few nested fields of the defaults.
 #![allow(clippy::field_reassign_with_default)]

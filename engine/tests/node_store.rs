@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use domain::idgen::ID_EPOCH_MS;
+use domain::send::idgen::ID_EPOCH_MS;
 use engine::node::{id_generator, Node};
 use net::client::{Client, Received};
 use net::io::Backend;

@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use domain::commit::{CommitLog, LogFault, NewMessage};
+use domain::send::commit::{CommitLog, LogFault, NewMessage};
 
 /// One stored record.
 #[derive(Clone, Debug)]

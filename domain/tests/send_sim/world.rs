@@ -10,20 +10,20 @@ use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use domain::acks::{AckLimits, PendingAcks, Tracked};
-use domain::channel::{Channel, Subscribers};
 use domain::cluster::{ClusterView, NodeId, Target};
-use domain::commit::{
+use domain::presence::registry::{NewSession, Registry, RegistryConfig, SessionHandle};
+use domain::presence::route::{AuthorityError, DeviceLevel, Endpoint, SessionId, Transport, Uid};
+use domain::send::acks::{AckLimits, PendingAcks, Tracked};
+use domain::send::channel::{Channel, Subscribers};
+use domain::send::commit::{
     CommitCore, CommitLimits, CommitOutput, CommitRequest, Committed, Committing, Groups, Now,
 };
-use domain::delivery::{
+use domain::send::delivery::{
     session_id, session_shard, EndpointLookup, Lookup, LookupFailure, LookupReply, PlanLimits,
     PlanOutput, Push, PushTo,
 };
-use domain::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
-use domain::idgen::MessageIdGen;
-use domain::registry::{NewSession, Registry, RegistryConfig, SessionHandle};
-use domain::route::{AuthorityError, DeviceLevel, Endpoint, SessionId, Transport, Uid};
+use domain::send::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
+use domain::send::idgen::MessageIdGen;
 use proto::wkproto::{Flags, ReasonCode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -843,7 +843,7 @@ impl Sim {
             self.new_request()
         };
         let idx = self.reqs.len();
-        let sender = r.sender.map(|s| domain::delivery::Sender {
+        let sender = r.sender.map(|s| domain::send::delivery::Sender {
             node_id: NODE,
             boot_id: BOOT,
             session_id: self.sessions[s].id,

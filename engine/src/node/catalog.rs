@@ -28,7 +28,7 @@ impl UserTokens {
     }
 }
 
-pub use domain::channel::Subscribers;
+pub use domain::send::channel::Subscribers;
 
 struct Writers {
     store: MetaStore,

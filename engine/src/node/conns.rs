@@ -24,7 +24,7 @@ use wheel::TimerHandle;
 use crate::activation::{ActivationId, Event};
 use crate::registry::SessionHandle;
 use crate::route::{SessionId, Uid};
-use domain::connection::{self, ConnPhase, FrameAction, FrameKind};
+use domain::presence::connection::{self, ConnPhase, FrameAction, FrameKind};
 
 use super::connect::OwnedConnect;
 use super::msg::Msg;
@@ -73,7 +73,7 @@ pub(crate) struct Conn {
     /// SENDs waiting for their SENDACK (bounded by `sends_in_flight_per_conn_max`).
     pub sends_in_flight: u32,
     /// How fast this connection may start sending to new channels.
-    pub new_channels: domain::new_channels::NewChannelGate,
+    pub new_channels: domain::send::new_channels::NewChannelGate,
     /// The JSON-RPC codec of a WebSocket connection whose first message was text;
     /// `None`: binary wkproto.
     pub jsonrpc: Option<Box<JsonRpc>>,
@@ -330,7 +330,7 @@ impl NodeShard {
     }
 
     /// One decoded frame of connection `id` after its CONNECT: the table
-    /// (`domain::connection::on_frame`) says what it does in the connection's
+    /// (`domain::presence::connection::on_frame`) says what it does in the connection's
     /// phase; this carries it out.
     fn on_frame(
         &mut self,

@@ -28,8 +28,8 @@ use crate::route::{AuthorityError, BootId};
 use super::msg::{Msg, Pending, Remote, ReplyHop, ReplyTo, RequestHop, SendAck};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
-use domain::delivery::LookupReply;
 use domain::hop::{self, HopKind, NoAnswer, NoAnswerAction as Action};
+use domain::send::delivery::LookupReply;
 
 /// The hop a request's [`Pending`] waits for.
 fn pending_kind(pending: &Pending) -> HopKind {

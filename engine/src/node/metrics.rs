@@ -237,7 +237,11 @@ impl ShardMetrics {
     /// Mirrors the IO driver's counters (called once per loop turn; stores only
     /// what changed).
     /// Mirrors the presence filter counts of this shard's reader and authority.
-    pub fn record_presence_filter(&self, lookups: domain::authority::FilterCounts, rebuilds: u64) {
+    pub fn record_presence_filter(
+        &self,
+        lookups: domain::presence::authority::FilterCounts,
+        rebuilds: u64,
+    ) {
         self.lookups_filter_skipped.set(lookups.skipped);
         self.lookups_filter_false_positives
             .set(lookups.false_positives);

@@ -79,7 +79,7 @@ pub struct SessionConfig {
     /// Most authority unregisters one flush sends.
     pub unregister_batch_max: usize,
     /// Routes one shard re-registers per second at the new authority after a view
-    /// moved their hash slots (failover; `domain::registry::Registry::drain_rebuild`):
+    /// moved their hash slots (failover; `domain::presence::registry::Registry::drain_rebuild`):
     /// a token bucket of `rebuild_routes_per_s × touch_flush_interval_ms` routes,
     /// drained when the view arrives and at every touch flush.
     pub rebuild_routes_per_s: u32,
@@ -101,7 +101,7 @@ pub struct SessionConfig {
     /// with SENDACK 22 (RateLimit), which clients retry.
     pub sends_in_flight_per_conn_max: u32,
     /// SENDs one uid may make per second through one gateway shard (token bucket,
-    /// `domain::send_rate`; 0: no limit). Over it: SENDACK 22 (RateLimit), counted in
+    /// `domain::send::send_rate`; 0: no limit). Over it: SENDACK 22 (RateLimit), counted in
     /// `sends_refused_uid_rate`. Kept per shard: a uid with devices on k shards may
     /// send up to k times this. HTTP API sends are not limited. The default is above
     /// WuKongIM's published load tests (400 SENDs/s per sending uid).
@@ -147,9 +147,9 @@ pub(crate) fn at_least_one(section: &str, limits: &[(&str, u64)]) -> Result<(), 
 }
 
 impl SessionConfig {
-    /// The gateway's new-channel budget per connection (`domain::new_channels`).
-    pub fn new_channel_limits(&self) -> domain::new_channels::NewChannelLimits {
-        domain::new_channels::NewChannelLimits {
+    /// The gateway's new-channel budget per connection (`domain::send::new_channels`).
+    pub fn new_channel_limits(&self) -> domain::send::new_channels::NewChannelLimits {
+        domain::send::new_channels::NewChannelLimits {
             per_s: self.new_channels_per_conn_per_s,
             burst: self.new_channels_per_conn_burst,
             recent: self.recent_channels_per_conn,
@@ -158,18 +158,18 @@ impl SessionConfig {
 
     /// The rebuild's token bucket: `rebuild_routes_per_s`, a flush interval's worth
     /// at once, batches of `touch_batch_max_routes`.
-    pub fn rebuild_limits(&self) -> domain::registry::RebuildLimits {
+    pub fn rebuild_limits(&self) -> domain::presence::registry::RebuildLimits {
         let burst = u64::from(self.rebuild_routes_per_s) * self.touch_flush_interval_ms / 1000;
-        domain::registry::RebuildLimits {
+        domain::presence::registry::RebuildLimits {
             routes_per_s: self.rebuild_routes_per_s,
             burst_routes: burst.clamp(1, u64::from(u32::MAX)) as u32,
             batch_max_routes: self.touch_batch_max_routes,
         }
     }
 
-    /// The gateway's SEND rate per uid (`domain::send_rate`).
-    pub fn send_rate_limits(&self) -> domain::send_rate::SendRateLimits {
-        domain::send_rate::SendRateLimits {
+    /// The gateway's SEND rate per uid (`domain::send::send_rate`).
+    pub fn send_rate_limits(&self) -> domain::send::send_rate::SendRateLimits {
+        domain::send::send_rate::SendRateLimits {
             per_s: self.sends_per_uid_per_s,
             burst: self.sends_per_uid_burst,
             uids_max: self.send_rate_uids_per_shard_max,
@@ -269,8 +269,11 @@ impl Default for DeliveryConfig {
 
 impl DeliveryConfig {
     /// The commit core's limits, with the log's fsync policy.
-    pub fn commit_limits(&self, log: &crate::store::LogConfig) -> domain::commit::CommitLimits {
-        domain::commit::CommitLimits {
+    pub fn commit_limits(
+        &self,
+        log: &crate::store::LogConfig,
+    ) -> domain::send::commit::CommitLimits {
+        domain::send::commit::CommitLimits {
             answer_after_sync: matches!(log.fsync, crate::store::FsyncPolicy::Always),
             commits_unsynced_max: self.commits_unsynced_max,
             delivery_backlog_max: self.delivery_backlog_max,
@@ -674,8 +677,8 @@ pub fn id_generator(config: &NodeConfig, shard: usize) -> io::Result<MessageIdGe
     .ok_or_else(|| {
         io::Error::other(format!(
             "message ids need node_id < {} and at most {} shards",
-            domain::idgen::MAX_NODE_IDS,
-            domain::idgen::MAX_SHARDS
+            domain::send::idgen::MAX_NODE_IDS,
+            domain::send::idgen::MAX_SHARDS
         ))
     })
 }

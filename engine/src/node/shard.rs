@@ -80,7 +80,8 @@ pub struct NodeShard {
     pub(crate) conns: Vec<Option<Conn>>,
     /// This shard's sessions (pending and active) → their connection; node-assigned
     /// ids, so the fast unkeyed hasher (looked up once per RECV).
-    pub(crate) session_conns: HashMap<SessionId, ConnId, domain::authority::FxBuildHasher>,
+    pub(crate) session_conns:
+        HashMap<SessionId, ConnId, domain::presence::authority::FxBuildHasher>,
     /// Activations running on this shard, with their connection.
     pub(super) activations: HashMap<ActivationId, (Activation, ConnId)>,
     /// Replies of authority calls served on this shard itself, fed back in order.
@@ -99,10 +100,10 @@ pub struct NodeShard {
     /// Scratch buffer for a frame translated to JSON-RPC (`conns::write_json`).
     pub(super) json_buf: Vec<u8>,
     pub(crate) commit: CommitSide,
-    /// This gateway's credits of SENDs in flight (`domain::gateway`).
-    pub(crate) credits: domain::gateway::SendCredits,
-    /// This gateway's SEND rates by uid (`domain::send_rate`).
-    pub(crate) send_rate: domain::send_rate::SendRate,
+    /// This gateway's credits of SENDs in flight (`domain::send::gateway`).
+    pub(crate) credits: domain::send::gateway::SendCredits,
+    /// This gateway's SEND rates by uid (`domain::send::send_rate`).
+    pub(crate) send_rate: domain::send::send_rate::SendRate,
     /// What this shard's pending-ACK entries are charged (bounded by
     /// `pending_acks_budget_bytes_per_shard`; see `send::PendingAcks`).
     pub(crate) pending_ack_bytes: usize,
@@ -149,7 +150,7 @@ impl NodeShard {
         );
         let reader = authority.reader();
         let peers = super::peers::new_for_shard(&shared, me);
-        let credits = domain::gateway::SendCredits::new(
+        let credits = domain::send::gateway::SendCredits::new(
             me,
             shared.slot_map.shard_count() as usize,
             cfg.delivery.commit_credits_per_peer,
@@ -157,7 +158,7 @@ impl NodeShard {
         );
         Ok(NodeShard {
             credits,
-            send_rate: domain::send_rate::SendRate::new(cfg.session.send_rate_limits()),
+            send_rate: domain::send::send_rate::SendRate::new(cfg.session.send_rate_limits()),
             pending_ack_bytes: 0,
             ack_resend_buf: Vec::new(),
             me,

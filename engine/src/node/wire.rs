@@ -61,7 +61,7 @@ pub enum Request {
 /// A SEND forwarded from the gateway's node to the channel's home: the commit
 /// request the home's commit core takes (the sending session in `sender`), its
 /// answer's address named there.
-pub type ForwardedSend = domain::commit::CommitRequest<()>;
+pub type ForwardedSend = domain::send::commit::CommitRequest<()>;
 
 /// A message that needs no answer (decoded; [`OneWayRef`] encodes it without a
 /// copy).

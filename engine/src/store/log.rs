@@ -322,7 +322,7 @@ fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> LogError {
     move |source| LogError::Io { op, source }
 }
 
-pub use domain::commit::NewMessage;
+pub use domain::send::commit::NewMessage;
 
 /// What [`MessageLog::append`] assigned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! - [`record`]: the on-disk record format (fixed `bytemuck` header + fields, CRC-32).
 //! - [`layout`]: `DATA_DIR/layout.toml`, the shard count the data was written with;
 //!   a start with another one is refused.
-//! - [`refill_idempotency`]: the idempotency window (`domain::idempotency`) refilled
+//! - [`refill_idempotency`]: the idempotency window (`domain::send::idempotency`) refilled
 //!   from a log at start.
 //! - [`meta`]: [`MetaStore`], tokens and subscribers with a fsynced journal and snapshots.
 //!
@@ -23,8 +23,8 @@ pub mod log;
 pub mod meta;
 pub mod record;
 
-pub use domain::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
-pub use domain::idgen::MessageIdGen;
+pub use domain::send::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
+pub use domain::send::idgen::MessageIdGen;
 pub use fsutil::create_private_dir_all;
 pub use log::{
     log_dir, AppendedMessage, FsyncPolicy, LogConfig, LogError, LogPosition, LogStats, MessageLog,

@@ -1,9 +1,9 @@
 //! The events' JSON, as WuKongIM's webhooks send them.
 
 use base64::Engine as _;
-use domain::authority::PresenceChange;
-use domain::commit::Committed;
-use domain::route::Uid;
+use domain::presence::authority::PresenceChange;
+use domain::presence::route::Uid;
+use domain::send::commit::Committed;
 use domain::webhook::Event;
 use proto::wkproto::Flags;
 use serde_json::json;

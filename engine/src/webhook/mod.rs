@@ -2,11 +2,11 @@
 //! JSON body, to the application's receiver.
 //!
 //! - `msg.offline`: a committed message and `to_uids`, its recipients that had no
-//!   route when its delivery was planned (`domain::delivery::PlanOutput::Offline`,
+//!   route when its delivery was planned (`domain::send::delivery::PlanOutput::Offline`,
 //!   the planner's own lookups), sent by the node that committed it (the channel's
 //!   home): one request per message.
 //! - `user.onlinestatus`: route changes at the uid's authority
-//!   (`domain::authority::PresenceChange`) as WuKongIM's strings
+//!   (`domain::presence::authority::PresenceChange`) as WuKongIM's strings
 //!   `uid-device_flag-online-session_id-device_online-total_online`, batched; the
 //!   counts are every node's, so the authority sends them, not the session's owner.
 //!
@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use domain::authority::PresenceChange;
-use domain::commit::Committed;
-use domain::route::Uid;
+use domain::presence::authority::PresenceChange;
+use domain::presence::route::Uid;
+use domain::send::commit::Committed;
 use domain::webhook::{EventKind, QueueLimits};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;

@@ -1,5 +1,5 @@
 //! Step 2 and 3 of a SEND, on the channel's commit shard: the driver of
-//! `domain::commit::CommitCore` (and its delivery planner). It hands the core each
+//! `domain::send::commit::CommitCore` (and its delivery planner). It hands the core each
 //! [`Commit`], ends each loop turn with it (group commit), runs its sync jobs on the
 //! shard's syncer thread, and carries its outputs: SENDACKs to the gateways, API
 //! replies, push batches to the owner shards (or to [`super::owner`] for this
@@ -13,8 +13,8 @@ use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 use slots::ShardId;
 
-use domain::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
-use domain::delivery::{
+use domain::send::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
+use domain::send::delivery::{
     link_room, EndpointLookup, Lookup, LookupReply, PlanLimits, PlanOutput, Push, PushTo,
 };
 
@@ -33,7 +33,7 @@ use super::super::wire;
 use super::{ApiSendResult, Commit, MessageSyncRequest, Origin};
 
 /// The commit core of this shard, over its message log.
-pub type CommitCore = domain::commit::CommitCore<MessageLog, Origin>;
+pub type CommitCore = domain::send::commit::CommitCore<MessageLog, Origin>;
 
 /// The commit side of one shard: the core, the syncer that runs its log's syncs, and
 /// the buffers its outputs go through (reused: nothing allocated per message here).
@@ -127,7 +127,7 @@ impl EndpointLookup for TimedLookup<'_> {
 
     fn endpoints_by_hashed_groups_into(
         &mut self,
-        lookups: &[domain::delivery::HashedGroup<'_>],
+        lookups: &[domain::send::delivery::HashedGroup<'_>],
         endpoints: &mut Vec<Endpoint>,
         results: &mut Vec<Result<std::ops::Range<usize>, AuthorityError>>,
     ) {
@@ -279,7 +279,7 @@ fn carry_outputs(
 /// The core's counters and the log's inline segment creations, as metrics.
 fn publish_commit_counts(node: &mut NodeShard) {
     let counts = node.commit.core.take_counts();
-    if counts != domain::commit::CommitCounts::default() {
+    if counts != domain::send::commit::CommitCounts::default() {
         node.metrics.sends_deduplicated.add(counts.deduplicated);
         node.metrics
             .commits_refused_backlog

@@ -8,8 +8,8 @@ use shard::runtime::Context;
 
 use crate::channel::Channel;
 use crate::delivery::Sender;
-use domain::gateway::{SendCredits, SendRoute};
-use domain::send_rate::Verdict;
+use domain::send::gateway::{SendCredits, SendRoute};
+use domain::send::send_rate::Verdict;
 
 use super::super::msg::Pending;
 use super::super::msg::{Msg, SendAck};
@@ -119,13 +119,13 @@ fn commit_request<A>(
     p: &SendPacket<'_>,
     s: SendOf,
     answer_to: A,
-) -> domain::commit::CommitRequest<A> {
+) -> domain::send::commit::CommitRequest<A> {
     let sender = Sender {
         node_id: node.shared.config.node_id,
         boot_id: node.shared.boot_id,
         session_id: s.session_id,
     };
-    domain::commit::CommitRequest {
+    domain::send::commit::CommitRequest {
         answer_to,
         sender: Some(sender),
         from_uid: s.uid,
@@ -156,10 +156,10 @@ fn forward_request(
     (commit_request(node, p, s, ()), pending)
 }
 
-/// How fast this connection starts new channels (`domain::new_channels`).
+/// How fast this connection starts new channels (`domain::send::new_channels`).
 fn admit_new_channel(node: &mut NodeShard, id: ConnId, channel: &Channel, now_ms: u64) -> bool {
     let limits = node.shared.config.session.new_channel_limits();
-    let hash = domain::new_channels::channel_hash(channel.channel_type(), channel.key());
+    let hash = domain::send::new_channels::channel_hash(channel.channel_type(), channel.key());
     node.conn_mut(id)
         .is_some_and(|c| c.new_channels.admit(limits, hash, now_ms))
 }
@@ -186,7 +186,7 @@ fn open_payload(node: &NodeShard, id: ConnId, p: &SendPacket<'_>) -> Result<Vec<
     Ok(plain)
 }
 
-/// Credits (`domain::gateway`): the connection's SENDs in flight, and this shard's
+/// Credits (`domain::send::gateway`): the connection's SENDs in flight, and this shard's
 /// towards `to` (each reserves room for its SENDACK on the way back).
 fn take_credit(node: &mut NodeShard, id: ConnId, to: slots::ShardId) -> bool {
     let Some(conn) = node

@@ -4,18 +4,18 @@
 //! log's syncer, the socket or the API:
 //!
 //! 1. [`gateway`] (the sender's shard): resolve the channel, the uid's SEND rate
-//!    (`domain::send_rate`), the connection's
-//!    new-channel budget (`domain::new_channels`), msg_key and decryption
+//!    (`domain::send::send_rate`), the connection's
+//!    new-channel budget (`domain::send::new_channels`), msg_key and decryption
 //!    (`proto::crypto`), the credits of SENDs in flight; a [`Commit`] to the channel's
 //!    commit shard. Later the SENDACK back to the connection.
 //! 2. [`commit`] (the channel's commit shard, `hash_slot(channel key) % shards`): the
-//!    commit core (`domain::commit::CommitCore`: permission, back-pressure,
+//!    commit core (`domain::send::commit::CommitCore`: permission, back-pressure,
 //!    idempotency, ids and seqs, the sync policy) and its delivery planner
-//!    (`domain::delivery::Planner`: subscriber pages, one lookup each, push batches
+//!    (`domain::send::delivery::Planner`: subscriber pages, one lookup each, push batches
 //!    by owner), driven once per loop turn.
 //! 3. [`owner`] (the shard holding the recipient's connection): revalidate each
 //!    endpoint, encrypt for its session, write RECV, and the pending RECVACKs
-//!    (`domain::acks::PendingAcks`: re-sends with DUP, then drop; the client
+//!    (`domain::send::acks::PendingAcks`: re-sends with DUP, then drop; the client
 //!    recovers by sync).
 
 pub mod commit;
@@ -35,7 +35,7 @@ pub use commit::{
     flush_commits, flush_commits_for_stop, on_commit, on_forwarded_send, on_log_sync_timer,
     on_lookup_reply, on_message_sync, pump_deliveries, CommitSide,
 };
-pub use domain::commit::Committed;
+pub use domain::send::commit::Committed;
 pub use gateway::{on_send, on_sendack};
 pub use owner::{
     observe_socket_writes, on_ack_timeout, on_push, on_recvack, on_remote_push, PendingAcks,
@@ -66,7 +66,7 @@ pub struct ApiSendResult {
 }
 
 /// A message to commit, as the commit core takes it.
-pub type CommitRequest = domain::commit::CommitRequest<Origin>;
+pub type CommitRequest = domain::send::commit::CommitRequest<Origin>;
 
 /// A commit on its way to the channel's commit shard ([`super::msg::Msg::Commit`]).
 pub struct Commit {

@@ -1,7 +1,7 @@
 //! Step 4 and 5 of a SEND, on the shard holding the recipient's connection: each
 //! pushed endpoint is revalidated against this shard's registry (a stale endpoint
 //! never reaches a newer session), the RECV encrypted for its session and queued on
-//! the socket; the pending RECVACKs (`domain::acks::PendingAcks`) re-send with DUP
+//! the socket; the pending RECVACKs (`domain::send::acks::PendingAcks`) re-send with DUP
 //! on their timer, a bounded number of times, then drop (the client recovers by
 //! sync).
 
@@ -18,12 +18,12 @@ use super::super::msg::Msg;
 use super::super::shard::{ConnState, NodeShard, NodeTimer};
 use super::Committed;
 
-/// The unacknowledged RECVs of one session (`domain::acks`).
-pub type PendingAcks = domain::acks::PendingAcks<Arc<Committed>>;
+/// The unacknowledged RECVs of one session (`domain::send::acks`).
+pub type PendingAcks = domain::send::acks::PendingAcks<Arc<Committed>>;
 
 /// The pending-ACK limits of `[session]`.
-fn ack_limits(s: &super::super::SessionConfig) -> domain::acks::AckLimits {
-    domain::acks::AckLimits {
+fn ack_limits(s: &super::super::SessionConfig) -> domain::send::acks::AckLimits {
+    domain::send::acks::AckLimits {
         per_session_max: s.pending_acks_per_session_max,
         shard_budget_bytes: s.pending_acks_budget_bytes_per_shard,
         timeout_ms: s.ack_timeout_ms,
@@ -220,7 +220,7 @@ fn track_ack(
     id: ConnId,
     message: &Arc<Committed>,
 ) {
-    use domain::acks::Tracked;
+    use domain::send::acks::Tracked;
     let limits = ack_limits(&node.shared.config.session);
     let now_ms = cx.now_ms();
     let mut shard_bytes = node.pending_ack_bytes;

@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
-use crate::authority::FxBuildHasher;
+use crate::presence::authority::FxBuildHasher;
 
 /// The limits (`[session] sends_per_uid_per_s`, `sends_per_uid_burst`,
 /// `send_rate_uids_per_shard_max`).

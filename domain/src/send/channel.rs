@@ -12,7 +12,7 @@ use proto::wkproto::ReasonCode;
 use slots::hash_slot;
 
 use crate::cluster::HashSlot;
-use crate::route::Uid;
+use crate::presence::route::Uid;
 
 /// channel_type of a person (one-to-one) channel.
 pub const CHANNEL_TYPE_PERSON: u8 = 1;
@@ -133,7 +133,7 @@ pub fn recv_channel_id<'a>(key: &'a str, channel_type: u8, recipient: &str) -> &
 
 /// A group's subscribers, without duplicates, kept as the delivery planner reads
 /// them: grouped by hash slot (ascending; uids sorted within a slot), each with
-/// its hash slot and its table hash ([`uid_hash`](crate::authority::uid_hash))
+/// its hash slot and its table hash ([`uid_hash`](crate::presence::authority::uid_hash))
 /// computed once, when the list is built (the catalog builds it when the list is
 /// published), so planning a page hashes nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -168,7 +168,7 @@ impl Subscribers {
             if s.runs.last().is_none_or(|r| r.0 != slot) {
                 s.runs.push((slot, s.uids.len() as u32));
             }
-            s.hashes.push(crate::authority::uid_hash(&uid));
+            s.hashes.push(crate::presence::authority::uid_hash(&uid));
             s.uids.push(uid);
             s.runs.last_mut().expect("pushed").1 += 1;
         }
@@ -303,7 +303,7 @@ mod tests {
         assert_eq!((s.len(), s.is_empty()), (500, false), "duplicates dropped");
         assert!(Subscribers::new(Vec::new()).is_empty());
         for (u, h) in s.uids().iter().zip(s.hashes()) {
-            assert_eq!(*h, crate::authority::uid_hash(u));
+            assert_eq!(*h, crate::presence::authority::uid_hash(u));
         }
         for i in 0..520 {
             assert_eq!(s.contains(&format!("m{i}")), i < 500, "m{i}");

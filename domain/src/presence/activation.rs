@@ -61,8 +61,8 @@
 //! `domain/tests/authority_rules.rs` or `activation_rules.rs`).
 
 use crate::cluster::{ClusterView, Target};
-use crate::registry::{NewSession, RegisterError, Registry, SessionHandle};
-use crate::route::{
+use crate::presence::registry::{NewSession, RegisterError, Registry, SessionHandle};
+use crate::presence::route::{
     AuthorityError, OwnerAction, OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity,
 };
 
@@ -576,7 +576,7 @@ impl Activation {
         let live = self
             .handle
             .and_then(|h| registry.state(h))
-            .is_some_and(|s| s == crate::registry::SessionState::Pending);
+            .is_some_and(|s| s == crate::presence::registry::SessionState::Pending);
         if !live {
             // Do not make a route active for a session that is gone.
             self.fail(

@@ -37,7 +37,7 @@
 //! # Delivery
 //!
 //! An answered message joins the backlog of the core's planner
-//! ([`crate::delivery::Planner`]). The driver calls [`CommitCore::pump`] every turn
+//! ([`crate::send::delivery::Planner`]). The driver calls [`CommitCore::pump`] every turn
 //! while anything is delivering and carries its outputs: each `PlanOutput::Push` to
 //! its owner (this shard, a shard's ring, another node), each `PlanOutput::Lookup`
 //! (EndpointsByTargets for the page's groups led by another node) to that node,
@@ -60,14 +60,14 @@ use std::sync::Arc;
 
 use proto::wkproto::{Flags, ReasonCode};
 
-use crate::channel::{recv_channel_id, Channel, Subscribers};
 use crate::cluster::ClusterView;
-use crate::delivery::{
+use crate::presence::route::Uid;
+use crate::send::channel::{recv_channel_id, Channel, Subscribers};
+use crate::send::delivery::{
     EndpointLookup, LookupReply, PlanCounts, PlanLimits, PlanOutput, Planner, PushTo, Sender,
 };
-use crate::idempotency::{FirstSend, IdempotencyWindow, SentIds};
-use crate::idgen::MessageIdGen;
-use crate::route::Uid;
+use crate::send::idempotency::{FirstSend, IdempotencyWindow, SentIds};
+use crate::send::idgen::MessageIdGen;
 
 /// A committed message, shared by every push batch of its fan-out (and carried by
 /// the owner-push hop to other nodes: plaintext, never a session key).
@@ -93,7 +93,7 @@ pub struct Committed {
 }
 
 /// A RECV's message as the pending-ACK machine sees it.
-impl crate::acks::AckMessage for Arc<Committed> {
+impl crate::send::acks::AckMessage for Arc<Committed> {
     fn message_id(&self) -> i64 {
         self.message_id
     }
@@ -415,7 +415,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         work
     }
 
-    /// A reply to one of the planner's [`Lookup`](crate::delivery::Lookup)s, or the
+    /// A reply to one of the planner's [`Lookup`](crate::send::delivery::Lookup)s, or the
     /// driver's failure for it ([`Planner::on_lookup_reply`]): returns whether it
     /// was awaited (else it is ignored and counted). Pump again afterwards: the
     /// page may be complete.
@@ -796,9 +796,9 @@ mod tests {
 
     use super::*;
     use crate::cluster::ClusterView;
-    use crate::delivery::{PushTo, SESSION_SHARD_SHIFT};
-    use crate::idempotency::IdempotencyConfig;
-    use crate::route::{AuthorityError, Endpoint};
+    use crate::presence::route::{AuthorityError, Endpoint};
+    use crate::send::delivery::{PushTo, SESSION_SHARD_SHIFT};
+    use crate::send::idempotency::IdempotencyConfig;
 
     /// An in-memory log: records per channel key, a durable prefix, failures on demand.
     #[derive(Default)]
@@ -910,7 +910,7 @@ mod tests {
         let channel = if channel.starts_with('g') {
             Channel::Group { id: channel.into() }
         } else {
-            Channel::resolve(from, channel, crate::channel::CHANNEL_TYPE_PERSON).unwrap()
+            Channel::resolve(from, channel, crate::send::channel::CHANNEL_TYPE_PERSON).unwrap()
         };
         CommitRequest {
             answer_to: to,
@@ -1203,7 +1203,7 @@ mod tests {
                     endpoints.push(Endpoint {
                         uid: uid.clone(),
                         device_flag: 0,
-                        device_level: crate::route::DeviceLevel::Master,
+                        device_level: crate::presence::route::DeviceLevel::Master,
                         node_id: 1,
                         boot_id: 7,
                         session_id: (shard << SESSION_SHARD_SHIFT) | 100,
@@ -1302,7 +1302,7 @@ mod tests {
         assert!(planned.is_empty());
         let charged = c.backlog_bytes();
         assert!(charged > 0, "the waiting message keeps its charge");
-        let reply = LookupReply::Failed(crate::delivery::LookupFailure::PeerDown);
+        let reply = LookupReply::Failed(crate::send::delivery::LookupFailure::PeerDown);
         assert!(c.on_lookup_reply(id, reply.clone()));
         assert!(!c.on_lookup_reply(id, reply), "a second reply is ignored");
         assert_eq!(

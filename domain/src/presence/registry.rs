@@ -33,7 +33,7 @@
 //! One monotonic counter per registry (starting at 1) allocates every owner_seq of this
 //! shard's identities. A session's **route owner_seq** is drawn when it is registered
 //! pending ([`SessionInfo::owner_seq`]); the route registered at the authority, every
-//! touch of it and the [`Endpoint`](crate::route::Endpoint) a lookup returns carry that
+//! touch of it and the [`Endpoint`](crate::presence::route::Endpoint) a lookup returns carry that
 //! same value, so a route rebuilt by a touch on a new authority is indistinguishable
 //! from the registered one and revalidates. (Touches carry the register's seq, not a
 //! higher one: the authority accepts a touch whose seq equals the identity's last seq,
@@ -53,9 +53,9 @@ use std::sync::Arc;
 
 use slots::{hash_slot, HASH_SLOTS};
 
-use crate::activation::AuthorityRequest;
 use crate::cluster::{ClusterView, HashSlot, NodeId, Target};
-use crate::route::{
+use crate::presence::activation::AuthorityRequest;
+use crate::presence::route::{
     BootId, DeviceLevel, OwnerSeq, Route, RouteIdentity, SessionId, Transport, Uid,
 };
 
@@ -755,7 +755,7 @@ impl Registry {
     /// Deactivation (rule 32): removes the session locally first (delivery stops
     /// seeing it at once), then, if its route was committed at the authority, queues
     /// the authority unregister with a fresh owner_seq. A pending session's
-    /// authority side belongs to its activation (see [`crate::activation`]).
+    /// authority side belongs to its activation (see [`crate::presence::activation`]).
     pub fn deactivate(&mut self, handle: SessionHandle, now_ms: u64) -> Option<SessionInfo> {
         let (info, committed) = self.remove(handle)?;
         if committed {

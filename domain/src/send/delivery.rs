@@ -29,11 +29,11 @@ use std::sync::Arc;
 
 use slots::ShardId;
 
-use crate::authority::uid_hash;
-pub use crate::authority::HashedGroup;
 use crate::cluster::{ClusterView, NodeId, Target};
-use crate::commit::{Committed, Delivery};
-use crate::route::{AuthorityError, BootId, Endpoint, SessionId, Uid};
+use crate::presence::authority::uid_hash;
+pub use crate::presence::authority::HashedGroup;
+use crate::presence::route::{AuthorityError, BootId, Endpoint, SessionId, Uid};
+use crate::send::commit::{Committed, Delivery};
 
 /// Bits of a session id below the owner shard: `session_id = shard << 48 | counter`.
 /// The owner shard of an endpoint is read from its session id, so push batches go
@@ -328,14 +328,14 @@ pub trait EndpointLookup {
     }
 }
 
-impl EndpointLookup for crate::authority::AuthorityReader {
+impl EndpointLookup for crate::presence::authority::AuthorityReader {
     fn endpoints_by_targets_into(
         &mut self,
         lookups: &[(Target, &[Uid])],
         endpoints: &mut Vec<Endpoint>,
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     ) {
-        crate::authority::AuthorityReader::endpoints_by_targets_into(
+        crate::presence::authority::AuthorityReader::endpoints_by_targets_into(
             self, lookups, endpoints, results,
         )
     }
@@ -346,7 +346,7 @@ impl EndpointLookup for crate::authority::AuthorityReader {
         endpoints: &mut Vec<Endpoint>,
         results: &mut Vec<Result<Range<usize>, AuthorityError>>,
     ) {
-        crate::authority::AuthorityReader::endpoints_by_hashed_groups_into(
+        crate::presence::authority::AuthorityReader::endpoints_by_hashed_groups_into(
             self, lookups, endpoints, results,
         )
     }
@@ -1059,7 +1059,7 @@ fn take_found(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::DeviceLevel;
+    use crate::presence::route::DeviceLevel;
 
     fn ep(uid: &str, node_id: NodeId, shard: ShardId, n: u64) -> Endpoint {
         Endpoint {
@@ -1186,8 +1186,8 @@ mod link_room_tests {
 #[cfg(test)]
 mod planner_tests {
     use super::*;
-    use crate::channel::Subscribers;
-    use crate::route::DeviceLevel;
+    use crate::presence::route::DeviceLevel;
+    use crate::send::channel::Subscribers;
 
     /// This node; hash slot `h` is led by node `h % 3 + 1` (see [`view`]).
     const ME: NodeId = 1;
@@ -1596,9 +1596,9 @@ mod planner_tests {
         // The node's own lookup (`AuthorityReader`, not a fake): 40 subscribers over
         // many hash slots, 25 of them online with one session each, on shards 0
         // and 1; every online one is pushed to its session's shard, no one else.
-        use crate::authority::{Authority, AuthorityConfig, Directory};
         use crate::cluster::HashSlot;
-        use crate::route::{RegisterOutcome, Route, Transport};
+        use crate::presence::authority::{Authority, AuthorityConfig, Directory};
+        use crate::presence::route::{RegisterOutcome, Route, Transport};
         use slots::HASH_SLOTS;
 
         let cfg = AuthorityConfig::default();
@@ -2041,7 +2041,7 @@ mod planner_tests {
         d.subscribers = None;
         let m = Arc::get_mut(&mut d.message).unwrap();
         m.channel_type = 1;
-        m.channel_key = crate::channel::person_channel_key("zsender", &peer);
+        m.channel_key = crate::send::channel::person_channel_key("zsender", &peer);
         m.from_uid = "zsender".into();
         let mut rig = gathering(vec![d], 4);
         let (_, _, _, lookups) = rig.pump();

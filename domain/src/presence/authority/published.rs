@@ -52,7 +52,7 @@ use super::huge::{HugeBox, HugePages};
 use super::presence::{filter_key, Filter};
 use super::seqline::{Line, Lines};
 use crate::cluster::Target;
-use crate::route::{CompactEndpoint, DeviceLevel, Uid};
+use crate::presence::route::{CompactEndpoint, DeviceLevel, Uid};
 
 /// FxHash (rustc's hasher): fast for short keys such as uids. Not DoS resistant:
 /// uids are authenticated before they reach the authority, and per-uid and per-slot

@@ -88,7 +88,7 @@ pub use published::{Directory, FilterCounts, FxBuildHasher, FxHasher};
 use published::{FilterLimits, SlotView, TableWriter, NIL};
 
 use crate::cluster::{ClusterView, HashSlot, NodeId, Revision, Target};
-use crate::route::{
+use crate::presence::route::{
     AuthorityError, BootId, CompactEndpoint, DeviceLevel, Endpoint, OwnerAction, OwnerActionKind,
     OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity, SessionId, Uid,
 };
