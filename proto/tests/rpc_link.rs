@@ -51,10 +51,10 @@ fn key(bytes: &[u8], cluster: &str) -> ClusterKey {
     ClusterKey::new(ClusterSecret::new(bytes).unwrap(), id, SLOT_IDS)
 }
 
-/// The documented terms of the test cluster (id padded to 64 bytes, slot ids).
+/// The documented terms of the test cluster (id padded to 32 bytes, slot ids).
 fn terms() -> Vec<u8> {
     let mut t = CLUSTER.as_bytes().to_vec();
-    t.resize(64, 0);
+    t.resize(32, 0);
     t.extend_from_slice(&SLOT_IDS.to_le_bytes());
     t
 }

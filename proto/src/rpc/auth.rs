@@ -8,10 +8,10 @@
 //! X's cluster id zero-padded to [`CLUSTER_ID_BYTES_MAX`] bytes ‖ X's slot-id
 //! count, little-endian u32: [`TERMS_BYTES`] bytes):
 //! 1. D → L `Hello`, header from (D.node_id, D.boot_id), body `nonce_d ‖ terms_d`
-//!    (32 + 68 bytes). L refuses a node id that is not one of its peers (or is its
+//!    (32 + 36 bytes). L refuses a node id that is not one of its peers (or is its
 //!    own).
 //! 2. L → D `Challenge`, header from (L.node_id, L.boot_id), body
-//!    `nonce_l ‖ terms_l ‖ mac_l` (32 + 68 + 32 bytes). If `terms_d` differ from its
+//!    `nonce_l ‖ terms_l ‖ mac_l` (32 + 36 + 32 bytes). If `terms_d` differ from its
 //!    own, L still sends the Challenge (so D learns L's terms, authenticated), then
 //!    refuses by name: [`Refusal::OtherCluster`] or [`Refusal::OtherSlotIds`]. D
 //!    refuses a node id other than the one it dialed, `nonce_l == nonce_d` (a
@@ -69,7 +69,7 @@ pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
 pub const HANDSHAKE_FRAME_BYTES_MAX: usize = HEADER_BYTES + 256;
 
 /// The longest cluster id, in bytes (it travels zero-padded to this length).
-pub const CLUSTER_ID_BYTES_MAX: usize = 64;
+pub const CLUSTER_ID_BYTES_MAX: usize = 32;
 /// Bytes of one side's terms on the wire: the padded cluster id, the slot-id count.
 pub const TERMS_BYTES: usize = CLUSTER_ID_BYTES_MAX + 4;
 /// Bytes of a Hello body: the dialer's nonce and terms.
