@@ -59,8 +59,9 @@ fn metric(node: &Node, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
-/// Waits (bounded) until both nodes counted `name` at least twice: a refusal of the
-/// node's own dial and one of the peer's.
+/// Waits (bounded) until both nodes counted `name` at least twice: its refusals
+/// of its own dial and of the peer's (each handshake is refused by name on both
+/// nodes; which of them come first is the scheduler's choice).
 fn both_refuse(nodes: &[Node], name: &str) {
     let deadline = Instant::now() + TIMEOUT;
     for (i, node) in nodes.iter().enumerate() {
