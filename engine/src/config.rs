@@ -146,12 +146,22 @@ pub struct ClusterNode {
     pub wss_addr: Option<String>,
 }
 
-/// `[cluster]`: the nodes in config order (every node, this one included; none or
-/// only this one: a node alone, as before issue 13), how the 256 hash slots group
-/// into slot ids, and the secret the nodes authenticate each other with.
+/// The default `[cluster] id`: nodes configured before the key existed all have
+/// it, so they keep linking to each other.
+pub const CLUSTER_ID_DEFAULT: &str = "imrouter";
+
+/// `[cluster]`: the cluster's id, the nodes in config order (every node, this one
+/// included; none or only this one: a node alone, as before issue 13), how the 256
+/// hash slots group into slot ids, and the secret the nodes authenticate each
+/// other with.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
+    /// The cluster's name, 1 to 32 bytes of ASCII letters, digits, `.`, `_`, `-`
+    /// (default [`CLUSTER_ID_DEFAULT`]). Every node of a cluster has the same; the
+    /// handshake refuses a peer of another id (or another `slot_ids`) by name, so
+    /// two clusters that share a secret by mistake never link.
+    pub id: String,
     /// Required (at least 16 bytes) when there are peers; `IMROUTER_CLUSTER_SECRET`
     /// wins over it.
     pub secret: ClusterSecret,
@@ -166,6 +176,7 @@ pub struct ClusterConfig {
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
+            id: CLUSTER_ID_DEFAULT.to_string(),
             secret: ClusterSecret::default(),
             slot_ids: 64,
             nodes: Vec::new(),
@@ -180,10 +191,13 @@ impl ClusterConfig {
     }
 
     /// Checks the cluster of node `me` whose `[listen] rpc_addr` is `rpc_addr`: the
-    /// slot id count, the ids (within the message ids' node bits, each once), this
-    /// node listed with that `rpc_addr`, and a secret when there are peers. Gives
-    /// the first mistake, by its key.
+    /// cluster id, the slot id count, the ids (within the message ids' node bits,
+    /// each once), this node listed with that `rpc_addr`, and a secret when there
+    /// are peers. Gives the first mistake, by its key.
     pub fn validate(&self, me: NodeId, rpc_addr: Option<SocketAddr>) -> Result<(), String> {
+        if let Err(e) = proto::rpc::ClusterId::new(&self.id) {
+            return Err(format!("cluster.id {:?}: {e}", self.id));
+        }
         if self.slot_ids == 0 || self.slot_ids > crate::cluster::MAX_SLOT_IDS {
             let e = crate::cluster::ViewError::SlotIds(self.slot_ids);
             return Err(format!("cluster.{e}"));
@@ -462,6 +476,7 @@ mod tests {
         assert!(text.contains("rpc_addr = \"\""), "{text}");
         assert!(text.contains("[cluster]"), "{text}");
         assert!(text.contains("slot_ids = 64"), "{text}");
+        assert!(text.contains("id = \"imrouter\""), "{text}");
         let c = Config::parse(&text, |_| None)
             .unwrap()
             .to_node_config()

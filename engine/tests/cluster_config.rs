@@ -67,6 +67,7 @@ fn the_issue_keys_load_from_a_file_into_the_node_config() {
     assert_eq!(c.node_id, 2);
     assert_eq!(c.rpc_addr, Some(SocketAddr::from(([127, 0, 0, 1], 11002))));
     assert_eq!(c.cluster.slot_ids, 64);
+    assert_eq!(c.cluster.id, "imrouter", "the default cluster id");
     let ids: Vec<u64> = c.cluster.nodes.iter().map(|n| n.id).collect();
     assert_eq!(ids, [1, 2, 3]);
     let n1 = &c.cluster.nodes[0];
@@ -166,6 +167,14 @@ fn each_mistake_gets_its_own_message() {
         (
             base.replace("id = 3", "id = 1024"),
             "cluster.nodes: node id 1024 is outside the message ids' node bits (0..=1023)",
+        ),
+        (
+            base.replace("slot_ids = 64", "id = \"prod eu\"\nslot_ids = 64"),
+            "cluster.id \"prod eu\": a cluster id is 1 to 32 bytes of ASCII letters, digits",
+        ),
+        (
+            base.replace("slot_ids = 64", "id = \"\"\nslot_ids = 64"),
+            "cluster.id \"\": a cluster id is 1 to 32 bytes",
         ),
         (
             base.replace("slot_ids = 64", "slot_ids = 0"),

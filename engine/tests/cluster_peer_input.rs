@@ -60,12 +60,12 @@ fn node_1(backend: Backend) -> (Node, SocketAddr, tempfile::TempDir) {
 
 /// A link from "node 2" to node 1, handshake done; node 1's boot id.
 fn link(rpc_addr: SocketAddr) -> (TcpStream, Outbound<()>, u64) {
-    let secret = proto::rpc::auth::ClusterSecret::new(SECRET.as_bytes()).unwrap();
+    let key = support::cluster::rpc_key(SECRET.as_bytes(), SLOT_IDS);
     let me = Identity {
         node_id: 2,
         boot_id: 0x2222,
     };
-    let mut link = Outbound::new(&secret, me, 1, 0, LinkLimits::default());
+    let mut link = Outbound::new(&key, me, 1, 0, LinkLimits::default());
     let mut stream = TcpStream::connect(rpc_addr).unwrap();
     stream.set_read_timeout(Some(TIMEOUT)).unwrap();
     let mut out = Vec::new();

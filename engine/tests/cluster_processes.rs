@@ -26,9 +26,9 @@ use std::time::Duration;
 
 use net::client::{Client, Login, Received};
 use proto::rpc::auth::HANDSHAKE_FRAME_BYTES_MAX;
-use proto::rpc::{ClusterSecret, FrameLimits, Handshake, Identity, Kind, Outcome, Refusal};
+use proto::rpc::{FrameLimits, Handshake, Identity, Kind, Outcome, Refusal};
 use rand::{Rng, SeedableRng};
-use support::cluster::{find_uid, nothing_more};
+use support::cluster::{find_uid, nothing_more, rpc_key, SLOT_IDS};
 use support::processes::{Processes, NODES, SECRET};
 use support::{next_recv, next_sendack};
 
@@ -142,7 +142,7 @@ fn goodbye_reason(bytes: &[u8]) -> String {
 /// with it (over the node's real ids and nonce: a wrong-secret listener machine
 /// forges the Challenge the dialer accepts) is refused with a Goodbye and a close.
 fn wrong_secret_peer(rpc: SocketAddr, listener: u64, claimed: u64, rng: &mut impl Rng) {
-    let wrong = ClusterSecret::new(b"another-secret-of-enough-bytes").unwrap();
+    let wrong = rpc_key(b"another-secret-of-enough-bytes", SLOT_IDS);
     let me = Identity {
         node_id: claimed,
         boot_id: rng.gen(),
@@ -184,7 +184,7 @@ fn wrong_secret_peer(rpc: SocketAddr, listener: u64, claimed: u64, rng: &mut imp
 /// A dialer with the right secret whose node id is not in the cluster: refused at
 /// its Hello.
 fn unknown_node_peer(rpc: SocketAddr, listener: u64, rng: &mut impl Rng) {
-    let secret = ClusterSecret::new(SECRET.as_bytes()).unwrap();
+    let secret = rpc_key(SECRET.as_bytes(), SLOT_IDS);
     let me = Identity {
         node_id: 9,
         boot_id: rng.gen(),

@@ -214,9 +214,13 @@ fn each_bad_field_is_refused_with_its_own_reason() {
     let mut bad = valid_header_bytes();
     bad[0] = b'X';
     assert_eq!(decode(&bad, limits), Err(FrameError::BadMagic(*b"XMRN")));
-    let mut bad = valid_header_bytes();
-    bad[4] = 2;
-    assert_eq!(decode(&bad, limits), Err(FrameError::UnsupportedVersion(2)));
+    // Version 1 (before the handshake carried the cluster terms) and the next one.
+    for version in [1, WIRE_VERSION + 1] {
+        let mut bad = valid_header_bytes();
+        bad[4] = version;
+        let err = decode(&bad, limits);
+        assert_eq!(err, Err(FrameError::UnsupportedVersion(version)));
+    }
     for kind in [0u8, 7, 15, 63, 65, 255] {
         let mut bad = valid_header_bytes();
         bad[5] = kind;

@@ -12,8 +12,8 @@ use proto::rpc::auth::NONCE_BYTES;
 use proto::rpc::frame::{decode, encode, FrameError, Header, Kind, HEADER_BYTES};
 use proto::rpc::link::{deadline_at_ms, request_shard, InvalidLinkLimits};
 use proto::rpc::{
-    CloseReason, ClusterSecret, Failure, Identity, Inbound, InboundEvent, LinkEvent, LinkLimits,
-    LinkState, Outbound, Refusal, Refused, SenderMismatch,
+    CloseReason, ClusterId, ClusterKey, ClusterSecret, Failure, Identity, Inbound, InboundEvent,
+    LinkEvent, LinkLimits, LinkState, Outbound, Refusal, Refused, SenderMismatch,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -38,8 +38,25 @@ fn seed() -> u64 {
         .unwrap_or(0x1313_2027)
 }
 
-fn secret(bytes: &[u8]) -> ClusterSecret {
-    ClusterSecret::new(bytes).unwrap()
+const CLUSTER: &str = "link-test";
+const SLOT_IDS: u32 = 64;
+
+/// The key of the test cluster with the secret `bytes`.
+fn secret(bytes: &[u8]) -> ClusterKey {
+    key(bytes, CLUSTER)
+}
+
+fn key(bytes: &[u8], cluster: &str) -> ClusterKey {
+    let id = ClusterId::new(cluster).unwrap();
+    ClusterKey::new(ClusterSecret::new(bytes).unwrap(), id, SLOT_IDS)
+}
+
+/// The documented terms of the test cluster (id padded to 32 bytes, slot ids).
+fn terms() -> Vec<u8> {
+    let mut t = CLUSTER.as_bytes().to_vec();
+    t.resize(32, 0);
+    t.extend_from_slice(&SLOT_IDS.to_le_bytes());
+    t
 }
 
 fn limits() -> LinkLimits {
@@ -69,7 +86,7 @@ impl Wire {
     fn new(
         mut link: Outbound<u32>,
         to: Identity,
-        listener_secret: &ClusterSecret,
+        listener_secret: &ClusterKey,
         rng: &mut StdRng,
         now: u64,
     ) -> Wire {
@@ -881,16 +898,19 @@ fn a_wrong_secret_is_refused_on_both_sides() {
     let mut inbound = Inbound::new(&secret(SECRET), B, &[1], rng.gen(), limits(), 0);
     let nonce_d: [u8; NONCE_BYTES] = rng.gen();
     let mut challenge = Vec::new();
-    let step = inbound.on_input(&frame_from(A, Kind::Hello, 0, &nonce_d), 0, &mut challenge);
+    let hello = [&nonce_d[..], &terms()].concat();
+    let step = inbound.on_input(&frame_from(A, Kind::Hello, 0, &hello), 0, &mut challenge);
     assert_eq!(step.event, None);
     let (_, body) = &frames_in(&challenge)[0];
     let mut mac = Hmac::<Sha256>::new_from_slice(b"another secret, long enough.....").unwrap();
-    mac.update(b"imrouter rpc v1 dialer");
+    mac.update(b"imrouter rpc v2 dialer");
     for id in [A.node_id, A.boot_id, B.node_id, B.boot_id] {
         mac.update(&id.to_le_bytes());
     }
     mac.update(&nonce_d);
     mac.update(&body[..NONCE_BYTES]);
+    mac.update(&terms());
+    mac.update(&terms());
     let proof = frame_from(A, Kind::Proof, 0, &mac.finalize().into_bytes());
     let mut out = Vec::new();
     let step = inbound.on_input(&proof, 0, &mut out);
@@ -1006,4 +1026,29 @@ fn limits_are_validated_and_read_from_config() {
         }
     );
     assert!(serde_json::from_str::<LinkLimits>(r#"{"rpc_typo": 1}"#).is_err());
+}
+
+#[test]
+fn a_peer_of_another_cluster_is_refused_by_name_on_both_links() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let link = Outbound::new(&key(SECRET, "blue"), A, B.node_id, SHARD, limits());
+    let mut w = Wire::new(link, B, &key(SECRET, "green"), rng, 0);
+    w.pump(0);
+    let (blue, green) = (
+        ClusterId::new("blue").unwrap(),
+        ClusterId::new("green").unwrap(),
+    );
+    let named = |peer, ours| Refusal::OtherCluster { peer, ours };
+    assert_eq!(
+        w.link_events,
+        vec![LinkEvent::Refused(named(green, blue))],
+        "seed {seed}"
+    );
+    assert_eq!(
+        w.inbound_events,
+        vec![InboundEvent::Refused(named(blue, green))],
+        "seed {seed}"
+    );
+    assert!(w.inbound.is_closed() && w.link.state() == LinkState::Closing);
 }

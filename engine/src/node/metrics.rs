@@ -124,6 +124,13 @@ shard_metrics! {
     /// Inter-node connections refused or closed for a protocol fault: a failed
     /// handshake (wrong secret, unknown node), bytes that are not frames.
     rpc_refused,
+    /// Of `rpc_refused`, handshakes refused because the peer is of another cluster
+    /// (`[cluster] id`); the log line names both ids.
+    rpc_refused_other_cluster,
+    /// Of `rpc_refused`, handshakes refused because the peer groups the hash slots
+    /// into another number of slot ids (`[cluster] slot_ids`); the log line names
+    /// both counts.
+    rpc_refused_other_slot_ids,
     /// Inter-node links closed for a frame whose body does not decode as its kind,
     /// or holds a field no node of this cluster sends (a hash slot past 255, a route
     /// of another node than the sender registered or touched, an owner action for

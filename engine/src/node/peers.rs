@@ -27,7 +27,7 @@ use net::io::{CloseReason, ConnId, NetDriver, NetEvent, Transport};
 use proto::rpc::link::{
     request_shard, Failure, Inbound, InboundEvent, LinkEvent, LinkLimits, LinkState, Outbound,
 };
-use proto::rpc::{ClusterSecret, Identity};
+use proto::rpc::{ClusterId, ClusterKey, ClusterSecret, Identity, Refusal};
 use rand::RngCore;
 use shard::runtime::Context;
 use slots::ShardId;
@@ -56,7 +56,7 @@ struct PeerLink {
 /// This shard's links (empty on a node alone).
 pub struct Peers {
     me: Identity,
-    secret: Option<ClusterSecret>,
+    key: Option<ClusterKey>,
     limits: LinkLimits,
     peer_ids: Vec<u64>,
     links: Vec<PeerLink>,
@@ -76,19 +76,19 @@ impl Peers {
     pub fn new(
         me: Identity,
         shard: ShardId,
-        secret: Option<ClusterSecret>,
+        key: Option<ClusterKey>,
         limits: LinkLimits,
         peers: &[(NodeId, SocketAddr)],
         bounds: wire::Bounds,
     ) -> Peers {
-        let links = match &secret {
-            Some(secret) => peers
+        let links = match &key {
+            Some(key) => peers
                 .iter()
                 .map(|&(node, addr)| PeerLink {
                     node,
                     addr,
                     conn: None,
-                    link: Outbound::new(secret, me, node, shard, limits),
+                    link: Outbound::new(key, me, node, shard, limits),
                     out: Vec::new(),
                     boot_known: None,
                 })
@@ -97,7 +97,7 @@ impl Peers {
         };
         Peers {
             me,
-            secret,
+            key,
             limits,
             peer_ids: peers.iter().map(|p| p.0).collect(),
             links,
@@ -238,13 +238,13 @@ impl NodeShard {
         driver: &mut NetDriver,
         conn: ConnId,
     ) {
-        let Some(secret) = &self.peers.secret else {
+        let Some(key) = &self.peers.key else {
             return driver.close(conn);
         };
         let mut nonce = [0u8; proto::rpc::auth::NONCE_BYTES];
         self.rng.fill_bytes(&mut nonce);
         let p = &self.peers;
-        let inbound = Inbound::new(secret, p.me, &p.peer_ids, nonce, p.limits, cx.now_ms());
+        let inbound = Inbound::new(key, p.me, &p.peer_ids, nonce, p.limits, cx.now_ms());
         self.peers.inbound.insert(conn, inbound);
     }
 
@@ -317,8 +317,8 @@ impl NodeShard {
                     self.on_peer_up(cx, node);
                 }
                 Some(LinkEvent::Refused(why)) => {
-                    tracing::warn!(node = l.node, %why, "peer refused the handshake");
-                    self.metrics.rpc_refused.inc();
+                    tracing::warn!(node = l.node, %why, "handshake with a peer refused");
+                    self.count_refusal(&why);
                     return self.close_outbound(driver, i);
                 }
                 Some(LinkEvent::Close(why)) => {
@@ -328,6 +328,17 @@ impl NodeShard {
                 None if step.consumed == 0 => return,
                 None => {}
             }
+        }
+    }
+
+    /// Counts a refused handshake; one of another cluster or slot-id count also by
+    /// its own name (the log line says both values).
+    fn count_refusal(&self, why: &Refusal) {
+        self.metrics.rpc_refused.inc();
+        match why {
+            Refusal::OtherCluster { .. } => self.metrics.rpc_refused_other_cluster.inc(),
+            Refusal::OtherSlotIds { .. } => self.metrics.rpc_refused_other_slot_ids.inc(),
+            _ => {}
         }
     }
 
@@ -386,7 +397,7 @@ impl NodeShard {
                 }
                 Some(InboundEvent::Refused(why)) => {
                     tracing::warn!(%why, "inter-node connection refused");
-                    self.metrics.rpc_refused.inc();
+                    self.count_refusal(&why);
                     return driver.close(conn);
                 }
                 Some(InboundEvent::Close(why)) => {
@@ -578,9 +589,15 @@ pub fn new_for_shard(shared: &super::NodeShared, me: ShardId) -> Peers {
         .peers(cfg.node_id)
         .map(|n| (n.id, n.rpc_addr))
         .collect();
-    let secret = (!peers.is_empty())
-        .then(|| ClusterSecret::new(cfg.cluster.secret.expose()).ok())
-        .flatten();
+    // Both were validated with the config.
+    let secret = ClusterSecret::new(cfg.cluster.secret.expose()).ok();
+    let id = ClusterId::new(&cfg.cluster.id).ok();
+    let key = match (secret, id) {
+        (Some(secret), Some(id)) if !peers.is_empty() => {
+            Some(ClusterKey::new(secret, id, cfg.cluster.slot_ids))
+        }
+        _ => None,
+    };
     let me_id = Identity {
         node_id: cfg.node_id,
         boot_id: shared.boot_id,
@@ -592,7 +609,7 @@ pub fn new_for_shard(shared: &super::NodeShared, me: ShardId) -> Peers {
         nodes: cfg.cluster.nodes.iter().map(|n| n.id).collect(),
         slot_ids: cfg.cluster.slot_ids,
     };
-    Peers::new(me_id, me, secret, cfg.rpc, &peers, bounds)
+    Peers::new(me_id, me, key, cfg.rpc, &peers, bounds)
 }
 
 /// Whether an accepted connection is an inter-node one.

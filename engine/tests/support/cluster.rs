@@ -14,6 +14,17 @@ const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The test clusters' `[cluster] slot_ids`.
 pub const SLOT_IDS: u32 = 64;
 
+/// The handshake key a test dialing a node as its peer uses: the node's secret,
+/// the default `[cluster] id` and `slot_ids`.
+pub fn rpc_key(secret: &[u8], slot_ids: u32) -> proto::rpc::ClusterKey {
+    let id = proto::rpc::ClusterId::new(engine::config::CLUSTER_ID_DEFAULT).unwrap();
+    proto::rpc::ClusterKey::new(
+        proto::rpc::ClusterSecret::new(secret).unwrap(),
+        id,
+        slot_ids,
+    )
+}
+
 /// Free loopback ports for the nodes to bind, below the kernel's ephemeral range
 /// (no outgoing connection or port-0 bind takes one meanwhile).
 pub fn free_ports(n: usize) -> Vec<u16> {

@@ -1,15 +1,23 @@
 //! Authentication of an inter-node connection, before anything else is served:
 //! a challenge-response with HMAC-SHA256 keyed by the cluster secret, nonces both
-//! ways, both node ids and both boot ids bound into both MACs. Sans-IO: the
-//! caller supplies the nonce (32 random bytes) and moves the bytes.
+//! ways, both node ids and both boot ids bound into both MACs, and both sides'
+//! cluster terms (cluster id, slot-id count) carried and bound in too. Sans-IO:
+//! the caller supplies the nonce (32 random bytes) and moves the bytes.
 //!
-//! The transcript (D = dialer, L = listener; ids little-endian u64):
-//! 1. D → L `Hello`, header from (D.node_id, D.boot_id), body `nonce_d` (32 bytes).
-//!    L refuses a node id that is not one of its peers (or is its own).
+//! The transcript (D = dialer, L = listener; ids little-endian u64; `terms_x` =
+//! X's cluster id zero-padded to [`CLUSTER_ID_BYTES_MAX`] bytes ‖ X's slot-id
+//! count, little-endian u32: [`TERMS_BYTES`] bytes):
+//! 1. D → L `Hello`, header from (D.node_id, D.boot_id), body `nonce_d ‖ terms_d`
+//!    (32 + 36 bytes). L refuses a node id that is not one of its peers (or is its
+//!    own).
 //! 2. L → D `Challenge`, header from (L.node_id, L.boot_id), body
-//!    `nonce_l ‖ mac_l` (32 + 32 bytes). D refuses a node id other than the one it
-//!    dialed, `nonce_l == nonce_d` (a reflected Hello), and a `mac_l` that does not
-//!    verify; otherwise it is established with (L.node_id, L.boot_id).
+//!    `nonce_l ‖ terms_l ‖ mac_l` (32 + 36 + 32 bytes). If `terms_d` differ from its
+//!    own, L still sends the Challenge (so D learns L's terms, authenticated), then
+//!    refuses by name: [`Refusal::OtherCluster`] or [`Refusal::OtherSlotIds`]. D
+//!    refuses a node id other than the one it dialed, `nonce_l == nonce_d` (a
+//!    reflected Hello), a `mac_l` that does not verify, then terms other than its
+//!    own, by name as L does; otherwise it is established with (L.node_id,
+//!    L.boot_id).
 //! 3. D → L `Proof`, header from (D.node_id, D.boot_id) again, body `mac_d` (32
 //!    bytes). L refuses other ids than the Hello's and a `mac_d` that does not
 //!    verify; otherwise it is established with (D.node_id, D.boot_id).
@@ -19,17 +27,27 @@
 //! handshake are left to the caller (`Step::consumed`).
 //!
 //! `mac_x = HMAC-SHA256(secret, label_x ‖ D.node_id ‖ D.boot_id ‖ L.node_id ‖
-//! L.boot_id ‖ nonce_d ‖ nonce_l)` with `label_l = "imrouter rpc v1 listener"` and
-//! `label_d = "imrouter rpc v1 dialer"`: distinct labels, so one side's MAC is never
-//! the other's (a reflected Challenge or Proof fails); fresh nonces on both sides,
-//! so a recorded transcript replayed to either side fails; the ids inside the MAC,
-//! so a peer (or a man in the middle rewriting headers) claiming other ids fails.
-//! MACs are compared in constant time (`subtle`).
+//! L.boot_id ‖ nonce_d ‖ nonce_l ‖ terms_d ‖ terms_l)` with `label_l = "imrouter rpc
+//! v2 listener"` and `label_d = "imrouter rpc v2 dialer"`: distinct labels, so one
+//! side's MAC is never the other's (a reflected Challenge or Proof fails); fresh
+//! nonces on both sides, so a recorded transcript replayed to either side fails;
+//! the ids inside the MAC, so a peer (or a man in the middle rewriting headers)
+//! claiming other ids fails; both sides' terms inside the MAC, so terms rewritten
+//! on the way fail (the dialer names another cluster or slot-id count only once
+//! the listener's MAC vouches for it; the listener names what the Hello claims,
+//! which nothing vouches for yet, and its Challenge MAC then fails at the dialer
+//! if the Hello was rewritten). MACs are compared in constant time (`subtle`).
+//!
+//! Why the terms: nodes of two clusters that share a secret by mistake, or of one
+//! cluster whose `slot_ids` differ, would route every uid to different homes
+//! without an error anywhere; they are refused instead, naming both values. The
+//! node list is not compared: membership is meant to change at run time.
 //!
 //! Any other frame before the end, a handshake frame out of order, a body of the
-//! wrong size, or a frame over [`HANDSHAKE_FRAME_BYTES_MAX`] (an unauthenticated
-//! peer cannot make the node buffer more) is a refusal: the machine writes a
-//! `Goodbye` with the reason (unless the peer sent one) and the caller closes.
+//! wrong size, a malformed cluster id, or a frame over
+//! [`HANDSHAKE_FRAME_BYTES_MAX`] (an unauthenticated peer cannot make the node
+//! buffer more) is a refusal: the machine writes a `Goodbye` with the reason
+//! (unless the peer sent one) and the caller closes.
 //!
 //! What this does not give: the frames after the handshake are neither encrypted
 //! nor MACed (the inter-node network is trusted not to rewrite an established
@@ -50,8 +68,113 @@ pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
 /// Largest frame accepted before authentication (header and a 256-byte body).
 pub const HANDSHAKE_FRAME_BYTES_MAX: usize = HEADER_BYTES + 256;
 
-const LABEL_LISTENER: &[u8] = b"imrouter rpc v1 listener";
-const LABEL_DIALER: &[u8] = b"imrouter rpc v1 dialer";
+/// The longest cluster id, in bytes (it travels zero-padded to this length).
+pub const CLUSTER_ID_BYTES_MAX: usize = 32;
+/// Bytes of one side's terms on the wire: the padded cluster id, the slot-id count.
+pub const TERMS_BYTES: usize = CLUSTER_ID_BYTES_MAX + 4;
+/// Bytes of a Hello body: the dialer's nonce and terms.
+pub const HELLO_BODY_BYTES: usize = NONCE_BYTES + TERMS_BYTES;
+/// Bytes of a Challenge body: the listener's nonce, terms and MAC.
+pub const CHALLENGE_BODY_BYTES: usize = NONCE_BYTES + TERMS_BYTES + MAC_BYTES;
+
+const LABEL_LISTENER: &[u8] = b"imrouter rpc v2 listener";
+const LABEL_DIALER: &[u8] = b"imrouter rpc v2 dialer";
+
+/// A cluster's name (`[cluster] id`): 1 to [`CLUSTER_ID_BYTES_MAX`] bytes of ASCII
+/// letters, digits, `.`, `_` and `-` (it is printed in refusals and logs as is).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClusterId([u8; CLUSTER_ID_BYTES_MAX]);
+
+/// A string that cannot be a cluster id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a cluster id is 1 to {CLUSTER_ID_BYTES_MAX} bytes of ASCII letters, digits, '.', '_' and '-'"
+)]
+pub struct InvalidClusterId;
+
+impl ClusterId {
+    /// Checks `id` ([`InvalidClusterId`] says what is allowed).
+    pub fn new(id: &str) -> Result<ClusterId, InvalidClusterId> {
+        let ok = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+        if id.is_empty() || id.len() > CLUSTER_ID_BYTES_MAX || !id.bytes().all(|b| ok(&b)) {
+            return Err(InvalidClusterId);
+        }
+        let mut padded = [0u8; CLUSTER_ID_BYTES_MAX];
+        padded[..id.len()].copy_from_slice(id.as_bytes());
+        Ok(ClusterId(padded))
+    }
+
+    /// The id as on the wire (zero-padded) back, if it is one.
+    fn from_wire(padded: &[u8; CLUSTER_ID_BYTES_MAX]) -> Option<ClusterId> {
+        let len = padded.iter().position(|&b| b == 0).unwrap_or(padded.len());
+        let id = std::str::from_utf8(&padded[..len]).ok()?;
+        let back = ClusterId::new(id).ok()?;
+        (back.0 == *padded).then_some(back)
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        let len = self.0.iter().position(|&b| b == 0).unwrap_or(self.0.len());
+        // Only ASCII goes in (ClusterId::new): always valid UTF-8.
+        std::str::from_utf8(&self.0[..len]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for ClusterId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClusterId({:?})", self.as_str())
+    }
+}
+
+/// What both ends of a link must agree on, besides the secret: carried by the
+/// Hello and the Challenge, bound into both MACs, compared by both sides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Terms {
+    id: ClusterId,
+    slot_ids: u32,
+}
+
+impl Terms {
+    fn to_wire(self) -> [u8; TERMS_BYTES] {
+        let mut out = [0u8; TERMS_BYTES];
+        out[..CLUSTER_ID_BYTES_MAX].copy_from_slice(&self.id.0);
+        out[CLUSTER_ID_BYTES_MAX..].copy_from_slice(&self.slot_ids.to_le_bytes());
+        out
+    }
+
+    fn from_wire(kind: Kind, wire: &[u8]) -> Result<Terms, Refusal> {
+        let (id, slot_ids) = wire.split_at(CLUSTER_ID_BYTES_MAX);
+        let id = id.try_into().ok().and_then(ClusterId::from_wire);
+        let slot_ids = slot_ids.try_into().ok().map(u32::from_le_bytes);
+        match (id, slot_ids) {
+            (Some(id), Some(slot_ids)) => Ok(Terms { id, slot_ids }),
+            _ => Err(Refusal::BadClusterId(kind)),
+        }
+    }
+
+    /// The peer's terms against ours: a refusal that names the difference.
+    fn check(self, ours: Terms) -> Result<(), Refusal> {
+        if self.id != ours.id {
+            return Err(Refusal::OtherCluster {
+                peer: self.id,
+                ours: ours.id,
+            });
+        }
+        if self.slot_ids != ours.slot_ids {
+            return Err(Refusal::OtherSlotIds {
+                peer: self.slot_ids,
+                ours: ours.slot_ids,
+            });
+        }
+        Ok(())
+    }
+}
 
 /// The cluster secret, keyed once (HMAC's inner and outer pads precomputed).
 #[derive(Clone)]
@@ -91,11 +214,44 @@ impl ClusterSecret {
         }
         mac.update(&t.nonce_d);
         mac.update(&t.nonce_l);
+        mac.update(&t.terms_d.to_wire());
+        mac.update(&t.terms_l.to_wire());
         mac.finalize().into_bytes().into()
     }
 
     fn verify(&self, label: &[u8], t: &Transcript, got: &[u8]) -> bool {
         bool::from(self.mac(label, t).as_slice().ct_eq(got))
+    }
+}
+
+/// What a node proves its membership of a cluster with: the cluster secret, and
+/// the terms both ends of a link must share (the cluster id, `[cluster] id`; the
+/// slot-id count, `[cluster] slot_ids`: nodes that count slot ids differently put
+/// a uid's home on different nodes).
+#[derive(Clone, Debug)]
+pub struct ClusterKey {
+    secret: ClusterSecret,
+    terms: Terms,
+}
+
+impl ClusterKey {
+    /// The key of cluster `id`, whose nodes group the hash slots into `slot_ids`
+    /// slot ids.
+    pub fn new(secret: ClusterSecret, id: ClusterId, slot_ids: u32) -> ClusterKey {
+        ClusterKey {
+            secret,
+            terms: Terms { id, slot_ids },
+        }
+    }
+
+    /// The cluster id.
+    pub fn id(&self) -> ClusterId {
+        self.terms.id
+    }
+
+    /// The slot-id count.
+    pub fn slot_ids(&self) -> u32 {
+        self.terms.slot_ids
     }
 }
 
@@ -149,6 +305,26 @@ pub enum Refusal {
     /// The peer's nonce equals ours (our own Hello reflected back).
     #[error("reflected nonce")]
     ReflectedNonce,
+    /// A Hello or Challenge whose cluster id is not one ([`ClusterId::new`]).
+    #[error("{0:?} carries a malformed cluster id")]
+    BadClusterId(Kind),
+    /// The peer is of another cluster (`[cluster] id`).
+    #[error("peer is of cluster \"{peer}\", this node of cluster \"{ours}\"")]
+    OtherCluster {
+        /// The peer's cluster id.
+        peer: ClusterId,
+        /// This node's.
+        ours: ClusterId,
+    },
+    /// The peer groups the hash slots into another number of slot ids
+    /// (`[cluster] slot_ids`).
+    #[error("peer has {peer} slot ids, this node {ours}")]
+    OtherSlotIds {
+        /// The peer's count.
+        peer: u32,
+        /// This node's.
+        ours: u32,
+    },
     /// The MAC does not verify: another secret, a replayed or altered transcript.
     #[error("MAC does not verify (wrong cluster secret, replayed or altered transcript)")]
     BadMac,
@@ -189,6 +365,8 @@ struct Transcript {
     listener: Identity,
     nonce_d: [u8; NONCE_BYTES],
     nonce_l: [u8; NONCE_BYTES],
+    terms_d: Terms,
+    terms_l: Terms,
 }
 
 enum State {
@@ -210,7 +388,7 @@ enum State {
 
 /// One side's handshake machine.
 pub struct Handshake {
-    secret: ClusterSecret,
+    key: ClusterKey,
     me: Identity,
     nonce: [u8; NONCE_BYTES],
     state: State,
@@ -250,15 +428,18 @@ fn body_of<const N: usize>(kind: Kind, body: &[u8]) -> Result<[u8; N], Refusal> 
 impl Handshake {
     /// The dialing side toward `peer_node_id`: writes the Hello into `out`.
     pub fn dialer(
-        secret: &ClusterSecret,
+        key: &ClusterKey,
         me: Identity,
         peer_node_id: u64,
         nonce: [u8; NONCE_BYTES],
         out: &mut Vec<u8>,
     ) -> Handshake {
-        write(Kind::Hello, me, &nonce, out);
+        let mut hello = [0u8; HELLO_BODY_BYTES];
+        hello[..NONCE_BYTES].copy_from_slice(&nonce);
+        hello[NONCE_BYTES..].copy_from_slice(&key.terms.to_wire());
+        write(Kind::Hello, me, &hello, out);
         Handshake {
-            secret: secret.clone(),
+            key: key.clone(),
             me,
             nonce,
             state: State::DialerAwaitChallenge { peer_node_id },
@@ -267,13 +448,13 @@ impl Handshake {
 
     /// The accepting side; `peers` are the node ids allowed to connect.
     pub fn listener(
-        secret: &ClusterSecret,
+        key: &ClusterKey,
         me: Identity,
         peers: &[u64],
         nonce: [u8; NONCE_BYTES],
     ) -> Handshake {
         Handshake {
-            secret: secret.clone(),
+            key: key.clone(),
             me,
             nonce,
             state: State::ListenerAwaitHello {
@@ -364,26 +545,38 @@ impl Handshake {
         Ok(())
     }
 
-    /// Listener, step 2: answers a Hello with the Challenge.
+    /// Listener, step 2: answers a Hello with the Challenge, even one of other
+    /// terms (the dialer learns ours, vouched for by the MAC), then refuses those.
     fn on_hello(&self, dialer: Identity, body: &[u8], out: &mut Vec<u8>) -> Result<State, Refusal> {
-        let nonce_d = body_of::<NONCE_BYTES>(Kind::Hello, body)?;
+        let body = body_of::<HELLO_BODY_BYTES>(Kind::Hello, body)?;
+        let (nonce_d, terms_d) = body.split_at(NONCE_BYTES);
+        let nonce_d: [u8; NONCE_BYTES] = nonce_d.try_into().expect("split at NONCE_BYTES");
         if nonce_d == self.nonce {
             return Err(Refusal::ReflectedNonce);
         }
+        let terms_d = Terms::from_wire(Kind::Hello, terms_d)?;
+        let ours = self.key.terms;
         let t = Transcript {
             dialer,
             listener: self.me,
             nonce_d,
             nonce_l: self.nonce,
+            terms_d,
+            terms_l: ours,
         };
-        let mut challenge = [0u8; NONCE_BYTES + MAC_BYTES];
-        challenge[..NONCE_BYTES].copy_from_slice(&self.nonce);
-        challenge[NONCE_BYTES..].copy_from_slice(&self.secret.mac(LABEL_LISTENER, &t));
+        let mut challenge = [0u8; CHALLENGE_BODY_BYTES];
+        let (nonce_l, rest) = challenge.split_at_mut(NONCE_BYTES);
+        let (terms_l, mac_l) = rest.split_at_mut(TERMS_BYTES);
+        nonce_l.copy_from_slice(&self.nonce);
+        terms_l.copy_from_slice(&ours.to_wire());
+        mac_l.copy_from_slice(&self.key.secret.mac(LABEL_LISTENER, &t));
         write(Kind::Challenge, self.me, &challenge, out);
+        terms_d.check(ours)?;
         Ok(State::ListenerAwaitProof { dialer, nonce_d })
     }
 
-    /// Dialer, step 3: verifies the Challenge, answers with the Proof.
+    /// Dialer, step 3: verifies the Challenge and the listener's terms, answers
+    /// with the Proof.
     fn on_challenge(
         &self,
         peer_node_id: u64,
@@ -397,34 +590,35 @@ impl Handshake {
                 got: listener.node_id,
             });
         }
-        let body = body_of::<{ NONCE_BYTES + MAC_BYTES }>(Kind::Challenge, body)?;
-        let (nonce_l, mac_l) = body.split_at(NONCE_BYTES);
+        let body = body_of::<CHALLENGE_BODY_BYTES>(Kind::Challenge, body)?;
+        let (nonce_l, rest) = body.split_at(NONCE_BYTES);
+        let (terms_l, mac_l) = rest.split_at(TERMS_BYTES);
         let nonce_l: [u8; NONCE_BYTES] = nonce_l.try_into().expect("split at NONCE_BYTES");
         if nonce_l == self.nonce {
             return Err(Refusal::ReflectedNonce);
         }
+        let terms_l = Terms::from_wire(Kind::Challenge, terms_l)?;
         let t = Transcript {
             dialer: self.me,
             listener,
             nonce_d: self.nonce,
             nonce_l,
+            terms_d: self.key.terms,
+            terms_l,
         };
-        if !self.secret.verify(LABEL_LISTENER, &t, mac_l) {
+        if !self.key.secret.verify(LABEL_LISTENER, &t, mac_l) {
             return Err(Refusal::BadMac);
         }
-        write(
-            Kind::Proof,
-            self.me,
-            &self.secret.mac(LABEL_DIALER, &t),
-            out,
-        );
+        terms_l.check(self.key.terms)?;
+        let proof = self.key.secret.mac(LABEL_DIALER, &t);
+        write(Kind::Proof, self.me, &proof, out);
         Ok(State::Done(Outcome::Established {
             peer_node_id: listener.node_id,
             peer_boot_id: listener.boot_id,
         }))
     }
 
-    /// Listener, end: verifies the Proof.
+    /// Listener, end: verifies the Proof (the dialer's terms are ours by now).
     fn on_proof(
         &self,
         dialer: Identity,
@@ -441,8 +635,10 @@ impl Handshake {
             listener: self.me,
             nonce_d,
             nonce_l: self.nonce,
+            terms_d: self.key.terms,
+            terms_l: self.key.terms,
         };
-        if !self.secret.verify(LABEL_DIALER, &t, &mac_d) {
+        if !self.key.secret.verify(LABEL_DIALER, &t, &mac_d) {
             return Err(Refusal::BadMac);
         }
         Ok(State::Done(Outcome::Established {

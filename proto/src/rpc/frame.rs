@@ -5,9 +5,9 @@
 //! | offset | bytes | field | meaning |
 //! |---|---|---|---|
 //! | 0 | 4 | magic | `b"IMRN"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (1) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (2) |
 //! | 5 | 1 | kind | [`Kind`] |
-//! | 6 | 2 | flags | none defined in version 1: must be 0 |
+//! | 6 | 2 | flags | none defined in version 2: must be 0 |
 //! | 8 | 8 | sender node id | the sending node's `node_id` |
 //! | 16 | 8 | sender boot id | the sending process's boot id |
 //! | 24 | 8 | request id | chosen by the requester, echoed by the reply; 0 = none |
@@ -23,8 +23,10 @@ use bytemuck::{Pod, Zeroable};
 
 /// The 4 bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"IMRN";
-/// The wire version this code speaks (and the only one it accepts).
-pub const WIRE_VERSION: u8 = 1;
+/// The wire version this code speaks (and the only one it accepts): 2 since the
+/// handshake carries the cluster id and slot-id count (`auth`); a node of version 1
+/// is refused with [`FrameError::UnsupportedVersion`] at its first frame.
+pub const WIRE_VERSION: u8 = 2;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
 /// Largest body of a [`Kind::Ping`] (and so of its Pong).
@@ -159,7 +161,7 @@ impl Kind {
 pub struct Header {
     /// What the frame is.
     pub kind: Kind,
-    /// Flag bits; none are defined in version 1 (must be 0).
+    /// Flag bits; none are defined in version 2 (must be 0).
     pub flags: u16,
     /// The sender's node id.
     pub sender_node_id: u64,
@@ -214,7 +216,7 @@ pub enum FrameError {
     /// A kind byte with no assigned meaning.
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
-    /// Flag bits set that version 1 does not define.
+    /// Flag bits set that this version does not define.
     #[error("unknown flag bits {0:#06x}")]
     UnknownFlags(u16),
     /// The frame is larger than `rpc_frame_bytes_max`.
@@ -345,7 +347,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(&out[0..4], b"IMRN");
-        assert_eq!(out[4], 1);
+        assert_eq!(out[4], WIRE_VERSION);
         assert_eq!(out[5], 3);
         assert_eq!(&out[6..8], &[0, 0]);
         assert_eq!(&out[8..16], &0x0102_0304_0506_0708u64.to_le_bytes());

@@ -58,7 +58,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
 use super::auth::HANDSHAKE_FRAME_BYTES_MAX;
-use super::auth::{ClusterSecret, Handshake, Identity, Outcome, Refusal, NONCE_BYTES};
+use super::auth::{ClusterKey, Handshake, Identity, Outcome, Refusal, NONCE_BYTES};
 use super::frame::{
     self, Frame, FrameError, FrameLimits, Header, Kind, HEADER_BYTES, PING_BODY_BYTES_MAX,
     RPC_FRAME_BYTES_MAX_DEFAULT,
@@ -444,7 +444,7 @@ enum State {
 /// heartbeat, reconnection schedule and requests in flight. `T` is the caller's
 /// token for a request, handed back exactly once when the request ends.
 pub struct Outbound<T> {
-    secret: ClusterSecret,
+    key: ClusterKey,
     me: Identity,
     peer_node_id: u64,
     shard_prefix: u16,
@@ -465,7 +465,7 @@ impl<T> Outbound<T> {
     /// `peer_node_id`, down and due to dial at once. `limits` must be valid
     /// ([`LinkLimits::validate`]).
     pub fn new(
-        secret: &ClusterSecret,
+        key: &ClusterKey,
         me: Identity,
         peer_node_id: u64,
         shard_prefix: u16,
@@ -473,7 +473,7 @@ impl<T> Outbound<T> {
     ) -> Outbound<T> {
         debug_assert_eq!(limits.validate(), Ok(()));
         Outbound {
-            secret: secret.clone(),
+            key: key.clone(),
             me,
             peer_node_id,
             shard_prefix,
@@ -539,7 +539,7 @@ impl<T> Outbound<T> {
         if !matches!(self.state, State::Down { .. }) {
             return false;
         }
-        let handshake = Handshake::dialer(&self.secret, self.me, self.peer_node_id, nonce, out);
+        let handshake = Handshake::dialer(&self.key, self.me, self.peer_node_id, nonce, out);
         self.state = State::Handshaking(Box::new(handshake));
         self.heard = Heard::new(now_ms);
         self.last_write_ms = now_ms;
@@ -901,7 +901,7 @@ impl Inbound {
     /// `peers` are the node ids allowed to dial, `nonce` 32 random bytes from the
     /// caller. `limits` must be valid.
     pub fn new(
-        secret: &ClusterSecret,
+        key: &ClusterKey,
         me: Identity,
         peers: &[u64],
         nonce: [u8; NONCE_BYTES],
@@ -912,7 +912,7 @@ impl Inbound {
         Inbound {
             me,
             limits,
-            state: InState::Handshaking(Box::new(Handshake::listener(secret, me, peers, nonce))),
+            state: InState::Handshaking(Box::new(Handshake::listener(key, me, peers, nonce))),
             heard: Heard::new(now_ms),
         }
     }

@@ -6,8 +6,9 @@
 //!   length), an incremental decoder over the receive buffer and an encoder into
 //!   a reused `Vec`, bounded by [`FrameLimits::rpc_frame_bytes_max`].
 //! - [`auth`]: the challenge-response that opens every connection (HMAC-SHA256
-//!   over the cluster secret, nonces both ways, node ids and boot ids bound in),
-//!   one [`Handshake`] machine per side.
+//!   over the cluster secret, nonces both ways, node ids, boot ids and both sides'
+//!   cluster id and slot-id count bound in: a peer of another cluster is refused by
+//!   name), one [`Handshake`] machine per side.
 //! - [`link`]: the connection machines built on both. [`Outbound`] (one per
 //!   shard and peer node, the dialer): reconnection with backoff, handshake,
 //!   heartbeat Pings, requests in flight with deadlines and a bound, replies matched
@@ -27,7 +28,7 @@ pub mod auth;
 pub mod frame;
 pub mod link;
 
-pub use auth::{ClusterSecret, Handshake, Identity, Outcome, Refusal, Step};
+pub use auth::{ClusterId, ClusterKey, ClusterSecret, Handshake, Identity, Outcome, Refusal, Step};
 pub use frame::{decode, encode, Frame, FrameError, FrameLimits, Header, Kind};
 pub use link::{
     request_shard, CloseReason, Failure, Inbound, InboundEvent, InboundStep, LinkEvent, LinkLimits,
