@@ -548,6 +548,58 @@ mod tests {
     }
 
     #[test]
+    fn ids_are_remembered_up_to_exactly_the_byte_budget() {
+        // 2 bytes an event, 6 bytes of memory: three ids at a time.
+        let l = QueueLimits {
+            queue_bytes_max: 6,
+            ..limits()
+        };
+        let mut q = WebhookQueue::new(l, Layout::Single);
+        let mut send = |q: &mut WebhookQueue, id: u64| {
+            assert_eq!(q.push(ev(id, "ab"), 0), Admit::Queued, "id {id}");
+            let r = q.poll(0).expect("a single event goes at once");
+            assert!(q.on_done(r.batch, true, 0));
+        };
+        for id in 1..=3 {
+            send(&mut q, id);
+        }
+        // At the budget exactly: all three remembered.
+        for id in 1..=3 {
+            assert_eq!(q.push(ev(id, "ab"), 0), Admit::Duplicate, "id {id}");
+        }
+        send(&mut q, 4);
+        assert_eq!(q.push(ev(2, "ab"), 0), Admit::Duplicate);
+        send(&mut q, 5);
+        // Each new id past the budget forgot exactly the oldest.
+        assert_eq!(q.push(ev(3, "ab"), 0), Admit::Duplicate);
+        assert_eq!(q.push(ev(4, "ab"), 0), Admit::Duplicate);
+        assert_eq!(q.push(ev(5, "ab"), 0), Admit::Duplicate);
+        send(&mut q, 2);
+        send(&mut q, 1);
+    }
+
+    #[test]
+    fn each_batch_has_its_own_id_and_only_an_out_batch_completes() {
+        let mut q = WebhookQueue::new(limits(), Layout::Single);
+        q.push(ev(1, "1"), 0);
+        q.push(ev(2, "2"), 0);
+        let (a, b) = (q.poll(0).unwrap(), q.poll(0).unwrap());
+        assert_ne!(a.batch, b.batch);
+        assert!(
+            q.on_done(a.batch, false, 0),
+            "a failed: it waits for its retry"
+        );
+        assert!(!q.on_done(a.batch, true, 0), "a waiting batch is not out");
+        assert!(q.on_done(b.batch, true, 0));
+        assert!(!q.on_done(b.batch, true, 0), "done once");
+        let again = q.poll(1_000).unwrap();
+        assert_eq!(
+            (again.batch, again.attempt, body(&again)),
+            (a.batch, 2, "1")
+        );
+    }
+
+    #[test]
     fn a_retry_comes_before_a_new_batch_and_slots_bound_what_is_out() {
         let l = QueueLimits {
             requests_in_flight_max: 1,

@@ -2022,6 +2022,27 @@ mod planner_tests {
     }
 
     #[test]
+    fn a_large_group_of_one_slot_names_exactly_its_offline_members() {
+        // More than 16 endpoints found in one group: the set-based comparison.
+        let slot = |u: &Uid| view().target_for_uid(u).hash_slot;
+        let first: Uid = led_by(1, "a", 1).pop().unwrap();
+        let same = |tag: &'static str, n: usize| -> Vec<Uid> {
+            (0..)
+                .map(move |i| Uid::from(format!("{tag}{i}")))
+                .filter(|u| slot(u) == slot(&first))
+                .take(n)
+                .collect()
+        };
+        let (online, zs) = (same("a", 20), same("z", 3));
+        let mut rig = gathering(vec![delivery(1, [online, zs.clone()].concat())], 4);
+        rig.limits.subscriber_page_max = 64;
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(lookups.is_empty(), "a local group");
+        assert_eq!(all_pushed(&pushes).len(), 20);
+        assert_eq!(rig.offline, vec![(1, sorted(zs))]);
+    }
+
+    #[test]
     fn no_offline_event_when_not_asked_for_or_not_stored() {
         let zs = led_by(1, "z", 3);
         let mut rig = pipelined(vec![delivery(1, zs.clone())], 4);
