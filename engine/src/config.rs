@@ -317,6 +317,10 @@ pub struct Config {
     /// `[webhook]`: the application's receiver of `msg.offline` and
     /// `user.onlinestatus` (none while `url` is empty).
     pub webhook: crate::webhook::WebhookConfig,
+    /// Whether the file sets `[net] max_connections_per_shard` (see
+    /// [`NodeConfig::connection_cap_set`]).
+    #[serde(skip)]
+    pub connection_cap_set: bool,
 }
 
 fn addr(name: &str, s: &str) -> Result<Option<SocketAddr>, String> {
@@ -341,6 +345,11 @@ impl Config {
     /// secret of [`CLUSTER_SECRET_ENV`], when set and not empty, wins over the file's.
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
         let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        config.connection_cap_set = table
+            .get("net")
+            .and_then(|net| net.get("max_connections_per_shard"))
+            .is_some();
         if let Some(secret) = env(CLUSTER_SECRET_ENV).filter(|s| !s.is_empty()) {
             config.cluster.secret = ClusterSecret::new(secret);
         }
@@ -413,6 +422,7 @@ impl Config {
             default_device_level: self.auth.default_device_level,
             runtime,
             net,
+            connection_cap_set: self.connection_cap_set,
             authority: self.authority.clone(),
             activation: self.activation,
             registry: self.registry,

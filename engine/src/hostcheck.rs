@@ -76,6 +76,9 @@ pub struct Load {
     pub shards: u64,
     /// `[net] max_connections_per_shard`.
     pub connections_per_shard: u64,
+    /// Whether the configuration sets it: a cap the limit cannot hold is then
+    /// refused at start; the default one is lowered to fit, with a warning.
+    pub connection_cap_set: bool,
     /// Descriptors kept besides connections: `[net] fd_reserve` + shards ×
     /// `fd_per_shard` (log segments, listeners, accepts in flight, links, rings).
     pub fd_reserve: u64,
@@ -101,6 +104,7 @@ impl Load {
         Ok(Load {
             shards,
             connections_per_shard: node.net.max_connections_per_shard as u64,
+            connection_cap_set: node.connection_cap_set,
             fd_reserve: node.net.fd_reserve as u64 + shards * crate::node::fd_per_shard(&node),
             listen_backlog: node.net.listen_backlog.max(0) as u64,
             backend: node.net.backend,
@@ -261,13 +265,21 @@ fn open_files(load: &Load, facts: &HostFacts) -> Finding {
         "{} shards x {} connections + {} reserved",
         load.shards, load.connections_per_shard, load.fd_reserve
     );
-    if b.over_committed() {
+    if b.over_committed() && load.connection_cap_set {
         let why = format!(
             "{sizing} = {need} > {limit}: the node refuses to start (raise the hard \
              limit, or lower [net] max_connections_per_shard to at most {})",
             b.per_shard_cap
         );
         return finding(NAME, value, recommended, Severity::Fail, why);
+    }
+    if b.over_committed() {
+        let why = format!(
+            "{sizing} = {need} > {limit}: the node lowers each shard's connection cap \
+             (default {}) to {} (raise the hard limit to keep the default)",
+            load.connections_per_shard, b.per_shard_cap
+        );
+        return finding(NAME, value, recommended, Severity::Warn, why);
     }
     let raised = if soft < need {
         format!("; the node raises the soft limit to {limit} at start")

@@ -13,11 +13,12 @@ use engine::hostcheck::{
 };
 use net::io::Backend;
 
-/// Two shards on cores 1 and 2 of four, 1,000 connections each.
+/// Two shards on cores 1 and 2 of four, 1,000 connections each (set by the user).
 fn load() -> Load {
     Load {
         shards: 2,
         connections_per_shard: 1000,
+        connection_cap_set: true,
         fd_reserve: 300,
         listen_backlog: 4096,
         backend: Backend::Auto,
@@ -124,6 +125,25 @@ fn fewer_descriptors_than_the_connections_need_fail() {
     let f = judge(&l, &facts, "open files");
     assert_eq!(f.severity, Severity::Ok, "exactly enough: {f:#?}");
     assert!(f.why.contains("raises the soft limit to 2300"), "{}", f.why);
+}
+
+#[test]
+fn a_default_cap_the_limit_cannot_hold_is_lowered_with_a_warning() {
+    let l = Load {
+        connection_cap_set: false,
+        ..load()
+    };
+    let mut facts = tuned();
+    facts.nofile = Some((1024, 2299));
+    let f = judge(&l, &facts, "open files");
+    assert_eq!(f.severity, Severity::Warn, "{f:#?}");
+    assert!(
+        f.why
+            .contains("lowers each shard's connection cap (default 1000) to 999"),
+        "{}",
+        f.why
+    );
+    assert!(!failed(&evaluate(&l, &facts)));
 }
 
 #[test]

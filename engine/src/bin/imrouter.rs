@@ -5,6 +5,7 @@
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -68,7 +69,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Colours only for a terminal: a file or journald gets plain text.
     tracing_subscriber::fmt()
+        .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
@@ -254,10 +257,16 @@ fn computed_limits(config: &Config) -> String {
                 b.per_shard_cap
             ));
             if b.over_committed() {
+                let outcome = if node_config.connection_cap_set {
+                    "the node refuses to start (raise the hard limit, e.g. LimitNOFILE=, or \
+                     lower max_connections_per_shard)"
+                } else {
+                    "the node lowers the default cap to fit (raise the hard limit, e.g. \
+                     LimitNOFILE=, to keep it)"
+                };
                 out.push_str(&format!(
                     "# WARNING: max_connections_per_shard = {} needs {} descriptors; the limit \
-                     allows {} per shard: the node refuses to start (raise the hard limit, \
-                     e.g. LimitNOFILE=, or lower max_connections_per_shard).\n",
+                     allows {} per shard: {outcome}.\n",
                     b.configured_cap,
                     b.configured_cap * shards + b.reserve,
                     b.per_shard_cap

@@ -336,8 +336,7 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub tcp_addr: Option<SocketAddr>,
     pub ws_addr: Option<SocketAddr>,
-    /// `[listen] rpc_addr`: the inter-node listener, only with peers (none yet: a
-    /// start with peers is refused).
+    /// `[listen] rpc_addr`: the inter-node listener, only with peers.
     pub rpc_addr: Option<SocketAddr>,
     /// `[cluster]`: the nodes, slot ids and secret (no nodes, or only this one: a
     /// node alone).
@@ -350,6 +349,10 @@ pub struct NodeConfig {
     pub default_device_level: DeviceLevel,
     pub runtime: RuntimeConfig,
     pub net: NetConfig,
+    /// Whether the user set `[net] max_connections_per_shard`: a cap the
+    /// descriptor limit cannot hold is then refused at start; otherwise (the
+    /// default cap) it is lowered to what the limit holds, with a warning.
+    pub connection_cap_set: bool,
     pub authority: AuthorityConfig,
     pub activation: ActivationConfig,
     /// `[registry]`: each shard's registry (its unregister queue).
@@ -381,6 +384,7 @@ impl Default for NodeConfig {
                 ..RuntimeConfig::default()
             },
             net: NetConfig::default(),
+            connection_cap_set: false,
             authority: AuthorityConfig::default(),
             activation: ActivationConfig::default(),
             registry: crate::registry::RegistryLimits::default(),
@@ -718,7 +722,7 @@ fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget>
         }
     };
     let budget = fd_budget(config, fd_limit);
-    if budget.over_committed() {
+    if budget.over_committed() && config.connection_cap_set {
         // Refused at start rather than failing later under load (issue 15).
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
