@@ -555,7 +555,7 @@ mod tests {
             ..limits()
         };
         let mut q = WebhookQueue::new(l, Layout::Single);
-        let mut send = |q: &mut WebhookQueue, id: u64| {
+        let send = |q: &mut WebhookQueue, id: u64| {
             assert_eq!(q.push(ev(id, "ab"), 0), Admit::Queued, "id {id}");
             let r = q.poll(0).expect("a single event goes at once");
             assert!(q.on_done(r.batch, true, 0));
