@@ -464,7 +464,7 @@ mod move_tests {
     fn a_drain_gives_each_slot_id_whole_to_the_next_peer_round_robin() {
         // 6 slot ids over 2 nodes: node 1 leads slot ids 0, 2, 4.
         let view = ClusterView::initial(&[1, 2], 6).unwrap();
-        let moves = view.drain_moves(1, &[2, 5]);
+        let moves = view.drain_moves(1, &[2, 5, 7]);
         let led: Vec<HashSlot> = (0..HASH_SLOTS as HashSlot)
             .filter(|&h| view.slots[h as usize].leader_node_id == 1)
             .collect();
@@ -472,8 +472,9 @@ mod move_tests {
         for &(h, to) in &moves {
             let slot_id = view.slots[h as usize].slot_id;
             let expected = match slot_id {
-                0 | 4 => 2,
+                0 => 2,
                 2 => 5,
+                4 => 7,
                 other => panic!("slot id {other} is not node 1's"),
             };
             assert_eq!(to, expected, "hash slot {h} of slot id {slot_id}");
