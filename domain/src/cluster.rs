@@ -184,33 +184,31 @@ impl ClusterView {
         self.home_of(self.slots[hash_slot as usize].slot_id)
     }
 
-    /// Whether this view replaces `current` on a node that holds `current`: a
-    /// higher revision does; at the same revision (two drills on two nodes at
-    /// once), the view whose content digest is higher does, so every node ends on
-    /// the same one (the other drill is lost, visible in `/cluster/slots`). Equal
-    /// views never replace each other.
-    pub fn supersedes(&self, current: &ClusterView) -> bool {
-        match self.revision.cmp(&current.revision) {
-            std::cmp::Ordering::Greater => true,
-            std::cmp::Ordering::Less => false,
-            std::cmp::Ordering::Equal => self != current && self.digest() > current.digest(),
+    /// This view joined with `other`, a view of the same cluster (checked against
+    /// the config where it was decoded): `None` when `other` brings nothing this
+    /// view lacks.
+    ///
+    /// Hash slot by hash slot the leader of the higher term wins (at one term, the
+    /// higher node id: two moves of one slot from one term are a race that one
+    /// loses, the same one everywhere), so a term never goes back and moves made on
+    /// different nodes at once are all kept; the config epoch is the higher. The
+    /// revision is the higher of the two, plus one when the join is a view neither
+    /// held, so every node that learns both ends on the same view at the same
+    /// revision. The join is commutative, associative and idempotent on the slots:
+    /// views spread in any order converge.
+    pub fn merge(&self, other: &ClusterView) -> Option<ClusterView> {
+        let mut joined = self.clone();
+        for (mine, theirs) in joined.slots.iter_mut().zip(&other.slots) {
+            if (theirs.leader_term, theirs.leader_node_id) > (mine.leader_term, mine.leader_node_id)
+            {
+                *mine = *theirs;
+            }
         }
-    }
-
-    /// A digest of the content (leaders, terms, epoch, nodes): a deterministic
-    /// tie-break between two views of one revision.
-    fn digest(&self) -> u32 {
-        let mut h = crc32fast::Hasher::new();
-        for s in &self.slots {
-            h.update(&s.slot_id.to_le_bytes());
-            h.update(&s.leader_node_id.to_le_bytes());
-            h.update(&s.leader_term.to_le_bytes());
-        }
-        h.update(&self.config_epoch.to_le_bytes());
-        for n in &self.nodes {
-            h.update(&n.to_le_bytes());
-        }
-        h.finalize()
+        joined.config_epoch = self.config_epoch.max(other.config_epoch);
+        let content = |v: &ClusterView| (v.slots, v.config_epoch);
+        let new_content = content(&joined) != content(self) && content(&joined) != content(other);
+        joined.revision = self.revision.max(other.revision) + Revision::from(new_content);
+        (joined != *self).then_some(joined)
     }
 
     /// The next view with the leadership of each hash slot of `moves` given to its
@@ -354,27 +352,6 @@ mod initial_view_tests {
     use super::*;
 
     #[test]
-    fn a_higher_revision_supersedes_and_a_tie_is_broken_the_same_way_everywhere() {
-        let base = ClusterView::initial(&[1, 2, 3], 64).unwrap();
-        let mut a = base.clone();
-        a.slots[0].leader_node_id = 2;
-        a.slots[0].leader_term += 1;
-        a.revision += 1;
-        let mut b = base.clone();
-        b.slots[9].leader_node_id = 3;
-        b.slots[9].leader_term += 1;
-        b.revision += 1;
-        assert!(a.supersedes(&base) && b.supersedes(&base));
-        assert!(!base.supersedes(&a));
-        // Two drills of one revision: exactly one of them wins, wherever compared.
-        assert_ne!(a.supersedes(&b), b.supersedes(&a));
-        assert!(
-            !a.supersedes(&a.clone()),
-            "an equal view never replaces itself"
-        );
-    }
-
-    #[test]
     fn three_nodes_lead_slot_ids_round_robin_in_config_order() {
         let view = ClusterView::initial(&[3, 1, 2], 64).unwrap();
         assert_eq!((view.config_epoch, view.revision), (1, 1));
@@ -453,7 +430,7 @@ mod move_tests {
                 _ => assert_eq!(after, before, "hash slot {h} did not move"),
             }
         }
-        assert!(moved.supersedes(&view));
+        assert_eq!(view.merge(&moved), Some(moved.clone()), "a move spreads");
         // A move to the current leader is a move too: its term advances.
         let again = moved.with_leaders(&[(0, 2)]);
         assert_eq!(again.slots[0].leader_term, 3);
@@ -483,5 +460,74 @@ mod move_tests {
         assert!(view.drain_moves(7, &[2]).is_empty(), "node 7 leads nothing");
         let drained = view.with_leaders(&moves);
         assert!(drained.slots.iter().all(|s| s.leader_node_id != 1));
+    }
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+
+    fn base() -> ClusterView {
+        ClusterView::initial(&[1, 2, 3], 8).unwrap()
+    }
+
+    #[test]
+    fn two_moves_made_at_one_revision_through_two_nodes_both_survive() {
+        let (a, b) = (
+            base().with_leaders(&[(1, 2)]),
+            base().with_leaders(&[(100, 3)]),
+        );
+        assert_eq!(a.revision, b.revision);
+        let at_a = a.merge(&b).expect("b brings its move");
+        let at_b = b.merge(&a).expect("a brings its move");
+        for m in [&at_a, &at_b] {
+            assert_eq!(m.slots[1], a.slots[1]);
+            assert_eq!(m.slots[100], b.slots[100]);
+            assert!(m.revision > a.revision, "a new view: both moves");
+        }
+        assert_eq!(at_a, at_b, "both nodes end on the same view");
+        assert_eq!(at_a.merge(&at_b), None, "nothing more to learn");
+        assert_eq!(at_a.merge(&a), None);
+    }
+
+    #[test]
+    fn a_term_never_goes_back_whatever_the_revision() {
+        // Node A moved hash slot 1 twice (term 3); node B, which missed that, moved
+        // hash slot 2 three times: a higher revision with an older term for slot 1.
+        let a = base().with_leaders(&[(1, 2)]).with_leaders(&[(1, 3)]);
+        let b = base()
+            .with_leaders(&[(2, 2)])
+            .with_leaders(&[(2, 3)])
+            .with_leaders(&[(2, 1)]);
+        assert!(b.revision > a.revision);
+        let m = a.merge(&b).expect("b brings slot 2's moves");
+        assert_eq!((m.slots[1].leader_node_id, m.slots[1].leader_term), (3, 3));
+        assert_eq!((m.slots[2].leader_node_id, m.slots[2].leader_term), (1, 4));
+        assert!(m.revision >= b.revision);
+        let back = b.merge(&a).expect("a brings slot 1's moves");
+        assert_eq!(back.slots, m.slots);
+        // Slot by slot, every term of the merge is the higher of the two.
+        for h in 0..HASH_SLOTS {
+            let top = a.slots[h].leader_term.max(b.slots[h].leader_term);
+            assert_eq!(m.slots[h].leader_term, top, "hash slot {h}");
+        }
+    }
+
+    #[test]
+    fn an_older_view_brings_nothing_and_a_newer_revision_of_the_same_slots_is_taken() {
+        let a = base().with_leaders(&[(1, 2)]);
+        assert_eq!(a.merge(&base()), None, "older: nothing new");
+        let mut same = a.clone();
+        same.revision += 3;
+        let m = a.merge(&same).expect("the revision moves on");
+        assert_eq!((m.slots, m.revision), (a.slots, same.revision));
+        // The same slot moved at one term to two leaders: one answer everywhere.
+        let (x, y) = (
+            base().with_leaders(&[(5, 2)]),
+            base().with_leaders(&[(5, 3)]),
+        );
+        let (at_x, at_y) = (x.merge(&y), y.merge(&x));
+        let winner = |m: Option<ClusterView>, own: &ClusterView| m.unwrap_or_else(|| own.clone());
+        assert_eq!(winner(at_x, &x).slots[5], winner(at_y, &y).slots[5]);
     }
 }

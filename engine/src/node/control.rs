@@ -62,17 +62,20 @@ impl NodeShard {
         closed
     }
 
-    /// A new cluster view (one that supersedes this shard's: a higher revision, or
-    /// the same-revision tie-break; an older one that arrives late is ignored): slots this node gained get a fresh identity, lost ones drop
+    /// A cluster view, joined with this shard's (`ClusterView::merge`: slot by
+    /// slot the higher term; one that brings nothing new is ignored): slots this
+    /// node gained get a fresh identity, lost ones drop
     /// their state; touches drained from now on go to the new targets. This shard's
     /// live sessions whose hash slot moved are queued for re-registration at their
     /// new authority and the first rebuild batches leave at once
     /// ([`NodeShard::flush_rebuild`]); the touch flush sends the rest at
     /// `[session] rebuild_routes_per_s`.
     pub(super) fn apply_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: &ClusterView) {
-        if !view.supersedes(&self.view) {
+        // Joined, not replaced: views from several senders may arrive in any order.
+        let Some(view) = self.view.merge(view) else {
             return;
-        }
+        };
+        let view = &view;
         self.authority
             .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
         let old = std::mem::replace(&mut self.view, view.clone());
@@ -98,8 +101,8 @@ impl NodeShard {
         }
     }
 
-    /// A view from another node: installed if it supersedes this node's, then
-    /// applied by every shard.
+    /// A view from another node: joined with this node's (installed if it brings
+    /// anything new), then applied by every shard.
     pub(super) fn on_remote_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: ClusterView) {
         let Some(view) = self.shared.install_view(view) else {
             return;

@@ -590,15 +590,14 @@ impl NodeShared {
         self.view().drain_moves(self.config.node_id, to)
     }
 
-    /// Installs `view` if it supersedes the current one (a higher revision, or the
-    /// tie-break of `ClusterView::supersedes` at the same revision: a view from
-    /// another node); gives it back installed, or `None`.
+    /// Joins `view` (from another node) with the current one (`ClusterView::merge`:
+    /// slot by slot the higher term, so moves made through different nodes are all
+    /// kept and no term goes back); gives the joined view back installed, or `None`
+    /// when `view` brought nothing new.
     pub fn install_view(&self, view: ClusterView) -> Option<Arc<ClusterView>> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        if !view.supersedes(&guard) {
-            return None;
-        }
-        *guard = Arc::new(view);
+        let merged = guard.merge(&view)?;
+        *guard = Arc::new(merged);
         Some(guard.clone())
     }
 
