@@ -86,16 +86,18 @@ pub const CLUSTER_SECRET_MIN_BYTES: usize = 16;
 /// What `--print-config` (and `Debug`) show for a secret that is set.
 const SECRET_SHOWN: &str = "<set>";
 
-/// `[cluster] secret`: never shown (`--print-config` and `Debug` write `<set>`).
+/// A secret of the configuration (`[cluster] secret`, `[webhook] secret`): never
+/// shown (`--print-config` and `Debug` write `<set>`).
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct ClusterSecret(String);
+pub struct Secret(String);
 
-impl ClusterSecret {
+impl Secret {
     pub fn new(secret: String) -> Self {
-        ClusterSecret(secret)
+        Secret(secret)
     }
 
-    /// The secret's bytes (the key of the nodes' authentication).
+    /// The secret's bytes (a key: the nodes' authentication, the webhooks'
+    /// signature).
     pub fn expose(&self) -> &[u8] {
         self.0.as_bytes()
     }
@@ -105,7 +107,7 @@ impl ClusterSecret {
     }
 }
 
-impl std::fmt::Debug for ClusterSecret {
+impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.is_set() {
             SECRET_SHOWN
@@ -115,15 +117,15 @@ impl std::fmt::Debug for ClusterSecret {
     }
 }
 
-impl Serialize for ClusterSecret {
+impl Serialize for Secret {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(if self.is_set() { SECRET_SHOWN } else { "" })
     }
 }
 
-impl<'de> Deserialize<'de> for ClusterSecret {
+impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(ClusterSecret)
+        String::deserialize(d).map(Secret)
     }
 }
 
@@ -164,7 +166,7 @@ pub struct ClusterConfig {
     pub id: String,
     /// Required (at least 16 bytes) when there are peers; `IMROUTER_CLUSTER_SECRET`
     /// wins over it.
-    pub secret: ClusterSecret,
+    pub secret: Secret,
     /// Contiguous ranges of the 256 hash slots, 1..=256: hash slot h belongs to slot
     /// id h * slot_ids / 256 (a count that does not divide 256 gives ranges whose
     /// sizes differ by one). Slot id i is led by, and homed on, nodes[i % n]. A node
@@ -177,7 +179,7 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             id: CLUSTER_ID_DEFAULT.to_string(),
-            secret: ClusterSecret::default(),
+            secret: Secret::default(),
             slot_ids: 64,
             nodes: Vec::new(),
         }
@@ -351,7 +353,7 @@ impl Config {
             .and_then(|net| net.get("max_connections_per_shard"))
             .is_some();
         if let Some(secret) = env(CLUSTER_SECRET_ENV).filter(|s| !s.is_empty()) {
-            config.cluster.secret = ClusterSecret::new(secret);
+            config.cluster.secret = Secret::new(secret);
         }
         Ok(config)
     }

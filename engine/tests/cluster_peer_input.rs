@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use engine::activation::AuthorityRequest;
 use engine::cluster::{ClusterView, Target};
-use engine::config::{ClusterNode, ClusterSecret};
+use engine::config::{ClusterNode, Secret};
 use engine::node::wire::{self, OneWayRef};
 use engine::node::Node;
 use engine::route::{
@@ -52,7 +52,7 @@ fn node_1(backend: Backend) -> (Node, SocketAddr, tempfile::TempDir) {
     c.rpc_addr = Some(members[0].rpc_addr);
     c.cluster.nodes = members.clone();
     c.cluster.slot_ids = SLOT_IDS;
-    c.cluster.secret = ClusterSecret::new(SECRET.into());
+    c.cluster.secret = Secret::new(SECRET.into());
     c.token_auth = false;
     let node = Node::start(c).unwrap();
     (node, members[0].rpc_addr, dir)

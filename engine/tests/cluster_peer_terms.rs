@@ -12,7 +12,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use engine::config::{ClusterNode, ClusterSecret};
+use engine::config::{ClusterNode, Secret};
 use engine::node::Node;
 use net::io::Backend;
 
@@ -43,7 +43,7 @@ fn two_nodes(backend: Backend, terms: [(&str, u32); 2]) -> (Vec<Node>, Vec<tempf
         c.cluster.nodes = members.clone();
         c.cluster.id = id.to_string();
         c.cluster.slot_ids = slot_ids;
-        c.cluster.secret = ClusterSecret::new("peer-terms-test-secret-0123456789".into());
+        c.cluster.secret = Secret::new("peer-terms-test-secret-0123456789".into());
         c.token_auth = false;
         nodes.push(Node::start(c).unwrap());
         dirs.push(dir);

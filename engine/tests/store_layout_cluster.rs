@@ -8,7 +8,7 @@ mod support;
 
 use std::net::SocketAddr;
 
-use engine::config::{ClusterNode, ClusterSecret};
+use engine::config::{ClusterNode, Secret};
 use engine::node::{Node, NodeConfig};
 use net::io::Backend;
 
@@ -32,7 +32,7 @@ fn node_1(dir: &std::path::Path, members: &[ClusterNode]) -> NodeConfig {
         c.rpc_addr = Some(members[0].rpc_addr);
         c.cluster.nodes = members.to_vec();
         c.cluster.slot_ids = 64;
-        c.cluster.secret = ClusterSecret::new("store-layout-cluster-secret".into());
+        c.cluster.secret = Secret::new("store-layout-cluster-secret".into());
     }
     c
 }

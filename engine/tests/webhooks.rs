@@ -231,7 +231,7 @@ fn connect_and_disconnect_give_onlinestatus_with_the_counts() {
     let receiver = Receiver::start();
     let dir = tempfile::tempdir().unwrap();
     let mut c = webhook_config(dir.path(), &receiver.url());
-    c.webhook.secret = engine::config::ClusterSecret::new("hook-secret".into());
+    c.webhook.secret = engine::config::Secret::new("hook-secret".into());
     let node = Node::start(c).unwrap();
     let mut seen = Vec::new();
     let web = login(&node, "ann", 1);

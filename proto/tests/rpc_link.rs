@@ -12,8 +12,8 @@ use proto::rpc::auth::NONCE_BYTES;
 use proto::rpc::frame::{decode, encode, FrameError, Header, Kind, HEADER_BYTES};
 use proto::rpc::link::{deadline_at_ms, request_shard, InvalidLinkLimits};
 use proto::rpc::{
-    CloseReason, ClusterId, ClusterKey, ClusterSecret, Failure, Identity, Inbound, InboundEvent,
-    LinkEvent, LinkLimits, LinkState, Outbound, Refusal, Refused, SenderMismatch,
+    ClusterId, ClusterKey, ClusterSecret, Failure, Identity, Inbound, InboundEvent,
+    LinkCloseReason, LinkEvent, LinkLimits, LinkState, Outbound, Refusal, Refused, SenderMismatch,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -495,7 +495,7 @@ fn a_restarted_peer_is_reported_and_replies_from_its_old_boot_are_refused() {
     assert_eq!(w.link.on_peer_boot(B.boot_id, &mut w.sent_l), None);
     let mut out = Vec::new();
     let event = w.link.on_peer_boot(0xb2b2, &mut out);
-    let reason = CloseReason::PeerRestarted {
+    let reason = LinkCloseReason::PeerRestarted {
         old_boot_id: B.boot_id,
         new_boot_id: 0xb2b2,
     };
@@ -641,7 +641,7 @@ fn silence_closes_both_sides_with_a_goodbye() {
     assert_eq!(now, 3_000, "seed {seed}");
     assert_eq!(
         event,
-        LinkEvent::Close(CloseReason::Silence { silent_ms: 3_000 })
+        LinkEvent::Close(LinkCloseReason::Silence { silent_ms: 3_000 })
     );
     let written = kinds(&w.sent_l);
     assert_eq!(written.last(), Some(&Kind::Goodbye));
@@ -661,7 +661,7 @@ fn silence_closes_both_sides_with_a_goodbye() {
     let mut out = Vec::new();
     assert_eq!(inbound.next_timer_ms(), Some(3_100));
     assert_eq!(inbound.on_tick(3_099, &mut out), None);
-    let silence = CloseReason::Silence { silent_ms: 3_000 };
+    let silence = LinkCloseReason::Silence { silent_ms: 3_000 };
     assert_eq!(
         inbound.on_tick(3_100, &mut out),
         Some(InboundEvent::Close(silence.clone()))
@@ -680,7 +680,9 @@ fn silence_closes_both_sides_with_a_goodbye() {
     let event = link.on_tick(3_010, &mut Vec::new(), &mut failed);
     assert_eq!(
         event,
-        Some(LinkEvent::Close(CloseReason::Silence { silent_ms: 3_000 }))
+        Some(LinkEvent::Close(LinkCloseReason::Silence {
+            silent_ms: 3_000
+        }))
     );
 }
 
@@ -694,7 +696,7 @@ fn bytes_that_stay_unconsumed_are_not_heard_again() {
     let half = &frame[..HEADER_BYTES / 2];
     assert_eq!(w.inbound.on_input(half, 100, &mut w.sent_d).consumed, 0);
     assert_eq!(w.inbound.on_input(half, 3_000, &mut w.sent_d).consumed, 0);
-    let silence = CloseReason::Silence { silent_ms: 3_000 };
+    let silence = LinkCloseReason::Silence { silent_ms: 3_000 };
     assert_eq!(
         w.inbound.on_tick(3_100, &mut w.sent_d),
         Some(InboundEvent::Close(silence)),
@@ -726,30 +728,30 @@ fn an_established_listener_closes_on_any_protocol_error_with_a_reason() {
     let cases = [
         (
             frame_from(A, Kind::Hello, 0, &[0; 32]),
-            CloseReason::Unexpected(Kind::Hello),
+            LinkCloseReason::Unexpected(Kind::Hello),
         ),
         (
             frame_from(A, Kind::Pong, 0, &[]),
-            CloseReason::Unexpected(Kind::Pong),
+            LinkCloseReason::Unexpected(Kind::Pong),
         ),
         (
             frame_from(A, Kind::Ping, 0, &[0; 65]),
-            CloseReason::BadPing { body_bytes: 65 },
+            LinkCloseReason::BadPing { body_bytes: 65 },
         ),
         (
             bad_magic,
-            CloseReason::Frame(FrameError::BadMagic(*b"XMRN")),
+            LinkCloseReason::Frame(FrameError::BadMagic(*b"XMRN")),
         ),
         (
             oversized,
-            CloseReason::Frame(FrameError::TooLarge {
+            LinkCloseReason::Frame(FrameError::TooLarge {
                 frame_bytes: HEADER_BYTES + (4 << 20),
                 max_bytes: 4 << 20,
             }),
         ),
         (
             frame_from(a_lie, Kind::Push, 0, &[]),
-            CloseReason::Sender(SenderMismatch {
+            LinkCloseReason::Sender(SenderMismatch {
                 peer_node_id: A.node_id,
                 peer_boot_id: A.boot_id,
                 got_node_id: A.node_id,
@@ -779,7 +781,9 @@ fn an_established_listener_closes_on_any_protocol_error_with_a_reason() {
     let (events, out) = established_listener_fed(rng, &frame_from(A, Kind::Goodbye, 0, b"bye"));
     assert_eq!(
         events,
-        vec![InboundEvent::Close(CloseReason::PeerGoodbye("bye".into()))]
+        vec![InboundEvent::Close(LinkCloseReason::PeerGoodbye(
+            "bye".into()
+        ))]
     );
     assert!(out.is_empty());
 }
@@ -791,15 +795,15 @@ fn an_outbound_link_closes_on_anything_but_pongs_from_the_listener() {
     for (bytes, reason) in [
         (
             frame_from(B, Kind::Reply, 1, b""),
-            CloseReason::Unexpected(Kind::Reply),
+            LinkCloseReason::Unexpected(Kind::Reply),
         ),
         (
             frame_from(B, Kind::Ping, 0, b""),
-            CloseReason::Unexpected(Kind::Ping),
+            LinkCloseReason::Unexpected(Kind::Ping),
         ),
         (
             frame_from(B, Kind::Goodbye, 0, b"going"),
-            CloseReason::PeerGoodbye("going".into()),
+            LinkCloseReason::PeerGoodbye("going".into()),
         ),
     ] {
         let mut w = up(rng, limits(), 0);
@@ -814,7 +818,7 @@ fn an_outbound_link_closes_on_anything_but_pongs_from_the_listener() {
             vec![LinkEvent::Close(reason.clone())],
             "seed {seed}"
         );
-        let goodbyes = usize::from(!matches!(reason, CloseReason::PeerGoodbye(_)));
+        let goodbyes = usize::from(!matches!(reason, LinkCloseReason::PeerGoodbye(_)));
         assert_eq!(kinds(&w.sent_l), vec![Kind::Goodbye; goodbyes]);
         let mut failed = Vec::new();
         w.link.on_closed(0, 0, &mut failed);

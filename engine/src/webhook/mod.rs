@@ -35,7 +35,7 @@ use domain::webhook::{EventKind, QueueLimits};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::config::ClusterSecret;
+use crate::config::Secret;
 
 /// The shortest time between two warnings about dropped events of one kind.
 pub const DROP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
@@ -69,7 +69,7 @@ pub struct WebhookConfig {
     pub backoff_max_ms: u64,
     /// When set, every request carries `X-Imrouter-Signature: sha256=<hex>`, the
     /// HMAC-SHA256 of the body keyed by it.
-    pub secret: ClusterSecret,
+    pub secret: Secret,
 }
 
 impl Default for WebhookConfig {
@@ -87,7 +87,7 @@ impl Default for WebhookConfig {
             requests_in_flight_max: 4,
             backoff_min_ms: 100,
             backoff_max_ms: 30_000,
-            secret: ClusterSecret::default(),
+            secret: Secret::default(),
         }
     }
 }
@@ -399,7 +399,7 @@ mod tests {
         assert!(err(|c| c.queue_bytes_max = 0).contains("webhook.queue_bytes_max"));
         assert!(err(|c| c.timeout_ms = 0).contains("webhook.timeout_ms"));
         assert!(err(|c| c.backoff_max_ms = 1).contains("webhook.backoff_max_ms"));
-        assert!(err(|c| c.secret = ClusterSecret::new("<set>".into())).contains("placeholder"));
+        assert!(err(|c| c.secret = Secret::new("<set>".into())).contains("placeholder"));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use engine::channel::Channel;
 use engine::cluster::ClusterView;
-use engine::config::{ClusterNode, ClusterSecret};
+use engine::config::{ClusterNode, Secret};
 use engine::node::{Node, NodeConfig};
 use net::io::Backend;
 
@@ -88,7 +88,7 @@ impl Cluster {
             c.rpc_addr = Some(member.rpc_addr);
             c.cluster.nodes = members.clone();
             c.cluster.slot_ids = SLOT_IDS;
-            c.cluster.secret = ClusterSecret::new("cluster-routing-test-secret".into());
+            c.cluster.secret = Secret::new("cluster-routing-test-secret".into());
             c.token_auth = false;
             // Each node's HTTP API on its `api_addr`: the nodes pass requests homed
             // elsewhere (and onlinestatus, device_quit) to each other's API.

@@ -31,7 +31,7 @@
 //!   convenient: it is idempotent). Each call does work bounded by the in-flight
 //!   limit.
 //! - Silence: a connection from which no byte arrived for
-//!   [`LinkLimits::rpc_peer_silence_ms`] is closed ([`CloseReason::Silence`]),
+//!   [`LinkLimits::rpc_peer_silence_ms`] is closed ([`LinkCloseReason::Silence`]),
 //!   during the handshake too (it bounds the handshake's time).
 //!
 //! # Outbound, in addition
@@ -172,7 +172,7 @@ impl LinkLimits {
 
 /// Why a link asks to be closed (log it and count it).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CloseReason {
+pub enum LinkCloseReason {
     /// No byte from the peer for `rpc_peer_silence_ms`.
     #[error("no byte from the peer for {silent_ms} ms")]
     Silence {
@@ -224,7 +224,7 @@ pub enum LinkEvent {
     Refused(Refusal),
     /// Close the connection (a Goodbye is in `out` unless the peer sent one), then
     /// [`Outbound::on_closed`].
-    Close(CloseReason),
+    Close(LinkCloseReason),
 }
 
 /// The result of [`Outbound::on_input`].
@@ -307,8 +307,8 @@ impl Heard {
         self.last_ms.saturating_add(limits.rpc_peer_silence_ms)
     }
 
-    fn silent(&self, now_ms: u64, limits: &LinkLimits) -> Option<CloseReason> {
-        (now_ms >= self.silence_at(limits)).then(|| CloseReason::Silence {
+    fn silent(&self, now_ms: u64, limits: &LinkLimits) -> Option<LinkCloseReason> {
+        (now_ms >= self.silence_at(limits)).then(|| LinkCloseReason::Silence {
             silent_ms: now_ms.saturating_sub(self.last_ms),
         })
     }
@@ -337,8 +337,8 @@ fn write(
 
 /// Appends a Goodbye with `reason` (cut to [`GOODBYE_REASON_BYTES_MAX`] at a char
 /// boundary), unless the peer said goodbye itself.
-fn goodbye(me: Identity, reason: &CloseReason, limits: FrameLimits, out: &mut Vec<u8>) {
-    if matches!(reason, CloseReason::PeerGoodbye(_)) {
+fn goodbye(me: Identity, reason: &LinkCloseReason, limits: FrameLimits, out: &mut Vec<u8>) {
+    if matches!(reason, LinkCloseReason::PeerGoodbye(_)) {
         return;
     }
     let text = reason.to_string();
@@ -359,9 +359,9 @@ fn goodbye(me: Identity, reason: &CloseReason, limits: FrameLimits, out: &mut Ve
     debug_assert!(written.is_ok(), "goodbye refused: {written:?}");
 }
 
-fn peer_goodbye(body: &[u8]) -> CloseReason {
+fn peer_goodbye(body: &[u8]) -> LinkCloseReason {
     let body = &body[..body.len().min(GOODBYE_REASON_BYTES_MAX)];
-    CloseReason::PeerGoodbye(String::from_utf8_lossy(body).into_owned())
+    LinkCloseReason::PeerGoodbye(String::from_utf8_lossy(body).into_owned())
 }
 
 /// The absolute deadline, on the receiver's clock, of a request received at
@@ -622,16 +622,16 @@ impl<T> Outbound<T> {
                     }
                 }
                 Ok(Some(f)) => f,
-                Err(e) => break CloseReason::Frame(e),
+                Err(e) => break LinkCloseReason::Frame(e),
             };
             consumed += f.wire_len();
             if let Err(mismatch) = check_sender(&f.header, peer) {
-                break CloseReason::Sender(mismatch);
+                break LinkCloseReason::Sender(mismatch);
             }
             match f.header.kind {
                 Kind::Pong => self.on_pong(f.body, now_ms),
                 Kind::Goodbye => break peer_goodbye(f.body),
-                kind => break CloseReason::Unexpected(kind),
+                kind => break LinkCloseReason::Unexpected(kind),
             }
         };
         LinkStep {
@@ -646,7 +646,7 @@ impl<T> Outbound<T> {
         }
     }
 
-    fn close(&mut self, reason: CloseReason, out: &mut Vec<u8>) -> LinkEvent {
+    fn close(&mut self, reason: LinkCloseReason, out: &mut Vec<u8>) -> LinkEvent {
         goodbye(self.me, &reason, self.limits.frame(), out);
         self.state = State::Closing;
         LinkEvent::Close(reason)
@@ -660,7 +660,7 @@ impl<T> Outbound<T> {
             return None;
         };
         (old != peer_boot_id).then(|| {
-            let reason = CloseReason::PeerRestarted {
+            let reason = LinkCloseReason::PeerRestarted {
                 old_boot_id: old,
                 new_boot_id: peer_boot_id,
             };
@@ -867,7 +867,7 @@ pub enum InboundEvent {
     /// close the connection.
     Refused(Refusal),
     /// Close the connection (a Goodbye is in `out` unless the peer sent one).
-    Close(CloseReason),
+    Close(LinkCloseReason),
 }
 
 /// The result of [`Inbound::on_input`].
@@ -991,7 +991,7 @@ impl Inbound {
                     }
                 }
                 Ok(Some(f)) => f,
-                Err(e) => break CloseReason::Frame(e),
+                Err(e) => break LinkCloseReason::Frame(e),
             };
             let start = consumed;
             consumed += f.wire_len();
@@ -1025,10 +1025,10 @@ impl Inbound {
         f: Frame<'_>,
         peer: Identity,
         out: &mut Vec<u8>,
-    ) -> Result<bool, CloseReason> {
+    ) -> Result<bool, LinkCloseReason> {
         check_sender(&f.header, peer)?;
         match f.header.kind {
-            Kind::Ping if f.body.len() > PING_BODY_BYTES_MAX => Err(CloseReason::BadPing {
+            Kind::Ping if f.body.len() > PING_BODY_BYTES_MAX => Err(LinkCloseReason::BadPing {
                 body_bytes: f.body.len(),
             }),
             Kind::Ping => {
@@ -1039,7 +1039,7 @@ impl Inbound {
                 Ok(false)
             }
             Kind::Goodbye => Err(peer_goodbye(f.body)),
-            kind if kind.is_control() => Err(CloseReason::Unexpected(kind)),
+            kind if kind.is_control() => Err(LinkCloseReason::Unexpected(kind)),
             _ => Ok(true),
         }
     }

@@ -14,7 +14,7 @@
 //!   heartbeat Pings, requests in flight with deadlines and a bound, replies matched
 //!   by request id and peer boot id. [`Inbound`] (one per accepted connection, the
 //!   listener): handshake, then one checked frame at a time to the caller, Pongs,
-//!   silence detection. Both close with a [`CloseReason`] and a Goodbye.
+//!   silence detection. Both close with a [`LinkCloseReason`] and a Goodbye.
 //!
 //! Typical use: a shard keeps an [`Outbound`] per peer node and an [`Inbound`] per
 //! connection its listener accepted. A request goes out on the requester's
@@ -31,8 +31,8 @@ pub mod link;
 pub use auth::{ClusterId, ClusterKey, ClusterSecret, Handshake, Identity, Outcome, Refusal, Step};
 pub use frame::{decode, encode, Frame, FrameError, FrameLimits, Header, Kind};
 pub use link::{
-    request_shard, CloseReason, Failure, Inbound, InboundEvent, InboundStep, LinkEvent, LinkLimits,
-    LinkState, LinkStep, Outbound, Refused,
+    request_shard, Failure, Inbound, InboundEvent, InboundStep, LinkCloseReason, LinkEvent,
+    LinkLimits, LinkState, LinkStep, Outbound, Refused,
 };
 
 /// A frame on an established connection sent with ids other than the peer's.
