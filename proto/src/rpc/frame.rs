@@ -96,17 +96,13 @@ pub enum Kind {
     View = 25,
     /// A token lookup at the uid's home during CONNECT.
     TokenLookup = 26,
-    /// A messagesync read forwarded to the channel's home.
-    MessageSync = 27,
-    /// An HTTP API write forwarded to the home.
-    HttpWrite = 28,
     /// The reply to any request, matched by request id.
     Reply = 64,
 }
 
 impl Kind {
     /// Every kind, in numbering order.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Proof,
@@ -124,8 +120,6 @@ impl Kind {
         Kind::Push,
         Kind::View,
         Kind::TokenLookup,
-        Kind::MessageSync,
-        Kind::HttpWrite,
         Kind::Reply,
     ];
 
