@@ -163,7 +163,7 @@ fn a_black_holed_home_fails_only_its_requests_by_name_and_then_at_once() {
     let (nodes, hole, _dirs) = start_with_black_hole(|c| {
         tune(c);
         // The breaker stays open for the rest of the test once it opened.
-        // c.api.forward_breaker_cooldown_ms = 600_000;
+        c.api.forward_breaker_cooldown_ms = 600_000;
     });
     let view = ClusterView::initial(&[1, 2, 3], SLOT_IDS).unwrap();
     let apis: Vec<SocketAddr> = nodes.iter().map(|n| n.api_addr().unwrap()).collect();
