@@ -73,7 +73,11 @@ fn two_hundred_concurrent_token_writes_through_any_node_all_succeed() {
     for u in &uids {
         *homes.entry(home(&cluster.view, u)).or_insert(0) += 1;
     }
-    assert_eq!(homes.len(), 3, "the uids are homed on every node: {homes:?}");
+    assert_eq!(
+        homes.len(),
+        3,
+        "the uids are homed on every node: {homes:?}"
+    );
     // All through node 1: two thirds of them are passed to the other two homes.
     let answers = at_once(200, |i| (apis[0], "/user/token", token_body(&uids[i], "a")));
     assert!(failures(&answers).is_empty(), "{:?}", failures(&answers));
@@ -180,7 +184,11 @@ fn a_black_holed_home_fails_only_its_requests_by_name_and_then_at_once() {
     // Through both live nodes at once: each uid homed on node 3 needs it, the rest
     // (homed on node 1 or 2) do not.
     let answers = at_once(120, |i| {
-        let uid = if i % 2 == 0 { &far[i / 2] } else { &near[i / 2] };
+        let uid = if i % 2 == 0 {
+            &far[i / 2]
+        } else {
+            &near[i / 2]
+        };
         (apis[i / 2 % 2], "/user/token", token_body(uid, "t"))
     });
     let named = format!("home node 3 ({})", hole.addr);
@@ -200,11 +208,14 @@ fn a_black_holed_home_fails_only_its_requests_by_name_and_then_at_once() {
         assert_eq!(status, 503, "{body}");
         assert!(body.contains(&named), "{body}");
         assert!(body.contains("in a row"), "{body}");
-        let (status, body) =
-            http(*api, "POST", "/user/token", &token_body(&near[0], "u")).unwrap();
+        let (status, body) = http(*api, "POST", "/user/token", &token_body(&near[0], "u")).unwrap();
         assert_eq!(status, 200, "{body}");
     }
-    assert_eq!(hole.accepted.load(Ordering::SeqCst), before, "node 3 not asked");
+    assert_eq!(
+        hole.accepted.load(Ordering::SeqCst),
+        before,
+        "node 3 not asked"
+    );
     // onlinestatus of uids led by the live nodes, and message sends homed there,
     // still answer while node 3's share cannot be asked.
     let led_here: Vec<&String> = near

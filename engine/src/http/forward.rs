@@ -77,7 +77,10 @@ pub enum ForwardError {
 impl ForwardError {
     /// Whether the peer gave no answer at all (what the breaker counts).
     pub fn is_no_answer(&self) -> bool {
-        matches!(self, ForwardError::Unreachable(_) | ForwardError::Timeout(_))
+        matches!(
+            self,
+            ForwardError::Unreachable(_) | ForwardError::Timeout(_)
+        )
     }
 }
 
@@ -98,11 +101,7 @@ impl ForwardClient {
         answer_bytes_max: usize,
     ) -> ForwardClient {
         ForwardClient {
-            client: crate::webhook::client::pooled_client(
-                connect_timeout,
-                idle,
-                max_idle_per_host,
-            ),
+            client: crate::webhook::client::pooled_client(connect_timeout, idle, max_idle_per_host),
             answer_bytes_max,
         }
     }
@@ -187,7 +186,9 @@ fn request_error(e: hyper_util::client::legacy::Error) -> ForwardError {
     let mut source = std::error::Error::source(&e);
     let mut parse = false;
     while let Some(s) = source {
-        parse |= s.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_parse());
+        parse |= s
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_parse());
         text.push_str(": ");
         text.push_str(&s.to_string());
         source = s.source();
@@ -357,11 +358,7 @@ impl Peers {
     }
 
     /// Passes `request` to `node` (module docs: places, breaker, timeout).
-    pub async fn forward(
-        &self,
-        node: NodeId,
-        request: &Outgoing<'_>,
-    ) -> Result<Answer, PeerError> {
+    pub async fn forward(&self, node: NodeId, request: &Outgoing<'_>) -> Result<Answer, PeerError> {
         let peer = self.peers.get(&node).ok_or(PeerError::Unknown)?;
         let limits = self.limits;
         let open = |b: &mut Breaker| match b.admit(Instant::now()) {
@@ -543,7 +540,10 @@ mod tests {
             let mut r = request();
             r.target = target;
             let got = client(1).send(addr, &r, LONG).await;
-            assert!(matches!(got, Err(ForwardError::BadRequest(_))), "{target:?}: {got:?}");
+            assert!(
+                matches!(got, Err(ForwardError::BadRequest(_))),
+                "{target:?}: {got:?}"
+            );
         }
     }
 
@@ -589,8 +589,8 @@ mod tests {
     #[tokio::test]
     async fn join_all_gives_the_outputs_in_order() {
         let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
-        let first = Box::pin(async move { rx.await.unwrap() })
-            as Pin<Box<dyn Future<Output = u32> + Send>>;
+        let first =
+            Box::pin(async move { rx.await.unwrap() }) as Pin<Box<dyn Future<Output = u32> + Send>>;
         let second = Box::pin(async move {
             tx.send(7).unwrap();
             2u32

@@ -1069,7 +1069,10 @@ mod tests {
             if got == want {
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "{name}: {got}, not {want}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: {got}, not {want}"
+            );
             std::thread::yield_now();
         }
     }
