@@ -1,9 +1,13 @@
 //! The HTTP API (WuKongIM's server API subset, `docs/http-api.md`): JSON in, JSON out;
 //! errors are a non-2xx status with `{"status": <code>, "msg": "<reason>"}`.
 //!
-//! Requests are parsed and validated here ([`Api::handle`] is independent of the
-//! HTTP server, so it is tested without sockets); what touches shard state goes to
-//! the owning shard through its injector and waits for the answer with a bound.
+//! Requests are parsed and validated here ([`Api::serve`] is independent of the
+//! HTTP server, and [`Api::handle`] runs it without sockets for tests); what
+//! touches shard state goes to the owning shard through its injector and its
+//! answer is awaited (a tokio channel, with a bound), holding no thread; only the
+//! metadata store's writes (journal and fsync) run on the blocking pool. A request
+//! that may wait holds a place in a bounded queue ([`Api::admit`],
+//! `max_waiting_requests`) and is refused (503) only past it or a deadline.
 //! The server itself (hyper through axum, on its own small tokio runtime) is in
 //! [`server`]; the `/metrics` text in [`prom`].
 //!
@@ -25,7 +29,11 @@
 //!   only and never forwarded again (the header is honoured only behind the bearer
 //!   token, and only naming a peer);
 //! - a node that does not answer within `forward_timeout_ms` (connect included)
-//!   makes the request 503, with the node and its address named;
+//!   makes the request 503, with the node and its address named; forwards are
+//!   awaited on the API's runtime ([`forward`]), at most
+//!   `forward_connections_per_peer` in flight per node, and after
+//!   `forward_breaker_failures` in a row without an answer the node's breaker
+//!   fails them at once (503 naming it) for `forward_breaker_cooldown_ms`;
 //! - `GET /route?uid=U` and `POST /route/batch` tell clients which node to connect
 //!   to; `GET /cluster/slots` adds each hash slot's home and the nodes' states;
 //! - `POST /node/drain` ([`drain`]) moves the hash slots this node leads to the
@@ -563,7 +571,7 @@ impl Api {
     }
 
     /// Whether the route answers from memory at once (no shard, no disk, no other
-    /// node): served on the API's runtime, never queued behind the blocking pool.
+    /// node): served on the API's runtime, outside the waiting queue.
     pub fn is_immediate(method: &str, path: &str) -> bool {
         matches!(
             (method, path),
