@@ -232,6 +232,34 @@ fn a_black_holed_home_fails_only_its_requests_by_name_and_then_at_once() {
     .unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), json!([]));
+    // What needs node 3's share (a uid it leads, a quit on every node) is a 503
+    // naming it, at once: its breaker is open.
+    let led_there = near
+        .iter()
+        .chain(&far)
+        .find(|u| view.target_for_uid(u).leader_node_id == 3)
+        .unwrap();
+    let (status, body) = http(
+        apis[0],
+        "POST",
+        "/user/onlinestatus",
+        &json!([led_there]).to_string(),
+    )
+    .unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains(&format!("authority node 3 ({})", hole.addr)),
+        "{body}"
+    );
+    let quit = json!({"uid": near[0], "device_flag": 1}).to_string();
+    let (status, body) = http(apis[1], "POST", "/user/device_quit", &quit).unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(&format!("node 3 ({})", hole.addr)), "{body}");
+    assert_eq!(
+        hole.accepted.load(Ordering::SeqCst),
+        before,
+        "node 3 not asked"
+    );
     for n in nodes {
         n.shutdown().unwrap();
     }
