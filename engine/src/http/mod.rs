@@ -582,9 +582,29 @@ impl Api {
         )
     }
 
+    /// The answer of a forwarded header naming no peer (400) or of an
+    /// [`Api::is_immediate`] route, at once; `None` for the rest.
+    fn answer_from_memory(&self, req: &ApiRequest<'_>) -> Option<Reply> {
+        if let Err(reply) = self.check_forwarded(req) {
+            return Some(reply);
+        }
+        let result = match (req.method, req.path()) {
+            ("GET", "/metrics") => Ok(self.metrics()),
+            ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
+            ("GET", "/route") => self.route_one(req),
+            ("POST", "/route/batch") => self.route_batch(req),
+            _ => return None,
+        };
+        Some(result.unwrap_or_else(|e| e))
+    }
+
     /// [`Api::serve`] from a thread outside any tokio runtime (tests, the
     /// embedded benchmark): on a runtime of its own for the call.
     pub fn handle_authorized(&self, req: &ApiRequest<'_>) -> Reply {
+        // Without a runtime: they must answer when descriptors run out too.
+        if let Some(reply) = self.answer_from_memory(req) {
+            return reply;
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build();
@@ -601,7 +621,7 @@ impl Api {
     /// and run a metadata store call on the blocking pool. Refuses (400) a
     /// forwarded header naming no peer.
     pub async fn serve(&self, req: &ApiRequest<'_>) -> Reply {
-        if let Err(reply) = self.check_forwarded(req) {
+        if let Some(reply) = self.answer_from_memory(req) {
             return reply;
         }
         let (method, path, body) = (req.method, req.path(), req.body);
@@ -613,12 +633,8 @@ impl Api {
             ("POST", "/channel/subscriber_remove") => self.subscriber_remove(req).await,
             ("POST", "/message/send") => self.message_send(req).await,
             ("POST", "/channel/messagesync") => self.message_sync(req).await,
-            ("GET", "/metrics") => Ok(self.metrics()),
-            ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
             ("POST", "/cluster/slots/leader") => self.move_leaders(body),
             ("POST", "/node/drain") => self.drain(req).await,
-            ("GET", "/route") => self.route_one(req),
-            ("POST", "/route/batch") => self.route_batch(req),
             #[cfg(test)]
             ("GET", "/test/panic") => panic!("a test handler panics"),
             #[cfg(test)]
