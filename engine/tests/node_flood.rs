@@ -573,14 +573,16 @@ fn print_config_shows_the_descriptor_budget() {
     );
 }
 
-/// A start whose configured connections need more descriptors than the limit
-/// allows is refused at once, with one line naming the numbers and the two fixes
-/// (issue 15), before the data dir is touched; a cap that fits starts.
+/// A start whose configured connections (a cap the user set) need more
+/// descriptors than the limit allows is refused at once, with one line naming the
+/// numbers and the two fixes (issue 15), before the data dir is touched; a cap that
+/// fits starts. (The default cap is lowered instead: `node_defaults.rs`.)
 #[test]
 fn a_start_whose_connections_do_not_fit_the_descriptor_limit_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = support::config(&dir.path().join("data"), net::io::Backend::Mio);
     c.net.max_connections_per_shard = 1 << 30;
+    c.connection_cap_set = true;
     let e = Node::start(c.clone()).err().expect("refused");
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     let line = e.to_string();

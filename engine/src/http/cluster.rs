@@ -8,41 +8,27 @@
 //! cannot be reached is a 503 whose message names it and its API address. On a
 //! node alone nothing here reaches another node.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use slots::hash_slot;
 
-use super::forward::{self, ForwardError, Outgoing};
-use super::{parse, Api, ApiConfig, ApiMetrics, ApiRequest, Reply};
+use super::forward::{self, ForwardError, Outgoing, PeerError};
+use super::{parse, Api, ApiMetrics, ApiRequest, Reply};
 use crate::cluster::NodeId;
-use crate::node::NodeShared;
 
-/// What a forward needs (shareable with the fan-out's threads).
-#[derive(Clone, Copy)]
-pub(super) struct Forwarder<'a> {
-    config: &'a ApiConfig,
-    shared: &'a NodeShared,
-}
-
-impl Forwarder<'_> {
+impl Api {
     /// Passes `req`, with `body` instead of its own, to node `node`'s API (named
-    /// `role` in errors); the node's status and body, or 503 when it cannot be
-    /// reached or does not answer in time, 502 when its answer is not one.
-    pub(super) fn forward(
+    /// `role` in errors), awaited on the runtime ([`forward::Peers::forward`]):
+    /// the node's status and body; 503 naming it when it cannot be reached, does
+    /// not answer in time, its breaker is open or no place to it freed; 502 when
+    /// its answer is not one.
+    pub(super) async fn forward(
         &self,
         node: NodeId,
         role: &str,
         req: &ApiRequest<'_>,
         body: &[u8],
     ) -> Reply {
-        let cluster = &self.shared.config.cluster;
-        let Some(addr) = cluster
-            .nodes
-            .iter()
-            .find(|n| n.id == node)
-            .map(|n| n.api_addr)
-        else {
+        let Some(addr) = self.state.peers.addr(node) else {
             return Reply::error(503, format!("{role} {node} is not in [[cluster.nodes]]"));
         };
         let metrics = &self.shared.api_metrics;
@@ -52,21 +38,14 @@ impl Forwarder<'_> {
             target: req.target,
             authorization: req.authorization,
             body,
-            from: self.shared.config.node_id,
+            from: self.me(),
         };
-        let timeout = Duration::from_millis(self.config.forward_timeout_ms);
-        let answer = forward::send(
-            addr,
-            &outgoing,
-            timeout,
-            self.config.forward_answer_bytes_max,
-        );
         let failed = |status: u16, e: &dyn std::fmt::Display, what: &str| {
             ApiMetrics::inc(&metrics.forward_failures);
             tracing::warn!(node, %addr, %e, "HTTP API request to another node failed");
             Reply::error(status, format!("{role} {node} ({addr}) {what}: {e}"))
         };
-        match answer {
+        match self.state.peers.forward(node, &outgoing).await {
             Ok(a) => match String::from_utf8(a.body) {
                 Ok(body) => Reply {
                     status: a.status,
@@ -75,32 +54,38 @@ impl Forwarder<'_> {
                 },
                 Err(e) => failed(502, &e, "answered a body that is not UTF-8"),
             },
-            Err(e @ ForwardError::BadRequest(_)) => Reply::error(400, e.to_string()),
-            Err(e @ (ForwardError::Malformed(_) | ForwardError::TooLarge(_))) => {
-                failed(502, &e, "answered badly")
+            Err(PeerError::Unknown) => {
+                Reply::error(503, format!("{role} {node} is not in [[cluster.nodes]]"))
             }
-            Err(e @ (ForwardError::Io(_) | ForwardError::Timeout(_))) => {
-                failed(503, &e, "unreachable")
+            Err(e @ (PeerError::Busy { .. } | PeerError::Open { .. })) => {
+                ApiMetrics::inc(&metrics.forwards_refused);
+                Reply::error(503, format!("{role} {node} ({addr}) {e}"))
             }
+            Err(PeerError::Forward(e @ ForwardError::BadRequest(_))) => {
+                Reply::error(400, e.to_string())
+            }
+            Err(PeerError::Forward(
+                e @ (ForwardError::Malformed(_) | ForwardError::TooLarge(_)),
+            )) => failed(502, &e, "answered badly"),
+            Err(PeerError::Forward(
+                e @ (ForwardError::Unreachable(_) | ForwardError::Timeout(_)),
+            )) => failed(503, &e, "unreachable"),
         }
     }
 
-    /// [`Forwarder::forward`] to each `(node, body)` at once (one thread each,
-    /// bounded by the cluster's size); the answers in the same order.
-    fn fan_out(&self, role: &str, req: &ApiRequest<'_>, to: &[(NodeId, Vec<u8>)]) -> Vec<Reply> {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = to
-                .iter()
-                .map(|(node, body)| scope.spawn(move || self.forward(*node, role, req, body)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Reply::error(500, "a forward panicked"))
-                })
-                .collect()
-        })
+    /// [`Api::forward`] to each `(node, body)` at once (awaited together on this
+    /// task); the answers in the same order.
+    async fn fan_out(
+        &self,
+        role: &str,
+        req: &ApiRequest<'_>,
+        to: &[(NodeId, Vec<u8>)],
+    ) -> Vec<Reply> {
+        let calls = to
+            .iter()
+            .map(|(node, body)| self.forward(*node, role, req, body))
+            .collect();
+        forward::join_all(calls).await
     }
 }
 
@@ -140,13 +125,6 @@ fn query_param(query: &str, name: &str) -> Option<String> {
 }
 
 impl Api {
-    pub(super) fn forwarder(&self) -> Forwarder<'_> {
-        Forwarder {
-            config: &self.config,
-            shared: &self.shared,
-        }
-    }
-
     /// This node's id.
     pub(super) fn me(&self) -> NodeId {
         self.shared.config.node_id
@@ -172,7 +150,11 @@ impl Api {
     /// `Ok(())` when this node answers a request about `key` itself: it is the
     /// key's home, or the request was forwarded here. Otherwise the request goes to
     /// the home and `Err` carries the home's answer (or the 503 naming it).
-    pub(super) fn answer_at_home(&self, key: &[u8], req: &ApiRequest<'_>) -> Result<(), Reply> {
+    pub(super) async fn answer_at_home(
+        &self,
+        key: &[u8],
+        req: &ApiRequest<'_>,
+    ) -> Result<(), Reply> {
         if req.forwarded_by.is_some() {
             return Ok(());
         }
@@ -180,7 +162,7 @@ impl Api {
         if home == self.me() {
             return Ok(());
         }
-        Err(self.forwarder().forward(home, "home node", req, req.body))
+        Err(self.forward(home, "home node", req, req.body).await)
     }
 
     /// `/user/onlinestatus`: the uids split by their authority node (this view's
@@ -188,7 +170,7 @@ impl Api {
     /// authority is asked for its share (forwarded: answered from its tables
     /// only), and the lists are merged. An authority that cannot be asked fails the
     /// request (503 naming it): its uids' presence is unknown.
-    pub(super) fn online_status(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    pub(super) async fn online_status(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let uids: Vec<String> = parse(req.body)?;
         if uids.len() > self.config.max_uids_per_request {
             return Err(Reply::error(413, "too many uids"));
@@ -218,11 +200,8 @@ impl Api {
             .into_iter()
             .map(|(n, list)| (n, json!(list).to_string().into_bytes()))
             .collect();
-        for (answer, (node, _)) in
-            first_failure(self.forwarder().fan_out("authority node", req, &to))?
-                .into_iter()
-                .zip(&to)
-        {
+        let answers = first_failure(self.fan_out("authority node", req, &to).await)?;
+        for (answer, (node, _)) in answers.into_iter().zip(&to) {
             match serde_json::from_str::<Value>(&answer.body) {
                 Ok(Value::Array(list)) => out.extend(list),
                 _ => {
@@ -240,14 +219,14 @@ impl Api {
     /// request was forwarded here, every other node is asked to close its own (the
     /// same body); 200 when every node did, else the first failure in config order
     /// (a 503 naming a node that could not be asked: retry, the quit is idempotent).
-    pub(super) fn quit_elsewhere(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    pub(super) async fn quit_elsewhere(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         if req.forwarded_by.is_none() {
             let to: Vec<(NodeId, Vec<u8>)> = self
                 .peer_ids()
                 .into_iter()
                 .map(|n| (n, req.body.to_vec()))
                 .collect();
-            first_failure(self.forwarder().fan_out("node", req, &to))?;
+            first_failure(self.fan_out("node", req, &to).await)?;
         }
         Ok(Reply::ok())
     }

@@ -27,7 +27,6 @@
 //! for a `move_to` naming this node or a node that is not a peer, 503 when a
 //! target (or every peer) is unreachable or a shard's queue is full.
 
-use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -49,7 +48,7 @@ struct DrainReq {
 
 impl Api {
     /// `POST /node/drain` (module docs).
-    pub(super) fn drain(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    pub(super) async fn drain(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: DrainReq = if req.body.iter().all(u8::is_ascii_whitespace) {
             DrainReq::default()
         } else {
@@ -71,8 +70,8 @@ impl Api {
             ?targets,
             "draining: hash slots moved"
         );
-        let behind = self.await_view(&targets, revision, req);
-        let disconnected = self.drain_shards()?;
+        let behind = self.await_view(&targets, revision, req).await;
+        let disconnected = self.drain_shards().await?;
         tracing::info!(disconnected, "draining: sessions disconnected");
         Ok(Reply::json(
             200,
@@ -142,22 +141,26 @@ impl Api {
 
     /// `Msg::Drain` to every shard; the connections they disconnected, summed. 503
     /// when a shard's queue is full, 504 when one does not answer in time.
-    fn drain_shards(&self) -> Result<usize, Reply> {
-        let (tx, rx) = sync_channel(self.injectors.len());
+    async fn drain_shards(&self) -> Result<usize, Reply> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(self.injectors.len());
         self.send_to_shards(|| Msg::Drain { done: tx.clone() })?;
-        let mut total = 0;
-        for _ in 0..self.injectors.len() {
-            total += rx
-                .recv_timeout(self.timeout())
-                .map_err(|_| Reply::error(504, "a shard did not answer the drain in time"))?;
-        }
-        Ok(total)
+        drop(tx);
+        let counts = self
+            .shard_replies(&mut rx, self.injectors.len())
+            .await
+            .ok_or_else(|| Reply::error(504, "a shard did not answer the drain in time"))?;
+        Ok(counts.into_iter().sum())
     }
 
     /// Waits up to `forward_timeout_ms` until each of `targets` shows view
     /// `revision` or a later one in its `GET /cluster/slots`; gives those that did
     /// not.
-    fn await_view(&self, targets: &[NodeId], revision: u64, req: &ApiRequest<'_>) -> Vec<NodeId> {
+    async fn await_view(
+        &self,
+        targets: &[NodeId],
+        revision: u64,
+        req: &ApiRequest<'_>,
+    ) -> Vec<NodeId> {
         let deadline = Instant::now() + Duration::from_millis(self.config.forward_timeout_ms);
         let ask = ApiRequest {
             method: "GET",
@@ -168,8 +171,14 @@ impl Api {
         };
         let mut behind: Vec<NodeId> = targets.to_vec();
         loop {
-            behind.retain(|&n| {
-                let answer = self.forwarder().forward(n, "node", &ask, b"");
+            let calls = behind
+                .iter()
+                .map(|&n| self.forward(n, "node", &ask, b""))
+                .collect();
+            let answers = super::forward::join_all(calls).await;
+            let mut answers = answers.into_iter();
+            behind.retain(|_| {
+                let answer = answers.next().expect("one answer per target");
                 let seen = serde_json::from_str::<Value>(&answer.body)
                     .ok()
                     .and_then(|v| v["revision"].as_u64());
@@ -178,7 +187,7 @@ impl Api {
             if behind.is_empty() || Instant::now() >= deadline {
                 return behind;
             }
-            std::thread::sleep(Duration::from_millis(VIEW_POLL_INTERVAL_MS));
+            tokio::time::sleep(Duration::from_millis(VIEW_POLL_INTERVAL_MS)).await;
         }
     }
 }

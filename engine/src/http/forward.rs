@@ -1,37 +1,42 @@
-//! The API's own HTTP/1.1 client: one blocking request to another node's HTTP API,
-//! the transport of the API requests homed elsewhere (see the module doc of
-//! [`super`]).
+//! The API's client to other nodes' APIs, the transport of the API requests homed
+//! elsewhere (see the module doc of [`super`]), and each peer's places and breaker.
 //!
-//! Contract: [`send`] opens one TCP connection, writes one request (`Connection:
-//! close`, the body with its `Content-Length`, the caller's bearer token, and the
-//! [`FORWARDED_HEADER`] naming this node), and reads one answer: its status and
-//! body (by `Content-Length`, chunked, or up to the close). Everything, the connect
-//! included, happens within `timeout` (a deadline for the whole exchange, not per
-//! read); an answer body over `answer_bytes_max` or a head over
-//! [`ANSWER_HEAD_BYTES_MAX`] is refused. It blocks the calling thread: the API calls
-//! it only from its blocking pool (or in process, from the caller's thread).
+//! Contract of [`ForwardClient::send`]: one request (the body with its
+//! `Content-Length`, the caller's bearer token, the [`FORWARDED_HEADER`] naming this
+//! node) on a pooled keep-alive connection (hyper-util's client, built as the
+//! webhooks' is: [`crate::webhook::client::pooled_client`]), its answer's status and
+//! body; the whole exchange, the connect included, within `timeout`; an answer body
+//! over `answer_bytes_max` is refused. It is awaited on the API's runtime: no thread
+//! is held while the other node thinks.
 //!
-//! Why not a client crate: the peers are imrouter nodes on a trusted network, plain
-//! HTTP/1.1, one request per connection; the blocking pool's threads need a blocking
-//! call with a whole-exchange deadline. `httparse` (already hyper's parser) reads
-//! the answer head and chunk sizes; the rest is the ~150 lines below, with no second
-//! async runtime (hyper's client) and no TLS stack (ureq's defaults) brought in.
+//! Contract of [`Peers::forward`]: at most `forward_connections_per_peer` requests
+//! in flight to one peer (more wait for a place, up to `queue_timeout_ms`, then
+//! [`PeerError::Busy`]); after `forward_breaker_failures` forwards in a row that got
+//! no answer (unreachable, timed out), the peer's [`Breaker`] opens: forwards to it
+//! fail at once ([`PeerError::Open`]) for `forward_breaker_cooldown_ms`, then one
+//! is let through; its answer closes the breaker, its failure opens it again.
 
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::{Method, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use tokio::sync::Semaphore;
 
 use crate::cluster::NodeId;
 
 /// The header a forwarded request carries: the id of the node that forwarded it.
 /// A node answers such a request from its own data only, never forwarding again.
 pub const FORWARDED_HEADER: &str = "x-imrouter-forwarded";
-
-/// Largest answer head (status line and headers) read from another node.
-pub const ANSWER_HEAD_BYTES_MAX: usize = 16 << 10;
-
-/// Most headers of an answer head.
-const ANSWER_HEADERS_MAX: usize = 32;
 
 /// One request to another node's API.
 #[derive(Debug, Clone, Copy)]
@@ -56,8 +61,9 @@ pub struct Answer {
 /// Why no answer came.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
+    /// No connection, or it closed before an answer.
     #[error("{0}")]
-    Io(#[from] io::Error),
+    Unreachable(String),
     #[error("no answer within {0} ms")]
     Timeout(u64),
     #[error("answer larger than {0} bytes")]
@@ -68,249 +74,372 @@ pub enum ForwardError {
     BadRequest(&'static str),
 }
 
-/// Sends `request` to the API at `addr` and reads its answer, all within `timeout`.
-pub fn send(
-    addr: SocketAddr,
-    request: &Outgoing<'_>,
-    timeout: Duration,
+impl ForwardError {
+    /// Whether the peer gave no answer at all (what the breaker counts).
+    pub fn is_no_answer(&self) -> bool {
+        matches!(
+            self,
+            ForwardError::Unreachable(_) | ForwardError::Timeout(_)
+        )
+    }
+}
+
+/// The pooled client the forwards share.
+#[derive(Clone)]
+pub struct ForwardClient {
+    client: Client<HttpConnector, Full<Bytes>>,
     answer_bytes_max: usize,
-) -> Result<Answer, ForwardError> {
-    let head = request_head(addr, request)?;
-    let deadline = Instant::now() + timeout;
-    let timeout_ms = timeout.as_millis() as u64;
-    let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| timed(e, timeout_ms))?;
-    let _ = stream.set_nodelay(true);
-    let mut conn = Conn {
-        stream,
-        buf: Vec::new(),
-        deadline,
-        timeout_ms,
-        limit: ANSWER_HEAD_BYTES_MAX + answer_bytes_max,
-    };
-    conn.write_all(head.as_bytes())?;
-    conn.write_all(request.body)?;
-    let (status, body) = conn.read_head()?;
-    let body = match body {
-        BodyKind::Length(n) if n > answer_bytes_max => return Err(ForwardError::TooLarge(n)),
-        BodyKind::Length(n) => conn.read_exact_body(n)?,
-        BodyKind::Chunked => conn.read_chunked(answer_bytes_max)?,
-        BodyKind::ToClose => conn.read_to_close(answer_bytes_max)?,
-    };
-    Ok(Answer { status, body })
 }
 
-/// The request line and headers. Refuses a method, target or token that would
-/// break the head (whitespace or control characters).
-fn request_head(addr: SocketAddr, r: &Outgoing<'_>) -> Result<String, ForwardError> {
-    let clean = |s: &str, spaces: bool| {
-        !s.is_empty()
-            && !s
-                .bytes()
-                .any(|b| b.is_ascii_control() || (!spaces && b == b' '))
-    };
-    if !clean(r.method, false) || !clean(r.target, false) || !r.target.starts_with('/') {
-        return Err(ForwardError::BadRequest("bad method or path"));
+impl ForwardClient {
+    /// Connects within `connect_timeout`; keeps up to `max_idle_per_host` idle
+    /// connections per node for `idle`; reads answers up to `answer_bytes_max`.
+    pub fn new(
+        connect_timeout: Duration,
+        idle: Duration,
+        max_idle_per_host: usize,
+        answer_bytes_max: usize,
+    ) -> ForwardClient {
+        ForwardClient {
+            client: crate::webhook::client::pooled_client(connect_timeout, idle, max_idle_per_host),
+            answer_bytes_max,
+        }
     }
-    let mut head = format!(
-        "{} {} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n{FORWARDED_HEADER}: {}\r\n",
-        r.method,
-        r.target,
-        r.body.len(),
-        r.from
-    );
+
+    /// Sends `request` to the API at `addr` and reads its answer, all within
+    /// `timeout`. Must be awaited on a tokio runtime with IO and time enabled.
+    pub async fn send(
+        &self,
+        addr: SocketAddr,
+        request: &Outgoing<'_>,
+        timeout: Duration,
+    ) -> Result<Answer, ForwardError> {
+        let req = build_request(addr, request)?;
+        let max = self.answer_bytes_max;
+        let exchange = async {
+            let resp = self.client.request(req).await.map_err(request_error)?;
+            let status = resp.status().as_u16();
+            let declared = resp
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if let Some(n) = declared.filter(|&n| n > max) {
+                return Err(ForwardError::TooLarge(n));
+            }
+            let body = Limited::new(resp.into_body(), max)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        ForwardError::TooLarge(max)
+                    } else {
+                        ForwardError::Unreachable(format!("the answer broke off: {e}"))
+                    }
+                })?
+                .to_bytes();
+            Ok(Answer {
+                status,
+                body: body.to_vec(),
+            })
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(ForwardError::Timeout(timeout.as_millis() as u64)),
+        }
+    }
+}
+
+/// The request to `addr`. Refuses a method, target or token that is not valid in
+/// an HTTP head.
+fn build_request(
+    addr: SocketAddr,
+    r: &Outgoing<'_>,
+) -> Result<hyper::Request<Full<Bytes>>, ForwardError> {
+    let bad_path = ForwardError::BadRequest("bad method or path");
+    if !r.target.starts_with('/') {
+        return Err(bad_path);
+    }
+    let method = Method::from_bytes(r.method.as_bytes()).map_err(|_| bad_path)?;
+    let uri: Uri = format!("http://{addr}{}", r.target)
+        .parse()
+        .map_err(|_| ForwardError::BadRequest("bad method or path"))?;
+    let mut b = hyper::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(HOST, addr.to_string())
+        .header(CONTENT_TYPE, "application/json")
+        .header(FORWARDED_HEADER, r.from);
     if let Some(auth) = r.authorization {
-        if !clean(auth, true) {
-            return Err(ForwardError::BadRequest("bad Authorization header"));
-        }
-        head.push_str("Authorization: ");
-        head.push_str(auth);
-        head.push_str("\r\n");
+        let v = HeaderValue::from_str(auth)
+            .map_err(|_| ForwardError::BadRequest("bad Authorization header"))?;
+        b = b.header(AUTHORIZATION, v);
     }
-    head.push_str("\r\n");
-    Ok(head)
+    b.body(Full::new(Bytes::copy_from_slice(r.body)))
+        .map_err(|_| ForwardError::BadRequest("bad method or path"))
 }
 
-/// A timeout as [`ForwardError::Timeout`], any other error as it is.
-fn timed(e: io::Error, timeout_ms: u64) -> ForwardError {
-    match e.kind() {
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ForwardError::Timeout(timeout_ms),
-        _ => ForwardError::Io(e),
+/// A client error as [`ForwardError`]: an answer that does not parse is
+/// malformed; anything else (no connection, closed before an answer) unreachable.
+fn request_error(e: hyper_util::client::legacy::Error) -> ForwardError {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    let mut parse = false;
+    while let Some(s) = source {
+        parse |= s
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_parse());
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    if parse {
+        ForwardError::Malformed(text)
+    } else {
+        ForwardError::Unreachable(text)
     }
 }
 
-/// How the answer's body ends.
-enum BodyKind {
-    Length(usize),
-    Chunked,
-    ToClose,
+/// What a [`Breaker`] lets a forward do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// The breaker is closed.
+    Go,
+    /// The cool-down passed: this one forward tries the peer.
+    Probe,
+    /// Open: refused at once. `failures` in a row so far; the next try in
+    /// `retry_in`.
+    Refuse { failures: u32, retry_in: Duration },
 }
 
-/// The connection, the bytes read and not yet used, and the deadline.
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    deadline: Instant,
-    timeout_ms: u64,
-    /// Most bytes held in `buf`.
-    limit: usize,
+/// One peer's circuit breaker (sans-IO: the caller gives the time).
+#[derive(Debug, Default)]
+pub struct Breaker {
+    /// Forwards in a row that got no answer.
+    failures: u32,
+    /// Open until then (`None`: closed).
+    open_until: Option<Instant>,
+    /// A probe is in flight.
+    probing: bool,
 }
 
-impl Conn {
-    /// Time left before the deadline, or the timeout error.
-    fn left(&self) -> Result<Duration, ForwardError> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ForwardError::Timeout(self.timeout_ms));
-        }
-        Ok(left)
-    }
-
-    fn write_all(&mut self, bytes: &[u8]) -> Result<(), ForwardError> {
-        let mut rest = bytes;
-        while !rest.is_empty() {
-            self.stream.set_write_timeout(Some(self.left()?))?;
-            match self.stream.write(rest) {
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
-                Ok(n) => rest = &rest[n..],
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(timed(e, self.timeout_ms)),
+impl Breaker {
+    /// Whether a forward may go to the peer now.
+    pub fn admit(&mut self, now: Instant) -> Admit {
+        match self.open_until {
+            None => Admit::Go,
+            Some(until) if now < until || self.probing => Admit::Refuse {
+                failures: self.failures,
+                retry_in: until.saturating_duration_since(now),
+            },
+            Some(_) => {
+                self.probing = true;
+                Admit::Probe
             }
         }
-        Ok(())
     }
 
-    /// Reads more into `buf`; false at the end of the stream.
-    fn fill(&mut self) -> Result<bool, ForwardError> {
-        if self.buf.len() >= self.limit {
-            return Err(ForwardError::TooLarge(self.limit));
+    /// While open and cooling down (before a probe may go): the failures in a row
+    /// and the time left. Changes nothing.
+    pub fn cooling(&self, now: Instant) -> Option<(u32, Duration)> {
+        self.open_until
+            .filter(|&until| now < until)
+            .map(|until| (self.failures, until - now))
+    }
+
+    /// The outcome of a forward [`Breaker::admit`] let go (`probe`: it was the
+    /// probe): `answered` closes the breaker; a failure opens it at the
+    /// `threshold`-th in a row, or again after a probe, for `cooldown`.
+    pub fn record(
+        &mut self,
+        answered: bool,
+        probe: bool,
+        now: Instant,
+        threshold: u32,
+        cooldown: Duration,
+    ) {
+        if probe {
+            self.probing = false;
         }
-        self.stream.set_read_timeout(Some(self.left()?))?;
-        let mut chunk = [0u8; 16 << 10];
-        let room = chunk.len().min(self.limit - self.buf.len());
-        loop {
-            match self.stream.read(&mut chunk[..room]) {
-                Ok(0) => return Ok(false),
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    return Ok(true);
+        if answered {
+            *self = Breaker::default();
+            return;
+        }
+        self.failures = self.failures.saturating_add(1);
+        if probe || (self.open_until.is_none() && self.failures >= threshold) {
+            self.open_until = Some(now + cooldown);
+        }
+    }
+
+    /// A probe ended with no outcome (its request was dropped): the next forward
+    /// may probe.
+    pub fn abandon_probe(&mut self) {
+        self.probing = false;
+    }
+}
+
+/// The limits of [`Peers`] (from `ApiConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerLimits {
+    pub places: usize,
+    pub place_wait: Duration,
+    pub timeout: Duration,
+    pub breaker_failures: u32,
+    pub breaker_cooldown: Duration,
+}
+
+/// Why a forward to a peer got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("is not in [[cluster.nodes]]")]
+    Unknown,
+    #[error("is busy: {places} requests to it are in flight and no place freed within {wait_ms} ms; retry")]
+    Busy { places: usize, wait_ms: u64 },
+    #[error("is not asked: its last {failures} forwards in a row got no answer; next try in {retry_ms} ms")]
+    Open { failures: u32, retry_ms: u64 },
+    #[error("{0}")]
+    Forward(#[from] ForwardError),
+}
+
+struct Peer {
+    addr: SocketAddr,
+    places: Arc<Semaphore>,
+    breaker: Mutex<Breaker>,
+}
+
+/// The other nodes as the forwards see them: address, places, breaker.
+pub struct Peers {
+    client: ForwardClient,
+    limits: PeerLimits,
+    peers: HashMap<NodeId, Peer>,
+}
+
+/// Clears a probe that ends without an outcome (its future dropped).
+struct ProbeGuard<'a> {
+    breaker: Option<&'a Mutex<Breaker>>,
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.breaker {
+            b.lock().unwrap_or_else(|e| e.into_inner()).abandon_probe();
+        }
+    }
+}
+
+impl Peers {
+    /// The peers at `nodes` (id, API address).
+    pub fn new(
+        client: ForwardClient,
+        limits: PeerLimits,
+        nodes: impl IntoIterator<Item = (NodeId, SocketAddr)>,
+    ) -> Peers {
+        let peers = nodes
+            .into_iter()
+            .map(|(id, addr)| {
+                let peer = Peer {
+                    addr,
+                    places: Arc::new(Semaphore::new(limits.places)),
+                    breaker: Mutex::new(Breaker::default()),
+                };
+                (id, peer)
+            })
+            .collect();
+        Peers {
+            client,
+            limits,
+            peers,
+        }
+    }
+
+    /// The API address of `node`, if it is a known node.
+    pub fn addr(&self, node: NodeId) -> Option<SocketAddr> {
+        self.peers.get(&node).map(|p| p.addr)
+    }
+
+    /// Passes `request` to `node` (module docs: places, breaker, timeout).
+    pub async fn forward(&self, node: NodeId, request: &Outgoing<'_>) -> Result<Answer, PeerError> {
+        let peer = self.peers.get(&node).ok_or(PeerError::Unknown)?;
+        let limits = self.limits;
+        let open = |b: &mut Breaker| match b.admit(Instant::now()) {
+            Admit::Refuse { failures, retry_in } => Err(PeerError::Open {
+                failures,
+                retry_ms: retry_in.as_millis() as u64,
+            }),
+            admit => Ok(admit),
+        };
+        let lock = || peer.breaker.lock().unwrap_or_else(|e| e.into_inner());
+        // Refused before waiting for a place while the breaker cools down.
+        if let Some((failures, retry_in)) = lock().cooling(Instant::now()) {
+            return Err(PeerError::Open {
+                failures,
+                retry_ms: retry_in.as_millis() as u64,
+            });
+        }
+        let _place = tokio::time::timeout(limits.place_wait, peer.places.acquire())
+            .await
+            .map_err(|_| PeerError::Busy {
+                places: limits.places,
+                wait_ms: limits.place_wait.as_millis() as u64,
+            })?
+            .map_err(|_| PeerError::Unknown)?;
+        let probe = open(&mut lock())? == Admit::Probe;
+        let mut guard = ProbeGuard {
+            breaker: probe.then_some(&peer.breaker),
+        };
+        let result = self.client.send(peer.addr, request, limits.timeout).await;
+        guard.breaker = None;
+        let answered = match &result {
+            Ok(_) => true,
+            Err(e) => !e.is_no_answer(),
+        };
+        lock().record(
+            answered,
+            probe,
+            Instant::now(),
+            limits.breaker_failures,
+            limits.breaker_cooldown,
+        );
+        Ok(result?)
+    }
+}
+
+/// Awaits every future of `futures` at once (on this task); their outputs in the
+/// same order.
+pub async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => pending = true,
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(timed(e, self.timeout_ms)),
             }
         }
-    }
-
-    /// Reads until `buf` holds `n` bytes; refuses an early end.
-    fn fill_to(&mut self, n: usize) -> Result<(), ForwardError> {
-        while self.buf.len() < n {
-            if !self.fill()? {
-                return Err(ForwardError::Malformed("the answer ended early".into()));
-            }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
         }
-        Ok(())
-    }
-
-    /// Reads and parses the answer head (skipping `1xx` answers); leaves the body's
-    /// first bytes in `buf`.
-    fn read_head(&mut self) -> Result<(u16, BodyKind), ForwardError> {
-        loop {
-            let mut headers = [httparse::EMPTY_HEADER; ANSWER_HEADERS_MAX];
-            let mut answer = httparse::Response::new(&mut headers);
-            match answer.parse(&self.buf) {
-                Ok(httparse::Status::Complete(len)) => {
-                    let status = answer.code.unwrap_or(0);
-                    let kind = body_kind(answer.headers)?;
-                    self.buf.drain(..len);
-                    if (100..200).contains(&status) {
-                        continue;
-                    }
-                    return Ok((status, kind));
-                }
-                Ok(httparse::Status::Partial) => {
-                    if self.buf.len() > ANSWER_HEAD_BYTES_MAX {
-                        return Err(ForwardError::TooLarge(ANSWER_HEAD_BYTES_MAX));
-                    }
-                    if !self.fill()? {
-                        return Err(ForwardError::Malformed("closed before an answer".into()));
-                    }
-                }
-                Err(e) => return Err(ForwardError::Malformed(e.to_string())),
-            }
-        }
-    }
-
-    fn read_exact_body(&mut self, n: usize) -> Result<Vec<u8>, ForwardError> {
-        self.fill_to(n)?;
-        self.buf.truncate(n);
-        Ok(std::mem::take(&mut self.buf))
-    }
-
-    fn read_to_close(&mut self, max: usize) -> Result<Vec<u8>, ForwardError> {
-        while self.fill()? {}
-        if self.buf.len() > max {
-            return Err(ForwardError::TooLarge(max));
-        }
-        Ok(std::mem::take(&mut self.buf))
-    }
-
-    /// Decodes a chunked body (trailers ignored) of at most `max` bytes.
-    fn read_chunked(&mut self, max: usize) -> Result<Vec<u8>, ForwardError> {
-        let mut body = Vec::new();
-        let mut pos = 0;
-        loop {
-            let (consumed, size) = loop {
-                match httparse::parse_chunk_size(&self.buf[pos..]) {
-                    Ok(httparse::Status::Complete(c)) => break c,
-                    Ok(httparse::Status::Partial) => self.fill_to(self.buf.len() + 1)?,
-                    Err(_) => return Err(ForwardError::Malformed("bad chunk size".into())),
-                }
-            };
-            pos += consumed;
-            if size == 0 {
-                return Ok(body);
-            }
-            let size = usize::try_from(size).map_err(|_| ForwardError::TooLarge(max))?;
-            if body.len() + size > max {
-                return Err(ForwardError::TooLarge(max));
-            }
-            self.fill_to(pos + size + 2)?;
-            body.extend_from_slice(&self.buf[pos..pos + size]);
-            pos += size + 2;
-        }
-    }
-}
-
-/// How the body of an answer with `headers` ends.
-fn body_kind(headers: &[httparse::Header<'_>]) -> Result<BodyKind, ForwardError> {
-    for h in headers {
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            let chunked = std::str::from_utf8(h.value)
-                .is_ok_and(|v| v.trim().to_ascii_lowercase().ends_with("chunked"));
-            if chunked {
-                return Ok(BodyKind::Chunked);
-            }
-        }
-    }
-    for h in headers {
-        if h.name.eq_ignore_ascii_case("content-length") {
-            return std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .map(BodyKind::Length)
-                .ok_or_else(|| ForwardError::Malformed("bad Content-Length".into()));
-        }
-    }
-    Ok(BodyKind::ToClose)
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future finished"))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
     use std::net::TcpListener;
 
     /// A one-shot server on loopback: reads the request head and body, writes
-    /// `answer`, and gives back what it read.
+    /// `answer`, closes, and gives back what it read.
     fn serve_once(answer: &'static [u8]) -> (SocketAddr, std::thread::JoinHandle<String>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -339,74 +468,133 @@ mod tests {
         }
     }
 
-    const SECOND: Duration = Duration::from_secs(10);
+    const LONG: Duration = Duration::from_secs(10);
 
-    #[test]
-    fn passes_method_path_token_and_marker_and_reads_a_sized_answer() {
-        let (addr, h) = serve_once(b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\nhello-extra");
-        let a = send(addr, &request(), SECOND, 1024).unwrap();
-        assert_eq!((a.status, a.body.as_slice()), (201, &b"hello"[..]));
-        let got = h.join().unwrap();
-        assert!(
-            got.starts_with("POST /user/token?x=1 HTTP/1.1\r\n"),
-            "{got}"
-        );
-        assert!(got.contains("Authorization: Bearer sekret\r\n"), "{got}");
-        assert!(got.contains("x-imrouter-forwarded: 2\r\n"), "{got}");
-        assert!(got.contains("Content-Length: 2\r\n"), "{got}");
+    fn client(max: usize) -> ForwardClient {
+        ForwardClient::new(LONG, LONG, 4, max)
     }
 
-    #[test]
-    fn reads_chunked_and_close_delimited_answers() {
+    #[tokio::test]
+    async fn passes_method_path_token_and_marker_and_reads_a_sized_answer() {
+        let (addr, h) = serve_once(b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\nhello");
+        let a = client(1024).send(addr, &request(), LONG).await.unwrap();
+        assert_eq!((a.status, a.body.as_slice()), (201, &b"hello"[..]));
+        let got = h.join().unwrap().to_ascii_lowercase();
+        assert!(
+            got.starts_with("post /user/token?x=1 http/1.1\r\n"),
+            "{got}"
+        );
+        assert!(got.contains("authorization: bearer sekret\r\n"), "{got}");
+        assert!(got.contains("x-imrouter-forwarded: 2\r\n"), "{got}");
+        assert!(got.contains("content-length: 2\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn reads_chunked_and_close_delimited_answers() {
         let (addr, _h) = serve_once(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
         );
-        assert_eq!(send(addr, &request(), SECOND, 1024).unwrap().body, b"abcde");
-        let (addr, _h) = serve_once(b"HTTP/1.1 503 Nope\r\n\r\nuntil close");
-        let a = send(addr, &request(), SECOND, 1024).unwrap();
+        let a = client(1024).send(addr, &request(), LONG).await.unwrap();
+        assert_eq!(a.body, b"abcde");
+        let (addr, _h) = serve_once(b"HTTP/1.1 503 Nope\r\nConnection: close\r\n\r\nuntil close");
+        let a = client(1024).send(addr, &request(), LONG).await.unwrap();
         assert_eq!((a.status, a.body.as_slice()), (503, &b"until close"[..]));
     }
 
-    #[test]
-    fn refuses_answers_over_the_limit() {
+    #[tokio::test]
+    async fn refuses_answers_over_the_limit_and_answers_that_are_not_http() {
         let (addr, _h) = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n");
-        assert!(matches!(
-            send(addr, &request(), SECOND, 10),
-            Err(ForwardError::TooLarge(100))
-        ));
-        let (addr, _h) = serve_once(b"HTTP/1.1 200 OK\r\n\r\n0123456789abcdef");
-        assert!(matches!(
-            send(addr, &request(), SECOND, 10),
-            Err(ForwardError::TooLarge(_))
-        ));
+        let r = client(10).send(addr, &request(), LONG).await;
+        assert!(matches!(r, Err(ForwardError::TooLarge(100))), "{r:?}");
+        let (addr, _h) =
+            serve_once(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n0123456789abcdef");
+        let r = client(10).send(addr, &request(), LONG).await;
+        assert!(matches!(r, Err(ForwardError::TooLarge(10))), "{r:?}");
+        let (addr, _h) = serve_once(b"SMTP ready\r\n\r\n");
+        let r = client(10).send(addr, &request(), LONG).await;
+        assert!(matches!(r, Err(ForwardError::Malformed(_))), "{r:?}");
     }
 
-    #[test]
-    fn a_silent_server_is_a_timeout_and_a_closed_port_an_io_error() {
+    #[tokio::test]
+    async fn a_silent_server_is_a_timeout_and_a_closed_port_unreachable() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         // Accepted by the kernel (backlog), never answered.
-        let r = send(addr, &request(), Duration::from_millis(50), 1024);
+        let r = client(1024)
+            .send(addr, &request(), Duration::from_millis(50))
+            .await;
         assert!(matches!(r, Err(ForwardError::Timeout(50))), "{r:?}");
         drop(l);
-        let r = send(addr, &request(), SECOND, 1024);
-        assert!(matches!(r, Err(ForwardError::Io(_))), "{r:?}");
+        let r = client(1024).send(addr, &request(), LONG).await;
+        assert!(matches!(r, Err(ForwardError::Unreachable(_))), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_head_breaking_token_or_path_is_refused_before_connecting() {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 9));
+        let mut r = request();
+        r.authorization = Some("Bearer a\r\nX-Evil: 1");
+        let got = client(1).send(addr, &r, LONG).await;
+        assert!(matches!(got, Err(ForwardError::BadRequest(_))), "{got:?}");
+        for target in ["/a b", "x", "/a\r\nb"] {
+            let mut r = request();
+            r.target = target;
+            let got = client(1).send(addr, &r, LONG).await;
+            assert!(
+                matches!(got, Err(ForwardError::BadRequest(_))),
+                "{target:?}: {got:?}"
+            );
+        }
     }
 
     #[test]
-    fn a_head_breaking_token_or_path_is_refused_before_connecting() {
-        let mut r = request();
-        r.authorization = Some("Bearer a\r\nX-Evil: 1");
-        let addr = SocketAddr::from(([127, 0, 0, 1], 9));
-        assert!(matches!(
-            send(addr, &r, SECOND, 1),
-            Err(ForwardError::BadRequest(_))
-        ));
-        let mut r = request();
-        r.target = "/a b";
-        assert!(matches!(
-            send(addr, &r, SECOND, 1),
-            Err(ForwardError::BadRequest(_))
-        ));
+    fn the_breaker_opens_at_the_threshold_cools_down_and_lets_one_probe() {
+        let (t0, cool) = (Instant::now(), Duration::from_secs(5));
+        let mut b = Breaker::default();
+        for _ in 0..2 {
+            assert_eq!(b.admit(t0), Admit::Go);
+            b.record(false, false, t0, 3, cool);
+        }
+        // An answer (any status) resets the count.
+        b.record(true, false, t0, 3, cool);
+        for _ in 0..3 {
+            assert_eq!(b.admit(t0), Admit::Go);
+            b.record(false, false, t0, 3, cool);
+        }
+        let refused = Admit::Refuse {
+            failures: 3,
+            retry_in: cool,
+        };
+        assert_eq!(b.admit(t0), refused);
+        assert_eq!(b.cooling(t0), Some((3, cool)));
+        // A forward admitted before it opened fails: the cool-down is not pushed.
+        b.record(false, false, t0 + cool / 2, 3, cool);
+        let end = t0 + cool;
+        assert_eq!(b.cooling(end), None);
+        assert_eq!(b.admit(end), Admit::Probe);
+        assert!(matches!(b.admit(end), Admit::Refuse { .. }), "one probe");
+        // The probe fails: open again for a whole cool-down.
+        b.record(false, true, end, 3, cool);
+        assert_eq!(b.cooling(end), Some((5, cool)));
+        let later = end + cool;
+        assert_eq!(b.admit(later), Admit::Probe);
+        // A probe dropped without an outcome lets the next forward probe.
+        b.abandon_probe();
+        assert_eq!(b.admit(later), Admit::Probe);
+        b.record(true, true, later, 3, cool);
+        assert_eq!(b.admit(later), Admit::Go);
+        assert_eq!(b.cooling(later), None);
+    }
+
+    #[tokio::test]
+    async fn join_all_gives_the_outputs_in_order() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+        let first =
+            Box::pin(async move { rx.await.unwrap() }) as Pin<Box<dyn Future<Output = u32> + Send>>;
+        let second = Box::pin(async move {
+            tx.send(7).unwrap();
+            2u32
+        }) as Pin<Box<dyn Future<Output = u32> + Send>>;
+        assert_eq!(join_all(vec![first, second]).await, vec![7, 2]);
     }
 }

@@ -1,9 +1,13 @@
 //! The HTTP API (WuKongIM's server API subset, `docs/http-api.md`): JSON in, JSON out;
 //! errors are a non-2xx status with `{"status": <code>, "msg": "<reason>"}`.
 //!
-//! Requests are parsed and validated here ([`Api::handle`] is independent of the
-//! HTTP server, so it is tested without sockets); what touches shard state goes to
-//! the owning shard through its injector and waits for the answer with a bound.
+//! Requests are parsed and validated here ([`Api::serve`] is independent of the
+//! HTTP server, and [`Api::handle`] runs it without sockets for tests); what
+//! touches shard state goes to the owning shard through its injector and its
+//! answer is awaited (a tokio channel, with a bound), holding no thread; only the
+//! metadata store's writes (journal and fsync) run on the blocking pool. A request
+//! that may wait holds a place in a bounded queue ([`Api::admit`],
+//! `max_waiting_requests`) and is refused (503) only past it or a deadline.
 //! The server itself (hyper through axum, on its own small tokio runtime) is in
 //! [`server`]; the `/metrics` text in [`prom`].
 //!
@@ -17,15 +21,18 @@
 //!   (method, path and query, body, bearer token) to the home's API
 //!   (`[[cluster.nodes]] api_addr`) with [`forward::FORWARDED_HEADER`] naming this
 //!   node; the home's status and body are the answer. This HTTP hop is the
-//!   transport of HTTP writes and reads homed elsewhere: the reserved RPC kinds
-//!   `HttpWrite` and `MessageSync` stay unused for now;
+//!   transport of HTTP writes and reads homed elsewhere (not an RPC kind);
 //! - `/user/onlinestatus` asks each uid's authority node for its share and merges;
 //!   `/user/device_quit` closes the local sessions and asks every other node to;
 //! - a request carrying the forwarded header is answered from this node's data
 //!   only and never forwarded again (the header is honoured only behind the bearer
 //!   token, and only naming a peer);
 //! - a node that does not answer within `forward_timeout_ms` (connect included)
-//!   makes the request 503, with the node and its address named;
+//!   makes the request 503, with the node and its address named; forwards are
+//!   awaited on the API's runtime ([`forward`]), at most
+//!   `forward_connections_per_peer` in flight per node, and after
+//!   `forward_breaker_failures` in a row without an answer the node's breaker
+//!   fails them at once (503 naming it) for `forward_breaker_cooldown_ms`;
 //! - `GET /route?uid=U` and `POST /route/batch` tell clients which node to connect
 //!   to; `GET /cluster/slots` adds each hash slot's home and the nodes' states;
 //! - `POST /node/drain` ([`drain`]) moves the hash slots this node leads to the
@@ -38,7 +45,7 @@ mod prom;
 mod server;
 
 use std::net::SocketAddr;
-use std::sync::mpsc::sync_channel;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +54,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shard::runtime::Injector;
 use subtle::ConstantTimeEq as _;
+use tokio::sync::mpsc::{channel as reply_channel, Receiver};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use prom::ApiMetrics;
 pub use server::HttpServer;
@@ -80,9 +89,17 @@ pub struct ApiConfig {
     /// Threads of the API's async runtime (accepting, parsing, /healthz, /readyz,
     /// /metrics).
     pub worker_threads: usize,
-    /// Requests that may wait on a shard or the metadata store at once (the blocking
-    /// pool); over it a request gets 503 at once.
+    /// Threads that run the metadata store's writes (journal and fsync: tokens,
+    /// subscribers) for the API. A request waits for one in the queue (up to
+    /// `queue_timeout_ms`); waits on a shard or another node hold no thread.
     pub blocking_threads: usize,
+    /// Requests that may be waiting at once (on a shard, the metadata store, a
+    /// place on the blocking pool or another node); over it a request gets 503 at
+    /// once. Routes that answer from memory do not count.
+    pub max_waiting_requests: usize,
+    /// How long a request waits in the queue for a place (a thread of the blocking
+    /// pool, a connection to the node it is passed to); past it 503.
+    pub queue_timeout_ms: u64,
     /// Open API connections; at the cap the oldest idle one is closed for a new one,
     /// and with none idle the new one gets 503 and is closed.
     pub max_connections: usize,
@@ -107,6 +124,17 @@ pub struct ApiConfig {
     /// above `max_sync_response_bytes` (a `messagesync` homed elsewhere comes back
     /// through it) plus one message.
     pub forward_answer_bytes_max: usize,
+    /// Requests in flight to one other node's API at once (each on a connection
+    /// of its own, kept alive for the next); more wait for a place (up to
+    /// `queue_timeout_ms`).
+    pub forward_connections_per_peer: usize,
+    /// Forwards in a row to one node that got no answer (unreachable, timed out)
+    /// before forwards to it fail at once (503 naming it) for
+    /// `forward_breaker_cooldown_ms`; then one is let through, and its answer
+    /// closes the breaker.
+    pub forward_breaker_failures: u32,
+    /// How long forwards to a node fail at once once its breaker opened.
+    pub forward_breaker_cooldown_ms: u64,
 }
 
 impl Default for ApiConfig {
@@ -119,6 +147,8 @@ impl Default for ApiConfig {
             shard_reply_timeout_ms: 5_000,
             worker_threads: 1,
             blocking_threads: 8,
+            max_waiting_requests: 4_096,
+            queue_timeout_ms: 5_000,
             max_connections: 256,
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 15_000,
@@ -126,6 +156,9 @@ impl Default for ApiConfig {
             max_sync_response_bytes: 8 << 20,
             forward_timeout_ms: 6_000,
             forward_answer_bytes_max: 16 << 20,
+            forward_connections_per_peer: 64,
+            forward_breaker_failures: 5,
+            forward_breaker_cooldown_ms: 5_000,
         }
     }
 }
@@ -142,11 +175,17 @@ impl ApiConfig {
             || self.max_sync_response_bytes == 0
             || self.forward_timeout_ms == 0
             || self.forward_answer_bytes_max == 0
+            || self.max_waiting_requests == 0
+            || self.queue_timeout_ms == 0
+            || self.forward_connections_per_peer == 0
+            || self.forward_breaker_failures == 0
+            || self.forward_breaker_cooldown_ms == 0
         {
             return Err("api: worker_threads, blocking_threads, max_connections, \
                  header_read_timeout_ms, request_timeout_ms, answer_write_timeout_ms, \
-                 max_sync_response_bytes, forward_timeout_ms and forward_answer_bytes_max \
-                 must be at least 1"
+                 max_sync_response_bytes, forward_timeout_ms, forward_answer_bytes_max, \
+                 max_waiting_requests, queue_timeout_ms, forward_connections_per_peer, \
+                 forward_breaker_failures and forward_breaker_cooldown_ms must be at least 1"
                 .into());
         }
         Ok(())
@@ -214,6 +253,29 @@ pub struct Api {
     injectors: Vec<Injector<Msg>>,
     /// Whether the listeners are up (for /readyz).
     listeners_up: bool,
+    state: Arc<ApiState>,
+}
+
+/// What the copies of one [`Api`] share: the queue's places and the peers.
+struct ApiState {
+    /// `max_waiting_requests` places: a request that may wait holds one.
+    waiting: Arc<Semaphore>,
+    /// `blocking_threads` places: a metadata store call holds one.
+    pool: Arc<Semaphore>,
+    peers: forward::Peers,
+}
+
+/// A place in the waiting queue ([`Api::admit`]); counted while held.
+pub struct Waiting {
+    _permit: OwnedSemaphorePermit,
+    shared: Arc<NodeShared>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let m = &self.shared.api_metrics;
+        m.requests_waiting.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Deserialize)]
@@ -318,12 +380,124 @@ impl Api {
         injectors: Vec<Injector<Msg>>,
         listeners_up: bool,
     ) -> Api {
+        let ms = Duration::from_millis;
+        let limits = forward::PeerLimits {
+            places: config.forward_connections_per_peer,
+            place_wait: ms(config.queue_timeout_ms),
+            timeout: ms(config.forward_timeout_ms),
+            breaker_failures: config.forward_breaker_failures,
+            breaker_cooldown: ms(config.forward_breaker_cooldown_ms),
+        };
+        // Idle connections are let go before a peer's keep-alive timeout (the same
+        // `header_read_timeout_ms` on every node) would close them under a request.
+        let client = forward::ForwardClient::new(
+            ms(config.forward_timeout_ms),
+            ms((config.header_read_timeout_ms / 2).max(1)),
+            config.forward_connections_per_peer,
+            config.forward_answer_bytes_max,
+        );
+        let me = shared.config.node_id;
+        let peers = shared
+            .config
+            .cluster
+            .peers(me)
+            .map(|n| (n.id, n.api_addr))
+            .collect::<Vec<_>>();
+        let state = Arc::new(ApiState {
+            waiting: Arc::new(Semaphore::new(config.max_waiting_requests)),
+            pool: Arc::new(Semaphore::new(config.blocking_threads)),
+            peers: forward::Peers::new(client, limits, peers),
+        });
         Api {
             config,
             shared,
             injectors,
             listeners_up,
+            state,
         }
+    }
+
+    /// A place in the waiting queue for a request that may wait (not
+    /// [`Api::is_immediate`]); 503 when `max_waiting_requests` wait already.
+    pub fn admit(&self) -> Result<Waiting, Reply> {
+        let metrics = &self.shared.api_metrics;
+        let Ok(permit) = self.state.waiting.clone().try_acquire_owned() else {
+            ApiMetrics::inc(&metrics.pool_refusals);
+            return Err(Reply::error(
+                503,
+                format!(
+                    "the API is busy: {} requests are waiting already; retry",
+                    self.config.max_waiting_requests
+                ),
+            ));
+        };
+        ApiMetrics::inc(&metrics.requests_waiting);
+        Ok(Waiting {
+            _permit: permit,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Runs `f` (a metadata store call: a journal write and its fsync) on the
+    /// blocking pool, once one of its `blocking_threads` places is free: 503 when
+    /// none freed within `queue_timeout_ms`, 500 when `f` panics (counted).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Api) -> Result<T, Reply> + Send + 'static,
+    ) -> Result<T, Reply> {
+        let metrics = &self.shared.api_metrics;
+        let wait = Duration::from_millis(self.config.queue_timeout_ms);
+        let place = tokio::time::timeout(wait, self.state.pool.clone().acquire_owned()).await;
+        let Ok(Ok(permit)) = place else {
+            ApiMetrics::inc(&metrics.pool_refusals);
+            return Err(Reply::error(
+                503,
+                format!(
+                    "the API is busy: none of the {} blocking threads freed within {} ms; retry",
+                    self.config.blocking_threads, self.config.queue_timeout_ms
+                ),
+            ));
+        };
+        /// Gives the place back however `f` ends.
+        struct Place {
+            _permit: OwnedSemaphorePermit,
+            api: Api,
+        }
+        impl Drop for Place {
+            fn drop(&mut self) {
+                let m = &self.api.shared.api_metrics;
+                m.blocking_in_use.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        ApiMetrics::inc(&metrics.blocking_in_use);
+        let place = Place {
+            _permit: permit,
+            api: self.clone(),
+        };
+        match tokio::task::spawn_blocking(move || f(&place.api)).await {
+            Ok(r) => r,
+            Err(e) => {
+                if e.is_panic() {
+                    ApiMetrics::inc(&metrics.panics);
+                    tracing::error!("an HTTP API handler panicked");
+                }
+                Err(Reply::error(500, "internal error"))
+            }
+        }
+    }
+
+    /// Awaits `n` answers on `rx` within `shard_reply_timeout_ms` (all together);
+    /// `None` when they did not all come in time (or a shard dropped the request).
+    async fn shard_replies<T>(&self, rx: &mut Receiver<T>, n: usize) -> Option<Vec<T>> {
+        let deadline = tokio::time::Instant::now() + self.timeout();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(v)) => out.push(v),
+                _ => return None,
+            }
+        }
+        Some(out)
     }
 
     fn timeout(&self) -> Duration {
@@ -396,7 +570,7 @@ impl Api {
     }
 
     /// Whether the route answers from memory at once (no shard, no disk, no other
-    /// node): served on the API's runtime, never queued behind the blocking pool.
+    /// node): served on the API's runtime, outside the waiting queue.
     pub fn is_immediate(method: &str, path: &str) -> bool {
         matches!(
             (method, path),
@@ -407,38 +581,77 @@ impl Api {
         )
     }
 
-    /// Answers a request whose token has been checked and whose body is within
-    /// `max_body_bytes`. May wait on a shard (up to `shard_reply_timeout_ms`), the
-    /// metadata store's fsync or another node (up to `forward_timeout_ms`) unless
-    /// [`Api::is_immediate`]. Refuses (400) a forwarded header naming no peer.
-    pub fn handle_authorized(&self, req: &ApiRequest<'_>) -> Reply {
+    /// The answer of a forwarded header naming no peer (400) or of an
+    /// [`Api::is_immediate`] route, at once; `None` for the rest.
+    fn answer_from_memory(&self, req: &ApiRequest<'_>) -> Option<Reply> {
         if let Err(reply) = self.check_forwarded(req) {
+            return Some(reply);
+        }
+        let result = match (req.method, req.path()) {
+            ("GET", "/metrics") => Ok(self.metrics()),
+            ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
+            ("GET", "/route") => self.route_one(req),
+            ("POST", "/route/batch") => self.route_batch(req),
+            _ => return None,
+        };
+        Some(result.unwrap_or_else(|e| e))
+    }
+
+    /// [`Api::serve`] from a thread outside any tokio runtime (tests, the
+    /// embedded benchmark): on a runtime of its own for the call.
+    pub fn handle_authorized(&self, req: &ApiRequest<'_>) -> Reply {
+        // Without a runtime: they must answer when descriptors run out too.
+        if let Some(reply) = self.answer_from_memory(req) {
+            return reply;
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        match runtime {
+            Ok(rt) => rt.block_on(self.serve(req)),
+            Err(e) => Reply::error(500, format!("no runtime for the request: {e}")),
+        }
+    }
+
+    /// Answers a request whose token has been checked and whose body is within
+    /// `max_body_bytes`. Unless [`Api::is_immediate`], may wait (holding no thread)
+    /// on a shard (up to `shard_reply_timeout_ms`), another node (up to
+    /// `forward_timeout_ms`), or a place in the queue (up to `queue_timeout_ms`),
+    /// and run a metadata store call on the blocking pool. Refuses (400) a
+    /// forwarded header naming no peer.
+    pub async fn serve(&self, req: &ApiRequest<'_>) -> Reply {
+        if let Some(reply) = self.answer_from_memory(req) {
             return reply;
         }
         let (method, path, body) = (req.method, req.path(), req.body);
         let result = match (method, path) {
-            ("POST", "/user/token") => self.user_token(req),
-            ("POST", "/user/device_quit") => self.device_quit(req),
-            ("POST", "/user/onlinestatus") => self.online_status(req),
-            ("POST", "/channel/subscriber_add") => self.subscriber_add(req),
-            ("POST", "/channel/subscriber_remove") => self.subscriber_remove(req),
-            ("POST", "/message/send") => self.message_send(req),
-            ("POST", "/channel/messagesync") => self.message_sync(req),
-            ("GET", "/metrics") => Ok(self.metrics()),
-            ("GET", "/cluster/slots") => Ok(self.cluster_slots()),
+            ("POST", "/user/token") => self.user_token(req).await,
+            ("POST", "/user/device_quit") => self.device_quit(req).await,
+            ("POST", "/user/onlinestatus") => self.online_status(req).await,
+            ("POST", "/channel/subscriber_add") => self.subscriber_add(req).await,
+            ("POST", "/channel/subscriber_remove") => self.subscriber_remove(req).await,
+            ("POST", "/message/send") => self.message_send(req).await,
+            ("POST", "/channel/messagesync") => self.message_sync(req).await,
             ("POST", "/cluster/slots/leader") => self.move_leaders(body),
-            ("POST", "/node/drain") => self.drain(req),
-            ("GET", "/route") => self.route_one(req),
-            ("POST", "/route/batch") => self.route_batch(req),
+            ("POST", "/node/drain") => self.drain(req).await,
             #[cfg(test)]
             ("GET", "/test/panic") => panic!("a test handler panics"),
             #[cfg(test)]
             ("POST", "/test/wait") => {
-                let (open, cv) = &tests::GATE;
-                let mut g = open.lock().unwrap();
-                while !*g {
-                    g = cv.wait(g).unwrap();
-                }
+                self.blocking(|_| {
+                    let (open, cv) = &tests::GATE;
+                    let mut g = open.lock().unwrap();
+                    while !*g {
+                        g = cv.wait(g).unwrap();
+                    }
+                    Ok(Reply::ok())
+                })
+                .await
+            }
+            #[cfg(test)]
+            ("POST", "/test/hold") => {
+                // Waits on the runtime, holding no thread, until the test opens it.
+                let _ = tests::HOLD.acquire().await;
                 Ok(Reply::ok())
             }
             _ => Err(Reply::error(404, format!("no route {method} {path}"))),
@@ -446,7 +659,7 @@ impl Api {
         result.unwrap_or_else(|e| e)
     }
 
-    fn user_token(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    async fn user_token(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: TokenReq = parse(req.body)?;
         if r.uid.is_empty() || r.token.is_empty() {
             return Err(Reply::error(400, "uid and token must not be empty"));
@@ -461,31 +674,34 @@ impl Api {
                 ))
             }
         };
-        self.answer_at_home(r.uid.as_bytes(), req)?;
-        self.shared
-            .catalog
-            .set_token(&r.uid, r.device_flag, &r.token, level)
-            .map_err(meta_error)?;
+        self.answer_at_home(r.uid.as_bytes(), req).await?;
+        self.blocking(move |api| {
+            api.shared
+                .catalog
+                .set_token(&r.uid, r.device_flag, &r.token, level)
+                .map_err(meta_error)
+        })
+        .await?;
         Ok(Reply::ok())
     }
 
     /// Closes the sessions of the uid and flag on this node's shards, then (unless
     /// forwarded here) asks every other node to ([`Api::quit_elsewhere`]).
-    fn device_quit(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    async fn device_quit(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: DeviceQuitReq = parse(req.body)?;
         let flag = match r.device_flag {
             -1 => None,
             f @ 0..=255 => Some(f as u8),
             f => return Err(Reply::error(400, format!("bad device_flag {f}"))),
         };
-        self.quit_local(&r.uid, flag)?;
-        self.quit_elsewhere(req)
+        self.quit_local(&r.uid, flag).await?;
+        self.quit_elsewhere(req).await
     }
 
     /// Closes the sessions of `uid` (and `flag`, `None`: all) on every shard of
     /// this node; 503 when a shard's queue is full, 504 when one does not answer.
-    fn quit_local(&self, uid: &str, flag: Option<u8>) -> Result<(), Reply> {
-        let (tx, rx) = sync_channel(self.injectors.len());
+    async fn quit_local(&self, uid: &str, flag: Option<u8>) -> Result<(), Reply> {
+        let (tx, mut rx) = reply_channel(self.injectors.len());
         for inj in &self.injectors {
             let msg = Msg::DeviceQuit {
                 uid: uid.to_owned(),
@@ -496,10 +712,10 @@ impl Api {
                 return Err(Reply::error(503, "a shard's control queue is full; retry"));
             }
         }
-        for _ in 0..self.injectors.len() {
-            rx.recv_timeout(self.timeout())
-                .map_err(|_| Reply::error(504, "a shard did not answer in time"))?;
-        }
+        drop(tx);
+        self.shard_replies(&mut rx, self.injectors.len())
+            .await
+            .ok_or_else(|| Reply::error(504, "a shard did not answer in time"))?;
         Ok(())
     }
 
@@ -521,25 +737,31 @@ impl Api {
         out
     }
 
-    fn subscriber_add(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    async fn subscriber_add(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: SubscribersReq = parse(req.body)?;
         self.check_group(&r)?;
-        self.answer_at_home(r.channel_id.as_bytes(), req)?;
-        self.shared
-            .catalog
-            .add_subscribers(&r.channel_id, &r.subscribers, r.reset == 1)
-            .map_err(meta_error)?;
+        self.answer_at_home(r.channel_id.as_bytes(), req).await?;
+        self.blocking(move |api| {
+            api.shared
+                .catalog
+                .add_subscribers(&r.channel_id, &r.subscribers, r.reset == 1)
+                .map_err(meta_error)
+        })
+        .await?;
         Ok(Reply::ok())
     }
 
-    fn subscriber_remove(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    async fn subscriber_remove(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: SubscribersReq = parse(req.body)?;
         self.check_group(&r)?;
-        self.answer_at_home(r.channel_id.as_bytes(), req)?;
-        self.shared
-            .catalog
-            .remove_subscribers(&r.channel_id, &r.subscribers)
-            .map_err(meta_error)?;
+        self.answer_at_home(r.channel_id.as_bytes(), req).await?;
+        self.blocking(move |api| {
+            api.shared
+                .catalog
+                .remove_subscribers(&r.channel_id, &r.subscribers)
+                .map_err(meta_error)
+        })
+        .await?;
         Ok(Reply::ok())
     }
 
@@ -559,7 +781,7 @@ impl Api {
         Ok(())
     }
 
-    fn message_send(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    async fn message_send(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: SendReq = parse(req.body)?;
         if r.from_uid.is_empty() {
             return Err(Reply::error(400, "from_uid must not be empty"));
@@ -571,7 +793,7 @@ impl Api {
             Channel::resolve(&r.from_uid, &r.channel_id, r.channel_type).map_err(|e| {
                 Reply::error(400, format!("bad channel (reason {})", e.reason_code().0))
             })?;
-        self.answer_at_home(channel.key().as_bytes(), req)?;
+        self.answer_at_home(channel.key().as_bytes(), req).await?;
         let mut flags = 0u8;
         if r.header.no_persist == 1 {
             flags |= 0x01;
@@ -582,7 +804,7 @@ impl Api {
         if r.header.sync_once == 1 {
             flags |= 0x04;
         }
-        let (tx, rx) = sync_channel::<ApiSendResult>(1);
+        let (tx, mut rx) = reply_channel::<ApiSendResult>(1);
         let shard = self.shared.slot_map.shard_of_key(channel.key().as_bytes());
         let request = CommitRequest {
             answer_to: Origin::Api { reply: tx },
@@ -604,9 +826,11 @@ impl Api {
         self.injectors[shard as usize]
             .send(Msg::Commit(Box::new(commit)))
             .map_err(|_| Reply::error(503, "the channel's shard is busy; retry"))?;
-        let res = rx
-            .recv_timeout(self.timeout())
-            .map_err(|_| Reply::error(504, "commit did not finish in time"))?;
+        let res = self
+            .shard_replies(&mut rx, 1)
+            .await
+            .and_then(|mut r| r.pop())
+            .ok_or_else(|| Reply::error(504, "commit did not finish in time"))?;
         let reason = res.reason.0;
         if res.reason != proto::wkproto::ReasonCode::SUCCESS {
             return Err(Reply::json(
@@ -620,12 +844,12 @@ impl Api {
         ))
     }
 
-    fn message_sync(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
+    async fn message_sync(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: SyncReq = parse(req.body)?;
         let key = sync_channel_key(&r)?;
-        self.answer_at_home(key.as_bytes(), req)?;
+        self.answer_at_home(key.as_bytes(), req).await?;
         self.check_member(&r)?;
-        let (messages, more) = self.read_channel(&r, key)?;
+        let (messages, more) = self.read_channel(&r, key).await?;
         Ok(self.sync_answer(&r, &messages, more))
     }
 
@@ -649,8 +873,12 @@ impl Api {
     /// most `max_sync_response_bytes` copied) and whether more are in range. Refuses
     /// (503) when the shard's injector is full, (504) when no answer came in time and
     /// (500) when the log failed the read.
-    fn read_channel(&self, r: &SyncReq, key: String) -> Result<(Vec<StoredMessage>, bool), Reply> {
-        let (tx, rx) = sync_channel(1);
+    async fn read_channel(
+        &self,
+        r: &SyncReq,
+        key: String,
+    ) -> Result<(Vec<StoredMessage>, bool), Reply> {
+        let (tx, mut rx) = reply_channel(1);
         let shard = self.shared.slot_map.shard_of_key(key.as_bytes());
         let request = MessageSyncRequest {
             channel_type: r.channel_type,
@@ -665,8 +893,10 @@ impl Api {
         self.injectors[shard as usize]
             .send(Msg::MessageSync(Box::new(request)))
             .map_err(|_| Reply::error(503, "the channel's shard is busy; retry"))?;
-        rx.recv_timeout(self.timeout())
-            .map_err(|_| Reply::error(504, "read did not finish in time"))?
+        self.shard_replies(&mut rx, 1)
+            .await
+            .and_then(|mut r| r.pop())
+            .ok_or_else(|| Reply::error(504, "read did not finish in time"))?
             .map_err(|e| Reply::error(500, e))
     }
 
@@ -795,8 +1025,10 @@ mod tests {
         )
     }
 
-    /// Holds `POST /test/wait` until opened.
+    /// Holds `POST /test/wait` (on a thread of the blocking pool) until opened.
     pub(super) static GATE: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+    /// Holds `POST /test/hold` (awaiting, on no thread) until given permits.
+    pub(super) static HOLD: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
 
     fn metric(text: &str, name: &str) -> u64 {
         text.lines()
@@ -852,41 +1084,62 @@ mod tests {
         (dir, node)
     }
 
-    #[test]
-    fn a_full_blocking_pool_answers_503_at_once_and_health_still_answers() {
-        let (_dir, node) = start(|c| c.api.blocking_threads = 2);
-        let addr = node.api_addr().unwrap();
-        let waiting: Vec<_> = (0..2)
-            .map(|_| std::thread::spawn(move || post(addr, "/test/wait")))
-            .collect();
-        let api = node.api();
-        let in_use = || {
-            metric(
-                &api.handle("GET", "/metrics", None, b"").body,
-                "imrouter_api_blocking_in_use",
-            )
-        };
+    /// Polls `name` in the node's /metrics until it is `want` (bounded).
+    fn wait_metric(api: &super::Api, name: &str, want: u64) {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while in_use() < 2 {
+        loop {
+            let got = metric(&api.handle("GET", "/metrics", None, b"").body, name);
+            if got == want {
+                return;
+            }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the pool never filled"
+                "{name}: {got}, not {want}"
             );
             std::thread::yield_now();
         }
-        assert_eq!(post(addr, "/test/wait").0, 503);
-        assert_eq!(post(addr, "/user/token").0, 503);
+    }
+
+    #[test]
+    fn requests_queue_up_to_the_bound_and_the_deadline_then_503_and_health_still_answers() {
+        let (_dir, node) = start(|c| {
+            c.api.blocking_threads = 1;
+            c.api.max_waiting_requests = 3;
+            c.api.queue_timeout_ms = 1;
+        });
+        let addr = node.api_addr().unwrap();
+        let api = node.api();
+        let holder = std::thread::spawn(move || post(addr, "/test/wait"));
+        wait_metric(&api, "imrouter_api_blocking_in_use", 1);
+        // The one blocking thread stays taken: a second call waits for it past
+        // queue_timeout_ms.
+        let (status, body) = post(addr, "/test/wait");
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            body.contains("none of the 1 blocking threads freed within 1 ms"),
+            "{body}"
+        );
+        // Requests waiting on no thread fill the queue's other two places.
+        let awaiting: Vec<_> = (0..2)
+            .map(|_| std::thread::spawn(move || post(addr, "/test/hold")))
+            .collect();
+        wait_metric(&api, "imrouter_api_requests_waiting", 3);
+        let (status, body) = post(addr, "/user/token");
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("3 requests are waiting already"), "{body}");
         for path in ["/healthz", "/readyz", "/metrics", "/cluster/slots"] {
-            assert_eq!(get(addr, path).0, 200, "{path} while the pool is full");
+            assert_eq!(get(addr, path).0, 200, "{path} while the queue is full");
         }
         let text = get(addr, "/metrics").1;
         assert_eq!(metric(&text, "imrouter_api_pool_refusals_total"), 2);
+        HOLD.add_permits(2);
         *GATE.0.lock().unwrap() = true;
         GATE.1.notify_all();
-        for w in waiting {
+        for w in awaiting.into_iter().chain([holder]) {
             assert_eq!(w.join().unwrap().0, 200);
         }
-        assert_eq!(in_use(), 0);
+        wait_metric(&api, "imrouter_api_requests_waiting", 0);
+        wait_metric(&api, "imrouter_api_blocking_in_use", 0);
         node.shutdown().unwrap();
     }
 

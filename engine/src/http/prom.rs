@@ -24,7 +24,8 @@ pub struct ApiMetrics {
     pub connections_evicted: AtomicU64,
     /// Handlers that panicked (answered 500).
     pub panics: AtomicU64,
-    /// Requests refused (503) because the blocking pool was full.
+    /// Requests refused (503) because `max_waiting_requests` were waiting already
+    /// or no thread of the blocking pool freed within `queue_timeout_ms`.
     pub pool_refusals: AtomicU64,
     /// Connections closed because their client accepted no byte of an answer for
     /// `answer_write_timeout_ms`.
@@ -40,6 +41,11 @@ pub struct ApiMetrics {
     /// Of those, the ones that got no usable answer (unreachable, timed out, a bad
     /// answer).
     pub forward_failures: AtomicU64,
+    /// Forwards refused without asking the node: its breaker was open, or no
+    /// place to it freed within `queue_timeout_ms`.
+    pub forwards_refused: AtomicU64,
+    /// Requests waiting (on a shard, the metadata store, a place or another node).
+    pub requests_waiting: AtomicU64,
 }
 
 impl ApiMetrics {
@@ -238,7 +244,7 @@ const API_FAMILIES: &[ApiFamily] = &[
     (
         "imrouter_api_pool_refusals_total",
         "counter",
-        "HTTP API requests refused (503) because the blocking pool was full.",
+        "HTTP API requests refused (503) because max_waiting_requests were waiting already or no thread of the blocking pool freed within queue_timeout_ms.",
         |a| &a.pool_refusals,
     ),
     (
@@ -260,6 +266,12 @@ const API_FAMILIES: &[ApiFamily] = &[
         |a| &a.forward_failures,
     ),
     (
+        "imrouter_api_forwards_refused_total",
+        "counter",
+        "HTTP API forwards refused (503) without asking the node: its breaker was open (forward_breaker_failures in a row got no answer), or no place to it (forward_connections_per_peer) freed within queue_timeout_ms.",
+        |a| &a.forwards_refused,
+    ),
+    (
         "imrouter_api_connections",
         "gauge",
         "Open HTTP API connections.",
@@ -276,6 +288,12 @@ const API_FAMILIES: &[ApiFamily] = &[
         "gauge",
         "HTTP API requests holding a place of the blocking pool (blocking_threads).",
         |a| &a.blocking_in_use,
+    ),
+    (
+        "imrouter_api_requests_waiting",
+        "gauge",
+        "HTTP API requests waiting on a shard, the metadata store, a place or another node (at most max_waiting_requests).",
+        |a| &a.requests_waiting,
     ),
 ];
 

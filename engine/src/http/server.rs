@@ -13,10 +13,14 @@
 //! - accept errors (EMFILE, ENFILE, ENOBUFS, ENOMEM, …) are counted and back off
 //!   ([`AcceptBackoff`]); the loop never ends on them;
 //! - the bearer token is checked before the body is read;
-//! - requests that wait on a shard or on the metadata store run on a bounded blocking
-//!   pool (`blocking_threads`), over it 503 at once (a request passed to another
-//!   node waits there too); `/healthz`, `/readyz`, `/metrics`, `/cluster/slots`,
-//!   `/route` and `/route/batch` answer on the runtime, never behind the pool;
+//! - a request that may wait (on a shard, another node or the metadata store) takes
+//!   a place in the waiting queue (`max_waiting_requests`, over it 503 at once) and
+//!   is awaited on the runtime, holding no thread: shard replies come on tokio
+//!   channels, forwards on the async client ([`super::forward`]); only metadata
+//!   store calls (journal and fsync) run on the blocking pool (`blocking_threads`),
+//!   waiting for a place up to `queue_timeout_ms` (then 503); `/healthz`,
+//!   `/readyz`, `/metrics`, `/cluster/slots`, `/route` and `/route/batch` answer
+//!   from memory, outside the queue;
 //! - `x-imrouter-forwarded` (a node id) is read after the token and handed to the
 //!   API as [`super::ApiRequest::forwarded_by`]; a value that is not a number is 400;
 //! - a panicking handler answers 500 and is counted.
@@ -36,7 +40,7 @@ use axum::response::Response;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify};
 use tower::ServiceExt as _;
 
 use super::{Api, ApiMetrics, Reply};
@@ -155,7 +159,6 @@ impl Conns {
 /// What every request handler shares.
 struct App {
     api: Api,
-    pool: Arc<Semaphore>,
 }
 
 impl App {
@@ -175,7 +178,7 @@ fn to_response(reply: Reply) -> Response {
 }
 
 /// Every route: the open ones first, then the token (before any body byte is
-/// read), the body limit, and the blocking pool for what may wait.
+/// read), the body limit, and a place in the waiting queue for what may wait.
 async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
@@ -213,12 +216,16 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
         body,
     };
     if Api::is_immediate(&owned.method, &path) {
-        return to_response(app.api.handle_authorized(&owned.as_request()));
+        return to_response(app.api.serve(&owned.as_request()).await);
     }
-    run_blocking(app, owned).await
+    let _waiting = match app.api.admit() {
+        Ok(w) => w,
+        Err(reply) => return to_response(reply),
+    };
+    to_response(app.api.serve(&owned.as_request()).await)
 }
 
-/// A request's parts, owned (to move to the blocking pool).
+/// A request's parts, owned.
 struct OwnedRequest {
     method: String,
     target: String,
@@ -260,45 +267,6 @@ async fn read_body(request: Request, limit: usize) -> Result<Bytes, Reply> {
                 Reply::error(400, format!("could not read the body: {e}"))
             }
         })
-}
-
-/// Answers `request` on the blocking pool: 503 at once when it is full, 500 when
-/// the handler panics (counted).
-async fn run_blocking(app: Arc<App>, request: OwnedRequest) -> Response {
-    let Ok(permit) = app.pool.clone().try_acquire_owned() else {
-        ApiMetrics::inc(&app.metrics().pool_refusals);
-        return to_response(Reply::error(503, "the API is busy; retry"));
-    };
-    let api = app.api.clone();
-    ApiMetrics::inc(&app.metrics().blocking_in_use);
-    let task = tokio::task::spawn_blocking(move || {
-        /// Gives the place back however the handler ends.
-        struct Place {
-            _permit: tokio::sync::OwnedSemaphorePermit,
-            api: Api,
-        }
-        impl Drop for Place {
-            fn drop(&mut self) {
-                let m = &self.api.shared.api_metrics;
-                m.blocking_in_use.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-        let place = Place {
-            _permit: permit,
-            api,
-        };
-        place.api.handle_authorized(&request.as_request())
-    });
-    match task.await {
-        Ok(reply) => to_response(reply),
-        Err(e) => {
-            if e.is_panic() {
-                ApiMetrics::inc(&app.metrics().panics);
-                tracing::error!("an HTTP API handler panicked");
-            }
-            to_response(Reply::error(500, "internal error"))
-        }
-    }
 }
 
 /// Answers a panic in the async part of a handler with 500 and counts it.
@@ -458,10 +426,7 @@ impl HttpServer {
             let _guard = runtime.enter();
             TcpListener::from_std(std_listener)?
         };
-        let app = Arc::new(App {
-            api,
-            pool: Arc::new(Semaphore::new(config.blocking_threads)),
-        });
+        let app = Arc::new(App { api });
         let router = Router::new()
             .fallback(route)
             .with_state(app.clone())

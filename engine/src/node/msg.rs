@@ -47,7 +47,7 @@ pub enum Msg {
     DeviceQuit {
         uid: String,
         device_flag: Option<u8>,
-        done: std::sync::mpsc::SyncSender<usize>,
+        done: tokio::sync::mpsc::Sender<usize>,
     },
     /// Control → a commit shard: read committed messages of a channel.
     MessageSync(Box<super::send::MessageSyncRequest>),
@@ -67,7 +67,7 @@ pub enum Msg {
     /// DISCONNECT every session (unregistered); answered on `done` with how many
     /// connections were disconnected.
     Drain {
-        done: std::sync::mpsc::SyncSender<usize>,
+        done: tokio::sync::mpsc::Sender<usize>,
     },
     /// Control → every shard: send DISCONNECT to every session, unregister them, stop.
     Shutdown,

@@ -71,6 +71,25 @@ impl Target {
     }
 }
 
+/// A pooled HTTP/1.1 client (hyper-util's legacy client, keep-alive) whose
+/// connections run on the runtime it is used from: connects bounded by
+/// `connect_timeout`, `TCP_NODELAY`, at most `max_idle_per_host` idle connections
+/// per host, each kept `idle`. The webhooks post with it, and the HTTP API passes
+/// requests to other nodes with it (`http::forward`).
+pub fn pooled_client(
+    connect_timeout: Duration,
+    idle: Duration,
+    max_idle_per_host: usize,
+) -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(idle)
+        .pool_max_idle_per_host(max_idle_per_host)
+        .build(connector)
+}
+
 /// Posts the queues' requests.
 #[derive(Clone)]
 pub struct WebhookClient {
@@ -85,13 +104,11 @@ impl WebhookClient {
     pub fn new(config: &WebhookConfig, node_id: u64) -> Result<WebhookClient, String> {
         let target = Target::parse(&config.url)?;
         let timeout = Duration::from_millis(config.timeout_ms);
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(config.requests_in_flight_max * 3)
-            .build(connector);
+        let client = pooled_client(
+            timeout,
+            Duration::from_secs(30),
+            config.requests_in_flight_max * 3,
+        );
         let secret = config
             .secret
             .is_set()

@@ -22,7 +22,7 @@ pub mod commit;
 pub mod gateway;
 pub mod owner;
 
-use std::sync::mpsc::SyncSender;
+use tokio::sync::mpsc::Sender;
 
 use net::io::ConnId;
 use proto::wkproto::ReasonCode;
@@ -51,8 +51,9 @@ pub enum Origin {
         session_id: SessionId,
         client_seq: u32,
     },
-    /// `POST /message/send`: the answer goes back to the HTTP thread.
-    Api { reply: SyncSender<ApiSendResult> },
+    /// `POST /message/send`: the answer goes back to the HTTP API's task (awaited,
+    /// holding no thread; `try_send` never blocks a shard).
+    Api { reply: Sender<ApiSendResult> },
     /// A SEND forwarded by another node's gateway: the SENDACK is its reply.
     Remote(super::msg::Remote),
 }
@@ -87,5 +88,5 @@ pub struct MessageSyncRequest {
     pub pull_mode: PullMode,
     /// At most this many bytes copied (`MessageView::copy_bytes`); `more` says the rest.
     pub max_bytes: usize,
-    pub reply: SyncSender<Result<(Vec<StoredMessage>, bool), String>>,
+    pub reply: Sender<Result<(Vec<StoredMessage>, bool), String>>,
 }
