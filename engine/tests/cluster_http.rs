@@ -431,3 +431,45 @@ fn a_forwarded_request_is_answered_where_it_arrives_and_never_passed_on() {
         assert_eq!(reply.status, 400, "{bad:?}: {}", reply.body);
     }
 }
+
+/// A slot move is checked before it is made (issue 26, item 10): a leader outside
+/// the cluster is refused (400) and nothing moves; a move naming the revision it
+/// expects is refused (409, naming the current one) when the view moved on, and made
+/// when it did not.
+#[test]
+fn a_slot_move_names_a_node_of_the_cluster_and_may_name_its_revision() {
+    let cluster = start();
+    let node = cluster.node(1);
+    let before = node.shared().view().as_ref().clone();
+    let (status, reply) = call(
+        node,
+        "POST",
+        "/cluster/slots/leader",
+        json!({"hash_slots": [7], "leader_node_id": 9}),
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.to_string().contains("node 9"), "{reply}");
+    assert_eq!(*node.shared().view(), before, "nothing moved");
+    let stale = before.revision;
+    let to = other(before.slots[7].leader_node_id, 0);
+    let (status, reply) = call(
+        node,
+        "POST",
+        "/cluster/slots/leader",
+        json!({"hash_slots": [7], "leader_node_id": to, "revision": stale}),
+    );
+    assert_eq!(status, 200, "the expected revision: {reply}");
+    let (status, reply) = call(
+        node,
+        "POST",
+        "/cluster/slots/leader",
+        json!({"hash_slots": [8], "leader_node_id": to, "revision": stale}),
+    );
+    assert_eq!(status, 409, "{reply}");
+    let now = node.shared().view().revision;
+    assert!(
+        reply.to_string().contains(&format!("revision {now}")),
+        "names the current revision: {reply}"
+    );
+    assert_eq!(node.shared().view().slots[8], before.slots[8], "not moved");
+}

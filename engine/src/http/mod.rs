@@ -955,8 +955,21 @@ impl Api {
         struct Req {
             hash_slots: Vec<u16>,
             leader_node_id: u64,
+            /// The revision the move expects the view at (optional): 409 otherwise.
+            #[serde(default)]
+            revision: Option<u64>,
         }
         let r: Req = parse(body)?;
+        let nodes = self.shared.view().nodes.clone();
+        if !nodes.contains(&r.leader_node_id) {
+            return Err(Reply::error(
+                400,
+                format!(
+                    "node {} is not a node of this cluster (nodes {nodes:?})",
+                    r.leader_node_id
+                ),
+            ));
+        }
         if let Some(bad) = r
             .hash_slots
             .iter()
@@ -967,7 +980,19 @@ impl Api {
                 format!("hash slot {bad} does not exist (0..256)"),
             ));
         }
-        let view = self.shared.move_leaders(&r.hash_slots, r.leader_node_id);
+        let view = self
+            .shared
+            .move_leaders(&r.hash_slots, r.leader_node_id, r.revision)
+            .map_err(|current| {
+                Reply::error(
+                    409,
+                    format!(
+                        "the view is at revision {current}, not {}: read GET /cluster/slots \
+                         and move again",
+                        r.revision.unwrap_or_default()
+                    ),
+                )
+            })?;
         for inj in &self.injectors {
             inj.send(Msg::View(view.clone())).map_err(|_| {
                 Reply::error(

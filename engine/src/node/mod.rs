@@ -554,12 +554,24 @@ impl NodeShared {
         self.view.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Moves the leadership of `hash_slots` to `leader_node_id` (a failover drill):
-    /// each moved slot's term advances, and so does the routing revision. Returns the
-    /// new view, which the caller sends to every shard.
-    pub fn move_leaders(&self, hash_slots: &[u16], leader_node_id: NodeId) -> Arc<ClusterView> {
+    /// Moves the leadership of `hash_slots` to `leader_node_id` (a failover drill),
+    /// if the view is still at revision `expected` (when given): each moved slot's
+    /// term advances, and so does the routing revision. Returns the new view, which
+    /// the caller sends to every shard, or the current revision when it is not the
+    /// expected one (nothing moved).
+    pub fn move_leaders(
+        &self,
+        hash_slots: &[u16],
+        leader_node_id: NodeId,
+        expected: Option<crate::cluster::Revision>,
+    ) -> Result<Arc<ClusterView>, crate::cluster::Revision> {
         let moves: Vec<(u16, NodeId)> = hash_slots.iter().map(|&s| (s, leader_node_id)).collect();
-        self.move_leaders_each(&moves)
+        let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        if expected.is_some_and(|r| r != guard.revision) {
+            return Err(guard.revision);
+        }
+        *guard = Arc::new(guard.with_leaders(&moves));
+        Ok(guard.clone())
     }
 
     /// [`NodeShared::move_leaders`] with a new leader per hash slot, in one view
