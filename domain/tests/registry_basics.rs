@@ -350,3 +350,20 @@ fn a_master_and_slave_of_other_devices_share_the_uid_index() {
     assert_eq!(reg.get(s).unwrap().node_id, NODE);
     assert_eq!(reg.get(s).unwrap().boot_id, BOOT);
 }
+
+#[test]
+fn the_counters_an_operator_reads_count_sessions_and_queued_unregisters() {
+    let mut reg = registry();
+    assert!(reg.is_empty());
+    assert_eq!(reg.stats().sessions, 0);
+    let a = active(&mut reg, "a", 1);
+    active(&mut reg, "b", 2);
+    assert!(!reg.is_empty());
+    assert_eq!((reg.len(), reg.stats().sessions), (2, 2));
+    let identity = reg.get(a).unwrap().identity();
+    assert!(reg.unregister(a).is_some());
+    reg.queue_unregister(identity, 0).unwrap();
+    let stats = reg.stats();
+    assert_eq!((stats.sessions, stats.pending_unregisters), (1, 1));
+    assert_eq!(reg.pending_unregisters(), 1);
+}
