@@ -325,6 +325,26 @@ fn node_start_validates_a_config_built_in_code() {
     assert!(e.to_string().contains("node id 2 is listed twice"), "{e}");
 }
 
+/// The frame limits fit each other (issue 26, item 2): a link's input buffer must
+/// hold a whole frame of `rpc_frame_bytes_max` and one read, or the start is refused
+/// naming both keys; the defaults fit.
+#[test]
+fn an_rpc_frame_limit_past_the_links_input_buffer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = support::config(dir.path(), net::io::Backend::Mio);
+    c.rpc.rpc_frame_bytes_max = c.net.rpc_inbound_buffer_bytes_max;
+    let e = Node::start(c).err().expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let text = e.to_string();
+    assert!(
+        text.contains("rpc_frame_bytes_max") && text.contains("rpc_inbound_buffer_bytes_max"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let c = support::config(dir.path(), net::io::Backend::Mio);
+    Node::start(c).unwrap().shutdown().unwrap();
+}
+
 /// A node whose `[[cluster.nodes]]` lists only itself starts as today: the
 /// single-node view (one slot id per hash slot, whatever `slot_ids` says) and no RPC
 /// listener: its `rpc_addr` is held by the test, and the start still succeeds.

@@ -263,4 +263,41 @@ fn a_bad_peer_frame_closes_its_link_and_the_node_goes_on(backend: Backend) {
     node.shutdown().unwrap();
 }
 
-on_both_drivers!(a_bad_peer_frame_closes_its_link_and_the_node_goes_on);
+/// A frame within `rpc_frame_bytes_max` but larger than a client connection's input
+/// buffer (issue 26, item 2: the frame limits fit each other) is read whole: a bad
+/// frame sent after it on the same link is reached, counted and closes the link.
+fn a_frame_larger_than_a_clients_buffer_is_read_on_a_link(backend: Backend) {
+    let (node, rpc_addr, _dir) = node_1(backend);
+    let view = ClusterView::initial(&[1, 2], SLOT_IDS).unwrap();
+    // 2 MiB of uids (a client connection's buffer holds about 1 MiB).
+    let uids: Vec<Uid> = (0..16_384)
+        .map(|i| Uid::from(format!("{i:0>127}")))
+        .collect();
+    let big = wire::Request::Lookup {
+        groups: vec![(view.target_for_slot(1), 0..uids.len())],
+        uids,
+    };
+    let mut body = Vec::new();
+    wire::encode(&big, &mut body);
+    assert!(body.len() > 2 << 20, "{}", body.len());
+    let (mut stream, mut l, boot_id) = link(rpc_addr);
+    let mut out = Vec::new();
+    l.request(Kind::EndpointLookup, &body, 0, (), 0, &mut out)
+        .unwrap();
+    let (what, kind, bad) = bad_frames(boot_id).swap_remove(0);
+    l.request(kind, &bad, 0, (), 0, &mut out).unwrap();
+    stream.write_all(&out).unwrap();
+    closed_by_node(stream);
+    assert_eq!(
+        support::metric(&node, "imrouter_rpc_bad_frames_total"),
+        1,
+        "the {what} after the large frame was read"
+    );
+    assert_eq!(node.wait_failure(Duration::ZERO), None);
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(
+    a_bad_peer_frame_closes_its_link_and_the_node_goes_on,
+    a_frame_larger_than_a_clients_buffer_is_read_on_a_link
+);

@@ -708,6 +708,7 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .and_then(|()| config.registry.validate())
         .and_then(|()| config.cluster.validate(config.node_id, config.rpc_addr))
         .and_then(|()| config.webhook.validate())
+        .and_then(|()| check_frame_limits(config))
         .map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -718,6 +719,22 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .delivery
         .check_room(&config.runtime)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// The frame limits against each other: an inter-node link's input buffer holds a
+/// whole frame of `[rpc] rpc_frame_bytes_max` and one read, or a large frame would
+/// stall its link for good.
+fn check_frame_limits(config: &NodeConfig) -> Result<(), String> {
+    let (frame, net) = (config.rpc.rpc_frame_bytes_max, &config.net);
+    let need = frame.saturating_add(net.read_chunk_bytes.max(net.uring_buf_bytes as usize));
+    if need > net.rpc_inbound_buffer_bytes_max {
+        return Err(format!(
+            "[rpc] rpc_frame_bytes_max = {frame} plus one read needs [net] \
+             rpc_inbound_buffer_bytes_max >= {need}, not {}",
+            net.rpc_inbound_buffer_bytes_max
+        ));
+    }
+    Ok(())
 }
 
 /// The descriptor budget: raises the soft limit to the hard one (a warning when it

@@ -263,9 +263,8 @@ impl Conn {
 
 pub(crate) struct Core {
     pub(crate) cfg: NetConfig,
-    /// Unconsumed input past which a connection is closed: `inbound_buffer_bytes_max`
-    /// plus what the backend may deliver after it paused reading.
-    inbound_close_bytes: usize,
+    /// What the backend may still deliver after it paused reading a connection.
+    inbound_slack_bytes: usize,
     conns: Vec<Conn>,
     free: Vec<u32>,
     live: usize,
@@ -288,9 +287,7 @@ impl Core {
     pub(crate) fn new(cfg: &NetConfig, inbound_slack_bytes: usize) -> Self {
         Core {
             cfg: cfg.clone(),
-            inbound_close_bytes: cfg
-                .inbound_buffer_bytes_max
-                .saturating_add(inbound_slack_bytes),
+            inbound_slack_bytes,
             conns: Vec::new(),
             free: Vec::new(),
             live: 0,
@@ -702,10 +699,36 @@ impl Core {
         self.mark_dirty(idx);
     }
 
+    /// The unconsumed input a connection of `kind` may hold: an inter-node link's
+    /// frames are larger than a client's.
+    pub(crate) fn inbound_max(&self, kind: Transport) -> usize {
+        match kind {
+            Transport::Rpc => self.cfg.rpc_inbound_buffer_bytes_max,
+            Transport::Tcp | Transport::WebSocket => self.cfg.inbound_buffer_bytes_max,
+        }
+    }
+
+    /// The unconsumed input of connection `id` at which its backend pauses reading,
+    /// `read_bytes` (one read) below its limit.
+    pub(crate) fn pause_bytes(&self, id: ConnId, read_bytes: usize) -> usize {
+        let kind = self
+            .conns
+            .get(id.index())
+            .map_or(Transport::Tcp, |c| c.kind);
+        self.inbound_max(kind).saturating_sub(read_bytes).max(1)
+    }
+
+    /// Past this, connection `idx`'s input overflows: its limit plus what the
+    /// backend may deliver after it paused.
+    fn inbound_close_bytes(&self, idx: u32) -> usize {
+        self.inbound_max(self.conns[idx as usize].kind)
+            .saturating_add(self.inbound_slack_bytes)
+    }
+
     /// Bytes received on connection `idx`.
     pub(crate) fn on_recv(&mut self, idx: u32, data: &[u8]) {
         self.stats.bytes_in += data.len() as u64;
-        let max_in = self.inbound_close_bytes;
+        let max_in = self.inbound_close_bytes(idx);
         let now = self.now_ms;
         let c = &mut self.conns[idx as usize];
         c.last_input_ms = now;
@@ -769,7 +792,7 @@ impl Core {
 
     fn decode_ws(&mut self, idx: u32) {
         let max_msg = self.cfg.ws_message_bytes_max as u64;
-        let max_in = self.inbound_close_bytes;
+        let max_in = self.inbound_close_bytes(idx);
         let c = &mut self.conns[idx as usize];
         c.compact_input();
         let before = c.input.len();

@@ -59,8 +59,9 @@ pub struct MioDriver {
     list_buf: Vec<u32>,
     /// Readiness copied out of `events`.
     ready: Vec<Ready>,
-    /// Reading pauses when a connection's unconsumed input reaches this.
-    pause_bytes: usize,
+    /// One read: reading pauses when a connection's unconsumed input is within
+    /// it of the connection's limit (`Core::pause_bytes`).
+    read_bytes: usize,
     /// Closed to accept (and reset) one connection when out of descriptors.
     spare: Spare,
     /// Listeners whose pause ended (reused).
@@ -104,10 +105,7 @@ impl MioDriver {
             start: Instant::now(),
             list_buf: Vec::new(),
             ready: Vec::with_capacity(config.mio_events_capacity),
-            pause_bytes: config
-                .inbound_buffer_bytes_max
-                .saturating_sub(config.read_chunk_bytes)
-                .max(1),
+            read_bytes: config.read_chunk_bytes,
             spare: Spare::open(),
             resumed: Vec::new(),
         })
@@ -262,7 +260,7 @@ impl MioDriver {
                 return;
             }
             let id = self.core.id(idx);
-            if self.core.input(id).len() >= self.pause_bytes {
+            if self.core.input(id).len() >= self.core.pause_bytes(id, self.read_bytes) {
                 let mc = &mut self.conns[idx as usize];
                 if !mc.paused {
                     mc.paused = true;

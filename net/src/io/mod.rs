@@ -161,6 +161,11 @@ pub struct NetConfig {
     /// `max_frame_bytes + read_chunk_bytes`: a handler that consumes every whole
     /// frame never hits it.
     pub inbound_buffer_bytes_max: usize,
+    /// Unconsumed input per inter-node link (`Transport::Rpc`), which carries
+    /// frames up to `[rpc] rpc_frame_bytes_max`: the node refuses to start when a
+    /// frame and one read do not fit. Default: the default frame limit plus
+    /// `read_chunk_bytes`.
+    pub rpc_inbound_buffer_bytes_max: usize,
     /// Largest WebSocket message (all fragments) accepted from a client.
     pub ws_message_bytes_max: usize,
     /// Largest HTTP upgrade request.
@@ -211,6 +216,8 @@ impl Default for NetConfig {
             read_chunk_bytes,
             max_frame_bytes,
             inbound_buffer_bytes_max: max_frame_bytes + read_chunk_bytes,
+            rpc_inbound_buffer_bytes_max: proto::rpc::frame::RPC_FRAME_BYTES_MAX_DEFAULT
+                + read_chunk_bytes,
             ws_message_bytes_max: max_frame_bytes,
             ws_handshake_bytes_max: 8 * 1024,
             idle_timeout_ms: 90_000,
@@ -240,8 +247,14 @@ impl NetConfig {
         if self.max_connections_per_shard == 0 || self.max_connections_per_shard > (1 << 24) {
             return bad("max_connections_per_shard must be in 1..=2^24");
         }
-        if self.read_chunk_bytes == 0 || self.inbound_buffer_bytes_max == 0 {
-            return bad("read_chunk_bytes and inbound_buffer_bytes_max must be positive");
+        if self.read_chunk_bytes == 0
+            || self.inbound_buffer_bytes_max == 0
+            || self.rpc_inbound_buffer_bytes_max == 0
+        {
+            return bad(
+                "read_chunk_bytes, inbound_buffer_bytes_max and rpc_inbound_buffer_bytes_max \
+                 must be positive",
+            );
         }
         if !self.uring_buf_count.is_power_of_two() || self.uring_buf_count > 32768 {
             return bad("uring_buf_count must be a power of two <= 32768");

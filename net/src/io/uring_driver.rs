@@ -148,7 +148,9 @@ pub struct UringDriver {
     list_buf: Vec<u32>,
     cqes: Vec<(u64, i32, u32)>,
     start: Instant,
-    pause_bytes: usize,
+    /// One receive buffer: reading pauses when a connection's unconsumed input is
+    /// within it of the connection's limit (`Core::pause_bytes`).
+    read_bytes: usize,
     /// Closed to accept (and reset) one connection when out of descriptors.
     spare: Spare,
     /// Listeners whose pause ended (reused).
@@ -207,10 +209,7 @@ impl UringDriver {
             list_buf: Vec::new(),
             cqes: Vec::with_capacity(config.uring_entries as usize * 4),
             start: Instant::now(),
-            pause_bytes: config
-                .inbound_buffer_bytes_max
-                .saturating_sub(config.uring_buf_bytes as usize)
-                .max(1),
+            read_bytes: config.uring_buf_bytes as usize,
             spare: Spare::open(),
             resumed: Vec::new(),
         };
@@ -560,7 +559,9 @@ impl UringDriver {
             let uc = &self.conns[idx as usize];
             if uc.reaped || self.core.phase(idx) == Phase::Dead {
                 // Nothing to do: reap cancels the recv.
-            } else if self.core.input(self.core.id(idx)).len() >= self.pause_bytes {
+            } else if self.core.input(self.core.id(idx)).len()
+                >= self.core.pause_bytes(self.core.id(idx), self.read_bytes)
+            {
                 if !uc.paused {
                     self.conns[idx as usize].paused = true;
                     self.paused.push(idx);
@@ -741,7 +742,7 @@ impl UringDriver {
             } else if uc.recv_armed {
                 // The cancel of its recv has not completed yet.
                 self.paused.push(idx);
-            } else if self.core.input(id).len() < self.pause_bytes {
+            } else if self.core.input(id).len() < self.core.pause_bytes(id, self.read_bytes) {
                 uc.paused = false;
                 self.arm_recv(idx)?;
             } else {
