@@ -367,3 +367,68 @@ fn the_counters_an_operator_reads_count_sessions_and_queued_unregisters() {
     assert_eq!((stats.sessions, stats.pending_unregisters), (1, 1));
     assert_eq!(reg.pending_unregisters(), 1);
 }
+
+#[test]
+fn the_registry_section_is_validated_key_by_key() {
+    use domain::presence::registry::RegistryLimits;
+    assert_eq!(RegistryLimits::default().validate(), Ok(()));
+    let zero = |f: fn(&mut RegistryLimits)| {
+        let mut l = RegistryLimits::default();
+        f(&mut l);
+        l.validate().unwrap_err()
+    };
+    assert!(zero(|l| l.max_pending_unregisters = 0).contains("max_pending_unregisters"));
+    assert!(zero(|l| l.unregister_max_attempts = 0).contains("unregister_max_attempts"));
+    assert!(zero(|l| l.unregister_retry_base_ms = 0).contains("unregister_retry_base_ms"));
+    let mut l = RegistryLimits {
+        unregister_retry_base_ms: 100,
+        unregister_retry_max_ms: 99,
+        ..RegistryLimits::default()
+    };
+    assert!(l
+        .validate()
+        .unwrap_err()
+        .contains("unregister_retry_max_ms"));
+    l.unregister_retry_max_ms = 100;
+    assert_eq!(l.validate(), Ok(()), "the cap may equal the base");
+    l.unregister_retry_max_ms = 101;
+    assert_eq!(l.validate(), Ok(()));
+}
+
+#[test]
+fn a_shards_registry_takes_every_limit_of_the_section() {
+    use domain::presence::registry::{RegistryConfig, RegistryLimits};
+    let limits = RegistryLimits {
+        max_pending_unregisters: 11,
+        unregister_max_attempts: 12,
+        unregister_retry_base_ms: 13,
+        unregister_retry_max_ms: 14,
+    };
+    let c = RegistryConfig::with_limits(3, 7, 9, 10, &limits);
+    assert_eq!(
+        (
+            c.max_sessions,
+            c.max_pending_unregisters,
+            c.unregister_max_attempts,
+            c.unregister_retry_base_ms,
+            c.unregister_retry_max_ms
+        ),
+        (10, 11, 12, 13, 14)
+    );
+}
+
+#[test]
+fn the_registrys_errors_say_what_went_wrong() {
+    assert!(RegistryConfigError::MaxSessions
+        .to_string()
+        .contains("max_sessions"));
+    assert!(RegistryConfigError::UnregisterMaxAttempts
+        .to_string()
+        .contains("unregister_max_attempts"));
+    assert_eq!(RegisterError::Full.to_string(), "session registry full");
+    assert_eq!(
+        RegisterError::DuplicateSession.to_string(),
+        "duplicate session id"
+    );
+    assert_eq!(Gone.to_string(), "session gone");
+}
