@@ -236,3 +236,19 @@ fn a_session_leaving_takes_its_place_in_the_queue_with_it() {
     assert_eq!(sids(&out), vec![3]);
     assert_eq!(reg.rebuild_queued(), 0);
 }
+
+#[test]
+fn a_view_that_moves_none_of_the_shards_sessions_reports_no_round() {
+    let u = uids_in_distinct_slots("n", 1, &[]);
+    let (v1, v2) = views(&[&u[0]]);
+    let mut reg = registry();
+    assert_eq!(reg.queue_rebuild(&v1, &v2, 100), 0);
+    assert!(reg
+        .drain_rebuild(&v2, 5_000, &limits(10, 10, 10))
+        .is_empty());
+    assert_eq!(
+        reg.stats().rebuild_last_ms,
+        None,
+        "no rebuild round happened: none is reported"
+    );
+}
