@@ -432,3 +432,21 @@ fn the_registrys_errors_say_what_went_wrong() {
     );
     assert_eq!(Gone.to_string(), "session gone");
 }
+
+#[test]
+fn a_failed_unregister_meeting_a_full_queue_is_dropped_and_counted() {
+    let mut c = config();
+    c.max_pending_unregisters = 1;
+    let mut reg = Registry::new(c).unwrap();
+    let a = active(&mut reg, "a", 1);
+    let b = active(&mut reg, "b", 2);
+    let ida = reg.get(a).unwrap().identity();
+    let idb = reg.get(b).unwrap().identity();
+    reg.queue_unregister(ida, 0).unwrap();
+    let failed = reg.drain_unregisters(&view(), 1_000, 8).pop().unwrap();
+    reg.queue_unregister(idb, 1_000).unwrap();
+    let before = reg.stats().unregisters_dropped_full;
+    reg.unregister_failed(failed, 1_000);
+    assert_eq!(reg.stats().unregisters_dropped_full, before + 1);
+    assert_eq!(reg.pending_unregisters(), 1, "the queue keeps its bound");
+}
