@@ -5,6 +5,9 @@
 //! - a cap the user set that the limit cannot hold is refused, naming the numbers;
 //! - logs written to a pipe (a file, journald) carry no ANSI colour codes.
 
+#[macro_use]
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -70,7 +73,7 @@ fn lines_until(rx: &mpsc::Receiver<String>, found: impl Fn(&str) -> bool) -> (bo
 }
 
 fn loopback_args(dir: &std::path::Path) -> Vec<String> {
-    let ports = support_ports(3);
+    let ports = support::cluster::free_ports(3);
     vec![
         "--data-dir".into(),
         dir.display().to_string(),
@@ -83,16 +86,6 @@ fn loopback_args(dir: &std::path::Path) -> Vec<String> {
         "--shards".into(),
         "2".into(),
     ]
-}
-
-/// Ports free now (bound and released).
-fn support_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! batches, queued unregisters drained) and its service; the expiry pass.
 //!
 //! What enters here: the authority, touch and owner-action hops (`wire::Request`s
-//! served, `wire::Reply`s answered, through [`super::remote`]'s one dispatcher per
+//! served, `wire::Reply`s answered, through [`super::hops`]'s one dispatcher per
 //! side); an activation's `SendToAuthority` and `PerformOwnerAction`
 //! outputs (from [`super::connect`]); the `NodeTimer::TouchFlush` and
 //! `NodeTimer::Expiry` timers. Replies for activations are queued in
@@ -23,7 +23,7 @@ use crate::cluster::Target;
 use crate::delivery::session_shard;
 use crate::route::{OwnerAction, OwnerActionKind, Route};
 
-use super::msg::{AuthorityCall, AuthorityReply, Corr, Msg, Pending, ReplyTo, RequestHop};
+use super::msg::{AuthorityCall, AuthorityReply, Corr, Msg, Pending, ReplyTo};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use crate::route::AuthorityError;
@@ -211,11 +211,7 @@ impl NodeShard {
         let owner = session_shard(action.route.session_id);
         if local_process && owner != self.me {
             let request = wire::Request::OwnerAction { action };
-            return self.send_msg(
-                cx,
-                owner,
-                Msg::Request(Box::new(RequestHop { reply_to, request })),
-            );
+            return self.hand_request(cx, owner, reply_to, request);
         }
         if local_process {
             self.perform_owner_action(cx, driver, &action);

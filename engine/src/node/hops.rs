@@ -279,18 +279,7 @@ impl NodeShard {
             _ => self.me,
         };
         if served_by != self.me {
-            let urgent = matches!(request, wire::Request::Authority { .. });
-            self.send_msg(
-                cx,
-                served_by,
-                Msg::Request(Box::new(RequestHop { reply_to, request })),
-            );
-            if urgent {
-                // On a CONNECT's critical path: handed over now, not after the rest
-                // of the turn (which may be a batch of key agreements).
-                cx.flush_to(served_by);
-            }
-            return;
+            return self.hand_request(cx, served_by, reply_to, request);
         }
         match request {
             wire::Request::Authority { target, request } => {
@@ -360,6 +349,19 @@ impl NodeShard {
         pending: Pending,
     ) {
         let reply_to = ReplyTo::Shard(self.me, pending);
+        self.hand_request(cx, to, reply_to, request);
+    }
+
+    /// Puts a hop's request on the ring to shard `to`, answered to `reply_to`. An
+    /// authority call is handed over at once: it is on a CONNECT's critical path,
+    /// and the rest of the turn may be a batch of key agreements.
+    pub(super) fn hand_request(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        to: slots::ShardId,
+        reply_to: ReplyTo,
+        request: wire::Request,
+    ) {
         let urgent = matches!(request, wire::Request::Authority { .. });
         self.send_msg(
             cx,

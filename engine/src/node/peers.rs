@@ -6,7 +6,7 @@
 //! The machines are `proto::rpc::link`'s (handshake, heartbeats, silence, backoff,
 //! request ids, deadlines, the bounded in-flight table): this file moves their
 //! bytes, gives them the time, nonces and jitter, and hands what they read to
-//! [`super::remote`].
+//! [`super::hops`].
 //!
 //! A peer that comes up is dialed back at once: when any link of this node (an
 //! inbound one, or another shard's outbound one) reports a boot id of the peer that
@@ -352,7 +352,7 @@ impl NodeShard {
     }
 
     /// An inbound link's input: the handshake, then one frame at a time, each
-    /// decoded and handed to [`super::remote`] (a reply to the shard that asked).
+    /// decoded and handed to [`super::hops`] (a reply to the shard that asked).
     fn read_inbound(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
