@@ -1112,3 +1112,63 @@ fn rule_27_lookups_are_lock_free_and_safe_during_writes() {
     assert!(ok_groups.load(Ordering::Relaxed) > 0);
     ok(&a);
 }
+
+/// The owner's side of rules 14–17 (`Authority::serve_touch`): what each touch
+/// result asks of the owner. Refreshed and recreated routes need nothing; a route
+/// the slot's limit kept out, or a batch refused whole, is requeued; a route
+/// refused for good (a conflicting active route, a newer owner_seq, a tombstone)
+/// is superseded: its session is no longer routed and must be told and closed; a
+/// route of another slot (bad input) gets nothing.
+#[test]
+fn touch_answer_sorts_each_route_for_its_owner() {
+    let (mut a, _r, view) = setup();
+    let t = view.target_for_slot(33);
+    let [u0, u1, u2, u3] = [0, 1, 2, 3].map(|n| uid_in(33, n));
+    let active = master(&u0, "d", 1, 5);
+    a.register_route(&t, active.clone(), T0).unwrap();
+    let missing = slave(&u1, "d", 2, 1);
+    let conflicting = master(&u0, "other", 3, 9);
+    let mut stale = active.clone();
+    stale.owner_seq = 4;
+    let gone = slave(&u2, "d", 4, 3);
+    a.register_route(&t, gone.clone(), T0).unwrap();
+    a.unregister_route(&t, &gone.identity(), 6, T0).unwrap();
+    let other_slot = master(&uid_in(34, 0), "d", 5, 1);
+    let batch = vec![
+        active.clone(),
+        missing.clone(),
+        conflicting.clone(),
+        stale.clone(),
+        gone.clone(),
+        other_slot,
+    ];
+    let answer = a.serve_touch(&t, batch, T0 + 1);
+    assert_eq!(answer.requeue, Vec::<Route>::new());
+    assert_eq!(answer.superseded, vec![conflicting, stale, gone]);
+    assert!(!answer.is_empty());
+    // A stale target refuses the batch whole: every route is requeued.
+    let stale_target = Target {
+        leader_term: t.leader_term + 1,
+        ..t
+    };
+    let refused = a.serve_touch(&stale_target, vec![master(&u3, "d", 6, 1)], T0 + 1);
+    assert_eq!(refused.requeue.len(), 1);
+    assert!(refused.superseded.is_empty());
+    // Nothing to do: empty.
+    let fine = a.serve_touch(&t, vec![active], T0 + 2);
+    assert!(fine.is_empty());
+    ok(&a);
+
+    // At the slot's route limit a missing route is requeued (retry later).
+    let small = AuthorityConfig {
+        max_routes_per_slot: 1,
+        ..cfg()
+    };
+    let dir = Directory::new(&small).unwrap();
+    let mut b = Authority::new(small, &dir, &[33]).unwrap();
+    assert!(b.apply_view(&view, NODE, T0));
+    b.register_route(&t, master(&u0, "d", 1, 1), T0).unwrap();
+    let full = b.serve_touch(&t, vec![slave(&u1, "d", 2, 1)], T0);
+    assert_eq!(full.requeue.len(), 1);
+    assert!(full.superseded.is_empty() && !full.is_empty());
+}

@@ -256,6 +256,42 @@ fn touch_failures_are_requeued_only_if_the_route_is_still_current() {
     assert!(!reg.is_dirty(e));
 }
 
+/// Routes their authority superseded name the sessions to close: only those still
+/// current (live, active, same owner_seq, this process), each counted once.
+#[test]
+fn superseded_routes_name_only_current_sessions() {
+    let mut reg = registry();
+    let v = view();
+    let a = active(&mut reg, "a", 1);
+    let b = active(&mut reg, "b", 2);
+    let c = active(&mut reg, "c", 3);
+    let d = active(&mut reg, "d", 4);
+    let e = active(&mut reg, "e", 5);
+    for h in [a, b, c, d, e] {
+        reg.mark_touched(h, 50);
+    }
+    let sent: Vec<Route> = (reg.drain_touches(&v, 16).into_iter())
+        .flat_map(|(_, rs)| rs)
+        .collect();
+    let mut sent_by_sid = sent.clone();
+    sent_by_sid.sort_by_key(|r| r.session_id);
+    // b: gone; c: closing; d: another session now has its id.
+    reg.deactivate(b, 0);
+    reg.mark_closing(c).unwrap();
+    reg.unregister(d);
+    let d2 = active(&mut reg, "d", 4);
+    // e's route is of another process.
+    let mut foreign = sent_by_sid[4].clone();
+    foreign.boot_id += 1;
+    let routes = [&sent_by_sid[..4], &[foreign]].concat();
+    assert_eq!(reg.superseded(&routes), vec![a]);
+    assert_eq!(reg.stats().sessions_superseded, 1);
+    // Nothing was changed: the driver ends the session itself.
+    assert_eq!(reg.state(a), Some(SessionState::Active));
+    assert_eq!(reg.state(d2), Some(SessionState::Active));
+    assert_eq!(reg.superseded(&[]), Vec::<SessionHandle>::new());
+}
+
 #[test]
 fn drain_is_bounded_fifo_and_groups_by_the_current_target_after_a_view_change() {
     let mut reg = registry();

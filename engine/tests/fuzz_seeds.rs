@@ -10,6 +10,7 @@
 //! The constants mirror the fuzz target's (its node, peer, key, nonces, bounds).
 
 use engine::activation::AuthorityRequest;
+use engine::authority::TouchAnswer;
 use engine::channel::Channel;
 use engine::cluster::ClusterView;
 use engine::node::wire::{self, Bounds, OneWayRef, Reply, Request};
@@ -140,9 +141,10 @@ fn bodies() -> Vec<(Kind, Vec<u8>)> {
         requests.iter().map(|r| (r.kind(), encoded(r))).collect();
     bodies.push((Kind::View, encoded(&OneWayRef::View(&view))));
     let replies = [
-        Reply::Touch {
-            failed: vec![route(ME, session)],
-        },
+        Reply::Touch(TouchAnswer {
+            requeue: vec![route(ME, session)],
+            superseded: vec![route(ME, session + 1)],
+        }),
         Reply::OwnerAction(Ok(())),
         Reply::SendAck {
             message_id: 77,

@@ -470,7 +470,56 @@ fn a_slot_move_to_a_node_outside_the_cluster_is_refused(backend: Backend) {
     node.shutdown().unwrap();
 }
 
+/// Issue "Cluster defects found in a review…", item 1 (zombie sessions): after a
+/// slot move the routes are rebuilt at their new authority at
+/// `rebuild_routes_per_s`; a Master login of the uid on another device before the
+/// old session's rebuild touch arrives finds no route to kick. The old session's
+/// touch is then refused for good (a conflicting active route): the session is
+/// told (DISCONNECT 12) and closed, not left connected receiving nothing. Counted
+/// in `imrouter_sessions_superseded_total` (not in `imrouter_kicks_total`: no owner action).
+fn a_session_superseded_during_a_rebuild_is_told_and_closed(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    // One registry, so the rebuild queue's order is the login order.
+    c.runtime.shard_count = 1;
+    c.session.rebuild_routes_per_s = 1;
+    let node = Node::start(c).unwrap();
+    let slot = slots::hash_slot(b"z");
+    // Three sessions of the same hash slot, rebuilt (one a second) before the old
+    // phone's: the new login has seconds to come first.
+    let fillers: Vec<String> = (0..)
+        .map(|i| format!("f{i}"))
+        .filter(|u| slots::hash_slot(u.as_bytes()) == slot)
+        .take(3)
+        .collect();
+    let mut sessions = Vec::new();
+    for u in &fillers {
+        set_token(&node, u, 0);
+        sessions.push(login_device(&node, u, "d"));
+    }
+    set_token(&node, "z", 1);
+    let mut old = login_device(&node, "z", "phone-old");
+    let (status, body) = api(
+        &node,
+        "/cluster/slots/leader",
+        json!({"hash_slots": [slot], "leader_node_id": 1}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let _new = login_device(&node, "z", "phone-new");
+    let seen = old.wait_closed().unwrap();
+    assert!(
+        seen.iter()
+            .any(|f| matches!(f, Received::Disconnect { reason: 12, .. })),
+        "the superseded session is told: {seen:?}"
+    );
+    assert_eq!(support::metric(&node, "imrouter_sessions_superseded_total"), 1);
+    assert_eq!(support::metric(&node, "imrouter_kicks_total"), 0);
+    assert_eq!(online_devices(&node, "z"), 1);
+    node.shutdown().unwrap();
+}
+
 on_both_drivers!(
+    a_session_superseded_during_a_rebuild_is_told_and_closed,
     a_route_expires_after_missed_pings_while_a_pinging_one_stays,
     an_idle_connection_is_closed,
     an_unacknowledged_recv_is_resent_with_dup,

@@ -366,6 +366,9 @@ pub struct RegistryStats {
     pub touches_requeued: u64,
     /// Failed touches dropped because their route was no longer current.
     pub touches_dropped_stale: u64,
+    /// Current sessions whose route their authority refused for good
+    /// ([`Registry::superseded`]): told and closed by the driver.
+    pub sessions_superseded: u64,
     /// Routes waiting in the rebuild queue.
     pub rebuild_queued: u32,
     /// Routes handed out by [`Registry::drain_rebuild`] (resends included).
@@ -957,6 +960,27 @@ impl Registry {
             }
             self.stats.touches_requeued += 1;
         }
+    }
+
+    /// The authority refused `routes` for good (a newer registration of the
+    /// identity, or an unregister at or above it: `TouchAnswer::superseded`).
+    /// Returns the sessions among them that are still **current** (as in
+    /// [`Registry::touch_failed`]): no longer routed, they would stay connected and
+    /// receive nothing, so the driver deactivates each, sends DISCONNECT and closes
+    /// it. Routes of sessions gone or changed since are ignored.
+    pub fn superseded(&mut self, routes: &[Route]) -> Vec<SessionHandle> {
+        let mut out = Vec::new();
+        for route in routes {
+            if let Some(index) = self.current_index(route) {
+                self.stats.sessions_superseded += 1;
+                out.push(SessionHandle {
+                    shard: self.config.shard,
+                    index,
+                    generation: self.slots[index as usize].generation,
+                });
+            }
+        }
+        out
     }
 
     fn current_index(&self, route: &Route) -> Option<u32> {

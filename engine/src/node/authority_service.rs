@@ -19,9 +19,10 @@ use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 
 use crate::activation::{ActivationId, AuthorityRequest, Event};
+use crate::authority::TouchAnswer;
 use crate::cluster::Target;
 use crate::delivery::session_shard;
-use crate::route::{OwnerAction, OwnerActionKind, Route};
+use crate::route::{OwnerAction, OwnerActionKind, Route, SessionId};
 
 use super::msg::{AuthorityCall, AuthorityReply, Corr, Msg, Pending, ReplyTo};
 use super::shard::{NodeShard, NodeTimer};
@@ -82,46 +83,12 @@ impl NodeShard {
         target: &Target,
         request: AuthorityRequest,
     ) -> AuthorityReply {
-        let reply = self.serve_authority_inner(now_s, target, request);
+        let reply = self.authority.serve(target, request, now_s);
         self.publish_presence();
-        use crate::route::AuthorityError::{NotLeader, StaleTarget};
-        if matches!(
-            reply,
-            AuthorityReply::Register(Err(NotLeader | StaleTarget))
-                | AuthorityReply::Commit(Err(NotLeader | StaleTarget))
-                | AuthorityReply::Abort(Err(NotLeader | StaleTarget))
-                | AuthorityReply::Unregister(Err(NotLeader | StaleTarget))
-        ) {
+        if reply.is_stale_refusal() {
             self.metrics.authority_stale_refusals.inc();
         }
         reply
-    }
-
-    fn serve_authority_inner(
-        &mut self,
-        now_s: u64,
-        target: &Target,
-        request: AuthorityRequest,
-    ) -> AuthorityReply {
-        let a = &mut self.authority;
-        match request {
-            AuthorityRequest::Register { route } => {
-                AuthorityReply::Register(a.register_route(target, route, now_s))
-            }
-            AuthorityRequest::Commit { token } => {
-                AuthorityReply::Commit(a.commit_route(target, &token, now_s))
-            }
-            AuthorityRequest::Abort { token } => {
-                AuthorityReply::Abort(a.abort_route(target, &token, now_s))
-            }
-            AuthorityRequest::Unregister {
-                identity,
-                owner_seq,
-            } => AuthorityReply::Unregister(
-                a.unregister_route(target, &identity, owner_seq, now_s)
-                    .map(|_| ()),
-            ),
-        }
     }
 
     /// An authority reply: an activation's is queued as its event (the caller
@@ -227,18 +194,31 @@ impl NodeShard {
         driver: &mut NetDriver,
         action: &OwnerAction,
     ) {
-        let Some(&id) = self.session_conns.get(&action.route.session_id) else {
+        self.end_session(cx, driver, action.route.session_id, action.kind);
+        self.metrics.kicks.inc();
+    }
+
+    /// Ends one of this shard's sessions, if it is still connected: removed locally
+    /// first (rule 32: delivery stops seeing it now, its authority unregister
+    /// queued), then DISCONNECT 12 and close, or a close.
+    fn end_session(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        session_id: SessionId,
+        kind: OwnerActionKind,
+    ) {
+        let Some(&id) = self.session_conns.get(&session_id) else {
             return;
         };
         if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
-            // Local removal first (rule 32): delivery stops seeing it now.
             self.registry.deactivate(handle, cx.now_ms());
         }
-        self.session_conns.remove(&action.route.session_id);
+        self.session_conns.remove(&session_id);
         if let Some(c) = self.conn_mut(id) {
             c.handle = None;
         }
-        match action.kind {
+        match kind {
             OwnerActionKind::KickThenClose => {
                 self.disconnect(
                     driver,
@@ -249,7 +229,32 @@ impl NodeShard {
             }
             OwnerActionKind::Close => self.close(driver, id),
         }
-        self.metrics.kicks.inc();
+    }
+
+    /// The answer to one of this shard's touch batches: its failures requeued;
+    /// the sessions whose route the authority refused for good (a newer login of
+    /// the device, an unregister) told with DISCONNECT 12 and closed: no longer
+    /// routed, they would stay connected and receive nothing.
+    pub(super) fn on_touch_answer(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        target: Target,
+        answer: &TouchAnswer,
+    ) {
+        self.registry.touch_failed(target, &answer.requeue);
+        for handle in self.registry.superseded(&answer.superseded) {
+            let Some(session_id) = self.registry.get(handle).map(|i| i.session_id) else {
+                continue;
+            };
+            tracing::debug!(
+                session_id,
+                ?target,
+                "route superseded at its authority: closing"
+            );
+            self.end_session(cx, driver, session_id, OwnerActionKind::KickThenClose);
+            self.metrics.sessions_superseded.inc();
+        }
     }
 
     // ------------------------------------------------------- touch, unregister, expiry
@@ -257,8 +262,12 @@ impl NodeShard {
     /// The touch worker: sends the routes due for rebuild
     /// ([`NodeShard::flush_rebuild`]) and the dirty routes in bounded TouchRoutes
     /// batches, and drains the queued authority unregisters.
-    pub(super) fn flush_touches(&mut self, cx: &mut Context<Msg, NodeTimer>) {
-        self.flush_rebuild(cx);
+    pub(super) fn flush_touches(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) {
+        self.flush_rebuild(cx, driver);
         let shared = self.shared.clone();
         let cfg = &shared.config.session;
         let batches = self
@@ -266,7 +275,7 @@ impl NodeShard {
             .drain_touches(&self.view, cfg.touch_batch_max_routes);
         for (target, routes) in batches {
             self.metrics.touches.add(routes.len() as u64);
-            self.send_touch_batch(cx, target, routes);
+            self.send_touch_batch(cx, driver, target, routes);
         }
         let requests =
             self.registry
@@ -283,7 +292,11 @@ impl NodeShard {
     /// this shard's view as TouchRoutes batches (the authority recreates a missing
     /// route that conflicts with nothing, rule 15; failures come back through
     /// `Registry::touch_failed`). Updates the rebuild gauges.
-    pub(super) fn flush_rebuild(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+    pub(super) fn flush_rebuild(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) {
         // Also when the queue is empty: that drain closes a round whose sessions
         // all left before their turn.
         let limits = self.shared.config.session.rebuild_limits();
@@ -292,7 +305,7 @@ impl NodeShard {
             .drain_rebuild(&self.view, cx.now_ms(), &limits);
         for (target, routes) in batches {
             self.metrics.routes_rebuilt.add(routes.len() as u64);
-            self.send_touch_batch(cx, target, routes);
+            self.send_touch_batch(cx, driver, target, routes);
         }
         let stats = self.registry.stats();
         self.metrics
@@ -309,6 +322,7 @@ impl NodeShard {
     fn send_touch_batch(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
         target: Target,
         routes: Vec<Route>,
     ) {
@@ -323,8 +337,8 @@ impl NodeShard {
         }
         let to = self.shared.slot_map.shard_of(target.hash_slot);
         if to == self.me {
-            let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
-            self.registry.touch_failed(target, &failed);
+            let answer = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+            self.on_touch_answer(cx, driver, target, &answer);
         } else {
             // Over the ring only the failures come back (a dropped batch is requeued by
             // the next rebuild or touch): nothing to keep.
@@ -336,27 +350,16 @@ impl NodeShard {
         }
     }
 
-    /// The authority side of a touch batch; returns the routes the owner should requeue.
+    /// The authority side of a touch batch: what the owner does with its routes.
     pub(crate) fn serve_touch(
         &mut self,
         now_s: u64,
         target: &Target,
         routes: Vec<Route>,
-    ) -> Vec<Route> {
-        let touched = self.authority.touch_routes(target, &routes, now_s);
+    ) -> TouchAnswer {
+        let answer = self.authority.serve_touch(target, routes, now_s);
         self.publish_presence();
-        match touched {
-            Ok(results) => routes
-                .into_iter()
-                .zip(results)
-                .filter(|(_, r)| super::msg::touch_failed(r))
-                .map(|(route, _)| route)
-                .collect(),
-            Err(err) => {
-                tracing::debug!(%err, "touch batch refused");
-                routes
-            }
-        }
+        answer
     }
 
     /// The expiry pass: routes of this shard's slots not touched in time expire.

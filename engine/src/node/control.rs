@@ -70,7 +70,12 @@ impl NodeShard {
     /// new authority and the first rebuild batches leave at once
     /// ([`NodeShard::flush_rebuild`]); the touch flush sends the rest at
     /// `[session] rebuild_routes_per_s`.
-    pub(super) fn apply_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: &ClusterView) {
+    pub(super) fn apply_view(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        view: &ClusterView,
+    ) {
         // Joined, not replaced: views from several senders may arrive in any order.
         let Some(view) = self.view.merge(view) else {
             return;
@@ -88,7 +93,7 @@ impl NodeShard {
                 "routes queued for rebuild at their new authority"
             );
         }
-        self.flush_rebuild(cx);
+        self.flush_rebuild(cx, driver);
         // Shard 0 spreads it to the other nodes (each applies only a higher revision).
         if self.me == 0 && self.peers.is_cluster() {
             let now_ms = cx.now_ms();
@@ -103,7 +108,12 @@ impl NodeShard {
 
     /// A view from another node: joined with this node's (installed if it brings
     /// anything new), then applied by every shard.
-    pub(super) fn on_remote_view(&mut self, cx: &mut Context<Msg, NodeTimer>, view: ClusterView) {
+    pub(super) fn on_remote_view(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        view: ClusterView,
+    ) {
         let Some(view) = self.shared.install_view(view) else {
             return;
         };
@@ -113,7 +123,7 @@ impl NodeShard {
         );
         for shard in 0..self.shared.slot_map.shard_count() {
             if shard == self.me {
-                self.apply_view(cx, &view);
+                self.apply_view(cx, driver, &view);
             } else {
                 self.send_msg(cx, shard, Msg::View(view.clone()));
             }
@@ -166,7 +176,7 @@ impl NodeShard {
             }
             self.disconnect(driver, id, ReasonCode::UNKNOWN, text);
         }
-        self.flush_touches(cx);
+        self.flush_touches(cx, driver);
         ids.iter().filter(|(_, open)| *open).count()
     }
 

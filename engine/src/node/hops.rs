@@ -125,8 +125,8 @@ impl NodeShard {
                 self.on_authority_reply(cx, corr, reply);
                 self.drain_local_events(cx, driver);
             }
-            (Pending::Touch { target, .. }, R::Touch { failed }) => {
-                self.registry.touch_failed(target, &failed)
+            (Pending::Touch { target, .. }, R::Touch(answer)) => {
+                self.on_touch_answer(cx, driver, target, &answer)
             }
             (Pending::OwnerAction { activation, index }, R::OwnerAction(result)) => {
                 let event = Event::OwnerActionDone { index, result };
@@ -287,10 +287,10 @@ impl NodeShard {
                 self.answer(cx, driver, reply_to, wire::Reply::Authority(reply));
             }
             wire::Request::Touch { target, routes } => {
-                let failed = self.serve_touch(cx.now_ms() / 1000, &target, routes);
-                // A shard of this node needs only the failures back.
-                if !(failed.is_empty() && matches!(reply_to, ReplyTo::Shard(..))) {
-                    self.answer(cx, driver, reply_to, wire::Reply::Touch { failed });
+                let answer = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+                // A shard of this node needs an answer only if there is work in it.
+                if !(answer.is_empty() && matches!(reply_to, ReplyTo::Shard(..))) {
+                    self.answer(cx, driver, reply_to, wire::Reply::Touch(answer));
                 }
             }
             wire::Request::OwnerAction { action } => {
@@ -412,7 +412,7 @@ impl NodeShard {
                 message.committed_ns = self.shared.mono_ns();
                 super::send::on_remote_push(self, cx, driver, message, endpoints);
             }
-            wire::OneWay::View(view) => self.on_remote_view(cx, *view),
+            wire::OneWay::View(view) => self.on_remote_view(cx, driver, *view),
         }
     }
 }

@@ -88,6 +88,10 @@ shard_metrics! {
     connect_refused,
     /// Sessions kicked or closed by owner actions and device_quit.
     kicks,
+    /// Sessions told (DISCONNECT 12) and closed because their authority refused
+    /// their route for good on a touch (a newer login of the device elsewhere, or
+    /// an unregister): without it they would stay connected and receive nothing.
+    sessions_superseded,
     /// Frames that could not be decoded (connection closed).
     bad_frames,
     /// Routes sent in touch batches.

@@ -13,10 +13,9 @@ use net::io::ConnId;
 use slots::ShardId;
 
 use crate::activation::{ActivationId, AuthorityRequest};
-use crate::authority::TouchResult;
 use crate::cluster::Target;
 use crate::registry::UnregisterRequest;
-use crate::route::{AuthorityError, Endpoint, RegisterOutcome, Route, SessionId};
+use crate::route::{AuthorityError, Endpoint, Route, SessionId};
 
 use super::send::{Commit, Committed};
 
@@ -172,14 +171,7 @@ impl AuthorityCall {
     }
 }
 
-/// An authority shard's answer.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub enum AuthorityReply {
-    Register(Result<RegisterOutcome, AuthorityError>),
-    Commit(Result<(), AuthorityError>),
-    Abort(Result<(), AuthorityError>),
-    Unregister(Result<(), AuthorityError>),
-}
+pub use crate::authority::AuthorityReply;
 
 /// SENDACK for one connection of the gateway shard.
 #[derive(Clone, Copy, Debug)]
@@ -192,10 +184,6 @@ pub struct SendAck {
     pub reason: proto::wkproto::ReasonCode,
 }
 
-/// What a touch result means for the owner: requeue `Full` only.
-pub fn touch_failed(result: &TouchResult) -> bool {
-    matches!(result, TouchResult::Full)
-}
 #[cfg(test)]
 mod tests {
     /// Every message is moved by value through the rings, so a ring slot is as

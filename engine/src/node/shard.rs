@@ -289,7 +289,7 @@ impl Handler for NodeShard {
                 let _ = done.try_send(n);
             }
             Msg::MessageSync(request) => super::send::on_message_sync(self, *request),
-            Msg::View(view) => self.apply_view(cx, &view),
+            Msg::View(view) => self.apply_view(cx, driver, &view),
             Msg::PeerReply {
                 from,
                 request_id,
@@ -315,7 +315,7 @@ impl Handler for NodeShard {
         match timer {
             NodeTimer::Activation(aid) => self.feed_activation(cx, driver, aid, Event::Tick),
             NodeTimer::TouchFlush => {
-                self.flush_touches(cx);
+                self.flush_touches(cx, driver);
                 self.drain_local_events(cx, driver);
             }
             NodeTimer::Expiry => {

@@ -28,6 +28,7 @@ use crate::route::{AuthorityError, BootId, DeviceLevel, Endpoint, OwnerAction, R
 
 use super::msg::AuthorityReply;
 use super::send::Committed;
+use crate::authority::TouchAnswer;
 
 /// A request to another node.
 #[derive(Debug, Serialize, Deserialize)]
@@ -92,10 +93,8 @@ pub enum OneWayRef<'a> {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
     Authority(AuthorityReply),
-    /// The routes to requeue (those that failed).
-    Touch {
-        failed: Vec<Route>,
-    },
+    /// What the owner does with the batch's routes.
+    Touch(TouchAnswer),
     OwnerAction(Result<(), OwnerActionFailed>),
     SendAck {
         message_id: i64,

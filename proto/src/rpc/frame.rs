@@ -5,9 +5,9 @@
 //! | offset | bytes | field | meaning |
 //! |---|---|---|---|
 //! | 0 | 4 | magic | `b"IMRN"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (2) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (3) |
 //! | 5 | 1 | kind | [`Kind`] |
-//! | 6 | 2 | flags | none defined in version 2: must be 0 |
+//! | 6 | 2 | flags | none defined in version 3: must be 0 |
 //! | 8 | 8 | sender node id | the sending node's `node_id` |
 //! | 16 | 8 | sender boot id | the sending process's boot id |
 //! | 24 | 8 | request id | chosen by the requester, echoed by the reply; 0 = none |
@@ -23,10 +23,11 @@ use bytemuck::{Pod, Zeroable};
 
 /// The 4 bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"IMRN";
-/// The wire version this code speaks (and the only one it accepts): 2 since the
-/// handshake carries the cluster id and slot-id count (`auth`); a node of version 1
-/// is refused with [`FrameError::UnsupportedVersion`] at its first frame.
-pub const WIRE_VERSION: u8 = 2;
+/// The wire version this code speaks (and the only one it accepts): 3 since a
+/// touch batch's answer names the routes its authority superseded (2: the
+/// handshake carries the cluster id and slot-id count, `auth`); a node of another
+/// version is refused with [`FrameError::UnsupportedVersion`] at its first frame.
+pub const WIRE_VERSION: u8 = 3;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
 /// Largest body of a [`Kind::Ping`] (and so of its Pong).
@@ -155,7 +156,7 @@ impl Kind {
 pub struct Header {
     /// What the frame is.
     pub kind: Kind,
-    /// Flag bits; none are defined in version 2 (must be 0).
+    /// Flag bits; none are defined in version 3 (must be 0).
     pub flags: u16,
     /// The sender's node id.
     pub sender_node_id: u64,

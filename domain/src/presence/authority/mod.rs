@@ -56,6 +56,7 @@ mod huge;
 mod presence;
 mod published;
 mod seqline;
+mod service;
 
 /// The atomics of `seqline` (the loom model, `tests/published_loom.rs`, gives it
 /// loom's instead).
@@ -86,6 +87,7 @@ use expiry::{ExpiryRing, RingLink};
 
 pub use published::{Directory, FilterCounts, FxBuildHasher, FxHasher};
 use published::{FilterLimits, SlotView, TableWriter, NIL};
+pub use service::{AuthorityReply, TouchAnswer};
 
 use crate::cluster::{ClusterView, HashSlot, NodeId, Revision, Target};
 use crate::presence::route::{

@@ -1,0 +1,158 @@
+//! The whole cluster in one deterministic simulation (issue "The node as
+//! machines…", item 4; presence so far): 3 to 5 nodes of 1 to 3 shards in one
+//! thread, the real `Registry`, `Authority` and `Activation` of every shard wired by
+//! simulated rings and links (`cluster_sim/world.rs`): links delay, reorder, lose,
+//! are cut one way or both and found down later; nodes crash (kill -9: a new boot id
+//! on restart) and pause; hash slots move (one slot, or a node's drain) and views
+//! spread over the links; clients (Master and Slave, several per uid) connect to any
+//! node, ping, close and reconnect. A request without an answer gets the one answer
+//! `domain::hop::on_no_answer` gives it; each authority answers with
+//! `Authority::serve` and `Authority::serve_touch`, as the node does.
+//!
+//! Checked after every step: the world's bookkeeping agrees with the machines and
+//! every authority's own invariants hold. After the last heal and a settle time
+//! (every route rebuilt, a touch flush, a request deadline, a keep-alive):
+//! - **views converge**: every node holds the same slot leaders;
+//! - **one device**: at most one active Master session per (uid, device flag), one
+//!   per (uid, device flag, device id);
+//! - **no zombie**: every session active at its gateway is routed by its uid's
+//!   authority at its owner_seq.
+//!
+//! Then, in the settled cluster, clients log in and out without faults: **a login
+//! replaces** every active session it conflicts with before its CONNACK 0 (their
+//! owners closed them, rule 11).
+//!
+//! A failing seed is printed; `CLUSTER_SIM_SEED=n` replays one,
+//! `CLUSTER_SIM_SEEDS=n` runs `0..n` (CI runs the default).
+//! `cluster_sim_catches_planted_bugs` plants one bug at a time in the world and
+//! requires an invariant to fail within the CI seeds.
+
+// A test driver, outside the sans-IO boundary (clippy.toml): it may read seeds from
+// the environment.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+#[path = "cluster_sim/world.rs"]
+mod world;
+
+use world::{Bugs, World};
+
+const CHAOS_STEPS: usize = 4_000;
+const CI_SEEDS: u64 = 200;
+/// Logins and closes in the settled cluster, after the checks of the heal.
+const QUIET_STEPS: usize = 400;
+/// The authorities' own checks scan their tables: every this many steps.
+const AUTHORITY_CHECK_EVERY_STEPS: usize = 500;
+
+/// Runs one seed; `Err` names the broken invariant.
+fn run(seed: u64, bugs: Bugs) -> Result<World, String> {
+    let mut w = World::new(seed, bugs);
+    for step in 0..CHAOS_STEPS {
+        w.chaos_step();
+        w.check_always()
+            .map_err(|e| format!("step {step} at {} ms: {e}", w.now_ms))?;
+        if step % AUTHORITY_CHECK_EVERY_STEPS == 0 {
+            w.check_authorities()
+                .map_err(|e| format!("step {step}: authority: {e}"))?;
+        }
+    }
+    w.heal_all();
+    let settle_ms = w.settle_ms();
+    w.settle(settle_ms);
+    w.check_always().map_err(|e| format!("settled: {e}"))?;
+    w.check_authorities()
+        .map_err(|e| format!("settled: authority: {e}"))?;
+    w.check_settled().map_err(|e| format!("settled: {e}"))?;
+    for step in 0..QUIET_STEPS {
+        w.quiet_step();
+        w.check_always()
+            .map_err(|e| format!("quiet step {step} at {} ms: {e}", w.now_ms))?;
+    }
+    Ok(w)
+}
+
+fn seeds() -> Vec<u64> {
+    if let Ok(s) = std::env::var("CLUSTER_SIM_SEED") {
+        return vec![s.parse().expect("CLUSTER_SIM_SEED is a u64")];
+    }
+    let n = std::env::var("CLUSTER_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CI_SEEDS);
+    (0..n).collect()
+}
+
+#[test]
+fn cluster_sim_invariants_hold() {
+    let mut failures = Vec::new();
+    let mut totals = world::Stats::default();
+    for seed in seeds() {
+        match run(seed, Bugs::default()) {
+            Ok(w) => {
+                totals.connects += w.stats.connects;
+                totals.connacks_ok += w.stats.connacks_ok;
+                totals.kicks += w.stats.kicks;
+                totals.moves += w.stats.moves;
+                totals.crashes += w.stats.crashes;
+                totals.owner_down_done += w.stats.owner_down_done;
+                totals.superseded += w.stats.superseded;
+                totals.partitions += w.stats.partitions;
+                totals.lost += w.stats.lost;
+            }
+            Err(e) => {
+                eprintln!(
+                    "cluster_sim failed with seed {seed}; rerun with CLUSTER_SIM_SEED={seed}: {e}"
+                );
+                failures.push(seed);
+            }
+        }
+    }
+    eprintln!("cluster_sim totals: {totals:?}");
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+    // The runs reached what they are for.
+    assert!(totals.connacks_ok > 0 && totals.kicks > 0 && totals.moves > 0 && totals.crashes > 0);
+}
+
+/// The first CI seed on which `bugs` breaks an invariant, and the failure.
+fn first_failure(bugs: Bugs) -> Option<(u64, String)> {
+    (0..CI_SEEDS).find_map(|seed| run(seed, bugs).err().map(|e| (seed, e)))
+}
+
+#[test]
+fn cluster_sim_catches_planted_bugs() {
+    let planted: [(&str, Bugs, &[&str]); 3] = [
+        (
+            "a touch answer's superseded routes dropped",
+            Bugs {
+                ignore_superseded: true,
+                ..Bugs::default()
+            },
+            &["no zombie", "one device"],
+        ),
+        (
+            "the owner answers a kick without closing the session",
+            Bugs {
+                owner_ignores_kick: true,
+                ..Bugs::default()
+            },
+            &["login replaces"],
+        ),
+        (
+            "no view sent to a peer whose link comes up",
+            Bugs {
+                no_view_on_link_up: true,
+                ..Bugs::default()
+            },
+            &["converge"],
+        ),
+    ];
+    for (name, bugs, expected) in planted {
+        let Some((seed, failure)) = first_failure(bugs) else {
+            panic!("planted bug not caught in {CI_SEEDS} seeds: {name}");
+        };
+        eprintln!("planted bug \"{name}\" caught by seed {seed}: {failure}");
+        assert!(
+            expected.iter().any(|e| failure.contains(e)),
+            "planted bug \"{name}\" broke another invariant than expected: {failure}"
+        );
+    }
+}
