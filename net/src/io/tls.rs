@@ -124,8 +124,47 @@ impl ResolvesServerCert for CertSlot {
     }
 }
 
+/// The session cache (resumption), emptied by a reload: a client cannot resume a
+/// session made under the certificate that was replaced.
+#[derive(Debug)]
+struct Sessions {
+    entries: usize,
+    current: RwLock<Arc<rustls::server::ServerSessionMemoryCache>>,
+}
+
+impl Sessions {
+    fn now(&self) -> Arc<rustls::server::ServerSessionMemoryCache> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn clear(&self) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) =
+            rustls::server::ServerSessionMemoryCache::new(self.entries);
+    }
+}
+
+impl rustls::server::StoresServerSessions for Sessions {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        self.now().put(key, value)
+    }
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.now().get(key)
+    }
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.now().take(key)
+    }
+    fn can_cache(&self) -> bool {
+        true
+    }
+}
+
 struct Shared {
     config: Arc<ServerConfig>,
+    /// `None`: resumption off (`session_cache_entries` 0).
+    sessions: Option<Arc<Sessions>>,
     provider: Arc<CryptoProvider>,
     slot: Arc<CertSlot>,
     limits: TlsConfig,
@@ -172,15 +211,24 @@ impl TlsServer {
             .with_no_client_auth()
             .with_cert_resolver(slot.clone());
         sc.alpn_protocols = vec![b"http/1.1".to_vec()];
-        if config.session_cache_entries == 0 {
-            sc.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
-            sc.send_tls13_tickets = 0;
-        } else {
-            sc.session_storage =
-                rustls::server::ServerSessionMemoryCache::new(config.session_cache_entries);
+        let sessions = (config.session_cache_entries > 0).then(|| {
+            Arc::new(Sessions {
+                entries: config.session_cache_entries,
+                current: RwLock::new(rustls::server::ServerSessionMemoryCache::new(
+                    config.session_cache_entries,
+                )),
+            })
+        });
+        match &sessions {
+            Some(s) => sc.session_storage = s.clone(),
+            None => {
+                sc.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+                sc.send_tls13_tickets = 0;
+            }
         }
         Ok(TlsServer(Arc::new(Shared {
             config: Arc::new(sc),
+            sessions,
             provider,
             slot,
             limits: config.clone(),
@@ -189,8 +237,10 @@ impl TlsServer {
     }
 
     /// Loads the files again and, when they load, presents the new certificate to
-    /// every handshake from now on (connections already up are not touched). On
-    /// failure the certificate in use stays and the error names the file.
+    /// every handshake from now on (connections already up are not touched) and
+    /// forgets the sessions made before (no resumption past a change of
+    /// certificate). On failure the certificate in use stays and the error names
+    /// the file.
     pub fn reload(&self) -> Result<(), TlsLoadError> {
         match load_certified_key(&self.0.limits, &self.0.provider) {
             Ok((key, not_after)) => {
@@ -204,6 +254,9 @@ impl TlsServer {
                     .slot
                     .not_after_unix
                     .store(not_after, Ordering::Relaxed);
+                if let Some(s) = &self.0.sessions {
+                    s.clear();
+                }
                 self.0.counters.reloads.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
