@@ -304,7 +304,7 @@ impl Api {
         let mut m = serde_json::Map::new();
         let tcp = self.shared.client_tcp_addr.map(|a| a.to_string());
         let ws = self.shared.client_ws_addr.map(|a| format!("ws://{a}"));
-        let wss = self.shared.client_wss_addr.map(|a| format!("wss://{a}"));
+        let wss = self.shared.config.wss_addr.map(|a| format!("wss://{a}"));
         m.insert(
             "tcp_addr".into(),
             pick(entry.and_then(|e| e.tcp_addr.as_ref()), tcp),

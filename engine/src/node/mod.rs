@@ -336,7 +336,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub tcp_addr: Option<SocketAddr>,
     pub ws_addr: Option<SocketAddr>,
-    /// `[listen] wss_addr`: WebSocket behind TLS with `tls`'s certificate.
+    /// `[listen] wss_addr`: WebSocket behind TLS with `tls`'s certificate; once
+    /// started, the bound address (port 0 resolved).
     pub wss_addr: Option<SocketAddr>,
     pub tls: Option<net::io::TlsServer>,
     /// `[listen] rpc_addr`: the inter-node listener, only with peers.
@@ -443,7 +444,6 @@ pub struct NodeShared {
     /// answers for this node when its `[[cluster.nodes]]` entry names none.
     pub client_tcp_addr: Option<SocketAddr>,
     pub client_ws_addr: Option<SocketAddr>,
-    pub client_wss_addr: Option<SocketAddr>,
     /// Set by the first `POST /node/drain`, never cleared (a drained node is
     /// stopped next): `/readyz` is 503, `/route` no longer names this node.
     draining: std::sync::atomic::AtomicBool,
@@ -834,19 +834,17 @@ struct BoundListeners {
     listeners: Vec<Vec<net::io::Listener>>,
     tcp_addr: Option<SocketAddr>,
     ws_addr: Option<SocketAddr>,
-    wss_addr: Option<SocketAddr>,
     rpc_addr: Option<SocketAddr>,
 }
 
 /// Binds the configured TCP and WebSocket addresses, and the RPC address when the
 /// cluster has peers, once per shard
 /// ([`bind_per_shard`]). Gives the error of a bind.
-fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
+fn bind_listeners(config: &mut NodeConfig) -> io::Result<BoundListeners> {
     let shards = config.runtime.shard_count as usize;
     let mut listeners: Vec<Vec<net::io::Listener>> = (0..shards).map(|_| Vec::new()).collect();
     let mut tcp_addr = None;
     let mut ws_addr = None;
-    let mut wss_addr = None;
     let mut rpc_addr = None;
     let has_peers = config.cluster.peers(config.node_id).next().is_some();
     for (addr, kind, out) in [
@@ -868,7 +866,7 @@ fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
     }
     if let (Some(addr), Some(tls)) = (config.wss_addr, &config.tls) {
         let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;
-        wss_addr = Some(actual);
+        config.wss_addr = Some(actual);
         for (i, l) in ls.into_iter().enumerate() {
             listeners[i].push(net::io::Listener::wss(l, tls.clone()));
         }
@@ -877,7 +875,6 @@ fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
         listeners,
         tcp_addr,
         ws_addr,
-        wss_addr,
         rpc_addr,
     })
 }
@@ -1081,7 +1078,7 @@ impl Node {
         let shard_metrics = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
-        let bound = bind_listeners(&config)?;
+        let bound = bind_listeners(&mut config)?;
         let logs = open_logs(&config, &hooks)?;
 
         let shared = Arc::new(NodeShared {
@@ -1110,7 +1107,6 @@ impl Node {
                 .collect(),
             client_tcp_addr: bound.tcp_addr,
             client_ws_addr: bound.ws_addr,
-            client_wss_addr: bound.wss_addr,
             draining: std::sync::atomic::AtomicBool::new(false),
             webhooks: Arc::new(crate::webhook::WebhookSink::new(&config.webhook)),
             config,
@@ -1162,7 +1158,7 @@ impl Node {
 
     /// The bound `wss://` address (port 0 resolved).
     pub fn wss_addr(&self) -> Option<SocketAddr> {
-        self.shared.client_wss_addr
+        self.shared.config.wss_addr
     }
 
     /// The bound HTTP API address (port 0 resolved).
