@@ -68,8 +68,7 @@ fn make_pki(dir: &Path, name: &str) -> Pki {
 fn trusting(ca: &rustls::pki_types::CertificateDer<'static>) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(net::io::tls::provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()

@@ -53,8 +53,7 @@ pub(crate) fn test_pki(name: &str) -> TestPki {
 pub(crate) fn client(ca: &CertificateDer<'static>) -> ClientConnection {
     let mut roots = RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crate::io::tls::provider());
     let mut cfg = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
