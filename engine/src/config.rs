@@ -554,6 +554,32 @@ mod tests {
         assert!(e.contains("session.expiry_interval_ms"), "{e}");
     }
 
+    /// `[listen] wss_addr` (off) and `[tls]` (no files, the limits) are printed and
+    /// parse back; a bad wss address is refused by its key.
+    #[test]
+    fn the_tls_defaults_are_printed_and_turn_nothing_on() {
+        let text = Config::default().to_toml().unwrap();
+        assert!(text.contains("wss_addr = \"\""), "{text}");
+        for key in [
+            "[tls]",
+            "cert_file",
+            "key_file",
+            "handshake_bytes_max",
+            "handshakes_per_poll_max",
+            "session_cache_entries",
+        ] {
+            assert!(text.contains(key), "{key} missing:\n{text}");
+        }
+        let c = Config::parse(&text, |_| None)
+            .unwrap()
+            .to_node_config()
+            .unwrap();
+        assert!(c.wss_addr.is_none() && c.tls.is_none());
+        let mut c = Config::default();
+        c.listen.wss_addr = "nowhere".into();
+        assert!(c.to_node_config().unwrap_err().contains("listen.wss_addr"));
+    }
+
     #[test]
     fn unknown_keys_and_bad_addresses_are_errors() {
         assert!(toml::from_str::<Config>("[node]\nnode_idd = 3\n").is_err());

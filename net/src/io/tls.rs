@@ -35,8 +35,8 @@ pub struct TlsConfig {
     /// EC).
     pub key_file: PathBuf,
     /// TLS handshake bytes a connection may have waiting on its shard (received while
-    /// the shard's handshake budget for its poll was spent) or, at most, in one
-    /// handshake flight; past it the connection is closed.
+    /// the shard's handshake budget for its poll was spent); past it the connection
+    /// is closed. (rustls bounds a handshake message itself.)
     pub handshake_bytes_max: usize,
     /// Handshake steps (a client flight decrypted and answered: the first costs the
     /// key exchange and the certificate's signature) a shard does per poll of its
