@@ -31,6 +31,8 @@ use super::{
 /// An input buffer whose capacity passed this is released when fully consumed, so
 /// idle connections hold no large receive buffer.
 const INPUT_KEEP_BYTES: usize = 4096;
+/// The TLS layer's scratch buffers keep at most this capacity between uses.
+const TLS_SCRATCH_KEEP_BYTES: usize = 64 * 1024;
 /// An output buffer whose capacity passed this is released once written, so a
 /// connection does not keep a burst's buffer.
 pub(crate) const OUTPUT_KEEP_BYTES: usize = 4096;
@@ -307,6 +309,8 @@ pub(crate) struct Core {
     tls_budget_max: usize,
     /// Plaintext decrypted by one receive (reused).
     tls_plain: Vec<u8>,
+    /// Records rustls gave for one connection (reused).
+    tls_records: Vec<u8>,
     pub(crate) stats: NetStats,
 }
 
@@ -332,6 +336,7 @@ impl Core {
             tls_budget: 0,
             tls_budget_max: 0,
             tls_plain: Vec::new(),
+            tls_records: Vec::new(),
             stats: NetStats::default(),
         }
     }
@@ -1356,7 +1361,7 @@ impl Core {
     /// Queues the records rustls has to send (a handshake flight, an alert) within
     /// the connection's and the shard's output limits. `false`: `idx` was closed.
     fn tls_queue_records(&mut self, idx: u32) -> bool {
-        let mut records = std::mem::take(&mut self.tls_plain);
+        let mut records = std::mem::take(&mut self.tls_records);
         let start = records.len();
         if let Some(t) = self.conns[idx as usize].tls.as_mut() {
             t.take_output(&mut records);
@@ -1370,7 +1375,7 @@ impl Core {
             self.mark_dirty(idx);
         }
         records.truncate(start);
-        self.tls_plain = records;
+        self.tls_records = records;
         ok
     }
 
@@ -1413,7 +1418,7 @@ impl Core {
         }
         let closing = c.phase == Phase::Flushing;
         let Some(t) = c.tls.as_mut() else { return };
-        let mut records = std::mem::take(&mut self.tls_plain);
+        let mut records = std::mem::take(&mut self.tls_records);
         records.clear();
         let taken = t.seal(closing, &mut records);
         // The plaintext left the queue; the records take its place.
@@ -1424,8 +1429,12 @@ impl Core {
                 .out_next
                 .extend_from_slice(&records);
         }
+        // A burst's buffer is not kept past one record batch's size.
+        if records.capacity() > TLS_SCRATCH_KEEP_BYTES {
+            records = Vec::new();
+        }
         records.clear();
-        self.tls_plain = records;
+        self.tls_records = records;
     }
 }
 
