@@ -59,6 +59,9 @@ impl Default for NodeSection {
 pub struct ListenSection {
     pub tcp_addr: String,
     pub ws_addr: String,
+    /// WebSocket behind TLS (`wss://`) with `[tls]`'s certificate; empty (the
+    /// default): none.
+    pub wss_addr: String,
     pub api_addr: String,
     /// The inter-node listener (issue 13); used only when `[[cluster.nodes]]` lists
     /// peers (empty or no peers: a node alone, no RPC listener).
@@ -70,6 +73,7 @@ impl Default for ListenSection {
         ListenSection {
             tcp_addr: "127.0.0.1:5100".into(),
             ws_addr: "127.0.0.1:5200".into(),
+            wss_addr: String::new(),
             api_addr: "127.0.0.1:5001".into(),
             rpc_addr: String::new(),
         }
@@ -319,10 +323,20 @@ pub struct Config {
     /// `[webhook]`: the application's receiver of `msg.offline` and
     /// `user.onlinestatus` (none while `url` is empty).
     pub webhook: crate::webhook::WebhookConfig,
+    /// `[tls]`: the certificate of `[listen] wss_addr` (PEM files, reloaded on
+    /// SIGHUP) and the TLS connections' limits.
+    pub tls: net::io::TlsConfig,
     /// Whether the file sets `[net] max_connections_per_shard` (see
     /// [`NodeConfig::connection_cap_set`]).
     #[serde(skip)]
     pub connection_cap_set: bool,
+}
+
+/// Seconds since the Unix epoch now.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 fn addr(name: &str, s: &str) -> Result<Option<SocketAddr>, String> {
@@ -397,6 +411,32 @@ impl Config {
         )
     }
 
+    /// The `wss://` listener's address and certificate: none without `[listen]
+    /// wss_addr`; with it, `[tls]`'s files loaded (refused with the file and the
+    /// reason when they do not load).
+    pub fn tls_listener(&self) -> Result<(Option<SocketAddr>, Option<net::io::TlsServer>), String> {
+        let Some(wss) = addr("wss_addr", &self.listen.wss_addr)? else {
+            return Ok((None, None));
+        };
+        let tls = &self.tls;
+        if !tls.is_set() {
+            return Err(format!(
+                "listen.wss_addr = \"{wss}\" needs [tls] cert_file and key_file (PEM)"
+            ));
+        }
+        if tls.handshake_bytes_max == 0 || tls.handshakes_per_poll_max == 0 {
+            return Err(
+                "tls.handshake_bytes_max and tls.handshakes_per_poll_max must be at least 1".into(),
+            );
+        }
+        let server = net::io::TlsServer::load(tls).map_err(|e| e.to_string())?;
+        let left = server.expires_in_s(unix_now());
+        if left <= 0 {
+            tracing::warn!(cert_file = %tls.cert_file.display(), "the TLS certificate has expired");
+        }
+        Ok((Some(wss), Some(server)))
+    }
+
     /// The node configuration this file describes.
     pub fn to_node_config(&self) -> Result<NodeConfig, String> {
         self.session.validate()?;
@@ -412,11 +452,14 @@ impl Config {
         api.addr = addr("api_addr", &self.listen.api_addr)?;
         api.bearer_token =
             (!self.auth.api_bearer_token.is_empty()).then(|| self.auth.api_bearer_token.clone());
+        let (wss_addr, tls) = self.tls_listener()?;
         Ok(NodeConfig {
             node_id: self.node.node_id,
             data_dir: self.node.data_dir.clone(),
             tcp_addr: addr("tcp_addr", &self.listen.tcp_addr)?,
             ws_addr: addr("ws_addr", &self.listen.ws_addr)?,
+            wss_addr,
+            tls,
             rpc_addr,
             cluster: self.cluster.clone(),
             rpc: self.rpc,
@@ -509,6 +552,32 @@ mod tests {
         let c: Config = toml::from_str("[session]\nexpiry_interval_ms = 0\n").unwrap();
         let e = c.to_node_config().unwrap_err();
         assert!(e.contains("session.expiry_interval_ms"), "{e}");
+    }
+
+    /// `[listen] wss_addr` (off) and `[tls]` (no files, the limits) are printed and
+    /// parse back; a bad wss address is refused by its key.
+    #[test]
+    fn the_tls_defaults_are_printed_and_turn_nothing_on() {
+        let text = Config::default().to_toml().unwrap();
+        assert!(text.contains("wss_addr = \"\""), "{text}");
+        for key in [
+            "[tls]",
+            "cert_file",
+            "key_file",
+            "handshake_bytes_max",
+            "handshakes_per_poll_max",
+            "session_cache_entries",
+        ] {
+            assert!(text.contains(key), "{key} missing:\n{text}");
+        }
+        let c = Config::parse(&text, |_| None)
+            .unwrap()
+            .to_node_config()
+            .unwrap();
+        assert!(c.wss_addr.is_none() && c.tls.is_none());
+        let mut c = Config::default();
+        c.listen.wss_addr = "nowhere".into();
+        assert!(c.to_node_config().unwrap_err().contains("listen.wss_addr"));
     }
 
     #[test]

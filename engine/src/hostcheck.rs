@@ -88,7 +88,22 @@ pub struct Load {
     pub backend: Backend,
     /// The core of shard `i` (`[runtime] pin_cores[i % len]`); empty: not pinned.
     pub shard_cores: Vec<usize>,
+    /// The `wss://` listener's certificate (`[tls] cert_file`, loaded), with
+    /// `[listen] wss_addr` only.
+    pub tls_cert: Option<TlsCert>,
 }
+
+/// The `wss://` certificate as the configuration loads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsCert {
+    /// `[tls] cert_file`.
+    pub cert_file: String,
+    /// Seconds from the check until its notAfter (negative: expired).
+    pub expires_in_s: i64,
+}
+
+/// A wss certificate with less than this left is a warning in `check-host`.
+pub const TLS_CERT_WARN_S: i64 = 14 * 86_400;
 
 impl Load {
     /// The load `config` describes; the error of an invalid configuration.
@@ -109,6 +124,10 @@ impl Load {
             listen_backlog: node.net.listen_backlog.max(0) as u64,
             backend: node.net.backend,
             shard_cores,
+            tls_cert: node.tls.as_ref().map(|t| TlsCert {
+                cert_file: t.config().cert_file.display().to_string(),
+                expires_in_s: t.expires_in_s(crate::config::unix_now()),
+            }),
         })
     }
 
@@ -186,7 +205,7 @@ pub struct HostFacts {
 
 /// Every finding for `load` on a host with `facts`, in table order.
 pub fn evaluate(load: &Load, facts: &HostFacts) -> Vec<Finding> {
-    vec![
+    let mut findings = vec![
         open_files(load, facts),
         nr_open(load, facts),
         somaxconn(load, facts),
@@ -197,7 +216,48 @@ pub fn evaluate(load: &Load, facts: &HostFacts) -> Vec<Finding> {
         transparent_huge_pages(facts),
         idle_wakeups(facts),
         other_processes(load, facts),
-    ]
+    ];
+    findings.extend(load.tls_cert.as_ref().map(tls_certificate));
+    findings
+}
+
+/// The `wss://` certificate's expiry: expired fails (every wss handshake is refused
+/// by the clients), less than [`TLS_CERT_WARN_S`] left warns.
+pub fn tls_certificate(cert: &TlsCert) -> Finding {
+    const NAME: &str = "wss certificate ([tls] cert_file)";
+    let left = cert.expires_in_s;
+    let value = if left < 0 {
+        format!("{}: expired {} days ago", cert.cert_file, -left / 86_400)
+    } else {
+        format!("{}: expires in {} days", cert.cert_file, left / 86_400)
+    };
+    let recommended = format!("more than {} days left", TLS_CERT_WARN_S / 86_400);
+    let renew = "renew it, write the files, then `kill -HUP` the node (connections stay)";
+    if left <= 0 {
+        finding(
+            NAME,
+            value,
+            recommended,
+            Severity::Fail,
+            format!("clients refuse an expired certificate: no wss client can connect; {renew}"),
+        )
+    } else if left < TLS_CERT_WARN_S {
+        finding(
+            NAME,
+            value,
+            recommended,
+            Severity::Warn,
+            format!("the certificate expires soon; {renew}"),
+        )
+    } else {
+        finding(
+            NAME,
+            value,
+            recommended,
+            Severity::Ok,
+            "valid (imrouter_tls_cert_expiry_seconds tracks it)",
+        )
+    }
 }
 
 /// Whether any finding says the configured load would not be carried.

@@ -23,6 +23,7 @@ fn load() -> Load {
         listen_backlog: 4096,
         backend: Backend::Auto,
         shard_cores: vec![1, 2],
+        tls_cert: None,
     }
 }
 
@@ -561,4 +562,38 @@ fn an_invalid_configuration_exits_2() {
     let (out, _) = check_host(dir.path(), "[net]\nno_such_key = 1\n", &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_key"));
+}
+
+/// The wss certificate is a finding only with `[listen] wss_addr`: expired fails,
+/// under two weeks warns, else ok; the value names the file.
+#[test]
+fn the_wss_certificate_expiry_is_judged() {
+    assert!(
+        evaluate(&load(), &tuned())
+            .iter()
+            .all(|f| !f.name.starts_with("wss certificate")),
+        "no finding without a wss listener"
+    );
+    let with = |expires_in_s: i64| Load {
+        tls_cert: Some(engine::hostcheck::TlsCert {
+            cert_file: "/etc/imrouter/cert.pem".into(),
+            expires_in_s,
+        }),
+        ..load()
+    };
+    let f = judge(&with(90 * 86_400), &tuned(), "wss certificate");
+    assert_eq!(f.severity, Severity::Ok, "{f:#?}");
+    assert!(
+        f.value
+            .contains("/etc/imrouter/cert.pem: expires in 90 days"),
+        "{}",
+        f.value
+    );
+    let f = judge(&with(3 * 86_400), &tuned(), "wss certificate");
+    assert_eq!(f.severity, Severity::Warn, "{f:#?}");
+    let l = with(-86_400);
+    let f = judge(&l, &tuned(), "wss certificate");
+    assert_eq!(f.severity, Severity::Fail, "{f:#?}");
+    assert!(f.value.contains("expired 1 days ago"), "{}", f.value);
+    assert!(failed(&evaluate(&l, &tuned())));
 }

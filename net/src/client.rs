@@ -1,9 +1,10 @@
 //! A small blocking wkproto client over TCP or WebSocket ([`proto::ws`]'s client
-//! side): CONNECT with the key agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
+//! side; also `wss://`, WebSocket over rustls, [`Client::connect_wss`]): CONNECT with the key agreement, SEND (encrypted or NoEncrypt), RECV decryption and msg_key check,
 //! RECVACK, PING. For integration tests and tools; not for the data path.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::crypto::{ClientKey, SessionCipher};
@@ -91,12 +92,16 @@ const WS_UPGRADE_RESPONSE_MAX_BYTES: usize = 4 * 1024;
 /// Bytes read per `read` call.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 
+/// A byte stream under the WebSocket framing: TCP, or TLS over TCP.
+trait Io: Read + Write + Send {}
+impl<T: Read + Write + Send> Io for T {}
+
 enum Stream {
     Tcp(TcpStream),
     /// Framed by [`proto::ws`]: `raw` holds what arrived and is not deframed yet,
     /// `out` is the reused output buffer.
     Ws {
-        tcp: TcpStream,
+        tcp: Box<dyn Io>,
         decoder: WsDecoder,
         raw: Vec<u8>,
         out: Vec<u8>,
@@ -104,7 +109,7 @@ enum Stream {
 }
 
 /// Appends what one `read` brings to `buf`; Ok(0) at end of stream.
-fn read_some(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+fn read_some(tcp: &mut (impl Read + ?Sized), buf: &mut Vec<u8>) -> io::Result<usize> {
     let mut chunk = [0u8; READ_CHUNK_BYTES];
     let n = tcp.read(&mut chunk)?;
     buf.extend_from_slice(&chunk[..n]);
@@ -117,13 +122,38 @@ fn eof() -> io::Error {
 
 impl Stream {
     fn open(transport: Transport, addr: SocketAddr, timeout: Duration) -> io::Result<Stream> {
-        let mut tcp = TcpStream::connect(addr)?;
+        let tcp = TcpStream::connect(addr)?;
         tcp.set_nodelay(true)?;
         tcp.set_read_timeout(Some(timeout))?;
         if transport != Transport::WebSocket {
             // Tcp (and Rpc, raw TCP too).
             return Ok(Stream::Tcp(tcp));
         }
+        Stream::upgrade(Box::new(tcp), addr)
+    }
+
+    /// A `wss://` stream: TLS (verified by `tls` for `addr`'s IP address) under the
+    /// WebSocket upgrade. The handshake's failure (an unknown certificate) is the
+    /// error.
+    fn open_tls(
+        addr: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+        timeout: Duration,
+    ) -> io::Result<Stream> {
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(timeout))?;
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        let conn = rustls::ClientConnection::new(tls, name).map_err(io::Error::other)?;
+        let mut stream = rustls::StreamOwned::new(conn, tcp);
+        while stream.conn.is_handshaking() {
+            stream.conn.complete_io(&mut stream.sock)?;
+        }
+        Stream::upgrade(Box::new(stream), addr)
+    }
+
+    /// Runs the WebSocket upgrade on `tcp`.
+    fn upgrade(mut tcp: Box<dyn Io>, addr: SocketAddr) -> io::Result<Stream> {
         let mut raw = Vec::new();
         ws::write_upgrade_request(&mut raw, &addr.to_string(), ws::SAMPLE_KEY);
         tcp.write_all(&raw)?;
@@ -139,7 +169,7 @@ impl Stream {
                     return Err(bad("WebSocket upgrade response too long"))
                 }
                 UpgradeResponse::Partial => {
-                    if read_some(&mut tcp, &mut raw)? == 0 {
+                    if read_some(&mut *tcp, &mut raw)? == 0 {
                         return Err(eof());
                     }
                 }
@@ -190,7 +220,7 @@ impl Stream {
                 if rx.len() > before {
                     return Ok(rx.len() - before);
                 }
-                if closed || read_some(tcp, raw)? == 0 {
+                if closed || read_some(&mut **tcp, raw)? == 0 {
                     return Ok(0);
                 }
             },
@@ -226,8 +256,24 @@ impl Client {
         login: &Login,
         timeout: Duration,
     ) -> io::Result<(Client, u8)> {
+        Client::login(Stream::open(transport, addr, timeout)?, login)
+    }
+
+    /// [`Client::connect`] over `wss://`: TLS verified by `tls` for `addr`'s IP
+    /// address, then the WebSocket upgrade. A handshake that fails (an unknown
+    /// certificate) is the error.
+    pub fn connect_wss(
+        addr: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+        login: &Login,
+        timeout: Duration,
+    ) -> io::Result<(Client, u8)> {
+        Client::login(Stream::open_tls(addr, tls, timeout)?, login)
+    }
+
+    fn login(stream: Stream, login: &Login) -> io::Result<(Client, u8)> {
         let mut client = Client {
-            stream: Stream::open(transport, addr, timeout)?,
+            stream,
             version: proto::wkproto::negotiate_version(login.version),
             cipher: None,
             rx: Vec::new(),

@@ -197,6 +197,7 @@ fn start(config: &Config) -> Result<Node, ExitCode> {
     tracing::info!(
         tcp = ?node.tcp_addr(),
         ws = ?node.ws_addr(),
+        wss = ?node.wss_addr(),
         api = ?node.api_addr(),
         "imrouter node {} serving",
         config.node.node_id
@@ -206,12 +207,13 @@ fn start(config: &Config) -> Result<Node, ExitCode> {
 
 /// Waits for SIGTERM or SIGINT (then `None`) or for a shard that ends on its own, a
 /// panic or a driver error (then its cause: fatal, the node stops and exits non-zero
-/// so the service manager restarts it). Exit 1 when the signal handlers cannot be
-/// installed.
+/// so the service manager restarts it). SIGHUP reloads the `wss://` certificate
+/// ([`reload_tls`]). Exit 1 when the signal handlers cannot be installed.
 fn wait_for_stop(node: &Node) -> Result<Option<String>, ExitCode> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(|e| {
         tracing::error!(%e, "could not install signal handlers");
@@ -219,6 +221,10 @@ fn wait_for_stop(node: &Node) -> Result<Option<String>, ExitCode> {
     })?;
     loop {
         if let Some(sig) = signals.pending().next() {
+            if sig == signal_hook::consts::SIGHUP {
+                reload_tls(node);
+                continue;
+            }
             tracing::info!(
                 signal = sig,
                 "shutting down: disconnecting sessions, flushing logs"
@@ -229,6 +235,24 @@ fn wait_for_stop(node: &Node) -> Result<Option<String>, ExitCode> {
             tracing::error!(%cause, "a shard failed: stopping the node");
             return Ok(Some(cause));
         }
+    }
+}
+
+/// SIGHUP: loads `[tls] cert_file` and `key_file` again; the next handshakes present
+/// them, connections already up keep theirs. A pair that does not load is logged
+/// with its file and reason, and the certificate in use stays.
+fn reload_tls(node: &Node) {
+    let Some(tls) = node.shared().config.tls.as_ref() else {
+        tracing::info!("SIGHUP: no [tls] certificate to reload");
+        return;
+    };
+    match tls.reload() {
+        Ok(()) => tracing::info!(
+            cert_file = %tls.config().cert_file.display(),
+            expires_in_s = tls.expires_in_s(engine::config::unix_now()),
+            "SIGHUP: TLS certificate reloaded"
+        ),
+        Err(e) => tracing::error!(%e, "SIGHUP: TLS certificate not reloaded; the old one stays"),
     }
 }
 

@@ -283,7 +283,8 @@ impl Api {
 
     /// `{"tcp_addr", "ws_addr", "wss_addr"}` of `node`: its `[[cluster.nodes]]`
     /// keys; for this node, a key left out is its own bound listener (`ws://` for
-    /// WebSocket; no `wss`); for another node, an empty string.
+    /// WebSocket, `wss://` for `[listen] wss_addr`, empty without one); for another
+    /// node, an empty string.
     fn client_addrs(&self, node: NodeId) -> serde_json::Map<String, Value> {
         let entry = self
             .shared
@@ -303,6 +304,7 @@ impl Api {
         let mut m = serde_json::Map::new();
         let tcp = self.shared.client_tcp_addr.map(|a| a.to_string());
         let ws = self.shared.client_ws_addr.map(|a| format!("ws://{a}"));
+        let wss = self.shared.config.wss_addr.map(|a| format!("wss://{a}"));
         m.insert(
             "tcp_addr".into(),
             pick(entry.and_then(|e| e.tcp_addr.as_ref()), tcp),
@@ -313,7 +315,7 @@ impl Api {
         );
         m.insert(
             "wss_addr".into(),
-            pick(entry.and_then(|e| e.wss_addr.as_ref()), None),
+            pick(entry.and_then(|e| e.wss_addr.as_ref()), wss),
         );
         m
     }

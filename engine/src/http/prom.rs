@@ -311,6 +311,9 @@ pub fn render(shared: &NodeShared) -> String {
     out.routes_and_rings(shared);
     out.api(&shared.api_metrics);
     out.webhooks(&shared.webhooks);
+    if let Some(tls) = &shared.config.tls {
+        out.tls(tls);
+    }
     out.text
 }
 
@@ -472,6 +475,30 @@ impl Exposition {
                 self.sample(name, &labels, read(&sink.stats[kind.index()]));
             }
         }
+    }
+
+    /// The `wss://` listener's certificate expiry and counters (with `[listen]
+    /// wss_addr` only).
+    fn tls(&mut self, tls: &net::io::TlsServer) {
+        let c = tls.counters();
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let name = "imrouter_tls_cert_expiry_seconds";
+        self.family(name, "gauge", "Seconds until the presented wss certificate's notAfter (negative once expired); a SIGHUP reload resets it.");
+        self.sample(name, "", tls.expires_in_s(crate::config::unix_now()));
+        let name = "imrouter_tls_handshakes_total";
+        self.family(
+            name,
+            "counter",
+            "TLS handshakes completed on the wss listener.",
+        );
+        self.sample(name, "", get(&c.handshakes));
+        let name = "imrouter_tls_failures_total";
+        self.family(name, "counter", "wss connections closed for bad TLS input (garbage records, a failed handshake, a handshake over [tls] handshake_bytes_max).");
+        self.sample(name, "", get(&c.failures));
+        let name = "imrouter_tls_reloads_total";
+        self.family(name, "counter", "Certificate reloads (SIGHUP), by result: ok, or failed (the files did not load; the old certificate stays).");
+        self.sample(name, "result=\"ok\"", get(&c.reloads));
+        self.sample(name, "result=\"failed\"", get(&c.reload_failures));
     }
 
     /// The HTTP API's own counters and gauges.

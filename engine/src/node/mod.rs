@@ -336,6 +336,10 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub tcp_addr: Option<SocketAddr>,
     pub ws_addr: Option<SocketAddr>,
+    /// `[listen] wss_addr`: WebSocket behind TLS with `tls`'s certificate; once
+    /// started, the bound address (port 0 resolved).
+    pub wss_addr: Option<SocketAddr>,
+    pub tls: Option<net::io::TlsServer>,
     /// `[listen] rpc_addr`: the inter-node listener, only with peers.
     pub rpc_addr: Option<SocketAddr>,
     /// `[cluster]`: the nodes, slot ids and secret (no nodes, or only this one: a
@@ -374,6 +378,8 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("./data"),
             tcp_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5100))),
             ws_addr: Some(SocketAddr::from(([127, 0, 0, 1], 5200))),
+            wss_addr: None,
+            tls: None,
             rpc_addr: None,
             cluster: crate::config::ClusterConfig::default(),
             rpc: proto::rpc::link::LinkLimits::default(),
@@ -626,8 +632,10 @@ impl NodeShared {
 pub fn fd_per_shard(config: &NodeConfig) -> u64 {
     let peers = config.cluster.peers(config.node_id).count() as u64;
     let rpc_listener = u64::from(config.rpc_addr.is_some() && peers > 0);
-    let listeners =
-        u64::from(config.tcp_addr.is_some()) + u64::from(config.ws_addr.is_some()) + rpc_listener;
+    let listeners = u64::from(config.tcp_addr.is_some())
+        + u64::from(config.ws_addr.is_some())
+        + u64::from(config.wss_addr.is_some())
+        + rpc_listener;
     // Inter-node links: one outbound per peer, and at worst every inbound link of
     // every peer's shards (as many as ours) accepted by this shard.
     let links = peers * (1 + u64::from(config.runtime.shard_count.max(1)));
@@ -823,7 +831,7 @@ fn open_data_dir(config: &NodeConfig) -> io::Result<Catalog> {
 /// optional) and the addresses they are bound to.
 struct BoundListeners {
     /// `listeners[shard]`: that shard's listeners and their transports.
-    listeners: Vec<Vec<(Transport, TcpListener)>>,
+    listeners: Vec<Vec<net::io::Listener>>,
     tcp_addr: Option<SocketAddr>,
     ws_addr: Option<SocketAddr>,
     rpc_addr: Option<SocketAddr>,
@@ -832,10 +840,9 @@ struct BoundListeners {
 /// Binds the configured TCP and WebSocket addresses, and the RPC address when the
 /// cluster has peers, once per shard
 /// ([`bind_per_shard`]). Gives the error of a bind.
-fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
+fn bind_listeners(config: &mut NodeConfig) -> io::Result<BoundListeners> {
     let shards = config.runtime.shard_count as usize;
-    let mut listeners: Vec<Vec<(Transport, TcpListener)>> =
-        (0..shards).map(|_| Vec::new()).collect();
+    let mut listeners: Vec<Vec<net::io::Listener>> = (0..shards).map(|_| Vec::new()).collect();
     let mut tcp_addr = None;
     let mut ws_addr = None;
     let mut rpc_addr = None;
@@ -853,8 +860,15 @@ fn bind_listeners(config: &NodeConfig) -> io::Result<BoundListeners> {
             let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;
             *out = Some(actual);
             for (i, l) in ls.into_iter().enumerate() {
-                listeners[i].push((kind, l));
+                listeners[i].push((kind, l).into());
             }
+        }
+    }
+    if let (Some(addr), Some(tls)) = (config.wss_addr, &config.tls) {
+        let (actual, ls) = bind_per_shard(addr, shards, config.net.listen_backlog)?;
+        config.wss_addr = Some(actual);
+        for (i, l) in ls.into_iter().enumerate() {
+            listeners[i].push(net::io::Listener::wss(l, tls.clone()));
         }
     }
     Ok(BoundListeners {
@@ -886,15 +900,8 @@ fn open_logs(config: &NodeConfig, hooks: &syncer::NodeHooks) -> io::Result<Vec<(
 
 /// What each shard takes when it starts: its listeners, its log (with the largest
 /// message id in it) and its log syncer; `None` once taken.
-type ShardStartParts = std::sync::Mutex<
-    Vec<
-        Option<(
-            Vec<(Transport, TcpListener)>,
-            (MessageLog, i64),
-            syncer::LogSyncer,
-        )>,
-    >,
->;
+type ShardStartParts =
+    std::sync::Mutex<Vec<Option<(Vec<net::io::Listener>, (MessageLog, i64), syncer::LogSyncer)>>>;
 
 /// Builds shard `init.shard` on its own thread: takes its parts, makes its network
 /// driver, resumes its message ids after its log, rebuilds its idempotency window
@@ -910,7 +917,7 @@ fn start_shard(
         parts.lock().unwrap_or_else(|e| e.into_inner())[me]
             .take()
             .ok_or_else(|| io::Error::other("shard started twice"))?;
-    let driver = NetDriver::new(&s.config.net, init.doorbell.clone(), listeners)?;
+    let driver = NetDriver::with_listeners(&s.config.net, init.doorbell.clone(), listeners)?;
     let mut ids = id_generator(&s.config, me)?;
     ids.resume_after(max_message_id);
     let mut idem = IdempotencyWindow::new(s.config.idempotency);
@@ -1071,7 +1078,7 @@ impl Node {
         let shard_metrics = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();
-        let bound = bind_listeners(&config)?;
+        let bound = bind_listeners(&mut config)?;
         let logs = open_logs(&config, &hooks)?;
 
         let shared = Arc::new(NodeShared {
@@ -1147,6 +1154,11 @@ impl Node {
     /// The bound WebSocket address (port 0 resolved).
     pub fn ws_addr(&self) -> Option<SocketAddr> {
         self.ws_addr
+    }
+
+    /// The bound `wss://` address (port 0 resolved).
+    pub fn wss_addr(&self) -> Option<SocketAddr> {
+        self.shared.config.wss_addr
     }
 
     /// The bound HTTP API address (port 0 resolved).

@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 
 use wheel::{TimerHandle, TimerWheel};
 
+use super::tls::{TlsConn, TlsServer};
 use super::ws::{self, Handshake, WsControl, WsDecoder};
 use super::{
     CloseReason, ConnId, ListenerStats, NetConfig, NetEvent, NetStats, SendError, Transport,
@@ -30,13 +31,15 @@ use super::{
 /// An input buffer whose capacity passed this is released when fully consumed, so
 /// idle connections hold no large receive buffer.
 const INPUT_KEEP_BYTES: usize = 4096;
+/// The TLS layer's scratch buffers keep at most this capacity between uses.
+const TLS_SCRATCH_KEEP_BYTES: usize = 64 * 1024;
 /// An output buffer whose capacity passed this is released once written, so a
 /// connection does not keep a burst's buffer.
 pub(crate) const OUTPUT_KEEP_BYTES: usize = 4096;
 
 /// Clears a written output buffer, releasing its memory when it grew past
 /// [`OUTPUT_KEEP_BYTES`].
-fn recycle(buf: &mut Vec<u8>) {
+pub(crate) fn recycle(buf: &mut Vec<u8>) {
     if buf.capacity() > OUTPUT_KEEP_BYTES {
         *buf = Vec::new();
     } else {
@@ -154,6 +157,8 @@ pub(crate) enum Refusal {
 /// One listening socket's accept state.
 struct ListenerState {
     kind: Transport,
+    /// A TLS listener's certificate and limits: its connections speak TLS first.
+    tls: Option<TlsServer>,
     backoff: AcceptBackoff,
     /// Accepting is paused until then (a failed round's retry time).
     paused_until_ms: Option<u64>,
@@ -191,6 +196,9 @@ pub(crate) struct Conn {
     /// WebSocket: received bytes not yet decoded (upgrade request or partial frame).
     raw: Vec<u8>,
     ws: WsDecoder,
+    /// A connection of a TLS listener: rustls's state and the plaintext queued for
+    /// it (the queues below then hold ciphertext only).
+    tls: Option<Box<TlsConn>>,
     /// Output appended by sends; swapped into `out_cur` when that is written.
     out_next: Vec<u8>,
     /// Output being written: `out_cur[out_off..]` is unwritten. Backends may keep it
@@ -228,6 +236,7 @@ impl Conn {
             input_start: 0,
             raw: Vec::new(),
             ws: WsDecoder::default(),
+            tls: None,
             out_next: Vec::new(),
             out_cur: Vec::new(),
             out_off: 0,
@@ -244,8 +253,20 @@ impl Conn {
         }
     }
 
+    /// Queued output: ciphertext and, on a TLS connection, plaintext not yet sealed.
     fn out_len(&self) -> usize {
-        self.out_cur.len() - self.out_off + self.out_next.len()
+        self.out_cur.len() - self.out_off
+            + self.out_next.len()
+            + self.tls.as_ref().map_or(0, |t| t.plain.len())
+    }
+
+    /// Where output the core frames goes: the queue, or on a TLS connection the
+    /// plaintext that [`Core::take_dirty`] seals into it.
+    fn out_buf(&mut self) -> &mut Vec<u8> {
+        match &mut self.tls {
+            Some(t) => &mut t.plain,
+            None => &mut self.out_next,
+        }
     }
 
     fn unconsumed(&self) -> usize {
@@ -279,6 +300,17 @@ pub(crate) struct Core {
     /// `outbound_budget_bytes_per_shard`.
     out_total: usize,
     listeners: Vec<ListenerState>,
+    /// TLS connections (index, generation) whose handshake input waits for the
+    /// next poll's handshake budget.
+    tls_deferred: Vec<(u32, u32)>,
+    /// Handshake steps left in this poll (`[tls] handshakes_per_poll_max`, of the
+    /// TLS listeners together; refilled by [`Core::advance`]).
+    tls_budget: usize,
+    tls_budget_max: usize,
+    /// Plaintext decrypted by one receive (reused).
+    tls_plain: Vec<u8>,
+    /// Records rustls gave for one connection (reused).
+    tls_records: Vec<u8>,
     pub(crate) stats: NetStats,
 }
 
@@ -300,14 +332,33 @@ impl Core {
             now_ms: 0,
             out_total: 0,
             listeners: Vec::new(),
+            tls_deferred: Vec::new(),
+            tls_budget: 0,
+            tls_budget_max: 0,
+            tls_plain: Vec::new(),
+            tls_records: Vec::new(),
             stats: NetStats::default(),
         }
     }
 
     /// Registers listener number `listeners.len()` (the backend's listener index).
+    #[cfg(test)]
     pub(crate) fn add_listener(&mut self, kind: Transport) -> usize {
+        self.add_listener_tls(kind, None)
+    }
+
+    /// [`Core::add_listener`] of a listener whose connections speak TLS first when
+    /// `tls` is given (a WebSocket listener: `wss://`).
+    pub(crate) fn add_listener_tls(&mut self, kind: Transport, tls: Option<TlsServer>) -> usize {
+        if let Some(t) = &tls {
+            self.tls_budget_max = self
+                .tls_budget_max
+                .max(t.config().handshakes_per_poll_max.max(1));
+            self.tls_budget = self.tls_budget_max;
+        }
         self.listeners.push(ListenerState {
             kind,
+            tls,
             backoff: AcceptBackoff::from_config(&self.cfg),
             paused_until_ms: None,
         });
@@ -433,6 +484,16 @@ impl Core {
         };
         let deadline = self.cfg.idle_timeout_ms.min(self.cfg.connect_timeout_ms);
         let idx = self.take_slot(kind, peer, phase, deadline);
+        if let Some(server) = &self.listeners[li].tls {
+            match server.accept() {
+                Ok(t) => self.conns[idx as usize].tls = Some(Box::new(t)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "TLS connection could not be set up");
+                    self.abort(idx, CloseReason::Tls);
+                    return Some(idx);
+                }
+            }
+        }
         if phase == Phase::Open {
             self.accept_visible(idx);
         }
@@ -468,6 +529,7 @@ impl Core {
         c.peer_eof = false;
         c.phase = phase;
         c.ws = WsDecoder::default();
+        c.tls = None;
         c.timer = self
             .timers
             .insert(now + deadline_in_ms, (idx, c.generation))
@@ -688,11 +750,12 @@ impl Core {
         if !matches!(c.phase, Phase::Open | Phase::Handshake) {
             return;
         }
-        let before = c.out_next.len();
-        if c.kind == Transport::WebSocket && c.phase == Phase::Open {
-            ws::write_close(&mut c.out_next, ws_code);
+        let before = c.out_len();
+        let tls_failed = c.tls.as_ref().is_some_and(|t| t.failed);
+        if c.kind == Transport::WebSocket && c.phase == Phase::Open && !tls_failed {
+            ws::write_close(c.out_buf(), ws_code);
         }
-        let added = c.out_next.len() - before;
+        let added = c.out_len() - before;
         c.phase = Phase::Flushing;
         c.linger_deadline_ms = linger;
         self.queued_unchecked(added);
@@ -728,10 +791,20 @@ impl Core {
     /// Bytes received on connection `idx`.
     pub(crate) fn on_recv(&mut self, idx: u32, data: &[u8]) {
         self.stats.bytes_in += data.len() as u64;
-        let max_in = self.inbound_close_bytes(idx);
         let now = self.now_ms;
         let c = &mut self.conns[idx as usize];
         c.last_input_ms = now;
+        if c.tls.is_some() {
+            self.tls_recv(idx, data);
+        } else {
+            self.on_plain(idx, data);
+        }
+    }
+
+    /// Plaintext received on connection `idx` (on a TLS connection: decrypted).
+    fn on_plain(&mut self, idx: u32, data: &[u8]) {
+        let max_in = self.inbound_close_bytes(idx);
+        let c = &mut self.conns[idx as usize];
         match (c.phase, c.kind) {
             (Phase::Open, Transport::Tcp | Transport::Rpc) => {
                 if c.unconsumed() + data.len() > max_in {
@@ -763,13 +836,13 @@ impl Core {
                 if c.raw.len() > max {
                     const TOO_LARGE: &[u8] =
                         b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n";
-                    c.out_next.extend_from_slice(TOO_LARGE);
+                    c.out_buf().extend_from_slice(TOO_LARGE);
                     self.queued_unchecked(TOO_LARGE.len());
                     self.begin_close(idx, CloseReason::WebSocketProtocol, ws::CLOSE_PROTOCOL);
                 }
             }
             Handshake::Reject(response) => {
-                c.out_next.extend_from_slice(&response);
+                c.out_buf().extend_from_slice(&response);
                 self.queued_unchecked(response.len());
                 self.begin_close(idx, CloseReason::WebSocketProtocol, ws::CLOSE_PROTOCOL);
             }
@@ -778,7 +851,7 @@ impl Core {
                     return;
                 }
                 let c = &mut self.conns[idx as usize];
-                c.out_next.extend_from_slice(&response);
+                c.out_buf().extend_from_slice(&response);
                 c.raw.drain(..consumed);
                 c.phase = Phase::Open;
                 self.mark_dirty(idx);
@@ -831,7 +904,7 @@ impl Core {
                         if !self.reserve_out(idx, n) {
                             return;
                         }
-                        ws::write_pong(&mut self.conns[idx as usize].out_next, &payload);
+                        ws::write_pong(self.conns[idx as usize].out_buf(), &payload);
                         self.mark_dirty(idx);
                     }
                 }
@@ -957,11 +1030,15 @@ impl Core {
     }
 
     /// Connections with output queued since the last call.
+    /// TLS connections among them have their plaintext sealed into records now.
     pub(crate) fn take_dirty(&mut self, out: &mut Vec<u32>) {
         out.clear();
         std::mem::swap(out, &mut self.dirty);
         for &idx in out.iter() {
             self.conns[idx as usize].dirty_flag = false;
+            if self.conns[idx as usize].tls.is_some() {
+                self.tls_seal(idx);
+            }
         }
     }
 
@@ -990,6 +1067,7 @@ impl Core {
         c.input = Vec::new();
         c.input_start = 0;
         c.raw = Vec::new();
+        c.tls = None;
         c.out_next = Vec::new();
         c.out_cur = Vec::new();
         c.out_off = 0;
@@ -1022,7 +1100,11 @@ impl Core {
     }
 
     /// The earliest timer deadline, if any.
+    /// Handshakes waiting for the next poll's budget make it now.
     pub(crate) fn next_deadline_ms(&self) -> Option<u64> {
+        if !self.tls_deferred.is_empty() {
+            return Some(self.now_ms);
+        }
         let paused = self
             .listeners
             .iter()
@@ -1041,8 +1123,12 @@ impl Core {
     }
 
     /// Moves time to `now_ms` and fires idle and linger timers.
+    /// Handshakes deferred by earlier polls go first, within this poll's budget,
+    /// which is then refilled for the next poll.
     pub(crate) fn advance(&mut self, now_ms: u64) {
         self.now_ms = self.now_ms.max(now_ms);
+        self.tls_run_deferred();
+        self.tls_budget = self.tls_budget_max;
         let mut fired = std::mem::take(&mut self.fired);
         fired.clear();
         self.timers
@@ -1145,10 +1231,12 @@ impl Core {
             return Err(SendError::Overflow);
         }
         let c = &mut self.conns[i];
-        match c.kind {
-            Transport::Tcp | Transport::Rpc => c.out_next.extend_from_slice(bytes),
-            Transport::WebSocket if text => ws::write_text(&mut c.out_next, bytes),
-            Transport::WebSocket => ws::write_binary(&mut c.out_next, bytes),
+        let kind = c.kind;
+        let out = c.out_buf();
+        match kind {
+            Transport::Tcp | Transport::Rpc => out.extend_from_slice(bytes),
+            Transport::WebSocket if text => ws::write_text(out, bytes),
+            Transport::WebSocket => ws::write_binary(out, bytes),
         }
         // Queued while connecting: written once connected (`on_connected`).
         if c.phase == Phase::Open {
@@ -1170,6 +1258,183 @@ impl Core {
 
     pub(crate) fn outbound_bytes(&self, conn: ConnId) -> usize {
         self.lookup(conn).map_or(0, |i| self.conns[i].out_len())
+    }
+}
+
+/// The TLS layer of the core: a TLS listener's connections decrypt here into the
+/// WebSocket layer above ([`Core::on_plain`]) and have their output sealed when the
+/// backend takes the dirty list.
+impl Core {
+    /// Ciphertext received on TLS connection `idx`. While the handshake is in
+    /// progress and this poll's handshake budget is spent, it waits (at most
+    /// `[tls] handshake_bytes_max`) for a later poll.
+    fn tls_recv(&mut self, idx: u32, data: &[u8]) {
+        let budget_spent = self.tls_budget == 0;
+        let c = &mut self.conns[idx as usize];
+        if !matches!(c.phase, Phase::Handshake | Phase::Open) {
+            return; // Closing: input is discarded.
+        }
+        let generation = c.generation;
+        let Some(t) = c.tls.as_mut() else { return };
+        let waiting = !t.deferred.is_empty();
+        if waiting || (budget_spent && t.is_handshaking()) {
+            if t.deferred.len() + data.len() > t.limits().handshake_bytes_max {
+                self.tls_fail(idx, "handshake larger than [tls] handshake_bytes_max");
+                return;
+            }
+            t.deferred.extend_from_slice(data);
+            if !waiting {
+                self.tls_deferred.push((idx, generation));
+            }
+            return;
+        }
+        self.tls_input(idx, data);
+    }
+
+    /// Runs the handshakes deferred by earlier polls, as far as the budget goes.
+    fn tls_run_deferred(&mut self) {
+        if self.tls_deferred.is_empty() {
+            return;
+        }
+        let mut list = std::mem::take(&mut self.tls_deferred);
+        let mut keep = 0;
+        for i in 0..list.len() {
+            let (idx, generation) = list[i];
+            let c = &mut self.conns[idx as usize];
+            if !c.in_use || c.generation != generation {
+                continue;
+            }
+            let Some(t) = c.tls.as_mut() else { continue };
+            if self.tls_budget == 0 {
+                list[keep] = (idx, generation);
+                keep += 1;
+                continue;
+            }
+            let data = std::mem::take(&mut t.deferred);
+            if matches!(c.phase, Phase::Handshake | Phase::Open) {
+                self.tls_input(idx, &data);
+            }
+        }
+        list.truncate(keep);
+        // Connections deferred while running these (none: the budget was left) come
+        // after the ones still waiting.
+        list.append(&mut self.tls_deferred);
+        self.tls_deferred = list;
+    }
+
+    /// Feeds ciphertext to rustls: the handshake's answer is queued, the plaintext
+    /// goes up to the WebSocket layer, bad input closes the connection.
+    fn tls_input(&mut self, idx: u32, data: &[u8]) {
+        let mut plain = std::mem::take(&mut self.tls_plain);
+        plain.clear();
+        let Some(t) = self.conns[idx as usize].tls.as_mut() else {
+            return;
+        };
+        if t.is_handshaking() {
+            self.tls_budget = self.tls_budget.saturating_sub(1);
+        }
+        let result = t.receive(data, &mut plain);
+        match result {
+            Err(e) => {
+                self.tls_plain = plain;
+                self.tls_fail(idx, &e.to_string());
+            }
+            Ok(rx) => {
+                if rx.handshake_done {
+                    self.stats.tls_handshakes += 1;
+                }
+                if !self.tls_queue_records(idx) {
+                    self.tls_plain = plain;
+                    return;
+                }
+                if !plain.is_empty() {
+                    self.on_plain(idx, &plain);
+                }
+                self.tls_plain = plain;
+                if rx.peer_closed && self.conns[idx as usize].phase != Phase::Dead {
+                    self.on_eof(idx);
+                }
+            }
+        }
+    }
+
+    /// Queues the records rustls has to send (a handshake flight, an alert) within
+    /// the connection's and the shard's output limits. `false`: `idx` was closed.
+    fn tls_queue_records(&mut self, idx: u32) -> bool {
+        let mut records = std::mem::take(&mut self.tls_records);
+        let start = records.len();
+        if let Some(t) = self.conns[idx as usize].tls.as_mut() {
+            t.take_output(&mut records);
+        }
+        let n = records.len() - start;
+        let ok = n == 0 || self.reserve_out(idx, n);
+        if ok && n > 0 {
+            self.conns[idx as usize]
+                .out_next
+                .extend_from_slice(&records[start..]);
+            self.mark_dirty(idx);
+        }
+        records.truncate(start);
+        self.tls_records = records;
+        ok
+    }
+
+    /// Bad TLS input on `idx`: counted and logged (at powers of two of the shard's
+    /// count), the alert rustls queued is sent and the connection closed; nothing
+    /// else is affected.
+    fn tls_fail(&mut self, idx: u32, why: &str) {
+        self.stats.tls_failures += 1;
+        let n = self.stats.tls_failures;
+        let c = &mut self.conns[idx as usize];
+        let peer = c.peer;
+        let Some(t) = c.tls.as_mut() else { return };
+        t.failed = true;
+        t.deferred = Vec::new();
+        let dropped = std::mem::take(&mut t.plain).len();
+        let total = t.count_failure();
+        self.out_total -= dropped;
+        if n.is_power_of_two() {
+            tracing::info!(%peer, error = why, failures = n, total, "bad TLS input: connection closed");
+        } else {
+            tracing::debug!(%peer, error = why, "bad TLS input: connection closed");
+        }
+        let c = &mut self.conns[idx as usize];
+        if let Some(t) = c.tls.as_mut() {
+            let before = c.out_next.len();
+            t.take_output(&mut c.out_next);
+            let added = c.out_next.len() - before;
+            self.queued_unchecked(added);
+        }
+        self.begin_close(idx, CloseReason::Tls, ws::CLOSE_PROTOCOL);
+    }
+
+    /// Seals `idx`'s queued plaintext into records (and, once it is closing, a
+    /// close_notify) at the end of its output queue. The records' overhead is
+    /// reserved like any output (past the limits the connection is closed).
+    fn tls_seal(&mut self, idx: u32) {
+        let c = &mut self.conns[idx as usize];
+        if matches!(c.phase, Phase::Dead | Phase::Lingering | Phase::Connecting) {
+            return;
+        }
+        let closing = c.phase == Phase::Flushing;
+        let Some(t) = c.tls.as_mut() else { return };
+        let mut records = std::mem::take(&mut self.tls_records);
+        records.clear();
+        let taken = t.seal(closing, &mut records);
+        // The plaintext left the queue; the records take its place.
+        self.out_total -= taken;
+        let n = records.len();
+        if self.reserve_out(idx, n) {
+            self.conns[idx as usize]
+                .out_next
+                .extend_from_slice(&records);
+        }
+        // A burst's buffer is not kept past one record batch's size.
+        if records.capacity() > TLS_SCRATCH_KEEP_BYTES {
+            records = Vec::new();
+        }
+        records.clear();
+        self.tls_records = records;
     }
 }
 
@@ -1910,3 +2175,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "core_tls_tests.rs"]
+mod tls_tests;

@@ -7,7 +7,7 @@
 //! `connect_outcome` (`SO_ERROR`, `peer_addr`) before any read or write.
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,8 +19,8 @@ use shard::runtime::{Driver, EventFd};
 
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, NetConfig,
-    NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
+    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, Listener,
+    NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 const DOORBELL: Token = Token(usize::MAX);
@@ -73,7 +73,7 @@ impl MioDriver {
     pub fn new(
         config: &NetConfig,
         doorbell: Arc<EventFd>,
-        listeners: Vec<(Transport, TcpListener)>,
+        listeners: Vec<Listener>,
     ) -> io::Result<Self> {
         config.validate()?;
         let poll = Poll::new()?;
@@ -84,8 +84,16 @@ impl MioDriver {
         )?;
         let mut core = Core::new(config, 0);
         let mut mio_listeners = Vec::with_capacity(listeners.len());
-        for (i, (kind, l)) in listeners.into_iter().enumerate() {
-            core.add_listener(kind);
+        for (
+            i,
+            Listener {
+                kind,
+                socket: l,
+                tls,
+            },
+        ) in listeners.into_iter().enumerate()
+        {
+            core.add_listener_tls(kind, tls);
             prepare_listener(&l, config.listen_backlog)?;
             let mut l = MioListener::from_std(l);
             poll.registry()

@@ -70,6 +70,20 @@
 //!   (the kernel spreads connections over shards), or hand every shard a
 //!   `try_clone` of the same listener. A connection stays on the shard that
 //!   accepted it.
+//! - TLS: a [`Listener`] with a [`TlsServer`] (a WebSocket listener: `wss://`,
+//!   [`NetDriver::with_listeners`]) speaks TLS first: the core decrypts what the
+//!   socket gives into the WebSocket layer and seals the queued output into records
+//!   when the backend takes it, so both backends carry it alike and the handler
+//!   sees a WebSocket connection (`listener: Transport::WebSocket`) as any other.
+//!   The TLS handshake comes before the upgrade, within the same
+//!   `connect_timeout_ms`; `Accepted` follows the upgrade. A shard does at most
+//!   `[tls] handshakes_per_poll_max` handshake steps per poll (the rest wait, at
+//!   most `handshake_bytes_max` each, for the next polls, which then do not
+//!   block), so a storm of handshakes is spread over the loop's turns. Bad TLS
+//!   input closes that connection only ([`CloseReason::Tls`], counted in
+//!   [`NetStats::tls_failures`] and the listener's [`tls::TlsCounters`], logged at
+//!   powers of two). Output limits count the queued plaintext and then its
+//!   records (their overhead included).
 //! - Dialing: [`NetDriver::connect`] opens a non-blocking raw-TCP connection
 //!   (`TCP_NODELAY`, like accepted ones) and returns its id at once; the connect
 //!   goes on during the following polls. It counts against
@@ -98,10 +112,12 @@ pub mod bufring;
 mod core;
 pub mod fd;
 mod mio_driver;
+pub mod tls;
 mod uring_driver;
 use proto::ws;
 
 pub use self::core::AcceptBackoff;
+pub use self::tls::{TlsConfig, TlsLoadError, TlsServer};
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -326,6 +342,9 @@ pub enum CloseReason {
     /// Bad WebSocket input (unmasked or malformed frame, oversized message, a text
     /// message on a binary connection or the reverse).
     WebSocketProtocol,
+    /// Bad TLS input on a TLS listener's connection (garbage records, a failed
+    /// handshake, a handshake past `[tls] handshake_bytes_max`).
+    Tls,
     /// The handler called `close`.
     Local,
 }
@@ -527,6 +546,43 @@ fn prepare_listener(listener: &TcpListener, backlog: i32) -> io::Result<()> {
     sock.listen(backlog)
 }
 
+/// A listening socket handed to a driver: its kind and, for `wss://`, its TLS side.
+pub struct Listener {
+    pub kind: Transport,
+    pub socket: TcpListener,
+    /// Connections accepted on it speak TLS first (a WebSocket listener: `wss://`).
+    pub tls: Option<TlsServer>,
+}
+
+impl From<(Transport, TcpListener)> for Listener {
+    fn from((kind, socket): (Transport, TcpListener)) -> Self {
+        Listener {
+            kind,
+            socket,
+            tls: None,
+        }
+    }
+}
+
+impl Listener {
+    /// A `wss://` listener: WebSocket behind TLS with `tls`'s certificate.
+    pub fn wss(socket: TcpListener, tls: TlsServer) -> Self {
+        Listener {
+            kind: Transport::WebSocket,
+            socket,
+            tls: Some(tls),
+        }
+    }
+
+    fn try_clone(&self) -> io::Result<Self> {
+        Ok(Listener {
+            kind: self.kind,
+            socket: self.socket.try_clone()?,
+            tls: self.tls.clone(),
+        })
+    }
+}
+
 /// One shard's transport driver: io_uring or mio, chosen at construction.
 pub enum NetDriver {
     Uring(Box<UringDriver>),
@@ -550,6 +606,19 @@ impl NetDriver {
         doorbell: Arc<EventFd>,
         listeners: Vec<(Transport, TcpListener)>,
     ) -> io::Result<Self> {
+        Self::with_listeners(
+            config,
+            doorbell,
+            listeners.into_iter().map(Listener::from).collect(),
+        )
+    }
+
+    /// [`NetDriver::new`] with listeners that may speak TLS ([`Listener::wss`]).
+    pub fn with_listeners(
+        config: &NetConfig,
+        doorbell: Arc<EventFd>,
+        listeners: Vec<Listener>,
+    ) -> io::Result<Self> {
         match config.backend {
             Backend::Mio => Ok(NetDriver::Mio(Box::new(MioDriver::new(
                 config, doorbell, listeners,
@@ -561,7 +630,7 @@ impl NetDriver {
                 // Keep duplicates so a failed io_uring setup leaves the sockets for mio.
                 let copies = listeners
                     .iter()
-                    .map(|(k, l)| Ok((*k, l.try_clone()?)))
+                    .map(Listener::try_clone)
                     .collect::<io::Result<Vec<_>>>()?;
                 match UringDriver::new(config, doorbell.clone(), copies) {
                     Ok(d) => Ok(NetDriver::Uring(Box::new(d))),
@@ -747,6 +816,10 @@ pub struct NetStats {
     pub bytes_in: u64,
     /// Bytes written to sockets.
     pub bytes_out: u64,
+    /// TLS handshakes completed.
+    pub tls_handshakes: u64,
+    /// TLS connections closed for bad TLS input.
+    pub tls_failures: u64,
 }
 
 #[cfg(test)]

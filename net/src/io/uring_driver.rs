@@ -26,8 +26,8 @@ use shard::runtime::{Driver, EventFd};
 use super::bufring::BufRing;
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
-    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, NetConfig,
-    NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
+    accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, Listener,
+    NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
 };
 
 /// Buffer group id of the provided receive buffers.
@@ -163,7 +163,7 @@ impl UringDriver {
     pub fn new(
         config: &NetConfig,
         doorbell: Arc<EventFd>,
-        listeners: Vec<(Transport, TcpListener)>,
+        listeners: Vec<Listener>,
     ) -> io::Result<Self> {
         config.validate()?;
         let ring: IoUring = IoUring::builder()
@@ -174,8 +174,8 @@ impl UringDriver {
             .setup_cqsize(config.uring_entries.saturating_mul(4))
             .build(config.uring_entries)?;
         let bufs = BufRing::new(&ring, config.uring_buf_count, config.uring_buf_bytes, BGID)?;
-        for (_, l) in &listeners {
-            prepare_listener(l, config.listen_backlog)?;
+        for l in &listeners {
+            prepare_listener(&l.socket, config.listen_backlog)?;
         }
         let n = listeners.len();
         // Completions already posted when reading pauses still deliver: at most one
@@ -184,9 +184,13 @@ impl UringDriver {
             config,
             usize::from(config.uring_buf_count) * config.uring_buf_bytes as usize,
         );
-        for (kind, _) in &listeners {
-            core.add_listener(*kind);
-        }
+        let listeners: Vec<(Transport, TcpListener)> = listeners
+            .into_iter()
+            .map(|Listener { kind, socket, tls }| {
+                core.add_listener_tls(kind, tls);
+                (kind, socket)
+            })
+            .collect();
         let mut d = UringDriver {
             core,
             ring,
