@@ -512,7 +512,10 @@ fn a_session_superseded_during_a_rebuild_is_told_and_closed(backend: Backend) {
             .any(|f| matches!(f, Received::Disconnect { reason: 12, .. })),
         "the superseded session is told: {seen:?}"
     );
-    assert_eq!(support::metric(&node, "imrouter_sessions_superseded_total"), 1);
+    assert_eq!(
+        support::metric(&node, "imrouter_sessions_superseded_total"),
+        1
+    );
     assert_eq!(support::metric(&node, "imrouter_kicks_total"), 0);
     assert_eq!(online_devices(&node, "z"), 1);
     node.shutdown().unwrap();

@@ -111,3 +111,38 @@ impl Authority {
         answer
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal for the target (the caller's view is off) is told apart from every
+    /// other answer: the node counts them (`authority_stale_refusals`).
+    #[test]
+    fn only_target_refusals_are_stale() {
+        use AuthorityError::*;
+        let of = |r: Result<(), AuthorityError>| {
+            [
+                AuthorityReply::Register(r.map(|()| RegisterOutcome::Active)),
+                AuthorityReply::Commit(r),
+                AuthorityReply::Abort(r),
+                AuthorityReply::Unregister(r),
+            ]
+        };
+        for stale in [NotLeader, StaleTarget] {
+            assert!(of(Err(stale)).iter().all(AuthorityReply::is_stale_refusal));
+        }
+        for other in [
+            Ok(()),
+            Err(Tombstoned),
+            Err(NotReady),
+            Err(Full),
+            Err(Unreachable),
+        ] {
+            assert!(
+                !of(other).iter().any(AuthorityReply::is_stale_refusal),
+                "{other:?}"
+            );
+        }
+    }
+}
