@@ -12,6 +12,7 @@
 
 use proto::wkproto::ReasonCode;
 
+use crate::presence::route::AuthorityError;
 use crate::send::delivery::LookupFailure;
 
 /// The kinds of request a hop carries (the replies mirror them).
@@ -46,9 +47,11 @@ pub enum NoAnswer {
 /// What the requester does with a request that got no answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoAnswerAction {
-    /// The authority call failed `Unreachable` (an activation answers CONNACK 15; an
-    /// unregister is retried later).
-    AuthorityUnreachable,
+    /// The authority call failed with this error: `Unreachable` when it was not
+    /// sent (nothing changed there), `Lost` when it was (it may have been applied).
+    /// An activation answers CONNACK 15 and rolls back what may exist; an unregister
+    /// is retried later.
+    AuthorityFailed(AuthorityError),
     /// The touch batch's routes are requeued.
     RequeueTouch,
     /// The owner action failed (the activation answers CONNACK 15).
@@ -69,7 +72,12 @@ pub enum NoAnswerAction {
 /// The policy: what a request of `kind` that got no answer (`why`) becomes.
 pub fn on_no_answer(kind: HopKind, why: NoAnswer) -> NoAnswerAction {
     match (kind, why) {
-        (HopKind::Authority, _) => NoAnswerAction::AuthorityUnreachable,
+        (HopKind::Authority, NoAnswer::LinkDown | NoAnswer::LinkBusy) => {
+            NoAnswerAction::AuthorityFailed(AuthorityError::Unreachable)
+        }
+        (HopKind::Authority, NoAnswer::Lost) => {
+            NoAnswerAction::AuthorityFailed(AuthorityError::Lost)
+        }
         (HopKind::Touch, _) => NoAnswerAction::RequeueTouch,
         (HopKind::OwnerAction, NoAnswer::LinkDown) => NoAnswerAction::OwnerActionDoneOwnerDown,
         (HopKind::OwnerAction, NoAnswer::LinkBusy | NoAnswer::Lost) => {
@@ -104,10 +112,15 @@ mod tests {
             } else {
                 A::OwnerActionFailed
             };
+            let authority = if why == NoAnswer::Lost {
+                AuthorityError::Lost
+            } else {
+                AuthorityError::Unreachable
+            };
             assert_eq!(
                 got,
                 vec![
-                    A::AuthorityUnreachable,
+                    A::AuthorityFailed(authority),
                     A::RequeueTouch,
                     owner,
                     A::SendAck(ReasonCode::FORWARD_SEND_PACKET_ERROR),

@@ -128,6 +128,7 @@ fn register_refused_not_leader_stale_tombstoned_full_rolls_back_locally_only() {
         (AuthorityError::StaleTarget, 18),
         (AuthorityError::Tombstoned, 15),
         (AuthorityError::Full, 15),
+        (AuthorityError::Unreachable, 15),
     ] {
         let mut reg = registry();
         let (mut a, _) = at_stage(&mut reg, "x", 1, Stage::AwaitRegister);
@@ -328,12 +329,46 @@ fn commit_not_ready_aborts_the_candidate_without_unregister() {
     assert_rolled_back(&reg, &a, false);
 }
 
+/// Issue "Cluster defects…", item 8: a register whose answer was lost may have
+/// made the route active at the authority; left alone it would be a ghost route
+/// (online for its TTL, so the app skips its offline push).
+#[test]
+fn register_answer_lost_rolls_back_locally_and_unregisters_at_the_authority() {
+    let mut reg = registry();
+    let (mut a, _) = at_stage(&mut reg, "x", 1, Stage::AwaitRegister);
+    let out = step(
+        &mut a,
+        &mut reg,
+        Event::RegisterReply(Err(AuthorityError::Lost)),
+        5,
+    );
+    assert_eq!(out, FAIL.to_vec());
+    assert_rolled_back(&reg, &a, true);
+}
+
+/// Item 8: a commit whose answer was lost may have made the route active, or
+/// left the candidate pending: both are undone.
+#[test]
+fn commit_answer_lost_aborts_the_candidate_and_unregisters_the_route() {
+    let mut reg = registry();
+    let (mut a, token) = at_stage(&mut reg, "x", 1, Stage::AwaitCommit);
+    let out = step(
+        &mut a,
+        &mut reg,
+        Event::CommitReply(Err(AuthorityError::Lost)),
+        5,
+    );
+    assert_eq!(out, abort_then_fail(&a, token));
+    assert_rolled_back(&reg, &a, true);
+}
+
 #[test]
 fn commit_refused_superseded_or_stale_fails_without_abort() {
     for err in [
         AuthorityError::Superseded,
         AuthorityError::StaleTarget,
         AuthorityError::NotLeader,
+        AuthorityError::Unreachable,
     ] {
         let mut reg = registry();
         let (mut a, _) = at_stage(&mut reg, "x", 1, Stage::AwaitCommit);

@@ -16,7 +16,10 @@
 //! - **one device**: at most one active Master session per (uid, device flag), one
 //!   per (uid, device flag, device id);
 //! - **no zombie**: every session active at its gateway is routed by its uid's
-//!   authority at its owner_seq.
+//!   authority at its owner_seq;
+//! - **no ghost**: every active route of a live process names a session active at
+//!   its gateway at the route's owner_seq (routes of a crashed process wait out
+//!   their TTL).
 //!
 //! Then, in the settled cluster, clients log in and out without faults: **a login
 //! replaces** every active session it conflicts with before its CONNACK 0 (their
@@ -119,7 +122,7 @@ fn first_failure(bugs: Bugs) -> Option<(u64, String)> {
 
 #[test]
 fn cluster_sim_catches_planted_bugs() {
-    let planted: [(&str, Bugs, &[&str]); 3] = [
+    let planted: [(&str, Bugs, &[&str]); 4] = [
         (
             "a touch answer's superseded routes dropped",
             Bugs {
@@ -143,6 +146,14 @@ fn cluster_sim_catches_planted_bugs() {
                 ..Bugs::default()
             },
             &["converge"],
+        ),
+        (
+            "a request whose answer was lost taken for one never sent",
+            Bugs {
+                lost_as_not_sent: true,
+                ..Bugs::default()
+            },
+            &["no ghost"],
         ),
     ];
     for (name, bugs, expected) in planted {

@@ -27,14 +27,16 @@
 //!   unregister is queued in the registry ([`Registry::queue_unregister`], drained
 //!   with retries by [`Registry::drain_unregisters`]). Its owner_seq is above the
 //!   route's, so its tombstone also fences a register or commit that arrives late
-//!   (rules 12, 19, 30, 31). Only a refused `Commit` skips it (the route never
-//!   became active there; the abort below suffices);
+//!   (rules 12, 19, 30, 31). A refused `Register` or `Commit` skips it (the route
+//!   never became active there; the abort below suffices), unless the refusal is
+//!   [`AuthorityError::Lost`]: the call was sent and its answer lost, so it may
+//!   have been applied, and the rollback is the one of an answered call;
 //! - if the authority holds our pending candidate (we hold its token and did not get
 //!   a commit success), `Abort{token}` is sent at once so the candidate goes now and
 //!   the conflicting old routes stay (rule 11). Its reply is ignored.
 //!
-//! A `Register` the authority refused (any [`AuthorityError`]) changed nothing there:
-//! only the local session is removed (rule 29). A refused `Commit` with `NotReady`
+//! A `Register` the authority refused (any [`AuthorityError`] but `Lost`) changed
+//! nothing there: only the local session is removed (rule 29). A refused `Commit` with `NotReady`
 //! leaves the candidate pending, so it is aborted; `NotLeader`/`StaleTarget` mean the
 //! authority's state for the slot is gone.
 //!
@@ -391,13 +393,14 @@ impl Activation {
     ) {
         match (&self.state, reply) {
             (State::AwaitRegister, Err(e)) => {
-                // Rule 29: refused, nothing changed at the authority.
+                // Rule 29: refused, nothing changed at the authority; but a lost
+                // answer may hide a route made active there.
                 self.fail(
                     registry,
                     Failure::RegisterRefused(e),
                     register_refused_reason(e),
                     None,
-                    false,
+                    e == AuthorityError::Lost,
                     now_ms,
                     out,
                 );
@@ -518,14 +521,16 @@ impl Activation {
             Err(e) => {
                 // A refused commit changed nothing; NotReady leaves the candidate
                 // pending (abort it); NotLeader/StaleTarget: the slot's state is gone;
-                // Superseded: the candidate is gone.
-                let abort = (e == AuthorityError::NotReady).then(|| token.clone());
+                // Superseded: the candidate is gone. A lost answer may hide either
+                // outcome: abort the candidate and unregister the route.
+                let lost = e == AuthorityError::Lost;
+                let abort = (e == AuthorityError::NotReady || lost).then(|| token.clone());
                 self.fail(
                     registry,
                     Failure::CommitRefused(e),
                     ReasonCode::SYSTEM_ERROR,
                     abort,
-                    false,
+                    lost,
                     now_ms,
                     out,
                 );

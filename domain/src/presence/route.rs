@@ -173,9 +173,15 @@ pub enum AuthorityError {
     Superseded,
     /// The slot's directory is at its configured route limit.
     Full,
-    /// The authority's node did not answer: link down, deadline passed, or it
-    /// restarted (reported by the requester's side, never by an authority).
+    /// The call was not sent: the link to the authority's node is down or busy
+    /// (reported by the requester's side, never by an authority). Nothing changed
+    /// there.
     Unreachable,
+    /// The call was sent and its answer will not come: the deadline passed, the
+    /// link closed or the peer restarted (reported by the requester's side, never
+    /// by an authority). It may have been applied: the caller rolls back as if it
+    /// had been.
+    Lost,
 }
 
 impl std::fmt::Display for AuthorityError {
@@ -187,7 +193,8 @@ impl std::fmt::Display for AuthorityError {
             AuthorityError::NotReady => "conflicts changed since registration",
             AuthorityError::Superseded => "superseded by a newer registration",
             AuthorityError::Full => "route directory full",
-            AuthorityError::Unreachable => "the authority's node did not answer",
+            AuthorityError::Unreachable => "the authority's node could not be reached",
+            AuthorityError::Lost => "the authority's answer was lost",
         })
     }
 }

@@ -24,7 +24,7 @@ use domain::presence::registry::{
     NewSession, RebuildLimits, Registry, RegistryConfig, SessionState, UnregisterRequest,
 };
 use domain::presence::route::{
-    AuthorityError, BootId, DeviceLevel, OwnerAction, Route, RouteIdentity, SessionId, Transport,
+    BootId, DeviceLevel, OwnerAction, Route, RouteIdentity, SessionId, Transport,
 };
 use domain::send::delivery::{session_id, session_shard};
 use proto::wkproto::ReasonCode;
@@ -59,6 +59,9 @@ pub struct Bugs {
     pub ignore_superseded: bool,
     /// A node does not send its view to a peer whose link comes up.
     pub no_view_on_link_up: bool,
+    /// A request whose answer was lost is taken for one never sent (the ghost
+    /// route of "Cluster defects found in a review…", item 8).
+    pub lost_as_not_sent: bool,
 }
 
 /// The shape of one seed's cluster.
@@ -627,9 +630,8 @@ impl World {
                 Pending::Activation {
                     act, request_kind, ..
                 },
-                NoAnswerAction::AuthorityUnreachable,
+                NoAnswerAction::AuthorityFailed(err),
             ) => {
-                let err = AuthorityError::Unreachable;
                 let event = match request_kind {
                     Call::Register => Event::RegisterReply(Err(err)),
                     Call::Commit => Event::CommitReply(Err(err)),
@@ -637,7 +639,7 @@ impl World {
                 };
                 self.feed(at, act, event);
             }
-            (Pending::Unregister(req), NoAnswerAction::AuthorityUnreachable) => {
+            (Pending::Unregister(req), NoAnswerAction::AuthorityFailed(_)) => {
                 self.shard_mut(at).reg.unregister_failed(*req, now_ms);
             }
             (Pending::Touch { target, routes }, NoAnswerAction::RequeueTouch) => {
@@ -895,7 +897,12 @@ impl World {
             .collect();
         for id in expired {
             let (_, pending) = self.shard_mut(at).pending.remove(&id).expect("present");
-            let action = on_no_answer(hop_kind(&pending), NoAnswer::Lost);
+            let why = if self.bugs.lost_as_not_sent {
+                NoAnswer::LinkDown
+            } else {
+                NoAnswer::Lost
+            };
+            let action = on_no_answer(hop_kind(&pending), why);
             self.no_answer(at, pending, action);
         }
         if self.shard_mut(at).next_flush_ms <= now_ms {
@@ -1326,6 +1333,37 @@ impl World {
                      gateway but its authority (node {}) has route {routed:?}, not {seq:?}",
                     c.uid, k.session_id, k.node, target.leader_node_id
                 ));
+            }
+        }
+        self.check_no_ghost(view)
+    }
+
+    /// **No ghost**: every active route of a live process names a session active at
+    /// its gateway at the route's owner_seq (an app trusts `onlinestatus`: a ghost
+    /// route says online and the app skips its offline push). Routes of a process
+    /// that crashed wait out their TTL: the crash's window.
+    fn check_no_ghost(&self, view: &ClusterView) -> Result<(), String> {
+        for h in 0..slots::HASH_SLOTS {
+            let h = h as HashSlot;
+            let leader = self.node(view.slots[h as usize].leader_node_id);
+            let auth = &leader.shards[self.slot_shard(h) as usize].auth;
+            for r in auth.active_routes(h) {
+                let owner = self.node(r.node_id);
+                if !owner.up || owner.boot != r.boot_id {
+                    continue;
+                }
+                let gw = &owner.shards[session_shard(r.session_id) as usize];
+                let session = gw.reg.handle_of(r.session_id).and_then(|h| {
+                    let state = gw.reg.state(h)?;
+                    Some((state, gw.reg.get(h)?.owner_seq))
+                });
+                if session != Some((SessionState::Active, r.owner_seq)) {
+                    return Err(format!(
+                        "no ghost: node {} routes uid {} to session {} on node {} at \
+                         owner_seq {}, which its gateway has as {session:?}",
+                        leader.id, r.uid, r.session_id, r.node_id, r.owner_seq
+                    ));
+                }
             }
         }
         Ok(())

@@ -202,8 +202,8 @@ impl NodeShard {
         action: Action,
     ) {
         match (pending, action) {
-            (Pending::Authority { corr, kind }, Action::AuthorityUnreachable) => {
-                let reply = kind.failed(AuthorityError::Unreachable);
+            (Pending::Authority { corr, kind }, Action::AuthorityFailed(error)) => {
+                let reply = kind.failed(error);
                 self.on_authority_reply(cx, corr, reply);
                 self.drain_local_events(cx, driver);
             }
