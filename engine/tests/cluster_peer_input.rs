@@ -13,7 +13,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use engine::activation::AuthorityRequest;
@@ -26,7 +26,7 @@ use engine::route::{
 };
 use net::io::Backend;
 use proto::rpc::auth::Identity;
-use proto::rpc::link::{LinkEvent, LinkLimits, Outbound};
+use proto::rpc::link::{Inbound, InboundEvent, LinkEvent, LinkLimits, Outbound};
 use proto::rpc::Kind;
 
 const SECRET: &str = "peer-input-test-secret-0123456789";
@@ -35,7 +35,11 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Node 1 of the cluster {1: in this process, 2: the test}, one shard.
 fn node_1(backend: Backend) -> (Node, SocketAddr, tempfile::TempDir) {
-    let ports = support::cluster::free_ports(4);
+    node_1_on(backend, &support::cluster::free_ports(4))
+}
+
+/// [`node_1`] on `ports`: RPC of nodes 1 and 2, then API of nodes 1 and 2.
+fn node_1_on(backend: Backend, ports: &[u16]) -> (Node, SocketAddr, tempfile::TempDir) {
     let member = |id: u64, i: usize| ClusterNode {
         id,
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
@@ -297,7 +301,86 @@ fn a_frame_larger_than_a_clients_buffer_is_read_on_a_link(backend: Backend) {
     node.shutdown().unwrap();
 }
 
+/// Answers node 1's dial as node 2's RPC listener would (the handshake, then its
+/// Pings), until node 1 closes the link. Node 2 sends nothing of its own here.
+fn answer_one_dial(listener: TcpListener) {
+    let key = support::cluster::rpc_key(SECRET.as_bytes(), SLOT_IDS);
+    let me = Identity {
+        node_id: 2,
+        boot_id: 0x2222,
+    };
+    let (mut stream, _) = listener.accept().unwrap();
+    let nonce = [9; proto::rpc::auth::NONCE_BYTES];
+    let mut inbound = Inbound::new(&key, me, &[1], nonce, LinkLimits::default(), 0);
+    let (mut input, mut out, mut buf) = (Vec::new(), Vec::new(), [0u8; 4096]);
+    loop {
+        let n = match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        input.extend_from_slice(&buf[..n]);
+        loop {
+            out.clear();
+            let step = inbound.on_input(&input, 0, &mut out);
+            input.drain(..step.consumed);
+            if stream.write_all(&out).is_err() {
+                return;
+            }
+            match step.event {
+                Some(InboundEvent::Refused(r)) => panic!("node 1's dial refused: {r:?}"),
+                Some(InboundEvent::Close(_)) => return,
+                Some(_) => continue,
+                None if step.consumed > 0 => continue,
+                None => break,
+            }
+        }
+    }
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !ok() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Issue "Cluster defects found in a review…", item 10: a node of a cluster serves
+/// its configured view until a peer sends it the cluster's (after a restart that
+/// one may be long stale), so `/readyz` stays 503 until a view came from a peer,
+/// even with every peer reached.
+fn readyz_waits_for_a_peers_view(backend: Backend) {
+    let ports = support::cluster::free_ports(4);
+    let listener = TcpListener::bind(("127.0.0.1", ports[1])).unwrap();
+    let (node, rpc_addr, _dir) = node_1_on(backend, &ports);
+    let peer = std::thread::spawn(move || answer_one_dial(listener));
+    wait_for("node 1 reaches node 2", || {
+        node.shared().peers_reached() == 1
+    });
+    let ready = node.api().handle("GET", "/readyz", None, b"");
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(
+        ready.body.contains("waiting for the cluster view"),
+        "{}",
+        ready.body
+    );
+    let (mut stream, mut l, _) = link(rpc_addr);
+    let view = ClusterView::initial(&[1, 2], SLOT_IDS).unwrap();
+    let mut body = Vec::new();
+    wire::encode(&OneWayRef::View(&view), &mut body);
+    let mut out = Vec::new();
+    l.oneway(Kind::View, &body, 0, &mut out).unwrap();
+    stream.write_all(&out).unwrap();
+    wait_for("ready once node 2's view came", || {
+        node.api().handle("GET", "/readyz", None, b"").status == 200
+    });
+    node.shutdown().unwrap();
+    drop(stream);
+    peer.join().unwrap();
+}
+
 on_both_drivers!(
+    readyz_waits_for_a_peers_view,
     a_bad_peer_frame_closes_its_link_and_the_node_goes_on,
     a_frame_larger_than_a_clients_buffer_is_read_on_a_link
 );

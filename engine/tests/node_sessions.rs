@@ -470,6 +470,36 @@ fn a_slot_move_to_a_node_outside_the_cluster_is_refused(backend: Backend) {
     node.shutdown().unwrap();
 }
 
+/// Issue "Cluster defects found in a review…", item 10: a shard whose view message
+/// never arrived (its queue was full) takes the node's view on its expiry timer.
+/// The node's view is changed here without any message to the shards, as a lost
+/// one would leave it: each shard still applies it (`imrouter_view_revision`, the
+/// shard furthest behind) and counts the re-read.
+fn a_shard_that_missed_a_view_takes_the_nodes_on_its_timer(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    c.session.expiry_interval_ms = 10;
+    let shards = u64::from(c.runtime.shard_count);
+    let node = Node::start(c).unwrap();
+    let before = node.shared().view().revision;
+    assert_eq!(support::metric(&node, "imrouter_view_revision"), before);
+    let moved = node.shared().move_leaders(&[7], 1, None).unwrap();
+    assert!(moved.revision > before);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while support::metric(&node, "imrouter_view_revision") < moved.revision {
+        assert!(
+            Instant::now() < deadline,
+            "a shard stayed on revision {before}"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        support::metric(&node, "imrouter_views_reread_total"),
+        shards
+    );
+    node.shutdown().unwrap();
+}
+
 /// Issue "Cluster defects found in a review…", item 1 (zombie sessions): after a
 /// slot move the routes are rebuilt at their new authority at
 /// `rebuild_routes_per_s`; a Master login of the uid on another device before the
@@ -534,6 +564,7 @@ on_both_drivers!(
     bad_msg_key_8_bad_payload_9_sub_23_and_the_connection_stays,
     shutdown_sends_disconnect_to_every_session,
     a_slot_move_to_a_node_outside_the_cluster_is_refused,
+    a_shard_that_missed_a_view_takes_the_nodes_on_its_timer,
 );
 
 /// A CONNECT whose activation timer cannot be armed (the shard's timer wheel is

@@ -7,7 +7,9 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::node::metrics::{ShardMetrics, GAUGES, LATENCY_BUCKETS_NS, MAX_GAUGES, STAGE_HELP};
+use crate::node::metrics::{
+    ShardMetrics, GAUGES, LATENCY_BUCKETS_NS, MAX_GAUGES, MIN_GAUGES, STAGE_HELP,
+};
 use crate::node::NodeShared;
 
 /// The HTTP API's counters, written by any of its threads.
@@ -331,6 +333,8 @@ impl Exposition {
             let shards = snapshots.iter().map(|s| s[i].1);
             let total: u64 = if MAX_GAUGES.contains(name) {
                 shards.max().unwrap_or(0)
+            } else if MIN_GAUGES.contains(name) {
+                shards.min().unwrap_or(0)
             } else {
                 shards.sum()
             };

@@ -81,6 +81,7 @@ impl NodeShard {
             return;
         };
         let view = &view;
+        self.metrics.view_revision.set(view.revision);
         self.authority
             .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
         let old = std::mem::replace(&mut self.view, view.clone());
@@ -106,6 +107,22 @@ impl NodeShard {
         }
     }
 
+    /// The node's view re-read (on the expiry timer): a `Msg::View` lost to a full
+    /// queue (counted in `ring_full_drops`) would otherwise leave this shard on an
+    /// older view until the next move.
+    pub(super) fn reread_view(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
+        let view = self.shared.view();
+        if self.view.merge(&view).is_some() {
+            self.metrics.views_reread.inc();
+            tracing::warn!(
+                shard = self.me,
+                revision = view.revision,
+                "a view missed by this shard taken from the node's"
+            );
+            self.apply_view(cx, driver, &view);
+        }
+    }
+
     /// A view from another node: joined with this node's (installed if it brings
     /// anything new), then applied by every shard.
     pub(super) fn on_remote_view(
@@ -114,6 +131,7 @@ impl NodeShard {
         driver: &mut NetDriver,
         view: ClusterView,
     ) {
+        self.shared.note_view_heard();
         let Some(view) = self.shared.install_view(view) else {
             return;
         };

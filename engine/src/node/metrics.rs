@@ -54,10 +54,14 @@ pub const GAUGES: &[&str] = &[
     "pending_ack_bytes",
     "route_rebuild_queued",
     "route_rebuild_last_ms",
+    "view_revision",
 ];
 
 /// The gauges whose node series is the largest shard's value, not the sum.
 pub const MAX_GAUGES: &[&str] = &["route_rebuild_last_ms"];
+
+/// The gauges whose node series is the smallest shard's value, not the sum.
+pub const MIN_GAUGES: &[&str] = &["view_revision"];
 
 macro_rules! shard_metrics {
     ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
@@ -180,6 +184,14 @@ shard_metrics! {
     presence_filter_rebuilds,
     /// Authority calls refused as stale-target or not-leader.
     authority_stale_refusals,
+    /// The routing revision of the view this shard applies (gauge; the node series
+    /// is the shard furthest behind). Every shard follows `GET /cluster/slots`'s
+    /// revision within `[session] expiry_interval_ms`.
+    view_revision,
+    /// Views this shard took from the node's own on its expiry timer because the
+    /// message carrying them never reached it (its queue was full): without the
+    /// re-read it would serve an older view until the next move.
+    views_reread,
     /// 1 once this shard's message log failed a write or sync (a disk I/O error):
     /// the shard refuses sends (SENDACK 15) and `/readyz` is 503 until a restart
     /// (gauge).

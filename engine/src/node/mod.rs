@@ -447,6 +447,10 @@ pub struct NodeShared {
     /// Set by the first `POST /node/drain`, never cleared (a drained node is
     /// stopped next): `/readyz` is 503, `/route` no longer names this node.
     draining: std::sync::atomic::AtomicBool,
+    /// Set by the first view a peer sent (every link that comes up carries one): a
+    /// node of a cluster serves its configured view, maybe long stale after a
+    /// restart, until then, so `/readyz` waits for it.
+    view_heard: std::sync::atomic::AtomicBool,
     /// The webhooks' hand-off and counters (does nothing without `[webhook] url`).
     pub webhooks: Arc<crate::webhook::WebhookSink>,
 }
@@ -525,6 +529,13 @@ impl NodeShared {
             return Some(format!(
                 "reached {reached} of {peers} peers: a majority of the {nodes} nodes is needed"
             ));
+        }
+        if peers > 0 && !self.view_heard.load(Ordering::Acquire) {
+            return Some(
+                "waiting for the cluster view from a peer: the configured one may be stale \
+                 (slots moved while this node was down)"
+                    .into(),
+            );
         }
         if let Some(shard) = self
             .shard_metrics
@@ -608,6 +619,11 @@ impl NodeShared {
         self.view().drain_moves(self.config.node_id, to)
     }
 
+    /// Notes that a peer sent its view (the node may now report ready).
+    pub fn note_view_heard(&self) {
+        self.view_heard.store(true, Ordering::Release);
+    }
+
     /// Joins `view` (from another node) with the current one (`ClusterView::merge`:
     /// slot by slot the higher term, so moves made through different nodes are all
     /// kept and no term goes back); gives the joined view back installed, or `None`
@@ -671,6 +687,11 @@ pub struct Node {
     /// The webhooks' runtime when the node has no HTTP API (whose runtime they use
     /// otherwise).
     webhook_runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// `n` atomic counters at 0.
+fn zeroes(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
 }
 
 /// Binds `addr` once per shard with SO_REUSEPORT (the kernel spreads connections over
@@ -1093,21 +1114,18 @@ impl Node {
                 .map(|_| Arc::new(metrics::StageHistograms::default()))
                 .collect(),
             epoch: std::time::Instant::now(),
-            routes_per_slot: (0..::slots::HASH_SLOTS)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            ring_occupancy: (0..shards * shards).map(|_| AtomicU64::new(0)).collect(),
+            routes_per_slot: zeroes(::slots::HASH_SLOTS),
+            ring_occupancy: zeroes(shards * shards),
             started_shards: AtomicUsize::new(0),
             runtime: std::sync::OnceLock::new(),
             api_metrics: Default::default(),
             fd_budget,
-            peer_links_up: (0..shards).map(|_| AtomicU64::new(0)).collect(),
-            peer_boot_ids: (config.cluster.peers(config.node_id))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            peer_links_up: zeroes(shards),
+            peer_boot_ids: zeroes(config.cluster.peers(config.node_id).count()),
             client_tcp_addr: bound.tcp_addr,
             client_ws_addr: bound.ws_addr,
             draining: std::sync::atomic::AtomicBool::new(false),
+            view_heard: std::sync::atomic::AtomicBool::new(false),
             webhooks: Arc::new(crate::webhook::WebhookSink::new(&config.webhook)),
             config,
         });

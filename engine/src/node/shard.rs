@@ -142,6 +142,9 @@ impl NodeShard {
         let mut authority = Authority::new(cfg.authority.clone(), &shared.directory, &my_slots)
             .map_err(|e| std::io::Error::other(format!("authority: {e:?}")))?;
         authority.apply_view(&view, cfg.node_id, 0);
+        shared.shard_metrics[me as usize]
+            .view_revision
+            .set(view.revision);
         // The `user.onlinestatus` webhook's route changes, from this shard's slots.
         authority.record_presence(
             shared
@@ -319,6 +322,7 @@ impl Handler for NodeShard {
                 self.drain_local_events(cx, driver);
             }
             NodeTimer::Expiry => {
+                self.reread_view(cx, driver);
                 self.expire_routes(cx.now_ms());
                 self.publish_gauges(cx);
             }
