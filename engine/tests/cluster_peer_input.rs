@@ -40,6 +40,15 @@ fn node_1(backend: Backend) -> (Node, SocketAddr, tempfile::TempDir) {
 
 /// [`node_1`] on `ports`: RPC of nodes 1 and 2, then API of nodes 1 and 2.
 fn node_1_on(backend: Backend, ports: &[u16]) -> (Node, SocketAddr, tempfile::TempDir) {
+    node_1_with(backend, ports, |_| {})
+}
+
+/// [`node_1_on`], its config changed by `tune` first.
+fn node_1_with(
+    backend: Backend,
+    ports: &[u16],
+    tune: impl FnOnce(&mut engine::node::NodeConfig),
+) -> (Node, SocketAddr, tempfile::TempDir) {
     let member = |id: u64, i: usize| ClusterNode {
         id,
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
@@ -58,6 +67,7 @@ fn node_1_on(backend: Backend, ports: &[u16]) -> (Node, SocketAddr, tempfile::Te
     c.cluster.slot_ids = SLOT_IDS;
     c.cluster.secret = Secret::new(SECRET.into());
     c.token_auth = false;
+    tune(&mut c);
     let node = Node::start(c).unwrap();
     (node, members[0].rpc_addr, dir)
 }
@@ -379,7 +389,40 @@ fn readyz_waits_for_a_peers_view(backend: Backend) {
     peer.join().unwrap();
 }
 
+/// Issue "Cluster defects found in a review…", item 2: inter-node links have a
+/// cap of their own. With node 1's client connections at their cap (idle sockets
+/// that never sent CONNECT), node 2 still links to node 1 and node 1 to node 2
+/// (before: both refused for as long as the idle clients stayed).
+fn links_come_up_with_the_clients_at_their_cap(backend: Backend) {
+    let ports = support::cluster::free_ports(4);
+    let (node, rpc_addr, _dir) = node_1_with(backend, &ports, |c| {
+        c.net.max_connections_per_shard = 2;
+        // Node 2 listens only once the clients hold the cap: node 1 redials soon.
+        c.rpc.rpc_backoff_min_ms = 5;
+        c.rpc.rpc_backoff_max_ms = 50;
+    });
+    let tcp = node.tcp_addr().unwrap();
+    let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(tcp).unwrap()).collect();
+    // A third client is reset: the first two hold the cap.
+    let mut third = TcpStream::connect(tcp).unwrap();
+    third.set_read_timeout(Some(TIMEOUT)).unwrap();
+    assert!(
+        matches!(third.read(&mut [0u8; 16]), Ok(0) | Err(_)),
+        "a client past the cap is reset"
+    );
+    let (_stream, _l, _) = link(rpc_addr);
+    let listener = TcpListener::bind(("127.0.0.1", ports[1])).unwrap();
+    let peer = std::thread::spawn(move || answer_one_dial(listener));
+    wait_for("node 1 reaches node 2", || {
+        node.shared().peers_reached() == 1
+    });
+    drop(idle);
+    node.shutdown().unwrap();
+    peer.join().unwrap();
+}
+
 on_both_drivers!(
+    links_come_up_with_the_clients_at_their_cap,
     readyz_waits_for_a_peers_view,
     a_bad_peer_frame_closes_its_link_and_the_node_goes_on,
     a_frame_larger_than_a_clients_buffer_is_read_on_a_link

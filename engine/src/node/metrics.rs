@@ -209,6 +209,10 @@ shard_metrics! {
     /// WebSocket connections reset at once: the shard was at its connection cap
     /// (`imrouter_accept_refused_total{listener="ws",reason="conn_cap"}`).
     accept_refused_conn_cap_ws,
+    /// Inter-node links refused at the shard's link cap (`[net]`'s
+    /// `rpc_links_per_shard_max`, set from the cluster): accepted and reset, or a
+    /// dial refused. Should stay 0 (more links than the cluster's nodes make).
+    rpc_links_refused_cap,
     /// TCP connections reset while out of descriptors (accepted with the spare one)
     /// (`imrouter_accept_refused_total{listener="tcp",reason="fd_limit"}`).
     accept_refused_fd_limit_tcp,
@@ -276,6 +280,8 @@ impl ShardMetrics {
         self.accepts_ws.set(s.ws.accepted);
         self.accept_refused_conn_cap_tcp.set(s.tcp.refused_conn_cap);
         self.accept_refused_conn_cap_ws.set(s.ws.refused_conn_cap);
+        self.rpc_links_refused_cap
+            .set(s.rpc.refused_conn_cap + s.dials.refused_conn_cap);
         self.accept_refused_fd_limit_tcp.set(s.tcp.refused_fd_limit);
         self.accept_refused_fd_limit_ws.set(s.ws.refused_fd_limit);
         self.accept_refused_other_tcp.set(s.tcp.refused_other);

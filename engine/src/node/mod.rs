@@ -652,13 +652,19 @@ pub fn fd_per_shard(config: &NodeConfig) -> u64 {
         + u64::from(config.ws_addr.is_some())
         + u64::from(config.wss_addr.is_some())
         + rpc_listener;
-    // Inter-node links: one outbound per peer, and at worst every inbound link of
-    // every peer's shards (as many as ours) accepted by this shard.
-    let links = peers * (1 + u64::from(config.runtime.shard_count.max(1)));
     u64::from(config.log.max_segments)
         + listeners * (1 + u64::from(config.net.uring_accepts_inflight))
-        + links
+        + rpc_links_per_shard_max(config) as u64
         + 8
+}
+
+/// The inter-node links a shard may hold (`[net]`'s `rpc_links_per_shard_max`, set
+/// from the cluster at start): one outbound per peer, and at worst an inbound link
+/// from every shard of every peer (as many as ours), twice over for a peer that
+/// restarted before its old links were found closed.
+pub fn rpc_links_per_shard_max(config: &NodeConfig) -> usize {
+    let peers = config.cluster.peers(config.node_id).count();
+    peers * (1 + 2 * usize::from(config.runtime.shard_count.max(1)))
 }
 
 /// The descriptor budget of `config` under a soft limit of `limit`: `[net]
@@ -1090,6 +1096,7 @@ impl Node {
             .initial_view(config.node_id)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let shards = config.runtime.shard_count as usize;
+        config.net.rpc_links_per_shard_max = rpc_links_per_shard_max(&config);
         let fd_budget = apply_fd_budget(&mut config)?;
         let boot_id: BootId = rand::random();
         let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;

@@ -288,7 +288,11 @@ pub(crate) struct Core {
     inbound_slack_bytes: usize,
     conns: Vec<Conn>,
     free: Vec<u32>,
+    /// Slots in use, of every kind.
     live: usize,
+    /// Of `live`, the inter-node links (`Transport::Rpc`): they have a cap of their
+    /// own, `rpc_links_per_shard_max`, and never count in the clients'.
+    live_links: usize,
     events: Vec<NetEvent>,
     dirty: Vec<u32>,
     dead: Vec<u32>,
@@ -323,11 +327,15 @@ impl Core {
             conns: Vec::new(),
             free: Vec::new(),
             live: 0,
+            live_links: 0,
             events: Vec::new(),
             dirty: Vec::new(),
             dead: Vec::new(),
-            // One timer per connection slot.
-            timers: TimerWheel::new(0, cfg.max_connections_per_shard),
+            // One timer per connection slot, clients' and links'.
+            timers: TimerWheel::new(
+                0,
+                cfg.max_connections_per_shard + cfg.rpc_links_per_shard_max,
+            ),
             fired: Vec::new(),
             now_ms: 0,
             out_total: 0,
@@ -467,12 +475,24 @@ impl Core {
         self.conns[idx as usize].phase
     }
 
-    /// A new socket accepted by listener `li`. `None`: at the shard's connection cap
-    /// (`max_connections_per_shard`); counted as `conn_cap`, the caller resets it.
+    /// Whether the shard holds as many connections of `kind` as its cap allows:
+    /// `max_connections_per_shard` client connections, `rpc_links_per_shard_max`
+    /// inter-node links (neither counts in the other's cap).
+    fn at_cap(&self, kind: Transport) -> bool {
+        match kind {
+            Transport::Rpc => self.live_links >= self.cfg.rpc_links_per_shard_max,
+            Transport::Tcp | Transport::WebSocket => {
+                self.live - self.live_links >= self.cfg.max_connections_per_shard
+            }
+        }
+    }
+
+    /// A new socket accepted by listener `li`. `None`: at the cap of its kind
+    /// ([`Core::at_cap`]); counted as `conn_cap`, the caller resets it.
     pub(crate) fn alloc(&mut self, li: usize, peer: SocketAddr) -> Option<u32> {
         self.accept_succeeded(li);
         let kind = self.listeners[li].kind;
-        if self.live >= self.cfg.max_connections_per_shard {
+        if self.at_cap(kind) {
             self.stats.refused += 1;
             self.accept_refused(li, Refusal::ConnCap);
             return None;
@@ -517,6 +537,7 @@ impl Core {
             }
         };
         self.live += 1;
+        self.live_links += usize::from(kind == Transport::Rpc);
         let now = self.now_ms;
         let c = &mut self.conns[idx as usize];
         debug_assert!(!c.in_use);
@@ -537,18 +558,19 @@ impl Core {
         idx
     }
 
-    /// Whether a dial may start: refused (counted, with an error naming the limit)
-    /// when the shard holds `max_connections_per_shard` connections.
+    /// Whether a dial (an inter-node link) may start: refused (counted, with an
+    /// error naming the limit) when the shard holds `rpc_links_per_shard_max` links.
+    /// Client connections do not count.
     pub(crate) fn reserve_dial(&mut self) -> io::Result<()> {
-        if self.live < self.cfg.max_connections_per_shard {
+        if !self.at_cap(Transport::Rpc) {
             return Ok(());
         }
         self.stats.dials.refused_conn_cap += 1;
         Err(io::Error::new(
             io::ErrorKind::QuotaExceeded,
             format!(
-                "connection cap of the shard reached (max_connections_per_shard = {})",
-                self.cfg.max_connections_per_shard
+                "link cap of the shard reached (rpc_links_per_shard_max = {})",
+                self.cfg.rpc_links_per_shard_max
             ),
         ))
     }
@@ -557,7 +579,7 @@ impl Core {
     /// `Connecting`, visible to the handler at once (its `Closed` is reported), closed
     /// with `ConnectTimeout` if not connected within `connect_timeout_ms`.
     pub(crate) fn alloc_dial(&mut self, peer: SocketAddr) -> u32 {
-        debug_assert!(self.live < self.cfg.max_connections_per_shard);
+        debug_assert!(!self.at_cap(Transport::Rpc));
         self.stats.dials.started += 1;
         let deadline = self.cfg.connect_timeout_ms;
         let idx = self.take_slot(Transport::Rpc, peer, Phase::Connecting, deadline);
@@ -614,28 +636,41 @@ impl Core {
     }
 
     /// Makes room for `n` more queued bytes on `idx`: its own queue stays within
-    /// `outbound_queue_bytes_max` and the shard's within
-    /// `outbound_budget_bytes_per_shard`, closing the largest queues (slow readers)
-    /// until it fits. `false`: `idx` itself was closed.
+    /// `outbound_queue_bytes_max` (a link's: `rpc_outbound_queue_bytes_max`) and the
+    /// shard's client connections' within `outbound_budget_bytes_per_shard`,
+    /// closing the largest client queues (slow readers) until it fits. A link is
+    /// never closed for the clients' budget, and its bytes are not charged to it
+    /// (its bound is its own queue times `rpc_links_per_shard_max`). `false`: `idx`
+    /// itself was closed.
     fn reserve_out(&mut self, idx: u32, n: usize) -> bool {
         let c = &self.conns[idx as usize];
-        if c.out_len() + n > self.cfg.outbound_queue_bytes_max {
+        let link = c.kind == Transport::Rpc;
+        let queue_max = if link {
+            self.cfg.rpc_outbound_queue_bytes_max
+        } else {
+            self.cfg.outbound_queue_bytes_max
+        };
+        if c.out_len() + n > queue_max {
             tracing::warn!(
                 conn = idx,
                 peer = %c.peer,
                 queued_bytes = c.out_len(),
-                limit_bytes = self.cfg.outbound_queue_bytes_max,
+                limit_bytes = queue_max,
+                link,
                 "outbound queue overflow: closing connection"
             );
             self.stats.outbound_overflow_closes += 1;
             self.abort(idx, CloseReason::OutboundOverflow);
             return false;
         }
-        while self.out_total + n > self.cfg.outbound_budget_bytes_per_shard {
-            // The largest queue, `idx` counted with what it is about to queue.
+        let budget = self.cfg.outbound_budget_bytes_per_shard;
+        // The sum of every queue first: the clients' share is summed only past it.
+        while !link && self.out_total + n > budget && self.clients_out_total() + n > budget {
+            // The largest client queue, `idx` counted with what it is about to queue.
             let (mut victim, mut largest) = (idx, self.conns[idx as usize].out_len() + n);
             for (i, c) in self.conns.iter().enumerate() {
-                if c.in_use && c.phase != Phase::Dead && c.out_len() > largest {
+                let client = c.kind != Transport::Rpc;
+                if client && c.in_use && c.phase != Phase::Dead && c.out_len() > largest {
                     (victim, largest) = (i as u32, c.out_len());
                 }
             }
@@ -668,6 +703,17 @@ impl Core {
     /// Queued output of the shard (every connection not yet dead).
     pub(crate) fn outbound_total(&self) -> usize {
         self.out_total
+    }
+
+    /// Of [`Core::outbound_total`], the client connections' (what
+    /// `outbound_budget_bytes_per_shard` bounds): the links' queues are summed, on
+    /// the over-budget path only (a shard has a few dozen links at most).
+    fn clients_out_total(&self) -> usize {
+        let links: usize = (self.conns.iter())
+            .filter(|c| c.in_use && c.kind == Transport::Rpc && c.phase != Phase::Dead)
+            .map(Conn::out_len)
+            .sum();
+        self.out_total - links
     }
 
     fn accept_visible(&mut self, idx: u32) {
@@ -1075,8 +1121,10 @@ impl Core {
         c.dirty_flag = false;
         c.visible = false;
         c.closed_pending = false;
+        let link = c.kind == Transport::Rpc;
         self.free.push(idx);
         self.live -= 1;
+        self.live_links -= usize::from(link);
     }
 
     /// Moves events for the handler into `out`.
@@ -1983,22 +2031,35 @@ mod tests {
         );
     }
 
+    /// Issue "Cluster defects found in a review…", item 2: links (dialed and
+    /// accepted) have a cap of their own; clients at theirs never keep a peer from
+    /// linking, and links never take a client's place.
     #[test]
-    fn dials_and_accepts_share_the_connection_cap() {
+    fn links_and_clients_have_caps_of_their_own() {
         let mut c = core(NetConfig {
             max_connections_per_shard: 2,
+            rpc_links_per_shard_max: 2,
             ..dial_cfg()
         });
+        let rpc = c.add_listener(Transport::Rpc);
+        c.alloc(TCP, peer()).unwrap();
+        c.alloc(WS, peer()).unwrap();
+        assert_eq!(c.alloc(TCP, peer()), None, "the clients' cap");
         c.reserve_dial().unwrap();
         let a = c.alloc_dial(peer());
-        c.alloc(TCP, peer()).unwrap();
+        c.alloc(rpc, peer())
+            .expect("a link beside clients at their cap");
         let err = c.reserve_dial().unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::QuotaExceeded);
-        assert!(err.to_string().contains("max_connections_per_shard = 2"));
-        assert_eq!(c.alloc(WS, peer()), None, "the dial holds a slot");
+        assert!(err.to_string().contains("rpc_links_per_shard_max = 2"));
+        assert_eq!(c.alloc(rpc, peer()), None, "the dial holds a link's slot");
         assert_eq!(
-            (c.stats.dials.refused_conn_cap, c.stats.ws.refused_conn_cap),
-            (1, 1)
+            (
+                c.stats.dials.refused_conn_cap,
+                c.stats.rpc.refused_conn_cap,
+                c.stats.tcp.refused_conn_cap
+            ),
+            (1, 1, 1)
         );
         // Closing the dial before it connected abandons it and frees its slot.
         let id = c.id(a);
@@ -2017,6 +2078,51 @@ mod tests {
         assert_eq!(dead, vec![a]);
         c.free(a);
         c.reserve_dial().unwrap();
+        assert_eq!(
+            c.alloc(WS, peer()),
+            None,
+            "a freed link is no client's slot"
+        );
+    }
+
+    /// Item 2: a link's queue has its own limit and is neither charged to the
+    /// clients' budget nor closed to make room in it: a client past the budget
+    /// closes the largest client queue, though the link's is larger.
+    #[test]
+    fn a_link_is_never_closed_for_the_clients_budget() {
+        let mut c = core(NetConfig {
+            outbound_queue_bytes_max: 3_000,
+            outbound_budget_bytes_per_shard: 4_000,
+            rpc_outbound_queue_bytes_max: 10_000,
+            ..dial_cfg()
+        });
+        c.reserve_dial().unwrap();
+        let link = c.alloc_dial(peer());
+        c.on_connected(link, peer());
+        let link = c.id(link);
+        c.send(link, &[0; 9_000])
+            .expect("within the link's own queue");
+        let a = c.alloc(TCP, peer()).unwrap();
+        let b = c.alloc(TCP, peer()).unwrap();
+        let (a, b) = (c.id(a), c.id(b));
+        c.send(a, &[0; 2_500]).unwrap();
+        c.send(b, &[0; 1_000]).unwrap();
+        c.send(b, &[0; 1_000]).unwrap();
+        let closed: Vec<(ConnId, CloseReason)> = events(&mut c)
+            .into_iter()
+            .filter_map(|e| match e {
+                NetEvent::Closed { conn, reason } => Some((conn, reason)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(closed, vec![(a, CloseReason::SlowReader)]);
+        assert_eq!(c.outbound_total(), 9_000 + 2_000);
+        assert_eq!(
+            c.send(link, &[0; 1_001]),
+            Err(super::super::SendError::Overflow),
+            "past the link's own queue"
+        );
+        assert_eq!(c.stats.outbound_overflow_closes, 1);
     }
 
     #[test]
@@ -2147,12 +2253,13 @@ mod tests {
             let mut c = core(NetConfig {
                 outbound_queue_bytes_max: 3_000,
                 outbound_budget_bytes_per_shard: 8_000,
+                rpc_outbound_queue_bytes_max: 3_000,
                 ..NetConfig::default()
             });
             let mut ev = Vec::new();
             for step in 0..400 {
                 random_op(&mut c, &mut rnd, &mut ev);
-                let total = c.outbound_total();
+                let total = c.clients_out_total();
                 // Close frames may pass the budget, by a few bytes per closing one.
                 let closing = c
                     .conns
@@ -2169,7 +2276,7 @@ mod tests {
                     .filter(|x| x.in_use && x.phase != Phase::Dead)
                     .map(Conn::out_len)
                     .sum();
-                assert_eq!(total, sum, "seed {seed} step {step}");
+                assert_eq!(c.outbound_total(), sum, "seed {seed} step {step}");
             }
             assert_out_total(&c);
         }

@@ -50,13 +50,16 @@
 //!   [`NetConfig::connect_timeout_ms`] after its accept (dialed: after `Connected`)
 //!   whatever it sends ([`CloseReason::ConnectTimeout`]; WebSocket PINGs do not keep
 //!   it open).
-//! - Output of the whole shard is bounded by
+//! - Output of the shard's client connections is bounded by
 //!   [`NetConfig::outbound_budget_bytes_per_shard`]: a send (or a PONG) that would
-//!   pass it closes the connection with the largest queue
-//!   ([`CloseReason::SlowReader`]). Written output buffers larger than 4 KiB are
+//!   pass it closes the client connection with the largest queue
+//!   ([`CloseReason::SlowReader`]). Inter-node links (`Transport::Rpc`) are never
+//!   closed for it nor charged to it: each has its own queue limit,
+//!   [`NetConfig::rpc_outbound_queue_bytes_max`]. Written output buffers larger than 4 KiB are
 //!   released, so a burst's memory does not stay with the connection.
 //! - Accepting: past [`NetConfig::max_connections_per_shard`] (TCP and WebSocket
-//!   together) an accepted socket is reset at once (`SO_LINGER` 0, counted as
+//!   together; inter-node links: past [`NetConfig::rpc_links_per_shard_max`],
+//!   accepted and dialed together) an accepted socket is reset at once (`SO_LINGER` 0, counted as
 //!   `conn_cap`) and never reported. When `accept` fails for lack of descriptors or
 //!   memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the driver closes its spare descriptor,
 //!   accepts and resets one connection (`fd_limit`), and reopens the spare; if even
@@ -87,7 +90,7 @@
 //! - Dialing: [`NetDriver::connect`] opens a non-blocking raw-TCP connection
 //!   (`TCP_NODELAY`, like accepted ones) and returns its id at once; the connect
 //!   goes on during the following polls. It counts against
-//!   `max_connections_per_shard` from that moment (at the cap `connect` fails with
+//!   `rpc_links_per_shard_max` from that moment (at the cap `connect` fails with
 //!   `QuotaExceeded` and no event follows; so does a failure to create the socket).
 //!   Then exactly one of: [`NetEvent::Connected`] (then `Readable`s, then one
 //!   `Closed`, as for an accepted connection); `Closed` with
@@ -95,8 +98,7 @@
 //!   reset; also when the `connect` call failed at once: the event comes with the
 //!   next poll); `Closed` with [`CloseReason::ConnectTimeout`] when it has not
 //!   connected [`NetConfig::connect_timeout_ms`] after `connect`. Bytes sent before
-//!   `Connected` are queued (within `outbound_queue_bytes_max` and the shard's
-//!   budget, as always) and written from the first poll after it. `close` before
+//!   `Connected` are queued (within `rpc_outbound_queue_bytes_max`) and written from the first poll after it. `close` before
 //!   `Connected` abandons the dial at once (queued bytes dropped, `Closed { Local }`).
 //!   After `Connected` every rule above applies unchanged: the handler marks it
 //!   established after its own handshake, else it is closed `connect_timeout_ms`
@@ -145,19 +147,32 @@ pub enum Backend {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetConfig {
-    /// Open connections per shard (TCP, WebSocket and RPC, accepted and dialed
-    /// together); further accepted sockets are reset at once, further dials refused
-    /// with an error. The node refuses to start when the descriptor limit cannot
-    /// hold this many per shard beside `fd_reserve` (raise `LimitNOFILE=` or lower
-    /// this; `imrouter check-host` tells before a start).
+    /// Open client connections per shard (TCP and WebSocket); further accepted
+    /// sockets are reset at once. The node refuses to start when the descriptor
+    /// limit cannot hold this many per shard beside `fd_reserve` and the links
+    /// (raise `LimitNOFILE=` or lower this; `imrouter check-host` tells before a
+    /// start). Inter-node links have a cap of their own.
     pub max_connections_per_shard: usize,
+    /// Open inter-node links per shard (`Transport::Rpc`, accepted and dialed
+    /// together), apart from the clients' cap so that idle clients at theirs
+    /// never keep a peer from linking; further accepted links are reset at once,
+    /// further dials refused with an error. The node sets it from the cluster
+    /// (every peer's dial from each of its shards, twice over for a peer that
+    /// restarted before its old links closed, plus this shard's own dials); not
+    /// read from a file.
+    #[serde(skip)]
+    pub rpc_links_per_shard_max: usize,
+    /// Queued, unsent output per inter-node link; a send past it closes the link
+    /// (the node admits pushes against half of it). Links are never closed for
+    /// the clients' `outbound_budget_bytes_per_shard`, nor charged to it: their
+    /// output is bounded by this times `rpc_links_per_shard_max`.
+    pub rpc_outbound_queue_bytes_max: usize,
     /// Descriptors the node keeps out of the connection caps for the process as a
     /// whole: the metadata journal, the HTTP API's connections, threads' files,
-    /// stdio (RPC links on the shards' drivers are connections: they count in the
-    /// connection caps, not here). The node adds what each shard holds
-    /// besides connections (log segments, listeners, accepts in flight, rings,
-    /// eventfds, the spare descriptor); the rest of `RLIMIT_NOFILE` is split between
-    /// the shards as their connection cap.
+    /// stdio. The node adds what each shard holds besides client connections (log
+    /// segments, listeners, accepts in flight, its `rpc_links_per_shard_max` links,
+    /// rings, eventfds, the spare descriptor); the rest of `RLIMIT_NOFILE` is split
+    /// between the shards as their connection cap.
     pub fd_reserve: usize,
     /// Queued, unsent output per connection; a send past it closes the connection.
     pub outbound_queue_bytes_max: usize,
@@ -226,6 +241,8 @@ impl Default for NetConfig {
         let max_frame_bytes = (1 << 20) + 5;
         NetConfig {
             max_connections_per_shard: 8192,
+            rpc_links_per_shard_max: 64,
+            rpc_outbound_queue_bytes_max: 4 << 20,
             fd_reserve: 256,
             outbound_queue_bytes_max: 4 << 20,
             outbound_budget_bytes_per_shard: 256 << 20,
@@ -262,6 +279,12 @@ impl NetConfig {
         };
         if self.max_connections_per_shard == 0 || self.max_connections_per_shard > (1 << 24) {
             return bad("max_connections_per_shard must be in 1..=2^24");
+        }
+        if self.rpc_links_per_shard_max > (1 << 16) || self.rpc_outbound_queue_bytes_max == 0 {
+            return bad(
+                "rpc_links_per_shard_max must be at most 65536 and rpc_outbound_queue_bytes_max \
+                 positive",
+            );
         }
         if self.read_chunk_bytes == 0
             || self.inbound_buffer_bytes_max == 0
@@ -309,7 +332,8 @@ pub struct ConnId {
 }
 
 impl ConnId {
-    /// The slot index, `< max_connections_per_shard`: usable to index the handler's
+    /// The slot index, `< max_connections_per_shard + rpc_links_per_shard_max`:
+    /// usable to index the handler's
     /// own per-connection table (check the generation through the whole id).
     pub fn index(self) -> usize {
         self.index as usize
@@ -695,7 +719,7 @@ impl NetDriver {
     /// follow; or only `Closed { ConnectFailed(kind) }` / `Closed { ConnectTimeout }`
     /// (module docs, "Dialing"). Bytes sent before `Connected` are queued and written
     /// once connected. `Err` (no event follows): the shard holds
-    /// `max_connections_per_shard` connections (kind `QuotaExceeded`), or no socket
+    /// `rpc_links_per_shard_max` links (kind `QuotaExceeded`), or no socket
     /// could be created (out of descriptors, memory; an address family the host
     /// lacks).
     pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
@@ -779,7 +803,7 @@ pub struct DialStats {
     pub failed: u64,
     /// Dials still connecting after `connect_timeout_ms` (`ConnectTimeout`).
     pub timed_out: u64,
-    /// Dials refused at once: the shard held `max_connections_per_shard`.
+    /// Dials refused at once: the shard held `rpc_links_per_shard_max` links.
     pub refused_conn_cap: u64,
 }
 

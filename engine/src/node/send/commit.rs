@@ -381,7 +381,7 @@ pub fn pump_deliveries(
         clock: &node.shared,
     };
     let peers = &node.peers;
-    let link_limit_bytes = node.shared.config.net.outbound_queue_bytes_max / 2;
+    let link_limit_bytes = node.shared.config.net.rpc_outbound_queue_bytes_max / 2;
     let mut room = |to: PushTo| match to {
         PushTo::Shard(s) => cx.send_capacity(s),
         // A link's room: none with half its connection's outbound queue unwritten.
