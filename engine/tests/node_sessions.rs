@@ -597,7 +597,44 @@ fn a_connect_without_room_for_its_activation_timer_is_refused(backend: Backend) 
     node.shutdown().unwrap();
 }
 
-on_both_drivers!(a_connect_without_room_for_its_activation_timer_is_refused);
+/// Issue "Cluster defects found in a review…", item 2 (every batch bounded in
+/// bytes): a uid or device id past its `[session]` limit is refused at the edge
+/// (CONNACK 2, `/user/token` 400 naming the key), so a route's size, and with it a
+/// touch batch's, is bounded. At the limit both are taken.
+fn a_uid_or_device_id_past_its_limit_is_refused(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), backend);
+    c.session.uid_bytes_max = 8;
+    c.session.device_id_bytes_max = 4;
+    let node = Node::start(c).unwrap();
+    let (status, body) = api(
+        &node,
+        "/user/token",
+        json!({"uid": "u23456789", "token": "t", "device_flag": 1, "device_level": 1}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("uid_bytes_max"), "{body}");
+    set_token(&node, "u2345678", 1);
+    let connect = |uid: &str, device_id: &str| {
+        let mut l = Login::new(uid, "tok-u2345678");
+        l.device_id = device_id.into();
+        Client::connect(node.tcp_addr().unwrap(), &l, TIMEOUT).unwrap()
+    };
+    let (mut long_uid, reason) = connect("u23456789", "d");
+    assert_eq!(reason, 2, "CONNACK AuthFail for a uid past the limit");
+    assert!(long_uid.wait_closed().is_ok());
+    let (mut long_device, reason) = connect("u2345678", "d2345");
+    assert_eq!(reason, 2, "CONNACK AuthFail for a device id past the limit");
+    assert!(long_device.wait_closed().is_ok());
+    let (_at_limit, reason) = connect("u2345678", "d234");
+    assert_eq!(reason, 1, "both at their limit");
+    node.shutdown().unwrap();
+}
+
+on_both_drivers!(
+    a_connect_without_room_for_its_activation_timer_is_refused,
+    a_uid_or_device_id_past_its_limit_is_refused
+);
 
 /// A limit that must be at least 1 is refused at start with a message naming it
 /// (`subscriber_page_max = 0` used to start, then panic a shard at its first

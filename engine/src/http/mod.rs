@@ -664,6 +664,13 @@ impl Api {
         if r.uid.is_empty() || r.token.is_empty() {
             return Err(Reply::error(400, "uid and token must not be empty"));
         }
+        let uid_bytes_max = self.shared.config.session.uid_bytes_max;
+        if r.uid.len() > uid_bytes_max {
+            return Err(Reply::error(
+                400,
+                format!("uid longer than [session] uid_bytes_max ({uid_bytes_max} bytes)"),
+            ));
+        }
         let level = match r.device_level {
             0 => DeviceLevel::Slave,
             1 => DeviceLevel::Master,

@@ -148,13 +148,26 @@ impl NodeShard {
     }
 
     /// The node that stores `c.uid`'s tokens when it is another one and the token
-    /// must be checked (`token_auth`); an empty uid is refused here.
+    /// must be checked (`token_auth`); an empty uid, or a uid or device id past its
+    /// `[session]` limit, is refused here.
     fn token_home(&self, c: &OwnedConnect) -> Result<Option<NodeId>, Refusal> {
         if c.uid.is_empty() {
             return Err(Refusal::new(ReasonCode::AUTH_FAIL, "empty uid"));
         }
-        let home = self.view.home_node(slots::hash_slot(c.uid.as_bytes()));
         let cfg = &self.shared.config;
+        if c.uid.len() > cfg.session.uid_bytes_max {
+            return Err(Refusal::new(
+                ReasonCode::AUTH_FAIL,
+                "uid longer than [session] uid_bytes_max",
+            ));
+        }
+        if c.device_id.len() > cfg.session.device_id_bytes_max {
+            return Err(Refusal::new(
+                ReasonCode::AUTH_FAIL,
+                "device id longer than [session] device_id_bytes_max",
+            ));
+        }
+        let home = self.view.home_node(slots::hash_slot(c.uid.as_bytes()));
         Ok((cfg.token_auth && home != cfg.node_id).then_some(home))
     }
 

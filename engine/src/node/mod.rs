@@ -112,6 +112,13 @@ pub struct SessionConfig {
     /// evicted when it is full; while it is full of uids that are not idle, SENDs of
     /// untracked uids are refused like SENDs over the rate.
     pub send_rate_uids_per_shard_max: usize,
+    /// Longest uid a CONNECT or `/user/token` may carry (CONNACK 2, HTTP 400 past
+    /// it): with `device_id_bytes_max` it bounds a route's size, so a touch batch of
+    /// `touch_batch_max_routes` routes is bounded in bytes (checked against `[rpc]
+    /// rpc_frame_bytes_max` at start).
+    pub uid_bytes_max: usize,
+    /// Longest device id a CONNECT may carry (CONNACK 2 past it).
+    pub device_id_bytes_max: usize,
 }
 
 impl Default for SessionConfig {
@@ -134,6 +141,8 @@ impl Default for SessionConfig {
             sends_per_uid_per_s: 1_000,
             sends_per_uid_burst: 1_000,
             send_rate_uids_per_shard_max: 65_536,
+            uid_bytes_max: 256,
+            device_id_bytes_max: 256,
         }
     }
 }
@@ -188,6 +197,8 @@ impl SessionConfig {
                 ),
                 ("touch_flush_interval_ms", self.touch_flush_interval_ms),
                 ("touch_batch_max_routes", self.touch_batch_max_routes as u64),
+                ("uid_bytes_max", self.uid_bytes_max as u64),
+                ("device_id_bytes_max", self.device_id_bytes_max as u64),
                 ("unregister_batch_max", self.unregister_batch_max as u64),
                 ("rebuild_routes_per_s", u64::from(self.rebuild_routes_per_s)),
                 ("expiry_interval_ms", self.expiry_interval_ms),
@@ -756,11 +767,36 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
+/// Most bytes a route takes in a TouchRoutes body besides its uid and device id:
+/// its integers as the longest varints, its flags and both strings' lengths
+/// (pinned by a test against the encoder).
+pub const ROUTE_WIRE_FIXED_BYTES_MAX: usize = 96;
+
+/// The most bytes a TouchRoutes body of `touch_batch_max_routes` routes takes:
+/// every route with the longest uid and device id, plus the target.
+pub fn touch_batch_bytes_max(session: &SessionConfig) -> usize {
+    let route = ROUTE_WIRE_FIXED_BYTES_MAX + session.uid_bytes_max + session.device_id_bytes_max;
+    session.touch_batch_max_routes.saturating_mul(route) + ROUTE_WIRE_FIXED_BYTES_MAX
+}
+
 /// The frame limits against each other: an inter-node link's input buffer holds a
 /// whole frame of `[rpc] rpc_frame_bytes_max` and one read, or a large frame would
-/// stall its link for good.
+/// stall its link for good; and the largest touch batch fits in a frame, or the
+/// batch would be refused and requeued for ever.
 fn check_frame_limits(config: &NodeConfig) -> Result<(), String> {
     let (frame, net) = (config.rpc.rpc_frame_bytes_max, &config.net);
+    let touch = touch_batch_bytes_max(&config.session);
+    if touch > frame {
+        return Err(format!(
+            "[session] touch_batch_max_routes = {} routes of at most {} bytes (uid_bytes_max \
+             {} + device_id_bytes_max {} + {ROUTE_WIRE_FIXED_BYTES_MAX}) need [rpc] \
+             rpc_frame_bytes_max >= {touch}, not {frame}",
+            config.session.touch_batch_max_routes,
+            touch / config.session.touch_batch_max_routes.max(1),
+            config.session.uid_bytes_max,
+            config.session.device_id_bytes_max,
+        ));
+    }
     let need = frame.saturating_add(net.read_chunk_bytes.max(net.uring_buf_bytes as usize));
     if need > net.rpc_inbound_buffer_bytes_max {
         return Err(format!(

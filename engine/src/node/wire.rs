@@ -316,6 +316,47 @@ mod tests {
         }
     }
 
+    /// `touch_batch_bytes_max` bounds a TouchRoutes body: every integer at its
+    /// largest, both strings at their limits.
+    #[test]
+    fn a_routes_fixed_part_fits_its_bound() {
+        let (uid, device) = ("u".repeat(300), "d".repeat(70_000));
+        let route = Route {
+            uid: uid.as_str().into(),
+            device_id: device.as_str().into(),
+            device_flag: u8::MAX,
+            node_id: u64::MAX,
+            boot_id: u64::MAX,
+            session_id: u64::MAX,
+            owner_seq: u64::MAX,
+            connected_at_ms: u64::MAX,
+            last_active_s: Some(u64::MAX),
+            ..route()
+        };
+        let target = crate::cluster::Target {
+            hash_slot: u16::MAX,
+            slot_id: u32::MAX,
+            leader_node_id: u64::MAX,
+            leader_term: u64::MAX,
+            config_epoch: u64::MAX,
+        };
+        let mut body = Vec::new();
+        encode(
+            &Request::Touch {
+                target,
+                routes: vec![route.clone(), route],
+            },
+            &mut body,
+        );
+        let config = crate::node::SessionConfig {
+            touch_batch_max_routes: 2,
+            uid_bytes_max: uid.len(),
+            device_id_bytes_max: device.len(),
+            ..Default::default()
+        };
+        assert!(body.len() <= crate::node::touch_batch_bytes_max(&config));
+    }
+
     fn bounds() -> Bounds {
         Bounds {
             node_id: 1,
