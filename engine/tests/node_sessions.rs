@@ -614,6 +614,13 @@ fn a_uid_or_device_id_past_its_limit_is_refused(backend: Backend) {
     );
     assert_eq!(status, 400, "{body}");
     assert!(body.to_string().contains("uid_bytes_max"), "{body}");
+    let (status, body) = api(
+        &node,
+        "/channel/subscriber_add",
+        json!({"channel_id": "g", "channel_type": 2, "subscribers": ["u2345678", "u23456789"]}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("uid_bytes_max"), "{body}");
     set_token(&node, "u2345678", 1);
     let connect = |uid: &str, device_id: &str| {
         let mut l = Login::new(uid, "tok-u2345678");

@@ -747,6 +747,13 @@ impl Api {
     async fn subscriber_add(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let r: SubscribersReq = parse(req.body)?;
         self.check_group(&r)?;
+        let uid_bytes_max = self.shared.config.session.uid_bytes_max;
+        if r.subscribers.iter().any(|u| u.len() > uid_bytes_max) {
+            return Err(Reply::error(
+                400,
+                format!("a subscriber uid is longer than [session] uid_bytes_max ({uid_bytes_max} bytes)"),
+            ));
+        }
         self.answer_at_home(r.channel_id.as_bytes(), req).await?;
         self.blocking(move |api| {
             api.shared
