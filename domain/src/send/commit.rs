@@ -433,6 +433,12 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         self.planner.pages_in_flight()
     }
 
+    /// Failed groups not yet retried nor counted
+    /// ([`Planner::groups_awaiting_retry`]).
+    pub fn groups_awaiting_retry(&self) -> usize {
+        self.planner.groups_awaiting_retry()
+    }
+
     /// The planner's counters so far, reset.
     pub fn take_plan_counts(&mut self) -> PlanCounts {
         self.planner.take_counts()
@@ -1238,6 +1244,7 @@ mod tests {
             lookup_pages_in_flight_max: 4,
             reserved_room_per_peer: 4,
             offline_uids: false,
+            lookup_retries_max: 2,
         }
     }
 

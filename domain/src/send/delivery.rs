@@ -380,14 +380,20 @@ pub struct PlanLimits {
     /// Whether each message's offline recipients are gathered and handed out
     /// ([`PlanOutput::Offline`]; the `msg.offline` webhook). Off: no cost.
     pub offline_uids: bool,
+    /// Times a page's failed target groups are looked up again on the current view
+    /// (see [`Planner`], "A failed group"). 0: a failed group fails at once.
+    pub lookup_retries_max: u8,
 }
 
 /// Counters the driver publishes as metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanCounts {
-    /// Target groups whose lookup failed, local or remote, counted when known
-    /// (their recipients catch up by sync).
+    /// Target groups whose lookup failed, local or remote, and was not retried or
+    /// failed its retries (their recipients catch up by sync).
     pub failed_groups: u64,
+    /// Failed target groups looked up again because the current view names
+    /// another target for their hash slot (a slot moved meanwhile).
+    pub retried_groups: u64,
     /// Batches that waited for a peer's room.
     pub stalls: u64,
     /// [`Lookup`]s emitted (remote authorities asked).
@@ -473,6 +479,16 @@ impl Emitted {
 /// batches ([`plan_pushes`]), the sender's own session suppressed. A failed remote
 /// lookup fails its groups alone: the page's other endpoints are pushed.
 ///
+/// # A failed group
+///
+/// A group refused (stale target, not leader) or lost with its lookup (deadline,
+/// peer down or restarted) is looked up again, up to `lookup_retries_max` times
+/// per page, when the view the planner is pumped with names another target for its
+/// hash slot: the slot moved while the page was planned, and its recipients are
+/// found at the new leader instead of being skipped. The page waits for the retry
+/// (its order kept). A group whose target did not change, or past the retries,
+/// fails for good (`failed_groups`): its recipients catch up by messagesync.
+///
 /// # The pipeline, and why it keeps order
 ///
 /// Up to `lookup_pages_in_flight_max` pages are *in flight* (looked up, not yet
@@ -526,9 +542,10 @@ pub struct Planner {
     head_page: u64,
     /// Batches of the front message that a peer had no room for.
     stalled: Vec<(PushTo, Vec<Endpoint>)>,
-    /// Lookups not yet answered: `(lookup_id, page number, groups, the request's
-    /// copy when its page gathers offline uids)`.
-    awaiting: Vec<(u64, u64, usize, Option<Lookup>)>,
+    /// Lookups not yet answered: `(lookup_id, page number, the targets of its
+    /// groups in request order, the request's copy when its page gathers offline
+    /// uids)`.
+    awaiting: Vec<(u64, u64, Vec<Target>, Option<Lookup>)>,
     /// The offline recipients of the front message's pages pushed so far.
     offline: Vec<Uid>,
     next_lookup_id: u64,
@@ -559,6 +576,13 @@ struct Page {
     failed_groups: usize,
     /// The endpoints found so far, local and remote.
     endpoints: Vec<Endpoint>,
+    /// Its recipients' range in its message's recipients.
+    range: Range<usize>,
+    /// The targets of its groups that failed and may be retried on the current
+    /// view (the page is not complete while any is left).
+    retry: Vec<Target>,
+    /// Retries left (from `lookup_retries_max`).
+    retries_left: u8,
     /// The sender's uid when the page gathers offline recipients (into `offline`).
     from_uid: Option<Uid>,
     /// Its recipients with no endpoint so far (local groups; remote ones as their
@@ -598,6 +622,12 @@ impl Planner {
         self.pages.len()
     }
 
+    /// Failed groups of the pages in flight that the next [`Planner::pump`] looks
+    /// up again or counts in `failed_groups`: every failure is in one or the other.
+    pub fn groups_awaiting_retry(&self) -> usize {
+        self.pages.iter().map(|p| p.retry.len()).sum()
+    }
+
     /// Plans into `out`: pushes the complete pages at the head of the pipeline and
     /// opens up to `pages_per_turn_max` new pages while fewer than
     /// `lookup_pages_in_flight_max` are in flight. `room(to)` is the room towards
@@ -626,6 +656,7 @@ impl Planner {
             if !self.stalled.is_empty() {
                 break;
             }
+            work += self.retry_failed(view, lookup, limits, out);
             if self.head_complete() {
                 self.push_head(room, limits, out);
                 work += 1;
@@ -637,7 +668,9 @@ impl Planner {
             work += self.open_page(view, lookup, limits, out);
             pages += 1;
         }
-        let more = !self.stalled.is_empty() || self.head_complete() || self.may_open(limits);
+        let retry = self.pages.iter().any(|p| !p.retry.is_empty());
+        let more =
+            !self.stalled.is_empty() || self.head_complete() || self.may_open(limits) || retry;
         (freed_bytes, work + usize::from(more))
     }
 
@@ -653,34 +686,156 @@ impl Planner {
             self.counts.ignored_replies += 1;
             return false;
         };
-        let (_, page, groups, copy) = self.awaiting.swap_remove(i);
+        let (_, page, targets, copy) = self.awaiting.swap_remove(i);
         let Some(page) = self.pages.get_mut((page - self.head_page) as usize) else {
             unreachable!("an awaited lookup's page is in flight until it is complete");
         };
         page.awaiting -= 1;
-        let failed = match reply {
+        let groups = targets.len();
+        match reply {
             LookupReply::Found { endpoints, results } => {
+                if !reply_fits(endpoints.len(), &results, groups) {
+                    // A peer that answers another shape is not asked again.
+                    self.counts.failed_lookups += 1;
+                    page.failed_groups += groups;
+                    self.counts.failed_groups += groups as u64;
+                    return true;
+                }
                 if let (Some(l), Some(from)) = (&copy, &page.from_uid) {
-                    if reply_fits(endpoints.len(), &results, groups) {
-                        for ((_, r), found) in l.groups.iter().zip(&results) {
-                            if let Ok(found) = found {
-                                let (uids, found) = (&l.uids[r.clone()], &endpoints[found.clone()]);
-                                offline_of(uids, found, from, &mut page.offline);
-                            }
+                    for ((_, r), found) in l.groups.iter().zip(&results) {
+                        if let Ok(found) = found {
+                            let (uids, found) = (&l.uids[r.clone()], &endpoints[found.clone()]);
+                            offline_of(uids, found, from, &mut page.offline);
                         }
                     }
                 }
-                take_found(endpoints, &results, groups, &mut page.endpoints)
+                let failed = results.iter().zip(&targets).filter(|(r, _)| r.is_err());
+                page.retry.extend(failed.map(|(_, t)| *t));
+                let _ = take_found(endpoints, &results, groups, &mut page.endpoints);
             }
-            LookupReply::Failed(_) => None,
-        };
-        let failed = failed.unwrap_or_else(|| {
-            self.counts.failed_lookups += 1;
-            groups
-        });
-        page.failed_groups += failed;
-        self.counts.failed_groups += failed as u64;
+            LookupReply::Failed(_) => {
+                self.counts.failed_lookups += 1;
+                page.retry.extend(targets);
+            }
+        }
         true
+    }
+
+    /// The failed groups of the pages in flight, each looked up again at the target
+    /// the current `view` names for its hash slot, while the page has retries left
+    /// and that target is another than the one that failed (a slot moved: the old
+    /// leader refused, or its node was lost); any other fails now (counted in
+    /// `failed_groups`). A retried local group is looked up at once, remote ones
+    /// become new [`Lookup`]s of the page. Returns the groups retried.
+    fn retry_failed(
+        &mut self,
+        view: &ClusterView,
+        lookup: &mut impl EndpointLookup,
+        limits: &PlanLimits,
+        out: &mut Vec<PlanOutput>,
+    ) -> usize {
+        let mut retried = 0;
+        for i in 0..self.pages.len() {
+            if self.pages[i].retry.is_empty() {
+                continue;
+            }
+            let page = &mut self.pages[i];
+            let mut moved: Vec<Target> = Vec::new();
+            for t in std::mem::take(&mut page.retry) {
+                let now = view.target_for_slot(t.hash_slot);
+                if now == t || page.retries_left == 0 {
+                    page.failed_groups += 1;
+                    self.counts.failed_groups += 1;
+                } else {
+                    moved.push(now);
+                }
+            }
+            if moved.is_empty() {
+                continue;
+            }
+            page.retries_left -= 1;
+            retried += moved.len();
+            self.counts.retried_groups += moved.len() as u64;
+            let number = self.head_page + i as u64;
+            self.lookup_again(number, &moved, lookup, limits, out);
+        }
+        retried
+    }
+
+    /// Looks the groups of `targets` (one hash slot each) of page `number` up
+    /// again: this node's at once, the others as new lookups.
+    fn lookup_again(
+        &mut self,
+        number: u64,
+        targets: &[Target],
+        lookup: &mut impl EndpointLookup,
+        limits: &PlanLimits,
+        out: &mut Vec<PlanOutput>,
+    ) {
+        let at = (number - self.head_page) as usize;
+        let page = &self.pages[at];
+        let d = &self.backlog[(page.message - self.front_message) as usize];
+        let message_id = d.message.message_id;
+        let recipients: Vec<Uid> = match &d.subscribers {
+            Some(s) => s.uids()[page.range.clone()].to_vec(),
+            None => d.message.person_recipients()[page.range.clone()].to_vec(),
+        };
+        let mut uids: Vec<Uid> = Vec::new();
+        let mut groups: Vec<(Target, Range<usize>)> = Vec::new();
+        for t in targets {
+            let start = uids.len();
+            let of_slot = |u: &&Uid| slots::hash_slot(u.as_bytes()) == t.hash_slot;
+            uids.extend(recipients.iter().filter(of_slot).cloned());
+            groups.push((*t, start..uids.len()));
+        }
+        let local: Vec<(Target, &[Uid])> = (groups.iter())
+            .filter(|(t, _)| t.leader_node_id == limits.local_node)
+            .map(|(t, r)| (*t, &uids[r.clone()]))
+            .collect();
+        let page = &mut self.pages[at];
+        if !local.is_empty() {
+            let (mut found, mut results) = (Vec::new(), Vec::new());
+            lookup.endpoints_by_targets_into(&local, &mut found, &mut results);
+            for ((t, group), r) in local.iter().zip(&results) {
+                match r {
+                    Ok(r) => {
+                        if let Some(from) = &page.from_uid {
+                            offline_of(group, &found[r.clone()], from, &mut page.offline);
+                        }
+                        page.endpoints.extend_from_slice(&found[r.clone()]);
+                    }
+                    Err(_) => page.retry.push(*t),
+                }
+            }
+        }
+        let lookups = remote_lookups(
+            &groups,
+            &uids,
+            limits.local_node,
+            message_id,
+            &mut self.next_lookup_id,
+        );
+        page.awaiting += lookups.len();
+        let copies = page.from_uid.is_some();
+        self.emit_lookups(number, lookups, copies, out);
+    }
+
+    /// Hands page `number`'s `lookups` to the driver and awaits them (with a copy
+    /// each when `copies`: the page gathers offline uids).
+    fn emit_lookups(
+        &mut self,
+        number: u64,
+        lookups: Vec<Lookup>,
+        copies: bool,
+        out: &mut Vec<PlanOutput>,
+    ) {
+        self.counts.lookups += lookups.len() as u64;
+        for l in lookups {
+            let copy = copies.then(|| l.clone());
+            let targets = l.groups.iter().map(|(t, _)| *t).collect();
+            self.awaiting.push((l.lookup_id, number, targets, copy));
+            out.push(PlanOutput::Lookup(l));
+        }
     }
 
     /// Sends the front message's stalled batches to the peers that have room now.
@@ -717,7 +872,9 @@ impl Planner {
 
     /// Whether the head page is complete (and may be pushed unless stalled).
     fn head_complete(&self) -> bool {
-        self.pages.front().is_some_and(|p| p.awaiting == 0)
+        self.pages
+            .front()
+            .is_some_and(|p| p.awaiting == 0 && p.retry.is_empty())
     }
 
     /// Whether another page may be opened now: one is left and the pipeline has
@@ -788,14 +945,14 @@ impl Planner {
         self.page_groups.clear();
         let (uids, hashes): (&[Uid], &[u64]) = match &subscribers {
             Some(s) => {
-                let runs = s.slot_runs(range);
+                let runs = s.slot_runs(range.clone());
                 let groups = runs.map(|(slot, r)| (view.target_for_slot(slot), r));
                 self.page_groups.extend(groups);
                 (s.uids(), s.hashes())
             }
             None => {
                 let person = d.message.person_recipients();
-                group_by_target(view, &person[range], &mut self.groups);
+                group_by_target(view, &person[range.clone()], &mut self.groups);
                 self.hashes.clear();
                 self.hashes
                     .extend(self.groups.uids.iter().map(|u| uid_hash(u)));
@@ -821,9 +978,11 @@ impl Planner {
             lookup.endpoints_by_hashed_groups_into(&local, &mut endpoints, &mut self.results);
         }
         let offline = local_offline(&local, &self.results, &endpoints, from_uid.as_ref());
+        let retry: Vec<Target> = (local.iter().zip(&self.results))
+            .filter(|(_, r)| r.is_err())
+            .map(|(g, _)| g.target)
+            .collect();
         self.local_groups = recycle(local);
-        let failed = self.results.iter().filter(|r| r.is_err()).count();
-        self.counts.failed_groups += failed as u64;
         let lookups = remote_lookups(
             &self.page_groups,
             uids,
@@ -832,25 +991,23 @@ impl Planner {
             &mut self.next_lookup_id,
         );
         let page = self.head_page + self.pages.len() as u64;
-        self.counts.lookups += lookups.len() as u64;
         let copies = from_uid.is_some();
+        let retrying = !retry.is_empty();
         self.pages.push_back(Page {
             message: number,
             awaiting: lookups.len(),
-            failed_groups: failed,
+            failed_groups: 0,
             endpoints,
+            range,
+            retry,
+            retries_left: limits.lookup_retries_max,
             from_uid,
             offline,
             last,
         });
         let emitted = !lookups.is_empty();
-        for l in lookups {
-            let copy = copies.then(|| l.clone());
-            self.awaiting
-                .push((l.lookup_id, page, l.groups.len(), copy));
-            out.push(PlanOutput::Lookup(l));
-        }
-        usize::from(emitted)
+        self.emit_lookups(page, lookups, copies, out);
+        usize::from(emitted || retrying)
     }
 
     /// Pushes the head page (complete; every page before it pushed, so its message
@@ -1210,6 +1367,7 @@ mod planner_tests {
             lookup_pages_in_flight_max: 1,
             reserved_room_per_peer: 1,
             offline_uids: false,
+            lookup_retries_max: 2,
         }
     }
 
@@ -1311,6 +1469,8 @@ mod planner_tests {
     /// unless set in `room`).
     struct Rig {
         p: Planner,
+        /// The view the planner is pumped with (`view()` unless a test moves slots).
+        view: ClusterView,
         local: Local,
         limits: PlanLimits,
         room: Vec<(PushTo, usize)>,
@@ -1330,6 +1490,7 @@ mod planner_tests {
             }
             Rig {
                 p,
+                view: view(),
                 local: Local::default(),
                 limits: limits(),
                 room: Vec::new(),
@@ -1344,9 +1505,13 @@ mod planner_tests {
                 set.map_or(usize::MAX, |(_, r)| *r)
             };
             let mut out = Vec::new();
-            let (freed, work) =
-                self.p
-                    .pump(&view(), &mut self.local, &mut room, &self.limits, &mut out);
+            let (freed, work) = self.p.pump(
+                &self.view,
+                &mut self.local,
+                &mut room,
+                &self.limits,
+                &mut out,
+            );
             let (mut pushes, mut lookups) = (Vec::new(), Vec::new());
             for o in out {
                 match o {
@@ -1521,6 +1686,86 @@ mod planner_tests {
         assert_eq!(all_pushed(&pushes), sorted(survivors));
         let counts = rig.p.take_counts();
         assert_eq!((counts.failed_groups, counts.failed_lookups), (1, 0));
+        assert_eq!(
+            counts.retried_groups, 0,
+            "its slot did not move: not retried"
+        );
+    }
+
+    /// Issue "Cluster defects found in a review…", item 7: a group refused because
+    /// its slot moved while the page was planned is looked up again at the leader
+    /// the current view names; the page waits for it, then its recipients are
+    /// pushed (before: they were skipped).
+    #[test]
+    fn a_group_refused_after_its_slot_moved_is_looked_up_at_the_new_leader() {
+        let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 4))]);
+        let (_, _, _, lookups) = rig.pump();
+        let l = &lookups[0];
+        let (moved, uids) = (l.groups[0].0, l.groups().next().unwrap().1.to_vec());
+        rig.view = rig.view.with_leaders(&[(moved.hash_slot, 3)]);
+        assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
+        let (_, work, pushes, retried) = rig.pump();
+        assert!(pushes.is_empty(), "the page waits for its retried group");
+        assert!(work > 0);
+        let r = match retried.as_slice() {
+            [r] => r,
+            _ => panic!("one new lookup: {retried:?}"),
+        };
+        assert_eq!(r.node, 3);
+        assert_eq!(r.groups.len(), 1);
+        assert_eq!(r.groups[0].0, rig.view.target_for_slot(moved.hash_slot));
+        assert_eq!(sorted(r.uids.clone()), sorted(uids));
+        assert!(rig.p.on_lookup_reply(r.lookup_id, found(r, &[])));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(led_by(2, "b", 4)));
+        assert_eq!(freed, CHARGE);
+        let counts = rig.p.take_counts();
+        assert_eq!((counts.retried_groups, counts.failed_groups), (1, 0));
+        assert_eq!(counts.lookups, 2);
+    }
+
+    /// Item 7: a remote lookup lost with its node (peer down) whose slots now
+    /// belong to this node is looked up here at once, in the same pump.
+    #[test]
+    fn a_lost_lookup_whose_slots_moved_here_is_looked_up_here() {
+        let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 3))]);
+        let (_, _, _, lookups) = rig.pump();
+        let l = &lookups[0];
+        let moves: Vec<(crate::cluster::HashSlot, NodeId)> =
+            l.groups.iter().map(|(t, _)| (t.hash_slot, ME)).collect();
+        rig.view = rig.view.with_leaders(&moves);
+        let lost = LookupReply::Failed(LookupFailure::PeerDown);
+        assert!(rig.p.on_lookup_reply(l.lookup_id, lost));
+        let (freed, _, pushes, more) = rig.pump();
+        assert!(more.is_empty(), "no new lookup: {more:?}");
+        assert_eq!(all_pushed(&pushes), sorted(led_by(2, "b", 3)));
+        assert_eq!(freed, CHARGE);
+        let counts = rig.p.take_counts();
+        assert_eq!(counts.retried_groups, l.groups.len() as u64);
+        assert_eq!((counts.failed_groups, counts.failed_lookups), (0, 1));
+    }
+
+    /// Item 7, bounded: a page retries its failed groups `lookup_retries_max`
+    /// times; a group that fails again after that fails for good, though its slot
+    /// moved once more.
+    #[test]
+    fn retries_are_bounded_by_lookup_retries_max() {
+        let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 1))]);
+        rig.limits.lookup_retries_max = 1;
+        let (_, _, _, lookups) = rig.pump();
+        let l = &lookups[0];
+        let slot = l.groups[0].0.hash_slot;
+        rig.view = rig.view.with_leaders(&[(slot, 3)]);
+        assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
+        let (_, _, _, retried) = rig.pump();
+        let r = &retried[0];
+        rig.view = rig.view.with_leaders(&[(slot, 2)]);
+        assert!(rig.p.on_lookup_reply(r.lookup_id, found(r, &[0])));
+        let (freed, _, pushes, more) = rig.pump();
+        assert!(more.is_empty() && pushes.is_empty(), "{more:?} {pushes:?}");
+        assert_eq!(freed, CHARGE, "the failed group does not hold the message");
+        let counts = rig.p.take_counts();
+        assert_eq!((counts.retried_groups, counts.failed_groups), (1, 1));
     }
 
     #[test]

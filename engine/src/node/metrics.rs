@@ -127,8 +127,14 @@ shard_metrics! {
     /// Endpoints on other nodes whose owner push could not be sent (the link to that
     /// node was down).
     push_remote_dropped,
-    /// Lookup groups refused as stale or not-leader.
+    /// Route lookup groups that failed for good (refused as stale or not-leader,
+    /// or their remote lookup failed) after any retry: their online recipients
+    /// get the message by sync only.
     stale_lookups,
+    /// Route lookup groups looked up again at the leader the current view names
+    /// (a slot moved while their page was planned; `[delivery]
+    /// lookup_retries_max`).
+    lookup_groups_retried,
     /// Inter-node connections refused or closed for a protocol fault: a failed
     /// handshake (wrong secret, unknown node), bytes that are not frames.
     rpc_refused,

@@ -260,6 +260,11 @@ pub struct DeliveryConfig {
     /// trip holding the shard's deliveries. Their endpoints are held meanwhile: at
     /// most this × `subscriber_page_max` uids'.
     pub lookup_pages_in_flight_max: usize,
+    /// Times a page's failed route lookup groups are looked up again, each time at
+    /// the leader the node's current view names for their hash slot when that is
+    /// another one (a slot moved while the page was planned); 0: never. Without
+    /// it the online recipients of a slot moved in that window miss the push.
+    pub lookup_retries_max: u8,
 }
 
 impl Default for DeliveryConfig {
@@ -274,6 +279,7 @@ impl Default for DeliveryConfig {
             backlog_budget_bytes: 256 << 20,
             pages_per_turn_max: 64,
             lookup_pages_in_flight_max: 32,
+            lookup_retries_max: 2,
         }
     }
 }

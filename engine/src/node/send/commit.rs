@@ -422,6 +422,7 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
         push_batch_max: cfg.push_batch_max,
         pages_per_turn_max: cfg.pages_per_turn_max,
         lookup_pages_in_flight_max: cfg.lookup_pages_in_flight_max,
+        lookup_retries_max: cfg.lookup_retries_max,
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
         offline_uids: node
             .shared
@@ -434,6 +435,9 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
 fn publish_plan_counts(node: &mut NodeShard) {
     let counts = node.commit.core.take_plan_counts();
     node.metrics.stale_lookups.add(counts.failed_groups);
+    node.metrics
+        .lookup_groups_retried
+        .add(counts.retried_groups);
     node.metrics.delivery_stalls.add(counts.stalls);
     node.metrics.push_stale.add(counts.stale_endpoints);
     // TODO(issue 13): metrics for remote lookups (sent, failed, ignored replies).
