@@ -100,7 +100,7 @@ pub const EXAMPLE_SECRETS: &[&str] = &["at-least-16-bytes"];
 const SECRET_SHOWN: &str = "<set>";
 
 /// A secret of the configuration (`[cluster] secret`, `[webhook] secret`): never
-/// shown (`--print-config` and `Debug` write `<set>`).
+/// shown (`--print-config` and `Debug` write `<set>`), zeroized when dropped.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -117,6 +117,13 @@ impl Secret {
 
     pub fn is_set(&self) -> bool {
         !self.0.is_empty()
+    }
+}
+
+/// A secret's bytes are wiped when it is dropped (a copy made by `Clone` too).
+impl Drop for Secret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
     }
 }
 

@@ -192,7 +192,8 @@ impl Terms {
 
 /// The cluster secret: its bytes, shared by every link of the process and zeroized
 /// when the last one drops it. Each MAC and key derivation keys HMAC-SHA256 with
-/// it for that one use.
+/// it for that one use (hmac 0.12 has no zeroize support: its keyed state lives on
+/// the stack for that one computation only).
 #[derive(Clone)]
 pub struct ClusterSecret(Arc<Zeroizing<Vec<u8>>>);
 

@@ -1003,7 +1003,8 @@ impl Inbound {
     }
 
     /// The plaintext body of the frame the last step handed up
-    /// ([`InboundEvent::Frame`]); empty otherwise.
+    /// ([`InboundEvent::Frame`]), until the next step; meaningless after any other
+    /// event.
     pub fn body(&self) -> &[u8] {
         self.keys.as_ref().map_or(&[], |k| k.recv.body())
     }
