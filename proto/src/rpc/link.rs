@@ -16,6 +16,13 @@
 //!   forwards the reply to that shard, whose outbound link to the replier holds the
 //!   request ([`Outbound::complete`]).
 //!
+//! # Sealing
+//! Every frame after the handshake, both ways, is sealed with the link's keys
+//! ([`super::seal`]): the machines seal what they write and open what they read,
+//! so a caller moves ciphertext only. A frame that does not open closes the link
+//! ([`LinkCloseReason::Unauthentic`]); an inbound frame's plaintext body is
+//! [`Inbound::body`].
+//!
 //! # Contract of both machines
 //! - Input: call `on_input(bytes, ..)` with the connection's whole unconsumed input
 //!   whenever new bytes arrived, then remove the step's `consumed` bytes from the
@@ -108,7 +115,8 @@ pub struct LinkLimits {
     pub rpc_backoff_min_ms: u64,
     /// The longest pause; each failure in a row doubles the pause up to it.
     pub rpc_backoff_max_ms: u64,
-    /// Largest frame (header and body) sent or accepted after the handshake.
+    /// Largest frame (header, body and the seal's 16-byte tag) sent or accepted
+    /// after the handshake.
     pub rpc_frame_bytes_max: usize,
 }
 
