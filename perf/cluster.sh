@@ -18,6 +18,8 @@ cmd=${1:?start|stop}
 dir=${2:?directory}
 bin=${IMROUTER_BIN:-target/release/imrouter}
 secret=${IMROUTER_CLUSTER_SECRET:-imbench-cluster-secret-0123}
+# A node with peers serves its API only behind a bearer token.
+token=${IMROUTER_API_BEARER_TOKEN:-imbench-cluster-api-token}
 
 node_config() {
     local id=$1
@@ -32,6 +34,7 @@ api_addr = "127.0.0.1:50${id}1"
 rpc_addr = "127.0.0.1:1100$id"
 [auth]
 token_auth = false
+api_bearer_token = "$token"
 [cluster]
 secret = "$secret"
 slot_ids = 64
@@ -60,7 +63,7 @@ start)
         curl -fs "http://127.0.0.1:50${id}1/readyz" >/dev/null ||
             { echo "node $id not ready: $(tail -3 "$dir/node$id/log")" >&2; exit 1; }
     done
-    echo "C3='--tcp 127.0.0.1:5110,127.0.0.1:5120,127.0.0.1:5130 --api 127.0.0.1:5011 --no-tokens'"
+    echo "C3='--tcp 127.0.0.1:5110,127.0.0.1:5120,127.0.0.1:5130 --api 127.0.0.1:5011 --api-token $token --no-tokens'"
     ;;
 stop)
     for id in 1 2 3; do

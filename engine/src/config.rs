@@ -87,11 +87,20 @@ pub const CLUSTER_SECRET_ENV: &str = "IMROUTER_CLUSTER_SECRET";
 /// The shortest `[cluster] secret` a cluster with peers accepts, in bytes.
 pub const CLUSTER_SECRET_MIN_BYTES: usize = 16;
 
+/// The environment variable that sets `[auth] api_bearer_token` (it wins over the
+/// file when set and not empty), so a token can stay out of the config file as the
+/// cluster secret does.
+pub const API_BEARER_TOKEN_ENV: &str = "IMROUTER_API_BEARER_TOKEN";
+
+/// Secrets printed in the README's examples: long enough, and known to everyone
+/// who read it. A cluster with peers refuses them by name.
+pub const EXAMPLE_SECRETS: &[&str] = &["at-least-16-bytes"];
+
 /// What `--print-config` (and `Debug`) show for a secret that is set.
 const SECRET_SHOWN: &str = "<set>";
 
 /// A secret of the configuration (`[cluster] secret`, `[webhook] secret`): never
-/// shown (`--print-config` and `Debug` write `<set>`).
+/// shown (`--print-config` and `Debug` write `<set>`), zeroized when dropped.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -108,6 +117,13 @@ impl Secret {
 
     pub fn is_set(&self) -> bool {
         !self.0.is_empty()
+    }
+}
+
+/// A secret's bytes are wiped when it is dropped (a copy made by `Clone` too).
+impl Drop for Secret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
     }
 }
 
@@ -254,6 +270,16 @@ impl ClusterConfig {
                  write the secret itself, or set {CLUSTER_SECRET_ENV}"
             ));
         }
+        if let Some(example) = EXAMPLE_SECRETS
+            .iter()
+            .find(|e| e.as_bytes() == self.secret.expose())
+        {
+            return Err(format!(
+                "cluster.secret is {example:?}, the README's example: make one of your own \
+                 (e.g. `openssl rand -hex 32`), the same on every node, in [cluster] or \
+                 {CLUSTER_SECRET_ENV}"
+            ));
+        }
         let len = self.secret.expose().len();
         if len < CLUSTER_SECRET_MIN_BYTES {
             return Err(format!(
@@ -369,6 +395,9 @@ impl Config {
         if let Some(secret) = env(CLUSTER_SECRET_ENV).filter(|s| !s.is_empty()) {
             config.cluster.secret = Secret::new(secret);
         }
+        if let Some(token) = env(API_BEARER_TOKEN_ENV).filter(|s| !s.is_empty()) {
+            config.auth.api_bearer_token = token;
+        }
         Ok(config)
     }
 
@@ -437,6 +466,21 @@ impl Config {
         Ok((Some(wss), Some(server)))
     }
 
+    /// A node with peers serves its HTTP API (the peers' forwards included) only
+    /// behind a bearer token: refused without one, with the way to set it.
+    fn validate_cluster_api(&self) -> Result<(), String> {
+        let has_peers = self.cluster.peers(self.node.node_id).next().is_some();
+        let api = !self.listen.api_addr.is_empty();
+        if has_peers && api && self.auth.api_bearer_token.is_empty() {
+            return Err(format!(
+                "auth.api_bearer_token is empty: a node with peers (cluster.nodes) serves \
+                 its HTTP API, and its peers' forwards, only behind a bearer token; set \
+                 the same token on every node, in [auth] or {API_BEARER_TOKEN_ENV}"
+            ));
+        }
+        Ok(())
+    }
+
     /// The node configuration this file describes.
     pub fn to_node_config(&self) -> Result<NodeConfig, String> {
         self.session.validate()?;
@@ -446,6 +490,7 @@ impl Config {
         let rpc_addr = addr("rpc_addr", &self.listen.rpc_addr)?;
         self.cluster.validate(self.node.node_id, rpc_addr)?;
         self.rpc.validate().map_err(|e| format!("rpc.{e}"))?;
+        self.validate_cluster_api()?;
         let runtime = self.runtime.clone();
         let net = self.net.clone();
         let mut api = self.api.clone();

@@ -10,10 +10,11 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
 
 use engine::cluster::ClusterView;
-use engine::config::{Config, CLUSTER_SECRET_ENV};
+use engine::config::{Config, API_BEARER_TOKEN_ENV, CLUSTER_SECRET_ENV};
 use engine::node::Node;
 
 const SECRET: &str = "0123456789abcdef-file";
+const API_TOKEN: &str = "cluster-config-api-token";
 
 /// The issue's example for three nodes, with `node_id` = `me` and the client
 /// addresses of node 1.
@@ -24,6 +25,8 @@ fn three_nodes(me: u64) -> String {
 node_id = {me}
 [listen]
 rpc_addr = "127.0.0.1:1100{me}"
+[auth]
+api_bearer_token = "{API_TOKEN}"
 [cluster]
 secret = "{SECRET}"
 slot_ids = 64
@@ -155,8 +158,8 @@ fn each_mistake_gets_its_own_message() {
         ),
         (
             base.replace(
-                "rpc_addr = \"127.0.0.1:11001\"\n[cluster]",
-                "rpc_addr = \"127.0.0.1:12001\"\n[cluster]",
+                "rpc_addr = \"127.0.0.1:11001\"\n[auth]",
+                "rpc_addr = \"127.0.0.1:12001\"\n[auth]",
             ),
             "this node's rpc_addr 127.0.0.1:11001 differs from listen.rpc_addr 127.0.0.1:12001",
         ),
@@ -206,6 +209,52 @@ fn each_mistake_gets_its_own_message() {
         };
         assert!(e.contains(want), "want {want:?}, got: {e}");
     }
+}
+
+/// Issue 26, item 3: a node with peers refuses the README's example secret by
+/// name, and refuses to serve its API without a bearer token (the file's or the
+/// environment's); a node alone still starts without one.
+#[test]
+fn a_cluster_refuses_the_example_secret_and_an_api_without_a_token() {
+    let example = three_nodes(1).replace(SECRET, "at-least-16-bytes");
+    let e = error_of(&example);
+    assert!(
+        e.contains("cluster.secret is \"at-least-16-bytes\", the README's example"),
+        "{e}"
+    );
+    let env_example = |k: &str| (k == CLUSTER_SECRET_ENV).then(|| "at-least-16-bytes".into());
+    let e = Config::parse(&three_nodes(1), env_example)
+        .unwrap()
+        .to_node_config()
+        .unwrap_err();
+    assert!(e.contains("the README's example"), "{e}");
+    let no_token = three_nodes(1).replace(&format!("api_bearer_token = \"{API_TOKEN}\""), "");
+    let e = error_of(&no_token);
+    assert!(
+        e.contains("auth.api_bearer_token is empty: a node with peers"),
+        "{e}"
+    );
+    assert!(e.contains(API_BEARER_TOKEN_ENV), "{e}");
+    let env_token = |k: &str| (k == API_BEARER_TOKEN_ENV).then(|| "from-the-env".into());
+    let c = Config::parse(&no_token, env_token).unwrap();
+    assert_eq!(c.auth.api_bearer_token, "from-the-env");
+    let node = c.to_node_config().unwrap();
+    assert_eq!(node.api.bearer_token.as_deref(), Some("from-the-env"));
+    // Without an API there is nothing to protect.
+    let no_api = format!("{no_token}\n").replace(
+        "rpc_addr = \"127.0.0.1:11001\"\n[auth]",
+        "rpc_addr = \"127.0.0.1:11001\"\napi_addr = \"\"\n[auth]",
+    );
+    assert!(Config::parse(&no_api, no_env)
+        .unwrap()
+        .to_node_config()
+        .is_ok());
+    // A node alone needs neither.
+    let alone = "[auth]\napi_bearer_token = \"\"\n[cluster]\nsecret = \"at-least-16-bytes\"\n";
+    assert!(Config::parse(alone, no_env)
+        .unwrap()
+        .to_node_config()
+        .is_ok());
 }
 
 /// A node of three started alone is up but not ready: `/readyz` is 503 and says

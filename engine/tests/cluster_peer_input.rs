@@ -4,6 +4,11 @@
 //! no node or other nodes than the config's)
 //! closes its link with a named reason and a counter, and the node goes on serving.
 //!
+//! Frames after the handshake are sealed (issue 26, item 3): a byte altered on a
+//! real link closes that link with the reason named in the log and the node's
+//! Goodbye, counted in `imrouter_rpc_auth_failures_total`, and nothing of the frame
+//! is acted on.
+//!
 //! The test is node 2 of a two-node cluster whose node 1 runs in the process: it
 //! dials node 1's RPC listener with the cluster secret, as node 2 would, and sends
 //! each bad frame on a link of its own. Node 1 runs one shard, so a new link that
@@ -104,13 +109,19 @@ fn link(rpc_addr: SocketAddr) -> (TcpStream, Outbound<()>, u64) {
 }
 
 /// Reads until node 1 closes the link (after a Goodbye, if it sends one).
-fn closed_by_node(mut stream: TcpStream) {
+fn closed_by_node(stream: TcpStream) {
+    read_until_closed(stream);
+}
+
+/// What node 1 wrote on the link until it closed it.
+fn read_until_closed(mut stream: TcpStream) -> Vec<u8> {
     let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
     loop {
         match stream.read(&mut buf) {
-            Ok(0) => return,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
             Err(e) => panic!("node 1 did not close the link: {e}"),
         }
     }
@@ -421,9 +432,63 @@ fn links_come_up_with_the_clients_at_their_cap(backend: Backend) {
     peer.join().unwrap();
 }
 
+/// A well-formed request whose sealed bytes were altered by one bit on the way (in
+/// its encrypted body) closes the link: counted as an authentication failure, not
+/// a bad frame, the node's Goodbye names it, and the shard goes on serving links.
+fn a_tampered_byte_on_a_link_closes_it_and_is_counted(backend: Backend) {
+    let (node, rpc_addr, _dir) = node_1(backend);
+    let view = ClusterView::initial(&[1, 2], SLOT_IDS).unwrap();
+    let lookup = wire::Request::Lookup {
+        groups: vec![(view.target_for_uid("u1"), 0..1)],
+        uids: vec![Uid::from("u1")],
+    };
+    let mut body = Vec::new();
+    wire::encode(&lookup, &mut body);
+    let (mut stream, mut l, _) = link(rpc_addr);
+    let mut out = Vec::new();
+    l.request(Kind::EndpointLookup, &body, 0, (), 0, &mut out)
+        .unwrap();
+    assert!(
+        !out.windows(body.len()).any(|w| w == body),
+        "the body travels sealed"
+    );
+    out[proto::rpc::frame::HEADER_BYTES + 2] ^= 0x01;
+    stream.write_all(&out).unwrap();
+    let goodbye = read_until_closed(stream);
+    let mut sink = Vec::new();
+    let step = l.on_input(&goodbye, 0, &mut sink);
+    match step.event {
+        Some(LinkEvent::Close(proto::rpc::LinkCloseReason::PeerGoodbye(why))) => assert!(
+            why.contains("EndpointLookup frame 0 of the link fails authentication"),
+            "{why}"
+        ),
+        other => panic!("node 1's Goodbye: {other:?}"),
+    }
+    assert_eq!(
+        support::metric(&node, "imrouter_rpc_auth_failures_total"),
+        1
+    );
+    assert_eq!(support::metric(&node, "imrouter_rpc_bad_frames_total"), 0);
+    // The shard that read it still completes a handshake, and an unaltered request
+    // on the new link is served (its reply comes back on node 1's own link, which
+    // this test does not accept: the link staying open is the sign).
+    let (mut stream, mut l, _) = link(rpc_addr);
+    let mut out = Vec::new();
+    l.request(Kind::EndpointLookup, &body, 0, (), 0, &mut out)
+        .unwrap();
+    stream.write_all(&out).unwrap();
+    assert_eq!(node.wait_failure(Duration::ZERO), None);
+    assert_eq!(
+        support::metric(&node, "imrouter_rpc_auth_failures_total"),
+        1
+    );
+    node.shutdown().unwrap();
+}
+
 on_both_drivers!(
     links_come_up_with_the_clients_at_their_cap,
     readyz_waits_for_a_peers_view,
+    a_tampered_byte_on_a_link_closes_it_and_is_counted,
     a_bad_peer_frame_closes_its_link_and_the_node_goes_on,
     a_frame_larger_than_a_clients_buffer_is_read_on_a_link
 );

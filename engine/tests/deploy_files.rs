@@ -1,7 +1,7 @@
 //! `deploy/` is what an operator installs (README, "Deploying"); these tests keep it
 //! consistent with the node and with the README:
-//! - the sample cluster configs parse, refuse to start without the cluster secret and
-//!   validate with it, describe one cluster (the same node list and view on every
+//! - the sample cluster configs parse, refuse to start without the cluster secret or
+//!   the API's bearer token and validate with both (from the environment), describe one cluster (the same node list and view on every
 //!   node, each node's own `rpc_addr` listed), and use loopback addresses only;
 //! - the unit runs the binary where the README installs it, with the config path the
 //!   README names, stops with SIGTERM, filters no io_uring system call, and its
@@ -18,7 +18,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use engine::config::{Config, CLUSTER_SECRET_ENV};
+use engine::config::{Config, API_BEARER_TOKEN_ENV, CLUSTER_SECRET_ENV};
 use engine::node::NodeConfig;
 
 const UNIT: &str = "deploy/imrouter.service";
@@ -27,6 +27,7 @@ const BINARY: &str = "/usr/local/bin/imrouter";
 const CONFIG_PATH: &str = "/etc/imrouter/imrouter.toml";
 const DATA_DIR: &str = "/var/lib/imrouter";
 const SECRET: &str = "a-sample-secret-of-32-bytes-0000";
+const API_TOKEN: &str = "a-sample-api-token";
 
 fn read(rel: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -69,7 +70,11 @@ fn samples() -> Vec<(u64, String, Config)> {
     (1..=3)
         .map(|n| {
             let text = read(&format!("deploy/cluster/node{n}.toml"));
-            let env = |k: &str| (k == CLUSTER_SECRET_ENV).then(|| SECRET.to_string());
+            let env = |k: &str| match k {
+                CLUSTER_SECRET_ENV => Some(SECRET.to_string()),
+                API_BEARER_TOKEN_ENV => Some(API_TOKEN.to_string()),
+                _ => None,
+            };
             let config = Config::parse(&text, env)
                 .unwrap_or_else(|e| panic!("deploy/cluster/node{n}.toml: {e}"));
             (n, text, config)
@@ -99,7 +104,14 @@ fn the_samples_refuse_to_start_without_the_secret_and_validate_with_it() {
         let bare = Config::parse(&text, |_| None).unwrap();
         let e = bare.to_node_config().unwrap_err();
         assert!(e.contains("cluster.secret"), "node{n}.toml: {e}");
+        let secret_only = |k: &str| (k == CLUSTER_SECRET_ENV).then(|| SECRET.to_string());
+        let e = Config::parse(&text, secret_only)
+            .unwrap()
+            .to_node_config()
+            .unwrap_err();
+        assert!(e.contains("auth.api_bearer_token"), "node{n}.toml: {e}");
         let c = node_config(n, &config);
+        assert_eq!(c.api.bearer_token.as_deref(), Some(API_TOKEN));
         assert_eq!(c.node_id, n);
         let me = c.cluster.nodes.iter().find(|m| m.id == n).unwrap();
         assert_eq!(c.rpc_addr, Some(me.rpc_addr), "node{n}.toml");

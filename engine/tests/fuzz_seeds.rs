@@ -5,7 +5,10 @@
 //! accepts today (each frame decodes, from the authenticated peer, and each body
 //! decodes and passes `wire::Bounds`), and that the committed seeds in
 //! `proto/fuzz/seeds/rpc/` are these; `IMROUTER_WRITE_FUZZ_SEEDS=1` rewrites them
-//! after a change of the wire.
+//! after a change of the wire. After the handshake the peer's frames are sealed
+//! (`proto::rpc::seal`): the handshake seed carries them sealed with the keys the
+//! target's fixed nonces give; the established seeds carry them in plaintext and
+//! ask the target to seal them (its selector's bit 3).
 //!
 //! The constants mirror the fuzz target's (its node, peer, key, nonces, bounds).
 
@@ -206,6 +209,27 @@ fn handshakes() -> (Vec<u8>, Vec<u8>) {
     (to_listener, to_dialer)
 }
 
+/// `stream` sealed as the peer seals it after its handshake with this node
+/// listening (the target's fixed key and nonces make the same keys).
+fn sealed_stream(stream: &[u8]) -> Vec<u8> {
+    let mut hello = Vec::new();
+    let mut peer = Handshake::dialer(&key(), PEER, ME.node_id, NONCE_PEER, &mut hello);
+    let mut me = Handshake::listener(&key(), ME, &[2, 3], NONCE_ME);
+    let mut challenge = Vec::new();
+    me.receive(&hello, &mut challenge);
+    peer.receive(&challenge, &mut Vec::new());
+    let mut keys = peer.take_keys().expect("the peer is established");
+    let mut out = Vec::new();
+    let mut off = 0;
+    while let Some(f) = frame::decode(&stream[off..], FrameLimits::default()).unwrap() {
+        keys.send
+            .seal(&f.header, f.body, FrameLimits::default(), &mut out)
+            .unwrap();
+        off += f.wire_len();
+    }
+    out
+}
+
 /// Every seed: (file name, selector byte ‖ bytes).
 fn seeds() -> Vec<(String, Vec<u8>)> {
     let with = |sel: u8, bytes: &[u8]| [&[sel][..], bytes].concat();
@@ -215,14 +239,17 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         ("frames".to_string(), with(0b1100, &stream)),
         (
             "listener-handshake".into(),
-            with(1, &[to_listener.clone(), stream.clone()].concat()),
+            with(1, &[to_listener.clone(), sealed_stream(&stream)].concat()),
         ),
-        ("listener-established".into(), with(2, &stream)),
-        ("listener-established-chunked".into(), with(0x72, &stream)),
+        // Modes 2 with bit 3: the stream in plaintext, sealed by the target.
+        ("listener-established".into(), with(0b1010, &stream)),
+        ("listener-established-chunked".into(), with(0x7a, &stream)),
+        // Without bit 3: the plaintext stream as it is (fails authentication).
+        ("listener-established-unsealed".into(), with(2, &stream)),
         ("dialer-handshake".into(), with(0b101, &to_dialer)),
         (
             "dialer-established".into(),
-            with(0b110, &frame_of(PEER, Kind::Pong, 0, &7u64.to_le_bytes())),
+            with(0b1110, &frame_of(PEER, Kind::Pong, 0, &7u64.to_le_bytes())),
         ),
     ];
     for (i, (kind, body)) in bodies().into_iter().enumerate() {

@@ -151,6 +151,10 @@ shard_metrics! {
     /// a shard this process does not have, a view that does not fit the cluster's
     /// config).
     rpc_bad_frames,
+    /// Inter-node links closed because a frame after the handshake failed
+    /// authentication (altered on the way, replayed, reordered, or not sealed with
+    /// the link's key); the log line names the frame's kind and counter.
+    rpc_auth_failures,
     /// Outbound inter-node links that closed (each fails its requests in flight).
     rpc_link_closes,
     /// Replies to another node's requests that could not be sent: the link to it

@@ -25,7 +25,8 @@ use std::net::SocketAddr;
 
 use net::io::{CloseReason, ConnId, NetDriver, NetEvent, Transport};
 use proto::rpc::link::{
-    request_shard, Failure, Inbound, InboundEvent, LinkEvent, LinkLimits, LinkState, Outbound,
+    request_shard, Failure, Inbound, InboundEvent, LinkCloseReason, LinkEvent, LinkLimits,
+    LinkState, Outbound,
 };
 use proto::rpc::{ClusterId, ClusterKey, ClusterSecret, Identity, Refusal};
 use rand::RngCore;
@@ -322,7 +323,12 @@ impl NodeShard {
                     return self.close_outbound(driver, i);
                 }
                 Some(LinkEvent::Close(why)) => {
-                    tracing::info!(node = l.node, %why, "closing the link to a peer");
+                    if matches!(why, LinkCloseReason::Unauthentic(_)) {
+                        tracing::warn!(node = l.node, %why, "closing the link to a peer");
+                        self.metrics.rpc_auth_failures.inc();
+                    } else {
+                        tracing::info!(node = l.node, %why, "closing the link to a peer");
+                    }
                     return self.close_outbound(driver, i);
                 }
                 None if step.consumed == 0 => return,
@@ -339,6 +345,16 @@ impl NodeShard {
             Refusal::OtherCluster { .. } => self.metrics.rpc_refused_other_cluster.inc(),
             Refusal::OtherSlotIds { .. } => self.metrics.rpc_refused_other_slot_ids.inc(),
             _ => {}
+        }
+    }
+
+    /// Counts an inbound link closed for a protocol fault: a frame that failed
+    /// authentication by its own name, the rest as refused.
+    fn count_close(&self, why: &LinkCloseReason) {
+        if matches!(why, LinkCloseReason::Unauthentic(_)) {
+            self.metrics.rpc_auth_failures.inc();
+        } else {
+            self.metrics.rpc_refused.inc();
         }
     }
 
@@ -366,18 +382,12 @@ impl NodeShard {
             };
             let scratch = &mut self.peers.scratch;
             scratch.clear();
-            let input = driver.input(conn);
-            let step = inbound.on_input(input, now_ms, scratch);
+            let step = inbound.on_input(driver.input(conn), now_ms, scratch);
             let bounds = &self.peers.bounds;
             let frame = match &step.event {
-                Some(InboundEvent::Frame { header, body }) => Some((
+                Some(InboundEvent::Frame { header }) => Some((
                     *header,
-                    wire::decode(
-                        header.kind,
-                        &input[body.clone()],
-                        bounds,
-                        header.sender_node_id,
-                    ),
+                    wire::decode(header.kind, inbound.body(), bounds, header.sender_node_id),
                 )),
                 _ => None,
             };
@@ -402,7 +412,7 @@ impl NodeShard {
                 }
                 Some(InboundEvent::Close(why)) => {
                     tracing::warn!(%why, "inter-node connection closed");
-                    self.metrics.rpc_refused.inc();
+                    self.count_close(&why);
                     return driver.close(conn);
                 }
                 Some(InboundEvent::Frame { .. }) => {

@@ -34,6 +34,9 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const LOG_TAIL_LINES_MAX: usize = 60;
 /// The secret the three nodes share.
 pub const SECRET: &str = "processes-test-cluster-secret";
+/// The API's bearer token on the three nodes (a node with peers requires one);
+/// [`http`] sends it on every request (a node without a token ignores it).
+pub const API_TOKEN: &str = "processes-test-api-token";
 
 /// Three `imrouter` processes (node ids 1..=3) and their files.
 pub struct Processes {
@@ -85,7 +88,7 @@ impl Processes {
         let mut text = format!(
             "[node]\nnode_id = {id}\ndata_dir = {:?}\n\
              [listen]\nrpc_addr = \"{}\"\ntcp_addr = \"{}\"\nws_addr = \"127.0.0.1:0\"\n\
-             api_addr = \"{}\"\n[auth]\ntoken_auth = false\n\
+             api_addr = \"{}\"\n[auth]\ntoken_auth = false\napi_bearer_token = \"{API_TOKEN}\"\n\
              [runtime]\nshard_count = {SHARDS}\npin_cores = []\n\
              [session]\nsends_per_uid_per_s = 0\n\
              [cluster]\nsecret = \"{SECRET}\"\nslot_ids = {SLOT_IDS}\n",
@@ -355,6 +358,7 @@ pub fn http(api: SocketAddr, method: &str, path: &str, body: &str) -> std::io::R
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Authorization: Bearer {API_TOKEN}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;

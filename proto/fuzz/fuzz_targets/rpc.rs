@@ -9,9 +9,15 @@
 //! - bits 0-1, the mode: 0 frames alone (`frame::decode` over the buffer, the limit
 //!   from bits 2-3); 1 a link from its first byte (the bytes are the peer's
 //!   handshake); 2 a link after a valid handshake this target makes itself from a
-//!   fixed secret and fixed nonces (the bytes are the peer's established stream);
+//!   fixed secret and fixed nonces (the bytes are the peer's established stream,
+//!   which must be sealed with the link's keys: see bit 3);
 //!   3 one body (the next byte is its kind, the rest the body);
 //! - bit 2 (modes 1 and 2): the dialer's side (`Outbound`) instead of the listener's;
+//! - bit 3 (mode 2): the bytes are the peer's frames in plaintext, which the target
+//!   seals with the peer's session keys before feeding them (so that mutations reach
+//!   past the authentication, into the link machine and the body decoder); the
+//!   bytes after the last whole frame follow as they are. Without it the bytes go
+//!   in as they are (mostly frames that fail authentication);
 //! - bits 4-7 (modes 1 and 2): the bytes arrive in chunks of that many bytes (0: all
 //!   at once), fed as a connection does (the whole unconsumed input each time).
 //!
@@ -24,7 +30,7 @@ use engine::node::wire::{self, Body, Bounds, OneWay, Request};
 use libfuzzer_sys::fuzz_target;
 use proto::rpc::frame::{self, FrameLimits, Kind, HEADER_BYTES};
 use proto::rpc::link::{Inbound, InboundEvent, LinkEvent, LinkLimits, Outbound};
-use proto::rpc::{ClusterId, ClusterKey, ClusterSecret, Handshake, Identity, Outcome};
+use proto::rpc::{ClusterId, ClusterKey, ClusterSecret, Handshake, Identity, Outcome, SessionKeys};
 
 /// This node (node 1 of the cluster {1, 2, 3}) and its peer, node 2.
 const ME: Identity = Identity {
@@ -71,8 +77,8 @@ fuzz_target!(|data: &[u8]| {
     let chunk = usize::from(sel >> 4);
     match sel & 0b11 {
         0 => frames(rest, sel),
-        1 | 2 if sel & 0b100 == 0 => listener(rest, sel & 0b11 == 2, chunk),
-        1 | 2 => dialer(rest, sel & 0b11 == 2, chunk),
+        1 | 2 if sel & 0b100 == 0 => listener(rest, sel & 0b11 == 2, sel & 0b1000 != 0, chunk),
+        1 | 2 => dialer(rest, sel & 0b11 == 2, sel & 0b1000 != 0, chunk),
         _ => {
             if let Some((&kind, body)) = rest.split_first() {
                 if let Some(kind) = Kind::from_u8(kind) {
@@ -124,16 +130,40 @@ fn body_of(kind: Kind, body: &[u8]) {
     }
 }
 
+/// `bytes` with each whole frame at its start sealed by the played peer, the rest
+/// as it is.
+fn sealed(bytes: &[u8], keys: &mut SessionKeys) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while let Ok(Some(f)) = frame::decode(&bytes[off..], limits().frame()) {
+        if keys
+            .send
+            .seal(&f.header, f.body, limits().frame(), &mut out)
+            .is_err()
+        {
+            break;
+        }
+        off += f.wire_len();
+    }
+    out.extend_from_slice(&bytes[off..]);
+    out
+}
+
 /// Splits `bytes` into the arrivals of a connection.
 fn arrivals(bytes: &[u8], chunk: usize) -> impl Iterator<Item = &[u8]> {
-    bytes.chunks(if chunk == 0 { bytes.len().max(1) } else { chunk })
+    bytes.chunks(if chunk == 0 {
+        bytes.len().max(1)
+    } else {
+        chunk
+    })
 }
 
 /// An inbound link (this node listening); `established`: after the peer's valid
-/// Hello and Proof.
-fn listener(bytes: &[u8], established: bool, chunk: usize) {
+/// Hello and Proof; `seal`: the peer's frames sealed by the target.
+fn listener(bytes: &[u8], established: bool, seal: bool, chunk: usize) {
     let mut inbound = Inbound::new(&key(), ME, &[2, 3], NONCE_ME, limits(), 0);
     let mut out = Vec::new();
+    let mut resealed = None;
     if established {
         let mut hello = Vec::new();
         let mut peer = Handshake::dialer(&key(), PEER, ME.node_id, NONCE_PEER, &mut hello);
@@ -146,7 +176,12 @@ fn listener(bytes: &[u8], established: bool, chunk: usize) {
         ));
         let step = inbound.on_input(&proof, 0, &mut out);
         assert_eq!(step.event, Some(InboundEvent::Established(PEER)));
+        if seal {
+            let mut keys = peer.take_keys().expect("the peer is established");
+            resealed = Some(sealed(bytes, &mut keys));
+        }
     }
+    let bytes = resealed.as_deref().unwrap_or(bytes);
     let mut input = Vec::new();
     for (now, arrival) in arrivals(bytes, chunk).enumerate() {
         input.extend_from_slice(arrival);
@@ -155,10 +190,10 @@ fn listener(bytes: &[u8], established: bool, chunk: usize) {
             let step = inbound.on_input(&input, now as u64, &mut out);
             assert!(step.consumed <= input.len());
             let done = match &step.event {
-                Some(InboundEvent::Frame { header, body }) => {
-                    assert!(body.end <= step.consumed && body.len() <= FRAME_BYTES_MAX);
+                Some(InboundEvent::Frame { header }) => {
+                    assert!(inbound.body().len() <= FRAME_BYTES_MAX);
                     assert!(header.kind.is_hop() || header.kind == Kind::Reply);
-                    body_of(header.kind, &input[body.clone()]);
+                    body_of(header.kind, inbound.body());
                     false
                 }
                 Some(InboundEvent::Established(_)) => false,
@@ -177,10 +212,11 @@ fn listener(bytes: &[u8], established: bool, chunk: usize) {
 }
 
 /// An outbound link (this node dialing node 2); `established`: after node 2's
-/// valid Challenge.
-fn dialer(bytes: &[u8], established: bool, chunk: usize) {
+/// valid Challenge; `seal`: node 2's frames sealed by the target.
+fn dialer(bytes: &[u8], established: bool, seal: bool, chunk: usize) {
     let mut link: Outbound<u32> = Outbound::new(&key(), ME, PEER.node_id, 0, limits());
     let mut out = Vec::new();
+    let mut resealed = None;
     assert!(link.on_dial(NONCE_ME, 0, &mut out));
     if established {
         let mut peer = Handshake::listener(&key(), PEER, &NODES, NONCE_PEER);
@@ -189,9 +225,18 @@ fn dialer(bytes: &[u8], established: bool, chunk: usize) {
         out.clear();
         let step = link.on_input(&challenge, 0, &mut out);
         assert!(matches!(step.event, Some(LinkEvent::Up { .. })), "{step:?}");
+        // The Proof: node 2 is established too.
+        peer.receive(&out, &mut Vec::new());
         out.clear();
-        assert!(link.request(Kind::TouchBatch, b"x", 0, 7, 0, &mut out).is_ok());
+        assert!(link
+            .request(Kind::TouchBatch, b"x", 0, 7, 0, &mut out)
+            .is_ok());
+        if seal {
+            let mut keys = peer.take_keys().expect("node 2 is established");
+            resealed = Some(sealed(bytes, &mut keys));
+        }
     }
+    let bytes = resealed.as_deref().unwrap_or(bytes);
     let mut input = Vec::new();
     for (now, arrival) in arrivals(bytes, chunk).enumerate() {
         input.extend_from_slice(arrival);

@@ -49,15 +49,26 @@
 //! buffer more) is a refusal: the machine writes a `Goodbye` with the reason
 //! (unless the peer sent one) and the caller closes.
 //!
-//! What this does not give: the frames after the handshake are neither encrypted
-//! nor MACed (the inter-node network is trusted not to rewrite an established
-//! TCP stream; TLS would be the next step if it is not).
+//! What the handshake leaves behind: the link's session keys ([`SessionKeys`], see
+//! [`super::seal`]), one per direction, derived with HKDF-SHA256 from the cluster
+//! secret and the whole transcript. Extract: `prk = HMAC-SHA256(secret,
+//! label_s ‖ transcript)` (HKDF-Extract with the secret as its key and the
+//! transcript, as the MACs cover it, as input), `label_s = "imrouter rpc v4
+//! session"`; expand: `key_dl = HKDF-Expand(prk, "imrouter rpc v4 dialer to
+//! listener", 32)` and `key_ld` alike. Fresh nonces on both sides make the keys of
+//! every link new, and the two directions never share a key. Every frame after
+//! the handshake is sealed with them; the PRK and the keys are zeroized.
 
+use std::sync::Arc;
+
+use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
 
 use super::frame::{self, FrameError, FrameLimits, Header, Kind, HEADER_BYTES};
+use super::seal::{Opener, Sealer, KEY_BYTES};
 
 /// Bytes of each side's nonce.
 pub const NONCE_BYTES: usize = 32;
@@ -79,6 +90,9 @@ pub const CHALLENGE_BODY_BYTES: usize = NONCE_BYTES + TERMS_BYTES + MAC_BYTES;
 
 const LABEL_LISTENER: &[u8] = b"imrouter rpc v2 listener";
 const LABEL_DIALER: &[u8] = b"imrouter rpc v2 dialer";
+const LABEL_SESSION: &[u8] = b"imrouter rpc v4 session";
+const INFO_DIALER_TO_LISTENER: &[u8] = b"imrouter rpc v4 dialer to listener";
+const INFO_LISTENER_TO_DIALER: &[u8] = b"imrouter rpc v4 listener to dialer";
 
 /// A cluster's name (`[cluster] id`): 1 to [`CLUSTER_ID_BYTES_MAX`] bytes of ASCII
 /// letters, digits, `.`, `_` and `-` (it is printed in refusals and logs as is).
@@ -176,9 +190,12 @@ impl Terms {
     }
 }
 
-/// The cluster secret, keyed once (HMAC's inner and outer pads precomputed).
+/// The cluster secret: its bytes, shared by every link of the process and zeroized
+/// when the last one drops it. Each MAC and key derivation keys HMAC-SHA256 with
+/// it for that one use (hmac 0.12 has no zeroize support: its keyed state lives on
+/// the stack for that one computation only).
 #[derive(Clone)]
-pub struct ClusterSecret(Hmac<Sha256>);
+pub struct ClusterSecret(Arc<Zeroizing<Vec<u8>>>);
 
 impl std::fmt::Debug for ClusterSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -197,12 +214,12 @@ impl ClusterSecret {
         if secret.len() < CLUSTER_SECRET_BYTES_MIN {
             return Err(SecretTooShort(secret.len()));
         }
-        let mac = Hmac::<Sha256>::new_from_slice(secret).map_err(|_| SecretTooShort(0))?;
-        Ok(ClusterSecret(mac))
+        Ok(ClusterSecret(Arc::new(Zeroizing::new(secret.to_vec()))))
     }
 
     fn mac(&self, label: &[u8], t: &Transcript) -> [u8; MAC_BYTES] {
-        let mut mac = self.0.clone();
+        // HMAC takes a key of any length: this cannot fail.
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key");
         mac.update(label);
         for id in [
             t.dialer.node_id,
@@ -221,6 +238,54 @@ impl ClusterSecret {
 
     fn verify(&self, label: &[u8], t: &Transcript, got: &[u8]) -> bool {
         bool::from(self.mac(label, t).as_slice().ct_eq(got))
+    }
+
+    /// The session keys of the link `t` describes, seen from `role`'s side (see
+    /// the module docs).
+    fn session_keys(&self, t: &Transcript, role: Role) -> SessionKeys {
+        let prk = Zeroizing::new(self.mac(LABEL_SESSION, t));
+        // A PRK of the hash's length is always accepted.
+        let hkdf = Hkdf::<Sha256>::from_prk(prk.as_slice()).expect("a 32-byte PRK");
+        let expand = |info: &[u8]| {
+            let mut key = Zeroizing::new([0u8; KEY_BYTES]);
+            // 32 bytes are within HKDF-SHA256's 8160.
+            hkdf.expand(info, key.as_mut_slice())
+                .expect("32 bytes of output");
+            key
+        };
+        let dialer_to_listener = expand(INFO_DIALER_TO_LISTENER);
+        let listener_to_dialer = expand(INFO_LISTENER_TO_DIALER);
+        let (send, recv) = match role {
+            Role::Dialer => (dialer_to_listener, listener_to_dialer),
+            Role::Listener => (listener_to_dialer, dialer_to_listener),
+        };
+        SessionKeys {
+            send: Sealer::new(&send),
+            recv: Opener::new(&recv),
+        }
+    }
+}
+
+/// Which end of a link a machine is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Dialer,
+    Listener,
+}
+
+/// One end's keys of an established link: [`Sealer`] for the frames it sends,
+/// [`Opener`] for those it receives (the peer's sealer has this opener's key, and
+/// the other way round).
+pub struct SessionKeys {
+    /// Seals what this end sends.
+    pub send: Sealer,
+    /// Opens what it receives.
+    pub recv: Opener,
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKeys(<redacted>)")
     }
 }
 
@@ -392,6 +457,8 @@ pub struct Handshake {
     me: Identity,
     nonce: [u8; NONCE_BYTES],
     state: State,
+    /// The session keys, from the step that established the link until taken.
+    keys: Option<SessionKeys>,
 }
 
 fn handshake_header(kind: Kind, me: Identity) -> Header {
@@ -443,6 +510,7 @@ impl Handshake {
             me,
             nonce,
             state: State::DialerAwaitChallenge { peer_node_id },
+            keys: None,
         }
     }
 
@@ -460,7 +528,14 @@ impl Handshake {
             state: State::ListenerAwaitHello {
                 peers: peers.to_vec(),
             },
+            keys: None,
         }
+    }
+
+    /// The link's session keys, once established (given out once): what this side
+    /// seals its frames with and opens the peer's with.
+    pub fn take_keys(&mut self) -> Option<SessionKeys> {
+        self.keys.take()
     }
 
     /// Where the handshake stands.
@@ -578,7 +653,7 @@ impl Handshake {
     /// Dialer, step 3: verifies the Challenge and the listener's terms, answers
     /// with the Proof.
     fn on_challenge(
-        &self,
+        &mut self,
         peer_node_id: u64,
         listener: Identity,
         body: &[u8],
@@ -612,6 +687,7 @@ impl Handshake {
         terms_l.check(self.key.terms)?;
         let proof = self.key.secret.mac(LABEL_DIALER, &t);
         write(Kind::Proof, self.me, &proof, out);
+        self.keys = Some(self.key.secret.session_keys(&t, Role::Dialer));
         Ok(State::Done(Outcome::Established {
             peer_node_id: listener.node_id,
             peer_boot_id: listener.boot_id,
@@ -620,7 +696,7 @@ impl Handshake {
 
     /// Listener, end: verifies the Proof (the dialer's terms are ours by now).
     fn on_proof(
-        &self,
+        &mut self,
         dialer: Identity,
         nonce_d: [u8; NONCE_BYTES],
         sender: Identity,
@@ -641,6 +717,7 @@ impl Handshake {
         if !self.key.secret.verify(LABEL_DIALER, &t, &mac_d) {
             return Err(Refusal::BadMac);
         }
+        self.keys = Some(self.key.secret.session_keys(&t, Role::Listener));
         Ok(State::Done(Outcome::Established {
             peer_node_id: dialer.node_id,
             peer_boot_id: dialer.boot_id,

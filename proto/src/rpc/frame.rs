@@ -5,14 +5,14 @@
 //! | offset | bytes | field | meaning |
 //! |---|---|---|---|
 //! | 0 | 4 | magic | `b"IMRN"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (3) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (4) |
 //! | 5 | 1 | kind | [`Kind`] |
-//! | 6 | 2 | flags | none defined in version 3: must be 0 |
+//! | 6 | 2 | flags | none defined in version 4: must be 0 |
 //! | 8 | 8 | sender node id | the sending node's `node_id` |
 //! | 16 | 8 | sender boot id | the sending process's boot id |
 //! | 24 | 8 | request id | chosen by the requester, echoed by the reply; 0 = none |
 //! | 32 | 4 | deadline ms | **relative**: the time left for the request when it was sent, in ms; 0 = no deadline |
-//! | 36 | 4 | body len | bytes of body after the header |
+//! | 36 | 4 | body len | bytes of body after the header (after the handshake: the sealed body and its 16-byte tag, `seal`) |
 //!
 //! The deadline is relative because node clocks are not synchronised: the receiver
 //! turns it into its own absolute deadline (`now + deadline_ms`) when the frame
@@ -23,11 +23,13 @@ use bytemuck::{Pod, Zeroable};
 
 /// The 4 bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"IMRN";
-/// The wire version this code speaks (and the only one it accepts): 3 since a
-/// touch batch's answer names the routes its authority superseded (2: the
-/// handshake carries the cluster id and slot-id count, `auth`); a node of another
-/// version is refused with [`FrameError::UnsupportedVersion`] at its first frame.
-pub const WIRE_VERSION: u8 = 3;
+/// The wire version this code speaks (and the only one it accepts): 4 since every
+/// frame after the handshake is sealed (`seal`: AES-256-GCM, keys per link and
+/// direction; 3: a touch batch's answer names the routes its authority
+/// superseded; 2: the handshake carries the cluster id and slot-id count,
+/// `auth`); a node of another version is refused with
+/// [`FrameError::UnsupportedVersion`] at its first frame.
+pub const WIRE_VERSION: u8 = 4;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
 /// Largest body of a [`Kind::Ping`] (and so of its Pong).
@@ -156,7 +158,7 @@ impl Kind {
 pub struct Header {
     /// What the frame is.
     pub kind: Kind,
-    /// Flag bits; none are defined in version 3 (must be 0).
+    /// Flag bits; none are defined in version 4 (must be 0).
     pub flags: u16,
     /// The sender's node id.
     pub sender_node_id: u64,
@@ -297,11 +299,25 @@ pub fn encode(
     limits: FrameLimits,
     out: &mut Vec<u8>,
 ) -> Result<usize, FrameError> {
+    let frame_bytes = encode_header(header, body.len(), limits, out)?;
+    out.extend_from_slice(body);
+    Ok(frame_bytes)
+}
+
+/// Appends the header of a frame whose body will be `body_bytes` long (the caller
+/// appends the body: [`super::seal::Sealer`] seals it there); returns the frame's
+/// bytes. Refuses as [`encode`] does, writing nothing.
+pub fn encode_header(
+    header: &Header,
+    body_bytes: usize,
+    limits: FrameLimits,
+    out: &mut Vec<u8>,
+) -> Result<usize, FrameError> {
     if header.flags != 0 {
         return Err(FrameError::UnknownFlags(header.flags));
     }
-    let frame_bytes = HEADER_BYTES + body.len();
-    let body_len = u32::try_from(body.len())
+    let frame_bytes = HEADER_BYTES + body_bytes;
+    let body_len = u32::try_from(body_bytes)
         .ok()
         .filter(|_| frame_bytes <= limits.rpc_frame_bytes_max);
     let Some(body_len) = body_len else {
@@ -312,7 +328,6 @@ pub fn encode(
     };
     out.reserve(frame_bytes);
     out.extend_from_slice(bytemuck::bytes_of(&WireHeader::of(header, body_len)));
-    out.extend_from_slice(body);
     Ok(frame_bytes)
 }
 

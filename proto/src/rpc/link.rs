@@ -16,6 +16,13 @@
 //!   forwards the reply to that shard, whose outbound link to the replier holds the
 //!   request ([`Outbound::complete`]).
 //!
+//! # Sealing
+//! Every frame after the handshake, both ways, is sealed with the link's keys
+//! ([`super::seal`]): the machines seal what they write and open what they read,
+//! so a caller moves ciphertext only. A frame that does not open closes the link
+//! ([`LinkCloseReason::Unauthentic`]); an inbound frame's plaintext body is
+//! [`Inbound::body`].
+//!
 //! # Contract of both machines
 //! - Input: call `on_input(bytes, ..)` with the connection's whole unconsumed input
 //!   whenever new bytes arrived, then remove the step's `consumed` bytes from the
@@ -55,14 +62,14 @@
 //!   pause: replies come back on another connection).
 
 use std::collections::{BTreeSet, HashMap};
-use std::ops::Range;
 
 use super::auth::HANDSHAKE_FRAME_BYTES_MAX;
-use super::auth::{ClusterKey, Handshake, Identity, Outcome, Refusal, NONCE_BYTES};
+use super::auth::{ClusterKey, Handshake, Identity, Outcome, Refusal, SessionKeys, NONCE_BYTES};
 use super::frame::{
-    self, Frame, FrameError, FrameLimits, Header, Kind, HEADER_BYTES, PING_BODY_BYTES_MAX,
+    self, Frame, FrameError, FrameLimits, Header, Kind, PING_BODY_BYTES_MAX,
     RPC_FRAME_BYTES_MAX_DEFAULT,
 };
+use super::seal::{SealError, Unauthentic};
 use super::{check_sender, SenderMismatch};
 
 /// Default of [`LinkLimits::rpc_requests_in_flight_max`].
@@ -108,7 +115,8 @@ pub struct LinkLimits {
     pub rpc_backoff_min_ms: u64,
     /// The longest pause; each failure in a row doubles the pause up to it.
     pub rpc_backoff_max_ms: u64,
-    /// Largest frame (header and body) sent or accepted after the handshake.
+    /// Largest frame (header, body and the seal's 16-byte tag) sent or accepted
+    /// after the handshake.
     pub rpc_frame_bytes_max: usize,
 }
 
@@ -198,6 +206,11 @@ pub enum LinkCloseReason {
     /// The peer said goodbye, with this reason (lossy UTF-8, at most 256 bytes).
     #[error("the peer said goodbye: {0}")]
     PeerGoodbye(String),
+    /// A frame after the handshake that does not open with the link's key for its
+    /// direction and its counter: altered on the way, replayed, reordered, or not
+    /// from the authenticated peer.
+    #[error("{0}")]
+    Unauthentic(#[from] Unauthentic),
     /// The peer node came back with another boot id ([`Outbound::on_peer_boot`]).
     #[error("the peer restarted (boot {old_boot_id:#x} → {new_boot_id:#x})")]
     PeerRestarted {
@@ -252,6 +265,18 @@ pub enum Refused {
     /// The frame is over `rpc_frame_bytes_max`.
     #[error("{0}")]
     Frame(#[from] FrameError),
+    /// The link sealed 2^64 frames: it must be dialed anew.
+    #[error("the link's frame counter is spent")]
+    CounterSpent,
+}
+
+impl From<SealError> for Refused {
+    fn from(e: SealError) -> Refused {
+        match e {
+            SealError::Frame(e) => Refused::Frame(e),
+            SealError::CounterSpent => Refused::CounterSpent,
+        }
+    }
 }
 
 /// How a request in flight failed.
@@ -314,16 +339,19 @@ impl Heard {
     }
 }
 
-/// Appends one frame from `me`.
+/// Appends one frame from `me`: sealed with the link's sending key once it has
+/// keys (after the handshake), as is before.
+#[allow(clippy::too_many_arguments)]
 fn write(
     me: Identity,
+    keys: Option<&mut SessionKeys>,
     kind: Kind,
     request_id: u64,
     deadline_ms: u32,
     body: &[u8],
     limits: FrameLimits,
     out: &mut Vec<u8>,
-) -> Result<usize, FrameError> {
+) -> Result<usize, SealError> {
     let header = Header {
         kind,
         flags: 0,
@@ -332,12 +360,39 @@ fn write(
         request_id,
         deadline_ms,
     };
-    frame::encode(&header, body, limits, out)
+    match keys {
+        Some(keys) => keys.send.seal(&header, body, limits, out),
+        None => Ok(frame::encode(&header, body, limits, out)?),
+    }
+}
+
+/// Opens the frame `f` at the start of `wire` with the link's receiving key: its
+/// plaintext body.
+fn open<'k>(
+    keys: &'k mut Option<SessionKeys>,
+    wire: &[u8],
+    f: &Frame<'_>,
+) -> Result<&'k [u8], LinkCloseReason> {
+    match keys {
+        Some(keys) => Ok(keys.recv.open(wire, f)?),
+        // An established link always has its keys: treat the impossible as a
+        // frame that does not open.
+        None => Err(LinkCloseReason::Unauthentic(Unauthentic {
+            kind: f.header.kind,
+            counter: 0,
+        })),
+    }
 }
 
 /// Appends a Goodbye with `reason` (cut to [`GOODBYE_REASON_BYTES_MAX`] at a char
-/// boundary), unless the peer said goodbye itself.
-fn goodbye(me: Identity, reason: &LinkCloseReason, limits: FrameLimits, out: &mut Vec<u8>) {
+/// boundary), unless the peer said goodbye itself; sealed when the link has keys.
+fn goodbye(
+    me: Identity,
+    keys: Option<&mut SessionKeys>,
+    reason: &LinkCloseReason,
+    limits: FrameLimits,
+    out: &mut Vec<u8>,
+) {
     if matches!(reason, LinkCloseReason::PeerGoodbye(_)) {
         return;
     }
@@ -346,9 +401,11 @@ fn goodbye(me: Identity, reason: &LinkCloseReason, limits: FrameLimits, out: &mu
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    // At most 296 bytes, and valid limits hold a handshake frame: cannot fail.
+    // At most 296 bytes and a tag, and valid limits hold a handshake frame: fails
+    // only past 2^64 frames.
     let written = write(
         me,
+        keys,
         Kind::Goodbye,
         0,
         0,
@@ -458,6 +515,8 @@ pub struct Outbound<T> {
     last_ping_ms: u64,
     rtt_ms: Option<u64>,
     in_flight: InFlight<T>,
+    /// The session keys while up (dropped, and so zeroized, when it closes).
+    keys: Option<SessionKeys>,
 }
 
 impl<T> Outbound<T> {
@@ -487,6 +546,7 @@ impl<T> Outbound<T> {
             last_ping_ms: 0,
             rtt_ms: None,
             in_flight: InFlight::new(),
+            keys: None,
         }
     }
 
@@ -541,6 +601,7 @@ impl<T> Outbound<T> {
         }
         let handshake = Handshake::dialer(&self.key, self.me, self.peer_node_id, nonce, out);
         self.state = State::Handshaking(Box::new(handshake));
+        self.keys = None;
         self.heard = Heard::new(now_ms);
         self.last_write_ms = now_ms;
         true
@@ -577,6 +638,7 @@ impl<T> Outbound<T> {
                 };
             }
             Outcome::Established { peer_boot_id, .. } => {
+                self.keys = handshake.take_keys();
                 Some(self.established(peer_boot_id, now_ms))
             }
         };
@@ -624,13 +686,20 @@ impl<T> Outbound<T> {
                 Ok(Some(f)) => f,
                 Err(e) => break LinkCloseReason::Frame(e),
             };
+            let body = match open(&mut self.keys, &bytes[consumed..], &f) {
+                Ok(body) => body,
+                Err(reason) => break reason,
+            };
             consumed += f.wire_len();
             if let Err(mismatch) = check_sender(&f.header, peer) {
                 break LinkCloseReason::Sender(mismatch);
             }
             match f.header.kind {
-                Kind::Pong => self.on_pong(f.body, now_ms),
-                Kind::Goodbye => break peer_goodbye(f.body),
+                Kind::Pong => {
+                    let sent = <[u8; 8]>::try_from(body).ok();
+                    self.on_pong(sent, now_ms);
+                }
+                Kind::Goodbye => break peer_goodbye(body),
                 kind => break LinkCloseReason::Unexpected(kind),
             }
         };
@@ -640,15 +709,22 @@ impl<T> Outbound<T> {
         }
     }
 
-    fn on_pong(&mut self, body: &[u8], now_ms: u64) {
-        if let Ok(sent) = <[u8; 8]>::try_from(body) {
+    fn on_pong(&mut self, sent: Option<[u8; 8]>, now_ms: u64) {
+        if let Some(sent) = sent {
             self.rtt_ms = Some(now_ms.saturating_sub(u64::from_le_bytes(sent)));
         }
     }
 
     fn close(&mut self, reason: LinkCloseReason, out: &mut Vec<u8>) -> LinkEvent {
-        goodbye(self.me, &reason, self.limits.frame(), out);
+        goodbye(
+            self.me,
+            self.keys.as_mut(),
+            &reason,
+            self.limits.frame(),
+            out,
+        );
         self.state = State::Closing;
+        self.keys = None;
         LinkEvent::Close(reason)
     }
 
@@ -702,8 +778,18 @@ impl<T> Outbound<T> {
         };
         let request_id = self.next_request_id();
         let frame = self.limits.frame();
-        if let Err(e) = write(self.me, kind, request_id, deadline_ms, body, frame, out) {
-            return Err((Refused::Frame(e), token));
+        let keys = self.keys.as_mut();
+        if let Err(e) = write(
+            self.me,
+            keys,
+            kind,
+            request_id,
+            deadline_ms,
+            body,
+            frame,
+            out,
+        ) {
+            return Err((e.into(), token));
         }
         self.last_write_ms = now_ms;
         let pending = Pending {
@@ -741,7 +827,8 @@ impl<T> Outbound<T> {
     ) -> Result<(), Refused> {
         Self::check_hop(kind)?;
         self.up_boot_id()?;
-        write(self.me, kind, 0, 0, body, self.limits.frame(), out)?;
+        let frame = self.limits.frame();
+        write(self.me, self.keys.as_mut(), kind, 0, 0, body, frame, out)?;
         self.last_write_ms = now_ms;
         Ok(())
     }
@@ -757,7 +844,8 @@ impl<T> Outbound<T> {
     ) -> Result<(), Refused> {
         self.up_boot_id()?;
         let frame = self.limits.frame();
-        write(self.me, Kind::Reply, request_id, 0, body, frame, out)?;
+        let keys = self.keys.as_mut();
+        write(self.me, keys, Kind::Reply, request_id, 0, body, frame, out)?;
         self.last_write_ms = now_ms;
         Ok(())
     }
@@ -790,8 +878,11 @@ impl<T> Outbound<T> {
         }
         if matches!(self.state, State::Up { .. }) && now_ms >= self.ping_at_ms() {
             let stamp = now_ms.to_le_bytes();
-            // 8 bytes: within any valid frame limit.
-            let written = write(self.me, Kind::Ping, 0, 0, &stamp, self.limits.frame(), out);
+            // 8 bytes and a tag: within any valid frame limit (fails only past 2^64
+            // frames).
+            let frame = self.limits.frame();
+            let keys = self.keys.as_mut();
+            let written = write(self.me, keys, Kind::Ping, 0, 0, &stamp, frame, out);
             debug_assert!(written.is_ok(), "ping refused: {written:?}");
             self.last_write_ms = now_ms;
             self.last_ping_ms = now_ms;
@@ -838,6 +929,7 @@ impl<T> Outbound<T> {
             return;
         }
         self.in_flight.fail(None, Failure::LinkLost, failed);
+        self.keys = None;
         let pause_ms = self.backoff_ms - jitter_ms % (self.backoff_ms / 2 + 1);
         self.state = State::Down {
             retry_at_ms: now_ms.saturating_add(pause_ms),
@@ -854,14 +946,12 @@ impl<T> Outbound<T> {
 pub enum InboundEvent {
     /// The dialer is authenticated (frames may follow in the rest of the input).
     Established(Identity),
-    /// A request, one-way message or reply from the authenticated peer, checked
-    /// with [`check_sender`]: its body is `bytes[body]` of the input passed to this
-    /// step (dispatch it before consuming). Control frames never come out here.
+    /// A request, one-way message or reply from the authenticated peer, opened
+    /// with the link's key and checked with [`check_sender`]: its plaintext body is
+    /// [`Inbound::body`] until the next step. Control frames never come out here.
     Frame {
         /// The header (kind 16..=63 or [`Kind::Reply`]).
         header: Header,
-        /// Where the body lies in the input of this step.
-        body: Range<usize>,
     },
     /// The handshake was refused (a Goodbye is in `out` unless the peer sent one):
     /// close the connection.
@@ -894,6 +984,8 @@ pub struct Inbound {
     limits: LinkLimits,
     state: InState,
     heard: Heard,
+    /// The session keys while up (dropped, and so zeroized, when it closes).
+    keys: Option<SessionKeys>,
 }
 
 impl Inbound {
@@ -914,7 +1006,15 @@ impl Inbound {
             limits,
             state: InState::Handshaking(Box::new(Handshake::listener(key, me, peers, nonce))),
             heard: Heard::new(now_ms),
+            keys: None,
         }
+    }
+
+    /// The plaintext body of the frame the last step handed up
+    /// ([`InboundEvent::Frame`]), until the next step; meaningless after any other
+    /// event.
+    pub fn body(&self) -> &[u8] {
+        self.keys.as_ref().map_or(&[], |k| k.recv.body())
     }
 
     /// The authenticated peer, once established.
@@ -971,6 +1071,7 @@ impl Inbound {
                     node_id: peer_node_id,
                     boot_id: peer_boot_id,
                 };
+                self.keys = handshake.take_keys();
                 self.state = InState::Up(peer);
                 InboundStep {
                     consumed: step.consumed,
@@ -995,13 +1096,10 @@ impl Inbound {
             };
             let start = consumed;
             consumed += f.wire_len();
-            match self.on_frame(f, peer, out) {
+            match self.on_frame(&bytes[start..], f, peer, out) {
                 Ok(false) => {}
                 Ok(true) => {
-                    let event = InboundEvent::Frame {
-                        header: f.header,
-                        body: start + HEADER_BYTES..consumed,
-                    };
+                    let event = InboundEvent::Frame { header: f.header };
                     return InboundStep {
                         consumed,
                         event: Some(event),
@@ -1010,35 +1108,56 @@ impl Inbound {
                 Err(reason) => break reason,
             }
         };
-        goodbye(self.me, &reason, self.limits.frame(), out);
-        self.state = InState::Closed;
+        self.close(&reason, out);
         InboundStep {
             consumed: bytes.len(),
             event: Some(InboundEvent::Close(reason)),
         }
     }
 
-    /// Handles a control frame (`Ok(false)`), passes a hop or reply on
-    /// (`Ok(true)`), or says why the link must close.
+    /// Writes a Goodbye with `reason` (sealed when up) and closes; the keys are
+    /// dropped.
+    fn close(&mut self, reason: &LinkCloseReason, out: &mut Vec<u8>) {
+        goodbye(
+            self.me,
+            self.keys.as_mut(),
+            reason,
+            self.limits.frame(),
+            out,
+        );
+        self.state = InState::Closed;
+        self.keys = None;
+    }
+
+    /// Opens the frame `f` (at the start of `wire`), then handles a control frame
+    /// (`Ok(false)`), passes a hop or reply on (`Ok(true)`), or says why the link
+    /// must close.
     fn on_frame(
-        &self,
+        &mut self,
+        wire: &[u8],
         f: Frame<'_>,
         peer: Identity,
         out: &mut Vec<u8>,
     ) -> Result<bool, LinkCloseReason> {
+        let body = open(&mut self.keys, wire, &f)?;
         check_sender(&f.header, peer)?;
         match f.header.kind {
-            Kind::Ping if f.body.len() > PING_BODY_BYTES_MAX => Err(LinkCloseReason::BadPing {
-                body_bytes: f.body.len(),
+            Kind::Ping if body.len() > PING_BODY_BYTES_MAX => Err(LinkCloseReason::BadPing {
+                body_bytes: body.len(),
             }),
             Kind::Ping => {
+                let mut echo = [0u8; PING_BODY_BYTES_MAX];
+                let echo = &mut echo[..body.len()];
+                echo.copy_from_slice(body);
                 let frame = self.limits.frame();
-                // At most 64 bytes of body: within any valid frame limit.
-                let written = write(self.me, Kind::Pong, 0, 0, f.body, frame, out);
+                // At most 64 bytes of body and a tag: within any valid frame limit
+                // (fails only past 2^64 frames).
+                let keys = self.keys.as_mut();
+                let written = write(self.me, keys, Kind::Pong, 0, 0, echo, frame, out);
                 debug_assert!(written.is_ok(), "pong refused: {written:?}");
                 Ok(false)
             }
-            Kind::Goodbye => Err(peer_goodbye(f.body)),
+            Kind::Goodbye => Err(peer_goodbye(body)),
             kind if kind.is_control() => Err(LinkCloseReason::Unexpected(kind)),
             _ => Ok(true),
         }
@@ -1051,8 +1170,7 @@ impl Inbound {
             return None;
         }
         let reason = self.heard.silent(now_ms, &self.limits)?;
-        goodbye(self.me, &reason, self.limits.frame(), out);
-        self.state = InState::Closed;
+        self.close(&reason, out);
         Some(InboundEvent::Close(reason))
     }
 

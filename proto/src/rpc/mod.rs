@@ -9,6 +9,9 @@
 //!   over the cluster secret, nonces both ways, node ids, boot ids and both sides'
 //!   cluster id and slot-id count bound in: a peer of another cluster is refused by
 //!   name), one [`Handshake`] machine per side.
+//! - [`seal`]: every frame after the handshake sealed with AES-256-GCM under the
+//!   link's keys for its direction, a counter nonce per direction (a replayed,
+//!   reordered or altered frame closes the link by name).
 //! - [`link`]: the connection machines built on both. [`Outbound`] (one per
 //!   shard and peer node, the dialer): reconnection with backoff, handshake,
 //!   heartbeat Pings, requests in flight with deadlines and a bound, replies matched
@@ -27,13 +30,17 @@
 pub mod auth;
 pub mod frame;
 pub mod link;
+pub mod seal;
 
-pub use auth::{ClusterId, ClusterKey, ClusterSecret, Handshake, Identity, Outcome, Refusal, Step};
+pub use auth::{
+    ClusterId, ClusterKey, ClusterSecret, Handshake, Identity, Outcome, Refusal, SessionKeys, Step,
+};
 pub use frame::{decode, encode, Frame, FrameError, FrameLimits, Header, Kind};
 pub use link::{
     request_shard, Failure, Inbound, InboundEvent, InboundStep, LinkCloseReason, LinkEvent,
     LinkLimits, LinkState, LinkStep, Outbound, Refused,
 };
+pub use seal::{Opener, SealError, Sealer, Unauthentic};
 
 /// A frame on an established connection sent with ids other than the peer's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
