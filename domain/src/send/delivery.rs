@@ -147,9 +147,6 @@ pub fn link_room(queued_bytes: Option<usize>, limit_bytes: usize) -> usize {
 pub struct PushPlan {
     /// Bounded batches, at most `push_batch_max` endpoints each.
     pub batches: Vec<(PushTo, Vec<Endpoint>)>,
-    /// Groups whose lookup failed (stale target, not leader): those recipients are
-    /// offline for this message and catch up by sync.
-    pub failed_groups: usize,
     /// Endpoints dropped because they are the sending session itself.
     pub suppressed: usize,
     /// Endpoints of this node on a shard it does not have: dropped.
@@ -157,22 +154,17 @@ pub struct PushPlan {
 }
 
 /// Coalesces the endpoints a page's lookup found into push batches by owner (see the
-/// module docs); `failed_groups` is how many groups of the page failed (reported).
-/// An endpoint of `local_node` on a shard past `shard_count` is stale (no gateway of
+/// module docs). An endpoint of `local_node` on a shard past `shard_count` is stale (no gateway of
 /// this process made it): dropped and counted.
 pub fn plan_pushes(
     local_node: NodeId,
     shard_count: ShardId,
     found: impl IntoIterator<Item = Endpoint>,
-    failed_groups: usize,
     sender: Option<Sender>,
     push_batch_max: usize,
 ) -> PushPlan {
     assert!(push_batch_max > 0, "push_batch_max must be at least 1");
-    let mut plan = PushPlan {
-        failed_groups,
-        ..PushPlan::default()
-    };
+    let mut plan = PushPlan::default();
     // Index of the open (not yet full) batch per destination.
     let mut open: Vec<(PushTo, usize)> = Vec::new();
     for ep in found {
@@ -572,8 +564,6 @@ struct Page {
     message: u64,
     /// Its lookups not yet answered (0: complete).
     awaiting: usize,
-    /// Its groups that failed so far.
-    failed_groups: usize,
     /// The endpoints found so far, local and remote.
     endpoints: Vec<Endpoint>,
     /// Its recipients' range in its message's recipients.
@@ -697,7 +687,6 @@ impl Planner {
                 if !reply_fits(endpoints.len(), &results, groups) {
                     // A peer that answers another shape is not asked again.
                     self.counts.failed_lookups += 1;
-                    page.failed_groups += groups;
                     self.counts.failed_groups += groups as u64;
                     return true;
                 }
@@ -744,7 +733,6 @@ impl Planner {
             for t in std::mem::take(&mut page.retry) {
                 let now = view.target_for_slot(t.hash_slot);
                 if now == t || page.retries_left == 0 {
-                    page.failed_groups += 1;
                     self.counts.failed_groups += 1;
                 } else {
                     moved.push(now);
@@ -996,7 +984,6 @@ impl Planner {
         self.pages.push_back(Page {
             message: number,
             awaiting: lookups.len(),
-            failed_groups: 0,
             endpoints,
             range,
             retry,
@@ -1032,7 +1019,6 @@ impl Planner {
             limits.local_node,
             limits.shard_count,
             page.endpoints.drain(..),
-            page.failed_groups,
             sender,
             limits.push_batch_max,
         );
@@ -1299,8 +1285,7 @@ mod tests {
             boot_id: 7,
             session_id: session_id(1, 2),
         };
-        let plan = plan_pushes(1, 4, found, 1, Some(sender), 2);
-        assert_eq!(plan.failed_groups, 1);
+        let plan = plan_pushes(1, 4, found, Some(sender), 2);
         assert_eq!(plan.suppressed, 1);
         let dests: Vec<(PushTo, usize)> = plan.batches.iter().map(|(d, b)| (*d, b.len())).collect();
         assert_eq!(
@@ -1743,6 +1728,67 @@ mod planner_tests {
         let counts = rig.p.take_counts();
         assert_eq!(counts.retried_groups, l.groups.len() as u64);
         assert_eq!((counts.failed_groups, counts.failed_lookups), (0, 1));
+    }
+
+    /// Item 7: a retry of a later message's page (the first one delivered and
+    /// gone) looks up that page's own recipients.
+    #[test]
+    fn a_retry_of_a_later_messages_page_looks_up_its_own_recipients() {
+        let first = delivery(1, led_by(ME, "a", 2));
+        let second = delivery(2, led_by(2, "b", 3));
+        let mut rig = Rig::new(vec![first, second]);
+        let (freed, _, pushes, lookups) = rig.pump();
+        assert_eq!((freed, pushes.len()), (CHARGE, 1), "the first message went");
+        let l = &lookups[0];
+        let (slot, uids) = (
+            l.groups[0].0.hash_slot,
+            l.groups().next().unwrap().1.to_vec(),
+        );
+        rig.view = rig.view.with_leaders(&[(slot, 3)]);
+        assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
+        let (_, _, pushes, retried) = rig.pump();
+        assert!(pushes.is_empty());
+        assert_eq!(sorted(retried[0].uids.clone()), sorted(uids));
+        assert!(rig
+            .p
+            .on_lookup_reply(retried[0].lookup_id, found(&retried[0], &[])));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(led_by(2, "b", 3)));
+        assert_eq!(pushes[0].1, 2);
+        assert_eq!(freed, CHARGE);
+    }
+
+    /// Item 7: a page behind the head retries its own groups while the head still
+    /// waits; pushes keep page order.
+    #[test]
+    fn a_page_behind_the_head_retries_its_own_groups() {
+        let first = delivery(1, led_by(2, "b", 1));
+        let second = delivery(2, led_by(2, "c", 1));
+        let mut rig = Rig::new(vec![first, second]);
+        rig.limits.lookup_pages_in_flight_max = 2;
+        let (_, _, _, lookups) = rig.pump();
+        let (head, behind) = (&lookups[0], &lookups[1]);
+        assert_eq!((head.message_id, behind.message_id), (1, 2));
+        let slot = behind.groups[0].0.hash_slot;
+        rig.view = rig.view.with_leaders(&[(slot, 3)]);
+        assert!(rig.p.on_lookup_reply(behind.lookup_id, found(behind, &[0])));
+        let (_, _, pushes, retried) = rig.pump();
+        assert!(pushes.is_empty(), "the head still waits");
+        assert_eq!(
+            (retried[0].node, retried[0].uids.clone()),
+            (3, led_by(2, "c", 1))
+        );
+        assert!(rig
+            .p
+            .on_lookup_reply(retried[0].lookup_id, found(&retried[0], &[])));
+        assert!(rig.p.on_lookup_reply(head.lookup_id, found(head, &[])));
+        let (_, _, pushes, _) = rig.pump();
+        let order: Vec<i64> = pushes.iter().map(|p| p.1).collect();
+        assert_eq!(order, vec![1, 2]);
+        assert_eq!(
+            all_pushed(&pushes),
+            sorted([led_by(2, "b", 1), led_by(2, "c", 1)].concat())
+        );
     }
 
     /// Item 7, bounded: a page retries its failed groups `lookup_retries_max`
