@@ -268,12 +268,12 @@ fn dial_to_a_closed_port_fails(backend: Backend) {
     assert_eq!(st.outbound_bytes, 0);
 }
 
-/// Dials count against `max_connections_per_shard` like accepted connections: a
+/// Dials and accepted links count against `rpc_links_per_shard_max` (the links' own cap): a
 /// dial past it is refused with an error, an accept past it is reset, and a slot
 /// freed by a close makes room again.
-fn the_connection_cap_refuses_a_dial(backend: Backend) {
+fn the_link_cap_refuses_a_dial(backend: Backend) {
     let config = NetConfig {
-        max_connections_per_shard: 1,
+        rpc_links_per_shard_max: 1,
         ..NetConfig::default()
     };
     let (mut server, addr) = Side::listening(backend, &NetConfig::default(), 64);
@@ -348,6 +348,6 @@ suite!(
     dial_exchange_and_close,
     bytes_sent_before_connected_arrive,
     dial_to_a_closed_port_fails,
-    the_connection_cap_refuses_a_dial,
+    the_link_cap_refuses_a_dial,
     a_pending_dial_times_out,
 );
