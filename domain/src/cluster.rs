@@ -212,15 +212,24 @@ impl ClusterView {
     }
 
     /// The next view with the leadership of each hash slot of `moves` given to its
-    /// node (a slot move or a drain, one view change): each moved hash slot's term
-    /// advances, and the routing revision advances once. Moving a slot to its own
-    /// leader still advances its term (the authority rebuilds it).
-    pub fn with_leaders(&self, moves: &[(HashSlot, NodeId)]) -> ClusterView {
+    /// node, a slot move or a drain made through node `by` (one view change): each
+    /// moved hash slot's term advances to [`next_term`], and the routing revision
+    /// advances once. Moving a slot to its own leader still advances its term (the
+    /// authority rebuilds it).
+    ///
+    /// `by` must be one of the view's nodes: the term names the node that made the
+    /// move, so moves of one slot made at once through two nodes never reach the
+    /// same term, and [`ClusterView::merge`] keeps the one of the higher term
+    /// everywhere instead of dropping one of two equal ones.
+    pub fn with_leaders(&self, by: NodeId, moves: &[(HashSlot, NodeId)]) -> ClusterView {
+        let rank = self.nodes.iter().position(|&n| n == by);
+        assert!(rank.is_some(), "node {by} moves slots of a view without it");
+        let (rank, n) = (rank.unwrap_or(0) as Term, self.nodes.len() as Term);
         let mut view = self.clone();
         for &(h, leader_node_id) in moves {
             let slot = &mut view.slots[h as usize];
             slot.leader_node_id = leader_node_id;
-            slot.leader_term += 1;
+            slot.leader_term = next_term(slot.leader_term, rank, n);
         }
         view.revision += 1;
         view
@@ -269,6 +278,17 @@ impl ClusterView {
     pub fn target_for_uid(&self, uid: &str) -> Target {
         self.target_for_slot(hash_slot(uid.as_bytes()))
     }
+}
+
+/// The term a move through the node of rank `rank` (its place in the view's node
+/// list of `nodes` nodes) gives a slot at term `term`: the lowest term above it that
+/// is `rank` modulo `nodes`. A term then names its mover, so two nodes never give
+/// one slot the same term, and one node's own moves of a slot only go up. (No move
+/// makes term 1, every slot's first: moves make terms above 1.)
+pub fn next_term(term: Term, rank: Term, nodes: Term) -> Term {
+    debug_assert!(rank < nodes, "rank {rank} of {nodes} nodes");
+    let above = term + 1;
+    above + (rank + nodes - above % nodes) % nodes
 }
 
 /// The 256 slot leaders on the inter-node wire: a sequence of exactly 256.
@@ -418,22 +438,23 @@ mod move_tests {
     #[test]
     fn a_move_advances_the_moved_terms_and_the_revision_once() {
         let view = ClusterView::initial(&[1, 2, 3], 3).unwrap();
-        let moved = view.with_leaders(&[(0, 2), (200, 2), (201, 1)]);
+        let moved = view.with_leaders(1, &[(0, 2), (200, 2), (201, 1)]);
         assert_eq!(moved.revision, view.revision + 1);
         assert_eq!(moved.config_epoch, view.config_epoch);
         for h in 0..HASH_SLOTS {
             let (before, after) = (view.slots[h], moved.slots[h]);
             assert_eq!(after.slot_id, before.slot_id, "hash slot {h}");
             match h {
-                0 | 200 => assert_eq!((after.leader_node_id, after.leader_term), (2, 2)),
-                201 => assert_eq!((after.leader_node_id, after.leader_term), (1, 2)),
+                // Node 1, first of three, moves: the term above 1 that is 0 mod 3.
+                0 | 200 => assert_eq!((after.leader_node_id, after.leader_term), (2, 3)),
+                201 => assert_eq!((after.leader_node_id, after.leader_term), (1, 3)),
                 _ => assert_eq!(after, before, "hash slot {h} did not move"),
             }
         }
         assert_eq!(view.merge(&moved), Some(moved.clone()), "a move spreads");
         // A move to the current leader is a move too: its term advances.
-        let again = moved.with_leaders(&[(0, 2)]);
-        assert_eq!(again.slots[0].leader_term, 3);
+        let again = moved.with_leaders(1, &[(0, 2)]);
+        assert_eq!(again.slots[0].leader_term, 6);
         assert_eq!(again.revision, view.revision + 2);
     }
 
@@ -458,7 +479,7 @@ mod move_tests {
         }
         assert!(view.drain_moves(1, &[]).is_empty());
         assert!(view.drain_moves(7, &[2]).is_empty(), "node 7 leads nothing");
-        let drained = view.with_leaders(&moves);
+        let drained = view.with_leaders(1, &moves);
         assert!(drained.slots.iter().all(|s| s.leader_node_id != 1));
     }
 }
@@ -474,8 +495,8 @@ mod merge_tests {
     #[test]
     fn two_moves_made_at_one_revision_through_two_nodes_both_survive() {
         let (a, b) = (
-            base().with_leaders(&[(1, 2)]),
-            base().with_leaders(&[(100, 3)]),
+            base().with_leaders(1, &[(1, 2)]),
+            base().with_leaders(1, &[(100, 3)]),
         );
         assert_eq!(a.revision, b.revision);
         let at_a = a.merge(&b).expect("b brings its move");
@@ -494,15 +515,15 @@ mod merge_tests {
     fn a_term_never_goes_back_whatever_the_revision() {
         // Node A moved hash slot 1 twice (term 3); node B, which missed that, moved
         // hash slot 2 three times: a higher revision with an older term for slot 1.
-        let a = base().with_leaders(&[(1, 2)]).with_leaders(&[(1, 3)]);
+        let a = base().with_leaders(1, &[(1, 2)]).with_leaders(1, &[(1, 3)]);
         let b = base()
-            .with_leaders(&[(2, 2)])
-            .with_leaders(&[(2, 3)])
-            .with_leaders(&[(2, 1)]);
+            .with_leaders(1, &[(2, 2)])
+            .with_leaders(1, &[(2, 3)])
+            .with_leaders(1, &[(2, 1)]);
         assert!(b.revision > a.revision);
         let m = a.merge(&b).expect("b brings slot 2's moves");
-        assert_eq!((m.slots[1].leader_node_id, m.slots[1].leader_term), (3, 3));
-        assert_eq!((m.slots[2].leader_node_id, m.slots[2].leader_term), (1, 4));
+        assert_eq!((m.slots[1].leader_node_id, m.slots[1].leader_term), (3, 6));
+        assert_eq!((m.slots[2].leader_node_id, m.slots[2].leader_term), (1, 9));
         assert!(m.revision >= b.revision);
         let back = b.merge(&a).expect("a brings slot 1's moves");
         assert_eq!(back.slots, m.slots);
@@ -515,19 +536,53 @@ mod merge_tests {
 
     #[test]
     fn an_older_view_brings_nothing_and_a_newer_revision_of_the_same_slots_is_taken() {
-        let a = base().with_leaders(&[(1, 2)]);
+        let a = base().with_leaders(1, &[(1, 2)]);
         assert_eq!(a.merge(&base()), None, "older: nothing new");
         let mut same = a.clone();
         same.revision += 3;
         let m = a.merge(&same).expect("the revision moves on");
         assert_eq!((m.slots, m.revision), (a.slots, same.revision));
-        // The same slot moved at one term to two leaders: one answer everywhere.
-        let (x, y) = (
-            base().with_leaders(&[(5, 2)]),
-            base().with_leaders(&[(5, 3)]),
-        );
-        let (at_x, at_y) = (x.merge(&y), y.merge(&x));
-        let winner = |m: Option<ClusterView>, own: &ClusterView| m.unwrap_or_else(|| own.clone());
-        assert_eq!(winner(at_x, &x).slots[5], winner(at_y, &y).slots[5]);
+    }
+
+    /// Issue "Cluster defects found in a review…", item 10 (the drill's finding):
+    /// two moves of one slot made at once through two nodes reached the same term,
+    /// and the merge dropped one of them after its call had answered 200. Now the
+    /// term names the mover: the two differ, the higher wins everywhere, and the
+    /// other is superseded (a lower term), never tied.
+    #[test]
+    fn two_moves_of_one_slot_through_two_nodes_never_share_a_term() {
+        for (by_x, by_y) in [(1, 2), (2, 3), (3, 1)] {
+            let x = base().with_leaders(by_x, &[(5, 2)]);
+            let y = base().with_leaders(by_y, &[(5, 3)]);
+            let (tx, ty) = (x.slots[5].leader_term, y.slots[5].leader_term);
+            assert_ne!(tx, ty, "moves through nodes {by_x} and {by_y}");
+            let at_x = x.merge(&y).unwrap_or_else(|| x.clone());
+            let at_y = y.merge(&x).unwrap_or_else(|| y.clone());
+            assert_eq!(at_x.slots[5], at_y.slots[5], "one answer everywhere");
+            let won = if tx > ty { x.slots[5] } else { y.slots[5] };
+            assert_eq!(at_x.slots[5], won, "the higher term wins");
+        }
+        // Node 2 had already seen node 1's move when node 3 moved from the base:
+        // still distinct terms.
+        let x = base().with_leaders(1, &[(5, 2)]).with_leaders(2, &[(5, 1)]);
+        let y = base().with_leaders(3, &[(5, 3)]);
+        assert_ne!(x.slots[5].leader_term, y.slots[5].leader_term);
+    }
+
+    #[test]
+    fn the_next_term_is_the_lowest_above_that_names_the_mover() {
+        for nodes in 1..=7 {
+            for term in 0..40 {
+                for rank in 0..nodes {
+                    let t = next_term(term, rank, nodes);
+                    assert!(t > term, "a move's term goes up ({term} -> {t})");
+                    assert!(t <= term + nodes, "and by at most the node count");
+                    assert_eq!(t % nodes, rank, "the term names its mover");
+                }
+            }
+        }
+        // A node alone keeps counting one by one.
+        assert_eq!(next_term(1, 0, 1), 2);
+        assert_eq!(next_term(2, 0, 1), 3);
     }
 }

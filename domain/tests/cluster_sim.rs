@@ -122,7 +122,7 @@ fn first_failure(bugs: Bugs) -> Option<(u64, String)> {
 
 #[test]
 fn cluster_sim_catches_planted_bugs() {
-    let planted: [(&str, Bugs, &[&str]); 4] = [
+    let planted: [(&str, Bugs, &[&str]); 6] = [
         (
             "a touch answer's superseded routes dropped",
             Bugs {
@@ -154,6 +154,22 @@ fn cluster_sim_catches_planted_bugs() {
                 ..Bugs::default()
             },
             &["no ghost"],
+        ),
+        (
+            "a node's view not kept across its restart",
+            Bugs {
+                view_not_saved: true,
+                ..Bugs::default()
+            },
+            &["no move lost"],
+        ),
+        (
+            "two nodes' moves of one slot reach the same term",
+            Bugs {
+                moves_share_terms: true,
+                ..Bugs::default()
+            },
+            &["no move lost"],
         ),
     ];
     for (name, bugs, expected) in planted {

@@ -19,6 +19,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::time::Duration;
 
 use engine::activation::AuthorityRequest;
@@ -54,6 +55,16 @@ fn node_1_with(
     ports: &[u16],
     tune: impl FnOnce(&mut engine::node::NodeConfig),
 ) -> (Node, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = node_1_config(backend, ports, dir.path());
+    tune(&mut c);
+    let rpc_addr = c.rpc_addr.unwrap();
+    let node = Node::start(c).unwrap();
+    (node, rpc_addr, dir)
+}
+
+/// Node 1's config with its data in `dir` (see [`node_1_on`] for `ports`).
+fn node_1_config(backend: Backend, ports: &[u16], dir: &Path) -> engine::node::NodeConfig {
     let member = |id: u64, i: usize| ClusterNode {
         id,
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
@@ -63,18 +74,15 @@ fn node_1_with(
         wss_addr: None,
     };
     let members = vec![member(1, 0), member(2, 1)];
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = support::config(dir.path(), backend);
+    let mut c = support::config(dir, backend);
     c.node_id = 1;
     c.runtime.shard_count = 1;
     c.rpc_addr = Some(members[0].rpc_addr);
-    c.cluster.nodes = members.clone();
+    c.cluster.nodes = members;
     c.cluster.slot_ids = SLOT_IDS;
     c.cluster.secret = Secret::new(SECRET.into());
     c.token_auth = false;
-    tune(&mut c);
-    let node = Node::start(c).unwrap();
-    (node, members[0].rpc_addr, dir)
+    c
 }
 
 /// A link from "node 2" to node 1, handshake done; node 1's boot id.
@@ -483,6 +491,63 @@ fn a_tampered_byte_on_a_link_closes_it_and_is_counted(backend: Backend) {
         1
     );
     node.shutdown().unwrap();
+}
+
+/// Issue 26, item 10 (moves lost): a slot move answered 200 is saved in the data
+/// dir before it is answered, so it survives the node's restart while no peer has
+/// it (node 2 is down here: the move lives only on node 1). After the restart the
+/// view still has it, and the node's next move of the slot takes a higher term
+/// than the one it gave before (a reused term would tie with the lost move's in
+/// every merge). A move refused for its revision still says why (409).
+#[test]
+fn a_slot_move_survives_the_restart_of_the_node_that_made_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = support::cluster::free_ports(4);
+    let c = node_1_config(Backend::Mio, &ports, dir.path());
+    let node = Node::start(c.clone()).unwrap();
+    let before = node.shared().view().as_ref().clone();
+    let moved = node.shared().move_leaders(&[7], 2, None).unwrap();
+    assert_eq!(moved.slots[7].leader_node_id, 2);
+    assert!(moved.slots[7].leader_term > before.slots[7].leader_term);
+    let refused = node
+        .shared()
+        .move_leaders(&[7], 1, Some(before.revision))
+        .unwrap_err();
+    assert_eq!(refused.status(), 409, "{refused}");
+    assert!(
+        refused.to_string().contains("GET /cluster/slots"),
+        "{refused}"
+    );
+    node.shutdown().unwrap();
+
+    let node = Node::start(c).unwrap();
+    let after = node.shared().view().as_ref().clone();
+    assert_eq!(
+        after.slots[7], moved.slots[7],
+        "the move survived the restart"
+    );
+    assert!(after.revision >= moved.revision);
+    let again = node.shared().move_leaders(&[7], 1, None).unwrap();
+    assert!(
+        again.slots[7].leader_term > moved.slots[7].leader_term,
+        "terms {} then {}",
+        moved.slots[7].leader_term,
+        again.slots[7].leader_term
+    );
+    // A move that cannot be saved is not made (500, and the view stays): a non-empty
+    // directory where the file goes makes its rename fail.
+    let file = saved_view_file(dir.path());
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir_all(file.join("blocker")).unwrap();
+    let refused = node.shared().move_leaders(&[7], 2, None).unwrap_err();
+    assert_eq!(refused.status(), 500, "{refused}");
+    assert_eq!(*node.shared().view(), *again, "nothing moved");
+    node.shutdown().unwrap();
+}
+
+/// Where node 1 saves its view.
+fn saved_view_file(dir: &Path) -> std::path::PathBuf {
+    dir.join(engine::store::view::VIEW_FILE)
 }
 
 on_both_drivers!(

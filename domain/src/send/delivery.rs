@@ -1687,7 +1687,7 @@ mod planner_tests {
         let (_, _, _, lookups) = rig.pump();
         let l = &lookups[0];
         let (moved, uids) = (l.groups[0].0, l.groups().next().unwrap().1.to_vec());
-        rig.view = rig.view.with_leaders(&[(moved.hash_slot, 3)]);
+        rig.view = rig.view.with_leaders(1, &[(moved.hash_slot, 3)]);
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
         let (_, work, pushes, retried) = rig.pump();
         assert!(pushes.is_empty(), "the page waits for its retried group");
@@ -1718,7 +1718,7 @@ mod planner_tests {
         let l = &lookups[0];
         let moves: Vec<(crate::cluster::HashSlot, NodeId)> =
             l.groups.iter().map(|(t, _)| (t.hash_slot, ME)).collect();
-        rig.view = rig.view.with_leaders(&moves);
+        rig.view = rig.view.with_leaders(1, &moves);
         let lost = LookupReply::Failed(LookupFailure::PeerDown);
         assert!(rig.p.on_lookup_reply(l.lookup_id, lost));
         let (freed, _, pushes, more) = rig.pump();
@@ -1744,7 +1744,7 @@ mod planner_tests {
             l.groups[0].0.hash_slot,
             l.groups().next().unwrap().1.to_vec(),
         );
-        rig.view = rig.view.with_leaders(&[(slot, 3)]);
+        rig.view = rig.view.with_leaders(1, &[(slot, 3)]);
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
         let (_, _, pushes, retried) = rig.pump();
         assert!(pushes.is_empty());
@@ -1770,7 +1770,7 @@ mod planner_tests {
         let (head, behind) = (&lookups[0], &lookups[1]);
         assert_eq!((head.message_id, behind.message_id), (1, 2));
         let slot = behind.groups[0].0.hash_slot;
-        rig.view = rig.view.with_leaders(&[(slot, 3)]);
+        rig.view = rig.view.with_leaders(1, &[(slot, 3)]);
         assert!(rig.p.on_lookup_reply(behind.lookup_id, found(behind, &[0])));
         let (_, _, pushes, retried) = rig.pump();
         assert!(pushes.is_empty(), "the head still waits");
@@ -1801,11 +1801,11 @@ mod planner_tests {
         let (_, _, _, lookups) = rig.pump();
         let l = &lookups[0];
         let slot = l.groups[0].0.hash_slot;
-        rig.view = rig.view.with_leaders(&[(slot, 3)]);
+        rig.view = rig.view.with_leaders(1, &[(slot, 3)]);
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
         let (_, _, _, retried) = rig.pump();
         let r = &retried[0];
-        rig.view = rig.view.with_leaders(&[(slot, 2)]);
+        rig.view = rig.view.with_leaders(1, &[(slot, 2)]);
         assert!(rig.p.on_lookup_reply(r.lookup_id, found(r, &[0])));
         let (freed, _, pushes, more) = rig.pump();
         assert!(more.is_empty() && pushes.is_empty(), "{more:?} {pushes:?}");

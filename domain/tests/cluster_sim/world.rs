@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use domain::cluster::{ClusterView, NodeId, Target};
+use domain::cluster::{ClusterView, NodeId, Target, Term};
 use domain::hop::{on_no_answer, HopKind, NoAnswer, NoAnswerAction};
 use domain::presence::activation::{
     Activation, ActivationConfig, ActivationId, AuthorityRequest, Event, Output, OwnerActionFailed,
@@ -62,6 +62,12 @@ pub struct Bugs {
     /// A request whose answer was lost is taken for one never sent (the ghost
     /// route of "Cluster defects found in a review…", item 8).
     pub lost_as_not_sent: bool,
+    /// A node does not keep its view across a restart (a move it made and had not
+    /// spread yet is lost with the crash, and its next moves reuse its terms).
+    pub view_not_saved: bool,
+    /// A move gives its slot the term above the old one whoever moves it (two
+    /// moves made at once through two nodes tie, and the merge drops one).
+    pub moves_share_terms: bool,
 }
 
 /// The shape of one seed's cluster.
@@ -224,6 +230,12 @@ pub struct World {
     violations: Vec<String>,
     /// Answers made during a caller's turn, handled after it.
     later: Vec<(Addr, Pending, NoAnswerAction)>,
+    /// Every slot move made (an operator's call answered 200): the hash slot, the
+    /// leader and the term the moving node's view gave it.
+    moves_made: Vec<(HashSlot, NodeId, Term)>,
+    /// Each node's view as saved on its disk (every installed view, before a move
+    /// is answered): what survives its crashes.
+    saved_views: BTreeMap<NodeId, ClusterView>,
     pub stats: Stats,
 }
 
@@ -279,6 +291,8 @@ impl World {
             next_session: 1,
             next_boot: 100,
             later: Vec::new(),
+            moves_made: Vec::new(),
+            saved_views: BTreeMap::new(),
             quiet: false,
             trace_uid: std::env::var("CLUSTER_SIM_TRACE").ok(),
             violations: Vec::new(),
@@ -952,6 +966,9 @@ impl World {
             return;
         };
         self.node_mut(node).view = joined.clone();
+        if !self.bugs.view_not_saved {
+            self.saved_views.insert(node, joined.clone());
+        }
         let now_ms = self.now_ms;
         for s in 0..self.shape.shards {
             let shard = self.shard_mut((node, s as ShardId));
@@ -991,7 +1008,16 @@ impl World {
             return;
         }
         self.stats.moves += 1;
-        let next = view.with_leaders(&moves);
+        let mut next = view.with_leaders(at, &moves);
+        if self.bugs.moves_share_terms {
+            for &(h, _) in &moves {
+                next.slots[h as usize].leader_term = view.slots[h as usize].leader_term + 1;
+            }
+        }
+        for &(h, _) in &moves {
+            let s = next.slots[h as usize];
+            self.moves_made.push((h, s.leader_node_id, s.leader_term));
+        }
         self.install_view(at, &next);
     }
 
@@ -1070,6 +1096,10 @@ impl World {
         let initial = {
             let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
             ClusterView::initial(&ids, self.slot_ids).expect("valid")
+        };
+        let initial = match self.saved_views.get(&id) {
+            Some(saved) => initial.merge(saved).unwrap_or(initial),
+            None => initial,
         };
         let node = self.boot_node(id, boot, &initial);
         self.nodes[id as usize - 1] = node;
@@ -1335,7 +1365,25 @@ impl World {
                 ));
             }
         }
+        self.check_no_move_lost(view)?;
         self.check_no_ghost(view)
+    }
+
+    /// **No move lost**: every move answered 200 is in the converged view or
+    /// superseded by a later one (a higher term): never dropped for another move at
+    /// the same term (two moves of one slot made at once through two nodes).
+    fn check_no_move_lost(&self, view: &ClusterView) -> Result<(), String> {
+        for &(h, leader, term) in &self.moves_made {
+            let now = view.slots[h as usize];
+            if now.leader_term < term || (now.leader_term == term && now.leader_node_id != leader) {
+                return Err(format!(
+                    "no move lost: hash slot {h} was moved to node {leader} at term {term}, \
+                     the converged view has node {} at term {}",
+                    now.leader_node_id, now.leader_term
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// **No ghost**: every active route of a live process names a session active at

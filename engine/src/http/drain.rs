@@ -60,7 +60,8 @@ impl Api {
         let revision = if moves.is_empty() {
             self.shared.view().revision
         } else {
-            let view = self.shared.move_leaders_each(&moves);
+            let view = (self.shared.move_leaders_each(&moves))
+                .map_err(|refused| Reply::error(refused.status(), refused.to_string()))?;
             self.send_to_shards(|| Msg::View(view.clone()))?;
             view.revision
         };

@@ -997,16 +997,7 @@ impl Api {
         let view = self
             .shared
             .move_leaders(&r.hash_slots, r.leader_node_id, r.revision)
-            .map_err(|current| {
-                Reply::error(
-                    409,
-                    format!(
-                        "the view is at revision {current}, not {}: read GET /cluster/slots \
-                         and move again",
-                        r.revision.unwrap_or_default()
-                    ),
-                )
-            })?;
+            .map_err(|refused| Reply::error(refused.status(), refused.to_string()))?;
         for inj in &self.injectors {
             inj.send(Msg::View(view.clone())).map_err(|_| {
                 Reply::error(

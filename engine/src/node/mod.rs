@@ -590,30 +590,41 @@ impl NodeShared {
 
     /// Moves the leadership of `hash_slots` to `leader_node_id` (a failover drill),
     /// if the view is still at revision `expected` (when given): each moved slot's
-    /// term advances, and so does the routing revision. Returns the new view, which
-    /// the caller sends to every shard, or the current revision when it is not the
-    /// expected one (nothing moved).
+    /// term advances, and so does the routing revision. The new view is saved in
+    /// the data dir before it is installed ([`crate::store::view`]). Returns it,
+    /// which the caller sends to every shard, or why nothing moved: the current
+    /// revision when it is not the expected one, or the save's error.
     pub fn move_leaders(
         &self,
         hash_slots: &[u16],
         leader_node_id: NodeId,
         expected: Option<crate::cluster::Revision>,
-    ) -> Result<Arc<ClusterView>, crate::cluster::Revision> {
+    ) -> Result<Arc<ClusterView>, MoveRefused> {
         let moves: Vec<(u16, NodeId)> = hash_slots.iter().map(|&s| (s, leader_node_id)).collect();
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        if expected.is_some_and(|r| r != guard.revision) {
-            return Err(guard.revision);
+        if let Some(expected) = expected.filter(|&r| r != guard.revision) {
+            return Err(MoveRefused::Revision {
+                expected,
+                current: guard.revision,
+            });
         }
-        *guard = Arc::new(guard.with_leaders(&moves));
+        let next = guard.with_leaders(self.config.node_id, &moves);
+        crate::store::view::save(&self.config.data_dir, &next).map_err(MoveRefused::Save)?;
+        *guard = Arc::new(next);
         Ok(guard.clone())
     }
 
     /// [`NodeShared::move_leaders`] with a new leader per hash slot, in one view
-    /// change (one revision).
-    pub fn move_leaders_each(&self, moves: &[(u16, NodeId)]) -> Arc<ClusterView> {
+    /// change (one revision), whatever the revision.
+    pub fn move_leaders_each(
+        &self,
+        moves: &[(u16, NodeId)],
+    ) -> Result<Arc<ClusterView>, MoveRefused> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        *guard = Arc::new(guard.with_leaders(moves));
-        guard.clone()
+        let next = guard.with_leaders(self.config.node_id, moves);
+        crate::store::view::save(&self.config.data_dir, &next).map_err(MoveRefused::Save)?;
+        *guard = Arc::new(next);
+        Ok(guard.clone())
     }
 
     /// Marks the node draining (`POST /node/drain`): from now on `/readyz` is 503
@@ -645,9 +656,16 @@ impl NodeShared {
     /// slot by slot the higher term, so moves made through different nodes are all
     /// kept and no term goes back); gives the joined view back installed, or `None`
     /// when `view` brought nothing new.
+    ///
+    /// The joined view is saved in the data dir first ([`crate::store::view`]; a
+    /// rare, small fsync on the shard that got it). A failed save is logged and the
+    /// view installed anyway: it came from a peer, which holds it.
     pub fn install_view(&self, view: ClusterView) -> Option<Arc<ClusterView>> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
         let merged = guard.merge(&view)?;
+        if let Err(e) = crate::store::view::save(&self.config.data_dir, &merged) {
+            tracing::error!(error = %e, revision = merged.revision, "saving the cluster view failed");
+        }
         *guard = Arc::new(merged);
         Some(guard.clone())
     }
@@ -655,6 +673,42 @@ impl NodeShared {
     /// A lock-free reader of every hash slot's routes.
     pub fn authority_reader(&self) -> AuthorityReader {
         AuthorityReader::new(&self.directory)
+    }
+}
+
+/// Why a slot move ([`NodeShared::move_leaders`]) moved nothing.
+#[derive(Debug)]
+pub enum MoveRefused {
+    /// The view is not at the revision the move expected (HTTP 409).
+    Revision {
+        expected: crate::cluster::Revision,
+        current: crate::cluster::Revision,
+    },
+    /// The new view could not be saved in the data dir (HTTP 500): a move answered
+    /// 200 must survive this node's crash.
+    Save(io::Error),
+}
+
+impl std::fmt::Display for MoveRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MoveRefused::Revision { expected, current } => write!(
+                f,
+                "the view is at revision {current}, not {expected}: read GET /cluster/slots \
+                 and move again"
+            ),
+            MoveRefused::Save(e) => write!(f, "the moved view could not be saved: {e}"),
+        }
+    }
+}
+
+impl MoveRefused {
+    /// The HTTP status of this refusal.
+    pub fn status(&self) -> u16 {
+        match self {
+            MoveRefused::Revision { .. } => 409,
+            MoveRefused::Save(_) => 500,
+        }
     }
 }
 
@@ -894,6 +948,36 @@ fn open_data_dir(config: &NodeConfig) -> io::Result<Catalog> {
         .map_err(|e| io::Error::other(format!("metadata store {}: {e}", meta_dir.display())))?;
     tracing::info!(?recovery, "metadata store opened");
     Ok(catalog)
+}
+
+/// `configured` (the view of the config) joined with the view this node saved in
+/// its data dir ([`crate::store::view`]): slot moves made before a restart hold.
+/// A saved view of another cluster cannot be (the layout record refuses another
+/// node list or slot id count first); one that does not fit anyway is refused.
+fn with_saved_view(config: &NodeConfig, configured: ClusterView) -> io::Result<ClusterView> {
+    let Some(saved) = crate::store::view::load(&config.data_dir)? else {
+        return Ok(configured);
+    };
+    let slot_ids = if configured.nodes.len() > 1 {
+        config.cluster.slot_ids
+    } else {
+        crate::cluster::MAX_SLOT_IDS
+    };
+    saved.check(&configured.nodes, slot_ids).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: {e}",
+                config
+                    .data_dir
+                    .join(crate::store::view::VIEW_FILE)
+                    .display()
+            ),
+        )
+    })?;
+    let view = configured.merge(&saved).unwrap_or(configured);
+    tracing::info!(revision = view.revision, "saved cluster view loaded");
+    Ok(view)
 }
 
 /// The client listeners of a node: one TCP and one WebSocket listener per shard (each
@@ -1145,6 +1229,7 @@ impl Node {
         let directory =
             Directory::new(&config.authority).map_err(|e| io::Error::other(format!("{e:?}")))?;
         let catalog = open_data_dir(&config)?;
+        let initial_view = with_saved_view(&config, initial_view)?;
         let shard_metrics = (0..shards)
             .map(|_| Arc::new(ShardMetrics::default()))
             .collect();

@@ -12,6 +12,8 @@
 //! - [`refill_idempotency`]: the idempotency window (`domain::send::idempotency`) refilled
 //!   from a log at start.
 //! - [`meta`]: [`MetaStore`], tokens and subscribers with a fsynced journal and snapshots.
+//! - [`view`]: `DATA_DIR/view.json`, the cluster view last installed (slot moves
+//!   survive a restart).
 //!
 //! Everything here is owned by one thread (a shard or the API), except the
 //! [`SyncJob`]s a shard hands to its syncer thread; it takes time as an argument; the
@@ -22,6 +24,7 @@ pub mod layout;
 pub mod log;
 pub mod meta;
 pub mod record;
+pub mod view;
 
 pub use domain::send::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
 pub use domain::send::idgen::MessageIdGen;
