@@ -1,4 +1,6 @@
-//! One non-blocking wkproto client connection (TCP or WebSocket) for the load loops.
+//! One non-blocking client connection for the load loops: wkproto over TCP or
+//! WebSocket, or JSON-RPC over WebSocket text messages, either WebSocket plain or
+//! inside TLS (`wss://`, [`crate::tls`]).
 //!
 //! Contract: the owner registers [`Conn::stream`] with its `mio::Poll` for READABLE and
 //! WRITABLE (edge-triggered), calls [`Conn::on_writable`] on writable events and
@@ -8,6 +10,12 @@
 //! Frames queued before the TCP connect (or the WebSocket upgrade) completes are kept
 //! and written once it does. Every buffer has a limit; exceeding one is an error
 //! value, and the connection is then closed by its owner.
+//!
+//! With TLS, what the owner reads is ciphertext: [`Conn::on_bytes`] opens it first,
+//! and the queued output is plaintext sealed into records when it is written
+//! ([`Conn::flush`], or [`Conn::seal`] before [`Conn::swap_tx`]): the frames queued
+//! between two writes share records, as the node's own output does. JSON-RPC
+//! messages are handed to the frame sink as the wkproto frames they stand for.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -15,13 +23,50 @@ use std::net::SocketAddr;
 pub use proto::crypto::ClientKey;
 use proto::crypto::SessionCipher;
 use proto::wkproto::{
-    decode, ConnackPacket, ConnectPacket, DeviceFlag, Frame, ReasonCode, RecvPacket, SendackPacket,
-    Setting, MAX_FRAME_BYTES,
+    decode, ConnackPacket, ConnectPacket, DeviceFlag, DisconnectPacket, Flags, Frame, ReasonCode,
+    RecvPacket, RecvackPacket, SendackPacket, Setting, MAX_FRAME_BYTES,
 };
 use proto::ws::{self, UpgradeResponse, WsControl, WsDecoder, WsError};
 pub use proto::Transport;
 
+use crate::jsonrpc::{self, Incoming};
 use crate::peer::{self, PeerEvent, PeerProto, PeerRole};
+use crate::tls::{ClientTls, Opened, TlsLayer};
+
+/// How a client speaks to the node: the stream's framing, TLS around a WebSocket,
+/// and the protocol inside (wkproto, or JSON-RPC in text messages).
+#[derive(Clone, Debug)]
+pub struct Wire {
+    pub transport: Transport,
+    /// `wss://`: the WebSocket inside TLS.
+    pub tls: Option<ClientTls>,
+    /// JSON-RPC text messages instead of binary wkproto (WebSocket only).
+    pub jsonrpc: bool,
+}
+
+impl Wire {
+    /// wkproto over `transport`, no TLS.
+    pub fn plain(transport: Transport) -> Wire {
+        Wire {
+            transport,
+            tls: None,
+            jsonrpc: false,
+        }
+    }
+
+    /// The name in reports: `tcp`, `ws`, `wss`, `ws+jsonrpc`, `wss+jsonrpc`.
+    pub fn name(&self) -> String {
+        let t = match (self.transport, self.tls.is_some()) {
+            (Transport::WebSocket, true) => "wss",
+            (t, _) => t.name(),
+        };
+        if self.jsonrpc {
+            format!("{t}+jsonrpc")
+        } else {
+            t.to_string()
+        }
+    }
+}
 
 /// Bytes one connection buffers for reading before a frame must be complete.
 pub const RX_CAPACITY_MAX_BYTES: usize = MAX_FRAME_BYTES + 64 * 1024;
@@ -103,6 +148,12 @@ pub struct Conn {
     scratch: Vec<u8>,
     /// A peer's connection (Redis, NATS) instead of wkproto.
     pub peer: Option<PeerProto>,
+    /// `wss://`: the connection's TLS (boxed: rustls's state is large).
+    tls: Option<Box<TlsLayer>>,
+    /// Plaintext opened from one read (reused).
+    opened: Vec<u8>,
+    /// JSON-RPC text messages instead of wkproto.
+    pub jsonrpc: bool,
     /// Peer publishes answered so far (Redis answers in order: the next answer is
     /// for client_seq `peer_acked + 1`).
     peer_acked: u32,
@@ -123,6 +174,8 @@ pub struct ConnCtx<'a> {
     key: &'a ClientKey,
     out: &'a mut Vec<u8>,
     ws: bool,
+    /// JSON-RPC: frames are text messages.
+    text: bool,
     scratch: &'a mut Vec<u8>,
 }
 
@@ -139,20 +192,42 @@ impl ConnCtx<'_> {
 
     /// Queues one frame encoded by `encode` (appending to the given buffer).
     pub fn queue(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
-        queue_into(self.out, self.ws, self.scratch, encode);
+        queue_into(self.out, self.ws, self.text, self.scratch, encode);
+    }
+
+    /// Queues the acknowledgement of a RECV: a RECVACK, or JSON-RPC's `recvack`.
+    pub fn recvack(&mut self, message_id: i64, message_seq: u64) {
+        if self.text {
+            self.queue(|out| jsonrpc::encode_recvack(message_id, message_seq, out));
+            return;
+        }
+        let ack = RecvackPacket {
+            message_id,
+            message_seq,
+            ..Default::default()
+        };
+        let v = self.version;
+        self.queue(|out| {
+            let _ = ack.encode(v, out);
+        });
     }
 }
 
 fn queue_into(
     out: &mut Vec<u8>,
     ws: bool,
+    text: bool,
     scratch: &mut Vec<u8>,
     encode: impl FnOnce(&mut Vec<u8>),
 ) {
     if ws {
         scratch.clear();
         encode(scratch);
-        ws::write_masked_binary(out, scratch, ws::FIXED_MASK);
+        if text {
+            ws::write_masked_text(out, scratch, ws::FIXED_MASK);
+        } else {
+            ws::write_masked_binary(out, scratch, ws::FIXED_MASK);
+        }
     } else {
         encode(out);
     }
@@ -168,16 +243,30 @@ pub fn client_key(n: u64) -> ClientKey {
 }
 
 impl Conn {
-    /// Starts a non-blocking connect to `addr` and queues the WebSocket upgrade (if
-    /// any) and CONNECT for `uid`/`token`.
+    /// Starts a non-blocking connect to `addr` and queues the TLS handshake and the
+    /// WebSocket upgrade (if any) and CONNECT (or JSON-RPC's `connect`) for
+    /// `uid`/`token`.
     pub fn start(
         addr: SocketAddr,
-        transport: Transport,
+        wire: &Wire,
         uid: &str,
         token: &str,
         key: &ClientKey,
         now_ns: u64,
     ) -> Result<Conn, ConnError> {
+        let transport = wire.transport;
+        let ws_only =
+            |what: &str| ConnError::Protocol(format!("{what} needs the WebSocket transport"));
+        if transport != Transport::WebSocket && wire.tls.is_some() {
+            return Err(ws_only("TLS"));
+        }
+        if transport != Transport::WebSocket && wire.jsonrpc {
+            return Err(ws_only("JSON-RPC"));
+        }
+        let tls = match &wire.tls {
+            Some(t) => Some(Box::new(t.layer(addr.ip())?)),
+            None => None,
+        };
         let stream = mio::net::TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         let mut c = Conn {
@@ -201,6 +290,9 @@ impl Conn {
             scratch: Vec::new(),
             peer: None,
             peer_acked: 0,
+            tls,
+            opened: Vec::new(),
+            jsonrpc: wire.jsonrpc,
         };
         let connect = ConnectPacket {
             version: 6,
@@ -216,6 +308,10 @@ impl Conn {
             c.state = ConnState::WsUpgrade;
             ws::write_upgrade_request(&mut c.tx, &addr.to_string(), ws::SAMPLE_KEY);
         }
+        if wire.jsonrpc {
+            c.queue(|out| jsonrpc::encode_connect(uid, token, out))?;
+            return Ok(c);
+        }
         let mut encoded = Ok(0);
         c.queue(|out| encoded = connect.encode(6, out))?;
         encoded.map_err(|e| ConnError::Protocol(format!("{e:?}")))?;
@@ -225,7 +321,8 @@ impl Conn {
     /// Starts a non-blocking connect to a peer server and queues its greeting
     /// (subscription or PING): the connection is Active once the server confirms it.
     pub fn start_peer(addr: SocketAddr, role: &PeerRole, now_ns: u64) -> Result<Conn, ConnError> {
-        let mut c = Conn::start(addr, Transport::Tcp, "", "", &client_key(0), now_ns)?;
+        let wire = Wire::plain(Transport::Tcp);
+        let mut c = Conn::start(addr, &wire, "", "", &client_key(0), now_ns)?;
         c.tx.clear();
         c.peer = Some(role.proto);
         peer::encode_hello(role, &mut c.tx);
@@ -240,25 +337,42 @@ impl Conn {
         } else {
             &mut self.tx
         };
-        queue_into(out, ws, &mut self.scratch, encode);
+        queue_into(out, ws, self.jsonrpc, &mut self.scratch, encode);
         if self.tx.len() + self.pending.len() > TX_CAPACITY_MAX_BYTES {
             return Err(ConnError::BufferFull);
         }
         Ok(())
     }
 
-    /// Bytes queued and not yet written.
+    /// Bytes queued and not yet written (with TLS: plaintext not sealed yet and
+    /// records not written yet).
     pub fn tx_pending_bytes(&self) -> usize {
-        self.tx.len() - self.tx_off
+        self.tx.len() - self.tx_off + self.tls.as_ref().map_or(0, |t| t.pending())
     }
 
-    /// Writes what is queued until the socket would block.
+    /// TLS: seals the queued plaintext into records (nothing without TLS).
+    pub fn seal(&mut self) -> Result<(), ConnError> {
+        if let Some(t) = self.tls.as_mut() {
+            t.seal(&mut self.tx).map_err(ConnError::Protocol)?;
+            if t.pending() > TX_CAPACITY_MAX_BYTES {
+                return Err(ConnError::BufferFull);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is queued (sealed first with TLS) until the socket would block.
     pub fn flush(&mut self) -> Result<(), ConnError> {
-        while self.tx_off < self.tx.len() {
-            match self.stream.write(&self.tx[self.tx_off..]) {
+        self.seal()?;
+        let (buf, off) = match self.tls.as_mut() {
+            Some(t) => (&mut t.out, &mut t.out_off),
+            None => (&mut self.tx, &mut self.tx_off),
+        };
+        while *off < buf.len() {
+            match self.stream.write(&buf[*off..]) {
                 Ok(0) => return Err(ConnError::Eof),
                 Ok(n) => {
-                    self.tx_off += n;
+                    *off += n;
                     self.writes += 1;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -267,12 +381,12 @@ impl Conn {
                 Err(e) => return Err(e.into()),
             }
         }
-        if self.tx_off == self.tx.len() {
-            self.tx.clear();
-            self.tx_off = 0;
-        } else if self.tx_off > 64 * 1024 {
-            self.tx.drain(..self.tx_off);
-            self.tx_off = 0;
+        if *off == buf.len() {
+            buf.clear();
+            *off = 0;
+        } else if *off > 64 * 1024 {
+            buf.drain(..*off);
+            *off = 0;
         }
         Ok(())
     }
@@ -329,7 +443,8 @@ impl Conn {
 
     /// Handles the bytes of one read (made at `now`, ns since the run's start): hands
     /// every frame they complete to `sink`, keeps an incomplete tail. TCP frames are
-    /// decoded in place from `data` when no earlier tail is pending.
+    /// decoded in place from `data` when no earlier tail is pending. With TLS the
+    /// bytes are opened first (handshake answers are queued for the next write).
     pub fn on_bytes(
         &mut self,
         data: &[u8],
@@ -337,6 +452,32 @@ impl Conn {
         sink: &mut FrameSink<'_>,
     ) -> Result<(), ConnError> {
         self.reads += 1;
+        let Some(tls) = self.tls.as_mut() else {
+            return self.on_plain(data, now, sink);
+        };
+        let mut opened = std::mem::take(&mut self.opened);
+        opened.clear();
+        let r = tls.open(data, &mut opened, RX_CAPACITY_MAX_BYTES);
+        let r = match r {
+            Ok(state) => self.on_plain(&opened, now, sink).and(match state {
+                Opened::Open => Ok(()),
+                Opened::Closed => Err(ConnError::Eof),
+            }),
+            Err(why) => Err(ConnError::Protocol(why)),
+        };
+        if opened.capacity() <= READ_CHUNK_BYTES {
+            self.opened = opened;
+        }
+        r
+    }
+
+    /// [`Conn::on_bytes`] past TLS.
+    fn on_plain(
+        &mut self,
+        data: &[u8],
+        now: u64,
+        sink: &mut FrameSink<'_>,
+    ) -> Result<(), ConnError> {
         if self.transport == Transport::WebSocket {
             if self.ws_raw.len() + data.len() > RX_CAPACITY_MAX_BYTES {
                 return Err(ConnError::BufferFull);
@@ -370,12 +511,20 @@ impl Conn {
 
     /// Exchanges the queued output with `buf` (an io_uring loop sends it from there
     /// and hands the emptied buffer back next time). Only when nothing was written
-    /// partially by [`Conn::flush`].
+    /// partially by [`Conn::flush`]; with TLS, after [`Conn::seal`] (the records go).
     pub fn swap_tx(&mut self, buf: &mut Vec<u8>) {
-        debug_assert_eq!(self.tx_off, 0);
         self.writes += 1;
         buf.clear();
-        std::mem::swap(&mut self.tx, buf);
+        match self.tls.as_mut() {
+            Some(t) => {
+                debug_assert_eq!(t.out_off, 0);
+                std::mem::swap(&mut t.out, buf);
+            }
+            None => {
+                debug_assert_eq!(self.tx_off, 0);
+                std::mem::swap(&mut self.tx, buf);
+            }
+        }
     }
 
     /// WebSocket: completes the upgrade, then moves message payloads into `rx`.
@@ -451,6 +600,9 @@ impl Conn {
         if let Some(proto) = self.peer {
             return self.decode_peer(proto, buf, now, sink);
         }
+        if self.jsonrpc {
+            return self.decode_jsonrpc(buf, now, sink);
+        }
         let mut ctx = ConnCtx {
             recvack: true,
             cipher: &mut self.cipher,
@@ -460,6 +612,7 @@ impl Conn {
             read_ns: now,
             out: &mut self.tx,
             ws: self.transport == Transport::WebSocket,
+            text: false,
             scratch: &mut self.scratch,
         };
         let mut off = 0;
@@ -500,6 +653,7 @@ impl Conn {
             read_ns: now,
             out: &mut self.tx,
             ws: false,
+            text: false,
             scratch: &mut self.scratch,
         };
         let mut off = 0;
@@ -538,6 +692,91 @@ impl Conn {
             };
             sink(&mut ctx, frame);
         }
+    }
+}
+
+impl Conn {
+    /// JSON-RPC's [`Conn::decode_slice`]: every whole text message (behind its
+    /// length prefix) handed to `sink` as the frame it stands for.
+    fn decode_jsonrpc(
+        &mut self,
+        buf: &[u8],
+        now: u64,
+        sink: &mut FrameSink<'_>,
+    ) -> Result<usize, ConnError> {
+        let mut ctx = ConnCtx {
+            recvack: true,
+            cipher: &mut self.cipher,
+            state: &mut self.state,
+            key: &self.key,
+            version: self.version,
+            read_ns: now,
+            out: &mut self.tx,
+            ws: true,
+            text: true,
+            scratch: &mut self.scratch,
+        };
+        let mut off = 0;
+        while let Some((text, used)) = ws::next_text_message(&buf[off..]) {
+            off += used;
+            match jsonrpc::decode(text).map_err(ConnError::Protocol)? {
+                Incoming::Connected {
+                    reason,
+                    server_key,
+                    salt,
+                    server_version,
+                } => sink(
+                    &mut ctx,
+                    Frame::Connack(ConnackPacket {
+                        reason_code: ReasonCode(reason),
+                        server_key: &server_key,
+                        salt: &salt,
+                        server_version,
+                        ..Default::default()
+                    }),
+                ),
+                Incoming::Sent {
+                    client_seq,
+                    message_id,
+                    message_seq,
+                    reason,
+                } => sink(
+                    &mut ctx,
+                    Frame::Sendack(SendackPacket {
+                        client_seq,
+                        message_id,
+                        message_seq,
+                        reason_code: ReasonCode(reason),
+                        ..Default::default()
+                    }),
+                ),
+                Incoming::Recv {
+                    message_id,
+                    message_seq,
+                    dup,
+                    payload,
+                } => sink(
+                    &mut ctx,
+                    Frame::Recv(RecvPacket {
+                        flags: if dup { Flags::DUP } else { Flags::NONE },
+                        setting: Setting::NO_ENCRYPT,
+                        message_id,
+                        message_seq,
+                        payload: &payload,
+                        ..Default::default()
+                    }),
+                ),
+                Incoming::Disconnect { reason } => sink(
+                    &mut ctx,
+                    Frame::Disconnect(DisconnectPacket {
+                        reason_code: ReasonCode(reason),
+                        ..Default::default()
+                    }),
+                ),
+                Incoming::Ignored => {}
+            }
+        }
+        Ok(off)
     }
 }
 

@@ -16,12 +16,14 @@
 
 pub mod conn;
 pub mod floor;
+pub mod jsonrpc;
 pub mod load;
 pub mod peer;
 pub mod plot;
 pub mod proc;
 pub mod report;
 pub mod target;
+pub mod tls;
 pub mod uring;
 
 use std::io;
@@ -47,11 +49,14 @@ pub enum TargetSpec {
     Embedded {
         shards: u16,
         fsync: engine::store::FsyncPolicy,
+        /// A wss listener with this certificate and key.
+        tls: Option<net::io::TlsConfig>,
     },
     /// Nodes started elsewhere.
     External {
         tcp: Vec<SocketAddr>,
         ws: Vec<SocketAddr>,
+        wss: Vec<SocketAddr>,
         api: Vec<SocketAddr>,
         bearer: Option<String>,
     },
@@ -369,9 +374,36 @@ impl load::PhaseHook for Meter {
     }
 }
 
+/// The client wire of a load configuration, as reports name it.
+fn wire_name(load: &LoadConfig) -> String {
+    conn::Wire {
+        transport: load.transport,
+        tls: load.tls.clone(),
+        jsonrpc: load.jsonrpc,
+    }
+    .name()
+}
+
+/// Refuses the combinations the clients cannot speak.
+fn check_wire(load: &LoadConfig) -> io::Result<()> {
+    let ws = load.transport == Transport::WebSocket;
+    if (load.tls.is_some() || load.jsonrpc) && !ws {
+        return Err(io::Error::other(
+            "TLS and JSON-RPC are spoken over WebSocket only",
+        ));
+    }
+    if load.jsonrpc && load.encrypt {
+        return Err(io::Error::other(
+            "JSON-RPC has no message encryption: no --encrypt with --jsonrpc",
+        ));
+    }
+    Ok(())
+}
+
 /// Runs one scenario end to end: floor, target, setup, load, summary (and files when
 /// `cfg.out` is set). The embedded node is stopped before returning.
 pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hists)> {
+    check_wire(&cfg.load)?;
     let nofile = proc::raise_nofile();
     let mut summary = new_summary(cfg, sc);
     let mut hists: Hists = Vec::new();
@@ -417,9 +449,9 @@ fn run_peer(
     else {
         return Err(io::Error::other("a peer runs the group scenario only"));
     };
-    if cfg.load.encrypt || cfg.load.transport != Transport::Tcp {
+    if cfg.load.encrypt || cfg.load.transport != Transport::Tcp || cfg.load.jsonrpc {
         return Err(io::Error::other(
-            "a peer is driven over plain TCP: no --encrypt, no --transport ws",
+            "a peer is driven over plain TCP: no --encrypt, no --transport ws or wss, no --jsonrpc",
         ));
     }
     summary.target = url.to_string();
@@ -493,7 +525,7 @@ fn new_summary(cfg: &BenchConfig, sc: &Scenario) -> Summary {
         scenario: sc.name().into(),
         unix_time_s: unix_ms() / 1000,
         machine: machine(),
-        transport: cfg.load.transport.to_string(),
+        transport: wire_name(&cfg.load),
         encrypt: cfg.load.encrypt,
         threads: cfg.load.threads,
         duration_s: cfg.load.duration.as_secs_f64(),
@@ -526,13 +558,16 @@ fn measure_floor(
 
 fn start_target(cfg: &BenchConfig) -> io::Result<Target> {
     match &cfg.target {
-        TargetSpec::Embedded { shards, fsync } => Target::embedded(*shards, *fsync),
+        TargetSpec::Embedded { shards, fsync, tls } => {
+            Target::embedded(*shards, *fsync, tls.as_ref())
+        }
         TargetSpec::External {
             tcp,
             ws,
+            wss,
             api,
             bearer,
-        } => Target::external(tcp, ws, api, bearer.clone()),
+        } => Target::external(tcp, ws, wss, api, bearer.clone()),
         TargetSpec::Peer(url) => Err(io::Error::other(format!("{url} is no imrouter node"))),
     }
 }
@@ -545,7 +580,7 @@ fn describe_target(cfg: &BenchConfig, target: &Target) -> String {
         .nodes
         .iter()
         .map(|n| {
-            n.client_addr(cfg.load.transport)
+            n.client_addr(cfg.load.transport, cfg.load.tls.is_some())
                 .map_or_else(|_| "?".into(), |a| a.to_string())
         })
         .collect();
@@ -560,7 +595,7 @@ fn set_up(cfg: &BenchConfig, sc: &Scenario, target: &Target, nofile: u64) -> io:
     let addrs = target
         .nodes
         .iter()
-        .map(|n| n.client_addr(cfg.load.transport))
+        .map(|n| n.client_addr(cfg.load.transport, cfg.load.tls.is_some()))
         .collect::<io::Result<Vec<_>>>()?;
     let prefix = format!("ib{}x{}", std::process::id(), unix_ms() % 100_000_000);
     let built = build(sc, &prefix, &addrs, cap)?;
@@ -770,6 +805,8 @@ fn finish(cfg: &BenchConfig, summary: &Summary, hists: &Hists) -> io::Result<()>
 pub fn default_load() -> LoadConfig {
     LoadConfig {
         transport: Transport::Tcp,
+        tls: None,
+        jsonrpc: false,
         io: load::IoMode::Uring,
         encrypt: false,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -40,14 +40,16 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use proto::crypto::SessionCipher;
 use proto::wkproto::{
-    ChannelType, ConnackPacket, Flags, Frame, RecvPacket, RecvackPacket, SendPacket, SendackPacket,
-    Setting,
+    ChannelType, ConnackPacket, Flags, Frame, RecvPacket, SendPacket, SendackPacket, Setting,
 };
 
+use crate::conn::Wire;
 use crate::conn::{
     client_key, ClientKey, Conn, ConnCtx, ConnError, ConnState, Transport, READ_CHUNK_BYTES,
 };
+use crate::jsonrpc;
 use crate::peer::{self, PeerRole};
+use crate::tls::ClientTls;
 use crate::uring::{Completion, Ring};
 
 /// Messages one run may plan (sizes the accounting arrays: 8 bytes each).
@@ -147,6 +149,10 @@ pub enum IoMode {
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
     pub transport: Transport,
+    /// `wss://`: TLS around the WebSocket (`transport` must be WebSocket).
+    pub tls: Option<ClientTls>,
+    /// JSON-RPC text messages instead of wkproto (`transport` must be WebSocket).
+    pub jsonrpc: bool,
     /// The send phase's event loop.
     pub io: IoMode,
     /// Encrypted SENDs, decrypted RECVs with msg_key checks, client-side key agreement.
@@ -427,6 +433,21 @@ impl SendBufs {
             return Some(conn.client_seq);
         }
         let mut msg_no_buf = [0u8; 20];
+        if conn.jsonrpc {
+            let seq = conn.client_seq.wrapping_add(1).max(1);
+            self.frame.clear();
+            let msg_no = fmt_u64(msg.idx, &mut msg_no_buf);
+            jsonrpc::encode_send(
+                seq,
+                msg_no,
+                &route.channel_id,
+                route.channel_type,
+                &self.payload,
+                &mut self.frame,
+            );
+            conn.client_seq = seq;
+            return Some(seq);
+        }
         let mut p = SendPacket {
             setting: Setting::NO_ENCRYPT,
             client_seq: conn.client_seq.wrapping_add(1),
@@ -567,6 +588,7 @@ impl Worker {
         match self.ring.as_mut() {
             None => conn.flush(),
             Some(r) => {
+                conn.seal()?;
                 if conn.tx_pending_bytes() > 0 && r.can_send(i) {
                     r.send_with(i, |b| conn.swap_tx(b))?;
                 }
@@ -767,6 +789,11 @@ impl Worker {
         let deadline = self.shared.now_ns() + self.cfg.connect_timeout.as_nanos() as u64;
         let mut next = 0usize;
         let total = self.slots.len();
+        let wire = Wire {
+            transport: self.cfg.transport,
+            tls: self.cfg.tls.clone(),
+            jsonrpc: self.cfg.jsonrpc,
+        };
         loop {
             let in_progress = self
                 .slots
@@ -808,14 +835,9 @@ impl Worker {
                 let s = &self.slots[i];
                 let started = match &s.spec.peer {
                     Some(role) => Conn::start_peer(s.spec.addr, role, now),
-                    None => Conn::start(
-                        s.spec.addr,
-                        self.cfg.transport,
-                        &s.spec.uid,
-                        &s.spec.token,
-                        &s.key,
-                        now,
-                    ),
+                    None => {
+                        Conn::start(s.spec.addr, &wire, &s.spec.uid, &s.spec.token, &s.key, now)
+                    }
                 };
                 match started {
                     Ok(c) => {
@@ -1069,18 +1091,9 @@ impl Frames<'_> {
         if r.flags.contains(Flags::DUP) {
             self.stats.dup_flagged += 1;
         }
-        if !ctx.recvack {
-            return;
+        if ctx.recvack {
+            ctx.recvack(r.message_id, r.message_seq);
         }
-        let ack = RecvackPacket {
-            message_id: r.message_id,
-            message_seq: r.message_seq,
-            ..Default::default()
-        };
-        let v = ctx.version;
-        ctx.queue(|out| {
-            let _ = ack.encode(v, out);
-        });
     }
 }
 

@@ -15,7 +15,7 @@ use proto::Transport;
 #[derive(Parser)]
 #[command(
     name = "imbench",
-    about = "End-to-end latency harness of imrouter (wkproto over TCP/WebSocket)."
+    about = "End-to-end latency harness of imrouter (wkproto over TCP, WebSocket or wss; JSON-RPC over WebSocket or wss)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -183,6 +183,9 @@ struct Common {
     /// Node WebSocket addresses, comma-separated.
     #[arg(long, value_delimiter = ',')]
     ws: Vec<SocketAddr>,
+    /// Node wss (WebSocket over TLS) addresses, comma-separated (`--transport wss`).
+    #[arg(long, value_delimiter = ',')]
+    wss: Vec<SocketAddr>,
     /// Node HTTP API addresses, comma-separated (the first one is used for setup).
     #[arg(long, value_delimiter = ',')]
     api: Vec<SocketAddr>,
@@ -203,9 +206,25 @@ struct Common {
     /// it) or `epoll`.
     #[arg(long, value_enum, default_value = "uring")]
     io: IoArg,
-    /// How the clients connect: `tcp` or `ws` (WebSocket).
-    #[arg(long, default_value_t = Transport::Tcp)]
-    transport: Transport,
+    /// How the clients connect: `tcp`, `ws` (WebSocket) or `wss` (WebSocket over TLS:
+    /// needs `--ca` or `--tls-insecure`).
+    #[arg(long, value_enum, default_value = "tcp")]
+    transport: TransportArg,
+    /// Speak JSON-RPC in WebSocket text messages (WuKongIM's EasySDKs' protocol)
+    /// instead of binary wkproto (`--transport ws` or `wss`; no `--encrypt`).
+    #[arg(long)]
+    jsonrpc: bool,
+    /// wss: trust the CA certificate(s) of this PEM file (the node's certificate must
+    /// name the address's IP, or `--tls-name`).
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// wss: accept any certificate (a node on loopback only; the handshake is the
+    /// same full one).
+    #[arg(long, conflicts_with = "ca")]
+    tls_insecure: bool,
+    /// wss: the server name checked against the certificate (default: the address's IP).
+    #[arg(long, value_name = "NAME")]
+    tls_name: Option<String>,
     /// Encrypted SENDs and RECVs (full per-message cost) and client-side key agreement
     /// (`--encrypt=false`: off, e.g. over a preset's `--encrypt`).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
@@ -248,6 +267,13 @@ struct Common {
     no_tokens: bool,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum TransportArg {
+    Tcp,
+    Ws,
+    Wss,
+}
+
 #[derive(clap::ValueEnum, Clone, Copy)]
 enum IoArg {
     Uring,
@@ -265,13 +291,14 @@ fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     }
 }
 
-fn config(c: &Common, scenario: &str, preset: Option<Preset>) -> BenchConfig {
-    let any_addr = !(c.tcp.is_empty() && c.ws.is_empty() && c.api.is_empty());
+fn config(c: &Common, scenario: &str, preset: Option<Preset>) -> Result<BenchConfig, String> {
+    let any_addr = !(c.tcp.is_empty() && c.ws.is_empty() && c.wss.is_empty() && c.api.is_empty());
     let external = any_addr && !c.embedded;
     let target = if external {
         TargetSpec::External {
             tcp: c.tcp.clone(),
             ws: c.ws.clone(),
+            wss: c.wss.clone(),
             api: c.api.clone(),
             bearer: c.api_token.clone(),
         }
@@ -279,10 +306,22 @@ fn config(c: &Common, scenario: &str, preset: Option<Preset>) -> BenchConfig {
         TargetSpec::Embedded {
             shards: c.shards,
             fsync: c.fsync.unwrap_or(engine::store::LogConfig::default().fsync),
+            tls: None,
         }
     };
     let mut load = perf::default_load();
-    load.transport = c.transport;
+    load.transport = match c.transport {
+        TransportArg::Tcp => Transport::Tcp,
+        TransportArg::Ws | TransportArg::Wss => Transport::WebSocket,
+    };
+    load.jsonrpc = c.jsonrpc;
+    if c.transport == TransportArg::Wss {
+        if c.ca.is_none() && !c.tls_insecure {
+            return Err("--transport wss needs --ca FILE or --tls-insecure".into());
+        }
+        let tls = perf::tls::ClientTls::new(c.ca.as_deref(), c.tls_name.as_deref());
+        load.tls = Some(tls.map_err(|e| e.to_string())?);
+    }
     load.io = match c.io {
         IoArg::Uring => perf::load::IoMode::Uring,
         IoArg::Epoll => perf::load::IoMode::Epoll,
@@ -299,7 +338,7 @@ fn config(c: &Common, scenario: &str, preset: Option<Preset>) -> BenchConfig {
     load.spin = Duration::from_micros(c.spin_us);
     load.progress = c.duration >= 3.0;
     let name = preset.map_or(scenario, |p| p.name());
-    BenchConfig {
+    Ok(BenchConfig {
         label: c.label.clone().unwrap_or_else(|| name.to_string()),
         preset: preset.map(Preset::describe),
         target,
@@ -308,7 +347,7 @@ fn config(c: &Common, scenario: &str, preset: Option<Preset>) -> BenchConfig {
         floor: Duration::from_millis(c.floor_ms),
         out: c.out.clone(),
         set_tokens: !c.no_tokens,
-    }
+    })
 }
 
 /// Parses the command line. `group --preset P` is parsed again with P's flags
@@ -338,13 +377,23 @@ fn parse_cli(argv: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
 
 fn main() -> ExitCode {
     let cli = parse_cli(std::env::args_os().collect()).unwrap_or_else(|e| e.exit());
+    let configured = |common: &Common, scenario: &Scenario, preset| {
+        config(common, scenario.name(), preset).map_err(|e| {
+            eprintln!("imbench: {e}");
+            ExitCode::FAILURE
+        })
+    };
     match job(cli.cmd) {
-        Job::Load(common, scenario, preset) => {
-            run(&config(&common, scenario.name(), preset), &scenario)
-        }
+        Job::Load(common, scenario, preset) => match configured(&common, &scenario, preset) {
+            Ok(cfg) => run(&cfg, &scenario),
+            Err(code) => code,
+        },
         Job::Plot(args) => plot(&args),
         Job::Compare(common, scenario, preset, peer) => {
-            compare(&config(&common, scenario.name(), preset), &scenario, &peer)
+            match configured(&common, &scenario, preset) {
+                Ok(cfg) => compare(&cfg, &scenario, &peer),
+                Err(code) => code,
+            }
         }
     }
 }

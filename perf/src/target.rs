@@ -24,19 +24,24 @@ pub const SUBSCRIBERS_PER_REQUEST_MAX: usize = 1_000;
 pub struct NodeAddrs {
     pub tcp: Option<SocketAddr>,
     pub ws: Option<SocketAddr>,
+    pub wss: Option<SocketAddr>,
     pub api: Option<SocketAddr>,
 }
 
 impl NodeAddrs {
-    /// The address clients connect to over `transport`.
-    pub fn client_addr(&self, transport: Transport) -> io::Result<SocketAddr> {
-        match transport {
-            Transport::Tcp => self.tcp,
-            Transport::WebSocket => self.ws,
-            // Not a client transport.
-            Transport::Rpc => None,
+    /// The address clients connect to over `transport` (`tls`: the wss listener).
+    pub fn client_addr(&self, transport: Transport, tls: bool) -> io::Result<SocketAddr> {
+        match (transport, tls) {
+            (Transport::Tcp, false) => self.tcp,
+            (Transport::WebSocket, false) => self.ws,
+            (Transport::WebSocket, true) => self.wss,
+            // Not a client transport, or TLS on TCP (the node offers none).
+            _ => None,
         }
-        .ok_or_else(|| io::Error::other(format!("node has no {transport:?} address")))
+        .ok_or_else(|| {
+            let name = if tls { "wss" } else { transport.name() };
+            io::Error::other(format!("node has no {name} address"))
+        })
     }
 }
 
@@ -344,9 +349,14 @@ pub struct Target {
 
 impl Target {
     /// Starts an in-process node on loopback port 0 with `shards` shards (0: one per
-    /// core), its data in a fresh temporary directory.
+    /// core), its data in a fresh temporary directory, and a wss listener when `tls`
+    /// names a certificate and key.
     /// `fsync` is the log's sync policy (the `imrouter` binary's default is `Always`).
-    pub fn embedded(shards: u16, fsync: engine::store::FsyncPolicy) -> io::Result<Target> {
+    pub fn embedded(
+        shards: u16,
+        fsync: engine::store::FsyncPolicy,
+        tls: Option<&net::io::TlsConfig>,
+    ) -> io::Result<Target> {
         let dir = tempfile::Builder::new().prefix("imbench-node-").tempdir()?;
         let mut c = NodeConfig {
             data_dir: dir.path().to_path_buf(),
@@ -356,6 +366,11 @@ impl Target {
         };
         c.api.addr = None;
         c.log.fsync = fsync;
+        if let Some(tls) = tls {
+            c.wss_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+            c.tls =
+                Some(net::io::TlsServer::load(tls).map_err(|e| io::Error::other(e.to_string()))?);
+        }
         if shards > 0 {
             c.runtime.shard_count = shards;
         }
@@ -363,6 +378,7 @@ impl Target {
         let addrs = NodeAddrs {
             tcp: node.tcp_addr(),
             ws: node.ws_addr(),
+            wss: node.wss_addr(),
             api: None,
         };
         let control = Control::Embedded(node.api());
@@ -378,10 +394,11 @@ impl Target {
     pub fn external(
         tcp: &[SocketAddr],
         ws: &[SocketAddr],
+        wss: &[SocketAddr],
         api: &[SocketAddr],
         bearer: Option<String>,
     ) -> io::Result<Target> {
-        let n = tcp.len().max(ws.len()).max(api.len());
+        let n = tcp.len().max(ws.len()).max(wss.len()).max(api.len());
         if n == 0 {
             return Err(io::Error::other("no node address given"));
         }
@@ -389,6 +406,7 @@ impl Target {
             .map(|i| NodeAddrs {
                 tcp: tcp.get(i).copied(),
                 ws: ws.get(i).copied(),
+                wss: wss.get(i).copied(),
                 api: api.get(i).copied(),
             })
             .collect();

@@ -24,6 +24,7 @@ fn config(label: &str) -> BenchConfig {
         target: TargetSpec::Embedded {
             shards: 2,
             fsync: FsyncPolicy::Always,
+            tls: None,
         },
         pid: None,
         load,
@@ -179,7 +180,7 @@ fn mixed_accounts_for_both_classes() {
 /// reported as missing, not ignored.
 #[test]
 fn missing_recvs_are_reported() {
-    let target = perf::target::Target::embedded(2, FsyncPolicy::Always).unwrap();
+    let target = perf::target::Target::embedded(2, FsyncPolicy::Always, None).unwrap();
     let addr = target.nodes[0].tcp.unwrap();
     let uids = ["miss-a", "miss-b"];
     let list: Vec<String> = uids.iter().map(|u| u.to_string()).collect();
