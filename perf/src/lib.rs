@@ -80,8 +80,13 @@ pub enum Scenario {
         groups: usize,
         rate: f64,
     },
-    /// `clients` connect with `concurrency` CONNECTs in flight; no messages.
-    Storm { clients: usize, concurrency: usize },
+    /// `clients` connect with `concurrency` CONNECTs in flight (and `rate` new ones
+    /// per second when set); no messages.
+    Storm {
+        clients: usize,
+        concurrency: usize,
+        rate: Option<f64>,
+    },
     /// Person and group traffic at once.
     Mixed {
         pairs: usize,
@@ -341,6 +346,9 @@ struct Meter {
     pid: Option<u32>,
     embedded: bool,
     rss_connected: Option<u64>,
+    /// Before the first CONNECT, and once every client connected.
+    cpu_at_start: Option<f64>,
+    cpu_at_connected: Option<f64>,
     cpu_at_send: Option<f64>,
     cpu_at_done: Option<f64>,
 }
@@ -364,6 +372,7 @@ impl Meter {
 
 impl load::PhaseHook for Meter {
     fn connected(&mut self) {
+        self.cpu_at_connected = self.cpu();
         self.rss_connected = self.rss();
     }
     fn sending(&mut self) {
@@ -497,10 +506,13 @@ fn run_peer(
         pid,
         embedded: false,
         rss_connected: None,
+        cpu_at_start: None,
+        cpu_at_connected: None,
         cpu_at_send: None,
         cpu_at_done: None,
     };
     let rss_before = meter.rss();
+    meter.cpu_at_start = meter.cpu();
     let out = load::run(&built.plan, &cfg.load, &mut meter)?;
     summarize_load(summary, &built, &out);
     let m = Measured {
@@ -637,13 +649,20 @@ fn load_phase(
         pid: cfg.pid,
         embedded: target.embedded.is_some(),
         rss_connected: None,
+        cpu_at_start: None,
+        cpu_at_connected: None,
         cpu_at_send: None,
         cpu_at_done: None,
     };
     let rss_before = meter.rss();
+    meter.cpu_at_start = meter.cpu();
     let mut load_cfg = cfg.load.clone();
-    if let Scenario::Storm { concurrency, .. } = sc {
+    if let Scenario::Storm {
+        concurrency, rate, ..
+    } = sc
+    {
         load_cfg.connect_concurrency = *concurrency;
+        load_cfg.connect_rate = *rate;
     }
     let out = load::run(&built.plan, &load_cfg, &mut meter)?;
     let text_after = target.control.metrics_text();
@@ -739,6 +758,10 @@ fn summarize_server(summary: &mut Summary, cfg: &BenchConfig, m: &Measured) {
         (Some(a), Some(b)) if has_load => Some(b - a),
         _ => None,
     };
+    let cpu_connect = match (m.meter.cpu_at_start, m.meter.cpu_at_connected) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
     let answered: u64 = summary.classes.iter().map(|c| c.sendack.count).sum();
     let delivered: u64 = summary.classes.iter().map(|c| c.delivered_recvs).sum();
     summary.server = ServerUse {
@@ -751,6 +774,8 @@ fn summarize_server(summary: &mut Summary, cfg: &BenchConfig, m: &Measured) {
         },
         cpu_s_send_phase: cpu,
         cpu_share_send_phase: cpu.map(|c| c / m.out.send_phase.as_secs_f64().max(1e-9)),
+        cpu_s_connect_phase: cpu_connect,
+        cpu_us_per_connect: report::cpu_us_per(cpu_connect, m.out.connected),
         answered_sends: answered,
         cpu_us_per_send: report::cpu_us_per(cpu, answered),
         cpu_us_per_recv: report::cpu_us_per(cpu, delivered),
@@ -815,6 +840,7 @@ pub fn default_load() -> LoadConfig {
         drain: Duration::from_secs(2),
         payload_bytes: 64,
         connect_concurrency: 256,
+        connect_rate: None,
         connect_timeout: Duration::from_secs(30),
         spin: Duration::from_micros(100),
         progress: false,

@@ -62,6 +62,8 @@ pub const PAYLOAD_HEADER_BYTES: usize = 17;
 const EVENTS_CAPACITY: usize = 1024;
 /// Longest a loop blocks in poll (it re-checks the stop flag this often).
 const POLL_MAX: Duration = Duration::from_millis(5);
+/// Longest the connect phase blocks in poll while connects are paced (`connect_rate`).
+const PACED_POLL_MAX: Duration = Duration::from_millis(1);
 const TIMER_TOKEN: Token = Token(usize::MAX - 1);
 /// From the end of the connect phase to the first intended send: the workers set up
 /// their send loops (an io_uring and its buffers) in between.
@@ -165,6 +167,10 @@ pub struct LoadConfig {
     pub payload_bytes: usize,
     /// CONNECTs in progress at once, over all workers.
     pub connect_concurrency: usize,
+    /// New connections per second over all workers (open loop: each client's
+    /// CONNACK latency runs from its intended start, so a harness that falls behind
+    /// is charged for it); `None`: as fast as `connect_concurrency` allows.
+    pub connect_rate: Option<f64>,
     pub connect_timeout: Duration,
     /// Wake this long before each intended send and poll without blocking until it is
     /// due (zero: rely on the timer alone). Costs harness CPU, cuts its send lag.
@@ -789,6 +795,13 @@ impl Worker {
         let deadline = self.shared.now_ns() + self.cfg.connect_timeout.as_nanos() as u64;
         let mut next = 0usize;
         let total = self.slots.len();
+        // This worker's share of the rate: its clients evenly spaced from the run's
+        // start, the workers' interleaved (worker w offset by w / rate).
+        let threads = self.shared.connect_slots.len().max(1) as f64;
+        let paced = self.cfg.connect_rate.filter(|r| *r > 0.0).map(|r| {
+            let offset = (1e9 * self.id as f64 / r) as u64;
+            (offset, 1e9 * threads / r)
+        });
         let wire = Wire {
             transport: self.cfg.transport,
             tls: self.cfg.tls.clone(),
@@ -825,37 +838,63 @@ impl Worker {
             }
             let mut free = concurrency.saturating_sub(in_progress);
             while free > 0 && next < total {
+                let now = self.shared.now_ns();
+                let started_ns = match paced {
+                    Some((t0, interval)) => {
+                        let due = t0 + (next as f64 * interval) as u64;
+                        if due > now {
+                            break;
+                        }
+                        due
+                    }
+                    None => now,
+                };
                 let i = next;
                 next += 1;
                 free -= 1;
-                let now = self.shared.now_ns();
-                if self.stats.first_connect_ns == 0 {
-                    self.stats.first_connect_ns = now.max(1);
-                }
-                let s = &self.slots[i];
-                let started = match &s.spec.peer {
-                    Some(role) => Conn::start_peer(s.spec.addr, role, now),
-                    None => {
-                        Conn::start(s.spec.addr, &wire, &s.spec.uid, &s.spec.token, &s.key, now)
-                    }
-                };
-                match started {
-                    Ok(c) => {
-                        self.slots[i].conn = Some(c);
-                        if self.register(i).is_err() {
-                            self.stats.errors.connect_failed += 1;
-                            self.close(i);
-                        }
-                    }
-                    Err(e) => {
-                        if self.stats.errors.connect_failed < 3 {
-                            eprintln!("imbench: connect: {e}");
-                        }
-                        self.stats.errors.connect_failed += 1;
-                    }
+                self.start_client(i, &wire, started_ns);
+            }
+            let wait = if paced.is_some() && next < total {
+                PACED_POLL_MAX
+            } else {
+                POLL_MAX
+            };
+            self.poll_once(events, wait, None);
+        }
+    }
+
+    /// Starts client `i`'s connection (its CONNACK latency runs from `started_ns`);
+    /// a failure is counted.
+    fn start_client(&mut self, i: usize, wire: &Wire, started_ns: u64) {
+        if self.stats.first_connect_ns == 0 {
+            self.stats.first_connect_ns = started_ns.max(1);
+        }
+        let s = &self.slots[i];
+        let started = match &s.spec.peer {
+            Some(role) => Conn::start_peer(s.spec.addr, role, started_ns),
+            None => Conn::start(
+                s.spec.addr,
+                wire,
+                &s.spec.uid,
+                &s.spec.token,
+                &s.key,
+                started_ns,
+            ),
+        };
+        match started {
+            Ok(c) => {
+                self.slots[i].conn = Some(c);
+                if self.register(i).is_err() {
+                    self.stats.errors.connect_failed += 1;
+                    self.close(i);
                 }
             }
-            self.poll_once(events, POLL_MAX, None);
+            Err(e) => {
+                if self.stats.errors.connect_failed < 3 {
+                    eprintln!("imbench: connect: {e}");
+                }
+                self.stats.errors.connect_failed += 1;
+            }
         }
     }
 

@@ -68,6 +68,10 @@ enum Cmd {
         /// CONNECTs in flight at once.
         #[arg(long, default_value_t = 256)]
         concurrency: usize,
+        /// New connections per second, evenly spaced (open loop: CONNACK latency runs
+        /// from each client's intended start); default: as fast as --concurrency allows.
+        #[arg(long)]
+        rate: Option<f64>,
     },
     /// Person and group traffic at once.
     Mixed {
@@ -506,11 +510,13 @@ fn job(cmd: Cmd) -> Job {
             common,
             clients,
             concurrency,
+            rate,
         } => (
             common,
             Scenario::Storm {
                 clients,
                 concurrency,
+                rate,
             },
         ),
         Cmd::Mixed {

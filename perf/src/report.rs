@@ -210,6 +210,13 @@ pub struct ServerUse {
     pub source: String,
     pub cpu_s_send_phase: Option<f64>,
     pub cpu_share_send_phase: Option<f64>,
+    /// Node CPU from the first CONNECT until every client connected (TLS handshakes,
+    /// upgrades, CONNECTs), and per client connected, µs: what a storm costs the node
+    /// (with its idle spinning, if it waited on the clients).
+    #[serde(default)]
+    pub cpu_s_connect_phase: Option<f64>,
+    #[serde(default)]
+    pub cpu_us_per_connect: Option<f64>,
     /// SENDs answered with a SENDACK of any reason (the send phase and its drain).
     #[serde(default)]
     pub answered_sends: u64,
@@ -427,6 +434,9 @@ fn server_line(t: &mut String, sv: &ServerUse) {
             " CPU {c:.2}s send phase ({:.0}% of one core)",
             sh * 100.0
         );
+    }
+    if let (Some(c), Some(per)) = (sv.cpu_s_connect_phase, sv.cpu_us_per_connect) {
+        let _ = write!(t, " CPU {c:.2}s connect phase ({per:.1} µs per connect)");
     }
     if let Some(r) = sv.rss_bytes_connected {
         let _ = write!(t, " RSS {:.1} MiB connected", r as f64 / 1048576.0);

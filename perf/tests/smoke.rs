@@ -145,11 +145,31 @@ fn storm_connects_every_client() {
     let sc = Scenario::Storm {
         clients: 300,
         concurrency: 32,
+        rate: None,
     };
     let (s, _) = perf::run_scenario(&config("storm"), &sc).unwrap();
     assert_clean(&s);
     assert_eq!(s.connected, 300);
     assert_eq!(s.connect.count, 300);
+}
+
+/// A paced storm (`--rate`) connects every client, and its connects are spread
+/// over the schedule: the last one starts (n - 1) / rate after the first.
+#[test]
+fn paced_storm_connects_every_client_on_its_schedule() {
+    let sc = Scenario::Storm {
+        clients: 60,
+        concurrency: 60,
+        rate: Some(300.0),
+    };
+    let (s, _) = perf::run_scenario(&config("storm-paced"), &sc).unwrap();
+    assert_clean(&s);
+    assert_eq!((s.connected, s.connect.count), (60, 60));
+    assert!(
+        s.connect_phase_s >= 59.0 / 300.0,
+        "{}",
+        perf::report::table(&s)
+    );
 }
 
 #[test]

@@ -96,6 +96,7 @@ fn wss_clients_trusting_a_ca_connect_and_exchange() {
         let storm = Scenario::Storm {
             clients: 100,
             concurrency: 16,
+            rate: None,
         };
         let (s, _) = perf::run_scenario(&cfg, &storm).unwrap();
         assert_eq!(s.transport, "wss");
@@ -120,6 +121,7 @@ fn wss_clients_refuse_a_certificate_they_do_not_trust() {
     let storm = Scenario::Storm {
         clients: 4,
         concurrency: 4,
+        rate: None,
     };
     let (s, _) = perf::run_scenario(&cfg, &storm).unwrap();
     assert_eq!(s.connected, 0);
