@@ -319,6 +319,10 @@ fn config(c: &Common, scenario: &str, preset: Option<Preset>) -> Result<BenchCon
         TransportArg::Ws | TransportArg::Wss => Transport::WebSocket,
     };
     load.jsonrpc = c.jsonrpc;
+    let tls_flags = c.ca.is_some() || c.tls_insecure || c.tls_name.is_some();
+    if tls_flags && c.transport != TransportArg::Wss {
+        return Err("--ca, --tls-insecure and --tls-name go with --transport wss".into());
+    }
     if c.transport == TransportArg::Wss {
         if c.ca.is_none() && !c.tls_insecure {
             return Err("--transport wss needs --ca FILE or --tls-insecure".into());
@@ -615,6 +619,35 @@ mod tests {
         assert_eq!((groups, members, online, rate), (1, 101, 1.0, 2000.0));
         assert!(c.encrypt);
         assert_eq!((c.duration, c.drain), (5.0, 2.0));
+    }
+
+    /// `--transport wss` needs a trust choice, and the TLS flags need wss; the wire
+    /// flags reach the load configuration.
+    #[test]
+    fn wire_flags_are_checked_and_carried() {
+        let cfg = |argv: &str| {
+            let cli = parse_cli(argv.split_whitespace().map(Into::into).collect()).unwrap();
+            let Job::Load(common, scenario, preset) = job(cli.cmd) else {
+                panic!("{argv}: not a load run");
+            };
+            config(&common, scenario.name(), preset)
+        };
+        let e = cfg("imbench storm --transport wss").err().unwrap();
+        assert!(e.contains("--ca FILE or --tls-insecure"), "{e}");
+        let e = cfg("imbench storm --transport ws --tls-insecure")
+            .err()
+            .unwrap();
+        assert!(e.contains("go with --transport wss"), "{e}");
+        let e = cfg("imbench storm --transport wss --ca /nonexistent/ca.pem")
+            .err()
+            .unwrap();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+        let c = cfg("imbench storm --transport wss --tls-insecure --wss 127.0.0.1:1 --rate 50")
+            .unwrap();
+        assert!(c.load.tls.is_some() && !c.load.jsonrpc);
+        assert_eq!(c.load.transport, Transport::WebSocket);
+        let c = cfg("imbench person --transport ws --jsonrpc").unwrap();
+        assert!(c.load.tls.is_none() && c.load.jsonrpc);
     }
 
     /// `imbench group --help` shows each preset's expansion, word for word.
