@@ -19,11 +19,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use rustls::crypto::CryptoProvider;
+use rustls::crypto::{ActiveKeyExchange, CryptoProvider, SharedSecret, SupportedKxGroup};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig, ServerConnection};
 use rustls::sign::CertifiedKey;
+use rustls::NamedGroup;
 
 /// `[tls]`: the certificate of the TLS listener and the limits of TLS connections.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -306,13 +307,70 @@ impl TlsServer {
 /// rustls deprecates it for lacking post-quantum key exchange), with the key
 /// exchange groups in order of cost: X25519 (and P-256) first. ring's default puts
 /// P-384 first, which costs a shard about 0.8 ms per handshake against about 0.1 ms
-/// (`cargo run --release -p net --example tls_handshake_cost`).
+/// (`cargo run --release -p net --example tls_handshake_cost`). X25519 itself is
+/// [`X25519`]: the wkproto key agreement's implementation (`proto::crypto`:
+/// s2n-bignum's verified assembly where the CPU has it), about half of ring's cost.
 pub fn provider() -> CryptoProvider {
     use rustls::crypto::ring::kx_group;
     #[allow(deprecated)]
     let mut p = rustls::crypto::ring::default_provider();
-    p.kx_groups = vec![kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1];
+    let x25519: &'static dyn SupportedKxGroup = &X25519;
+    p.kx_groups = vec![x25519, kx_group::SECP256R1, kx_group::SECP384R1];
     p
+}
+
+/// TLS's X25519 key exchange (RFC 7748, RFC 8446 §7.4.2) on `proto::crypto`'s
+/// X25519 (the one every wkproto CONNECT already uses), the private key from ring's
+/// system random source. An all-zero shared secret (a low-order peer key) is
+/// refused, as ring refuses it.
+#[derive(Debug)]
+pub struct X25519;
+
+impl SupportedKxGroup for X25519 {
+    fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
+        let mut seed = [0u8; proto::crypto::KEY_BYTES];
+        #[allow(deprecated)]
+        let random = rustls::crypto::ring::default_provider().secure_random;
+        random.fill(&mut seed).map_err(rustls::Error::from)?;
+        let public = proto::crypto::public_key(seed);
+        Ok(Box::new(X25519Exchange { seed, public }))
+    }
+
+    fn name(&self) -> NamedGroup {
+        NamedGroup::X25519
+    }
+}
+
+/// One side's ephemeral X25519 key pair.
+struct X25519Exchange {
+    seed: [u8; proto::crypto::KEY_BYTES],
+    public: [u8; proto::crypto::KEY_BYTES],
+}
+
+impl ActiveKeyExchange for X25519Exchange {
+    fn complete(self: Box<Self>, peer_pub_key: &[u8]) -> Result<SharedSecret, rustls::Error> {
+        let peer: [u8; proto::crypto::KEY_BYTES] = peer_pub_key
+            .try_into()
+            .map_err(|_| rustls::Error::from(rustls::PeerMisbehaved::InvalidKeyShare))?;
+        let shared = proto::crypto::shared_secret(self.seed, peer)
+            .map_err(|_| rustls::Error::from(rustls::PeerMisbehaved::InvalidKeyShare))?;
+        Ok(SharedSecret::from(&shared[..]))
+    }
+
+    fn pub_key(&self) -> &[u8] {
+        &self.public
+    }
+
+    fn group(&self) -> NamedGroup {
+        NamedGroup::X25519
+    }
+}
+
+impl Drop for X25519Exchange {
+    fn drop(&mut self) {
+        // The ephemeral private key, cleared (best effort: no volatile write).
+        self.seed = [0; proto::crypto::KEY_BYTES];
+    }
 }
 
 /// Reads the chain and the key of `config` and checks they belong together; gives
@@ -622,6 +680,37 @@ mod tests {
         assert_eq!(asn1_time_unix(0x17, b"700101000000+"), None);
         assert_eq!(asn1_time_unix(0x17, b"701301000000Z"), None);
         assert_eq!(asn1_time_unix(0x18, b"700101000000Z"), None);
+    }
+
+    /// The node's X25519 agrees with ring's own (what its TLS used before, and what
+    /// any RFC 7748 peer computes), whichever side starts; each start is a fresh key.
+    #[test]
+    fn x25519_agrees_with_rings_own() {
+        let ring = rustls::crypto::ring::kx_group::X25519;
+        for _ in 0..8 {
+            let ours = X25519.start().unwrap();
+            let theirs = ring.start().unwrap();
+            assert_eq!(ours.pub_key().len(), 32);
+            assert_eq!(ours.group(), NamedGroup::X25519);
+            let (ours_pub, theirs_pub) = (ours.pub_key().to_vec(), theirs.pub_key().to_vec());
+            let a = ours.complete(&theirs_pub).unwrap();
+            let b = theirs.complete(&ours_pub).unwrap();
+            assert_eq!(a.secret_bytes(), b.secret_bytes());
+        }
+        let (x, y) = (X25519.start().unwrap(), X25519.start().unwrap());
+        assert_ne!(x.pub_key(), y.pub_key());
+        assert_eq!(X25519.name(), NamedGroup::X25519);
+    }
+
+    /// A low-order peer key (an all-zero shared secret) and a key of the wrong length
+    /// are refused as an invalid key share.
+    #[test]
+    fn x25519_refuses_low_order_and_malformed_keys() {
+        let bad = rustls::Error::PeerMisbehaved(rustls::PeerMisbehaved::InvalidKeyShare);
+        for peer in [&[0u8; 32][..], &[1u8; 31][..], &[9u8; 33][..]] {
+            let r = X25519.start().unwrap().complete(peer);
+            assert_eq!(r.err(), Some(bad.clone()), "{peer:?}");
+        }
     }
 
     #[test]
