@@ -25,6 +25,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig, ServerConnection};
 use rustls::sign::CertifiedKey;
 use rustls::NamedGroup;
+use zeroize::Zeroize;
 
 /// `[tls]`: the certificate of the TLS listener and the limits of TLS connections.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -328,12 +329,16 @@ pub struct X25519;
 
 impl SupportedKxGroup for X25519 {
     fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
-        let mut seed = [0u8; proto::crypto::KEY_BYTES];
+        // The private key is drawn into its box (no copy left behind to clear).
+        let mut ex = Box::new(X25519Exchange {
+            seed: [0; proto::crypto::KEY_BYTES],
+            public: [0; proto::crypto::KEY_BYTES],
+        });
         #[allow(deprecated)]
         let random = rustls::crypto::ring::default_provider().secure_random;
-        random.fill(&mut seed).map_err(rustls::Error::from)?;
-        let public = proto::crypto::public_key(seed);
-        Ok(Box::new(X25519Exchange { seed, public }))
+        random.fill(&mut ex.seed).map_err(rustls::Error::from)?;
+        ex.public = proto::crypto::public_key(ex.seed);
+        Ok(ex)
     }
 
     fn name(&self) -> NamedGroup {
@@ -352,9 +357,12 @@ impl ActiveKeyExchange for X25519Exchange {
         let peer: [u8; proto::crypto::KEY_BYTES] = peer_pub_key
             .try_into()
             .map_err(|_| rustls::Error::from(rustls::PeerMisbehaved::InvalidKeyShare))?;
-        let shared = proto::crypto::shared_secret(self.seed, peer)
+        let mut shared = proto::crypto::shared_secret(self.seed, peer)
             .map_err(|_| rustls::Error::from(rustls::PeerMisbehaved::InvalidKeyShare))?;
-        Ok(SharedSecret::from(&shared[..]))
+        // rustls's SharedSecret zeroizes its own copy when dropped; this one too.
+        let secret = SharedSecret::from(&shared[..]);
+        shared.zeroize();
+        Ok(secret)
     }
 
     fn pub_key(&self) -> &[u8] {
@@ -368,8 +376,8 @@ impl ActiveKeyExchange for X25519Exchange {
 
 impl Drop for X25519Exchange {
     fn drop(&mut self) {
-        // The ephemeral private key, cleared (best effort: no volatile write).
-        self.seed = [0; proto::crypto::KEY_BYTES];
+        // The ephemeral private key, zeroized as the link keys are (proto::rpc::seal).
+        self.seed.zeroize();
     }
 }
 
