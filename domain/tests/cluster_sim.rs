@@ -1,6 +1,7 @@
 //! The whole cluster in one deterministic simulation (issue "The node as
-//! machines…", item 4; presence so far): 3 to 5 nodes of 1 to 3 shards in one
-//! thread, the real `Registry`, `Authority` and `Activation` of every shard wired by
+//! machines…", item 4): 3 to 5 nodes of 1 to 3 shards in one
+//! thread, the real `Registry`, `Authority` and `Activation` of every shard, and
+//! its `CommitCore` with its delivery `Planner` (`cluster_sim/send.rs`), wired by
 //! simulated rings and links (`cluster_sim/world.rs`): links delay, reorder, lose,
 //! are cut one way or both and found down later; nodes crash (kill -9: a new boot id
 //! on restart) and pause; hash slots move (one slot, or a node's drain) and views
@@ -21,9 +22,18 @@
 //!   its gateway at the route's owner_seq (routes of a crashed process wait out
 //!   their TTL).
 //!
+//! - **no move lost**: every slot move answered 200 is in the converged view or
+//!   superseded by a higher term.
+//!
 //! Then, in the settled cluster, clients log in and out without faults: **a login
 //! replaces** every active session it conflicts with before its CONNACK 0 (their
 //! owners closed them, rule 11).
+//!
+//! Clients SEND to groups and persons throughout (`cluster_sim/send.rs`): **no RECV
+//! after close** (nor to the sending session) and **one RECV** per (message,
+//! session) as each RECV is written; **acknowledged in log** (every SENDACK 1 in its
+//! home's log with its id and seq) once settled and at the end; **every online
+//! recipient** of a message sent in the quiet phase gets it.
 //!
 //! A failing seed is printed; `CLUSTER_SIM_SEED=n` replays one,
 //! `CLUSTER_SIM_SEEDS=n` runs `0..n` (CI runs the default).
@@ -36,6 +46,10 @@
 
 #[path = "cluster_sim/world.rs"]
 mod world;
+// The SEND simulation's log (the commit cores' here).
+#[allow(dead_code)]
+#[path = "send_sim/log.rs"]
+mod log;
 
 use world::{Bugs, World};
 
@@ -43,6 +57,9 @@ const CHAOS_STEPS: usize = 4_000;
 const CI_SEEDS: u64 = 200;
 /// Logins and closes in the settled cluster, after the checks of the heal.
 const QUIET_STEPS: usize = 400;
+/// After the quiet steps, the time every SEND of the quiet phase takes to be
+/// answered and delivered (a few request deadlines).
+const QUIET_SETTLE_MS: u64 = 4 * world::RPC_DEADLINE_MS;
 /// The authorities' own checks scan their tables: every this many steps.
 const AUTHORITY_CHECK_EVERY_STEPS: usize = 500;
 
@@ -65,11 +82,19 @@ fn run(seed: u64, bugs: Bugs) -> Result<World, String> {
     w.check_authorities()
         .map_err(|e| format!("settled: authority: {e}"))?;
     w.check_settled().map_err(|e| format!("settled: {e}"))?;
+    w.check_acknowledged_in_log()
+        .map_err(|e| format!("settled: {e}"))?;
     for step in 0..QUIET_STEPS {
         w.quiet_step();
         w.check_always()
             .map_err(|e| format!("quiet step {step} at {} ms: {e}", w.now_ms))?;
     }
+    w.settle(QUIET_SETTLE_MS);
+    w.check_always().map_err(|e| format!("quiet end: {e}"))?;
+    w.check_acknowledged_in_log()
+        .map_err(|e| format!("quiet end: {e}"))?;
+    w.check_every_online_recipient()
+        .map_err(|e| format!("quiet end: {e}"))?;
     Ok(w)
 }
 
@@ -100,6 +125,12 @@ fn cluster_sim_invariants_hold() {
                 totals.superseded += w.stats.superseded;
                 totals.partitions += w.stats.partitions;
                 totals.lost += w.stats.lost;
+                totals.sends += w.stats.sends;
+                totals.sendacks_ok += w.stats.sendacks_ok;
+                totals.recvs += w.stats.recvs;
+                totals.remote_pushes += w.stats.remote_pushes;
+                totals.lookups += w.stats.lookups;
+                totals.stale_pushes += w.stats.stale_pushes;
             }
             Err(e) => {
                 eprintln!(
@@ -113,6 +144,8 @@ fn cluster_sim_invariants_hold() {
     assert!(failures.is_empty(), "failing seeds: {failures:?}");
     // The runs reached what they are for.
     assert!(totals.connacks_ok > 0 && totals.kicks > 0 && totals.moves > 0 && totals.crashes > 0);
+    assert!(totals.sendacks_ok > 0 && totals.recvs > 0 && totals.remote_pushes > 0);
+    assert!(totals.lookups > 0 && totals.stale_pushes > 0);
 }
 
 /// The first CI seed on which `bugs` breaks an invariant, and the failure.
@@ -122,7 +155,7 @@ fn first_failure(bugs: Bugs) -> Option<(u64, String)> {
 
 #[test]
 fn cluster_sim_catches_planted_bugs() {
-    let planted: [(&str, Bugs, &[&str]); 6] = [
+    let planted: [(&str, Bugs, &[&str]); 10] = [
         (
             "a touch answer's superseded routes dropped",
             Bugs {
@@ -170,6 +203,38 @@ fn cluster_sim_catches_planted_bugs() {
                 ..Bugs::default()
             },
             &["no move lost"],
+        ),
+        (
+            "the owner writes RECV without revalidating the endpoint",
+            Bugs {
+                skip_revalidation: true,
+                ..Bugs::default()
+            },
+            &["no RECV after close"],
+        ),
+        (
+            "pushes to another node carried twice",
+            Bugs {
+                duplicate_pushes: true,
+                ..Bugs::default()
+            },
+            &["one RECV"],
+        ),
+        (
+            "pushes to another node vanish",
+            Bugs {
+                drop_remote_pushes: true,
+                ..Bugs::default()
+            },
+            &["every online recipient"],
+        ),
+        (
+            "a crash loses a synced record",
+            Bugs {
+                crash_drops_synced: true,
+                ..Bugs::default()
+            },
+            &["acknowledged in log"],
         ),
     ];
     for (name, bugs, expected) in planted {

@@ -26,11 +26,16 @@ use domain::presence::registry::{
 use domain::presence::route::{
     BootId, DeviceLevel, OwnerAction, Route, RouteIdentity, SessionId, Transport,
 };
-use domain::send::delivery::{session_id, session_shard};
+use domain::send::commit::CommitRequest;
+use domain::send::delivery::{session_id, session_shard, Lookup, LookupReply};
 use proto::wkproto::ReasonCode;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use slots::{hash_slot, HashSlot, ShardId};
+
+#[path = "send.rs"]
+mod send;
+use send::{Answer, Core, Messaging};
 
 /// A request's deadline at its requester (`rpc_request_deadline_ms`).
 pub const RPC_DEADLINE_MS: u64 = 300;
@@ -68,6 +73,15 @@ pub struct Bugs {
     /// A move gives its slot the term above the old one whoever moves it (two
     /// moves made at once through two nodes tie, and the merge drops one).
     pub moves_share_terms: bool,
+    /// The owner writes RECV to every pushed endpoint without
+    /// `Registry::revalidate` (a closed or kicked session, an old boot's).
+    pub skip_revalidation: bool,
+    /// Every push to another node is carried twice.
+    pub duplicate_pushes: bool,
+    /// Pushes to another node vanish (uncounted, whatever the link).
+    pub drop_remote_pushes: bool,
+    /// A crash also loses the newest synced record of the node's logs.
+    pub crash_drops_synced: bool,
 }
 
 /// The shape of one seed's cluster.
@@ -93,10 +107,27 @@ type Addr = (NodeId, ShardId);
 /// What a request left behind at its requester, until its answer or deadline.
 #[derive(Debug)]
 enum Pending {
-    Activation { act: u64, request_kind: Call },
+    Activation {
+        act: u64,
+        request_kind: Call,
+    },
     Unregister(Box<UnregisterRequest>),
-    Touch { target: Target, routes: Vec<Route> },
-    Owner { act: u64, index: u32 },
+    Touch {
+        target: Target,
+        routes: Vec<Route>,
+    },
+    Owner {
+        act: u64,
+        index: u32,
+    },
+    /// A client's SEND, forwarded to its channel's commit shard.
+    Send {
+        send: usize,
+    },
+    /// A delivery page's lookup at another node's authority.
+    Lookup {
+        lookup_id: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -117,6 +148,8 @@ enum Request {
         routes: Vec<Route>,
     },
     Owner(OwnerAction),
+    Send(Box<CommitRequest<()>>),
+    Lookup(Lookup),
 }
 
 #[derive(Debug)]
@@ -124,6 +157,13 @@ enum Reply {
     Authority(AuthorityReply),
     Touch(TouchAnswer),
     Owner(Result<(), OwnerActionFailed>),
+    /// The SENDACK's fields.
+    Send {
+        message_id: i64,
+        message_seq: u64,
+        reason: ReasonCode,
+    },
+    Lookup(LookupReply),
 }
 
 #[derive(Debug)]
@@ -141,6 +181,15 @@ enum Body {
         reply: Reply,
     },
     View(Box<ClusterView>),
+    /// A push batch to the owner shards of its endpoints (one-way).
+    Push {
+        message: send::Message,
+        endpoints: Vec<domain::presence::route::Endpoint>,
+    },
+    /// A commit shard's sync job done (its syncer, on the same node).
+    SyncDone {
+        shard: ShardId,
+    },
 }
 
 #[derive(Debug)]
@@ -167,6 +216,8 @@ struct Shard {
     /// This shard's requests awaiting an answer: id → (deadline, pending).
     pending: BTreeMap<u64, (u64, Pending)>,
     next_flush_ms: u64,
+    /// The commit core of the channels placed on this shard, over its log.
+    commit: Core,
 }
 
 struct Node {
@@ -187,6 +238,8 @@ pub struct Conn {
     pub session_id: SessionId,
     pub active: bool,
     pub last_ping_ms: u64,
+    /// When its CONNACK 0 was written.
+    pub active_since_ms: u64,
 }
 
 pub struct Client {
@@ -236,6 +289,8 @@ pub struct World {
     /// Each node's view as saved on its disk (every installed view, before a move
     /// is answered): what survives its crashes.
     saved_views: BTreeMap<NodeId, ClusterView>,
+    /// The SEND path's state: groups, logs, SENDs and RECVs.
+    msg: Messaging,
     pub stats: Stats,
 }
 
@@ -250,6 +305,12 @@ pub struct Stats {
     pub lost: u64,
     pub owner_down_done: u64,
     pub superseded: u64,
+    pub sends: u64,
+    pub sendacks_ok: u64,
+    pub recvs: u64,
+    pub remote_pushes: u64,
+    pub lookups: u64,
+    pub stale_pushes: u64,
 }
 
 fn registry_config(shard: ShardId, node: NodeId, boot: BootId) -> RegistryConfig {
@@ -293,6 +354,7 @@ impl World {
             later: Vec::new(),
             moves_made: Vec::new(),
             saved_views: BTreeMap::new(),
+            msg: Messaging::default(),
             quiet: false,
             trace_uid: std::env::var("CLUSTER_SIM_TRACE").ok(),
             violations: Vec::new(),
@@ -329,6 +391,8 @@ impl World {
                 kicked: 0,
             });
         }
+        w.msg.groups = send::draw_groups(&mut w.rng, uids);
+        w.msg.uids = uids;
         w
     }
 
@@ -341,6 +405,9 @@ impl World {
         let dir = Directory::new(&authority_config()).expect("valid config");
         let shards = self.shape.shards;
         let now_s = self.now_ms / 1000;
+        let mut cores: Vec<Core> = (0..shards)
+            .map(|s| self.new_commit_core(id, s as ShardId))
+            .collect();
         let shards = (0..shards)
             .map(|s| {
                 let mine: Vec<HashSlot> = (0..256u16)
@@ -357,6 +424,7 @@ impl World {
                     conns: BTreeMap::new(),
                     pending: BTreeMap::new(),
                     next_flush_ms: self.now_ms + TOUCH_FLUSH_MS,
+                    commit: cores.remove(0),
                 }
             })
             .collect();
@@ -514,7 +582,17 @@ impl World {
                 to_shard,
                 request,
             } => {
-                let reply = self.serve((flight.to, to_shard), request);
+                let at = (flight.to, to_shard);
+                if let Request::Send(request) = request {
+                    let answer = Answer {
+                        to: from,
+                        to_boot: from_boot,
+                        id,
+                    };
+                    self.commit_at(at, *request, answer);
+                    return true;
+                }
+                let reply = self.serve(at, request);
                 if let Some(reply) = reply {
                     self.reply(flight.to, from, from_boot, id, reply);
                 }
@@ -530,6 +608,10 @@ impl World {
                 }
             }
             Body::View(view) => self.install_view(flight.to, &view),
+            Body::Push { message, endpoints } => {
+                self.owner_push(flight.to, &message.0, &endpoints);
+            }
+            Body::SyncDone { shard } => self.sync_done((flight.to, shard)),
         }
         true
     }
@@ -562,6 +644,8 @@ impl World {
                 }
                 Some(Reply::Owner(Ok(())))
             }
+            Request::Lookup(lookup) => Some(Reply::Lookup(self.serve_lookup(at, &lookup))),
+            Request::Send(_) => unreachable!("a SEND is committed, not served"),
         }
     }
 
@@ -611,6 +695,17 @@ impl World {
             }
             (Pending::Owner { act, index }, Reply::Owner(result)) => {
                 self.feed(at, act, Event::OwnerActionDone { index, result });
+            }
+            (
+                Pending::Send { send },
+                Reply::Send {
+                    message_id,
+                    message_seq,
+                    reason,
+                },
+            ) => self.on_sendack(send, reason, message_id, message_seq),
+            (Pending::Lookup { lookup_id }, Reply::Lookup(reply)) => {
+                self.shard_mut(at).commit.on_lookup_reply(lookup_id, reply);
             }
             (p, r) => panic!("seed {}: reply {r:?} to {p:?}", self.seed),
         }
@@ -674,6 +769,13 @@ impl World {
                 };
                 self.feed(at, act, event);
             }
+            (Pending::Send { send }, NoAnswerAction::SendAck(reason)) => {
+                self.on_sendack(send, reason, 0, 0);
+            }
+            (Pending::Lookup { lookup_id }, NoAnswerAction::LookupFailed(f)) => {
+                let reply = LookupReply::Failed(f);
+                self.shard_mut(at).commit.on_lookup_reply(lookup_id, reply);
+            }
             (p, a) => panic!("seed {}: no-answer {a:?} for {p:?}", self.seed),
         }
     }
@@ -733,6 +835,7 @@ impl World {
                         self.stats.connacks_ok += 1;
                         c.active = true;
                         c.last_ping_ms = now_ms;
+                        c.active_since_ms = now_ms;
                         if self.quiet {
                             self.check_login(client);
                         }
@@ -808,6 +911,7 @@ impl World {
             session_id: sid,
             active: false,
             last_ping_ms: self.now_ms,
+            active_since_ms: 0,
         });
         self.stats.connects += 1;
         let at = (node, shard);
@@ -1075,6 +1179,7 @@ impl World {
         }
         let id = up[self.rng.gen_range(0..up.len())];
         self.node_mut(id).up = false;
+        self.crash_logs(id);
         for c in &mut self.clients {
             if c.conn.is_some_and(|c| c.node == id) {
                 c.conn = None;
@@ -1182,6 +1287,10 @@ impl World {
                 let c = self.rng.gen_range(0..self.clients.len());
                 self.close(c);
             }
+            20..=34 => {
+                let c = self.rng.gen_range(0..self.clients.len());
+                self.send(c);
+            }
             _ => self.advance(),
         }
         self.drain_later();
@@ -1228,6 +1337,10 @@ impl World {
                 }
             }
             200..=203 => self.pause(),
+            204..=279 => {
+                let c = self.rng.gen_range(0..self.clients.len());
+                self.send(c);
+            }
             _ => self.advance(),
         }
     }
@@ -1239,6 +1352,8 @@ impl World {
             self.drain_later();
         }
         self.fire_timers();
+        self.drain_later();
+        self.pump_commits();
         self.drain_later();
         self.keep_alive();
     }
@@ -1437,5 +1552,7 @@ fn hop_kind(p: &Pending) -> HopKind {
         Pending::Activation { .. } | Pending::Unregister(_) => HopKind::Authority,
         Pending::Touch { .. } => HopKind::Touch,
         Pending::Owner { .. } => HopKind::OwnerAction,
+        Pending::Send { .. } => HopKind::Send,
+        Pending::Lookup { .. } => HopKind::Lookup,
     }
 }
