@@ -1,8 +1,9 @@
 //! The SEND path in the simulated cluster: a client's SEND goes from its gateway to
 //! its channel's home (`ClusterView::home_node`, the commit shard `hash_slot %
 //! shards`) as the node forwards it, is committed there by the real [`CommitCore`]
-//! over a log that survives kill -9 (`send_sim/log.rs`; the policy "answer after
-//! the sync"), and is answered with a SENDACK; the core's [`Planner`] looks its
+//! over a log that survives kill -9 and keeps its synced records through a power
+//! loss (`send_sim/log.rs`; the policy "answer after the sync": the interval
+//! policy's windows are `send_sim`'s), and is answered with a SENDACK; the core's [`Planner`] looks its
 //! recipients up at their authorities (this node's through the real
 //! `AuthorityReader` of its published tables, another node's by a lookup request
 //! over the link, served by that node's reader) and pushes RECVs to their owners,
@@ -15,7 +16,7 @@
 //! - **one RECV**: at most one per (message, session) (no resend here: no RECVACK
 //!   timer runs);
 //! - **acknowledged in log**: every SENDACK 1 names a record of its home's log, with
-//!   its message id and seq (a kill -9 keeps what was written);
+//!   its message id and seq, through kill -9 and power losses;
 //! - **every online recipient**: in the quiet phase (links up, no move, crash or
 //!   pause), every message answered SENDACK 1 reaches every session of its
 //!   recipients that was active before it was sent and still is (the sending
@@ -177,11 +178,19 @@ impl World {
         CommitCore::new(FakeLog(store), ids, None, COMMIT_LIMITS)
     }
 
-    /// kill -9 of `node`: its logs keep every record written (the page cache
-    /// survives); a sync job in flight dies with the process.
+    /// A crash of `node`: after kill -9 its logs keep every record written (the
+    /// page cache survives), after a power loss only what their syncs covered and
+    /// any part of the rest; a sync job in flight dies with the process. Under this
+    /// policy (SENDACK after the sync) neither loses an acknowledged message.
     pub(super) fn crash_logs(&mut self, node: domain::cluster::NodeId) {
+        let power_loss = self.rng.gen_bool(0.5);
         for (_, store) in self.msg.stores.range((node, 0)..=(node, ShardId::MAX)) {
-            let keep = store.borrow().unsynced();
+            let unsynced = store.borrow().unsynced();
+            let keep = if power_loss {
+                self.rng.gen_range(0..=unsynced)
+            } else {
+                unsynced
+            };
             store.borrow_mut().crash(keep);
         }
     }
