@@ -393,7 +393,12 @@ impl Api {
     /// `GET /cluster/slots`: the view (each hash slot's slot id, leader, term,
     /// config epoch and home node) and the nodes ([`Api::cluster_nodes`]).
     pub(super) fn cluster_slots(&self) -> Reply {
-        let view = self.shared.view();
+        self.cluster_slots_of(&self.shared.view())
+    }
+
+    /// [`Api::cluster_slots`] of `view` (a slot move answers with the view it made,
+    /// not one a peer's move may have superseded since).
+    pub(super) fn cluster_slots_of(&self, view: &crate::cluster::ClusterView) -> Reply {
         let slots: Vec<Value> = (0..slots::HASH_SLOTS as u16)
             .map(|s| {
                 let t = view.target_for_slot(s);

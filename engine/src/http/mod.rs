@@ -1006,7 +1006,7 @@ impl Api {
                 )
             })?;
         }
-        Ok(self.cluster_slots())
+        Ok(self.cluster_slots_of(&view))
     }
 }
 
