@@ -344,10 +344,84 @@ fn a_pending_dial_times_out(backend: Backend) {
     drop(l);
 }
 
+/// A dial told to leave from 127.0.0.11 reaches a listener on 127.0.0.12 from that
+/// address (Linux answers all of 127/8 on `lo`); without a source address the
+/// kernel picks 127.0.0.1. Both are also the dialer's local address seen by the
+/// listener's `Accepted`.
+fn a_dial_leaves_from_the_source_address(backend: Backend) {
+    let config = NetConfig::default();
+    let l = bind_reuseport("127.0.0.12:0".parse().unwrap(), 64).unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut server = Side::new(backend, &config, vec![(Transport::Rpc, l)]);
+    let mut dialer = Side::new(backend, &config, Vec::new());
+    let from: std::net::IpAddr = "127.0.0.11".parse().unwrap();
+    let c = dialer.d.connect_from(addr, Some(from)).unwrap();
+    let plain = dialer.d.connect(addr).unwrap();
+    until(&mut [&mut dialer, &mut server], "two accepted", |s| {
+        s[0].events.len() == 2
+            && s[1]
+                .events
+                .iter()
+                .filter(|e| matches!(e, NetEvent::Accepted { .. }))
+                .count()
+                == 2
+    });
+    assert!(
+        dialer
+            .events_of(c)
+            .iter()
+            .chain(dialer.events_of(plain).iter())
+            .all(|e| matches!(e, NetEvent::Connected { peer, .. } if *peer == addr)),
+        "{:?}",
+        dialer.events
+    );
+    let mut peers: Vec<std::net::IpAddr> = server
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            NetEvent::Accepted { peer, .. } => Some(peer.ip()),
+            _ => None,
+        })
+        .collect();
+    peers.sort();
+    let expected: Vec<std::net::IpAddr> = vec!["127.0.0.1".parse().unwrap(), from];
+    assert_eq!(peers, expected);
+}
+
+/// An unspecified source address, or one of the other family, binds nothing: the
+/// dial goes out as without one.
+fn an_unspecified_source_address_is_ignored(backend: Backend) {
+    let config = NetConfig::default();
+    let (mut server, addr) = Side::listening(backend, &config, 64);
+    let mut dialer = Side::new(backend, &config, Vec::new());
+    let a = dialer
+        .d
+        .connect_from(addr, Some("0.0.0.0".parse().unwrap()))
+        .unwrap();
+    let b = dialer
+        .d
+        .connect_from(addr, Some("::1".parse().unwrap()))
+        .unwrap();
+    until(&mut [&mut dialer, &mut server], "both connected", |s| {
+        s[0].events.len() == 2
+    });
+    for c in [a, b] {
+        assert_eq!(
+            dialer.events_of(c),
+            vec![NetEvent::Connected {
+                conn: c,
+                peer: addr
+            }]
+        );
+    }
+}
+
 suite!(
     dial_exchange_and_close,
     bytes_sent_before_connected_arrive,
     dial_to_a_closed_port_fails,
     the_link_cap_refuses_a_dial,
     a_pending_dial_times_out,
+    a_dial_leaves_from_the_source_address,
+    an_unspecified_source_address_is_ignored,
 );

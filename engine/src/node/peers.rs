@@ -531,7 +531,7 @@ impl NodeShard {
             let jitter = self.rng.next_u64();
             let peers = &mut self.peers;
             let l = &mut peers.links[i];
-            match driver.connect(l.addr) {
+            match driver.connect_from(l.addr, self.shared.config.rpc_addr.map(|a| a.ip())) {
                 Ok(conn) => {
                     l.conn = Some(conn);
                     l.out.clear();

@@ -7,7 +7,7 @@
 //! `connect_outcome` (`SO_ERROR`, `peer_addr`) before any read or write.
 
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, SocketAddr};
+use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -125,8 +125,8 @@ impl MioDriver {
 
     /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect,
     /// registered for both readiness kinds; its first event tells the outcome.
-    pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
-        let (idx, id, stream) = super::begin_dial(&mut self.core, addr)?;
+    pub fn connect(&mut self, addr: SocketAddr, from: Option<IpAddr>) -> io::Result<ConnId> {
+        let (idx, id, stream) = super::begin_dial(&mut self.core, addr, from)?;
         if self.conns.len() <= idx as usize {
             self.conns.resize_with(idx as usize + 1, MioConn::default);
         }

@@ -122,7 +122,7 @@ pub use self::core::AcceptBackoff;
 pub use self::tls::{TlsConfig, TlsLoadError, TlsServer};
 
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -502,11 +502,15 @@ fn restore_spare<S: std::os::fd::AsFd>(spare: &mut Spare, stream: S) -> Option<S
 }
 
 /// A non-blocking TCP socket (`TCP_NODELAY`, close-on-exec) whose connect to
-/// `addr` has started. `Err`: no socket (out of descriptors or memory). The second
-/// value is the error of the `connect` call itself when it failed at once (the dial
-/// is then reported failed); otherwise completion is signalled by writability and
-/// told apart with [`connect_outcome`].
-fn start_connect(addr: SocketAddr) -> io::Result<(std::net::TcpStream, Option<io::Error>)> {
+/// `addr` has started, from `from` when given (see [`dial_source`]). `Err`: no
+/// socket (out of descriptors or memory). The second value is the error of the
+/// `bind` or `connect` call itself when it failed at once (the dial is then
+/// reported failed); otherwise completion is signalled by writability and told
+/// apart with [`connect_outcome`].
+fn start_connect(
+    addr: SocketAddr,
+    from: Option<IpAddr>,
+) -> io::Result<(std::net::TcpStream, Option<io::Error>)> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(
         Domain::for_address(addr),
@@ -514,6 +518,11 @@ fn start_connect(addr: SocketAddr) -> io::Result<(std::net::TcpStream, Option<io
         Some(Protocol::TCP),
     )?;
     socket.set_tcp_nodelay(true)?;
+    if let Some(ip) = dial_source(addr, from) {
+        if let Err(e) = bind_source(&socket, ip) {
+            return Ok((socket.into(), Some(e)));
+        }
+    }
     let failed = match socket.connect(&addr.into()) {
         Ok(()) => None,
         // In progress (EINTR: the connect goes on asynchronously too).
@@ -523,16 +532,48 @@ fn start_connect(addr: SocketAddr) -> io::Result<(std::net::TcpStream, Option<io
     Ok((socket.into(), failed))
 }
 
+/// The source address a dial to `addr` binds before connecting: `from`, unless it
+/// is unspecified (`0.0.0.0`, `::`: the kernel chooses, as without one) or of the
+/// other family than `addr`.
+fn dial_source(addr: SocketAddr, from: Option<IpAddr>) -> Option<IpAddr> {
+    from.filter(|ip| !ip.is_unspecified() && ip.is_ipv4() == addr.is_ipv4())
+}
+
+/// Binds `socket` to `ip` with a port the kernel picks. On IPv4 with
+/// `IP_BIND_ADDRESS_NO_PORT`: the port is chosen at connect time, per destination
+/// (a plain bind holds an ephemeral port of its own whatever the destination);
+/// where the option is refused the bind takes a port as usual.
+fn bind_source(socket: &socket2::Socket, ip: IpAddr) -> io::Result<()> {
+    if ip.is_ipv4() {
+        use std::os::fd::AsRawFd;
+        let on: libc::c_int = 1;
+        // SAFETY: `on` is a live c_int of the length passed; the option only reads it.
+        // Its failure is harmless (an older kernel): the bind below still works.
+        let _ = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    socket.bind(&SocketAddr::new(ip, 0).into())
+}
+
 /// The start of a dial, common to both backends: the cap checked, the socket's
-/// non-blocking connect started, the slot taken. Gives the slot, its id, and the
-/// socket to watch — `None` when the `connect` call failed at once (the dial is
-/// then already reported failed by the table).
+/// non-blocking connect started (from `from`, see [`dial_source`]), the slot taken.
+/// Gives the slot, its id, and the socket to watch — `None` when the `bind` or
+/// `connect` call failed at once (the dial is then already reported failed by the
+/// table).
 fn begin_dial(
     core: &mut self::core::Core,
     addr: SocketAddr,
+    from: Option<IpAddr>,
 ) -> io::Result<(u32, ConnId, Option<std::net::TcpStream>)> {
     core.reserve_dial()?;
-    let (stream, failed) = start_connect(addr)?;
+    let (stream, failed) = start_connect(addr, from)?;
     let idx = core.alloc_dial(addr);
     let id = core.id(idx);
     if let Some(e) = failed {
@@ -723,7 +764,16 @@ impl NetDriver {
     /// could be created (out of descriptors, memory; an address family the host
     /// lacks).
     pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
-        dispatch!(self, d => d.connect(addr))
+        dispatch!(self, d => d.connect(addr, None))
+    }
+
+    /// [`Self::connect`] from the source address `from` (port chosen by the
+    /// kernel): the connection leaves from that IP, as a node's links leave from its
+    /// `rpc_addr`'s. `None`, or an unspecified or other-family address: the kernel
+    /// chooses, as with [`Self::connect`]. A bind that fails (an address this host
+    /// does not have) reports the dial failed (`Closed { ConnectFailed(kind) }`).
+    pub fn connect_from(&mut self, addr: SocketAddr, from: Option<IpAddr>) -> io::Result<ConnId> {
+        dispatch!(self, d => d.connect(addr, from))
     }
 
     /// Closes `conn` gracefully (flush, WebSocket close frame, shutdown); a dial not

@@ -13,7 +13,7 @@
 //! spurious wakeup, and followed by the connection's multishot recv.
 
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 use std::sync::Arc;
@@ -267,8 +267,8 @@ impl UringDriver {
 
     /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect
     /// now, its writability poll submitted by the next poll's enter.
-    pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
-        let (idx, id, stream) = super::begin_dial(&mut self.core, addr)?;
+    pub fn connect(&mut self, addr: SocketAddr, from: Option<IpAddr>) -> io::Result<ConnId> {
+        let (idx, id, stream) = super::begin_dial(&mut self.core, addr, from)?;
         if self.conns.len() <= idx as usize {
             self.conns.resize_with(idx as usize + 1, UConn::default);
         }
