@@ -105,13 +105,25 @@ pub(super) fn draw_groups(rng: &mut StdRng, uids: usize) -> SimGroups {
     SimGroups(groups)
 }
 
+/// The phases of a run, as SENDs are made in them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// Faults of every kind.
+    #[default]
+    Chaos,
+    /// No fault, no move: logins, closes and SENDs.
+    Quiet,
+    /// Planned slot moves only (no cut, crash or pause): SENDs meanwhile.
+    Moves,
+}
+
 /// A client's SEND and its SENDACK.
 struct SendRec {
     client: usize,
     session: domain::presence::route::SessionId,
     sent_ms: u64,
-    /// Sent in the quiet phase.
-    quiet: bool,
+    /// The phase it was sent in.
+    phase: Phase,
     /// The channel's commit shard.
     home: Addr,
     recipients: Vec<Uid>,
@@ -223,7 +235,7 @@ impl World {
             client,
             session: k.session_id,
             sent_ms: self.now_ms,
-            quiet: self.quiet,
+            phase: self.phase,
             home,
             recipients,
             ack: None,
@@ -504,11 +516,13 @@ impl World {
         Ok(())
     }
 
-    /// **Every online recipient**: each quiet-phase message answered SENDACK 1
-    /// reached every session of its recipients active since before it was sent.
-    pub fn check_every_online_recipient(&self) -> Result<(), String> {
+    /// **Every online recipient**: each message of `phase` answered SENDACK 1
+    /// reached every session of its recipients active since before it was sent
+    /// (and still active). The failure names the phase: "every online recipient
+    /// (Quiet)".
+    pub fn check_every_online_recipient(&self, phase: Phase) -> Result<(), String> {
         for (i, r) in self.msg.sends.iter().enumerate() {
-            let Some((ReasonCode::SUCCESS, id, _)) = r.ack.filter(|_| r.quiet) else {
+            let Some((ReasonCode::SUCCESS, id, _)) = r.ack.filter(|_| r.phase == phase) else {
                 continue;
             };
             for (c, client) in self.clients.iter().enumerate() {
@@ -521,7 +535,7 @@ impl World {
                 }
                 if !self.msg.recvs.contains_key(&(id, k.session_id)) {
                     return Err(format!(
-                        "every online recipient: message {id} (SEND {i} of client {} to {:?}) \
+                        "every online recipient ({phase:?}): message {id} (SEND {i} of client {} to {:?}) \
                          never reached client {c} (uid {}, session {} on node {}, active \
                          since {} ms, sent at {} ms)",
                         r.client,

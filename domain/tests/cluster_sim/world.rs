@@ -35,6 +35,7 @@ use slots::{hash_slot, HashSlot, ShardId};
 
 #[path = "send.rs"]
 mod send;
+pub use send::Phase;
 use send::{Answer, Core, Messaging};
 
 /// A request's deadline at its requester (`rpc_request_deadline_ms`).
@@ -279,6 +280,8 @@ pub struct World {
     trace_uid: Option<String>,
     /// The quiet phase: no faults, the cluster settled.
     quiet: bool,
+    /// The phase SENDs are made in.
+    phase: Phase,
     /// Invariants broken inside a turn, reported by `check_always`.
     violations: Vec<String>,
     /// Answers made during a caller's turn, handled after it.
@@ -356,6 +359,7 @@ impl World {
             saved_views: BTreeMap::new(),
             msg: Messaging::default(),
             quiet: false,
+            phase: Phase::Chaos,
             trace_uid: std::env::var("CLUSTER_SIM_TRACE").ok(),
             violations: Vec::new(),
             stats: Stats::default(),
@@ -1276,6 +1280,7 @@ impl World {
     /// One step of the quiet phase (after the last heal): logins, closes, time.
     pub fn quiet_step(&mut self) {
         self.quiet = true;
+        self.phase = Phase::Quiet;
         match self.rng.gen_range(0..100) {
             0..=14 => {
                 let c = self.rng.gen_range(0..self.clients.len());
@@ -1288,6 +1293,21 @@ impl World {
                 self.close(c);
             }
             20..=34 => {
+                let c = self.rng.gen_range(0..self.clients.len());
+                self.send(c);
+            }
+            _ => self.advance(),
+        }
+        self.drain_later();
+    }
+
+    /// One step of the moves phase (after the quiet one): an operator moves slots
+    /// (one, or a node's drain) while clients SEND; no cut, crash or pause.
+    pub fn moves_step(&mut self) {
+        self.phase = Phase::Moves;
+        match self.rng.gen_range(0..100) {
+            0..=2 => self.move_slots(),
+            3..=22 => {
                 let c = self.rng.gen_range(0..self.clients.len());
                 self.send(c);
             }
