@@ -92,6 +92,10 @@ pub const CLUSTER_SECRET_MIN_BYTES: usize = 16;
 /// cluster secret does.
 pub const API_BEARER_TOKEN_ENV: &str = "IMROUTER_API_BEARER_TOKEN";
 
+/// The environment variable that sets `[auth] admin_token` (it wins over the file
+/// when set and not empty).
+pub const ADMIN_TOKEN_ENV: &str = "IMROUTER_ADMIN_TOKEN";
+
 /// Secrets printed in the README's examples: long enough, and known to everyone
 /// who read it. A cluster with peers refuses them by name.
 pub const EXAMPLE_SECRETS: &[&str] = &["at-least-16-bytes"];
@@ -312,6 +316,11 @@ pub struct AuthSection {
     pub default_device_level: DeviceLevel,
     /// Bearer token the HTTP API requires (empty: none).
     pub api_bearer_token: String,
+    /// Bearer token of the operator's routes, slot moves
+    /// (`POST /cluster/slots/leader`) and drains (`POST /node/drain`), instead of
+    /// `api_bearer_token` (an application server cannot move slots). Empty: none,
+    /// and behind an API bearer token those routes answer 403.
+    pub admin_token: String,
 }
 
 impl Default for AuthSection {
@@ -320,6 +329,7 @@ impl Default for AuthSection {
             token_auth: true,
             default_device_level: DeviceLevel::Master,
             api_bearer_token: String::new(),
+            admin_token: String::new(),
         }
     }
 }
@@ -397,6 +407,9 @@ impl Config {
         }
         if let Some(token) = env(API_BEARER_TOKEN_ENV).filter(|s| !s.is_empty()) {
             config.auth.api_bearer_token = token;
+        }
+        if let Some(token) = env(ADMIN_TOKEN_ENV).filter(|s| !s.is_empty()) {
+            config.auth.admin_token = token;
         }
         Ok(config)
     }
@@ -478,6 +491,20 @@ impl Config {
                  the same token on every node, in [auth] or {API_BEARER_TOKEN_ENV}"
             ));
         }
+        let admin = &self.auth.admin_token;
+        if !admin.is_empty() && *admin == self.auth.api_bearer_token {
+            return Err(
+                "auth.admin_token is auth.api_bearer_token: the operator's token \
+                        (slot moves, drains) must differ from the applications'"
+                    .into(),
+            );
+        }
+        if has_peers && api && admin.is_empty() {
+            tracing::warn!(
+                "auth.admin_token is empty: POST /cluster/slots/leader and POST /node/drain \
+                 answer 403 until it is set (in [auth] or {ADMIN_TOKEN_ENV})"
+            );
+        }
         Ok(())
     }
 
@@ -497,6 +524,8 @@ impl Config {
         api.addr = addr("api_addr", &self.listen.api_addr)?;
         api.bearer_token =
             (!self.auth.api_bearer_token.is_empty()).then(|| self.auth.api_bearer_token.clone());
+        api.admin_token =
+            (!self.auth.admin_token.is_empty()).then(|| self.auth.admin_token.clone());
         let (wss_addr, tls) = self.tls_listener()?;
         Ok(NodeConfig {
             node_id: self.node.node_id,

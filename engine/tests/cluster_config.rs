@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
 
 use engine::cluster::ClusterView;
-use engine::config::{Config, API_BEARER_TOKEN_ENV, CLUSTER_SECRET_ENV};
+use engine::config::{Config, ADMIN_TOKEN_ENV, API_BEARER_TOKEN_ENV, CLUSTER_SECRET_ENV};
 use engine::node::Node;
 
 const SECRET: &str = "0123456789abcdef-file";
@@ -255,6 +255,27 @@ fn a_cluster_refuses_the_example_secret_and_an_api_without_a_token() {
         .unwrap()
         .to_node_config()
         .is_ok());
+}
+
+/// Issue 26, item 3: the operator's admin token (slot moves, drains) comes from
+/// `[auth] admin_token` or the environment, and may not be the applications' token.
+#[test]
+fn the_admin_token_is_read_and_must_differ_from_the_api_token() {
+    let c = Config::parse(&three_nodes(1), no_env).unwrap();
+    assert_eq!(c.to_node_config().unwrap().api.admin_token, None);
+    let env_admin = |k: &str| (k == ADMIN_TOKEN_ENV).then(|| "operator-only".into());
+    let c = Config::parse(&three_nodes(1), env_admin).unwrap();
+    let node = c.to_node_config().unwrap();
+    assert_eq!(node.api.admin_token.as_deref(), Some("operator-only"));
+    let same = three_nodes(1).replace(
+        &format!("api_bearer_token = \"{API_TOKEN}\""),
+        &format!("api_bearer_token = \"{API_TOKEN}\"\nadmin_token = \"{API_TOKEN}\""),
+    );
+    let e = error_of(&same);
+    assert!(
+        e.contains("auth.admin_token is auth.api_bearer_token"),
+        "{e}"
+    );
 }
 
 /// A node of three started alone is up but not ready: `/readyz` is 503 and says

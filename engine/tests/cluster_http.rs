@@ -19,6 +19,8 @@ use support::cluster::{login_any, Cluster};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 const BEARER: &str = "Bearer cluster-http-test";
+/// The operator's token (slot moves, drains).
+const ADMIN: &str = "Bearer cluster-http-admin";
 
 /// Each node's API on its configured address, a bearer token, one shard, and
 /// client addresses for `/route` in every `[[cluster.nodes]]` entry.
@@ -32,6 +34,7 @@ fn tune(c: &mut NodeConfig) {
     let entry = c.cluster.nodes.iter().find(|n| n.id == me).unwrap();
     c.api.addr = Some(entry.api_addr);
     c.api.bearer_token = Some(BEARER["Bearer ".len()..].to_string());
+    c.api.admin_token = Some(ADMIN["Bearer ".len()..].to_string());
     c.runtime.shard_count = 1;
 }
 
@@ -47,9 +50,14 @@ fn call(node: &Node, method: &str, path: &str, body: Value) -> (u16, Value) {
     } else {
         body.to_string()
     };
+    let token = if engine::http::Api::is_admin(method, path) {
+        ADMIN
+    } else {
+        BEARER
+    };
     let reply = node
         .api()
-        .handle(method, path, Some(BEARER), text.as_bytes());
+        .handle(method, path, Some(token), text.as_bytes());
     let value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
     (reply.status, value)
 }

@@ -80,6 +80,12 @@ pub struct ApiConfig {
     /// /readyz when set. Set from `[auth] api_bearer_token`.
     #[serde(skip)]
     pub bearer_token: Option<String>,
+    /// Required as `Authorization: Bearer <token>` on the operator's routes
+    /// ([`Api::is_admin`]) instead of `bearer_token`. Without one those routes
+    /// answer 403 when `bearer_token` is set (open when neither is: a node in
+    /// development). Set from `[auth] admin_token`.
+    #[serde(skip)]
+    pub admin_token: Option<String>,
     /// Largest request body (413 over it, checked after the bearer token).
     pub max_body_bytes: usize,
     /// Most uids in one request (onlinestatus, subscribers).
@@ -142,6 +148,7 @@ impl Default for ApiConfig {
         ApiConfig {
             addr: Some(SocketAddr::from(([127, 0, 0, 1], 5001))),
             bearer_token: None,
+            admin_token: None,
             max_body_bytes: 1 << 20,
             max_uids_per_request: 10_000,
             shard_reply_timeout_ms: 5_000,
@@ -528,7 +535,7 @@ impl Api {
         if let Some(reply) = self.handle_open(req.method, req.path()) {
             return reply;
         }
-        if let Err(reply) = self.authorize(req.authorization) {
+        if let Err(reply) = self.authorize(req.method, req.path(), req.authorization) {
             return reply;
         }
         if req.body.len() > self.config.max_body_bytes {
@@ -553,19 +560,46 @@ impl Api {
         }
     }
 
-    /// Checks the bearer token, if one is configured, in constant time (for tokens
-    /// of the same length).
-    pub fn authorize(&self, authorization: Option<&str>) -> Result<(), Reply> {
-        let Some(token) = &self.config.bearer_token else {
-            return Ok(());
-        };
+    /// The operator's routes: slot moves and drains, behind `admin_token`.
+    pub fn is_admin(method: &str, path: &str) -> bool {
+        matches!(
+            (method, path),
+            ("POST", "/cluster/slots/leader") | ("POST", "/node/drain")
+        )
+    }
+
+    /// Checks the request's bearer token, in constant time (for tokens of the
+    /// same length): the admin token on [`Api::is_admin`] routes (403 without one
+    /// configured behind an API token), the API's on the others; open where none is
+    /// configured.
+    pub fn authorize(
+        &self,
+        method: &str,
+        path: &str,
+        authorization: Option<&str>,
+    ) -> Result<(), Reply> {
         let given = authorization
             .and_then(|a| a.strip_prefix("Bearer "))
             .unwrap_or("");
-        if bool::from(given.as_bytes().ct_eq(token.as_bytes())) && !given.is_empty() {
-            Ok(())
-        } else {
-            Err(Reply::error(401, "missing or wrong bearer token"))
+        let matches =
+            |token: &str| bool::from(given.as_bytes().ct_eq(token.as_bytes())) && !given.is_empty();
+        if Api::is_admin(method, path) {
+            return match (&self.config.admin_token, &self.config.bearer_token) {
+                (Some(admin), _) if matches(admin) => Ok(()),
+                (Some(_), _) => Err(Reply::error(401, "missing or wrong admin token")),
+                (None, Some(_)) => Err(Reply::error(
+                    403,
+                    "slot moves and drains need the admin token, and none is set: set \
+                     auth.admin_token (or IMROUTER_ADMIN_TOKEN) and send it as the bearer token",
+                )),
+                (None, None) => Ok(()),
+            };
+        }
+        match &self.config.bearer_token {
+            Some(token) if !matches(token) => {
+                Err(Reply::error(401, "missing or wrong bearer token"))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -190,7 +190,7 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if let Err(reply) = app.api.authorize(auth.as_deref()) {
+    if let Err(reply) = app.api.authorize(&method, &path, auth.as_deref()) {
         return to_response(reply);
     }
     let forwarded_by = match headers.get(super::forward::FORWARDED_HEADER) {

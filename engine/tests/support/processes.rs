@@ -37,6 +37,8 @@ pub const SECRET: &str = "processes-test-cluster-secret";
 /// The API's bearer token on the three nodes (a node with peers requires one);
 /// [`http`] sends it on every request (a node without a token ignores it).
 pub const API_TOKEN: &str = "processes-test-api-token";
+/// The operator's token (slot moves, drains).
+pub const ADMIN_TOKEN: &str = "processes-test-admin-token";
 
 /// Three `imrouter` processes (node ids 1..=3) and their files.
 pub struct Processes {
@@ -89,6 +91,7 @@ impl Processes {
             "[node]\nnode_id = {id}\ndata_dir = {:?}\n\
              [listen]\nrpc_addr = \"{}\"\ntcp_addr = \"{}\"\nws_addr = \"127.0.0.1:0\"\n\
              api_addr = \"{}\"\n[auth]\ntoken_auth = false\napi_bearer_token = \"{API_TOKEN}\"\n\
+             admin_token = \"{ADMIN_TOKEN}\"\n\
              [runtime]\nshard_count = {SHARDS}\npin_cores = []\n\
              [session]\nsends_per_uid_per_s = 0\n\
              [cluster]\nsecret = \"{SECRET}\"\nslot_ids = {SLOT_IDS}\n",
@@ -355,10 +358,15 @@ pub fn free_fixed_ports(n: usize) -> Vec<u16> {
 pub fn http(api: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<HttpReply> {
     let mut s = TcpStream::connect(api)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let token = if engine::http::Api::is_admin(method, path) {
+        ADMIN_TOKEN
+    } else {
+        API_TOKEN
+    };
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-         Authorization: Bearer {API_TOKEN}\r\n\
+         Authorization: Bearer {token}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
