@@ -985,7 +985,7 @@ impl Drop for MessageLog {
     }
 }
 
-fn segment_path(dir: &Path, id: u32) -> PathBuf {
+pub(super) fn segment_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("{id:020}{SEGMENT_SUFFIX}"))
 }
 
@@ -1005,7 +1005,7 @@ fn map_segment(file: &File) -> io::Result<MmapMut> {
     unsafe { MmapMut::map_mut(file) }
 }
 
-fn position(segment_id: u32, offset: u32) -> LogPosition {
+pub(super) fn position(segment_id: u32, offset: u32) -> LogPosition {
     (u64::from(segment_id) << 32) | u64::from(offset)
 }
 
@@ -1043,7 +1043,7 @@ fn create_and_lock(dir: &Path) -> Result<DirLock, LogError> {
 
 /// The ids of the segment files in `dir`, ascending (other files are ignored).
 /// Refuses a directory that cannot be listed.
-fn list_segment_ids(dir: &Path) -> Result<Vec<u32>, LogError> {
+pub(super) fn list_segment_ids(dir: &Path) -> Result<Vec<u32>, LogError> {
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_err("list log dir"))? {
         let entry = entry.map_err(io_err("list log dir"))?;
@@ -1889,6 +1889,14 @@ impl MessageLog {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where the next record goes: the position just past the last one appended
+    /// (the active segment's write offset). Only grows while the log is open; a
+    /// reader of the files ([`super::tail::LogTail`]) may read every record below it.
+    pub fn end_position(&self) -> LogPosition {
+        let seg = self.active();
+        position(seg.id, seg.end)
     }
 
     /// Ids of the retained segments, oldest first (for tests and operations).

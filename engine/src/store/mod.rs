@@ -12,23 +12,28 @@
 //! - [`refill_idempotency`]: the idempotency window (`domain::send::idempotency`) refilled
 //!   from a log at start.
 //! - [`meta`]: [`MetaStore`], tokens and subscribers with a fsynced journal and snapshots.
+//! - [`tail`]: [`tail::LogTail`], a reader of a log's files from outside its shard
+//!   (the `msg.notify` webhook follows each log with one).
 //! - [`view`]: `DATA_DIR/view.json`, the cluster view last installed (slot moves
 //!   survive a restart).
 //!
 //! Everything here is owned by one thread (a shard or the API), except the
-//! [`SyncJob`]s a shard hands to its syncer thread; it takes time as an argument; the
-//! only IO is to its own directory.
+//! [`SyncJob`]s a shard hands to its syncer thread and the [`tail::LogTail`]s that
+//! read a log's files beside its shard; it takes time as an argument; the only IO is
+//! to its own directory.
 
 mod fsutil;
 pub mod layout;
 pub mod log;
 pub mod meta;
 pub mod record;
+pub mod tail;
 pub mod view;
 
 pub use domain::send::idempotency::{IdempotencyConfig, IdempotencyWindow, SentIds};
 pub use domain::send::idgen::MessageIdGen;
 pub use fsutil::create_private_dir_all;
+pub(crate) use fsutil::write_atomic;
 pub use log::{
     log_dir, AppendedMessage, FsyncPolicy, LogConfig, LogError, LogPosition, LogStats, MessageLog,
     MessageView, NewMessage, PullMode, ReadResult, RecoveryReport, StoredMessage, SyncJob,
