@@ -479,6 +479,19 @@ impl Exposition {
                 self.sample(name, &labels, read(&sink.stats[kind.index()]));
             }
         }
+        // msg.notify's cursor over the message logs (0 while it is not sent).
+        type ReadNotify = fn(&crate::webhook::notify::NotifyStats) -> u64;
+        let notify: [(&str, &str, &str, ReadNotify); 3] = [
+            ("imrouter_webhook_notify_cursor_writes_total", "counter", "msg.notify cursor files written (DATA_DIR/webhook_notify_cursor.json, at most every [webhook] notify_cursor_interval_ms).", |s| s.cursor_writes.load(Ordering::Relaxed)),
+            ("imrouter_webhook_notify_saved", "gauge", "msg.notify messages read since the start that the cursor last written has passed (accepted, or dropped): a restart does not send them again.", |s| s.saved.load(Ordering::Relaxed)),
+            ("imrouter_webhook_notify_skipped_total", "counter", "Ranges of a message log msg.notify skipped: deleted by the log's retention before they were sent (their messages are not sent).", |s| s.skipped.load(Ordering::Relaxed)),
+        ];
+        let zero = crate::webhook::notify::NotifyStats::default();
+        let stats = sink.notify().map_or(&zero, |n| &n.stats);
+        for (name, ty, help, read) in notify {
+            self.family(name, ty, help);
+            self.sample(name, "", read(stats));
+        }
     }
 
     /// The `wss://` listener's certificate expiry and counters (with `[listen]

@@ -1192,9 +1192,9 @@ fn start_webhooks(
     if !shared.config.webhook.enabled() {
         return Ok(None);
     }
-    let node_id = shared.config.node_id;
+    let (node_id, boot) = (shared.config.node_id, shared.boot_id);
     if let Some(http) = http {
-        crate::webhook::start(&shared.webhooks, node_id, &http.runtime_handle());
+        crate::webhook::start(&shared.webhooks, node_id, boot, &http.runtime_handle());
         return Ok(None);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -1202,7 +1202,7 @@ fn start_webhooks(
         .thread_name("imrouter-webhook")
         .enable_all()
         .build()?;
-    crate::webhook::start(&shared.webhooks, node_id, runtime.handle());
+    crate::webhook::start(&shared.webhooks, node_id, boot, runtime.handle());
     Ok(Some(runtime))
 }
 
@@ -1235,6 +1235,11 @@ impl Node {
             .collect();
         let bound = bind_listeners(&mut config)?;
         let logs = open_logs(&config, &hooks)?;
+        // `msg.notify` follows the logs from its saved cursor (a first start: from
+        // where they end now, saved before any SEND).
+        let ends: Vec<_> = logs.iter().map(|(log, _)| log.end_position()).collect();
+        let webhooks =
+            crate::webhook::WebhookSink::new(&config.webhook).with_logs(&config.data_dir, &ends)?;
 
         let shared = Arc::new(NodeShared {
             boot_id,
@@ -1260,7 +1265,7 @@ impl Node {
             client_ws_addr: bound.ws_addr,
             draining: std::sync::atomic::AtomicBool::new(false),
             view_heard: std::sync::atomic::AtomicBool::new(false),
-            webhooks: Arc::new(crate::webhook::WebhookSink::new(&config.webhook)),
+            webhooks: Arc::new(webhooks),
             config,
         });
         let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();

@@ -1,7 +1,13 @@
 //! The webhooks' HTTP client: hyper-util's pooled client (HTTP/1.1, keep-alive) on
 //! the runtime the driver runs on, every request bounded by `timeout_ms` (connect,
-//! send, answer and its body together).
+//! TLS handshake, send, answer and its body together). `https://` receivers go
+//! through hyper-rustls: rustls with the wss listener's crypto provider
+//! (`net::io::tls::provider`, ring), TLS 1.3 and 1.2, ALPN `http/1.1`, the
+//! receiver's certificate checked against Mozilla's roots (webpki-roots) or, with
+//! `[webhook] ca_file`, against the CA certificates of that PEM file only.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,6 +16,7 @@ use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::Uri;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -20,31 +27,33 @@ use super::WebhookConfig;
 /// The signature header: `sha256=` and the hex HMAC-SHA256 of the body keyed by
 /// `[webhook] secret`.
 pub const SIGNATURE_HEADER: &str = "x-imrouter-signature";
-/// The batch header: the same on every attempt of one request (`node.kind.batch`;
-/// a receiver may deduplicate retries by it).
+/// The batch header: the same on every attempt of one request
+/// (`node.kind.boot.batch`, `boot` a random number of this start of the node, so a
+/// batch number of a later start is another batch; a receiver may deduplicate
+/// retries by it).
 pub const BATCH_HEADER: &str = "x-imrouter-batch";
 /// The most of an answer's body read (the rest is not waited for).
 const ANSWER_BYTES_MAX: usize = 64 << 10;
 
-/// The receiver: `http://authority/path?query` (`event=NAME` is appended).
+/// The receiver: `http[s]://authority/path?query` (`event=NAME` is appended).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
+    /// `http` or `https`.
+    scheme: &'static str,
     authority: String,
     /// Path and query, `?` or `&` last: the event's parameter follows.
     path_query: String,
 }
 
 impl Target {
-    /// Parses `url`; refuses what is not `http://host[:port][/path][?query]`.
+    /// Parses `url`; refuses what is not `http[s]://host[:port][/path][?query]`.
     pub fn parse(url: &str) -> Result<Target, String> {
         let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err("https is not supported: point it at a local proxy over http".into())
-            }
-            _ => return Err("the URL must start with http://".into()),
-        }
+        let scheme = match uri.scheme_str() {
+            Some("http") => "http",
+            Some("https") => "https",
+            _ => return Err("the URL must start with http:// or https://".into()),
+        };
         let Some(authority) = uri.authority() else {
             return Err("the URL has no host".into());
         };
@@ -54,15 +63,22 @@ impl Target {
             _ => path_query.push('?'),
         }
         Ok(Target {
+            scheme,
             authority: authority.to_string(),
             path_query,
         })
     }
 
+    /// Whether the receiver is reached over TLS.
+    pub fn is_https(&self) -> bool {
+        self.scheme == "https"
+    }
+
     /// The request URI of `kind`'s events.
     fn uri(&self, kind: EventKind) -> Result<Uri, String> {
         let s = format!(
-            "http://{}{}event={}",
+            "{}://{}{}event={}",
+            self.scheme,
             self.authority,
             self.path_query,
             kind.name()
@@ -90,21 +106,87 @@ pub fn pooled_client(
         .build(connector)
 }
 
+/// The certificates a receiver's chain is checked against: those of `ca_file` (PEM,
+/// at least one CERTIFICATE), or Mozilla's roots when it is empty. Gives why the
+/// file does not do.
+pub fn root_store(ca_file: &Path) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    if ca_file.as_os_str().is_empty() {
+        return Ok(rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        });
+    }
+    let pem = std::fs::read(ca_file).map_err(|e| e.to_string())?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("bad PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("no CERTIFICATE in the PEM file".into());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, cert) in certs.into_iter().enumerate() {
+        roots
+            .add(cert)
+            .map_err(|e| format!("certificate {} is not a usable CA: {e}", i + 1))?;
+    }
+    Ok(roots)
+}
+
+/// The TLS side of the webhooks' client: rustls on the wss listener's provider,
+/// TLS 1.3 and 1.2, no client certificate.
+fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(net::io::tls::provider());
+    // ALPN (`http/1.1`) is set by the connector's `enable_http1`.
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(root_store(ca_file)?)
+        .with_no_client_auth())
+}
+
+/// The webhooks' pooled client: [`pooled_client`]'s settings under hyper-rustls
+/// (`http://` and `https://`).
+fn pooled_https_client(
+    tls: rustls::ClientConfig,
+    connect_timeout: Duration,
+    idle: Duration,
+    max_idle_per_host: usize,
+) -> Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(idle)
+        .pool_max_idle_per_host(max_idle_per_host)
+        .build(connector)
+}
+
 /// Posts the queues' requests.
 #[derive(Clone)]
 pub struct WebhookClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     target: Target,
     timeout: Duration,
     secret: Option<Vec<u8>>,
     node_id: u64,
+    boot: u64,
 }
 
 impl WebhookClient {
-    pub fn new(config: &WebhookConfig, node_id: u64) -> Result<WebhookClient, String> {
+    pub fn new(config: &WebhookConfig, node_id: u64, boot: u64) -> Result<WebhookClient, String> {
         let target = Target::parse(&config.url)?;
         let timeout = Duration::from_millis(config.timeout_ms);
-        let client = pooled_client(
+        let tls = tls_config(Path::new(&config.ca_file))
+            .map_err(|e| format!("webhook.ca_file {:?}: {e}", config.ca_file))?;
+        let client = pooled_https_client(
+            tls,
             timeout,
             Duration::from_secs(30),
             config.requests_in_flight_max * 3,
@@ -119,6 +201,7 @@ impl WebhookClient {
             timeout,
             secret,
             node_id,
+            boot,
         })
     }
 
@@ -132,14 +215,24 @@ impl WebhookClient {
             .header(CONTENT_TYPE, "application/json")
             .header(
                 BATCH_HEADER,
-                format!("{}.{}.{}", self.node_id, kind.name(), r.batch),
+                format!(
+                    "{}.{}.{:x}.{}",
+                    self.node_id,
+                    kind.name(),
+                    self.boot,
+                    r.batch
+                ),
             );
         if let Some(secret) = &self.secret {
             req = req.header(SIGNATURE_HEADER, signature(secret, &r.body));
         }
         let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
         let answer = async {
-            let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| error_chain(&e))?;
             let status = resp.status();
             // Read (a bounded part of) the answer so the connection can be reused.
             let _ = Limited::new(resp.into_body(), ANSWER_BYTES_MAX)
@@ -156,6 +249,18 @@ impl WebhookClient {
             Err(_) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
         }
     }
+}
+
+/// `e` and its sources (a TLS refusal is a source of hyper-util's connect error).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
 }
 
 /// `sha256=<hex>`: the HMAC-SHA256 of `body` keyed by `secret`.
@@ -194,10 +299,37 @@ mod tests {
             t.uri(EventKind::Offline).unwrap().to_string(),
             "http://h/?event=msg.offline"
         );
-        assert!(Target::parse("https://h/x").unwrap_err().contains("https"));
+        let t = Target::parse("https://h:8443/x").unwrap();
+        assert!(t.is_https());
+        assert_eq!(
+            t.uri(EventKind::Notify).unwrap().to_string(),
+            "https://h:8443/x?event=msg.notify"
+        );
         assert!(Target::parse("ftp://h/x").is_err());
         assert!(Target::parse("/just/a/path").is_err());
         assert!(Target::parse("not a url").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_client_is_built_for_http_and_https() {
+        for url in ["http://127.0.0.1:9/x", "https://127.0.0.1:9/x"] {
+            let config = WebhookConfig {
+                url: url.into(),
+                ..WebhookConfig::default()
+            };
+            assert!(WebhookClient::new(&config, 1, 2).is_ok(), "{url}");
+        }
+    }
+
+    #[test]
+    fn a_ca_file_must_hold_a_certificate() {
+        assert!(!root_store(Path::new("")).unwrap().is_empty(), "Mozilla's");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.pem");
+        assert!(root_store(&missing).is_err());
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no pem here\n").unwrap();
+        assert!(root_store(&empty).unwrap_err().contains("no CERTIFICATE"));
     }
 
     /// RFC 4231 test case 2.

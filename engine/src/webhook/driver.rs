@@ -1,4 +1,5 @@
-//! The webhooks' driver: one tokio task. It takes the shards' events from the
+//! The webhooks' driver (`msg.offline`, `user.onlinestatus`; `msg.notify` is
+//! [`super::notify`]'s): one tokio task. It takes the shards' events from the
 //! hand-off, encodes them, feeds them to one `domain::webhook::WebhookQueue` per
 //! kind, posts the requests the queues give (each on a task of its own, at most
 //! `requests_in_flight_max` per kind), reports each outcome back, and sleeps until
@@ -109,19 +110,19 @@ impl Queues {
 /// stopped) or with its runtime.
 pub async fn run(
     sink: Arc<WebhookSink>,
-    client: WebhookClient,
+    client: Arc<WebhookClient>,
     mut rx: mpsc::UnboundedReceiver<Pending>,
 ) {
     let limits = sink.config().limits();
     let mut queues = Queues {
+        // `msg.notify` has a task of its own (`super::notify`).
         queues: EventKind::ALL.map(|k| {
-            sink.enabled(k)
+            (sink.enabled(k) && k != EventKind::Notify)
                 .then(|| WebhookQueue::new(limits, k.layout()))
         }),
         published: [QueueCounts::default(); 3],
         epoch: Instant::now(),
     };
-    let client = Arc::new(client);
     let mut out: JoinSet<Done> = JoinSet::new();
     let mut taken = Vec::with_capacity(HANDOFF_BATCH_MAX);
     loop {

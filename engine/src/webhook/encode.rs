@@ -52,6 +52,16 @@ pub fn offline(m: &Committed, uids: &[Uid]) -> Event {
     }
 }
 
+/// `msg.notify`: the message; deduplicated by its message id.
+pub fn notify(m: &Committed) -> Event {
+    Event {
+        id: Some(m.message_id as u64),
+        json: serde_json::Value::Object(message_json(m))
+            .to_string()
+            .into_bytes(),
+    }
+}
+
 /// `user.onlinestatus`: WuKongIM's
 /// `uid-device_flag-online-session_id-device_online-total_online` string.
 pub fn status(c: &PresenceChange) -> Event {

@@ -9,6 +9,10 @@
 //!   (`domain::presence::authority::PresenceChange`) as WuKongIM's strings
 //!   `uid-device_flag-online-session_id-device_online-total_online`, batched; the
 //!   counts are every node's, so the authority sends them, not the session's owner.
+//! - `msg.notify`: every message in this node's message logs (every message it
+//!   committed, NoPersist ones aside), batched, read from the logs' files by
+//!   [`notify`] from a cursor persisted in the data dir: at least once across
+//!   restarts. The shards only publish where each log ends ([`WebhookSink::committed`]).
 //!
 //! The shards hand events to the [`WebhookSink`] and go on: the hand-off never
 //! blocks and never waits for the receiver. An event that would pass the kind's
@@ -23,7 +27,9 @@
 pub mod client;
 pub mod driver;
 mod encode;
+pub mod notify;
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -36,6 +42,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::config::Secret;
+use crate::store::LogPosition;
 
 /// The shortest time between two warnings about dropped events of one kind.
 pub const DROP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
@@ -44,15 +51,18 @@ pub const DROP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_sec
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// `http://host:port/path` of the receiver (`?event=NAME` is added); empty: no
-    /// webhooks. Plain HTTP only: put a proxy in front of an HTTPS receiver.
+    /// `http://host:port/path` or `https://...` of the receiver (`?event=NAME` is
+    /// added); empty: no webhooks.
     pub url: String,
-    /// The events sent: `msg.offline`, `user.onlinestatus`.
+    /// An `https` receiver's certificate is checked against the CA certificates of
+    /// this PEM file only; empty: against Mozilla's roots (webpki-roots).
+    pub ca_file: PathBuf,
+    /// The events sent: `msg.offline`, `user.onlinestatus`, `msg.notify`.
     pub events: Vec<String>,
     /// One request's limit: connect, send, answer and its body.
     pub timeout_ms: u64,
-    /// Events per request (`user.onlinestatus`; `msg.offline` is one message per
-    /// request).
+    /// Events per request (`user.onlinestatus`, `msg.notify`; `msg.offline` is one
+    /// message per request).
     pub batch_max: usize,
     /// How long an event waits for its request to fill.
     pub batch_delay_ms: u64,
@@ -67,6 +77,15 @@ pub struct WebhookConfig {
     pub backoff_min_ms: u64,
     /// ...up to this; retries go on while the node runs.
     pub backoff_max_ms: u64,
+    /// `msg.notify`: messages one read of a shard's log takes (what is read waits
+    /// for room in `queue_bytes_max` before it is queued).
+    pub notify_read_max: usize,
+    /// `msg.notify`: messages read from the logs per second, at most (a replay
+    /// after a restart or an outage reads no faster).
+    pub notify_read_per_s: u64,
+    /// `msg.notify`: the cursor file is written at most this often (and only when
+    /// it moved); a restart resends what the receiver accepted since.
+    pub notify_cursor_interval_ms: u64,
     /// When set, every request carries `X-Imrouter-Signature: sha256=<hex>`, the
     /// HMAC-SHA256 of the body keyed by it.
     pub secret: Secret,
@@ -76,6 +95,7 @@ impl Default for WebhookConfig {
     fn default() -> Self {
         WebhookConfig {
             url: String::new(),
+            ca_file: PathBuf::new(),
             events: vec![
                 EventKind::Offline.name().into(),
                 EventKind::OnlineStatus.name().into(),
@@ -87,6 +107,9 @@ impl Default for WebhookConfig {
             requests_in_flight_max: 4,
             backoff_min_ms: 100,
             backoff_max_ms: 30_000,
+            notify_read_max: 1_000,
+            notify_read_per_s: 20_000,
+            notify_cursor_interval_ms: 1_000,
             secret: Secret::default(),
         }
     }
@@ -128,23 +151,24 @@ impl WebhookConfig {
         if !self.enabled() {
             return Ok(());
         }
-        client::Target::parse(&self.url)
+        let target = client::Target::parse(&self.url)
             .map_err(|e| format!("webhook.url = {:?}: {e}", self.url))?;
+        if !self.ca_file.as_os_str().is_empty() {
+            if !target.is_https() {
+                return Err(format!(
+                    "webhook.ca_file is set but webhook.url = {:?} is not https://",
+                    self.url
+                ));
+            }
+            client::root_store(&self.ca_file)
+                .map_err(|e| format!("webhook.ca_file {}: {e}", self.ca_file.display()))?;
+        }
         for e in &self.events {
-            match EventKind::parse(e) {
-                Some(EventKind::Notify) => {
-                    return Err(format!(
-                        "webhook.events: {e:?} is not sent yet (the events sent: msg.offline, \
-                         user.onlinestatus)"
-                    ))
-                }
-                Some(_) => {}
-                None => {
-                    return Err(format!(
-                        "webhook.events: unknown event {e:?} (the events sent: msg.offline, \
-                         user.onlinestatus)"
-                    ))
-                }
+            if EventKind::parse(e).is_none() {
+                return Err(format!(
+                    "webhook.events: unknown event {e:?} (the events sent: msg.offline, \
+                     user.onlinestatus, msg.notify)"
+                ));
             }
         }
         if self.secret.expose() == b"<set>" {
@@ -163,6 +187,9 @@ impl WebhookConfig {
                 ("requests_in_flight_max", self.requests_in_flight_max as u64),
                 ("backoff_min_ms", self.backoff_min_ms),
                 ("backoff_max_ms", self.backoff_max_ms),
+                ("notify_read_max", self.notify_read_max as u64),
+                ("notify_read_per_s", self.notify_read_per_s),
+                ("notify_cursor_interval_ms", self.notify_cursor_interval_ms),
             ],
         )?;
         if self.backoff_max_ms < self.backoff_min_ms {
@@ -252,6 +279,8 @@ pub struct WebhookSink {
     /// The driver's end, until it starts.
     rx: Mutex<Option<mpsc::UnboundedReceiver<Pending>>>,
     started: Instant,
+    /// `msg.notify`: where each log ends and the cursor (with [`Self::with_logs`]).
+    notify: Option<notify::NotifyFeed>,
 }
 
 impl WebhookSink {
@@ -272,6 +301,30 @@ impl WebhookSink {
             tx,
             rx: Mutex::new(rx),
             started: Instant::now(),
+            notify: None,
+        }
+    }
+
+    /// With `msg.notify` on: follows the logs of `data_dir`, which end at `ends`
+    /// (per shard, as just opened), from the cursor saved there (a first start: from
+    /// `ends`, saved now). Gives why the cursor file cannot be read or written.
+    pub fn with_logs(mut self, data_dir: &Path, ends: &[LogPosition]) -> std::io::Result<Self> {
+        if self.enabled(EventKind::Notify) {
+            self.notify = Some(notify::NotifyFeed::open(data_dir, ends)?);
+        }
+        Ok(self)
+    }
+
+    /// `msg.notify`'s shared state (`None`: not sent).
+    pub fn notify(&self) -> Option<&notify::NotifyFeed> {
+        self.notify.as_ref()
+    }
+
+    /// Shard `shard`'s log now ends at `end` (`msg.notify` reads up to it). Never
+    /// blocks: an atomic max and, when it moved, a wake-up of the reader.
+    pub fn committed(&self, shard: usize, end: LogPosition) {
+        if let Some(n) = &self.notify {
+            n.published(shard, end);
         }
     }
 
@@ -352,19 +405,23 @@ impl WebhookSink {
     }
 }
 
-/// Starts the driver on `runtime` (the API's, or one of its own), if webhooks are
-/// on and it has not started.
-pub fn start(sink: &Arc<WebhookSink>, node_id: u64, runtime: &tokio::runtime::Handle) {
+/// Starts the driver on `runtime` (the API's, or one of its own), and `msg.notify`'s
+/// follower when it is sent, if webhooks are on and they have not started. `boot`
+/// tells this start's batches from the previous ones' (`X-Imrouter-Batch`).
+pub fn start(sink: &Arc<WebhookSink>, node_id: u64, boot: u64, runtime: &tokio::runtime::Handle) {
     let Some(rx) = sink.take_receiver() else {
         return;
     };
-    let client = match client::WebhookClient::new(sink.config(), node_id) {
-        Ok(c) => c,
+    let client = match client::WebhookClient::new(sink.config(), node_id, boot) {
+        Ok(c) => Arc::new(c),
         Err(e) => {
             tracing::error!(err = %e, "webhooks not started");
             return;
         }
     };
+    if sink.notify().is_some() {
+        runtime.spawn(notify::run(sink.clone(), client.clone()));
+    }
     runtime.spawn(driver::run(sink.clone(), client, rx));
     tracing::info!(url = %sink.config().url, events = ?sink.config().events, "webhooks on");
 }
@@ -391,10 +448,22 @@ mod tests {
         };
         assert_eq!(no_url.validate(), Ok(()), "nothing is checked while off");
         let err = |f: fn(&mut WebhookConfig)| on(f).unwrap_err();
-        assert!(err(|c| c.url = "https://h/x".into()).contains("webhook.url"));
+        assert_eq!(on(|c| c.url = "https://h/x".into()), Ok(()));
+        assert_eq!(on(|c| c.events = vec!["msg.notify".into()]), Ok(()));
         assert!(err(|c| c.url = "h:80".into()).contains("webhook.url"));
+        assert!(err(|c| c.url = "ftp://h/x".into()).contains("webhook.url"));
         assert!(err(|c| c.events = vec!["msg.offlin".into()]).contains("unknown event"));
-        assert!(err(|c| c.events = vec!["msg.notify".into()]).contains("not sent yet"));
+        let e = err(|c| {
+            c.url = "https://h/x".into();
+            c.ca_file = "/nonexistent/ca.pem".into();
+        });
+        assert!(e.contains("webhook.ca_file /nonexistent/ca.pem"), "{e}");
+        assert!(err(|c| c.ca_file = "/nonexistent/ca.pem".into()).contains("not https://"));
+        assert!(err(|c| c.notify_read_max = 0).contains("webhook.notify_read_max"));
+        assert!(err(|c| c.notify_read_per_s = 0).contains("webhook.notify_read_per_s"));
+        assert!(
+            err(|c| c.notify_cursor_interval_ms = 0).contains("webhook.notify_cursor_interval_ms")
+        );
         assert!(err(|c| c.batch_max = 0).contains("webhook.batch_max"));
         assert!(err(|c| c.queue_bytes_max = 0).contains("webhook.queue_bytes_max"));
         assert!(err(|c| c.timeout_ms = 0).contains("webhook.timeout_ms"));

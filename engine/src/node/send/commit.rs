@@ -272,6 +272,9 @@ fn carry_outputs(
     node.commit.carrying = batch;
     publish_commit_counts(node);
     if answered {
+        // The `msg.notify` webhook reads the log up to here (when it is on).
+        let end = node.commit.core.log().end_position();
+        node.shared.webhooks.committed(node.me as usize, end);
         pump_deliveries(node, cx, driver);
     }
 }
