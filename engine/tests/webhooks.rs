@@ -4,14 +4,21 @@
 //! counts, from the uid's authority); one `msg.offline` per message naming exactly
 //! its offline recipients; a receiver that is down and comes back loses nothing,
 //! the failed requests counted; a three-node cluster sends each event once, from
-//! the node that commits the message or leads the uid.
+//! the node that commits the message or leads the uid. `msg.notify`: every
+//! committed message once per batch, and after a restart the tail the receiver did
+//! not accept is sent again from the saved cursor (nothing lost, nothing accepted
+//! before the cursor sent twice); a receiver down then up loses nothing. `https://`
+//! receivers: trusted through `[webhook] ca_file` (a CA the test makes), an
+//! untrusted certificate refused and counted as failed.
 
 #[macro_use]
 mod support;
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -46,6 +53,11 @@ impl Call {
     fn node(&self) -> u64 {
         self.batch.split('.').next().unwrap().parse().unwrap()
     }
+
+    /// The node's start that sent it (the batch header's part before the batch).
+    fn boot(&self) -> String {
+        self.batch.rsplit('.').nth(1).unwrap().to_string()
+    }
 }
 
 /// The receiver: records every call, answers 200; can go down (listener and
@@ -56,10 +68,20 @@ struct Receiver {
     server: Option<tokio::task::JoinHandle<()>>,
     tx: mpsc::Sender<Call>,
     calls: mpsc::Receiver<Call>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Receiver {
     fn start() -> Receiver {
+        Receiver::start_with(None)
+    }
+
+    /// A receiver behind TLS with `tls`'s certificate.
+    fn start_tls(tls: Arc<rustls::ServerConfig>) -> Receiver {
+        Receiver::start_with(Some(tokio_rustls::TlsAcceptor::from(tls)))
+    }
+
+    fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Receiver {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -70,18 +92,20 @@ impl Receiver {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = Some(rt.spawn(serve(listener, tx.clone())));
+        let server = Some(rt.spawn(serve(listener, tx.clone(), tls.clone())));
         Receiver {
             addr,
             rt,
             server,
             tx,
             calls,
+            tls,
         }
     }
 
     fn url(&self) -> String {
-        format!("http://{}/hook", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}/hook", self.addr)
     }
 
     /// Closes the listener and every connection.
@@ -97,7 +121,10 @@ impl Receiver {
             .rt
             .block_on(tokio::net::TcpListener::bind(self.addr))
             .unwrap();
-        self.server = Some(self.rt.spawn(serve(listener, self.tx.clone())));
+        self.server = Some(
+            self.rt
+                .spawn(serve(listener, self.tx.clone(), self.tls.clone())),
+        );
     }
 
     fn next(&self) -> Call {
@@ -116,18 +143,31 @@ impl Receiver {
     }
 }
 
-async fn serve(listener: tokio::net::TcpListener, tx: mpsc::Sender<Call>) {
+async fn serve(
+    listener: tokio::net::TcpListener,
+    tx: mpsc::Sender<Call>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let tx = tx.clone();
+        let (tx, tls) = (tx.clone(), tls.clone());
         conns.spawn(async move {
             let svc = service_fn(move |req| record(req, tx.clone()));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let http = hyper::server::conn::http1::Builder::new();
+            match tls {
+                None => {
+                    let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                }
+                // A handshake the client refuses ends here: no call is recorded.
+                Some(tls) => {
+                    if let Ok(stream) = tls.accept(stream).await {
+                        let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                    }
+                }
+            }
         });
     }
 }
@@ -469,5 +509,312 @@ fn a_three_node_cluster_sends_each_event_once_from_its_node() {
     assert_eq!(
         per_event,
         BTreeMap::from([("msg.offline", 1), ("user.onlinestatus", 3)])
+    );
+}
+
+/// The value of the unlabelled series `name` in the node's `/metrics`.
+fn gauge(node: &Node, name: &str) -> u64 {
+    let text = node.api().handle("GET", "/metrics", None, b"").body;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} missing"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Polls `/metrics` until `ok` holds for the unlabelled series (a failure detector).
+fn wait_gauge(node: &Node, name: &str, ok: impl Fn(u64) -> bool) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let v = gauge(node, name);
+        if ok(v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{name} = {v}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A node sending `msg.notify` only, in batches of at most 4, its cursor written
+/// as soon as it moves.
+fn notify_config(dir: &Path, url: &str) -> NodeConfig {
+    let mut c = webhook_config(dir, url);
+    c.webhook.events = vec!["msg.notify".into()];
+    c.webhook.batch_max = 4;
+    c.webhook.notify_cursor_interval_ms = 1;
+    c
+}
+
+/// `(message_id, batch header)` of every message in the `msg.notify` calls, in the
+/// order received.
+fn notified(calls: &[Call]) -> Vec<(i64, String)> {
+    calls
+        .iter()
+        .filter(|c| c.event == "msg.notify")
+        .flat_map(|c| {
+            let batch = c.batch.clone();
+            c.body
+                .as_array()
+                .expect("an array of messages")
+                .iter()
+                .map(move |m| {
+                    (
+                        m.as_object().unwrap()["message_id"].as_i64().unwrap(),
+                        batch.clone(),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Whether every id of `ids` was notified.
+fn all_notified(ids: &[i64]) -> impl Fn(&[Call]) -> bool + '_ {
+    move |calls| {
+        let got: BTreeSet<i64> = notified(calls).into_iter().map(|(id, _)| id).collect();
+        ids.iter().all(|id| got.contains(id))
+    }
+}
+
+/// Sends `n` person messages from `client` to bob (offline: committed all the
+/// same); their message ids.
+fn send_to_bob(client: &mut Client, first: u32, n: u32) -> Vec<i64> {
+    (first..first + n)
+        .map(|i| {
+            let text = format!("m{i}");
+            client
+                .send("bob", 1, i, &text, text.as_bytes(), true)
+                .unwrap();
+            let (_, id, _, reason) = next_sendack(client);
+            assert_eq!(reason, 1, "SENDACK of {text}");
+            id
+        })
+        .collect()
+}
+
+/// Each batch header names one body (its retries send the same bytes), and no
+/// message is in two batches of one start.
+fn check_batches(calls: &[Call]) {
+    let mut bodies: BTreeMap<&str, &[u8]> = BTreeMap::new();
+    for c in calls.iter().filter(|c| c.event == "msg.notify") {
+        let body = bodies.entry(&c.batch).or_insert(&c.raw);
+        assert_eq!(
+            *body,
+            &c.raw[..],
+            "batch {} sent with another body",
+            c.batch
+        );
+        assert!(c.body.as_array().unwrap().len() <= 4, "batch_max");
+    }
+    let mut batch_of: BTreeMap<(String, i64), &str> = BTreeMap::new();
+    for c in calls.iter().filter(|c| c.event == "msg.notify") {
+        for m in c.body.as_array().unwrap() {
+            let key = (c.boot(), m["message_id"].as_i64().unwrap());
+            let first = *batch_of.entry(key).or_insert(&c.batch);
+            assert_eq!(first, c.batch, "a message in two batches of one start");
+        }
+    }
+}
+
+#[test]
+fn msg_notify_resends_from_the_cursor_what_the_receiver_missed_before_a_restart() {
+    let mut receiver = Receiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(notify_config(dir.path(), &receiver.url())).unwrap();
+    let mut sam = login(&node, "sam", 1);
+    let accepted = send_to_bob(&mut sam, 1, 10);
+    let mut seen = Vec::new();
+    receiver.until(&mut seen, all_notified(&accepted));
+    // The cursor written past all ten: a restart does not send them again.
+    wait_gauge(&node, "imrouter_webhook_notify_saved", |v| v == 10);
+    // The receiver misses the tail: refused, retried, never accepted.
+    receiver.down();
+    let tail = send_to_bob(&mut sam, 11, 5);
+    wait_metric(&node, "imrouter_webhook_failed_total", "msg.notify", |v| {
+        v >= 2
+    });
+    assert_eq!(
+        metric(&node, "imrouter_webhook_sent_total", "msg.notify"),
+        10
+    );
+    drop(sam);
+    node.shutdown().unwrap();
+
+    receiver.up();
+    let node = Node::start(notify_config(dir.path(), &receiver.url())).unwrap();
+    receiver.until(&mut seen, all_notified(&tail));
+    wait_metric(&node, "imrouter_webhook_sent_total", "msg.notify", |v| {
+        v == 5
+    });
+    wait_gauge(&node, "imrouter_webhook_notify_saved", |v| v == 5);
+    check_batches(&seen);
+    let got = notified(&seen);
+    let first_boot = seen[0].boot();
+    for id in &accepted {
+        let sends: Vec<&String> = got
+            .iter()
+            .filter(|(m, _)| m == id)
+            .map(|(_, b)| b)
+            .collect();
+        assert_eq!(
+            sends.len(),
+            1,
+            "accepted before the cursor: sent once ({id}: {sends:?})"
+        );
+    }
+    for id in &tail {
+        let sends: Vec<&String> = got
+            .iter()
+            .filter(|(m, _)| m == id)
+            .map(|(_, b)| b)
+            .collect();
+        assert!(!sends.is_empty(), "the tail is resent ({id})");
+        for c in seen.iter().filter(|c| sends.contains(&&c.batch)) {
+            assert_ne!(c.boot(), first_boot, "by the restarted node");
+        }
+    }
+    let mut all: Vec<i64> = accepted.iter().chain(&tail).copied().collect();
+    all.sort();
+    let mut distinct: Vec<i64> = got.iter().map(|(id, _)| *id).collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct, all, "nothing else");
+    // The messages as WuKongIM shows them, from the log.
+    let m = seen
+        .iter()
+        .flat_map(|c| c.body.as_array().unwrap())
+        .find(|m| m["message_id"] == json!(tail[0]))
+        .unwrap();
+    assert_eq!(
+        (&m["from_uid"], &m["channel_id"], &m["channel_type"]),
+        (&json!("sam"), &json!("bob"), &json!(1))
+    );
+    assert_eq!(m["client_msg_no"], json!("m11"));
+    assert_eq!(m["message_seq"], json!(11));
+    assert_eq!(m["message_idstr"], json!(tail[0].to_string()));
+    assert_eq!(m["payload"], json!("bTEx"), "base64 of m11");
+    assert_eq!(gauge(&node, "imrouter_webhook_notify_skipped_total"), 0);
+    assert_eq!(
+        metric(&node, "imrouter_webhook_dropped_total", "msg.notify"),
+        0
+    );
+}
+
+#[test]
+fn msg_notify_loses_nothing_while_the_receiver_is_down() {
+    let mut receiver = Receiver::start();
+    receiver.down();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(notify_config(dir.path(), &receiver.url())).unwrap();
+    let mut sam = login(&node, "sam", 1);
+    let ids = send_to_bob(&mut sam, 1, 12);
+    wait_metric(&node, "imrouter_webhook_failed_total", "msg.notify", |v| {
+        v >= 3
+    });
+    assert_eq!(
+        metric(&node, "imrouter_webhook_sent_total", "msg.notify"),
+        0
+    );
+    receiver.up();
+    let mut seen = Vec::new();
+    receiver.until(&mut seen, all_notified(&ids));
+    check_batches(&seen);
+    let mut got: Vec<i64> = notified(&seen).into_iter().map(|(id, _)| id).collect();
+    got.sort();
+    assert_eq!(got, ids, "each once: nothing lost, none twice");
+    wait_metric(&node, "imrouter_webhook_sent_total", "msg.notify", |v| {
+        v == 12
+    });
+    wait_metric(&node, "imrouter_webhook_queued", "msg.notify", |v| v == 0);
+    assert_eq!(
+        metric(&node, "imrouter_webhook_dropped_total", "msg.notify"),
+        0
+    );
+    wait_gauge(&node, "imrouter_webhook_notify_saved", |v| v == 12);
+}
+
+/// A CA and a certificate for 127.0.0.1 it signs, as PEM files in `dir`; the
+/// server side's TLS configuration and the CA's file.
+fn make_pki(dir: &Path) -> (Arc<rustls::ServerConfig>, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "imrouter webhook test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let chain = vec![
+        CertificateDer::from_pem_slice(leaf.pem().as_bytes()).unwrap(),
+        CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap(),
+    ];
+    let key = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap();
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(net::io::tls::provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    (Arc::new(config), ca_file)
+}
+
+#[test]
+fn an_https_receiver_is_trusted_through_ca_file_and_an_untrusted_one_refused() {
+    let pki = tempfile::tempdir().unwrap();
+    let (tls, ca_file) = make_pki(pki.path());
+    let receiver = Receiver::start_tls(tls);
+    assert!(receiver.url().starts_with("https://127.0.0.1:"));
+
+    // Trusted: the receiver's CA is [webhook] ca_file.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = webhook_config(dir.path(), &receiver.url());
+    c.webhook.ca_file = ca_file;
+    let node = Node::start(c).unwrap();
+    let ann = login(&node, "ann", 1);
+    let mut seen = Vec::new();
+    receiver.until(&mut seen, |c| statuses(c).len() == 1);
+    assert_eq!(statuses(&seen)[0].0, "ann");
+    wait_metric(
+        &node,
+        "imrouter_webhook_sent_total",
+        "user.onlinestatus",
+        |v| v == 1,
+    );
+    assert_eq!(
+        metric(&node, "imrouter_webhook_failed_total", "user.onlinestatus"),
+        0
+    );
+    drop(ann);
+    node.shutdown().unwrap();
+
+    // Untrusted: without ca_file only Mozilla's roots are, and the test CA is not
+    // one of them: every attempt is refused in the handshake, counted as failed.
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(webhook_config(dir.path(), &receiver.url())).unwrap();
+    let _bob = login(&node, "bob", 1);
+    wait_metric(
+        &node,
+        "imrouter_webhook_failed_total",
+        "user.onlinestatus",
+        |v| v >= 2,
+    );
+    assert_eq!(
+        metric(&node, "imrouter_webhook_sent_total", "user.onlinestatus"),
+        0
+    );
+    // (The first node's last calls, ann's, may still come in.)
+    let leaked: Vec<Call> = receiver.calls.try_iter().collect();
+    assert!(
+        statuses(&leaked).iter().all(|s| s.0 == "ann"),
+        "no request of the second node got through: {leaked:#?}"
     );
 }
