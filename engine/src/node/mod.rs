@@ -1051,6 +1051,17 @@ fn open_logs(config: &NodeConfig, hooks: &syncer::NodeHooks) -> io::Result<Vec<(
     Ok(logs)
 }
 
+/// The webhooks' sink; with `msg.notify`, following the just opened `logs` from
+/// its saved cursor (a first start: from where they end now, saved before any
+/// SEND).
+fn webhook_sink(
+    config: &NodeConfig,
+    logs: &[(MessageLog, i64)],
+) -> io::Result<crate::webhook::WebhookSink> {
+    let ends: Vec<_> = logs.iter().map(|(log, _)| log.end_position()).collect();
+    crate::webhook::WebhookSink::new(&config.webhook).with_logs(&config.data_dir, &ends)
+}
+
 /// What each shard takes when it starts: its listeners, its log (with the largest
 /// message id in it) and its log syncer; `None` once taken.
 type ShardStartParts =
@@ -1235,11 +1246,7 @@ impl Node {
             .collect();
         let bound = bind_listeners(&mut config)?;
         let logs = open_logs(&config, &hooks)?;
-        // `msg.notify` follows the logs from its saved cursor (a first start: from
-        // where they end now, saved before any SEND).
-        let ends: Vec<_> = logs.iter().map(|(log, _)| log.end_position()).collect();
-        let webhooks =
-            crate::webhook::WebhookSink::new(&config.webhook).with_logs(&config.data_dir, &ends)?;
+        let webhooks = webhook_sink(&config, &logs)?;
 
         let shared = Arc::new(NodeShared {
             boot_id,

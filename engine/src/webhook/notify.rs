@@ -385,6 +385,145 @@ async fn join<T>(h: &mut Option<JoinHandle<T>>) -> Result<T, tokio::task::JoinEr
     }
 }
 
+/// A cursor write's outcome: the cursor written, the messages it passed.
+type CursorWrite = (Vec<LogPosition>, u64, io::Result<()>);
+
+/// The follower task: its state, its queue and what it has running.
+struct Task<'a> {
+    sink: &'a WebhookSink,
+    feed: &'a NotifyFeed,
+    client: Arc<WebhookClient>,
+    f: Follower,
+    q: WebhookQueue,
+    published: QueueCounts,
+    epoch: Instant,
+    out: JoinSet<Posted>,
+    reading: Option<JoinHandle<ReadDone>>,
+    writing: Option<JoinHandle<CursorWrite>>,
+}
+
+impl Task<'_> {
+    fn now_ms(&self, now: Instant) -> u64 {
+        now.duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// Starts a read of the next shard's log when one may start.
+    fn start_read(&mut self, now: Instant) {
+        if self.reading.is_some() {
+            return;
+        }
+        let Some(shard) = self.f.next_read(self.feed, &self.q, now) else {
+            return;
+        };
+        let st = &mut self.f.shards[shard];
+        let (from, end) = (st.read_pos, self.feed.end(shard));
+        let Some(mut tail) = st.tail.take() else {
+            return;
+        };
+        let room = self
+            .f
+            .feed_limits
+            .queue_bytes_max
+            .saturating_sub(self.q.bytes())
+            / 2;
+        let max = self.f.feed_limits.read_max;
+        self.reading = Some(tokio::task::spawn_blocking(move || {
+            let result = tail.read(from, end, max, room.max(1));
+            ReadDone {
+                shard,
+                tail,
+                result,
+            }
+        }));
+    }
+
+    /// Posts every request the queue has now.
+    fn post_due(&mut self, now: Instant) {
+        let now_ms = self.now_ms(now);
+        while let Some(r) = self.q.poll(now_ms) {
+            if r.attempt == 1 {
+                self.f.cut(r.batch, r.events);
+            }
+            let client = self.client.clone();
+            self.out.spawn(async move {
+                let result = client.post(EventKind::Notify, &r).await;
+                Posted {
+                    batch: r.batch,
+                    ok: result.is_ok(),
+                    err: result.err(),
+                }
+            });
+        }
+    }
+
+    /// Starts writing the cursor when it is due.
+    fn start_write(&mut self, now: Instant) {
+        if self.writing.is_some() || self.f.cursor_due(now).is_none_or(|t| t > now) {
+            return;
+        }
+        let cursor = self.f.cursor();
+        let passed = self.f.shards.iter().map(|s| s.passed).sum();
+        let dir = self.feed.data_dir.clone();
+        self.f.saved_at = Some(now);
+        self.writing = Some(tokio::task::spawn_blocking(move || {
+            let result = save_cursor(&dir, &cursor);
+            (cursor, passed, result)
+        }));
+    }
+
+    /// How long to sleep when nothing else wakes the task: until a batch or retry
+    /// is due, the cursor is due, or the read rate allows the next read.
+    fn sleep(&self, now: Instant) -> Duration {
+        let mut wake = self
+            .q
+            .next_wake()
+            .map(|t| self.epoch + Duration::from_millis(t));
+        let mut sooner = |t: Option<Instant>| {
+            if let Some(t) = t {
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+            }
+        };
+        if self.writing.is_none() {
+            sooner(self.f.cursor_due(now));
+        }
+        let behind = (0..self.f.shards.len()).any(|s| self.f.shards[s].read_pos < self.feed.end(s));
+        if self.reading.is_none() && behind && self.f.held.is_empty() && now < self.f.read_at {
+            sooner(Some(self.f.read_at));
+        }
+        wake.map_or(Duration::from_secs(3_600), |w| {
+            w.saturating_duration_since(now)
+        })
+    }
+
+    /// A request came back.
+    fn on_posted(&mut self, done: Posted) {
+        let now_ms = self.now_ms(Instant::now());
+        if let Some(err) = &done.err {
+            tracing::debug!(event = "msg.notify", batch = done.batch, %err, "webhook request failed; retrying");
+        }
+        if self.q.on_done(done.batch, done.ok, now_ms) && done.ok {
+            self.f.accepted(done.batch);
+        }
+    }
+
+    /// A cursor write came back.
+    fn on_written(&mut self, written: Result<CursorWrite, tokio::task::JoinError>) {
+        match written {
+            Ok((cursor, passed, Ok(()))) => {
+                self.f.saved = cursor;
+                let stats = &self.feed.stats;
+                stats.cursor_writes.fetch_add(1, Ordering::Relaxed);
+                stats.saved.store(passed, Ordering::Relaxed);
+            }
+            Ok((_, _, Err(err))) => {
+                let file = self.feed.data_dir.join(CURSOR_FILE);
+                tracing::warn!(%err, file = %file.display(), "msg.notify: writing the cursor failed; retrying");
+            }
+            Err(e) => tracing::warn!(err = %e, "msg.notify: the cursor write did not run"),
+        }
+    }
+}
+
 /// The follower's loop; ends with its runtime.
 pub async fn run(sink: Arc<WebhookSink>, client: Arc<WebhookClient>) {
     let Some(feed) = sink.notify() else {
@@ -392,7 +531,7 @@ pub async fn run(sink: Arc<WebhookSink>, client: Arc<WebhookClient>) {
     };
     let config = sink.config();
     let epoch = Instant::now();
-    let mut f = Follower {
+    let f = Follower {
         feed_limits: FeedLimits {
             read_max: config.notify_read_max,
             read_per_s: config.notify_read_per_s,
@@ -419,109 +558,48 @@ pub async fn run(sink: Arc<WebhookSink>, client: Arc<WebhookClient>) {
         saved: feed.start.clone(),
         saved_at: None,
     };
-    let mut q = WebhookQueue::new(config.limits(), Layout::Array);
-    let mut published = QueueCounts::default();
-    let mut out: JoinSet<Posted> = JoinSet::new();
-    let mut reading: Option<JoinHandle<ReadDone>> = None;
-    let mut writing: Option<JoinHandle<(Vec<LogPosition>, u64, io::Result<()>)>> = None;
+    let mut t = Task {
+        sink: &sink,
+        feed,
+        client,
+        f,
+        q: WebhookQueue::new(config.limits(), Layout::Array),
+        published: QueueCounts::default(),
+        epoch,
+        out: JoinSet::new(),
+        reading: None,
+        writing: None,
+    };
     loop {
         let now = Instant::now();
-        let now_ms = now.duration_since(epoch).as_millis() as u64;
-        f.fill(&mut q, now_ms, &sink);
-        if reading.is_none() {
-            if let Some(shard) = f.next_read(feed, &q, now) {
-                let st = &mut f.shards[shard];
-                let (from, end) = (st.read_pos, feed.end(shard));
-                let mut tail = st.tail.take().expect("next_read picks a shard not reading");
-                let room = f.feed_limits.queue_bytes_max.saturating_sub(q.bytes()) / 2;
-                let max = f.feed_limits.read_max;
-                reading = Some(tokio::task::spawn_blocking(move || {
-                    let result = tail.read(from, end, max, room.max(1));
-                    ReadDone {
-                        shard,
-                        tail,
-                        result,
-                    }
-                }));
-            }
-        }
-        while let Some(r) = q.poll(now_ms) {
-            if r.attempt == 1 {
-                f.cut(r.batch, r.events);
-            }
-            let client = client.clone();
-            out.spawn(async move {
-                let result = client.post(EventKind::Notify, &r).await;
-                Posted {
-                    batch: r.batch,
-                    ok: result.is_ok(),
-                    err: result.err(),
-                }
-            });
-        }
-        if writing.is_none() && f.cursor_due(now).is_some_and(|t| t <= now) {
-            let cursor = f.cursor();
-            let passed = f.shards.iter().map(|s| s.passed).sum();
-            let dir = feed.data_dir.clone();
-            f.saved_at = Some(now);
-            writing = Some(tokio::task::spawn_blocking(move || {
-                let result = save_cursor(&dir, &cursor);
-                (cursor, passed, result)
-            }));
-        }
-        publish(&sink, &q, &f, &mut published);
-        let mut wake = q.next_wake().map(|t| epoch + Duration::from_millis(t));
-        let mut sooner = |t: Option<Instant>| {
-            if let Some(t) = t {
-                wake = Some(wake.map_or(t, |w| w.min(t)));
-            }
-        };
-        if writing.is_none() {
-            sooner(f.cursor_due(now));
-        }
-        let behind = (0..f.shards.len()).any(|s| f.shards[s].read_pos < feed.end(s));
-        if reading.is_none() && behind && f.held.is_empty() && now < f.read_at {
-            sooner(Some(f.read_at));
-        }
-        let sleep = wake.map_or(Duration::from_secs(3_600), |w| {
-            w.saturating_duration_since(now)
-        });
+        let now_ms = t.now_ms(now);
+        t.f.fill(&mut t.q, now_ms, t.sink);
+        t.start_read(now);
+        t.post_due(now);
+        t.start_write(now);
+        publish(t.sink, &t.q, &t.f, &mut t.published);
+        let sleep = t.sleep(now);
         tokio::select! {
             () = feed.wake.notified() => {}
-            done = join(&mut reading) => {
-                reading = None;
+            done = join(&mut t.reading) => {
+                t.reading = None;
                 match done {
-                    Ok(done) => f.on_read(done, Instant::now(), feed),
+                    Ok(done) => t.f.on_read(done, Instant::now(), feed),
                     Err(e) => {
-                        // The read panicked or was cancelled: its reader is gone.
+                        // The read panicked: its reader is gone.
                         tracing::error!(err = %e, "msg.notify: a log read failed; not sent any more");
                         return;
                     }
                 }
             }
-            Some(done) = out.join_next(), if !out.is_empty() => {
-                let Ok(done) = done else { continue };
-                let now_ms = epoch.elapsed().as_millis() as u64;
-                if let Some(err) = &done.err {
-                    tracing::debug!(event = "msg.notify", batch = done.batch, %err, "webhook request failed; retrying");
-                }
-                if q.on_done(done.batch, done.ok, now_ms) && done.ok {
-                    f.accepted(done.batch);
+            Some(done) = t.out.join_next(), if !t.out.is_empty() => {
+                if let Ok(done) = done {
+                    t.on_posted(done);
                 }
             }
-            written = join(&mut writing) => {
-                writing = None;
-                match written {
-                    Ok((cursor, passed, Ok(()))) => {
-                        f.saved = cursor;
-                        feed.stats.cursor_writes.fetch_add(1, Ordering::Relaxed);
-                        feed.stats.saved.store(passed, Ordering::Relaxed);
-                    }
-                    Ok((_, _, Err(err))) => {
-                        tracing::warn!(%err, file = %feed.data_dir.join(CURSOR_FILE).display(), "msg.notify: writing the cursor failed; retrying");
-                    }
-                    Err(e) => tracing::warn!(err = %e, "msg.notify: the cursor write did not run"),
-                }
+            written = join(&mut t.writing) => {
+                t.writing = None;
+                t.on_written(written);
             }
             () = tokio::time::sleep(sleep) => {}
         }
