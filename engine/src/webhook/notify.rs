@@ -206,6 +206,8 @@ struct Held {
 /// What a read on the blocking pool gives back.
 struct ReadDone {
     shard: usize,
+    /// Where it started.
+    from: LogPosition,
     tail: LogTail,
     result: io::Result<TailRead>,
 }
@@ -314,6 +316,17 @@ impl Follower {
             );
         }
         let n = read.messages.len();
+        if read.next == done.from {
+            // Below the published end and nothing there: not expected (the shard
+            // publishes after its appends); not read again at once.
+            tracing::warn!(
+                shard = done.shard,
+                position = done.from,
+                "msg.notify: no record where the log should have one; retrying"
+            );
+            self.read_at = now + READ_RETRY;
+            return;
+        }
         for m in read.messages {
             let event = encode::notify(&committed(m.message));
             st.window.push_back((m.position, false));
@@ -431,6 +444,7 @@ impl Task<'_> {
             let result = tail.read(from, end, max, room.max(1));
             ReadDone {
                 shard,
+                from,
                 tail,
                 result,
             }
