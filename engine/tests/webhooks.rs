@@ -9,7 +9,8 @@
 //! not accept is sent again from the saved cursor (nothing lost, nothing accepted
 //! before the cursor sent twice); a receiver down then up loses nothing. `https://`
 //! receivers: trusted through `[webhook] ca_file` (a CA the test makes), an
-//! untrusted certificate refused and counted as failed.
+//! untrusted certificate refused and counted as failed. A cursor file that does
+//! not parse refuses the start, naming it.
 
 #[macro_use]
 mod support;
@@ -447,6 +448,9 @@ fn a_three_node_cluster_sends_each_event_once_from_its_node() {
     let cluster = Cluster::start_with(Backend::Mio, |c| {
         c.webhook.url = url.clone();
         c.webhook.batch_delay_ms = 5;
+        c.webhook.events = ["msg.offline", "user.onlinestatus", "msg.notify"]
+            .map(String::from)
+            .to_vec();
     });
     // ann's authority is node 3; her devices on nodes 1 and 2.
     let ann = find_uid("ann", |u| cluster.authority_of(u) == 3);
@@ -496,11 +500,17 @@ fn a_three_node_cluster_sends_each_event_once_from_its_node() {
     for c in seen.iter().filter(|c| c.event == "user.onlinestatus") {
         assert_eq!(c.node(), 3, "sent by ann's authority");
     }
+    // msg.notify: from the log of the node that committed it.
+    receiver.until(&mut seen, |c| c.iter().any(|c| c.event == "msg.notify"));
+    let notify: Vec<&Call> = seen.iter().filter(|c| c.event == "msg.notify").collect();
+    assert_eq!(notify[0].body[0]["message_id"], json!(id));
+    assert_eq!(notify[0].node(), 1, "sent by the node that committed it");
     // Once: every event emitted is sent or still counted queued; nothing is queued
     // now and the nodes' sent counts add up to what the receiver got.
     let by_event = |e: &str| drained(&cluster, e).iter().sum::<u64>();
     assert_eq!(by_event("msg.offline"), 1);
     assert_eq!(by_event("user.onlinestatus"), 3);
+    assert_eq!(by_event("msg.notify"), 1);
     let mut per_event: BTreeMap<&str, usize> = BTreeMap::new();
     for c in &seen {
         let n = c.body.as_array().map_or(1, Vec::len);
@@ -508,7 +518,11 @@ fn a_three_node_cluster_sends_each_event_once_from_its_node() {
     }
     assert_eq!(
         per_event,
-        BTreeMap::from([("msg.offline", 1), ("user.onlinestatus", 3)])
+        BTreeMap::from([
+            ("msg.notify", 1),
+            ("msg.offline", 1),
+            ("user.onlinestatus", 3)
+        ])
     );
 }
 
@@ -817,4 +831,19 @@ fn an_https_receiver_is_trusted_through_ca_file_and_an_untrusted_one_refused() {
         statuses(&leaked).iter().all(|s| s.0 == "ann"),
         "no request of the second node got through: {leaked:#?}"
     );
+}
+
+#[test]
+fn a_cursor_file_that_does_not_parse_refuses_the_start_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = notify_config(dir.path(), "http://127.0.0.1:9/hook");
+    // A first start saves the cursor at the logs' ends.
+    Node::start(c.clone()).unwrap().shutdown().unwrap();
+    let file = dir.path().join(engine::webhook::notify::CURSOR_FILE);
+    assert!(std::fs::read_to_string(&file)
+        .unwrap()
+        .contains("positions"));
+    std::fs::write(&file, b"{\"cursor_version\":1").unwrap();
+    let err = Node::start(c).err().expect("refused").to_string();
+    assert!(err.contains("webhook_notify_cursor.json"), "{err}");
 }

@@ -478,6 +478,23 @@ mod tests {
         let c: crate::config::Config = toml::from_str(text).unwrap();
         let node = c.to_node_config().unwrap();
         assert_eq!(node.webhook.kinds(), [EventKind::OnlineStatus]);
+        let text = "[webhook]\nurl = \"https://h/x\"\nevents = [\"msg.notify\", \"msg.offline\"]\n\
+                    notify_read_max = 10\nnotify_read_per_s = 20\nnotify_cursor_interval_ms = 30\n";
+        let c: crate::config::Config = toml::from_str(text).unwrap();
+        let node = c.to_node_config().unwrap();
+        assert_eq!(
+            node.webhook.kinds(),
+            [EventKind::Offline, EventKind::Notify]
+        );
+        let w = &node.webhook;
+        assert_eq!(
+            (
+                w.notify_read_max,
+                w.notify_read_per_s,
+                w.notify_cursor_interval_ms
+            ),
+            (10, 20, 30)
+        );
         let c: crate::config::Config =
             toml::from_str("[webhook]\nurl = \"http://h/\"\nbatch_delay_ms = 1\nbatch_max = 0\n")
                 .unwrap();
