@@ -83,6 +83,11 @@ pub struct WebhookConfig {
     /// `msg.notify`: messages read from the logs per second, at most (a replay
     /// after a restart or an outage reads no faster).
     pub notify_read_per_s: u64,
+    /// `msg.notify`: per shard, messages read and not yet behind the cursor (the
+    /// oldest not accepted holds the cursor; those read after it wait there,
+    /// accepted or not); at it, that shard's log is not read further until the
+    /// oldest is accepted.
+    pub notify_window_max: usize,
     /// `msg.notify`: the cursor file is written at most this often (and only when
     /// it moved); a restart resends what the receiver accepted since.
     pub notify_cursor_interval_ms: u64,
@@ -109,6 +114,7 @@ impl Default for WebhookConfig {
             backoff_max_ms: 30_000,
             notify_read_max: 1_000,
             notify_read_per_s: 20_000,
+            notify_window_max: 100_000,
             notify_cursor_interval_ms: 1_000,
             secret: Secret::default(),
         }
@@ -189,6 +195,7 @@ impl WebhookConfig {
                 ("backoff_max_ms", self.backoff_max_ms),
                 ("notify_read_max", self.notify_read_max as u64),
                 ("notify_read_per_s", self.notify_read_per_s),
+                ("notify_window_max", self.notify_window_max as u64),
                 ("notify_cursor_interval_ms", self.notify_cursor_interval_ms),
             ],
         )?;
@@ -461,6 +468,7 @@ mod tests {
         assert!(err(|c| c.ca_file = "/nonexistent/ca.pem".into()).contains("not https://"));
         assert!(err(|c| c.notify_read_max = 0).contains("webhook.notify_read_max"));
         assert!(err(|c| c.notify_read_per_s = 0).contains("webhook.notify_read_per_s"));
+        assert!(err(|c| c.notify_window_max = 0).contains("webhook.notify_window_max"));
         assert!(
             err(|c| c.notify_cursor_interval_ms = 0).contains("webhook.notify_cursor_interval_ms")
         );

@@ -19,7 +19,9 @@
 //!
 //! Bounds: a read takes at most `notify_read_max` messages and about half the room
 //! left in `queue_bytes_max`; nothing more is read while what was read waits for room
-//! in the queue, and reads go at most at `notify_read_per_s` messages a second. So a
+//! in the queue, nor from a shard with `notify_window_max` messages read and not yet
+//! behind its cursor (a batch retried for long holds the cursor while later ones are
+//! accepted), and reads go at most at `notify_read_per_s` messages a second. So a
 //! slow or dead receiver costs memory up to the budget and no disk reads, and a
 //! replay after an outage reads at a bounded rate. Nothing is dropped for a slow
 //! receiver (the log holds it); what the log's retention deletes before it was read
@@ -242,6 +244,7 @@ struct Follower {
 #[derive(Clone, Copy)]
 struct FeedLimits {
     read_max: usize,
+    window_max: usize,
     read_per_s: u64,
     queue_bytes_max: usize,
     cursor_interval: Duration,
@@ -276,7 +279,8 @@ impl Follower {
     }
 
     /// The shard to read next, if a read may start now: none running, nothing
-    /// waiting for room, room in the budget, the rate allows it, a log has more.
+    /// waiting for room, room in the budget, the rate allows it, a log has more
+    /// and its window is below `notify_window_max`.
     fn next_read(&mut self, feed: &NotifyFeed, q: &WebhookQueue, now: Instant) -> Option<usize> {
         if !self.held.is_empty()
             || q.bytes() >= self.feed_limits.queue_bytes_max
@@ -285,9 +289,10 @@ impl Follower {
             return None;
         }
         let n = self.shards.len();
+        let window_max = self.feed_limits.window_max;
         let pick = (0..n).map(|i| (self.next_shard + i) % n).find(|&s| {
             let st = &self.shards[s];
-            st.tail.is_some() && st.read_pos < feed.end(s)
+            st.tail.is_some() && st.read_pos < feed.end(s) && st.window.len() < window_max
         })?;
         self.next_shard = (pick + 1) % n;
         Some(pick)
@@ -439,7 +444,8 @@ impl Task<'_> {
             .queue_bytes_max
             .saturating_sub(self.q.bytes())
             / 2;
-        let max = self.f.feed_limits.read_max;
+        let window_room = self.f.feed_limits.window_max - st.window.len();
+        let max = self.f.feed_limits.read_max.min(window_room);
         self.reading = Some(tokio::task::spawn_blocking(move || {
             let result = tail.read(from, end, max, room.max(1));
             ReadDone {
@@ -548,6 +554,7 @@ pub async fn run(sink: Arc<WebhookSink>, client: Arc<WebhookClient>) {
     let f = Follower {
         feed_limits: FeedLimits {
             read_max: config.notify_read_max,
+            window_max: config.notify_window_max,
             read_per_s: config.notify_read_per_s,
             queue_bytes_max: config.queue_bytes_max,
             cursor_interval: Duration::from_millis(config.notify_cursor_interval_ms),
@@ -667,6 +674,92 @@ mod tests {
         // The second log lost its tail (a power cut): it resends from its end.
         let feed = NotifyFeed::open(dir.path(), &[100, 250]).unwrap();
         assert_eq!(feed.start, [50, 250]);
+    }
+
+    fn follower(feed: &NotifyFeed, window_max: usize) -> Follower {
+        let now = Instant::now();
+        Follower {
+            feed_limits: FeedLimits {
+                read_max: 10,
+                window_max,
+                read_per_s: 1_000,
+                queue_bytes_max: 1_000,
+                cursor_interval: Duration::from_millis(1),
+            },
+            shards: feed
+                .start
+                .iter()
+                .map(|&pos| ShardState {
+                    tail: Some(LogTail::new(Path::new("/nonexistent"))),
+                    read_pos: pos,
+                    window: VecDeque::new(),
+                    passed: 0,
+                })
+                .collect(),
+            held: VecDeque::new(),
+            held_bytes: 0,
+            queued: VecDeque::new(),
+            batches: Default::default(),
+            next_shard: 0,
+            read_at: now,
+            saved: feed.start.clone(),
+            saved_at: None,
+        }
+    }
+
+    #[test]
+    fn reads_wait_for_room_the_rate_and_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let feed = NotifyFeed::open(dir.path(), &[0, 0]).unwrap();
+        let limits = domain::webhook::QueueLimits {
+            batch_max: 10,
+            batch_delay_ms: 0,
+            queue_bytes_max: 1_000,
+            requests_in_flight_max: 1,
+            backoff_min_ms: 1,
+            backoff_max_ms: 1,
+        };
+        let mut q = WebhookQueue::new(limits, Layout::Array);
+        let mut f = follower(&feed, 2);
+        let now = Instant::now();
+        assert_eq!(f.next_read(&feed, &q, now), None, "nothing published");
+        feed.published(1, 64);
+        assert_eq!(f.next_read(&feed, &q, now), Some(1));
+        feed.published(0, 64);
+        assert_eq!(f.next_read(&feed, &q, now), Some(0), "round robin");
+        // Shard 0's window is full: the oldest of two is not accepted yet.
+        f.shards[0].window = VecDeque::from([(0, false), (8, true)]);
+        f.next_shard = 0;
+        assert_eq!(f.next_read(&feed, &q, now), Some(1), "only shard 1");
+        f.shards[1].window = VecDeque::from([(0, false), (8, false)]);
+        assert_eq!(f.next_read(&feed, &q, now), None, "both windows full");
+        f.shards[0].done(0);
+        assert_eq!(f.shards[0].cursor(), 0, "the read position: all passed");
+        assert_eq!(f.next_read(&feed, &q, now), Some(0));
+        // The queue at its budget: no read.
+        q.push(
+            Event {
+                id: None,
+                json: vec![b'1'; 1_000],
+            },
+            0,
+        );
+        assert_eq!(f.next_read(&feed, &q, now), None, "no room");
+        let q = WebhookQueue::new(limits, Layout::Array);
+        // Something waits for room: no read; the rate: no read before read_at.
+        f.held.push_back(Held {
+            shard: 0,
+            position: 0,
+            event: Event {
+                id: None,
+                json: b"1".to_vec(),
+            },
+        });
+        assert_eq!(f.next_read(&feed, &q, now), None, "held");
+        f.held.clear();
+        f.read_at = now + Duration::from_secs(1);
+        assert_eq!(f.next_read(&feed, &q, now), None, "rate");
+        assert_eq!(f.next_read(&feed, &q, f.read_at), Some(0));
     }
 
     #[test]
