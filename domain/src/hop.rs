@@ -8,7 +8,10 @@
 //! request silently (a full queue drops with a count, and each dropped hop has a
 //! timer behind it); a hop to another node is carried by a link, which can refuse it
 //! (the link is down, or its in-flight table is full) or lose it (the deadline
-//! passed, the link closed, the peer restarted).
+//! passed, the link closed, the peer restarted). The serving side of a hop from
+//! another node (its deadline, replies held for a link not up) is [`serve`].
+
+pub mod serve;
 
 use proto::wkproto::ReasonCode;
 

@@ -433,6 +433,8 @@ impl Config {
         let peers = u64::from(self.runtime.shard_count.max(1)) - 1;
         let queued = peers * (self.runtime.ring_capacity + self.runtime.peer_queue_max) as u64;
         let waiting = self.delivery.backlog_budget_bytes as u64;
+        let peer_nodes = self.cluster.nodes.len().saturating_sub(1) as u64;
+        let held = peer_nodes * self.rpc.rpc_replies_held_bytes_max as u64;
         format!(
             "# Worst-case memory per shard (bytes):\n\
              #   [log] index + retired seqs: {log} ({:.1} MiB)\n\
@@ -444,12 +446,15 @@ impl Config {
              (backlog_budget_bytes): {waiting} ({:.1} MiB)\n\
              #   [runtime] messages queued towards other shards: at most {queued} \
              ((shard_count - 1) x (ring_capacity + peer_queue_max)); a push or commit \
-             shares its message, the rest are small\n",
+             shares its message, the rest are small\n\
+             #   [rpc] replies held for peers whose link is not up: {held} ({:.1} MiB; \
+             peer nodes x rpc_replies_held_bytes_max)\n",
             mib(log),
             mib(idem),
             mib(recent),
             mib(acks),
             mib(waiting),
+            mib(held),
         )
     }
 

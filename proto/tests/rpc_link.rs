@@ -1302,14 +1302,27 @@ fn limits_are_validated_and_read_from_config() {
         ..limits()
     };
     assert!(bad.validate().is_err());
-    let parsed: LinkLimits =
-        serde_json::from_str(r#"{"rpc_requests_in_flight_max": 16, "rpc_backoff_max_ms": 500}"#)
-            .unwrap();
+    // A reply margin as long as the deadline would leave no request in time.
+    let bad = LinkLimits {
+        rpc_reply_margin_ms: 2_000,
+        rpc_request_deadline_ms: 2_000,
+        ..limits()
+    };
+    assert!(bad.validate().is_err());
+    let parsed: LinkLimits = serde_json::from_str(
+        r#"{"rpc_requests_in_flight_max": 16, "rpc_backoff_max_ms": 500,
+            "rpc_replies_held_max": 8, "rpc_replies_held_bytes_max": 4096,
+            "rpc_reply_margin_ms": 3}"#,
+    )
+    .unwrap();
     assert_eq!(
         parsed,
         LinkLimits {
             rpc_requests_in_flight_max: 16,
             rpc_backoff_max_ms: 500,
+            rpc_replies_held_max: 8,
+            rpc_replies_held_bytes_max: 4096,
+            rpc_reply_margin_ms: 3,
             ..limits()
         }
     );

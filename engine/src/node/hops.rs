@@ -16,6 +16,12 @@
 //! a refusal would give, at the end of the loop turn (`fail_remote_requests`); the
 //! one exception, an owner action toward a node whose link is down counting as
 //! done, at once.
+//!
+//! A request of another node is run only while its reply could still get back
+//! before the request's deadline (where it is read, and where it is served when
+//! another shard serves it), and its reply is sent only then
+//! (`domain::hop::serve::in_time`; [`NodeShard::remote_in_time`],
+//! [`NodeShard::reply_remote`]): the requester has failed it otherwise.
 
 use net::io::NetDriver;
 use proto::wkproto::ReasonCode;
@@ -77,19 +83,41 @@ impl NodeShard {
         }
     }
 
-    /// Answers a request of another node (dropped if the link to it is down: the
-    /// requester's deadline fails it there).
+    /// Answers a request of another node while in time for its deadline (held
+    /// while the link to it is not up with the requesting process, see
+    /// `peers.rs`). A reply not sent fails at the requester's deadline there.
     pub(super) fn reply_remote(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
         to: Remote,
         reply: wire::Reply,
     ) {
-        if !self.peers.reply(to, &reply, cx.now_ms()) {
-            // The link to the requester is down (it restarted and is not dialed
-            // back yet, or it died): the request fails at its deadline there.
-            self.metrics.rpc_replies_dropped.inc();
+        use super::peers::ReplyOutcome as O;
+        let latest_boot = self.shared.peer_boot_id(to.node);
+        let clock = super::peers::Clocks {
+            loop_ms: cx.now_ms(),
+            node_ms: self.shared.mono_ms(),
+        };
+        let counter = match self.peers.reply(to, &reply, clock, latest_boot) {
+            O::Sent => return,
+            O::Held => &self.metrics.rpc_replies_held,
+            O::Expired => &self.metrics.rpc_replies_expired,
+            O::Full => &self.metrics.rpc_replies_held_full,
+            O::Dropped => &self.metrics.rpc_replies_dropped,
+        };
+        counter.inc();
+    }
+
+    /// Whether a request of another node is still in time to be run (its reply
+    /// could get back before its deadline); counted when it is not.
+    pub(super) fn remote_in_time(&self, from: &Remote) -> bool {
+        let margin = self.peers.reply_margin_ms();
+        let now_ms = self.shared.mono_ms();
+        let in_time = hop::serve::in_time(from.deadline_at_ms, now_ms, margin);
+        if !in_time {
+            self.metrics.rpc_requests_expired.inc();
         }
+        in_time
     }
 
     /// A reply to one of this shard's requests (forwarded here by the shard whose
@@ -272,6 +300,13 @@ impl NodeShard {
         reply_to: ReplyTo,
         request: wire::Request,
     ) {
+        // Read from a link, or handed here by the shard that read it: not run once
+        // its answer could not get back in time (the requester gave it up).
+        if let ReplyTo::Node(from) = &reply_to {
+            if !self.remote_in_time(from) {
+                return;
+            }
+        }
         let served_by = match &request {
             wire::Request::Authority { target, .. } | wire::Request::Touch { target, .. } => {
                 self.shared.slot_map.shard_of(target.hash_slot)

@@ -157,9 +157,29 @@ shard_metrics! {
     rpc_auth_failures,
     /// Outbound inter-node links that closed (each fails its requests in flight).
     rpc_link_closes,
-    /// Replies to another node's requests that could not be sent: the link to it
-    /// was down (the request fails at its deadline there).
+    /// Replies to another node's requests not sent because the requesting process
+    /// is gone (the peer restarted since it asked) or the link refused the frame
+    /// (the request fails at its deadline there).
     rpc_replies_dropped,
+    /// Replies held because the link to their requester was not up (a peer that
+    /// restarted and asked before this node dialed it back): each is then sent
+    /// (`rpc_replies_released`), dropped at its request's deadline
+    /// (`rpc_replies_expired`) or dropped for a requesting process that is gone.
+    rpc_replies_held,
+    /// Held replies sent once the link to their requester came up.
+    rpc_replies_released,
+    /// Replies not held because the link's held replies were at `[rpc]
+    /// rpc_replies_held_max` or `rpc_replies_held_bytes_max` (the request fails at
+    /// its deadline there).
+    rpc_replies_held_full,
+    /// Replies to another node's requests not sent because the request's deadline
+    /// had passed (or would before the reply got back, `[rpc] rpc_reply_margin_ms`):
+    /// answered late, or held until then.
+    rpc_replies_expired,
+    /// Requests of another node not run because their deadline had passed (or
+    /// would before the reply got back) when they were read or reached the shard
+    /// that serves them: the requester has given them up.
+    rpc_requests_expired,
     /// Owner actions (kick, close) toward a node whose link was down, taken as done:
     /// its sessions cannot be reached while it is down, so a new login replaces the
     /// old route (a client of a dead node logs in elsewhere at once).

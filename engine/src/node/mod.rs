@@ -487,6 +487,13 @@ impl NodeShared {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// Milliseconds since the node started, comparable across shards: the clock of
+    /// other nodes' request deadlines ([`msg::Remote`]), read where a request is
+    /// read, served and answered (a shard's loop clock has its own start).
+    pub fn mono_ms(&self) -> u64 {
+        self.mono_ns() / 1_000_000
+    }
+
     fn shard_started(&self) {
         self.started_shards.fetch_add(1, Ordering::SeqCst);
     }

@@ -98,11 +98,16 @@ pub enum ReplyTo {
 }
 
 /// A request of another node: answer `request_id` to `node` (its top 16 bits name
-/// the requesting shard there).
+/// the requesting shard there), to its process `boot` (the frame's checked sender),
+/// while in time for `deadline_at_ms` (on the node's clock, `NodeShared::mono_ms`,
+/// from the frame's relative deadline when it was read:
+/// `domain::hop::serve::in_time`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Remote {
     pub node: crate::cluster::NodeId,
+    pub boot: crate::route::BootId,
     pub request_id: u64,
+    pub deadline_at_ms: Option<u64>,
 }
 
 /// Names the activation or unregister an authority reply belongs to.

@@ -11,9 +11,11 @@
 //! A peer that comes up is dialed back at once: when any link of this node (an
 //! inbound one, or another shard's outbound one) reports a boot id of the peer that
 //! a down outbound link has not dialed yet, that link dials without waiting for its
-//! backoff (`dial_due`). Replies travel on the outbound link, so until
-//! it is up the peer's requests cannot be answered; a restarted node would see its
-//! requests fail for up to `rpc_backoff_max_ms`.
+//! backoff (`dial_due`). Replies travel on the outbound link, so until it is up
+//! the peer's replies are held (`domain::hop::serve::HeldReplies`, `[rpc]
+//! rpc_replies_held_max` and `_bytes_max` per link, each until its request's
+//! deadline) and sent when it comes up with the process that asked: a restarted
+//! node's first requests are answered, not failed at their deadline.
 //!
 //! Output to a link is appended to its buffer as it is produced and handed to the
 //! driver once per loop turn ([`NodeShard::flush_peers`]): one write carries every
@@ -32,6 +34,8 @@ use proto::rpc::{ClusterId, ClusterKey, ClusterSecret, Identity, Refusal};
 use rand::RngCore;
 use shard::runtime::Context;
 use slots::ShardId;
+
+use domain::hop::serve::{self, HeldLimits, HeldReplies, NotHeld, ReplyWay};
 
 use crate::cluster::NodeId;
 use crate::route::BootId;
@@ -52,6 +56,41 @@ struct PeerLink {
     /// The peer process this link was last up with or dialed for (a boot id
     /// reported since, by any link of the node, makes a down link dial at once).
     boot_known: Option<BootId>,
+    /// Replies to the peer while this link is not up with the process that asked.
+    held: HeldReplies,
+}
+
+/// What became of a reply to another node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyOutcome {
+    /// Written to the link.
+    Sent,
+    /// Held until the link to its requester comes up.
+    Held,
+    /// Not sent: its request's deadline has passed (or would before it got back).
+    Expired,
+    /// Not sent: the link is not up and its held replies are at their limit.
+    Full,
+    /// Not sent: no such peer, or the requesting process is gone (the peer
+    /// restarted since), or the link refused the frame.
+    Dropped,
+}
+
+/// The time now on the shard's loop clock (`Context::now_ms`: the links' timers)
+/// and on the node's (`NodeShared::mono_ms`: other nodes' request deadlines, which
+/// cross shards).
+#[derive(Clone, Copy, Debug)]
+pub struct Clocks {
+    pub loop_ms: u64,
+    pub node_ms: u64,
+}
+
+/// What became of the replies held for a link that came up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReleaseCounts {
+    pub sent: u64,
+    pub expired: u64,
+    pub dropped: u64,
 }
 
 /// This shard's links (empty on a node alone).
@@ -92,6 +131,10 @@ impl Peers {
                     link: Outbound::new(key, me, node, shard, limits),
                     out: Vec::new(),
                     boot_known: None,
+                    held: HeldReplies::new(HeldLimits {
+                        replies_max: limits.rpc_replies_held_max,
+                        bytes_max: limits.rpc_replies_held_bytes_max,
+                    }),
                 })
                 .collect(),
             None => Vec::new(),
@@ -163,17 +206,94 @@ impl Peers {
         sent
     }
 
-    /// Answers a request of another node (dropped if the link to it is down).
-    pub fn reply(&mut self, to: Remote, reply: &wire::Reply, now_ms: u64) -> bool {
+    /// The time a reply needs to get back to its requester (`[rpc]
+    /// rpc_reply_margin_ms`).
+    pub fn reply_margin_ms(&self) -> u64 {
+        u64::from(self.limits.rpc_reply_margin_ms)
+    }
+
+    /// Answers a request of another node while in time: on the link to it when
+    /// that is up with the requesting process; held when the link is not up (or
+    /// still up with an older process of the peer, about to close as stale), within
+    /// the held replies' limits. `latest_boot` is the peer's newest process this
+    /// node knows: a reply to another one is dropped. `clock` is the time on the
+    /// shard's loop clock and on the node's (that of the request's deadline).
+    pub fn reply(
+        &mut self,
+        to: Remote,
+        reply: &wire::Reply,
+        clock: Clocks,
+        latest_boot: Option<BootId>,
+    ) -> ReplyOutcome {
+        let margin = self.reply_margin_ms();
+        let now_ms = clock.node_ms;
+        if !serve::in_time(to.deadline_at_ms, now_ms, margin) {
+            return ReplyOutcome::Expired;
+        }
         wire::encode(reply, &mut self.body);
-        let body = std::mem::take(&mut self.body);
-        let sent = self.link_mut(to.node).is_some_and(|l| {
-            l.link
-                .send_reply(to.request_id, &body, now_ms, &mut l.out)
-                .is_ok()
-        });
-        self.body = body;
-        sent
+        let Some(l) = self.links.iter_mut().find(|l| l.node == to.node) else {
+            return ReplyOutcome::Dropped;
+        };
+        let up_with = match l.link.state() {
+            LinkState::Up { peer_boot_id } => Some(peer_boot_id),
+            _ => None,
+        };
+        match serve::reply_way(up_with, to.boot, latest_boot) {
+            ReplyWay::Send => {
+                match l
+                    .link
+                    .send_reply(to.request_id, &self.body, clock.loop_ms, &mut l.out)
+                {
+                    Ok(()) => ReplyOutcome::Sent,
+                    Err(_) => ReplyOutcome::Dropped,
+                }
+            }
+            ReplyWay::Drop => ReplyOutcome::Dropped,
+            ReplyWay::Hold => {
+                let send_by = serve::send_by_ms(to.deadline_at_ms, margin);
+                match l
+                    .held
+                    .hold(to.boot, to.request_id, &self.body, send_by, now_ms)
+                {
+                    Ok(()) => ReplyOutcome::Held,
+                    Err(NotHeld::Expired) => ReplyOutcome::Expired,
+                    Err(NotHeld::Full) => ReplyOutcome::Full,
+                }
+            }
+        }
+    }
+
+    /// The replies held for link `i`, now up with process `boot`: those for that
+    /// process within their deadline are sent, the others dropped.
+    fn release_held(&mut self, i: usize, boot: BootId, clock: Clocks) -> ReleaseCounts {
+        let l = &mut self.links[i];
+        let released = l.held.release(boot, clock.node_ms);
+        let mut counts = ReleaseCounts {
+            expired: released.expired,
+            dropped: released.gone,
+            ..ReleaseCounts::default()
+        };
+        for r in released.send {
+            match l
+                .link
+                .send_reply(r.request_id, &r.body, clock.loop_ms, &mut l.out)
+            {
+                Ok(()) => counts.sent += 1,
+                Err(_) => counts.dropped += 1,
+            }
+        }
+        counts
+    }
+
+    /// Whether any link holds replies.
+    fn holds_replies(&self) -> bool {
+        self.links.iter().any(|l| !l.held.is_empty())
+    }
+
+    /// Drops the held replies past their deadline (`now_ms` on the node's clock);
+    /// returns how many.
+    fn expire_held(&mut self, now_ms: u64) -> u64 {
+        self.links.iter_mut().map(|l| l.held.expire(now_ms)).sum()
     }
 
     /// A reply to `request_id` from `(node, boot)`: its pending, if still in flight
@@ -315,6 +435,14 @@ impl NodeShard {
                     l.boot_known = Some(peer_boot_id);
                     self.shared.note_peer_boot(node, peer_boot_id);
                     self.publish_peer_links();
+                    let clock = Clocks {
+                        loop_ms: now_ms,
+                        node_ms: self.shared.mono_ms(),
+                    };
+                    let released = self.peers.release_held(i, peer_boot_id, clock);
+                    self.metrics.rpc_replies_released.add(released.sent);
+                    self.metrics.rpc_replies_expired.add(released.expired);
+                    self.metrics.rpc_replies_dropped.add(released.dropped);
                     self.on_peer_up(cx, node);
                 }
                 Some(LinkEvent::Refused(why)) => {
@@ -434,14 +562,11 @@ impl NodeShard {
         header: proto::rpc::Header,
         body: Option<Result<wire::Body, wire::BadBody>>,
     ) {
-        let from = Remote {
-            node: header.sender_node_id,
-            request_id: header.request_id,
-        };
         let body = match body {
             Some(Ok(body)) => body,
             Some(Err(err)) => {
-                tracing::warn!(node = from.node, %err, "bad frame from a peer: link closed");
+                let node = header.sender_node_id;
+                tracing::warn!(node, %err, "bad frame from a peer: link closed");
                 self.metrics.rpc_bad_frames.inc();
                 self.peers.inbound.remove(&conn);
                 return driver.close(conn);
@@ -449,7 +574,19 @@ impl NodeShard {
             None => return,
         };
         match body {
-            wire::Body::Request(request) => self.on_remote_request(cx, driver, from, request),
+            wire::Body::Request(request) => {
+                let from = Remote {
+                    node: header.sender_node_id,
+                    boot: header.sender_boot_id,
+                    request_id: header.request_id,
+                    // The frame's relative deadline, on the node's clock from now.
+                    deadline_at_ms: proto::rpc::link::deadline_at_ms(
+                        &header,
+                        self.shared.mono_ms(),
+                    ),
+                };
+                self.on_remote_request(cx, driver, from, request)
+            }
             wire::Body::OneWay(message) => self.on_remote_oneway(cx, driver, message),
             wire::Body::Reply(reply) => {
                 let sender = (header.sender_node_id, header.sender_boot_id);
@@ -481,6 +618,10 @@ impl NodeShard {
         }
         let now_ms = cx.now_ms();
         self.dial_due(driver, now_ms);
+        if self.peers.holds_replies() {
+            let expired = self.peers.expire_held(self.shared.mono_ms());
+            self.metrics.rpc_replies_expired.add(expired);
+        }
         let mut work = 0;
         for i in 0..self.peers.links.len() {
             let peers = &mut self.peers;

@@ -84,6 +84,12 @@ pub const RPC_PEER_SILENCE_MS_DEFAULT: u64 = 3_000;
 pub const RPC_BACKOFF_MIN_MS_DEFAULT: u64 = 50;
 /// Default of [`LinkLimits::rpc_backoff_max_ms`].
 pub const RPC_BACKOFF_MAX_MS_DEFAULT: u64 = 2_000;
+/// Default of [`LinkLimits::rpc_replies_held_max`].
+pub const RPC_REPLIES_HELD_MAX_DEFAULT: usize = 1024;
+/// Default of [`LinkLimits::rpc_replies_held_bytes_max`]: 1 MiB.
+pub const RPC_REPLIES_HELD_BYTES_MAX_DEFAULT: usize = 1 << 20;
+/// Default of [`LinkLimits::rpc_reply_margin_ms`].
+pub const RPC_REPLY_MARGIN_MS_DEFAULT: u32 = 1;
 /// Largest reason written in a `Goodbye` body, in bytes.
 pub const GOODBYE_REASON_BYTES_MAX: usize = 256;
 
@@ -118,6 +124,21 @@ pub struct LinkLimits {
     /// Largest frame (header, body and the seal's 16-byte tag) sent or accepted
     /// after the handshake.
     pub rpc_frame_bytes_max: usize,
+    /// Replies the node holds per outbound link while that link is not up with the
+    /// process that asked (a peer that restarted dials this node and asks before
+    /// this node has dialed it back): sent when the link comes up with that very
+    /// process, dropped at the request's deadline (the one its frame carried).
+    /// Past the limit a reply is dropped (the request fails at its deadline there).
+    /// Not read by the link machines.
+    pub rpc_replies_held_max: usize,
+    /// The bytes of those held replies' bodies, per outbound link.
+    pub rpc_replies_held_bytes_max: usize,
+    /// The time taken for a reply to get back to its requester: a request of
+    /// another node with no more than this left before its deadline is not run, and
+    /// a reply with no more than this left is not sent (the requester has failed
+    /// the request by then, or will before the reply arrives). Less than
+    /// `rpc_request_deadline_ms`. Not read by the link machines.
+    pub rpc_reply_margin_ms: u32,
 }
 
 impl Default for LinkLimits {
@@ -130,6 +151,9 @@ impl Default for LinkLimits {
             rpc_backoff_min_ms: RPC_BACKOFF_MIN_MS_DEFAULT,
             rpc_backoff_max_ms: RPC_BACKOFF_MAX_MS_DEFAULT,
             rpc_frame_bytes_max: RPC_FRAME_BYTES_MAX_DEFAULT,
+            rpc_replies_held_max: RPC_REPLIES_HELD_MAX_DEFAULT,
+            rpc_replies_held_bytes_max: RPC_REPLIES_HELD_BYTES_MAX_DEFAULT,
+            rpc_reply_margin_ms: RPC_REPLY_MARGIN_MS_DEFAULT,
         }
     }
 }
@@ -157,6 +181,10 @@ impl LinkLimits {
             (
                 self.rpc_request_deadline_ms >= 1,
                 "rpc_request_deadline_ms must be at least 1",
+            ),
+            (
+                self.rpc_reply_margin_ms < self.rpc_request_deadline_ms,
+                "rpc_reply_margin_ms must be less than rpc_request_deadline_ms",
             ),
             (
                 self.rpc_heartbeat_ms >= 1 && self.rpc_heartbeat_ms < self.rpc_peer_silence_ms,

@@ -170,6 +170,14 @@ pub fn on_commit(
     c: Commit,
 ) {
     let now = turn_now(node);
+    if let Origin::Remote(from) = &c.request.answer_to {
+        // A SEND another node forwarded, handed here by the shard that read it: not
+        // committed once its SENDACK could not get back in time (that gateway has
+        // answered its client already).
+        if !node.remote_in_time(from) {
+            return;
+        }
+    }
     let mut out = std::mem::take(&mut node.commit.outputs);
     let catalog = &node.shared.catalog;
     if node
