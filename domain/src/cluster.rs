@@ -27,18 +27,29 @@ pub type Revision = u64;
 /// leader_node_id, leader_term, config_epoch)`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Target {
+    /// The hash slot (0..256) the operation is about: the uid's `hash_slot`.
     pub hash_slot: HashSlot,
+    /// The slot id the view groups `hash_slot` into ([`slot_id_of`]).
     pub slot_id: SlotId,
+    /// The node the caller believes leads the slot; the authority refuses the call
+    /// if it is not this node (`NotLeader`, `StaleTarget`).
     pub leader_node_id: NodeId,
+    /// The leader's term the caller saw; an older one is refused (rule 2).
     pub leader_term: Term,
+    /// The config epoch of the caller's view; any other epoch is refused (rule 2).
     pub config_epoch: ConfigEpoch,
 }
 
 /// Who leads one hash slot, as a cluster view says.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SlotLeader {
+    /// The slot id the hash slot belongs to; fixed by `slot_id_of` for the cluster's
+    /// `slot_ids` ([`ClusterView::check`] refuses a view that differs).
     pub slot_id: SlotId,
+    /// The node that leads the slot: the authority of its uids.
     pub leader_node_id: NodeId,
+    /// The leader's term: 1 in the initial view, raised by every move
+    /// ([`next_term`]); the higher term wins in [`ClusterView::merge`].
     pub leader_term: Term,
 }
 
@@ -96,9 +107,15 @@ impl std::error::Error for ViewError {}
 /// the routing revision, and the cluster's nodes in config order (the static homes).
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ClusterView {
+    /// The leader of every hash slot, indexed by hash slot (sent as exactly 256
+    /// entries on the inter-node wire).
     #[serde(with = "slots_wire")]
     pub slots: [SlotLeader; HASH_SLOTS],
+    /// The config epoch every [`Target`] of this view carries (1 from
+    /// [`ClusterView::initial`]; [`ClusterView::merge`] keeps the higher).
     pub config_epoch: ConfigEpoch,
+    /// The routing revision: freshness evidence carried beside a target, not part of
+    /// it (rule 4); advances once per view change and on a join neither side held.
     pub revision: Revision,
     /// The nodes in config order: slot id `i`'s home is `nodes[i % nodes.len()]`
     /// (never empty).

@@ -104,15 +104,26 @@ pub struct ActivationId(pub u64);
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum AuthorityRequest {
     /// Register a route; answered `Result<RegisterOutcome, AuthorityError>`.
-    Register { route: Route },
+    Register {
+        /// The session's route, with its route owner_seq and activity second.
+        route: Route,
+    },
     /// Commit a pending candidate; answered `Result<(), AuthorityError>`.
-    Commit { token: PendingToken },
+    Commit {
+        /// The token the `Pending` answer to the register returned.
+        token: PendingToken,
+    },
     /// Abort a pending candidate; answered `Result<(), AuthorityError>`.
-    Abort { token: PendingToken },
+    Abort {
+        /// The token of the candidate to remove.
+        token: PendingToken,
+    },
     /// Remove the route of `identity`, tombstone at `owner_seq`; answered
     /// `Result<(), AuthorityError>`. Sent from the registry's unregister queue.
     Unregister {
+        /// The exact route to remove; another session of the uid is untouched.
         identity: RouteIdentity,
+        /// The tombstone seq, drawn fresh when queued: above the route's owner_seq.
         owner_seq: OwnerSeq,
     },
 }
@@ -123,14 +134,24 @@ pub enum Output {
     /// Send `request` to the authority at `target`; route its reply back as an
     /// [`Event`].
     SendToAuthority {
+        /// The exact authority identity of the uid's slot, fixed at start.
         target: Target,
+        /// The call to make.
         request: AuthorityRequest,
     },
     /// Have the owner of `action.route` (its node `action.route.node_id`, maybe this
     /// one) perform `action`; report with [`Event::OwnerActionDone`] and this `index`.
-    PerformOwnerAction { index: u32, action: OwnerAction },
+    PerformOwnerAction {
+        /// The action's place in the `Pending` answer's list, from 0.
+        index: u32,
+        /// What the owner does to which session.
+        action: OwnerAction,
+    },
     /// Send CONNACK with `reason` (exactly once per activation).
-    SendConnack { reason: ReasonCode },
+    SendConnack {
+        /// `SUCCESS`, or the failure's code (17, 18 or 15; see the module docs).
+        reason: ReasonCode,
+    },
     /// Close the connection (after the failure CONNACK).
     CloseConnection,
 }
@@ -146,7 +167,10 @@ pub enum Event {
     RegisterReply(Result<RegisterOutcome, AuthorityError>),
     /// The result of owner action `index`.
     OwnerActionDone {
+        /// The `index` of the [`Output::PerformOwnerAction`] it answers; an unknown or
+        /// repeated index is ignored.
         index: u32,
+        /// Done (a session already gone counts), or failed: the activation aborts.
         result: Result<(), OwnerActionFailed>,
     },
     /// The authority's answer to `Commit`.
@@ -162,8 +186,11 @@ pub enum Event {
 /// Where a running activation waits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Stage {
+    /// `Register` sent, its answer not yet in.
     AwaitRegister,
+    /// The authority answered `Pending`; some owner actions are not yet done.
     AwaitOwnerActions,
+    /// `Commit` sent, its answer not yet in.
     AwaitCommit,
 }
 
@@ -199,7 +226,9 @@ pub enum Outcome {
     Active(SessionHandle),
     /// Rolled back; CONNACK `reason` was sent and the connection closed.
     Failed {
+        /// The CONNACK reason sent.
         reason: ReasonCode,
+        /// Why it failed.
         failure: Failure,
     },
 }

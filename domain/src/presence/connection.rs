@@ -25,10 +25,15 @@ pub enum ConnPhase {
 /// A client frame, as the table sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FrameKind {
+    /// PING: the client's keep-alive.
     Ping,
+    /// SEND: a message to a channel.
     Send,
+    /// RECVACK: the client acknowledges a RECV.
     Recvack,
+    /// SUB: a subscription request (refused in every phase).
     Sub,
+    /// DISCONNECT: the client leaves.
     Disconnect,
     /// CONNECT again, or a packet only a server sends (CONNACK, SENDACK, RECV, PONG,
     /// SUBACK).

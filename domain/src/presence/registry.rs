@@ -214,8 +214,12 @@ impl std::error::Error for RegistryConfigError {}
 /// whose session is gone is refused by every call (never reaches a newer session).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct SessionHandle {
+    /// The shard whose registry holds the session ([`RegistryConfig::shard`]).
     pub shard: u16,
+    /// The session's slot in that registry's slab.
     pub index: u32,
+    /// The slot's generation when the session was registered; the slot's grows when
+    /// it is freed, so a stale handle no longer matches.
     pub generation: u32,
 }
 
@@ -233,30 +237,45 @@ pub enum SessionState {
 /// What the gateway knows of a new connection when it registers it.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct NewSession {
+    /// The uid the CONNECT logged in as.
     pub uid: Uid,
+    /// The CONNECT's device id.
     pub device_id: Arc<str>,
+    /// The CONNECT's device flag.
     pub device_flag: u8,
+    /// The level the uid's token was stored with (or the configured default).
     pub device_level: DeviceLevel,
     /// Unique within this process (boot id).
     pub session_id: SessionId,
+    /// The listener the connection came in on.
     pub listener: Transport,
+    /// When the connection was accepted, in milliseconds of the wall clock (Unix time).
     pub connected_at_ms: u64,
 }
 
 /// One session as the registry holds it.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct SessionInfo {
+    /// As [`NewSession::uid`].
     pub uid: Uid,
+    /// As [`NewSession::device_id`].
     pub device_id: Arc<str>,
+    /// As [`NewSession::device_flag`].
     pub device_flag: u8,
+    /// As [`NewSession::device_level`].
     pub device_level: DeviceLevel,
+    /// As [`NewSession::session_id`]; indexed for [`Registry::revalidate`].
     pub session_id: SessionId,
+    /// This process's boot id ([`RegistryConfig::boot_id`]).
     pub boot_id: BootId,
+    /// This node's id ([`RegistryConfig::node_id`]): the route's owner node.
     pub node_id: NodeId,
+    /// As [`NewSession::listener`].
     pub listener: Transport,
     /// The route owner_seq: drawn at registration, carried by the register, every
     /// touch and every endpoint of this session's route (see the module docs).
     pub owner_seq: OwnerSeq,
+    /// As [`NewSession::connected_at_ms`].
     pub connected_at_ms: u64,
     /// The authority target the route was registered under (the view at activation).
     /// Touches and unregisters use the target current when they are drained.
@@ -335,6 +354,7 @@ pub struct UnregisterQueueFull;
 pub struct UnregisterRequest {
     /// The target current when drained.
     pub target: Target,
+    /// The exact route to remove at the authority.
     pub identity: RouteIdentity,
     /// The tombstone seq: above the route owner_seq of the session.
     pub owner_seq: OwnerSeq,
@@ -355,8 +375,11 @@ impl UnregisterRequest {
 /// Counters, for metrics and tests.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct RegistryStats {
+    /// Sessions held, in any state (pending, active, closing).
     pub sessions: u32,
+    /// Sessions in the dirty-touch set, waiting for the next touch drain.
     pub dirty: u32,
+    /// Authority unregisters waiting to be sent or retried.
     pub pending_unregisters: usize,
     /// Unregisters dropped because the queue was full.
     pub unregisters_dropped_full: u64,

@@ -25,7 +25,10 @@ pub type OwnerSeq = u64;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceLevel {
+    /// Conflicts only with a route of the same uid, device flag and device id.
     Slave = 0,
+    /// Conflicts with every route of the same uid and device flag: another device id
+    /// is kicked (DISCONNECT 12) before the newcomer commits.
     Master = 1,
 }
 
@@ -36,26 +39,48 @@ pub use proto::Transport;
 /// alone could deliver into a restarted or replaced connection.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RouteIdentity {
+    /// The user the session logged in as; its hash slot names the authority.
     pub uid: Uid,
+    /// The owner (gateway) node of the session.
     pub node_id: NodeId,
+    /// The owner process's boot id: a route of an earlier process of the node never
+    /// matches one of the current process.
     pub boot_id: BootId,
+    /// The owner's connection id, unique within `boot_id`; its top 16 bits name the
+    /// owner shard (`send::delivery::session_shard`).
     pub session_id: SessionId,
 }
 
 /// One online device of a user, as the authority records it.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Route {
+    /// The user the session logged in as; its hash slot names the authority.
     pub uid: Uid,
+    /// The client's device id from CONNECT; a Slave newcomer conflicts only with a
+    /// route of the same device id.
     pub device_id: Arc<str>,
+    /// The client's device flag from CONNECT (0 APP, 1 WEB, 2 PC, 99 SYSTEM; any other
+    /// value compared as a number): routes conflict only within one flag.
     pub device_flag: u8,
+    /// Which routes of the same uid and flag this one replaces ([`DeviceLevel`]).
     pub device_level: DeviceLevel,
     /// Owner (gateway) node.
     pub node_id: NodeId,
+    /// The owner process's boot id (see [`RouteIdentity::boot_id`]).
     pub boot_id: BootId,
+    /// The owner's connection id, unique within `boot_id`.
     pub session_id: SessionId,
+    /// The listener the session connected on: TCP or WebSocket, never `Rpc` (one
+    /// byte on the inter-node wire).
     #[serde(with = "transport_wire")]
     pub listener: Transport,
+    /// The route owner_seq its registry drew at registration; the register, every
+    /// touch and every endpoint of the route carry it, and the authority fences
+    /// touches below the identity's last seq and anything at or below its
+    /// unregister tombstone (rules 12, 16).
     pub owner_seq: OwnerSeq,
+    /// When the gateway accepted the session, in milliseconds of its wall clock
+    /// (Unix time); carried, never compared.
     pub connected_at_ms: u64,
     /// Last activity, in whole seconds of the authority's clock. `None`: registered
     /// without an activity time; such a route never expires by TTL (rule 23).
@@ -90,12 +115,21 @@ impl Route {
 /// the owner to revalidate `(uid, boot_id, session_id, owner_seq)`.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Endpoint {
+    /// The user the device belongs to.
     pub uid: Uid,
+    /// The route's device flag (reported by `/user/onlinestatus`).
     pub device_flag: u8,
+    /// The route's device level.
     pub device_level: DeviceLevel,
+    /// The owner node: where a push for this device goes.
     pub node_id: NodeId,
+    /// The owner process's boot id; a push to another process of the node is dropped
+    /// by revalidation.
     pub boot_id: BootId,
+    /// The owner's connection id; its top 16 bits name the owner shard.
     pub session_id: SessionId,
+    /// The route owner_seq; the owner delivers only while its session's seq equals it
+    /// (`Registry::revalidate`).
     pub owner_seq: OwnerSeq,
 }
 
@@ -105,12 +139,19 @@ pub struct Endpoint {
 /// uid slice of the looked-up group (the caller already holds that uid).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CompactEndpoint {
+    /// The position of the endpoint's uid in the looked-up group's uid slice.
     pub uid_index: u32,
+    /// As [`Endpoint::device_flag`].
     pub device_flag: u8,
+    /// As [`Endpoint::device_level`].
     pub device_level: DeviceLevel,
+    /// As [`Endpoint::node_id`]: the owner node.
     pub node_id: NodeId,
+    /// As [`Endpoint::boot_id`].
     pub boot_id: BootId,
+    /// As [`Endpoint::session_id`].
     pub session_id: SessionId,
+    /// As [`Endpoint::owner_seq`]: what the owner revalidates against.
     pub owner_seq: OwnerSeq,
 }
 
@@ -143,8 +184,13 @@ pub enum OwnerActionKind {
 /// activation that asked for it.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct OwnerAction {
+    /// Kick then close, or close only.
     pub kind: OwnerActionKind,
+    /// The conflicting route: its node and boot id name the owner process, its
+    /// session id the session to end (already gone, or a process gone, counts as done).
     pub route: RouteIdentity,
+    /// The conflicting route's owner_seq as the authority holds it; the commit removes
+    /// exactly the conflicts acknowledged at this seq (rule 9).
     pub owner_seq: OwnerSeq,
 }
 
@@ -152,7 +198,9 @@ pub struct OwnerAction {
 /// by commit and abort; a newer registration of the same identity supersedes it.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PendingToken {
+    /// The identity of the pending route.
     pub identity: RouteIdentity,
+    /// The route owner_seq of the registration; commit and abort match it exactly.
     pub owner_seq: OwnerSeq,
     /// Unique per registration within one authority slot.
     pub nonce: u64,
@@ -209,7 +257,9 @@ pub enum RegisterOutcome {
     /// Conflicts: the route is pending until commit; the owners of the conflicting
     /// routes must first perform `actions` (rules 7, 8).
     Pending {
+        /// Names the candidate to commit or abort.
         token: PendingToken,
+        /// One action per conflicting route, to perform before the commit.
         actions: Vec<OwnerAction>,
     },
 }

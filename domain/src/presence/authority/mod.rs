@@ -284,16 +284,24 @@ pub enum TouchResult {
 /// Per-call counts of a touch batch.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct TouchCounts {
+    /// Routes found active and refreshed ([`TouchResult::Refreshed`]).
     pub refreshed: usize,
+    /// Missing routes recreated active ([`TouchResult::Recreated`]).
     pub recreated: usize,
+    /// Routes ignored: stale seq, tombstoned, conflicting or in the wrong slot.
     pub ignored: usize,
+    /// Routes not recreated because a limit was reached ([`TouchResult::Full`]).
     pub full: usize,
 }
 
 /// One identity's fence record (inspection).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct FenceRecord {
+    /// The highest owner_seq registered, touched or unregistered for the identity; a
+    /// touch below it is ignored (rule 16).
     pub last_owner_seq: OwnerSeq,
+    /// The identity's unregister tombstone: a register or touch at or below it is
+    /// refused or ignored (rules 12, 16). `None` before any unregister.
     pub tombstone: Option<OwnerSeq>,
     /// `Some` while the identity has neither route nor candidate: the second at
     /// which the record is dropped.
@@ -303,16 +311,24 @@ pub struct FenceRecord {
 /// Sizes of one slot's directory (inspection).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct SlotCounts {
+    /// Routes active (visible to lookups).
     pub active_routes: usize,
+    /// Pending candidates waiting for commit or abort.
     pub pending: usize,
+    /// Identity records kept: those with a route or candidate, and those retained
+    /// for their fence.
     pub fence_records: usize,
 }
 
 /// Cumulative counters of one writer.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct AuthorityStats {
+    /// Active routes removed by expiry passes: no activity for `route_ttl_s`.
     pub routes_expired: u64,
+    /// Candidates dropped by expiry passes: not committed or aborted within
+    /// `pending_ttl_s`.
     pub pending_expired: u64,
+    /// Identity records dropped after `fence_retention_s` without route or candidate.
     pub fence_records_dropped: u64,
     /// Buckets emptied by expiry passes (expiry rings and candidate wheels).
     pub expiry_buckets_visited: u64,
@@ -331,7 +347,9 @@ pub struct AuthorityStats {
 /// when switched on ([`Authority::record_presence`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PresenceChange {
+    /// The route's uid.
     pub uid: Uid,
+    /// The route's device flag.
     pub device_flag: u8,
     /// Became active (`true`) or ended: unregistered, expired, replaced by a
     /// conflicting login's commit.
@@ -2126,8 +2144,11 @@ pub fn uid_hash(uid: &str) -> u64 {
 /// group's subscriber list keeps them): `hashes[i]` is the hash of `uids[i]`.
 #[derive(Clone, Copy, Debug)]
 pub struct HashedGroup<'a> {
+    /// The exact target of the hash slot all of `uids` hash to.
     pub target: Target,
+    /// The uids to look up; their endpoints come back in this order (rule 25).
     pub uids: &'a [Uid],
+    /// `uid_hash(uids[i])` for each `i`; as long as `uids`.
     pub hashes: &'a [u64],
 }
 

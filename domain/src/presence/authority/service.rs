@@ -12,9 +12,13 @@ use super::{Authority, TouchResult};
 /// An authority's answer to one [`AuthorityRequest`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AuthorityReply {
+    /// The answer to `Register`: active at once, pending with owner actions, or refused.
     Register(Result<RegisterOutcome, AuthorityError>),
+    /// The answer to `Commit`: the candidate is active, or the refusal.
     Commit(Result<(), AuthorityError>),
+    /// The answer to `Abort` (the activation ignores it).
     Abort(Result<(), AuthorityError>),
+    /// The answer to `Unregister`; a refusal is retried by the registry's queue.
     Unregister(Result<(), AuthorityError>),
 }
 
