@@ -28,6 +28,7 @@
 //! - [`webhook`]: the webhook queues: batching, the byte budget, retries, dedup.
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+#![warn(missing_docs)]
 
 pub mod cluster;
 pub mod hop;

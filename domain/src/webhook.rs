@@ -115,6 +115,7 @@ pub struct Event {
 /// What [`WebhookQueue::push`] did with an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {
+    /// Queued for the next batch; its id (if any) is now remembered.
     Queued,
     /// Its id was accepted before and is still remembered: not queued.
     Duplicate,
@@ -132,6 +133,8 @@ pub struct Request {
     pub attempt: u32,
     /// Events in the body.
     pub events: usize,
+    /// The POST body: the event itself ([`Layout::Single`]) or a JSON array of the
+    /// events; byte for byte the same on every attempt.
     pub body: Arc<[u8]>,
 }
 
@@ -178,6 +181,8 @@ pub struct WebhookQueue {
 }
 
 impl WebhookQueue {
+    /// An empty queue of one event kind, its bodies laid out as `layout`
+    /// ([`EventKind::layout`]).
     pub fn new(limits: QueueLimits, layout: Layout) -> WebhookQueue {
         WebhookQueue {
             limits,

@@ -67,7 +67,11 @@ impl<M: AckMessage> Entry<M> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tracked {
     /// Kept; `arm_timer_at`: the session had no timer armed, arm one for then.
-    Yes { arm_timer_at: Option<u64> },
+    Yes {
+        /// The entry's deadline (shard clock, ms) when the session's timer must be
+        /// armed now; `None` when it is already armed.
+        arm_timer_at: Option<u64>,
+    },
     /// Not kept (sent untracked): the session holds `per_session_max` entries.
     SessionFull,
     /// Not kept: the shard's entries would pass `shard_budget_bytes`.

@@ -27,9 +27,19 @@ pub const MAX_CHANNEL_ID_BYTES: usize = 256;
 pub enum Channel {
     /// A person channel: its stored key and the peer (the uid that is not the sender;
     /// the sender itself for a note-to-self).
-    Person { key: String, peer: String },
+    Person {
+        /// The stored key `x@y` of both sides ([`person_channel_key`]): its hash slot
+        /// names the commit shard.
+        key: String,
+        /// The uid that is not the sender (the sender for a note-to-self).
+        peer: String,
+    },
     /// A group channel by id.
-    Group { id: String },
+    Group {
+        /// The group's channel id as the SEND named it (at most
+        /// [`MAX_CHANNEL_ID_BYTES`]); also its stored key.
+        id: String,
+    },
 }
 
 /// Why a SEND's channel is refused, as a wkproto reason code.
@@ -185,10 +195,12 @@ impl Subscribers {
         &self.hashes
     }
 
+    /// How many distinct uids subscribe.
     pub fn len(&self) -> usize {
         self.uids.len()
     }
 
+    /// Whether no uid subscribes.
     pub fn is_empty(&self) -> bool {
         self.uids.is_empty()
     }

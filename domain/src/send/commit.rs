@@ -78,17 +78,35 @@ pub struct Committed {
     /// receiving node sets its own arrival time.
     #[serde(skip)]
     pub committed_ns: u64,
+    /// The message id the core assigned (`MessageIdGen`): unique in the cluster, what
+    /// clients drop a second RECV by.
     pub message_id: i64,
+    /// The message's seq in its channel, from the log's append (0 for a NoPersist
+    /// message, which is not stored).
     pub message_seq: u64,
+    /// When it was committed, in Unix seconds of the commit shard's wall clock (the
+    /// RECV's timestamp).
     pub timestamp_s: u32,
+    /// The sender's uid (the API request's `from_uid` for the HTTP API).
     pub from_uid: Uid,
+    /// The stored channel key: a group's id, or a person channel's `x@y` key (a RECV
+    /// names the other party instead, `recv_channel_id`).
     pub channel_key: String,
+    /// The wkproto channel_type (1 person, 2 group).
     pub channel_type: u8,
+    /// The sender's client message number, echoed in the RECV; the idempotency key
+    /// (empty: not deduplicated).
     pub client_msg_no: String,
+    /// The RECV setting byte, as the SEND set it.
     pub setting: u8,
+    /// The SEND header flags (NoPersist, SyncOnce, RedDot).
     pub flags: u8,
+    /// The SEND's expire field, in seconds; carried to the RECV and the webhook, not
+    /// enforced here.
     pub expire_s: u32,
+    /// The SEND's topic (empty: none).
     pub topic: String,
+    /// The plaintext payload (each owner encrypts it per session).
     pub payload: Vec<u8>,
 }
 
@@ -137,18 +155,25 @@ impl Committed {
 /// address with [`CommitRequest::answered_to`]).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct CommitRequest<A> {
+    /// Where the answer goes: handed back unchanged in [`CommitOutput::Answer`].
     pub answer_to: A,
     /// The sending session: `Some` for a client's SEND (its group membership is
     /// checked, its own session gets no RECV), `None` for the HTTP API.
     pub sender: Option<Sender>,
+    /// The sending uid; a group's subscribers must contain it for a client's SEND.
     pub from_uid: Uid,
+    /// The channel, resolved for the sender at the gateway.
     pub channel: Channel,
+    /// The client message number: with `from_uid`, the idempotency key (empty: never
+    /// deduplicated).
     pub client_msg_no: String,
     /// RECV setting byte (NoEncrypt kept: such a message is delivered as it came).
     pub setting: u8,
     /// SEND header flags (NoPersist, SyncOnce, RedDot).
     pub flags: u8,
+    /// The SEND's expire field, in seconds (0 before wkproto version 3); carried.
     pub expire_s: u32,
+    /// The SEND's topic (empty: none).
     pub topic: String,
     /// The plaintext payload.
     pub payload: Vec<u8>,
@@ -177,11 +202,16 @@ impl<A> CommitRequest<A> {
 /// `message_seq`.
 #[derive(Clone, Copy, Debug)]
 pub struct NewMessage<'a> {
+    /// The id the core assigned.
     pub message_id: i64,
+    /// The wkproto channel_type (1 person, 2 group).
     pub channel_type: u8,
     /// The stored channel id (for person channels, the `x@y` key).
     pub channel_id: &'a str,
+    /// The sender's uid.
     pub from_uid: &'a str,
+    /// The client message number: stored, so the idempotency window is refilled
+    /// from the log at start.
     pub client_msg_no: &'a str,
     /// wkproto RECV setting byte.
     pub setting: u8,
@@ -189,6 +219,7 @@ pub struct NewMessage<'a> {
     pub msg_flags: u8,
     /// Unix seconds.
     pub timestamp_s: u32,
+    /// The plaintext payload.
     pub payload: &'a [u8],
 }
 
@@ -197,6 +228,7 @@ pub struct NewMessage<'a> {
 pub struct LogFault {
     /// A disk error (or a log poisoned by one): the shard is unhealthy (`/readyz`).
     pub disk: bool,
+    /// What failed, for the driver's log line.
     pub message: String,
 }
 
@@ -240,7 +272,9 @@ pub struct CommitLimits {
 /// window) and the driver's monotonic clock (latency stamps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Now {
+    /// The wall clock, in milliseconds since the Unix epoch.
     pub wall_ms: u64,
+    /// The driver's monotonic clock, in nanoseconds.
     pub mono_ns: u64,
 }
 
@@ -248,9 +282,15 @@ pub struct Now {
 pub enum CommitOutput<A, J> {
     /// The commit's answer: SENDACK to the gateway, or the API reply.
     Answer {
+        /// The request's `answer_to`.
         to: A,
+        /// The message's id (the first copy's for a resend); 0 when refused.
         message_id: i64,
+        /// The message's seq in its channel; 0 when refused or NoPersist.
         message_seq: u64,
+        /// `SUCCESS`, or the refusal: 15 (disk behind or a failed log), 22 (the
+        /// delivery backlog), or the group's refusal (no such channel, not a
+        /// subscriber).
         reason: ReasonCode,
         /// For a new message answered with success: when it was appended (the
         /// driver's `commit_to_durable` stage).
@@ -260,7 +300,13 @@ pub enum CommitOutput<A, J> {
     /// result (at once if the syncer ran it inline).
     SubmitSync(J),
     /// The log failed: log it; `disk` marks the shard unhealthy.
-    LogFailed { what: &'static str, fault: LogFault },
+    LogFailed {
+        /// The log call that failed: `"append"`, `"begin sync"`, `"interval sync"`,
+        /// `"sync"` or `"final sync"`.
+        what: &'static str,
+        /// The log's error.
+        fault: LogFault,
+    },
 }
 
 /// What [`CommitCore::on_commit`] did with a request.
@@ -290,8 +336,12 @@ pub struct CommitCounts {
 /// A committed message ready for delivery: the message, who sent it (for
 /// suppression), the group's subscribers at commit time, and its byte charge.
 pub struct Delivery {
+    /// The committed message, shared by every push batch.
     pub message: Arc<Committed>,
+    /// The sending session, whose own RECV is suppressed (`None`: the HTTP API).
     pub sender: Option<Sender>,
+    /// A group's subscribers at commit time; `None` for a person channel, whose
+    /// recipients come from the message ([`Committed::person_recipients`]).
     pub subscribers: Option<Arc<Subscribers>>,
     /// What it is charged against `backlog_budget_bytes` until delivered.
     pub charge_bytes: usize,
@@ -339,6 +389,9 @@ pub struct CommitCore<L: CommitLog, A> {
 }
 
 impl<L: CommitLog, A> CommitCore<L, A> {
+    /// A core appending to `log`, drawing ids from `ids`, deduplicating resends with
+    /// `idempotency` (`None`: no window, every SEND is new), within `limits`; nothing
+    /// waits yet.
     pub fn new(
         log: L,
         ids: MessageIdGen,

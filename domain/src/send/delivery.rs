@@ -56,7 +56,11 @@ pub fn session_shard(session_id: SessionId) -> ShardId {
 /// the range of its uids in `uids`.
 #[derive(Debug, Default)]
 pub struct TargetGroups {
+    /// The page's uids, group after group, each group in input order (duplicates
+    /// kept).
     pub uids: Vec<Uid>,
+    /// Each group's exact target and the range of its uids in `uids`, in order of
+    /// first appearance.
     pub groups: Vec<(Target, std::ops::Range<usize>)>,
     /// Scratch: each input uid's group.
     group_of: Vec<u16>,
@@ -115,8 +119,11 @@ pub fn group_by_target(view: &ClusterView, uids: &[Uid], out: &mut TargetGroups)
 /// The exact session that sent a message, whose own echo is suppressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Sender {
+    /// The gateway node of the sending session.
     pub node_id: NodeId,
+    /// That node's process (boot id) when the SEND came in.
     pub boot_id: BootId,
+    /// The sending session's id; an endpoint equal in all three fields gets no push.
     pub session_id: SessionId,
 }
 
@@ -205,8 +212,12 @@ pub fn plan_pushes(
 /// owner (this shard: write at once; another shard: its ring; another node: the
 /// owner-push hop, which the cluster adds).
 pub struct Push {
+    /// The owner the batch goes to: a shard of this node or another node.
     pub to: PushTo,
+    /// The message, shared with the other batches of its fan-out.
     pub message: Arc<Committed>,
+    /// The recipients' exact endpoints, all of `to`, at most `push_batch_max`; the
+    /// owner revalidates each before it writes the RECV.
     pub endpoints: Vec<Endpoint>,
 }
 
@@ -264,7 +275,10 @@ pub enum LookupReply {
     /// reply of another shape (a count or range that does not fit) fails every
     /// group of the lookup.
     Found {
+        /// Every group's endpoints, group after group.
         endpoints: Vec<Endpoint>,
+        /// One per group of the [`Lookup`], in its order: the group's range in
+        /// `endpoints`, or the authority's refusal of that group.
         results: Vec<Result<Range<usize>, AuthorityError>>,
     },
     /// The lookup failed as a whole (see [`LookupFailure`]).
@@ -277,7 +291,9 @@ pub enum LookupReply {
 /// not leader, a remote lookup that failed) are unknown and not in it.
 #[derive(Clone)]
 pub struct Offline {
+    /// The message the recipients missed.
     pub message: Arc<Committed>,
+    /// The recipients without a route: sorted, each once, never the sender.
     pub uids: Vec<Uid>,
 }
 
@@ -588,6 +604,7 @@ impl Planner {
         self.backlog.len()
     }
 
+    /// Whether no message waits for delivery.
     pub fn is_empty(&self) -> bool {
         self.backlog.is_empty()
     }

@@ -45,13 +45,16 @@ impl Default for IdempotencyConfig {
 /// The ids the first SENDACK carried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SentIds {
+    /// The first copy's message id.
     pub message_id: i64,
+    /// The first copy's seq in its channel (0 for a NoPersist message).
     pub message_seq: u64,
 }
 
 /// What the window knows of an earlier send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FirstSend {
+    /// The ids a resend is answered with.
     pub ids: SentIds,
     /// Refilled from the log at start and not yet delivered by this process: its
     /// first copy may never have been answered with success (a failed sync, a crash
@@ -187,6 +190,8 @@ impl IdempotencyWindow {
         None
     }
 
+    /// Sends remembered, including any past `ttl_s` that no call has expired yet
+    /// (expiry runs on lookups and inserts).
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -201,6 +206,7 @@ impl IdempotencyWindow {
         4 + uid.len() + client_msg_no.len() + ENTRY_OVERHEAD_BYTES
     }
 
+    /// Whether no send is remembered.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

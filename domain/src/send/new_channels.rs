@@ -24,6 +24,8 @@ pub struct NewChannelLimits {
     pub per_s: u32,
     /// Tokens the bucket holds (at least 1 when `per_s` > 0).
     pub burst: u32,
+    /// How many recently admitted channels a connection remembers (sends to them take
+    /// no token); 0: none is remembered.
     pub recent: usize,
 }
 

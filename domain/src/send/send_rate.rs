@@ -63,6 +63,7 @@ impl SendRateLimits {
 /// What [`SendRate::admit`] decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// The SEND may go (its token taken, if limited).
     Admit,
     /// The uid's bucket is empty.
     OverRate,
@@ -82,6 +83,7 @@ pub struct SendRate {
 }
 
 impl SendRate {
+    /// An empty table within `limits`, with fresh random hash keys.
     pub fn new(limits: SendRateLimits) -> Self {
         SendRate {
             limits,
@@ -120,6 +122,7 @@ impl SendRate {
         self.tat_ns.len()
     }
 
+    /// Whether no uid is tracked.
     pub fn is_empty(&self) -> bool {
         self.tat_ns.is_empty()
     }
