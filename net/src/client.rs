@@ -18,10 +18,16 @@ pub use proto::Transport;
 /// What a client logs in with.
 #[derive(Clone, Debug)]
 pub struct Login {
+    /// The uid the CONNECT logs in as.
     pub uid: String,
+    /// The uid's token, checked at its home node.
     pub token: String,
+    /// The CONNECT's device flag (0 APP, 1 WEB, 2 PC).
     pub device_flag: u8,
+    /// The CONNECT's device id.
     pub device_id: String,
+    /// The wkproto version the CONNECT asks for; the client frames with the version
+    /// `negotiate_version` gives for it.
     pub version: u8,
     /// The client's X25519 private key (fixed in tests for reproducibility).
     pub private_key: [u8; 32],
@@ -48,40 +54,68 @@ impl Login {
 /// A frame as the client keeps it (owned; RECV payload already decrypted).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Received {
+    /// CONNACK (the login's own is read by the connect call, which returns its
+    /// reason).
     Connack {
+        /// The wkproto reason code (1 Success).
         reason: u8,
+        /// The serving node's id (0 before wkproto version 4).
         node_id: u64,
     },
+    /// SENDACK: the answer to one of this client's SENDs.
     Sendack {
+        /// The SEND's `client_seq`, echoed.
         client_seq: u32,
+        /// The committed message's id; 0 when refused.
         message_id: i64,
+        /// The message's seq in its channel; 0 when refused or NoPersist.
         message_seq: u64,
+        /// The wkproto reason code (1 Success).
         reason: u8,
     },
+    /// RECV: a message delivered to this session.
     Recv(RecvMessage),
+    /// DISCONNECT from the server (a kick is reason 12).
     Disconnect {
+        /// The wkproto reason code.
         reason: u8,
+        /// The server's explanation.
         text: String,
     },
+    /// PONG: the answer to [`Client::ping`].
     Pong,
+    /// SUBACK: the answer to a SUB.
     Suback {
+        /// The wkproto reason code.
         reason: u8,
     },
+    /// Any other packet a server should not send: its packet type.
     Other(u8),
 }
 
 /// A RECV, decrypted and checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecvMessage {
+    /// The header's DUP flag: a re-send of a RECV not yet acknowledged.
     pub dup: bool,
+    /// The RECV setting byte (NoEncrypt 0x10: the payload came as plaintext).
     pub setting: u8,
+    /// The sender's uid.
     pub from_uid: String,
+    /// The channel as this recipient sees it: a group's id, or for a person channel
+    /// the other party's uid.
     pub channel_id: String,
+    /// The wkproto channel_type (1 person, 2 group).
     pub channel_type: u8,
+    /// The sender's client message number.
     pub client_msg_no: String,
+    /// The message id (what [`Client::recvack`] acknowledges).
     pub message_id: i64,
+    /// The message's seq in its channel.
     pub message_seq: u64,
+    /// When the message was committed, in Unix seconds.
     pub timestamp_s: i32,
+    /// The payload, decrypted with the session key (as sent with NoEncrypt).
     pub payload: Vec<u8>,
     /// Whether the msg_key matched (always true with NoEncrypt).
     pub msg_key_ok: bool,
