@@ -6,6 +6,7 @@
 //! - [`client`]: a small blocking client for tests and tools.
 
 #![warn(clippy::too_many_lines)] // every function at most 80 code lines (clippy.toml)
+#![warn(missing_docs)]
 
 pub mod client;
 #[cfg(target_os = "linux")]

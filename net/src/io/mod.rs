@@ -378,17 +378,33 @@ pub enum CloseReason {
 pub enum NetEvent {
     /// A new connection (WebSocket: upgrade completed).
     Accepted {
+        /// The new connection's id, valid until its `Closed`.
         conn: ConnId,
+        /// The kind of listener that accepted it (a `wss://` one is `WebSocket`).
         listener: Transport,
+        /// The remote address of the socket.
         peer: SocketAddr,
     },
     /// A connection dialed with [`NetDriver::connect`] is established (TCP connect
     /// completed); `peer` is the address it reached.
-    Connected { conn: ConnId, peer: SocketAddr },
+    Connected {
+        /// The id `connect` returned.
+        conn: ConnId,
+        /// The remote address the socket is connected to.
+        peer: SocketAddr,
+    },
     /// New bytes are in the connection's input.
-    Readable { conn: ConnId },
+    Readable {
+        /// The connection whose [`NetDriver::input`] grew.
+        conn: ConnId,
+    },
     /// The connection is closed; its id is stale from now on.
-    Closed { conn: ConnId, reason: CloseReason },
+    Closed {
+        /// The connection, closed; never reused for a newer one.
+        conn: ConnId,
+        /// Why it closed.
+        reason: CloseReason,
+    },
 }
 
 /// Why [`NetDriver::send`] refused bytes.
@@ -613,7 +629,9 @@ fn prepare_listener(listener: &TcpListener, backlog: i32) -> io::Result<()> {
 
 /// A listening socket handed to a driver: its kind and, for `wss://`, its TLS side.
 pub struct Listener {
+    /// What its connections speak: raw TCP wkproto, WebSocket, or RPC (inter-node).
     pub kind: Transport,
+    /// The bound socket (one per shard with `SO_REUSEPORT`, [`bind_reuseport`]).
     pub socket: TcpListener,
     /// Connections accepted on it speak TLS first (a WebSocket listener: `wss://`).
     pub tls: Option<TlsServer>,
@@ -650,7 +668,9 @@ impl Listener {
 
 /// One shard's transport driver: io_uring or mio, chosen at construction.
 pub enum NetDriver {
+    /// The io_uring backend ([`Backend::Uring`], or `Auto` where the kernel allows).
     Uring(Box<UringDriver>),
+    /// The mio (epoll) backend ([`Backend::Mio`], or `Auto`'s fallback).
     Mio(Box<MioDriver>),
 }
 

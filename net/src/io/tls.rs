@@ -74,7 +74,10 @@ impl TlsConfig {
 pub struct TlsLoadError {
     /// `cert_file` or `key_file`.
     pub key: &'static str,
+    /// The path the config named for it.
     pub file: PathBuf,
+    /// What went wrong: unreadable, bad PEM, no item of the right kind, or a key
+    /// that rustls refuses or that does not match the first certificate.
     pub reason: String,
 }
 

@@ -222,38 +222,57 @@ impl UringDriver {
         Ok(d)
     }
 
+    /// The unconsumed input of `conn`, empty for a stale id
+    /// ([`NetDriver::input`](super::NetDriver::input)).
     pub fn input(&self, conn: ConnId) -> &[u8] {
         self.core.input(conn)
     }
 
+    /// Drops the first `n` bytes of `conn`'s input, clamped to its length
+    /// ([`NetDriver::consume`](super::NetDriver::consume)).
     pub fn consume(&mut self, conn: ConnId, n: usize) {
         self.core.consume(conn, n)
     }
 
+    /// Queues `bytes` for `conn` (WebSocket: one binary message), written at the next
+    /// poll; refused for a stale id or past the queue's limit
+    /// ([`NetDriver::send`](super::NetDriver::send)).
     pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
         self.core.send(conn, bytes)
     }
 
+    /// Queues `bytes` for `conn` as one WebSocket text message (on TCP: as they are)
+    /// ([`NetDriver::send_text`](super::NetDriver::send_text)).
     pub fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
         self.core.send_text(conn, bytes)
     }
 
+    /// Whether `conn` is a WebSocket connection whose first data message was text
+    /// ([`NetDriver::text_messages`](super::NetDriver::text_messages)).
     pub fn text_messages(&self, conn: ConnId) -> bool {
         self.core.text_messages(conn)
     }
 
+    /// Closes `conn` gracefully; a `Closed { reason: Local }` follows, a stale id is
+    /// a no-op ([`NetDriver::close`](super::NetDriver::close)).
     pub fn close(&mut self, conn: ConnId) {
         self.core.close(conn)
     }
 
+    /// Bytes queued and not yet written for `conn`, 0 for a stale id
+    /// ([`NetDriver::outbound_bytes`](super::NetDriver::outbound_bytes)).
     pub fn outbound_bytes(&self, conn: ConnId) -> usize {
         self.core.outbound_bytes(conn)
     }
 
+    /// Open connections, including those in a WebSocket upgrade or closing
+    /// ([`NetDriver::connection_count`](super::NetDriver::connection_count)).
     pub fn connection_count(&self) -> usize {
         self.core.live()
     }
 
+    /// This driver's counters, with the output queued now
+    /// ([`NetDriver::stats`](super::NetDriver::stats)).
     pub fn stats(&self) -> NetStats {
         NetStats {
             outbound_bytes: self.core.outbound_total() as u64,
@@ -261,6 +280,9 @@ impl UringDriver {
         }
     }
 
+    /// Lifts `connect_timeout_ms` from `conn` (CONNECT accepted, or the RPC handshake
+    /// done); a stale id is a no-op
+    /// ([`NetDriver::mark_established`](super::NetDriver::mark_established)).
     pub fn mark_established(&mut self, conn: ConnId) {
         self.core.mark_established(conn)
     }
@@ -326,6 +348,9 @@ impl UringDriver {
         Ok(())
     }
 
+    /// Queued, unwritten output of all connections, against
+    /// `outbound_budget_bytes_per_shard`
+    /// ([`NetDriver::outbound_total_bytes`](super::NetDriver::outbound_total_bytes)).
     pub fn outbound_total_bytes(&self) -> usize {
         self.core.outbound_total()
     }
