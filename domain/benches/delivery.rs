@@ -56,6 +56,7 @@ fn limits() -> PlanLimits {
         lookup_pages_in_flight_max: 32,
         reserved_room_per_peer: 3 * 1_024,
         offline_uids: false,
+        offline_room: true,
         lookup_retries_max: 2,
     }
 }

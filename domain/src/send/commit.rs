@@ -1297,6 +1297,7 @@ mod tests {
             lookup_pages_in_flight_max: 4,
             reserved_room_per_peer: 4,
             offline_uids: false,
+            offline_room: true,
             lookup_retries_max: 2,
         }
     }

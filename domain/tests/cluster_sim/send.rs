@@ -155,6 +155,7 @@ fn plan_limits(node: domain::cluster::NodeId, me: ShardId, shards: usize) -> Pla
         lookup_pages_in_flight_max: 4,
         reserved_room_per_peer: 0,
         offline_uids: false,
+        offline_room: true,
         lookup_retries_max: 2,
     }
 }

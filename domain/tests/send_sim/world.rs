@@ -130,6 +130,7 @@ impl Params {
                 pages_per_turn_max: rng.gen_range(1..=4),
                 reserved_room_per_peer: rng.gen_range(0..=(ring_cap - 1).min(2)),
                 offline_uids: false,
+                offline_room: true,
                 lookup_retries_max: 2,
                 lookup_pages_in_flight_max: rng.gen_range(1..=8),
             },

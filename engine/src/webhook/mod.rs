@@ -266,6 +266,9 @@ pub struct KindStats {
     handoff_bytes: AtomicUsize,
     /// When a drop was last logged (ms since the sink started; 0: never).
     last_drop_log_ms: AtomicU64,
+    /// The charge of the last event offered: what the next one is expected to
+    /// need ([`WebhookSink::has_room`]).
+    last_charge: AtomicUsize,
 }
 
 impl KindStats {
@@ -340,6 +343,15 @@ impl WebhookSink {
         self.stats[kind.index()].enabled
     }
 
+    /// Whether `kind`'s queue has room now for an event as large as the last one
+    /// offered: the planner gathers a message's offline recipients only then (one
+    /// that would be dropped costs nothing; a group of 10,000 members costs
+    /// gathering 10,000 uids).
+    pub fn has_room(&self, kind: EventKind) -> bool {
+        let stats = &self.stats[kind.index()];
+        stats.bytes() + stats.last_charge.load(Ordering::Relaxed) <= self.config.queue_bytes_max
+    }
+
     pub fn config(&self) -> &WebhookConfig {
         &self.config
     }
@@ -365,6 +377,7 @@ impl WebhookSink {
         let (kind, charge) = (p.kind(), p.charge());
         let stats = &self.stats[kind.index()];
         let Some(tx) = &self.tx else { return };
+        stats.last_charge.store(charge, Ordering::Relaxed);
         if stats.bytes() + charge > self.config.queue_bytes_max {
             return self.dropped(kind, 1);
         }
@@ -539,5 +552,31 @@ mod tests {
         sink.status(change);
         assert_eq!(stats.dropped.load(Ordering::Relaxed), 1, "65 + 65 > 100");
         assert_eq!(stats.bytes(), 65);
+    }
+
+    #[test]
+    fn room_is_for_an_event_as_large_as_the_last_one() {
+        let change = PresenceChange {
+            uid: "u".into(),
+            device_flag: 1,
+            online: true,
+            session_id: 1,
+            device_online: 1,
+            total_online: 1,
+        };
+        let config = WebhookConfig {
+            url: "http://127.0.0.1:9/".into(),
+            queue_bytes_max: 130,
+            ..WebhookConfig::default()
+        };
+        let sink = WebhookSink::new(&config);
+        let kind = EventKind::OnlineStatus;
+        assert!(sink.has_room(kind), "empty");
+        sink.status(change.clone());
+        assert!(sink.has_room(kind), "65 + 65 <= 130");
+        sink.status(change.clone());
+        assert!(!sink.has_room(kind), "130 + 65 > 130: the next would be dropped");
+        sink.status(change);
+        assert_eq!(sink.stats[kind.index()].dropped.load(Ordering::Relaxed), 1);
     }
 }

@@ -439,6 +439,10 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
             .shared
             .webhooks
             .enabled(domain::webhook::EventKind::Offline),
+        offline_room: node
+            .shared
+            .webhooks
+            .has_room(domain::webhook::EventKind::Offline),
     }
 }
 
@@ -446,6 +450,13 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
 fn publish_plan_counts(node: &mut NodeShard) {
     let counts = node.commit.core.take_plan_counts();
     node.metrics.stale_lookups.add(counts.failed_groups);
+    if counts.offline_skipped > 0 {
+        // Their msg.offline events: not gathered, the queue had no room.
+        let offline = domain::webhook::EventKind::Offline;
+        node.shared
+            .webhooks
+            .dropped(offline, counts.offline_skipped);
+    }
     node.metrics
         .lookup_groups_retried
         .add(counts.retried_groups);
