@@ -283,8 +283,18 @@ mod tests {
         assert_eq!(h.expire(20), 1);
         assert_eq!((h.len(), h.bytes()), (1, 2));
         assert_eq!(h.expire(29), 0);
+        assert!(!h.is_empty());
         assert_eq!(h.expire(30), 1);
         assert!(h.is_empty());
         assert_eq!(h.bytes(), 0);
+    }
+
+    #[test]
+    fn a_held_reply_found_past_its_deadline_is_dropped_too() {
+        // The expiry timer may fire late: a reply long past its deadline goes.
+        let mut h = HeldReplies::new(LIMITS);
+        h.hold(7, 1, b"ab", 30, 0).unwrap();
+        assert_eq!(h.expire(500), 1);
+        assert!(h.is_empty());
     }
 }

@@ -575,7 +575,10 @@ mod tests {
         sink.status(change.clone());
         assert!(sink.has_room(kind), "65 + 65 <= 130");
         sink.status(change.clone());
-        assert!(!sink.has_room(kind), "130 + 65 > 130: the next would be dropped");
+        assert!(
+            !sink.has_room(kind),
+            "130 + 65 > 130: the next would be dropped"
+        );
         sink.status(change);
         assert_eq!(sink.stats[kind.index()].dropped.load(Ordering::Relaxed), 1);
     }
