@@ -103,7 +103,8 @@ pub const EXAMPLE_SECRETS: &[&str] = &["at-least-16-bytes"];
 /// What `--print-config` (and `Debug`) show for a secret that is set.
 const SECRET_SHOWN: &str = "<set>";
 
-/// A secret of the configuration (`[cluster] secret`, `[webhook] secret`): never
+/// A secret of the configuration (`[cluster] secret`, `[webhook] secret`, the
+/// `[auth]` tokens): never
 /// shown (`--print-config` and `Debug` write `<set>`), zeroized when dropped.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secret(String);
@@ -121,6 +122,11 @@ impl Secret {
 
     pub fn is_set(&self) -> bool {
         !self.0.is_empty()
+    }
+
+    /// A bearer token's text for the HTTP API (`None`: not set).
+    pub fn to_token(&self) -> Option<String> {
+        self.is_set().then(|| self.0.clone())
     }
 }
 
@@ -315,12 +321,12 @@ pub struct AuthSection {
     /// Level of sessions without a token record when `token_auth` is off.
     pub default_device_level: DeviceLevel,
     /// Bearer token the HTTP API requires (empty: none).
-    pub api_bearer_token: String,
+    pub api_bearer_token: Secret,
     /// Bearer token of the operator's routes, slot moves
     /// (`POST /cluster/slots/leader`) and drains (`POST /node/drain`), instead of
     /// `api_bearer_token` (an application server cannot move slots). Empty: none,
     /// and behind an API bearer token those routes answer 403.
-    pub admin_token: String,
+    pub admin_token: Secret,
 }
 
 impl Default for AuthSection {
@@ -328,8 +334,8 @@ impl Default for AuthSection {
         AuthSection {
             token_auth: true,
             default_device_level: DeviceLevel::Master,
-            api_bearer_token: String::new(),
-            admin_token: String::new(),
+            api_bearer_token: Secret::default(),
+            admin_token: Secret::default(),
         }
     }
 }
@@ -406,10 +412,10 @@ impl Config {
             config.cluster.secret = Secret::new(secret);
         }
         if let Some(token) = env(API_BEARER_TOKEN_ENV).filter(|s| !s.is_empty()) {
-            config.auth.api_bearer_token = token;
+            config.auth.api_bearer_token = Secret::new(token);
         }
         if let Some(token) = env(ADMIN_TOKEN_ENV).filter(|s| !s.is_empty()) {
-            config.auth.admin_token = token;
+            config.auth.admin_token = Secret::new(token);
         }
         Ok(config)
     }
@@ -489,7 +495,18 @@ impl Config {
     fn validate_cluster_api(&self) -> Result<(), String> {
         let has_peers = self.cluster.peers(self.node.node_id).next().is_some();
         let api = !self.listen.api_addr.is_empty();
-        if has_peers && api && self.auth.api_bearer_token.is_empty() {
+        for (key, token) in [
+            ("auth.api_bearer_token", &self.auth.api_bearer_token),
+            ("auth.admin_token", &self.auth.admin_token),
+        ] {
+            if token.expose() == SECRET_SHOWN.as_bytes() {
+                return Err(format!(
+                    "{key} is {SECRET_SHOWN:?}, the placeholder --print-config shows: \
+                     put the token itself back"
+                ));
+            }
+        }
+        if has_peers && api && !self.auth.api_bearer_token.is_set() {
             return Err(format!(
                 "auth.api_bearer_token is empty: a node with peers (cluster.nodes) serves \
                  its HTTP API, and its peers' forwards, only behind a bearer token; set \
@@ -497,14 +514,14 @@ impl Config {
             ));
         }
         let admin = &self.auth.admin_token;
-        if !admin.is_empty() && *admin == self.auth.api_bearer_token {
+        if admin.is_set() && *admin == self.auth.api_bearer_token {
             return Err(
                 "auth.admin_token is auth.api_bearer_token: the operator's token \
                         (slot moves, drains) must differ from the applications'"
                     .into(),
             );
         }
-        if has_peers && api && admin.is_empty() {
+        if has_peers && api && !admin.is_set() {
             tracing::warn!(
                 "auth.admin_token is empty: POST /cluster/slots/leader and POST /node/drain \
                  answer 403 until it is set (in [auth] or {ADMIN_TOKEN_ENV})"
@@ -527,10 +544,8 @@ impl Config {
         let net = self.net.clone();
         let mut api = self.api.clone();
         api.addr = addr("api_addr", &self.listen.api_addr)?;
-        api.bearer_token =
-            (!self.auth.api_bearer_token.is_empty()).then(|| self.auth.api_bearer_token.clone());
-        api.admin_token =
-            (!self.auth.admin_token.is_empty()).then(|| self.auth.admin_token.clone());
+        api.bearer_token = self.auth.api_bearer_token.to_token();
+        api.admin_token = self.auth.admin_token.to_token();
         let (wss_addr, tls) = self.tls_listener()?;
         Ok(NodeConfig {
             node_id: self.node.node_id,

@@ -131,6 +131,7 @@ fn print_config_shows_set_for_the_secret() {
         .arg(&path)
         .arg("--print-config")
         .env(CLUSTER_SECRET_ENV, "from-the-environment-0123")
+        .env(ADMIN_TOKEN_ENV, "admin-from-the-environment")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -140,6 +141,17 @@ fn print_config_shows_set_for_the_secret() {
         !text.contains(SECRET) && !text.contains("from-the-environment"),
         "{text}"
     );
+    // The API's and the operator's tokens are secrets too (issue 26, item 3).
+    assert!(!text.contains(API_TOKEN), "{text}");
+    assert!(text.contains("api_bearer_token = \"<set>\""), "{text}");
+    assert!(text.contains("admin_token = \"<set>\""), "{text}");
+    // Pasted back, the placeholder is refused by name.
+    let back = text.replace("secret = \"<set>\"", &format!("secret = \"{SECRET}\""));
+    let e = Config::parse(&back, no_env)
+        .unwrap()
+        .to_node_config()
+        .unwrap_err();
+    assert!(e.contains("auth.api_bearer_token is \"<set>\""), "{e}");
     assert!(text.contains("[[cluster.nodes]]"), "{text}");
 }
 
@@ -237,7 +249,7 @@ fn a_cluster_refuses_the_example_secret_and_an_api_without_a_token() {
     assert!(e.contains(API_BEARER_TOKEN_ENV), "{e}");
     let env_token = |k: &str| (k == API_BEARER_TOKEN_ENV).then(|| "from-the-env".into());
     let c = Config::parse(&no_token, env_token).unwrap();
-    assert_eq!(c.auth.api_bearer_token, "from-the-env");
+    assert_eq!(c.auth.api_bearer_token.expose(), b"from-the-env");
     let node = c.to_node_config().unwrap();
     assert_eq!(node.api.bearer_token.as_deref(), Some("from-the-env"));
     // Without an API there is nothing to protect.
