@@ -124,9 +124,21 @@ impl Secret {
         !self.0.is_empty()
     }
 
-    /// A bearer token's text for the HTTP API (`None`: not set).
-    pub fn to_token(&self) -> Option<String> {
-        self.is_set().then(|| self.0.clone())
+    /// A bearer token for the HTTP API (`None`: not set).
+    pub fn to_token(&self) -> Option<Secret> {
+        self.is_set().then(|| self.clone())
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Secret(s.to_owned())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
     }
 }
 

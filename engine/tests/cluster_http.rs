@@ -33,8 +33,8 @@ fn tune(c: &mut NodeConfig) {
     }
     let entry = c.cluster.nodes.iter().find(|n| n.id == me).unwrap();
     c.api.addr = Some(entry.api_addr);
-    c.api.bearer_token = Some(BEARER["Bearer ".len()..].to_string());
-    c.api.admin_token = Some(ADMIN["Bearer ".len()..].to_string());
+    c.api.bearer_token = Some(BEARER["Bearer ".len()..].into());
+    c.api.admin_token = Some(ADMIN["Bearer ".len()..].into());
     c.runtime.shard_count = 1;
 }
 

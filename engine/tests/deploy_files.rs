@@ -111,7 +111,8 @@ fn the_samples_refuse_to_start_without_the_secret_and_validate_with_it() {
             .unwrap_err();
         assert!(e.contains("auth.api_bearer_token"), "node{n}.toml: {e}");
         let c = node_config(n, &config);
-        assert_eq!(c.api.bearer_token.as_deref(), Some(API_TOKEN));
+        let token = c.api.bearer_token.as_ref().map(|t| t.expose());
+        assert_eq!(token, Some(API_TOKEN.as_bytes()));
         assert_eq!(c.node_id, n);
         let me = c.cluster.nodes.iter().find(|m| m.id == n).unwrap();
         assert_eq!(c.rpc_addr, Some(me.rpc_addr), "node{n}.toml");

@@ -79,13 +79,13 @@ pub struct ApiConfig {
     /// Required as `Authorization: Bearer <token>` on every route but /healthz and
     /// /readyz when set. Set from `[auth] api_bearer_token`.
     #[serde(skip)]
-    pub bearer_token: Option<String>,
+    pub bearer_token: Option<crate::config::Secret>,
     /// Required as `Authorization: Bearer <token>` on the operator's routes
     /// ([`Api::is_admin`]) instead of `bearer_token`. Without one those routes
     /// answer 403 when `bearer_token` is set (open when neither is: a node in
     /// development). Set from `[auth] admin_token`.
     #[serde(skip)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<crate::config::Secret>,
     /// Largest request body (413 over it, checked after the bearer token).
     pub max_body_bytes: usize,
     /// Most uids in one request (onlinestatus, subscribers).
@@ -581,8 +581,9 @@ impl Api {
         let given = authorization
             .and_then(|a| a.strip_prefix("Bearer "))
             .unwrap_or("");
-        let matches =
-            |token: &str| bool::from(given.as_bytes().ct_eq(token.as_bytes())) && !given.is_empty();
+        let matches = |token: &crate::config::Secret| {
+            bool::from(given.as_bytes().ct_eq(token.expose())) && !given.is_empty()
+        };
         if Api::is_admin(method, path) {
             return match (&self.config.admin_token, &self.config.bearer_token) {
                 (Some(admin), _) if matches(admin) => Ok(()),
