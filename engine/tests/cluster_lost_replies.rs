@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use engine::activation::AuthorityRequest;
 use engine::channel::Channel;
 use engine::cluster::{ClusterView, Target};
-use engine::config::{ClusterNode, Secret};
 use engine::node::wire::{self, Body, Reply, Request};
 use engine::node::{Node, NodeConfig};
 use engine::route::{DeviceLevel, Route, Transport, Uid};
@@ -57,23 +56,7 @@ const LONG_DEADLINE_MS: u32 = 10_000;
 /// `dir`, on `ports` (RPC of nodes 1 and 2, then API of nodes 1 and 2). Node 1
 /// redials soon (node 2 listens only when the test says so).
 fn node_1_config(backend: Backend, ports: &[u16], dir: &Path) -> NodeConfig {
-    let member = |id: u64, i: usize| ClusterNode {
-        id,
-        rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
-        api_addr: SocketAddr::from(([127, 0, 0, 1], ports[2 + i])),
-        tcp_addr: None,
-        ws_addr: None,
-        wss_addr: None,
-    };
-    let members = vec![member(1, 0), member(2, 1)];
-    let mut c = support::config(dir, backend);
-    c.node_id = 1;
-    c.runtime.shard_count = 1;
-    c.rpc_addr = Some(members[0].rpc_addr);
-    c.cluster.nodes = members;
-    c.cluster.slot_ids = SLOT_IDS;
-    c.cluster.secret = Secret::new(SECRET.into());
-    c.token_auth = false;
+    let mut c = support::cluster::node_1_of_2(backend, ports, dir, SECRET, SLOT_IDS);
     c.rpc.rpc_backoff_min_ms = 5;
     c.rpc.rpc_backoff_max_ms = 50;
     c

@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use engine::activation::AuthorityRequest;
 use engine::cluster::{ClusterView, Target};
-use engine::config::{ClusterNode, Secret};
 use engine::node::wire::{self, OneWayRef};
 use engine::node::Node;
 use engine::route::{
@@ -65,24 +64,7 @@ fn node_1_with(
 
 /// Node 1's config with its data in `dir` (see [`node_1_on`] for `ports`).
 fn node_1_config(backend: Backend, ports: &[u16], dir: &Path) -> engine::node::NodeConfig {
-    let member = |id: u64, i: usize| ClusterNode {
-        id,
-        rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
-        api_addr: SocketAddr::from(([127, 0, 0, 1], ports[2 + i])),
-        tcp_addr: None,
-        ws_addr: None,
-        wss_addr: None,
-    };
-    let members = vec![member(1, 0), member(2, 1)];
-    let mut c = support::config(dir, backend);
-    c.node_id = 1;
-    c.runtime.shard_count = 1;
-    c.rpc_addr = Some(members[0].rpc_addr);
-    c.cluster.nodes = members;
-    c.cluster.slot_ids = SLOT_IDS;
-    c.cluster.secret = Secret::new(SECRET.into());
-    c.token_auth = false;
-    c
+    support::cluster::node_1_of_2(backend, ports, dir, SECRET, SLOT_IDS)
 }
 
 /// A link from "node 2" to node 1, handshake done; node 1's boot id.

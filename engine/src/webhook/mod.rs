@@ -526,18 +526,23 @@ mod tests {
         assert!(toml::from_str::<crate::config::Config>("[webhook]\nurls = \"\"\n").is_err());
     }
 
-    #[test]
-    fn a_disabled_sink_takes_nothing_and_a_full_one_drops_and_counts() {
-        let off = WebhookSink::new(&WebhookConfig::default());
-        assert!(!off.enabled(EventKind::Offline));
-        let change = PresenceChange {
+    /// A route change of uid `u` (65 bytes charged).
+    fn a_change() -> PresenceChange {
+        PresenceChange {
             uid: "u".into(),
             device_flag: 1,
             online: true,
             session_id: 1,
             device_online: 1,
             total_online: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn a_disabled_sink_takes_nothing_and_a_full_one_drops_and_counts() {
+        let off = WebhookSink::new(&WebhookConfig::default());
+        assert!(!off.enabled(EventKind::Offline));
+        let change = a_change();
         off.status(change.clone());
         assert_eq!(off.stats[EventKind::OnlineStatus.index()].bytes(), 0);
         let small = WebhookConfig {
@@ -556,14 +561,7 @@ mod tests {
 
     #[test]
     fn room_is_for_an_event_as_large_as_the_last_one() {
-        let change = PresenceChange {
-            uid: "u".into(),
-            device_flag: 1,
-            online: true,
-            session_id: 1,
-            device_online: 1,
-            total_online: 1,
-        };
+        let change = a_change();
         let config = WebhookConfig {
             url: "http://127.0.0.1:9/".into(),
             queue_bytes_max: 130,

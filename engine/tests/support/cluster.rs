@@ -31,6 +31,36 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     super::processes::free_fixed_ports(n)
 }
 
+/// Node 1's config in the cluster {1: in this process, 2: played by the test},
+/// one shard, token authentication off, its data in `dir`: `ports` are the RPC
+/// ports of nodes 1 and 2, then their API ports.
+pub fn node_1_of_2(
+    backend: Backend,
+    ports: &[u16],
+    dir: &std::path::Path,
+    secret: &str,
+    slot_ids: u32,
+) -> NodeConfig {
+    let member = |id: u64, i: usize| ClusterNode {
+        id,
+        rpc_addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
+        api_addr: SocketAddr::from(([127, 0, 0, 1], ports[2 + i])),
+        tcp_addr: None,
+        ws_addr: None,
+        wss_addr: None,
+    };
+    let members = vec![member(1, 0), member(2, 1)];
+    let mut c = super::config(dir, backend);
+    c.node_id = 1;
+    c.runtime.shard_count = 1;
+    c.rpc_addr = Some(members[0].rpc_addr);
+    c.cluster.nodes = members;
+    c.cluster.slot_ids = slot_ids;
+    c.cluster.secret = Secret::new(secret.into());
+    c.token_auth = false;
+    c
+}
+
 pub struct Cluster {
     pub nodes: Vec<Node>,
     pub view: ClusterView,
