@@ -37,7 +37,7 @@ use engine::node::{Node, NodeConfig};
 use engine::route::{DeviceLevel, Route, Transport, Uid};
 use net::io::Backend;
 use proto::rpc::auth::Identity;
-use proto::rpc::link::{Inbound, InboundEvent, LinkEvent, LinkLimits, Outbound};
+use proto::rpc::link::{Inbound, InboundEvent, LinkLimits, Outbound};
 use proto::rpc::{Header, Kind};
 
 const SECRET: &str = "lost-replies-test-secret-0123456789";
@@ -117,27 +117,8 @@ struct Asker {
 impl Asker {
     fn dial(rpc_addr: SocketAddr) -> Asker {
         let key = support::cluster::rpc_key(SECRET.as_bytes(), SLOT_IDS);
-        let mut link = Outbound::new(&key, NODE_2, 1, 0, LinkLimits::default());
-        let mut stream = TcpStream::connect(rpc_addr).unwrap();
-        stream.set_read_timeout(Some(TIMEOUT)).unwrap();
-        let mut out = Vec::new();
-        assert!(link.on_dial([7; proto::rpc::auth::NONCE_BYTES], 0, &mut out));
-        stream.write_all(&out).unwrap();
-        let (mut input, mut buf) = (Vec::new(), [0u8; 4096]);
-        loop {
-            let n = stream.read(&mut buf).expect("node 1 answers the handshake");
-            assert!(n > 0, "node 1 closed the link during the handshake");
-            input.extend_from_slice(&buf[..n]);
-            out.clear();
-            let step = link.on_input(&input, 0, &mut out);
-            input.drain(..step.consumed);
-            stream.write_all(&out).unwrap();
-            match step.event {
-                Some(LinkEvent::Up { .. }) => return Asker { stream, link },
-                None => {}
-                Some(other) => panic!("handshake: {other:?}"),
-            }
-        }
+        let (stream, link, _) = support::cluster::dial_as(rpc_addr, &key, NODE_2);
+        Asker { stream, link }
     }
 
     /// Sends `request` with `deadline_ms` left; its request id.

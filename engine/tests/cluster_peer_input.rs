@@ -74,28 +74,7 @@ fn link(rpc_addr: SocketAddr) -> (TcpStream, Outbound<()>, u64) {
         node_id: 2,
         boot_id: 0x2222,
     };
-    let mut link = Outbound::new(&key, me, 1, 0, LinkLimits::default());
-    let mut stream = TcpStream::connect(rpc_addr).unwrap();
-    stream.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let mut out = Vec::new();
-    assert!(link.on_dial([7; proto::rpc::auth::NONCE_BYTES], 0, &mut out));
-    stream.write_all(&out).unwrap();
-    let mut input = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = stream.read(&mut buf).expect("node 1 answers the handshake");
-        assert!(n > 0, "node 1 closed the link during the handshake");
-        input.extend_from_slice(&buf[..n]);
-        out.clear();
-        let step = link.on_input(&input, 0, &mut out);
-        input.drain(..step.consumed);
-        stream.write_all(&out).unwrap();
-        match step.event {
-            Some(LinkEvent::Up { peer_boot_id, .. }) => return (stream, link, peer_boot_id),
-            None => {}
-            Some(other) => panic!("handshake: {other:?}"),
-        }
-    }
+    support::cluster::dial_as(rpc_addr, &key, me)
 }
 
 /// Reads until node 1 closes the link (after a Goodbye, if it sends one).

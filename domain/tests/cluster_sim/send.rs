@@ -43,7 +43,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use slots::{hash_slot, ShardId};
 
-use super::{Addr, Body, Flight, Pending, Request, World};
+use super::{Addr, Body, Pending, Request, World};
 use crate::log::{FakeLog, Store};
 
 /// Groups `g0`.. with members drawn among the uids.
@@ -301,18 +301,7 @@ impl World {
                 }
                 CommitOutput::SubmitSync(_job) => {
                     let delay = self.rng.gen_range(SYNC_MS);
-                    let to_boot = self.node(at.0).boot;
-                    let body = Body::SyncDone { shard: at.1 };
-                    let (from, to) = (at.0, at.0);
-                    self.schedule(
-                        delay,
-                        Flight {
-                            from,
-                            to,
-                            to_boot,
-                            body,
-                        },
-                    );
+                    self.carry(at.0, at.0, delay, Body::SyncDone { shard: at.1 });
                 }
                 CommitOutput::LogFailed { what, fault } => {
                     (self.violations).push(format!("the log failed: {what}: {}", fault.message));
@@ -407,20 +396,11 @@ impl World {
         endpoints: Vec<Endpoint>,
     ) {
         let delay = self.delay(from, to);
-        let to_boot = self.node(to).boot;
         let body = Body::Push {
             message: Message(message),
             endpoints,
         };
-        self.schedule(
-            delay,
-            Flight {
-                from,
-                to,
-                to_boot,
-                body,
-            },
-        );
+        self.carry(from, to, delay, body);
     }
 
     /// Another node's lookup, answered from this node's published tables.

@@ -493,7 +493,6 @@ impl World {
         let deadline = self.now_ms + RPC_DEADLINE_MS;
         self.shard_mut(from).pending.insert(id, (deadline, pending));
         let from_boot = self.node(from.0).boot;
-        let to_boot = self.node(to.0).boot;
         let delay = self.delay(from.0, to.0);
         let body = Body::Request {
             from,
@@ -502,15 +501,20 @@ impl World {
             to_shard: to.1,
             request,
         };
-        self.schedule(
-            delay,
-            Flight {
-                from: from.0,
-                to: to.0,
-                to_boot,
-                body,
-            },
-        );
+        self.carry(from.0, to.0, delay, body);
+    }
+
+    /// Schedules `body` from node `from` to node `to`'s current process, due in
+    /// `delay_ms` (a restart of `to` before then loses it).
+    fn carry(&mut self, from: NodeId, to: NodeId, delay_ms: u64, body: Body) {
+        let to_boot = self.node(to).boot;
+        let flight = Flight {
+            from,
+            to,
+            to_boot,
+            body,
+        };
+        self.schedule(delay_ms, flight);
     }
 
     fn delay(&mut self, from: NodeId, to: NodeId) -> u64 {
@@ -541,19 +545,10 @@ impl World {
 
     fn send_view(&mut self, from: NodeId, to: NodeId) {
         let view = self.node(from).view.clone();
-        let to_boot = self.node(to).boot;
         let copies = if self.rng.gen_bool(0.1) { 2 } else { 1 };
         for _ in 0..copies {
             let delay = self.delay(from, to);
-            self.schedule(
-                delay,
-                Flight {
-                    from,
-                    to,
-                    to_boot,
-                    body: Body::View(Box::new(view.clone())),
-                },
-            );
+            self.carry(from, to, delay, Body::View(Box::new(view.clone())));
         }
     }
 

@@ -616,9 +616,7 @@ impl NodeShared {
             });
         }
         let next = guard.with_leaders(self.config.node_id, &moves);
-        crate::store::view::save(&self.config.data_dir, &next).map_err(MoveRefused::Save)?;
-        *guard = Arc::new(next);
-        Ok(guard.clone())
+        self.save_moved(&mut guard, next)
     }
 
     /// [`NodeShared::move_leaders`] with a new leader per hash slot, in one view
@@ -629,9 +627,22 @@ impl NodeShared {
     ) -> Result<Arc<ClusterView>, MoveRefused> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
         let next = guard.with_leaders(self.config.node_id, moves);
-        crate::store::view::save(&self.config.data_dir, &next).map_err(MoveRefused::Save)?;
-        *guard = Arc::new(next);
-        Ok(guard.clone())
+        self.save_moved(&mut guard, next)
+    }
+
+    /// Saves a moved view in the data dir, then installs it in `current`; nothing
+    /// moves when the save fails (logged: the operator's call gets 500).
+    fn save_moved(
+        &self,
+        current: &mut Arc<ClusterView>,
+        next: ClusterView,
+    ) -> Result<Arc<ClusterView>, MoveRefused> {
+        if let Err(e) = crate::store::view::save(&self.config.data_dir, &next) {
+            tracing::error!(error = %e, revision = next.revision, "saving a moved cluster view failed: nothing moved");
+            return Err(MoveRefused::Save(e));
+        }
+        *current = Arc::new(next);
+        Ok(current.clone())
     }
 
     /// Marks the node draining (`POST /node/drain`): from now on `/readyz` is 503

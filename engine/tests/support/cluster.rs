@@ -31,6 +31,43 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     super::processes::free_fixed_ports(n)
 }
 
+/// A link dialed to `rpc_addr` as process `me` of a peer (the test playing a
+/// node) with the cluster's `key`, handshake done; the dialed node's boot id.
+/// Reads time out after 10 s (a failure detector, not a wait).
+pub fn dial_as(
+    rpc_addr: SocketAddr,
+    key: &proto::rpc::ClusterKey,
+    me: proto::rpc::auth::Identity,
+) -> (std::net::TcpStream, proto::rpc::link::Outbound<()>, u64) {
+    use proto::rpc::link::{LinkEvent, LinkLimits, Outbound};
+    use std::io::{Read, Write};
+    let mut link = Outbound::new(key, me, 1, 0, LinkLimits::default());
+    let mut stream = std::net::TcpStream::connect(rpc_addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut out = Vec::new();
+    assert!(link.on_dial([7; proto::rpc::auth::NONCE_BYTES], 0, &mut out));
+    stream.write_all(&out).unwrap();
+    let (mut input, mut buf) = (Vec::new(), [0u8; 4096]);
+    loop {
+        let n = stream
+            .read(&mut buf)
+            .expect("the node answers the handshake");
+        assert!(n > 0, "the node closed the link during the handshake");
+        input.extend_from_slice(&buf[..n]);
+        out.clear();
+        let step = link.on_input(&input, 0, &mut out);
+        input.drain(..step.consumed);
+        stream.write_all(&out).unwrap();
+        match step.event {
+            Some(LinkEvent::Up { peer_boot_id, .. }) => return (stream, link, peer_boot_id),
+            None => {}
+            Some(other) => panic!("handshake: {other:?}"),
+        }
+    }
+}
+
 /// Node 1's config in the cluster {1: in this process, 2: played by the test},
 /// one shard, token authentication off, its data in `dir`: `ports` are the RPC
 /// ports of nodes 1 and 2, then their API ports.
