@@ -58,6 +58,8 @@ fn limits() -> PlanLimits {
         offline_uids: false,
         offline_room: true,
         lookup_retries_max: 2,
+        rebuild_retry_interval_ms: 20,
+        rebuild_wait_ms_max: 3_000,
     }
 }
 
@@ -130,7 +132,7 @@ fn plan_one(
     p.enqueue(d);
     let mut pushed = 0;
     while !p.is_empty() {
-        p.pump(view, reader, &mut |_| usize::MAX, &limits, out);
+        p.pump(0, view, reader, &mut |_| usize::MAX, &limits, out);
         for o in out.drain(..) {
             match o {
                 PlanOutput::Push(push) => pushed += push.endpoints.len(),

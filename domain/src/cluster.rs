@@ -51,6 +51,12 @@ pub struct SlotLeader {
     /// The leader's term: 1 in the initial view, raised by every move
     /// ([`next_term`]); the higher term wins in [`ClusterView::merge`].
     pub leader_term: Term,
+    /// The node the move that made this term took the slot from (its leader in
+    /// the mover's view; this very leader for a move to itself); 0 in the
+    /// initial view. The new leader waits for that node's handover of the
+    /// slot's routes (`presence::authority`'s `handover` module).
+    #[serde(default)]
+    pub from_node_id: NodeId,
 }
 
 /// The most slot ids a view may have: one per hash slot.
@@ -154,6 +160,7 @@ impl ClusterView {
             slot_id: 0,
             leader_node_id: nodes[0],
             leader_term: 1,
+            from_node_id: 0,
         }; HASH_SLOTS];
         for (h, s) in slots.iter_mut().enumerate() {
             s.slot_id = slot_id_of(h as HashSlot, slot_ids);
@@ -183,6 +190,9 @@ impl ClusterView {
             }
             if !nodes.contains(&s.leader_node_id) {
                 return Err(ViewError::UnknownLeader(h, s.leader_node_id));
+            }
+            if s.from_node_id != 0 && !nodes.contains(&s.from_node_id) {
+                return Err(ViewError::UnknownLeader(h, s.from_node_id));
             }
         }
         Ok(())
@@ -245,6 +255,7 @@ impl ClusterView {
         let mut view = self.clone();
         for &(h, leader_node_id) in moves {
             let slot = &mut view.slots[h as usize];
+            slot.from_node_id = slot.leader_node_id;
             slot.leader_node_id = leader_node_id;
             slot.leader_term = next_term(slot.leader_term, rank, n);
         }

@@ -33,6 +33,9 @@ pub enum HopKind {
     Lookup,
     /// Gateway → the uid's home: check a CONNECT's token.
     Token,
+    /// A hash slot's old authority → its new one: a batch of the routes it had
+    /// (`presence::authority::HandoverBatch`).
+    Handover,
 }
 
 /// Why a request got no answer.
@@ -70,6 +73,9 @@ pub enum NoAnswerAction {
     LookupFailed(LookupFailure),
     /// The CONNECT is answered with this CONNACK reason.
     Connack(ReasonCode),
+    /// The handover batch is not sent again: the new authority's wait for it ends
+    /// at its deadline, its routes then come from the gateways' rebuild; counted.
+    HandoverLost,
 }
 
 /// The policy: what a request of `kind` that got no answer (`why`) becomes.
@@ -89,6 +95,7 @@ pub fn on_no_answer(kind: HopKind, why: NoAnswer) -> NoAnswerAction {
         (HopKind::Send, _) => NoAnswerAction::SendAck(ReasonCode::FORWARD_SEND_PACKET_ERROR),
         (HopKind::Lookup, _) => NoAnswerAction::LookupFailed(LookupFailure::PeerDown),
         (HopKind::Token, _) => NoAnswerAction::Connack(ReasonCode::QUERY_TOKEN_ERROR),
+        (HopKind::Handover, _) => NoAnswerAction::HandoverLost,
     }
 }
 
@@ -96,13 +103,14 @@ pub fn on_no_answer(kind: HopKind, why: NoAnswer) -> NoAnswerAction {
 mod tests {
     use super::*;
 
-    const KINDS: [HopKind; 6] = [
+    const KINDS: [HopKind; 7] = [
         HopKind::Authority,
         HopKind::Touch,
         HopKind::OwnerAction,
         HopKind::Send,
         HopKind::Lookup,
         HopKind::Token,
+        HopKind::Handover,
     ];
 
     #[test]
@@ -129,6 +137,7 @@ mod tests {
                     A::SendAck(ReasonCode::FORWARD_SEND_PACKET_ERROR),
                     A::LookupFailed(LookupFailure::PeerDown),
                     A::Connack(ReasonCode::QUERY_TOKEN_ERROR),
+                    A::HandoverLost,
                 ],
                 "{why:?}"
             );

@@ -258,8 +258,8 @@ const MOVES_SEEDS: u64 = 50;
 /// recipient session active throughout (issue "Cluster defects found in a
 /// review…", item 7: "a planned move (slot move, drain) hands the old authority's
 /// routes to the new one before it serves, so a planned move loses no push").
-fn run_moves(seed: u64) -> Result<World, String> {
-    let mut w = run(seed, Bugs::default())?;
+fn run_moves(seed: u64, bugs: Bugs) -> Result<World, String> {
+    let mut w = run(seed, bugs)?;
     for step in 0..MOVES_STEPS {
         w.moves_step();
         w.check_always()
@@ -275,35 +275,46 @@ fn run_moves(seed: u64) -> Result<World, String> {
     Ok(w)
 }
 
-/// An expected failure until issue "Cluster defects found in a review…", item 7
-/// is fixed: a planned move loses pushes today (the new authority serves lookups
-/// before the moved routes are rebuilt there, and answers "offline" for them).
-/// Every other invariant must hold through the moves. When the fix lands this
-/// test fails: turn it into `assert!(failures.is_empty())`.
+/// Issue "Cluster defects found in a review…", item 7: planned moves while
+/// clients SEND lose no push (the old authority hands its routes over; the new one
+/// answers lookups "rebuilding" until they came; the planner asks again).
 #[test]
-fn cluster_sim_planned_moves_lose_pushes_expected_failure_issue_26_item_7() {
-    let seeds: Vec<u64> = match std::env::var("CLUSTER_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("CLUSTER_SIM_SEED is a u64")],
+fn cluster_sim_planned_moves_lose_no_push() {
+    // `CLUSTER_SIM_SEEDS=n` runs `0..n` here too.
+    let seeds: Vec<u64> = match std::env::var("CLUSTER_SIM_SEEDS") {
+        Ok(_) => seeds(),
+        Err(_) if std::env::var("CLUSTER_SIM_SEED").is_ok() => seeds(),
         Err(_) => (0..MOVES_SEEDS).collect(),
     };
-    let mut lost = Vec::new();
-    for seed in seeds {
-        match run_moves(seed) {
-            Ok(_) => {}
-            Err(e) if e.starts_with("moves end: every online recipient (Moves)") => {
-                if lost.is_empty() {
-                    eprintln!("seed {seed}: {e}");
-                }
-                lost.push(seed);
+    let failures: Vec<u64> = (seeds.into_iter())
+        .filter(|&seed| match run_moves(seed, Bugs::default()) {
+            Ok(_) => false,
+            Err(e) => {
+                eprintln!(
+                    "cluster_sim (moves) failed with seed {seed}; rerun with CLUSTER_SIM_SEED={seed}: {e}"
+                );
+                true
             }
-            Err(e) => panic!(
-                "cluster_sim (moves) failed with seed {seed}; rerun with CLUSTER_SIM_SEED={seed}: {e}"
-            ),
-        }
-    }
-    eprintln!("planned moves lost pushes on seeds {lost:?} (issue 26 item 7)");
+        })
+        .collect();
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+}
+
+/// Without the handover (what the node did before), planned moves lose pushes
+/// within the CI seeds: the invariant above is not one that cannot fail.
+#[test]
+fn cluster_sim_moves_catch_a_missing_handover() {
+    let bugs = Bugs {
+        no_handover: true,
+        ..Bugs::default()
+    };
+    let caught = (0..MOVES_SEEDS).find_map(|seed| run_moves(seed, bugs).err().map(|e| (seed, e)));
+    let Some((seed, failure)) = caught else {
+        panic!("planted bug not caught in {MOVES_SEEDS} seeds: no handover");
+    };
+    eprintln!("planted bug \"no handover\" caught by seed {seed}: {failure}");
     assert!(
-        !lost.is_empty(),
-        "no planned move lost a push: issue 26 item 7 is fixed, make this an invariant"
+        failure.contains("every online recipient (Moves)"),
+        "another invariant broke: {failure}"
     );
 }

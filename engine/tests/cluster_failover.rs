@@ -364,8 +364,10 @@ fn move_slots(cluster: &Cluster, rng: &mut StdRng, n: usize) -> ClusterView {
         );
         assert_eq!(status, 200, "{reply}");
         for s in hash_slots {
-            view.slots[s as usize].leader_node_id = leader;
-            view.slots[s as usize].leader_term += 1;
+            let slot = &mut view.slots[s as usize];
+            slot.from_node_id = slot.leader_node_id;
+            slot.leader_node_id = leader;
+            slot.leader_term += 1;
         }
         view.revision += 1;
     }

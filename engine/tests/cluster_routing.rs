@@ -14,7 +14,7 @@ use net::client::{Client, Login, Received};
 use net::io::Backend;
 use serde_json::json;
 use support::cluster::{find_uid, nothing_more, Cluster};
-use support::{api, next_recv, next_sendack};
+use support::{api, metric, next_recv, next_sendack};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -208,6 +208,40 @@ fn a_send_to_a_channel_homed_on_a_stopped_node_gets_10(backend: Backend) {
     assert_eq!(next_recv(&mut live).payload, b"still here");
 }
 
+/// Issue "Cluster defects found in a review…", item 7: a slot move hands the old
+/// authority's routes to the new one (besides the gateways' rebuild), whose
+/// lookups wait for them: a message sent right after the move reaches the
+/// recipient who stayed connected.
+fn a_slot_move_hands_its_routes_to_the_new_leader(backend: Backend) {
+    let cluster = Cluster::start(backend);
+    let a = "mover";
+    let b = find_uid("handed", |b| cluster.authority_of(b) == 1);
+    let mut ca = login(cluster.node(3), a, 1);
+    let mut cb = login(cluster.node(3), &b, 1);
+    let slot = slots::hash_slot(b.as_bytes());
+    let body = json!({"hash_slots": [slot], "leader_node_id": 2});
+    let (status, reply) = api(cluster.node(1), "/cluster/slots/leader", body);
+    assert_eq!(status, 200, "{reply}");
+    ca.send(&b, 1, 1, "h-1", b"right after the move", true)
+        .unwrap();
+    assert_eq!(next_sendack(&mut ca).3, 1);
+    assert_eq!(next_recv(&mut cb).payload, b"right after the move");
+    assert!(metric(cluster.node(1), "imrouter_handover_batches_sent_total") >= 1);
+    // Published by node 2's expiry pass (`[session] expiry_interval_ms`).
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    while metric(cluster.node(2), "imrouter_handover_routes_total") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 2 applied no handed-over route"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        metric(cluster.node(2), "imrouter_handover_waits_expired_total"),
+        0
+    );
+}
+
 /// The home of `uid`'s tokens.
 fn home_of_uid(cluster: &Cluster, uid: &str) -> u64 {
     cluster.view.home_node(slots::hash_slot(uid.as_bytes()))
@@ -220,4 +254,5 @@ on_both_drivers!(
     person_message_crosses_four_roles,
     group_message_reaches_members_on_every_node,
     master_login_on_another_node_kicks_the_old_session,
+    a_slot_move_hands_its_routes_to_the_new_leader,
 );

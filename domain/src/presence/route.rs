@@ -230,6 +230,11 @@ pub enum AuthorityError {
     /// by an authority). It may have been applied: the caller rolls back as if it
     /// had been.
     Lost,
+    /// A lookup of a hash slot whose authority was just installed by a move and
+    /// still waits for its previous leader's routes (the handover), up to a
+    /// deadline: its empty table would say "offline" of recipients who are online.
+    /// Nothing changed; look up again a little later.
+    Rebuilding,
 }
 
 impl std::fmt::Display for AuthorityError {
@@ -243,6 +248,7 @@ impl std::fmt::Display for AuthorityError {
             AuthorityError::Full => "route directory full",
             AuthorityError::Unreachable => "the authority's node could not be reached",
             AuthorityError::Lost => "the authority's answer was lost",
+            AuthorityError::Rebuilding => "awaiting the previous leader's routes",
         })
     }
 }

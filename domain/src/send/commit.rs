@@ -454,16 +454,19 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     /// lookups into `out`; `room(to)` is the room towards a peer shard or node.
     /// Returns the work done (1 at least while anything waits for delivery, except
     /// while the pages in flight only wait for lookup replies: then nothing, a
-    /// reply's arrival is the next event).
+    /// reply's arrival is the next event, or for a rebuilding authority: then
+    /// [`next_retry_at_ms`](Self::next_retry_at_ms) is the next pump's time).
+    /// `now_ms`: the driver's monotonic clock.
     pub fn pump(
         &mut self,
+        now_ms: u64,
         view: &ClusterView,
         lookup: &mut impl EndpointLookup,
         room: &mut impl FnMut(PushTo) -> usize,
         limits: &PlanLimits,
         out: &mut Vec<PlanOutput>,
     ) -> usize {
-        let (freed_bytes, work) = self.planner.pump(view, lookup, room, limits, out);
+        let (freed_bytes, work) = self.planner.pump(now_ms, view, lookup, room, limits, out);
         self.backlog_bytes -= freed_bytes;
         work
     }
@@ -474,6 +477,11 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     /// page may be complete.
     pub fn on_lookup_reply(&mut self, lookup_id: u64, reply: LookupReply) -> bool {
         self.planner.on_lookup_reply(lookup_id, reply)
+    }
+
+    /// When the planner looks a rebuilding authority up again ([`Planner::next_retry_at_ms`]).
+    pub fn next_retry_at_ms(&self) -> Option<u64> {
+        self.planner.next_retry_at_ms()
     }
 
     /// Lookups of the pages in delivery that await their replies.
@@ -1299,6 +1307,8 @@ mod tests {
             offline_uids: false,
             offline_room: true,
             lookup_retries_max: 2,
+            rebuild_retry_interval_ms: 20,
+            rebuild_wait_ms_max: 3_000,
         }
     }
 
@@ -1314,7 +1324,10 @@ mod tests {
         // Shard 1 ("a", "c": odd first bytes) has no room beyond the reserve; pages of
         // two, in hash slot order (a 67, c 111, b 249): ["a", "c"], ["b"].
         let mut room = |_to: PushTo| 4;
-        assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut pushes), 2);
+        assert_eq!(
+            c.pump(0, &view, &mut Online, &mut room, &plan, &mut pushes),
+            2
+        );
         assert_eq!(pushed(&mut pushes), vec![], "the first page's batch waits");
         assert_eq!(c.take_plan_counts().stalls, 1);
         assert_eq!(
@@ -1323,13 +1336,16 @@ mod tests {
             "the message waits for its stalled batch"
         );
         let mut room = |_to: PushTo| 5;
-        c.pump(&view, &mut Online, &mut room, &plan, &mut pushes);
+        c.pump(0, &view, &mut Online, &mut room, &plan, &mut pushes);
         assert_eq!(
             pushed(&mut pushes),
             vec![(PushTo::Shard(1), 2), (PushTo::Shard(0), 1)],
             "the stalled batch ('a', 'c'), then the second page ('b', this shard)"
         );
-        assert_eq!(c.pump(&view, &mut Online, &mut room, &plan, &mut pushes), 0);
+        assert_eq!(
+            c.pump(0, &view, &mut Online, &mut room, &plan, &mut pushes),
+            0
+        );
         assert_eq!((c.backlog_len(), c.backlog_bytes()), (0, 0));
     }
 
@@ -1347,7 +1363,7 @@ mod tests {
         };
         let mut room = |_to: PushTo| usize::MAX;
         let mut planned = Vec::new();
-        c.pump(&view, &mut Online, &mut room, &plan, &mut planned);
+        c.pump(0, &view, &mut Online, &mut room, &plan, &mut planned);
         let [PlanOutput::Lookup(lookup)] = planned.as_slice() else {
             panic!("one lookup to node 2, nothing pushed");
         };
@@ -1356,7 +1372,7 @@ mod tests {
         planned.clear();
         assert_eq!(c.awaiting_lookups(), 1);
         assert_eq!(
-            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            c.pump(0, &view, &mut Online, &mut room, &plan, &mut planned),
             0,
             "nothing to do until the reply: the shard may sleep"
         );
@@ -1367,12 +1383,12 @@ mod tests {
         assert!(c.on_lookup_reply(id, reply.clone()));
         assert!(!c.on_lookup_reply(id, reply), "a second reply is ignored");
         assert_eq!(
-            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            c.pump(0, &view, &mut Online, &mut room, &plan, &mut planned),
             1
         );
         assert!(planned.is_empty(), "every group failed: nothing to push");
         assert_eq!(
-            c.pump(&view, &mut Online, &mut room, &plan, &mut planned),
+            c.pump(0, &view, &mut Online, &mut room, &plan, &mut planned),
             0
         );
         let counts = c.take_plan_counts();

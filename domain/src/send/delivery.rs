@@ -398,6 +398,12 @@ pub struct PlanLimits {
     /// Times a page's failed target groups are looked up again on the current view
     /// (see [`Planner`], "A failed group"). 0: a failed group fails at once.
     pub lookup_retries_max: u8,
+    /// How often a group answered [`AuthorityError::Rebuilding`] is looked up
+    /// again (see [`Planner`], "A rebuilding authority").
+    pub rebuild_retry_interval_ms: u64,
+    /// How long a page waits for a rebuilding authority at most; its groups still
+    /// rebuilding then fail (`rebuild_timeouts`).
+    pub rebuild_wait_ms_max: u64,
 }
 
 /// Counters the driver publishes as metrics.
@@ -418,6 +424,12 @@ pub struct PlanCounts {
     pub failed_lookups: u64,
     /// Endpoints of this node on a shard it does not have: dropped, not pushed.
     pub stale_endpoints: u64,
+    /// Rebuilding groups looked up again (see [`Planner`], "A rebuilding
+    /// authority").
+    pub rebuild_retries: u64,
+    /// Rebuilding groups that failed after `rebuild_wait_ms_max` (also in
+    /// `failed_groups`).
+    pub rebuild_timeouts: u64,
     /// Replies for a lookup id that is not awaited (unknown, or already answered:
     /// a reply after the driver's deadline failure): ignored.
     pub ignored_replies: u64,
@@ -508,6 +520,17 @@ impl Emitted {
 /// (its order kept). A group whose target did not change, or past the retries,
 /// fails for good (`failed_groups`): its recipients catch up by messagesync.
 ///
+/// # A rebuilding authority
+///
+/// A group answered [`AuthorityError::Rebuilding`] (its authority was just moved
+/// there and waits for the old leader's routes, the handover) is not offline: it is
+/// looked up again every `rebuild_retry_interval_ms` (at the target the current
+/// view names) while its page waits, up to `rebuild_wait_ms_max` from the first
+/// such answer; then it fails (`rebuild_timeouts`, and `failed_groups`). The page,
+/// and so every page behind it, waits meanwhile: order is kept. The wait is for
+/// time, not work: [`Planner::pump`] reports none for it, and the driver pumps
+/// again by [`Planner::next_retry_at_ms`].
+///
 /// # The pipeline, and why it keeps order
 ///
 /// Up to `lookup_pages_in_flight_max` pages are *in flight* (looked up, not yet
@@ -588,6 +611,26 @@ pub struct Planner {
     counts: PlanCounts,
 }
 
+impl Page {
+    /// A group of this page at `target` failed with `result`'s error: a
+    /// rebuilding authority is asked again later, any other failure is retried on
+    /// the current view (see [`Planner`]).
+    fn note_failure<T>(&mut self, result: &Result<T, AuthorityError>, target: Target) {
+        match result {
+            Ok(_) => {}
+            Err(AuthorityError::Rebuilding) => self.rebuilding.push(target),
+            Err(e) => self.retry.push((target, disagrees(*e))),
+        }
+    }
+}
+
+/// Whether an authority's refusal of a lookup means that its view and the
+/// requester's disagree on the slot's leader (one of them has not applied the
+/// latest move yet): worth asking again once views converge.
+fn disagrees(e: AuthorityError) -> bool {
+    matches!(e, AuthorityError::NotLeader | AuthorityError::StaleTarget)
+}
+
 /// A page looked up and not yet pushed.
 struct Page {
     /// The number of its message.
@@ -599,10 +642,19 @@ struct Page {
     /// Its recipients' range in its message's recipients.
     range: Range<usize>,
     /// The targets of its groups that failed and may be retried on the current
-    /// view (the page is not complete while any is left).
-    retry: Vec<Target>,
+    /// view (the page is not complete while any is left), each with whether its
+    /// authority refused it as not its own ([`disagrees`]).
+    retry: Vec<(Target, bool)>,
     /// Retries left (from `lookup_retries_max`).
     retries_left: u8,
+    /// The targets of its groups answered `Rebuilding`, looked up again at
+    /// `rebuild_retry_at_ms` (the page is not complete while any is left).
+    rebuilding: Vec<Target>,
+    /// When its rebuilding groups are looked up again.
+    rebuild_retry_at_ms: u64,
+    /// When its rebuilding groups fail: `rebuild_wait_ms_max` after the first
+    /// `Rebuilding` answer (`None` before one).
+    rebuild_until_ms: Option<u64>,
     /// The sender's uid when the page gathers offline recipients (into `offline`).
     from_uid: Option<Uid>,
     /// Its recipients with no endpoint so far (local groups; remote ones as their
@@ -646,7 +698,20 @@ impl Planner {
     /// Failed groups of the pages in flight that the next [`Planner::pump`] looks
     /// up again or counts in `failed_groups`: every failure is in one or the other.
     pub fn groups_awaiting_retry(&self) -> usize {
-        self.pages.iter().map(|p| p.retry.len()).sum()
+        self.pages
+            .iter()
+            .map(|p| p.retry.len() + p.rebuilding.len())
+            .sum()
+    }
+
+    /// When a page waiting for a rebuilding authority looks it up again: the
+    /// driver pumps at that time (or earlier) even without other work. `None`
+    /// while no page waits for one.
+    pub fn next_retry_at_ms(&self) -> Option<u64> {
+        (self.pages.iter())
+            .filter(|p| !p.rebuilding.is_empty())
+            .map(|p| p.rebuild_retry_at_ms)
+            .min()
     }
 
     /// Plans into `out`: pushes the complete pages at the head of the pipeline and
@@ -657,9 +722,11 @@ impl Planner {
     /// messages whose delivery ended (the commit core's budget) and the work done:
     /// 1 at least while anything waits for room or could be planned now, so the
     /// shard keeps turning until it is delivered; nothing more while the pages in
-    /// flight only wait for lookup replies (see the type's docs).
+    /// flight only wait for lookup replies or a rebuilding authority (see the
+    /// type's docs). `now_ms`: the driver's monotonic clock.
     pub fn pump(
         &mut self,
+        now_ms: u64,
         view: &ClusterView,
         lookup: &mut impl EndpointLookup,
         room: &mut impl FnMut(PushTo) -> usize,
@@ -678,6 +745,7 @@ impl Planner {
                 break;
             }
             work += self.retry_failed(view, lookup, limits, out);
+            work += self.retry_rebuilding(now_ms, view, lookup, limits, out);
             if self.head_complete() {
                 self.push_head(room, limits, out);
                 work += 1;
@@ -686,7 +754,7 @@ impl Planner {
             if !self.may_open(limits) || pages == limits.pages_per_turn_max {
                 break;
             }
-            work += self.open_page(view, lookup, limits, out);
+            work += self.open_page(now_ms, view, lookup, limits, out);
             pages += 1;
         }
         let retry = self.pages.iter().any(|p| !p.retry.is_empty());
@@ -729,13 +797,14 @@ impl Planner {
                         }
                     }
                 }
-                let failed = results.iter().zip(&targets).filter(|(r, _)| r.is_err());
-                page.retry.extend(failed.map(|(_, t)| *t));
+                for (r, t) in results.iter().zip(&targets) {
+                    page.note_failure(r, *t);
+                }
                 let _ = take_found(endpoints, &results, groups, &mut page.endpoints);
             }
             LookupReply::Failed(_) => {
                 self.counts.failed_lookups += 1;
-                page.retry.extend(targets);
+                page.retry.extend(targets.into_iter().map(|t| (t, false)));
             }
         }
         true
@@ -761,12 +830,17 @@ impl Planner {
             }
             let page = &mut self.pages[i];
             let mut moved: Vec<Target> = Vec::new();
-            for t in std::mem::take(&mut page.retry) {
+            for (t, disagreed) in std::mem::take(&mut page.retry) {
                 let now = view.target_for_slot(t.hash_slot);
-                if now == t || page.retries_left == 0 {
-                    self.counts.failed_groups += 1;
-                } else {
+                if now != t && page.retries_left > 0 {
                     moved.push(now);
+                } else if now == t && disagreed {
+                    // The authority has not applied the view that makes it the
+                    // slot's leader (or has a newer one): asked again as a
+                    // rebuilding one is, within the same bound.
+                    page.rebuilding.push(t);
+                } else {
+                    self.counts.failed_groups += 1;
                 }
             }
             if moved.is_empty() {
@@ -777,6 +851,45 @@ impl Planner {
             self.counts.retried_groups += moved.len() as u64;
             let number = self.head_page + i as u64;
             self.lookup_again(number, &moved, lookup, limits, out);
+        }
+        retried
+    }
+
+    /// The rebuilding groups of the pages in flight (see the type's docs, "A
+    /// rebuilding authority"): each page's, once its retry time came, looked up
+    /// again at the target the current `view` names; past the page's wait, failed.
+    /// Returns the groups looked up again.
+    fn retry_rebuilding(
+        &mut self,
+        now_ms: u64,
+        view: &ClusterView,
+        lookup: &mut impl EndpointLookup,
+        limits: &PlanLimits,
+        out: &mut Vec<PlanOutput>,
+    ) -> usize {
+        let mut retried = 0;
+        for i in 0..self.pages.len() {
+            let page = &mut self.pages[i];
+            if page.rebuilding.is_empty() || now_ms < page.rebuild_retry_at_ms {
+                continue;
+            }
+            let until_ms = *page
+                .rebuild_until_ms
+                .get_or_insert(now_ms.saturating_add(limits.rebuild_wait_ms_max));
+            let targets = std::mem::take(&mut page.rebuilding);
+            if now_ms >= until_ms {
+                self.counts.rebuild_timeouts += targets.len() as u64;
+                self.counts.failed_groups += targets.len() as u64;
+                continue;
+            }
+            page.rebuild_retry_at_ms = now_ms.saturating_add(limits.rebuild_retry_interval_ms);
+            let targets: Vec<Target> = (targets.iter())
+                .map(|t| view.target_for_slot(t.hash_slot))
+                .collect();
+            retried += targets.len();
+            self.counts.rebuild_retries += targets.len() as u64;
+            let number = self.head_page + i as u64;
+            self.lookup_again(number, &targets, lookup, limits, out);
         }
         retried
     }
@@ -823,7 +936,7 @@ impl Planner {
                         }
                         page.endpoints.extend_from_slice(&found[r.clone()]);
                     }
-                    Err(_) => page.retry.push(*t),
+                    Err(_) => page.note_failure(r, *t),
                 }
             }
         }
@@ -893,7 +1006,7 @@ impl Planner {
     fn head_complete(&self) -> bool {
         self.pages
             .front()
-            .is_some_and(|p| p.awaiting == 0 && p.retry.is_empty())
+            .is_some_and(|p| p.awaiting == 0 && p.retry.is_empty() && p.rebuilding.is_empty())
     }
 
     /// Whether another page may be opened now: one is left and the pipeline has
@@ -947,6 +1060,7 @@ impl Planner {
     /// (the page waits), else 0 (the page is complete).
     fn open_page(
         &mut self,
+        now_ms: u64,
         view: &ClusterView,
         lookup: &mut impl EndpointLookup,
         limits: &PlanLimits,
@@ -1002,10 +1116,7 @@ impl Planner {
             lookup.endpoints_by_hashed_groups_into(&local, &mut endpoints, &mut self.results);
         }
         let offline = local_offline(&local, &self.results, &endpoints, from_uid.as_ref());
-        let retry: Vec<Target> = (local.iter().zip(&self.results))
-            .filter(|(_, r)| r.is_err())
-            .map(|(g, _)| g.target)
-            .collect();
+        let (retry, rebuilding) = failed_local(&local, &self.results);
         self.local_groups = recycle(local);
         let lookups = remote_lookups(
             &self.page_groups,
@@ -1024,6 +1135,9 @@ impl Planner {
             range,
             retry,
             retries_left: limits.lookup_retries_max,
+            rebuilding,
+            rebuild_retry_at_ms: now_ms.saturating_add(limits.rebuild_retry_interval_ms),
+            rebuild_until_ms: None,
             from_uid,
             offline,
             last,
@@ -1102,6 +1216,25 @@ impl Planner {
             }
         }
     }
+}
+
+/// The local groups of a page that failed, as the page keeps them: to retry on
+/// the current view (with whether the authority disagreed, [`disagrees`]), and
+/// rebuilding.
+#[allow(clippy::type_complexity)]
+fn failed_local(
+    local: &[HashedGroup<'_>],
+    results: &[Result<Range<usize>, AuthorityError>],
+) -> (Vec<(Target, bool)>, Vec<Target>) {
+    let (mut retry, mut rebuilding) = (Vec::new(), Vec::new());
+    for (g, r) in local.iter().zip(results) {
+        match r {
+            Ok(_) => {}
+            Err(AuthorityError::Rebuilding) => rebuilding.push(g.target),
+            Err(e) => retry.push((g.target, disagrees(*e))),
+        }
+    }
+    (retry, rebuilding)
 }
 
 /// How many recipients `d` has (a group's subscribers, or a person channel's one
@@ -1396,6 +1529,8 @@ mod planner_tests {
             offline_uids: false,
             offline_room: true,
             lookup_retries_max: 2,
+            rebuild_retry_interval_ms: 20,
+            rebuild_wait_ms_max: 100,
         }
     }
 
@@ -1429,6 +1564,8 @@ mod planner_tests {
     #[derive(Default)]
     struct Local {
         asked: Vec<Uid>,
+        /// Lookups answered `Rebuilding` before the authority serves.
+        rebuilding: usize,
     }
 
     impl EndpointLookup for Local {
@@ -1440,6 +1577,11 @@ mod planner_tests {
         ) {
             for (target, uids) in lookups {
                 assert_eq!(target.leader_node_id, ME, "only local groups here");
+                if self.rebuilding > 0 {
+                    self.rebuilding -= 1;
+                    results.push(Err(AuthorityError::Rebuilding));
+                    continue;
+                }
                 let start = endpoints.len();
                 for uid in *uids {
                     self.asked.push(uid.clone());
@@ -1504,6 +1646,8 @@ mod planner_tests {
         room: Vec<(PushTo, usize)>,
         /// Every `PlanOutput::Offline`: (message id, uids).
         offline: Vec<(i64, Vec<Uid>)>,
+        /// The clock the planner is pumped at.
+        now_ms: u64,
     }
 
     /// What one `pump` did: freed bytes, work, the pushes as (to, message, uids),
@@ -1523,6 +1667,7 @@ mod planner_tests {
                 limits: limits(),
                 room: Vec::new(),
                 offline: Vec::new(),
+                now_ms: 0,
             }
         }
 
@@ -1533,7 +1678,11 @@ mod planner_tests {
                 set.map_or(usize::MAX, |(_, r)| *r)
             };
             let mut out = Vec::new();
+            // Each pump is 10 ms after the last (a rebuilding group is asked
+            // again every other pump, and given up after ten).
+            self.now_ms += 10;
             let (freed, work) = self.p.pump(
+                self.now_ms,
                 &self.view,
                 &mut self.local,
                 &mut room,
@@ -1705,22 +1854,102 @@ mod planner_tests {
         );
     }
 
+    /// A group refused as stale at the target the view still names (the
+    /// authority's view and this one disagree) is asked again every
+    /// `rebuild_retry_interval_ms` and fails alone after `rebuild_wait_ms_max`;
+    /// the page waits meanwhile.
     #[test]
-    fn a_stale_group_in_a_reply_fails_alone() {
+    fn a_stale_group_in_a_reply_is_asked_again_then_fails_alone() {
         let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 4))]);
         let (_, _, _, lookups) = rig.pump();
         let l = &lookups[0];
         assert!(l.groups.len() >= 2, "the uids span several hash slots");
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
-        let (_, _, pushes, _) = rig.pump();
+        let stale_uids = l.groups().next().unwrap().1.to_vec();
+        let start_ms = rig.now_ms;
+        let mut asked_again = 0;
+        let pushes = loop {
+            let (_, _, pushes, again) = rig.pump();
+            if !pushes.is_empty() {
+                break pushes;
+            }
+            for l in &again {
+                assert_eq!(l.uids, stale_uids, "only the stale group is asked again");
+                assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
+                asked_again += 1;
+            }
+            assert!(rig.now_ms - start_ms <= 2 * rig.limits.rebuild_wait_ms_max);
+        };
+        assert!(rig.now_ms - start_ms >= rig.limits.rebuild_wait_ms_max);
         let survivors: Vec<Uid> = l.groups().skip(1).flat_map(|g| g.1.to_vec()).collect();
         assert_eq!(all_pushed(&pushes), sorted(survivors));
         let counts = rig.p.take_counts();
         assert_eq!((counts.failed_groups, counts.failed_lookups), (1, 0));
-        assert_eq!(
-            counts.retried_groups, 0,
-            "its slot did not move: not retried"
+        assert_eq!(counts.rebuild_timeouts, 1);
+        assert_eq!(counts.rebuild_retries, asked_again);
+        assert!(asked_again >= 2);
+        assert_eq!(counts.retried_groups, 0, "its slot did not move");
+    }
+
+    /// A group answered `Rebuilding` (its authority waits for a moved slot's
+    /// handover) is not offline: its page waits, the group is asked again after
+    /// `rebuild_retry_interval_ms` (no work reported meanwhile, the next retry's
+    /// time given), and its recipients are pushed once the authority serves.
+    #[test]
+    fn a_rebuilding_group_is_asked_again_and_its_recipients_pushed() {
+        let mut rig = Rig::new(vec![delivery(1, led_by(2, "b", 1))]);
+        let (_, _, _, lookups) = rig.pump();
+        let l = &lookups[0];
+        let rebuilding = LookupReply::Found {
+            endpoints: vec![],
+            results: vec![Err(AuthorityError::Rebuilding)],
+        };
+        assert!(rig.p.on_lookup_reply(l.lookup_id, rebuilding));
+        let opened_ms = rig.now_ms;
+        let (_, work, pushes, again) = rig.pump();
+        assert!(
+            pushes.is_empty() && again.is_empty(),
+            "not before the interval"
         );
+        assert_eq!(work, 0, "waiting for time is no work");
+        let due = rig.p.next_retry_at_ms().expect("a retry is due");
+        assert_eq!(due, opened_ms + rig.limits.rebuild_retry_interval_ms);
+        assert_eq!(rig.p.groups_awaiting_retry(), 1);
+        let (_, _, pushes, again) = rig.pump();
+        assert!(pushes.is_empty());
+        assert_eq!(again.len(), 1, "asked again at its time");
+        assert_eq!(again[0].uids, l.uids);
+        assert!(rig
+            .p
+            .on_lookup_reply(again[0].lookup_id, found(&again[0], &[])));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(led_by(2, "b", 1)));
+        assert_eq!(freed, CHARGE);
+        assert_eq!(rig.p.next_retry_at_ms(), None);
+        let counts = rig.p.take_counts();
+        assert_eq!(
+            (
+                counts.rebuild_retries,
+                counts.rebuild_timeouts,
+                counts.failed_groups
+            ),
+            (1, 0, 0)
+        );
+    }
+
+    /// A local group whose authority rebuilds waits the same way (the local
+    /// lookup answers `Rebuilding`).
+    #[test]
+    fn a_rebuilding_local_group_is_looked_up_again_at_its_time() {
+        let mut rig = Rig::new(vec![delivery(1, led_by(ME, "a", 2))]);
+        rig.local.rebuilding = 1;
+        let (_, work, pushes, _) = rig.pump();
+        assert_eq!((work, pushes.len()), (0, 0), "the page waits for time");
+        assert!(rig.p.next_retry_at_ms().is_some());
+        let (_, work, pushes, _) = rig.pump();
+        assert_eq!((work, pushes.len()), (0, 0), "not yet");
+        let (_, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(led_by(ME, "a", 2)));
     }
 
     /// Issue "Cluster defects found in a review…", item 7: a group refused because
@@ -1974,8 +2203,8 @@ mod planner_tests {
         p.enqueue(delivery(1, uids.clone()));
         let mut limits = limits();
         limits.subscriber_page_max = 64;
-        let mut out = Vec::new();
-        let (freed, _) = p.pump(&view, &mut reader, &mut |_| usize::MAX, &limits, &mut out);
+        let (mut out, mut room) = (Vec::new(), |_| usize::MAX);
+        let (freed, _) = p.pump(0, &view, &mut reader, &mut room, &limits, &mut out);
         assert_eq!(freed, CHARGE);
         let mut pushed = Vec::new();
         for o in out {

@@ -157,6 +157,8 @@ fn plan_limits(node: domain::cluster::NodeId, me: ShardId, shards: usize) -> Pla
         offline_uids: false,
         offline_room: true,
         lookup_retries_max: 2,
+        rebuild_retry_interval_ms: 20,
+        rebuild_wait_ms_max: 3_000,
     }
 }
 
@@ -343,6 +345,7 @@ impl World {
     /// One pump of one commit shard; whether it planned anything.
     fn pump_once(&mut self, at: Addr) -> bool {
         let limits = plan_limits(at.0, at.1, self.shape.shards);
+        let now_ms = self.now_ms;
         let shard = &mut self.nodes[at.0 as usize - 1].shards[at.1 as usize];
         if shard.commit.backlog_len() == 0 {
             return false;
@@ -350,7 +353,14 @@ impl World {
         let mut reader = shard.auth.reader();
         let mut out = Vec::new();
         let mut room = |_: PushTo| usize::MAX;
-        (shard.commit).pump(&shard.view, &mut reader, &mut room, &limits, &mut out);
+        (shard.commit).pump(
+            now_ms,
+            &shard.view,
+            &mut reader,
+            &mut room,
+            &limits,
+            &mut out,
+        );
         let planned = !out.is_empty();
         for o in out {
             match o {
@@ -409,6 +419,13 @@ impl World {
         let groups: Vec<_> = lookup.groups().collect();
         let (mut endpoints, mut results) = (Vec::new(), Vec::new());
         reader.endpoints_by_targets_into(&groups, &mut endpoints, &mut results);
+        for ((t, uids), r) in groups.iter().zip(&results) {
+            for u in uids.iter() {
+                self.trace(u, || {
+                    format!("lookup {} at {at:?} of {t:?}: {r:?}", lookup.lookup_id)
+                });
+            }
+        }
         LookupReply::Found { endpoints, results }
     }
 

@@ -18,13 +18,14 @@ use domain::presence::activation::{
     Activation, ActivationConfig, ActivationId, AuthorityRequest, Event, Output, OwnerActionFailed,
 };
 use domain::presence::authority::{
-    Authority, AuthorityConfig, AuthorityReply, Directory, TouchAnswer,
+    Authority, AuthorityConfig, AuthorityReply, Directory, HandoverBatch, HandoverOutcome,
+    TouchAnswer,
 };
 use domain::presence::registry::{
     NewSession, RebuildLimits, Registry, RegistryConfig, SessionState, UnregisterRequest,
 };
 use domain::presence::route::{
-    BootId, DeviceLevel, OwnerAction, Route, RouteIdentity, SessionId, Transport,
+    AuthorityError, BootId, DeviceLevel, OwnerAction, Route, RouteIdentity, SessionId, Transport,
 };
 use domain::send::commit::CommitRequest;
 use domain::send::delivery::{session_id, session_shard, Lookup, LookupReply};
@@ -83,6 +84,10 @@ pub struct Bugs {
     pub drop_remote_pushes: bool,
     /// A crash also loses the newest synced record of the node's logs.
     pub crash_drops_synced: bool,
+    /// A moved slot's old authority hands nothing over and its new one serves
+    /// lookups at once (`handover_wait_s = 0`): what the node did before issue
+    /// "Cluster defects found in a review…", item 7.
+    pub no_handover: bool,
 }
 
 /// The shape of one seed's cluster.
@@ -129,6 +134,8 @@ enum Pending {
     Lookup {
         lookup_id: u64,
     },
+    /// A batch of a moved slot's routes to its new authority.
+    Handover,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -151,6 +158,7 @@ enum Request {
     Owner(OwnerAction),
     Send(Box<CommitRequest<()>>),
     Lookup(Lookup),
+    Handover(HandoverBatch),
 }
 
 #[derive(Debug)]
@@ -165,6 +173,7 @@ enum Reply {
         reason: ReasonCode,
     },
     Lookup(LookupReply),
+    Handover(Result<HandoverOutcome, AuthorityError>),
 }
 
 #[derive(Debug)]
@@ -314,6 +323,8 @@ pub struct Stats {
     pub remote_pushes: u64,
     pub lookups: u64,
     pub stale_pushes: u64,
+    /// Handover batches applied at a new authority (or kept for its view).
+    pub handovers: u64,
 }
 
 fn registry_config(shard: ShardId, node: NodeId, boot: BootId) -> RegistryConfig {
@@ -325,9 +336,10 @@ fn registry_config(shard: ShardId, node: NodeId, boot: BootId) -> RegistryConfig
     cfg
 }
 
-fn authority_config() -> AuthorityConfig {
+fn authority_config(bugs: Bugs) -> AuthorityConfig {
     AuthorityConfig {
         route_ttl_s: ROUTE_TTL_S,
+        handover_wait_s: if bugs.no_handover { 0 } else { 2 },
         ..AuthorityConfig::default()
     }
 }
@@ -406,7 +418,7 @@ impl World {
     }
 
     fn boot_node(&mut self, id: NodeId, boot: BootId, view: &ClusterView) -> Node {
-        let dir = Directory::new(&authority_config()).expect("valid config");
+        let dir = Directory::new(&authority_config(self.bugs)).expect("valid config");
         let shards = self.shape.shards;
         let now_s = self.now_ms / 1000;
         let mut cores: Vec<Core> = (0..shards)
@@ -418,7 +430,8 @@ impl World {
                     .filter(|h| *h as usize % shards == s)
                     .map(|h| h as HashSlot)
                     .collect();
-                let mut auth = Authority::new(authority_config(), &dir, &mine).expect("claim");
+                let mut auth =
+                    Authority::new(authority_config(self.bugs), &dir, &mine).expect("claim");
                 auth.apply_view(view, id, now_s);
                 Shard {
                     reg: Registry::new(registry_config(s as ShardId, id, boot)).expect("config"),
@@ -644,6 +657,15 @@ impl World {
                 Some(Reply::Owner(Ok(())))
             }
             Request::Lookup(lookup) => Some(Reply::Lookup(self.serve_lookup(at, &lookup))),
+            Request::Handover(batch) => {
+                for r in &batch.routes {
+                    self.trace(&r.uid, || {
+                        format!("handover arrives at {at:?} for {:?}: {r:?}", batch.target)
+                    });
+                }
+                let shard = self.shard_mut(at);
+                Some(Reply::Handover(shard.auth.take_handover(batch, now_s)))
+            }
             Request::Send(_) => unreachable!("a SEND is committed, not served"),
         }
     }
@@ -685,6 +707,9 @@ impl World {
                 self.feed(at, act, event);
             }
             (Pending::Unregister(req), Reply::Authority(reply)) => {
+                self.trace(&req.identity.uid, || {
+                    format!("unregister at {:?} of {req:?}: {reply:?}", req.target)
+                });
                 if let AuthorityReply::Unregister(Err(_)) = reply {
                     self.shard_mut(at).reg.unregister_failed(*req, now_ms);
                 }
@@ -705,6 +730,9 @@ impl World {
             ) => self.on_sendack(send, reason, message_id, message_seq),
             (Pending::Lookup { lookup_id }, Reply::Lookup(reply)) => {
                 self.shard_mut(at).commit.on_lookup_reply(lookup_id, reply);
+            }
+            (Pending::Handover, Reply::Handover(outcome)) => {
+                self.stats.handovers += u64::from(outcome.is_ok());
             }
             (p, r) => panic!("seed {}: reply {r:?} to {p:?}", self.seed),
         }
@@ -775,6 +803,7 @@ impl World {
                 let reply = LookupReply::Failed(f);
                 self.shard_mut(at).commit.on_lookup_reply(lookup_id, reply);
             }
+            (Pending::Handover, NoAnswerAction::HandoverLost) => {}
             (p, a) => panic!("seed {}: no-answer {a:?} for {p:?}", self.seed),
         }
     }
@@ -1027,6 +1056,8 @@ impl World {
             self.flush_touches(at);
             let shard = self.shard_mut(at);
             shard.auth.expire(now_ms / 1000);
+            // Relays whose wait ran out are handed over by the expiry pass.
+            self.hand_over(at);
         }
     }
 
@@ -1074,10 +1105,19 @@ impl World {
         }
         let now_ms = self.now_ms;
         for s in 0..self.shape.shards {
+            if let Some(u) = self.trace_uid.clone() {
+                let h = hash_slot(u.as_bytes());
+                if h as usize % self.shape.shards == s {
+                    let t = joined.target_for_slot(h);
+                    let before = self.shard_mut((node, s as ShardId)).auth.identity(h);
+                    self.trace(&u, || format!("node {node} applies {t:?} (had {before:?})"));
+                }
+            }
             let shard = self.shard_mut((node, s as ShardId));
             shard.auth.apply_view(&joined, node, now_ms / 1000);
             let old = std::mem::replace(&mut shard.view, joined.clone());
             shard.reg.queue_rebuild(&old, &joined, now_ms);
+            self.hand_over((node, s as ShardId));
         }
         let peers: Vec<NodeId> = self
             .nodes
@@ -1087,6 +1127,26 @@ impl World {
             .collect();
         for p in peers {
             self.send_view(node, p);
+        }
+    }
+
+    /// The handovers of the slots shard `at` lost, in batches to each new leader.
+    fn hand_over(&mut self, at: Addr) {
+        let mut handovers = Vec::new();
+        self.shard_mut(at).auth.take_handovers(&mut handovers);
+        if self.bugs.no_handover {
+            return;
+        }
+        for h in handovers {
+            let to = (h.target.leader_node_id, self.slot_shard(h.target.hash_slot));
+            for r in &h.routes {
+                self.trace(&r.uid, || {
+                    format!("handover from {at:?} to {:?}: {r:?}", h.target)
+                });
+            }
+            for batch in h.into_batches(TOUCH_BATCH_MAX) {
+                self.request(at, to, Request::Handover(batch), Pending::Handover);
+            }
         }
     }
 
@@ -1569,5 +1629,6 @@ fn hop_kind(p: &Pending) -> HopKind {
         Pending::Owner { .. } => HopKind::OwnerAction,
         Pending::Send { .. } => HopKind::Send,
         Pending::Lookup { .. } => HopKind::Lookup,
+        Pending::Handover => HopKind::Handover,
     }
 }

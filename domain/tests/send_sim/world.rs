@@ -132,6 +132,8 @@ impl Params {
                 offline_uids: false,
                 offline_room: true,
                 lookup_retries_max: 2,
+                rebuild_retry_interval_ms: 20,
+                rebuild_wait_ms_max: 3_000,
                 lookup_pages_in_flight_max: rng.gen_range(1..=8),
             },
             acks: AckLimits {
@@ -316,8 +318,10 @@ struct DirEntry {
 /// its authority commit (before the owner marks its session active) until its
 /// unregister lands (after the owner forgot the session): deactivation lags.
 ///
-/// A group's lookup fails now and then (a stale target): its recipients are
-/// reported (`PlanCounts::failed_groups`) and recover by sync.
+/// A group's lookup fails now and then, for good (refused `Full`: the authority's
+/// lookup budget): its recipients are reported (`PlanCounts::failed_groups`) and
+/// recover by sync. (A stale target or not-leader refusal is asked again while
+/// views converge; the cluster simulation moves slots, this one does not.)
 struct DirLookup<'a> {
     dir: &'a [DirEntry],
     now: u64,
@@ -339,7 +343,7 @@ impl EndpointLookup for DirLookup<'_> {
             if self.rng.gen_range(0..1000) < self.fail_permille {
                 self.failed.extend(uids.iter().cloned());
                 self.failed_groups += 1;
-                results.push(Err(AuthorityError::StaleTarget));
+                results.push(Err(AuthorityError::Full));
                 continue;
             }
             let start = endpoints.len();
@@ -1140,6 +1144,7 @@ impl Sim {
         };
         let mut outputs = Vec::new();
         self.core.pump(
+            self.now,
             &self.view,
             &mut lookup,
             &mut |to: PushTo| match to {

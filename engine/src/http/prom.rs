@@ -98,6 +98,7 @@ const REFUSED_HELP: &str = "Client connections accepted and reset at once, by li
      accepted with the spare one), other (other accept errors).";
 const PAUSES_HELP: &str =
     "Failed accept rounds that paused a client listener (backoff from [net] accept_backoff_initial_ms doubling to accept_backoff_max_ms).";
+const SKIPPED_HELP: &str = "Pushes a delivery skipped, their online recipients getting the message by sync only: lookup_failed and rebuilding count target groups (a page's recipients of one hash slot) whose route lookup failed for good or whose authority was still rebuilding after [delivery] rebuild_wait_ms_max; link_down counts endpoints on a node whose link was down.";
 const PAUSED_HELP: &str = "Shards whose client listener is paused after failed accepts.";
 
 macro_rules! labelled {
@@ -197,6 +198,27 @@ const LISTENER_FAMILIES: &[Labelled] = &[
         "gauge",
         "listener=\"ws\"",
         PAUSED_HELP
+    ),
+    labelled!(
+        "pushes_skipped_lookup_failed",
+        "imrouter_pushes_skipped_total",
+        "counter",
+        "reason=\"lookup_failed\"",
+        SKIPPED_HELP
+    ),
+    labelled!(
+        "pushes_skipped_rebuilding",
+        "imrouter_pushes_skipped_total",
+        "counter",
+        "reason=\"rebuilding\"",
+        SKIPPED_HELP
+    ),
+    labelled!(
+        "pushes_skipped_link_down",
+        "imrouter_pushes_skipped_total",
+        "counter",
+        "reason=\"link_down\"",
+        SKIPPED_HELP
     ),
 ];
 

@@ -363,10 +363,44 @@ impl NodeShard {
     }
 
     /// The expiry pass: routes of this shard's slots not touched in time expire.
-    pub(super) fn expire_routes(&mut self, now_ms: u64) {
-        let expired = self.authority.expire(now_ms / 1000);
+    pub(super) fn expire_routes(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+        let expired = self.authority.expire(cx.now_ms() / 1000);
         self.metrics.expiries.add(expired as u64);
+        let stats = self.authority.stats();
+        self.metrics.handover_routes.set(stats.handover_routes);
+        (self.metrics.handover_waits_expired).set(stats.handover_waits_expired);
+        self.metrics.handovers_relayed.set(stats.handovers_relayed);
+        self.metrics.handovers_ignored.set(stats.handovers_ignored);
         self.publish_presence();
+        // Relays whose wait ran out are handed over by the pass.
+        self.send_handovers(cx);
+    }
+
+    /// The handovers of the hash slots this shard's authority lost (by a view, or
+    /// relayed by an expiry pass), in batches of at most `touch_batch_max_routes`
+    /// routes (so a body within `touch_batch_bytes_max`, checked against the
+    /// frame limit at start) to each new leader (`domain`'s `handover` module).
+    pub(super) fn send_handovers(&mut self, cx: &mut Context<Msg, NodeTimer>) {
+        let mut handovers = Vec::new();
+        self.authority.take_handovers(&mut handovers);
+        let routes_max = self.shared.config.session.touch_batch_max_routes;
+        for h in handovers {
+            let node = h.target.leader_node_id;
+            for batch in h.into_batches(routes_max) {
+                self.metrics.handover_batches_sent.inc();
+                let request = super::wire::Request::Handover(batch);
+                self.request_remote(cx, node, request, Pending::Handover);
+            }
+        }
+    }
+
+    /// A handover batch from the old leader of one of this shard's hash slots.
+    pub(super) fn take_handover(
+        &mut self,
+        now_s: u64,
+        batch: crate::authority::HandoverBatch,
+    ) -> Result<(), AuthorityError> {
+        self.authority.take_handover(batch, now_s).map(|_| ())
     }
 
     /// Hands the authority's route changes since the last call to the

@@ -84,6 +84,7 @@ impl NodeShard {
         self.metrics.view_revision.set(view.revision);
         self.authority
             .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
+        self.send_handovers(cx);
         let old = std::mem::replace(&mut self.view, view.clone());
         let queued = self.registry.queue_rebuild(&old, view, cx.now_ms());
         if queued > 0 {

@@ -46,6 +46,7 @@ fn pending_kind(pending: &Pending) -> HopKind {
         Pending::Send { .. } => HopKind::Send,
         Pending::Lookup { .. } => HopKind::Lookup,
         Pending::Token { .. } => HopKind::Token,
+        Pending::Handover => HopKind::Handover,
     }
 }
 
@@ -191,6 +192,12 @@ impl NodeShard {
                 let checked = level.map_err(|()| ReasonCode::AUTH_FAIL);
                 self.on_token_checked(cx, driver, conn, *connect, checked);
             }
+            (Pending::Handover, R::Handover(result)) => {
+                if let Err(e) = result {
+                    self.metrics.handover_batches_refused.inc();
+                    tracing::debug!(error = %e, "a handover batch refused by the new leader");
+                }
+            }
             (pending, reply) => {
                 tracing::warn!(
                     ?reply,
@@ -273,6 +280,9 @@ impl NodeShard {
             (Pending::Token { conn, connect }, Action::Connack(reason)) => {
                 self.on_token_checked(cx, driver, conn, *connect, Err(reason));
             }
+            (Pending::Handover, Action::HandoverLost) => {
+                self.metrics.handover_batches_lost.inc();
+            }
             (pending, action) => {
                 // The policy answers each kind with its own action (domain::hop's test).
                 tracing::error!(kind = ?pending_kind(&pending), ?action, "no-answer action of another kind: dropped");
@@ -311,6 +321,7 @@ impl NodeShard {
             wire::Request::Authority { target, .. } | wire::Request::Touch { target, .. } => {
                 self.shared.slot_map.shard_of(target.hash_slot)
             }
+            wire::Request::Handover(b) => self.shared.slot_map.shard_of(b.target.hash_slot),
             _ => self.me,
         };
         if served_by != self.me {
@@ -345,6 +356,10 @@ impl NodeShard {
             wire::Request::Lookup { groups, uids } => {
                 let reply = self.lookup_for_peer(&groups, &uids);
                 self.answer(cx, driver, reply_to, reply);
+            }
+            wire::Request::Handover(batch) => {
+                let result = self.take_handover(cx.now_ms() / 1000, batch);
+                self.answer(cx, driver, reply_to, wire::Reply::Handover(result));
             }
         }
     }

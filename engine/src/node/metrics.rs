@@ -135,6 +135,38 @@ shard_metrics! {
     /// (a slot moved while their page was planned; `[delivery]
     /// lookup_retries_max`).
     lookup_groups_retried,
+    /// Route lookup groups looked up again because their authority was
+    /// rebuilding (waiting for a moved slot's handover) or did not lead the slot
+    /// yet (`[delivery] rebuild_retry_interval_ms`).
+    lookup_rebuild_retries,
+    /// `imrouter_pushes_skipped_total{reason="lookup_failed"}`: target groups
+    /// (a page's recipients of one hash slot) whose route lookup failed for good.
+    pushes_skipped_lookup_failed,
+    /// `imrouter_pushes_skipped_total{reason="rebuilding"}`: target groups whose
+    /// authority was still rebuilding after `[delivery] rebuild_wait_ms_max`.
+    pushes_skipped_rebuilding,
+    /// `imrouter_pushes_skipped_total{reason="link_down"}`: endpoints on another
+    /// node whose push could not be sent (the link to it was down).
+    pushes_skipped_link_down,
+    /// Handover batches sent: the routes of a hash slot this node lost, to its
+    /// new leader.
+    handover_batches_sent,
+    /// Handover batches that got no answer (link down, deadline, peer
+    /// restarted): the new leader serves after `[authority] handover_wait_s`.
+    handover_batches_lost,
+    /// Handover batches the new leader refused (it leads a newer identity of the
+    /// slot, or had no room to keep a batch that came before its view).
+    handover_batches_refused,
+    /// Routes applied from handovers of hash slots this node gained.
+    handover_routes,
+    /// Waits for a handover that ended at `[authority] handover_wait_s` rather
+    /// than with the handover.
+    handover_waits_expired,
+    /// Handovers of slots lost while they still waited for their own, sent once
+    /// it came (or the wait ran out).
+    handovers_relayed,
+    /// Handover batches that came when their slot no longer waited (not applied).
+    handovers_ignored,
     /// Inter-node connections refused or closed for a protocol fault: a failed
     /// handshake (wrong secret, unknown node), bytes that are not frames.
     rpc_refused,

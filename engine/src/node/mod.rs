@@ -265,6 +265,15 @@ pub struct DeliveryConfig {
     /// another one (a slot moved while the page was planned); 0: never. Without
     /// it the online recipients of a slot moved in that window miss the push.
     pub lookup_retries_max: u8,
+    /// How often a page looks up again a hash slot whose authority answered
+    /// "rebuilding" (just moved there, waiting for the old leader's routes), or
+    /// that its new leader does not lead yet (its view is behind this node's).
+    pub rebuild_retry_interval_ms: u64,
+    /// How long a page waits for such a slot at most; its recipients there then
+    /// miss the push (`imrouter_pushes_skipped_total{reason="rebuilding"}`) and
+    /// catch up by sync. Longer than `[authority] handover_wait_s` plus `[session]
+    /// expiry_interval_ms` (the new leader's wait ends by then).
+    pub rebuild_wait_ms_max: u64,
 }
 
 impl Default for DeliveryConfig {
@@ -280,6 +289,8 @@ impl Default for DeliveryConfig {
             pages_per_turn_max: 64,
             lookup_pages_in_flight_max: 32,
             lookup_retries_max: 2,
+            rebuild_retry_interval_ms: 20,
+            rebuild_wait_ms_max: 4_000,
         }
     }
 }
@@ -338,8 +349,29 @@ impl DeliveryConfig {
                     self.lookup_pages_in_flight_max as u64,
                 ),
                 ("backlog_budget_bytes", self.backlog_budget_bytes as u64),
+                ("rebuild_retry_interval_ms", self.rebuild_retry_interval_ms),
             ],
         )
+    }
+
+    /// A page waits for a rebuilding authority longer than the authority waits
+    /// for its handover (checked at every expiry pass), or its recipients would
+    /// miss the push whenever a handover is slow.
+    pub fn check_rebuild_wait(
+        &self,
+        authority: &AuthorityConfig,
+        session: &SessionConfig,
+    ) -> Result<(), String> {
+        let need = (authority.handover_wait_s.saturating_mul(1_000))
+            .saturating_add(session.expiry_interval_ms);
+        if authority.handover_wait_s > 0 && self.rebuild_wait_ms_max <= need {
+            return Err(format!(
+                "[delivery] rebuild_wait_ms_max = {} must be above [authority] \
+                 handover_wait_s × 1000 + [session] expiry_interval_ms = {need}",
+                self.rebuild_wait_ms_max
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -833,6 +865,7 @@ fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         .and_then(|()| config.cluster.validate(config.node_id, config.rpc_addr))
         .and_then(|()| config.webhook.validate())
         .and_then(|()| check_frame_limits(config))
+        .and_then(|()| (config.delivery).check_rebuild_wait(&config.authority, &config.session))
         .map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,

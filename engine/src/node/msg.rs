@@ -145,6 +145,8 @@ pub enum Pending {
         conn: ConnId,
         connect: Box<super::connect::OwnedConnect>,
     },
+    /// A batch of a lost hash slot's routes, to its new leader.
+    Handover,
 }
 
 /// Which authority call a pending one is (the shape of its failure).

@@ -323,7 +323,7 @@ impl Handler for NodeShard {
             }
             NodeTimer::Expiry => {
                 self.reread_view(cx, driver);
-                self.expire_routes(cx.now_ms());
+                self.expire_routes(cx);
                 self.publish_gauges(cx);
             }
             NodeTimer::LogSync => super::send::on_log_sync_timer(self),

@@ -28,7 +28,7 @@ use crate::route::{AuthorityError, BootId, DeviceLevel, Endpoint, OwnerAction, R
 
 use super::msg::AuthorityReply;
 use super::send::Committed;
-use crate::authority::TouchAnswer;
+use crate::authority::{HandoverBatch, TouchAnswer};
 
 /// A request to another node.
 #[derive(Debug, Serialize, Deserialize)]
@@ -57,6 +57,9 @@ pub enum Request {
         groups: Vec<(Target, Range<usize>)>,
         uids: Vec<Uid>,
     },
+    /// A batch of the routes of a hash slot the sender lost, for its new leader
+    /// (the receiving node).
+    Handover(HandoverBatch),
 }
 
 /// A SEND forwarded from the gateway's node to the channel's home: the commit
@@ -110,6 +113,8 @@ pub enum Reply {
         endpoints: Vec<Endpoint>,
         results: Vec<Result<Range<usize>, AuthorityError>>,
     },
+    /// The handover batch was applied (or kept for its view), or why not.
+    Handover(Result<(), AuthorityError>),
 }
 
 impl Request {
@@ -127,6 +132,7 @@ impl Request {
             Request::Send(_) => Kind::ForwardedSend,
             Request::Lookup { .. } => Kind::EndpointLookup,
             Request::Token { .. } => Kind::TokenLookup,
+            Request::Handover(_) => Kind::Handover,
         }
     }
 }
@@ -207,6 +213,22 @@ impl Bounds {
             Body::Request(Request::Lookup { groups, .. }) => {
                 groups.iter().try_for_each(|(t, _)| check_target(t))
             }
+            Body::Request(Request::Handover(b)) => {
+                check_target(&b.target)?;
+                if b.target.leader_node_id != self.node_id {
+                    return Err(format!(
+                        "a handover for node {}'s slot",
+                        b.target.leader_node_id
+                    ));
+                }
+                if b.batch >= b.batches || b.batches > HANDOVER_BATCHES_MAX {
+                    return Err(format!(
+                        "handover batch {} of {} (at most {HANDOVER_BATCHES_MAX})",
+                        b.batch, b.batches
+                    ));
+                }
+                Ok(())
+            }
             Body::Request(Request::OwnerAction { action }) => {
                 let r = &action.route;
                 let shard = crate::delivery::session_shard(r.session_id) as usize;
@@ -231,6 +253,10 @@ impl Bounds {
         }
     }
 }
+
+/// Batches of one handover at most: a slot's routes (at most
+/// `max_routes_per_slot`, 65,536 by default) one per batch.
+pub const HANDOVER_BATCHES_MAX: u32 = 1 << 20;
 
 /// A node registers, commits, aborts, unregisters and touches the routes of its own
 /// sessions only.
@@ -290,7 +316,8 @@ fn decode_unchecked(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
         | Kind::EndpointLookup
         | Kind::OwnerAction
         | Kind::ForwardedSend
-        | Kind::TokenLookup => postcard::from_bytes(body).map(Body::Request).map_err(bad),
+        | Kind::TokenLookup
+        | Kind::Handover => postcard::from_bytes(body).map(Body::Request).map_err(bad),
         _ => return None,
     })
 }
@@ -344,7 +371,7 @@ mod tests {
         encode(
             &Request::Touch {
                 target,
-                routes: vec![route.clone(), route],
+                routes: vec![route.clone(), route.clone()],
             },
             &mut body,
         );
@@ -355,6 +382,62 @@ mod tests {
             ..Default::default()
         };
         assert!(body.len() <= crate::node::touch_batch_bytes_max(&config));
+        // A handover batch of as many items (routes, or tombstones: smaller) and
+        // its numbers fits the same bound.
+        let batch = HandoverBatch {
+            target,
+            routes: vec![route.clone(), route],
+            tombstones: vec![],
+            batch: u32::MAX - 1,
+            batches: u32::MAX,
+        };
+        encode(&Request::Handover(batch), &mut body);
+        assert!(body.len() <= crate::node::touch_batch_bytes_max(&config));
+    }
+
+    /// A handover batch for another node's identity, or with numbers that do not
+    /// fit, closes the link (it is not applied).
+    #[test]
+    fn a_handover_batch_is_checked_where_it_is_decoded() {
+        let view = ClusterView::initial(&[1, 2, 3], 64).unwrap();
+        let mine = (0..=255u16)
+            .map(|h| view.target_for_slot(h))
+            .find(|t| t.leader_node_id == 1)
+            .unwrap();
+        let batch = |target, batch, batches| {
+            let mut body = Vec::new();
+            encode(
+                &Request::Handover(HandoverBatch {
+                    target,
+                    routes: vec![route()],
+                    tombstones: vec![],
+                    batch,
+                    batches,
+                }),
+                &mut body,
+            );
+            decode(Kind::Handover, &body)
+        };
+        assert!(matches!(
+            batch(mine, 0, 1),
+            Some(Ok(Body::Request(Request::Handover(_))))
+        ));
+        let theirs = Target {
+            leader_node_id: 2,
+            ..mine
+        };
+        assert!(matches!(batch(theirs, 0, 1), Some(Err(_))), "node 2's slot");
+        assert!(
+            matches!(batch(mine, 1, 1), Some(Err(_))),
+            "batch past the count"
+        );
+        let too_many = HANDOVER_BATCHES_MAX + 1;
+        assert!(matches!(batch(mine, 0, too_many), Some(Err(_))));
+        let bad_slot = Target {
+            hash_slot: 300,
+            ..mine
+        };
+        assert!(matches!(batch(bad_slot, 0, 1), Some(Err(_))));
     }
 
     fn bounds() -> Bounds {

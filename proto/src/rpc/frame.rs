@@ -99,13 +99,15 @@ pub enum Kind {
     View = 25,
     /// A token lookup at the uid's home during CONNECT.
     TokenLookup = 26,
+    /// A moved hash slot's routes, from its old authority to its new one.
+    Handover = 27,
     /// The reply to any request, matched by request id.
     Reply = 64,
 }
 
 impl Kind {
     /// Every kind, in numbering order.
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 19] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Proof,
@@ -123,6 +125,7 @@ impl Kind {
         Kind::Push,
         Kind::View,
         Kind::TokenLookup,
+        Kind::Handover,
         Kind::Reply,
     ];
 

@@ -52,6 +52,7 @@
 //!   [`AuthorityError::Full`] and changes nothing; nothing grows without bound.
 
 mod expiry;
+mod handover;
 mod huge;
 mod presence;
 mod published;
@@ -85,6 +86,7 @@ use wheel::{TimerWheel, WheelStats};
 
 use expiry::{ExpiryRing, RingLink};
 
+pub use handover::{Handover, HandoverBatch, HandoverOutcome};
 pub use published::{Directory, FilterCounts, FxBuildHasher, FxHasher};
 use published::{FilterLimits, SlotView, TableWriter, NIL};
 pub use service::{AuthorityReply, TouchAnswer};
@@ -134,6 +136,14 @@ pub struct AuthorityConfig {
     /// bits stay set), in percent of the routes it was sized for, that make its
     /// writer rebuild it from the table.
     pub presence_filter_stale_percent: usize,
+    /// How long a hash slot gained from another node waits for that node's
+    /// handover of its routes, its lookups answering `Rebuilding` meanwhile
+    /// (`handover` module). 0: no wait (lookups answer from the table at once,
+    /// "offline" until the gateways' rebuild reaches it).
+    pub handover_wait_s: u64,
+    /// Routes and tombstones of handover batches kept for identities not
+    /// installed yet.
+    pub handover_stash_routes_max: usize,
 }
 
 impl Default for AuthorityConfig {
@@ -152,6 +162,8 @@ impl Default for AuthorityConfig {
             presence_filter_bits_per_route: 16,
             presence_filter_bits_max_per_slot: 1 << 21,
             presence_filter_stale_percent: 50,
+            handover_wait_s: 2,
+            handover_stash_routes_max: 1 << 16,
         }
     }
 }
@@ -338,6 +350,17 @@ pub struct AuthorityStats {
     /// Presence filters rebuilt from their table (grown, or past
     /// `presence_filter_stale_percent` of stale bits).
     pub filter_rebuilds: u64,
+    /// Routes applied from handovers of hash slots this writer gained.
+    pub handover_routes: u64,
+    /// Waits for a handover ended by `handover_wait_s` rather than by the
+    /// handover (its lookups then answered from the gateways' rebuild alone).
+    pub handover_waits_expired: u64,
+    /// Handovers of slots lost while they waited for their own, sent once it
+    /// came (or its wait ran out).
+    pub handovers_relayed: u64,
+    /// Handover batches that came when their slot no longer waited for them
+    /// (their routes are not applied).
+    pub handovers_ignored: u64,
 }
 
 /// A route that became active or ended at its authority, with its uid's active
@@ -1639,6 +1662,15 @@ pub struct Authority {
     next_nonce: Box<[u64]>,
     /// Route changes since the driver took them (when switched on).
     presence: PresenceLog,
+    /// Slots installed waiting for their handover (`handover` module).
+    waiting: Box<[Option<handover::Waiting>]>,
+    /// Handover batches for identities not installed yet.
+    kept: handover::Kept,
+    /// Handovers of slots this writer lost, until the driver takes them (one per
+    /// slot at most).
+    handovers: Vec<Handover>,
+    /// Slots lost while waiting for their own handover (one per slot at most).
+    relays: Vec<handover::Relay>,
 }
 
 impl Drop for Authority {
@@ -1692,6 +1724,10 @@ impl Authority {
             fired: Vec::new(),
             next_nonce: vec![0; HASH_SLOTS].into_boxed_slice(),
             presence: PresenceLog::default(),
+            waiting: (0..HASH_SLOTS).map(|_| None).collect(),
+            kept: handover::Kept::default(),
+            handovers: Vec::new(),
+            relays: Vec::new(),
         })
     }
 
@@ -1732,6 +1768,18 @@ impl Authority {
         revision: Revision,
         now_s: u64,
     ) -> Result<InstallOutcome, AuthorityError> {
+        self.install_as(target, revision, now_s, false)
+    }
+
+    /// [`install`](Self::install); a new identity's lookups answer `Rebuilding`
+    /// while `waiting` (its handover is awaited).
+    fn install_as(
+        &mut self,
+        target: Target,
+        revision: Revision,
+        now_s: u64,
+        waiting: bool,
+    ) -> Result<InstallOutcome, AuthorityError> {
         let s = target.hash_slot as usize;
         if !self.owned.get(s).copied().unwrap_or(false) {
             return Err(AuthorityError::NotLeader);
@@ -1758,19 +1806,18 @@ impl Authority {
         }
         // Dropping the old writer first: its table bookkeeping names the old state.
         self.slots[s] = None;
+        self.waiting[s] = None;
         let filter = FilterLimits {
             bits_per_route: self.cfg.presence_filter_bits_per_route,
             bits_max: self.cfg.presence_filter_bits_max_per_slot,
             stale_percent: self.cfg.presence_filter_stale_percent,
             rebuilds: self.filter_rebuilds.clone(),
         };
-        let table = self.dir.install(
-            s,
-            target,
+        let sizes = (
             self.cfg.initial_buckets_per_slot,
             table_entries_max(&self.cfg),
-            filter,
         );
+        let table = self.dir.install(s, target, waiting, sizes, filter);
         let w = SlotWriter::new(
             target,
             revision,
@@ -1790,6 +1837,7 @@ impl Authority {
         if !self.owned.get(s).copied().unwrap_or(false) {
             return false;
         }
+        self.waiting[s] = None;
         if let Some(old) = self.slots[s].take() {
             self.next_nonce[s] = old.next_nonce;
             self.dir.remove(s);
@@ -1802,20 +1850,62 @@ impl Authority {
     /// Applies a cluster view to this writer's hash slots: installs (or keeps) the
     /// identity of each slot `local_node_id` leads, removes the others. A view with
     /// a revision older than the last applied one is ignored (returns `false`).
+    ///
+    /// A slot this node loses is handed over: its active routes and tombstones
+    /// wait in [`take_handovers`](Self::take_handovers) for the driver to carry
+    /// them to the new leader. A slot gained from another node (the view's
+    /// `from_node_id`) waits for that handover, up to `handover_wait_s`
+    /// (`handover` module); one installed by the first view applied (start-up)
+    /// does not; one moved to the node that led it keeps its routes.
     pub fn apply_view(&mut self, view: &ClusterView, local_node_id: NodeId, now_s: u64) -> bool {
         if self.view_revision.is_some_and(|r| view.revision < r) {
             return false;
         }
+        let first = self.view_revision.is_none();
         self.view_revision = Some(view.revision);
         for s in 0..HASH_SLOTS {
             if !self.owned[s] {
                 continue;
             }
             let target = view.target_for_slot(s as HashSlot);
+            let from = view.slots[s].from_node_id;
             if target.leader_node_id == local_node_id {
+                // Taken from another node: its routes are awaited (not at start-up,
+                // where the view may be an old one saved before a crash).
+                // Taken from this node without its having installed the term it
+                // was taken at (it missed that move): that term's leader's routes
+                // are awaited as well.
+                let held = self.slots[s].is_some();
+                let wait = !first && from != 0 && (from != local_node_id || !held);
+                let wait = wait && self.cfg.handover_wait_s > 0;
+                // A move to itself: the new identity starts with the old one's
+                // routes (taken from another node, they are that node's to give),
+                // and goes on waiting if the old one still did.
+                let old = self.slots[s].as_ref().map(|w| w.target);
+                let old = old.filter(|t| *t != target && from == local_node_id);
+                let kept = old.map(|_| self.active_routes(s as HashSlot));
+                let inherited = old.and_then(|o| Some((o, self.take_wait(s)?)));
+                let wait = wait || inherited.is_some();
                 // An older identity than installed is refused inside; keep ours.
-                let _ = self.install(target, view.revision, now_s);
+                let installed = self.install_as(target, view.revision, now_s, wait);
+                let fresh = matches!(
+                    installed,
+                    Ok(InstallOutcome::Fresh | InstallOutcome::Replaced)
+                );
+                match inherited {
+                    Some((old, waiting)) if fresh => self.inherit_wait(old, waiting),
+                    _ if fresh && wait => self.begin_waiting(target, now_s),
+                    _ => {}
+                }
+                if let (true, Some(routes)) = (fresh, kept) {
+                    self.carry_over(target, &routes, now_s);
+                }
+                self.drop_relay(s as HashSlot);
             } else {
+                match self.slots[s].as_ref().map(|w| w.target) {
+                    Some(from) => self.lose(from, target),
+                    None => self.moved_on(target),
+                }
                 self.remove(s as HashSlot);
             }
         }
@@ -1965,6 +2055,7 @@ impl Authority {
     /// Returns the number of routes expired. A `now_s` below an earlier pass's is
     /// treated as that earlier time.
     pub fn expire(&mut self, now_s: u64) -> usize {
+        self.expire_handovers(now_s);
         let before = self.stats.routes_expired;
         // First every slot's ring and wheel give their due entries, then one
         // software pipeline handles them all: the record of entry k + 2D and the
@@ -2298,6 +2389,10 @@ impl AuthorityReader {
             };
             if view.target != target {
                 results.push(Err(AuthorityError::StaleTarget));
+                continue;
+            }
+            if view.rebuilding {
+                results.push(Err(AuthorityError::Rebuilding));
                 continue;
             }
             let (range, c) = lookup(&view, g);

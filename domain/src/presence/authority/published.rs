@@ -444,6 +444,9 @@ pub(crate) struct SlotState {
     target: Target,
     table: Atomic<Table>,
     filter: Atomic<Filter>,
+    /// The identity waits for its previous leader's routes (a handover): lookups
+    /// answer `Rebuilding`. Set at install, only ever cleared.
+    rebuilding: AtomicBool,
 }
 
 impl Drop for SlotState {
@@ -530,31 +533,48 @@ impl Directory {
         let filter = unsafe { f.as_ref() }?;
         Some(SlotView {
             target: state.target,
+            rebuilding: state.rebuilding.load(Ordering::Acquire),
             table,
             filter,
         })
     }
 
     /// Installs a fresh, empty state with identity `target` for `slot` (writer only)
-    /// and returns its writer bookkeeping.
+    /// and returns its writer bookkeeping. `rebuilding`: lookups answer
+    /// `Rebuilding` until [`end_rebuilding`](Self::end_rebuilding).
     pub(crate) fn install(
         &self,
         slot: usize,
         target: Target,
-        min_entries: usize,
-        max_entries: usize,
+        rebuilding: bool,
+        sizes: (usize, usize),
         filter: FilterLimits,
     ) -> TableWriter {
+        let (min_entries, max_entries) = sizes;
         let tw = TableWriter::new(slot, min_entries, max_entries, filter);
         let guard = epoch::pin();
         let new = Owned::new(SlotState {
             target,
             table: Atomic::new(Table::with_entries(tw.min_entries)),
             filter: Atomic::new(tw.filter.filter_for(0)),
+            rebuilding: AtomicBool::new(rebuilding),
         });
         let old = self.slots[slot].swap(new, Ordering::AcqRel, &guard);
         retire(old, &guard);
         tw
+    }
+
+    /// Lookups of `slot`'s installed identity are answered from its table from now
+    /// on (writer only; Release: a reader that sees it also sees the routes the
+    /// handover wrote before).
+    pub(crate) fn end_rebuilding(&self, slot: usize) {
+        let guard = epoch::pin();
+        let p = self.slots[slot].load(Ordering::Acquire, &guard);
+        // SAFETY: `guard` keeps the published state alive; only this writer
+        // retires it.
+        if let Some(state) = unsafe { p.as_ref() } {
+            state.rebuilding.store(false, Ordering::Release);
+        }
     }
 
     /// Removes the state of `slot` (writer only).
@@ -697,6 +717,8 @@ impl Drop for Directory {
 /// One slot's published state, borrowed under a pin.
 pub(crate) struct SlotView<'g> {
     pub(crate) target: Target,
+    /// Waiting for a handover: lookups answer `Rebuilding`.
+    pub(crate) rebuilding: bool,
     table: &'g Table,
     filter: &'g Filter,
 }
@@ -1437,7 +1459,7 @@ mod tests {
     fn the_filter_skips_absent_uids_and_false_positives_fall_through() {
         const N: usize = if cfg!(miri) { 40 } else { 400 };
         let dir = Directory::with_limit(1 << 16);
-        let mut tw = dir.install(5, target(5), 4, 4 * N, filter_limits());
+        let mut tw = dir.install(5, target(5), false, (4, 4 * N), filter_limits());
         let uids: Vec<Uid> = (0..N).map(|i| format!("f{i}").into()).collect();
         for (u, uid) in uids.iter().enumerate().filter(|(u, _)| u % 10 == 0) {
             tw.publish(&dir, u as u32, uid, &[ep(u as u64)]);
@@ -1479,7 +1501,7 @@ mod tests {
         let dir = Directory::with_limit(1 << 16);
         let limits = filter_limits();
         let rebuilds = limits.rebuilds.clone();
-        let mut tw = dir.install(7, target(7), 4, 4 * N, limits);
+        let mut tw = dir.install(7, target(7), false, (4, 4 * N), limits);
         let uids: Vec<Uid> = (0..N).map(|i| format!("g{i}").into()).collect();
         let initial = tw.filter_capacity;
         for (u, uid) in uids.iter().enumerate() {
@@ -1558,7 +1580,7 @@ mod tests {
             leader_term: 1,
             config_epoch: 1,
         };
-        let mut tw = dir.install(0, target, 4, 2 * (UIDS + 1), filter_limits());
+        let mut tw = dir.install(0, target, false, (4, 2 * (UIDS + 1)), filter_limits());
         let uids: Vec<Uid> = (0..UIDS).map(|i| format!("t{i}").into()).collect();
         // Equal strings in other allocations: lookups compare bytes.
         let copies: Vec<Uid> = uids.iter().map(|u| Uid::from(&**u)).collect();
@@ -1660,7 +1682,7 @@ mod tests {
             leader_term: 1,
             config_epoch: 1,
         };
-        let mut tw = dir.install(3, target, 4, 2 * (UIDS + 1), filter_limits());
+        let mut tw = dir.install(3, target, false, (4, 2 * (UIDS + 1)), filter_limits());
         let uids: Arc<Vec<Uid>> = Arc::new((0..UIDS).map(|i| format!("c{i}").into()).collect());
         let readers: Vec<_> = (0..READERS)
             .map(|_| {

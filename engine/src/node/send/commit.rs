@@ -385,6 +385,7 @@ pub fn pump_deliveries(
         return 0;
     }
     let limits = plan_limits(node);
+    let now_ms = cx.now_ms();
     let mut planned = std::mem::take(&mut node.commit.planned);
     let mut lookup = TimedLookup {
         reader: &mut node.reader,
@@ -398,10 +399,14 @@ pub fn pump_deliveries(
         // A link's room: none with half its connection's outbound queue unwritten.
         PushTo::Node(n) => link_room(peers.queued_bytes(n, driver), link_limit_bytes),
     };
-    let work = node
-        .commit
-        .core
-        .pump(&node.view, &mut lookup, &mut room, &limits, &mut planned);
+    let work = node.commit.core.pump(
+        now_ms,
+        &node.view,
+        &mut lookup,
+        &mut room,
+        &limits,
+        &mut planned,
+    );
     publish_plan_counts(node);
     // The push-hop stage starts when the batches are handed over (one clock read).
     let handed_ns = node.shared.mono_ns();
@@ -434,6 +439,8 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
         pages_per_turn_max: cfg.pages_per_turn_max,
         lookup_pages_in_flight_max: cfg.lookup_pages_in_flight_max,
         lookup_retries_max: cfg.lookup_retries_max,
+        rebuild_retry_interval_ms: cfg.rebuild_retry_interval_ms,
+        rebuild_wait_ms_max: cfg.rebuild_wait_ms_max,
         reserved_room_per_peer: cfg.reserved_room_per_peer(),
         offline_uids: node
             .shared
@@ -450,6 +457,14 @@ fn plan_limits(node: &NodeShard) -> PlanLimits {
 fn publish_plan_counts(node: &mut NodeShard) {
     let counts = node.commit.core.take_plan_counts();
     node.metrics.stale_lookups.add(counts.failed_groups);
+    let lookup_failed = counts.failed_groups - counts.rebuild_timeouts;
+    node.metrics.pushes_skipped_lookup_failed.add(lookup_failed);
+    node.metrics
+        .pushes_skipped_rebuilding
+        .add(counts.rebuild_timeouts);
+    node.metrics
+        .lookup_rebuild_retries
+        .add(counts.rebuild_retries);
     if counts.offline_skipped > 0 {
         // Their msg.offline events: not gathered, the queue had no room.
         let offline = domain::webhook::EventKind::Offline;
@@ -518,9 +533,9 @@ fn carry_push(
                 endpoints: &push.endpoints,
             };
             if !node.peers.oneway(n, &message, cx.now_ms()) {
-                node.metrics
-                    .push_remote_dropped
-                    .add(push.endpoints.len() as u64);
+                let n = push.endpoints.len() as u64;
+                node.metrics.push_remote_dropped.add(n);
+                node.metrics.pushes_skipped_link_down.add(n);
             }
         }
     }

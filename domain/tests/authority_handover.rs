@@ -1,0 +1,376 @@
+//! A moved hash slot's handover (issue "Cluster defects found in a review…",
+//! item 7): the old authority hands its routes and tombstones over, the new one
+//! answers lookups `Rebuilding` until they came (or `handover_wait_s` passed).
+//! Two nodes, each with its own directory, one writer of every hash slot each;
+//! the test carries the batches.
+
+use domain::cluster::{ClusterView, HashSlot, NodeId, Target};
+use domain::presence::authority::{
+    Authority, AuthorityConfig, Directory, Handover, HandoverBatch, HandoverOutcome,
+};
+use domain::presence::route::{
+    AuthorityError, DeviceLevel, Endpoint, RegisterOutcome, Route, RouteIdentity, Transport, Uid,
+};
+use slots::{hash_slot, HASH_SLOTS};
+
+const T0: u64 = 1_000;
+const WAIT_S: u64 = 2;
+
+fn authority() -> Authority {
+    let cfg = AuthorityConfig {
+        handover_wait_s: WAIT_S,
+        handover_stash_routes_max: 4,
+        ..AuthorityConfig::default()
+    };
+    let dir = Directory::new(&cfg).unwrap();
+    let slots: Vec<HashSlot> = (0..HASH_SLOTS as HashSlot).collect();
+    Authority::new(cfg, &dir, &slots).unwrap()
+}
+
+/// A session of node 3's gateway: the uid `uid`, session `session`.
+fn route(uid: &str, session: u64) -> Route {
+    Route {
+        uid: Uid::from(uid),
+        device_id: format!("d{session}").into(),
+        device_flag: 1,
+        device_level: DeviceLevel::Master,
+        node_id: 3,
+        boot_id: 77,
+        session_id: session,
+        listener: Transport::Tcp,
+        owner_seq: 1,
+        connected_at_ms: 0,
+        last_active_s: Some(T0),
+    }
+}
+
+/// Two uids of one hash slot led by node 1 in the first view.
+fn two_uids(view: &ClusterView) -> (String, String, HashSlot) {
+    let mut of_slot = (0..)
+        .map(|i| format!("u{i}"))
+        .filter(|u| view.target_for_uid(u).leader_node_id == 1);
+    let a = of_slot.next().unwrap();
+    let h = hash_slot(a.as_bytes());
+    let b = (0..)
+        .map(|i| format!("v{i}"))
+        .find(|u| hash_slot(u.as_bytes()) == h)
+        .unwrap();
+    (a, b, h)
+}
+
+/// What a lookup of `uid` at `target` on `a` answers: its sessions, or why not.
+fn lookup(a: &Authority, target: Target, uid: &str) -> Result<Vec<u64>, AuthorityError> {
+    let uids = [Uid::from(uid)];
+    let found = a.reader().endpoints_by_targets(&[(target, &uids)]);
+    let eps: Vec<Endpoint> = found.into_iter().next().unwrap()?;
+    Ok(eps.iter().map(|e| e.session_id).collect())
+}
+
+fn register(a: &mut Authority, view: &ClusterView, r: Route) {
+    let t = view.target_for_uid(&r.uid);
+    let out = a.register_route(&t, r, T0).unwrap();
+    assert_eq!(out, RegisterOutcome::Active);
+}
+
+fn taken(a: &mut Authority) -> Vec<Handover> {
+    let mut out = Vec::new();
+    a.take_handovers(&mut out);
+    out
+}
+
+struct Pair {
+    one: Authority,
+    two: Authority,
+    view: ClusterView,
+    moved: ClusterView,
+    uids: (String, String),
+    slot: HashSlot,
+}
+
+/// Nodes 1 and 2 on the first view; node 1 holds two sessions of one slot; the
+/// slot moves to node 2 (through node 1).
+fn moved_pair() -> Pair {
+    let view = ClusterView::initial(&[1, 2], 256).unwrap();
+    let (mut one, mut two) = (authority(), authority());
+    assert!(one.apply_view(&view, 1, T0) && two.apply_view(&view, 2, T0));
+    let (a, b, slot) = two_uids(&view);
+    register(&mut one, &view, route(&a, 10));
+    register(&mut one, &view, route(&b, 11));
+    let moved = view.with_leaders(1, &[(slot, 2)]);
+    Pair {
+        one,
+        two,
+        view,
+        moved,
+        uids: (a, b),
+        slot,
+    }
+}
+
+#[test]
+fn a_moved_slot_answers_rebuilding_until_every_batch_of_its_handover_came() {
+    let mut p = moved_pair();
+    let new = p.moved.target_for_slot(p.slot);
+    assert!(p.two.apply_view(&p.moved, 2, T0 + 1));
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    let (a, b) = p.uids.clone();
+    assert_eq!(lookup(&p.two, new, &a), Err(AuthorityError::Rebuilding));
+    assert!(p.one.apply_view(&p.moved, 1, T0 + 1));
+    let handovers = taken(&mut p.one);
+    assert_eq!(handovers.len(), 1, "one handover, of the one slot lost");
+    assert_eq!(handovers[0].target, new);
+    assert_eq!(handovers[0].routes.len(), 2);
+    let batches = handovers.into_iter().next().unwrap().into_batches(1);
+    assert_eq!(batches.len(), 2);
+    let mut batches = batches.into_iter();
+    let first = batches.next().unwrap();
+    assert_eq!(
+        p.two.take_handover(first.clone(), T0 + 1),
+        Ok(HandoverOutcome::Applied { done: false })
+    );
+    assert_eq!(lookup(&p.two, new, &a), Err(AuthorityError::Rebuilding));
+    // A batch carried twice counts once.
+    assert_eq!(
+        p.two.take_handover(first, T0 + 1),
+        Ok(HandoverOutcome::Applied { done: false })
+    );
+    let second = batches.next().unwrap();
+    assert_eq!(
+        p.two.take_handover(second, T0 + 1),
+        Ok(HandoverOutcome::Applied { done: true })
+    );
+    assert!(!p.two.is_waiting_for_handover(p.slot));
+    assert_eq!(lookup(&p.two, new, &a), Ok(vec![10]));
+    assert_eq!(lookup(&p.two, new, &b), Ok(vec![11]));
+    assert_eq!(p.two.stats().handover_routes, 3);
+    assert_eq!(
+        lookup(&p.one, p.view.target_for_slot(p.slot), &a),
+        Err(AuthorityError::NotLeader),
+        "the old leader holds nothing of it"
+    );
+}
+
+#[test]
+fn a_slot_without_routes_is_handed_over_as_one_empty_batch() {
+    let mut p = moved_pair();
+    let other = (0..HASH_SLOTS as HashSlot)
+        .find(|&h| h != p.slot && p.view.target_for_slot(h).leader_node_id == 1)
+        .unwrap();
+    let moved = p.view.with_leaders(1, &[(other, 2)]);
+    assert!(p.one.apply_view(&moved, 1, T0));
+    let h = taken(&mut p.one);
+    let batches = h.into_iter().next().unwrap().into_batches(8);
+    assert_eq!(batches.len(), 1);
+    assert_eq!((batches[0].batch, batches[0].batches), (0, 1));
+    assert!(batches[0].routes.is_empty());
+    assert!(p.two.apply_view(&moved, 2, T0));
+    assert!(p.two.is_waiting_for_handover(other));
+    let b = batches.into_iter().next().unwrap();
+    assert_eq!(
+        p.two.take_handover(b, T0),
+        Ok(HandoverOutcome::Applied { done: true })
+    );
+    assert!(!p.two.is_waiting_for_handover(other));
+}
+
+#[test]
+fn a_handover_that_never_comes_ends_the_wait_at_handover_wait_s() {
+    let mut p = moved_pair();
+    let new = p.moved.target_for_slot(p.slot);
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    let a = p.uids.0.clone();
+    p.two.expire(T0 + WAIT_S - 1);
+    assert_eq!(lookup(&p.two, new, &a), Err(AuthorityError::Rebuilding));
+    p.two.expire(T0 + WAIT_S);
+    assert_eq!(
+        lookup(&p.two, new, &a),
+        Ok(vec![]),
+        "served, from what it has"
+    );
+    assert_eq!(p.two.stats().handover_waits_expired, 1);
+    // Late, its routes are not applied (they could be older than an unregister
+    // since); it is answered.
+    assert!(p.one.apply_view(&p.moved, 1, T0 + 5));
+    let batch = taken(&mut p.one).remove(0).into_batches(8).remove(0);
+    assert_eq!(
+        p.two.take_handover(batch, T0 + 5),
+        Ok(HandoverOutcome::Applied { done: true })
+    );
+    assert_eq!(lookup(&p.two, new, &a), Ok(vec![]));
+    assert_eq!(p.two.stats().handovers_ignored, 1);
+}
+
+#[test]
+fn the_first_view_and_a_move_to_the_same_node_do_not_wait() {
+    let mut p = moved_pair();
+    // Start-up: node 2 applies the moved view first (a view saved before a crash).
+    let mut fresh = authority();
+    assert!(fresh.apply_view(&p.moved, 2, T0));
+    assert!(!fresh.is_waiting_for_handover(p.slot));
+    // A move of the slot to node 1 itself: a new term, the same routes, no wait.
+    let again = p.view.with_leaders(2, &[(p.slot, 1)]);
+    let t = again.target_for_slot(p.slot);
+    assert!(t.leader_term > p.view.target_for_slot(p.slot).leader_term);
+    assert!(p.one.apply_view(&again, 1, T0 + 1));
+    assert!(!p.one.is_waiting_for_handover(p.slot));
+    assert!(taken(&mut p.one).is_empty());
+    assert_eq!(lookup(&p.one, t, &p.uids.0), Ok(vec![10]));
+    assert_eq!(lookup(&p.one, t, &p.uids.1), Ok(vec![11]));
+}
+
+#[test]
+fn a_batch_that_comes_before_its_view_is_kept_and_applied_at_install() {
+    let mut p = moved_pair();
+    let new = p.moved.target_for_slot(p.slot);
+    assert!(p.one.apply_view(&p.moved, 1, T0));
+    let batch = taken(&mut p.one).remove(0).into_batches(8).remove(0);
+    assert_eq!(p.two.take_handover(batch, T0), Ok(HandoverOutcome::Kept));
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    assert!(
+        !p.two.is_waiting_for_handover(p.slot),
+        "everything had come"
+    );
+    assert_eq!(lookup(&p.two, new, &p.uids.0), Ok(vec![10]));
+}
+
+#[test]
+fn batches_kept_for_a_view_are_bounded_and_dropped_after_the_wait() {
+    let mut p = moved_pair();
+    let new = p.moved.target_for_slot(p.slot);
+    let batch = |routes: Vec<Route>| HandoverBatch {
+        target: new,
+        routes,
+        tombstones: Vec::new(),
+        batch: 0,
+        batches: 1,
+    };
+    let (a, _) = p.uids.clone();
+    let four: Vec<Route> = (0..4).map(|i| route(&a, 20 + i)).collect();
+    assert_eq!(
+        p.two.take_handover(batch(four), T0),
+        Ok(HandoverOutcome::Kept)
+    );
+    assert_eq!(
+        p.two.take_handover(batch(vec![route(&a, 30)]), T0),
+        Err(AuthorityError::Full),
+        "handover_stash_routes_max = 4"
+    );
+    p.two.expire(T0 + WAIT_S);
+    assert_eq!(
+        p.two.take_handover(batch(vec![route(&a, 30)]), T0 + WAIT_S),
+        Ok(HandoverOutcome::Kept),
+        "the old ones were dropped"
+    );
+}
+
+#[test]
+fn a_batch_for_an_older_identity_of_another_leader_is_refused() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    let back = p.moved.with_leaders(2, &[(p.slot, 1)]);
+    assert!(p.one.apply_view(&p.moved, 1, T0));
+    assert!(p.one.apply_view(&back, 1, T0));
+    let old = HandoverBatch {
+        target: p.moved.target_for_slot(p.slot),
+        routes: vec![],
+        tombstones: vec![],
+        batch: 0,
+        batches: 1,
+    };
+    assert_eq!(
+        p.one.take_handover(old, T0),
+        Err(AuthorityError::StaleTarget)
+    );
+}
+
+/// The leader that missed a term (node 1 led, missed the move to node 2 and the
+/// move back) keeps its own routes; the tombstones of node 2's handover remove
+/// the session unregistered at node 2 meanwhile, though node 1 waits for no
+/// handover (a move back to itself).
+#[test]
+fn tombstones_apply_even_where_no_handover_is_awaited() {
+    let mut p = moved_pair();
+    let (a, _) = p.uids.clone();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    // Node 2 serves while node 1 is cut off: session 10 is unregistered there.
+    p.two.expire(T0 + WAIT_S);
+    let new = p.moved.target_for_slot(p.slot);
+    let id = RouteIdentity {
+        uid: Uid::from(a.as_str()),
+        node_id: 3,
+        boot_id: 77,
+        session_id: 10,
+    };
+    p.two.unregister_route(&new, &id, 2, T0 + WAIT_S).unwrap();
+    // The slot goes back to node 1, made by node 1's own view (it never saw
+    // node 2's term): a move to itself, its routes kept, session 10's with them.
+    let back = p.view.with_leaders(1, &[(p.slot, 1)]);
+    let back = ClusterView {
+        revision: p.moved.revision + 1,
+        ..back
+    };
+    assert!(p.one.apply_view(&back, 1, T0 + 3));
+    let t = back.target_for_slot(p.slot);
+    assert_eq!(lookup(&p.one, t, &a), Ok(vec![10]), "a ghost, until…");
+    // …node 2 hands over on the same view: its tombstone removes the ghost.
+    assert!(p.two.apply_view(&back, 2, T0 + 3));
+    let h = taken(&mut p.two).remove(0);
+    assert_eq!(h.tombstones, vec![(id, 2)]);
+    let batch = h.into_batches(8).remove(0);
+    assert_eq!(
+        p.one.take_handover(batch, T0 + 3),
+        Ok(HandoverOutcome::Applied { done: true })
+    );
+    assert_eq!(lookup(&p.one, t, &a), Ok(vec![]));
+}
+
+/// A slot lost while it still waited (1 → 2 → 3 before node 1's handover reached
+/// node 2) is relayed: node 3 gets node 1's routes from node 2 once they came,
+/// and not a session node 2 saw unregistered.
+#[test]
+fn a_slot_lost_while_waiting_is_relayed_with_what_comes_after() {
+    let view = ClusterView::initial(&[1, 2, 3], 256).unwrap();
+    let (mut one, mut two, mut three) = (authority(), authority(), authority());
+    for (a, n) in [(&mut one, 1), (&mut two, 2), (&mut three, 3)] {
+        assert!(a.apply_view(&view, n as NodeId, T0));
+    }
+    let (a, b, slot) = two_uids(&view);
+    register(&mut one, &view, route(&a, 10));
+    register(&mut one, &view, route(&b, 11));
+    let to_two = view.with_leaders(1, &[(slot, 2)]);
+    let to_three = to_two.with_leaders(2, &[(slot, 3)]);
+    assert!(two.apply_view(&to_two, 2, T0));
+    // At node 2, session 11 is unregistered before node 1's handover came.
+    let t2 = to_two.target_for_slot(slot);
+    let id11 = RouteIdentity {
+        uid: Uid::from(b.as_str()),
+        node_id: 3,
+        boot_id: 77,
+        session_id: 11,
+    };
+    two.unregister_route(&t2, &id11, 2, T0).unwrap();
+    assert!(two.apply_view(&to_three, 2, T0));
+    assert!(taken(&mut two).is_empty(), "relayed: nothing yet");
+    assert!(three.apply_view(&to_two, 3, T0) && three.apply_view(&to_three, 3, T0));
+    assert!(three.is_waiting_for_handover(slot));
+    assert!(one.apply_view(&to_two, 1, T0));
+    let batch = taken(&mut one).remove(0).into_batches(8).remove(0);
+    assert_eq!(two.take_handover(batch, T0), Ok(HandoverOutcome::Relayed));
+    let relayed = taken(&mut two);
+    assert_eq!(relayed.len(), 1);
+    assert_eq!(relayed[0].target, to_three.target_for_slot(slot));
+    assert_eq!(two.stats().handovers_relayed, 1);
+    let batch = relayed
+        .into_iter()
+        .next()
+        .unwrap()
+        .into_batches(8)
+        .remove(0);
+    assert_eq!(
+        three.take_handover(batch, T0),
+        Ok(HandoverOutcome::Applied { done: true })
+    );
+    let t3 = to_three.target_for_slot(slot);
+    assert_eq!(lookup(&three, t3, &a), Ok(vec![10]));
+    assert_eq!(lookup(&three, t3, &b), Ok(vec![]), "unregistered at node 2");
+}
