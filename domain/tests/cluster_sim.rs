@@ -29,6 +29,12 @@
 //! replaces** every active session it conflicts with before its CONNACK 0 (their
 //! owners closed them, rule 11).
 //!
+//! Then planned moves while clients SEND (`run_moves`): **every online
+//! recipient** of a message sent in the moves phase gets it (the old authority
+//! hands a moved slot's routes over; the new one answers lookups "rebuilding"
+//! until they came; the planner asks again). Without the handover (a planted
+//! bug) the phase loses pushes within the CI seeds.
+//!
 //! Clients SEND to groups and persons throughout (`cluster_sim/send.rs`): **no RECV
 //! after close** (nor to the sending session) and **one RECV** per (message,
 //! session) as each RECV is written; **acknowledged in log** (every SENDACK 1 in its

@@ -517,8 +517,11 @@ impl Emitted {
 /// per page, when the view the planner is pumped with names another target for its
 /// hash slot: the slot moved while the page was planned, and its recipients are
 /// found at the new leader instead of being skipped. The page waits for the retry
-/// (its order kept). A group whose target did not change, or past the retries,
-/// fails for good (`failed_groups`): its recipients catch up by messagesync.
+/// (its order kept). A group refused as not-leader or stale at the very target the
+/// current view names (the authority has not applied that view yet, or has a
+/// newer one) waits as a rebuilding one does (below). Any other failure whose
+/// target did not change, or past the retries, fails for good (`failed_groups`):
+/// its recipients catch up by messagesync.
 ///
 /// # A rebuilding authority
 ///

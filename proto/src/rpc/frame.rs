@@ -5,7 +5,7 @@
 //! | offset | bytes | field | meaning |
 //! |---|---|---|---|
 //! | 0 | 4 | magic | `b"IMRN"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (4) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (5) |
 //! | 5 | 1 | kind | [`Kind`] |
 //! | 6 | 2 | flags | none defined in version 4: must be 0 |
 //! | 8 | 8 | sender node id | the sending node's `node_id` |
@@ -23,13 +23,14 @@ use bytemuck::{Pod, Zeroable};
 
 /// The 4 bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"IMRN";
-/// The wire version this code speaks (and the only one it accepts): 4 since every
-/// frame after the handshake is sealed (`seal`: AES-256-GCM, keys per link and
-/// direction; 3: a touch batch's answer names the routes its authority
+/// The wire version this code speaks (and the only one it accepts): 5 since a view
+/// names the node each move took a slot from and a moved slot's routes are handed
+/// over (`Kind::Handover`); 4: every frame after the handshake is sealed (`seal`:
+/// AES-256-GCM, keys per link and direction; 3: a touch batch's answer names the routes its authority
 /// superseded; 2: the handshake carries the cluster id and slot-id count,
 /// `auth`); a node of another version is refused with
 /// [`FrameError::UnsupportedVersion`] at its first frame.
-pub const WIRE_VERSION: u8 = 4;
+pub const WIRE_VERSION: u8 = 5;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
 /// Largest body of a [`Kind::Ping`] (and so of its Pong).

@@ -40,7 +40,7 @@
 //! a session was unregistered) and the move back, keeps its own routes, that
 //! session's among them, until the intermediate leader's tombstones come.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::cluster::{HashSlot, Target};
 use crate::presence::route::{AuthorityError, OwnerSeq, Route, RouteIdentity, Uid};
@@ -77,6 +77,14 @@ pub struct HandoverBatch {
     /// The handover's batch count (at least 1: a slot without routes is one empty
     /// batch).
     pub batches: u32,
+}
+
+impl HandoverBatch {
+    /// What a kept batch counts against `handover_stash_routes_max`: its routes
+    /// and tombstones, at least 1 (an empty batch is kept too).
+    fn items(&self) -> usize {
+        (self.routes.len() + self.tombstones.len()).max(1)
+    }
 }
 
 impl Handover {
@@ -128,7 +136,7 @@ pub(super) struct Waiting {
     /// The wait ends at this second whatever came.
     until_s: u64,
     /// The batch numbers applied so far (distinct: a repeated batch counts once).
-    received: Vec<u32>,
+    received: BTreeSet<u32>,
 }
 
 /// Whether a handover batch addressed to `target` is one a slot installed as
@@ -155,7 +163,7 @@ pub(super) struct Relay {
     /// The lost slot's tombstones and those of the batches gathered.
     tombstones: Vec<Tombstone>,
     /// The batch numbers of `from`'s handover applied or gathered so far.
-    received: Vec<u32>,
+    received: BTreeSet<u32>,
     /// Handed over at this second whatever came.
     until_s: u64,
     /// What the lost slot knew of each identity: a gathered route at or below its
@@ -202,7 +210,8 @@ impl Relay {
 pub(super) struct Kept {
     /// `(second kept, batch)`, oldest first.
     batches: Vec<(u64, HandoverBatch)>,
-    /// Their routes and tombstones (at most `handover_stash_routes_max`).
+    /// Their routes and tombstones, an empty batch counting 1 (at most
+    /// `handover_stash_routes_max`).
     routes: usize,
 }
 
@@ -225,7 +234,7 @@ impl Authority {
         let s = target.hash_slot as usize;
         self.waiting[s] = Some(Waiting {
             until_s: now_s.saturating_add(self.cfg.handover_wait_s),
-            received: Vec::new(),
+            received: BTreeSet::new(),
         });
         let kept = std::mem::take(&mut self.kept.batches);
         self.kept.routes = 0;
@@ -234,7 +243,7 @@ impl Authority {
             if b.target == target {
                 mine.push(b);
             } else if b.target.hash_slot != target.hash_slot {
-                self.kept.routes += b.routes.len() + b.tombstones.len();
+                self.kept.routes += b.items();
                 self.kept.batches.push((at_s, b));
             }
         }
@@ -266,12 +275,16 @@ impl Authority {
         let relayed = |r: &Relay| awaits(r.from, batch.target);
         if let Some(i) = self.relays.iter().position(relayed) {
             let r = &mut self.relays[i];
-            if !r.received.contains(&batch.batch) {
-                r.received.push(batch.batch);
-            }
-            let admitted: Vec<Route> = batch.routes.into_iter().filter(|x| r.admits(x)).collect();
+            r.received.insert(batch.batch);
+            // Bounded as the slot itself is (what passes could not be applied).
+            let room = self.cfg.max_routes_per_slot.saturating_sub(r.routes.len());
+            let admitted: Vec<Route> = (batch.routes.into_iter())
+                .filter(|x| r.admits(x))
+                .take(room)
+                .collect();
             r.routes.extend(admitted);
-            r.tombstones.extend(batch.tombstones);
+            let room = (self.cfg.max_fence_records_per_slot).saturating_sub(r.tombstones.len());
+            r.tombstones.extend(batch.tombstones.into_iter().take(room));
             if r.received.len() >= batch.batches as usize {
                 let r = self.relays.swap_remove(i);
                 self.stats.handovers_relayed += 1;
@@ -287,7 +300,7 @@ impl Authority {
         if installed.is_some_and(|t| key(&batch.target) < key(&t)) {
             return Err(AuthorityError::StaleTarget);
         }
-        let items = batch.routes.len() + batch.tombstones.len();
+        let items = batch.items();
         if self.kept.routes + items > self.cfg.handover_stash_routes_max {
             return Err(AuthorityError::Full);
         }
@@ -328,9 +341,7 @@ impl Authority {
         let Some(waiting) = self.waiting[s].as_mut() else {
             unreachable!("checked above");
         };
-        if !waiting.received.contains(&batch.batch) {
-            waiting.received.push(batch.batch);
-        }
+        waiting.received.insert(batch.batch);
         let done = waiting.received.len() >= batch.batches as usize;
         if done {
             self.end_waiting(s as HashSlot);
@@ -448,9 +459,7 @@ impl Authority {
             .batches
             .retain(|(at_s, _)| now_s < at_s.saturating_add(wait_s));
         if self.kept.batches.len() != before {
-            self.kept.routes = (self.kept.batches.iter())
-                .map(|(_, b)| b.routes.len() + b.tombstones.len())
-                .sum();
+            self.kept.routes = self.kept.batches.iter().map(|(_, b)| b.items()).sum();
         }
     }
 
