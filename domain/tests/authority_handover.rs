@@ -374,3 +374,223 @@ fn a_slot_lost_while_waiting_is_relayed_with_what_comes_after() {
     assert_eq!(lookup(&three, t3, &a), Ok(vec![10]));
     assert_eq!(lookup(&three, t3, &b), Ok(vec![]), "unregistered at node 2");
 }
+
+/// A handover's routes and tombstones share the batches: at most `items_max`
+/// items in each, every item in one.
+#[test]
+fn a_handover_is_cut_into_batches_of_routes_and_tombstones() {
+    let view = ClusterView::initial(&[1, 2], 256).unwrap();
+    let (a, _, slot) = two_uids(&view);
+    let id = |s: u64| RouteIdentity {
+        uid: Uid::from(a.as_str()),
+        node_id: 3,
+        boot_id: 77,
+        session_id: s,
+    };
+    let h = Handover {
+        target: view.target_for_slot(slot),
+        routes: (0..3).map(|s| route(&a, s)).collect(),
+        tombstones: (10..15).map(|s| (id(s), 1)).collect(),
+    };
+    let batches = h.into_batches(3);
+    let sizes: Vec<(usize, usize)> = (batches.iter())
+        .map(|b| (b.routes.len(), b.tombstones.len()))
+        .collect();
+    assert_eq!(sizes, vec![(3, 0), (0, 3), (0, 2)]);
+    assert!(batches
+        .iter()
+        .enumerate()
+        .all(|(i, b)| b.batch == i as u32 && b.batches == 3));
+    let h = Handover {
+        target: view.target_for_slot(slot),
+        routes: (0..2).map(|s| route(&a, s)).collect(),
+        tombstones: (10..12).map(|s| (id(s), 1)).collect(),
+    };
+    let sizes: Vec<(usize, usize)> = (h.into_batches(3).iter())
+        .map(|b| (b.routes.len(), b.tombstones.len()))
+        .collect();
+    assert_eq!(sizes, vec![(2, 1), (0, 1)]);
+}
+
+/// Kept batches count their tombstones too (an empty one counts 1) against
+/// `handover_stash_routes_max`, and a slot's install takes only its own.
+#[test]
+fn kept_batches_count_tombstones_and_an_install_takes_only_its_slots() {
+    let mut p = moved_pair();
+    let new = p.moved.target_for_slot(p.slot);
+    let other = (0..HASH_SLOTS as HashSlot)
+        .find(|&h| h != p.slot && p.view.target_for_slot(h).leader_node_id == 1)
+        .unwrap();
+    let moved_too = p.moved.with_leaders(1, &[(other, 2)]);
+    let other_t = moved_too.target_for_slot(other);
+    let (a, _) = p.uids.clone();
+    let id = RouteIdentity {
+        uid: Uid::from(a.as_str()),
+        node_id: 3,
+        boot_id: 77,
+        session_id: 99,
+    };
+    let empty = |target| HandoverBatch {
+        target,
+        routes: vec![],
+        tombstones: vec![],
+        batch: 0,
+        batches: 1,
+    };
+    let tombs = HandoverBatch {
+        tombstones: vec![(id.clone(), 1), (id.clone(), 2)],
+        ..empty(new)
+    };
+    assert_eq!(p.two.take_handover(tombs, T0), Ok(HandoverOutcome::Kept));
+    assert_eq!(
+        p.two.take_handover(empty(other_t), T0),
+        Ok(HandoverOutcome::Kept)
+    );
+    // 2 tombstones + 1 empty batch = 3 of 4.
+    let two_routes = HandoverBatch {
+        routes: vec![route(&a, 40), route(&a, 41)],
+        ..empty(other_t)
+    };
+    assert_eq!(
+        p.two.take_handover(two_routes.clone(), T0),
+        Err(AuthorityError::Full)
+    );
+    // The first slot's install takes its batch (2 items); the other's stays kept.
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    assert!(!p.two.is_waiting_for_handover(p.slot));
+    assert_eq!(
+        p.two.take_handover(two_routes.clone(), T0),
+        Ok(HandoverOutcome::Kept),
+        "1 + 2 of 4"
+    );
+    assert_eq!(
+        p.two.take_handover(two_routes, T0),
+        Err(AuthorityError::Full),
+        "the other slot's batches are still counted"
+    );
+}
+
+/// The slot moves to node 2, then to node 2 again (a new term) before node 1's
+/// handover came: node 2 goes on waiting, and node 1's batches, addressed to the
+/// first term, end the wait.
+#[test]
+fn a_move_to_a_node_that_still_waits_goes_on_waiting() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    let again = p.moved.with_leaders(1, &[(p.slot, 2)]);
+    assert!(p.two.apply_view(&again, 2, T0));
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    let t = again.target_for_slot(p.slot);
+    assert_eq!(
+        lookup(&p.two, t, &p.uids.0),
+        Err(AuthorityError::Rebuilding)
+    );
+    assert!(p.one.apply_view(&p.moved, 1, T0));
+    let batch = taken(&mut p.one).remove(0).into_batches(8).remove(0);
+    assert_eq!(batch.target, p.moved.target_for_slot(p.slot));
+    assert_eq!(
+        p.two.take_handover(batch, T0),
+        Ok(HandoverOutcome::Applied { done: true })
+    );
+    assert_eq!(lookup(&p.two, t, &p.uids.0), Ok(vec![10]));
+}
+
+/// A batch naming this slot at the installed term but another leader is no
+/// handover to this node: refused, not kept.
+#[test]
+fn a_batch_for_another_leader_at_the_installed_term_is_refused() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    let mine = p.moved.target_for_slot(p.slot);
+    let batch = HandoverBatch {
+        target: Target {
+            leader_node_id: 1,
+            ..mine
+        },
+        routes: vec![],
+        tombstones: vec![],
+        batch: 0,
+        batches: 1,
+    };
+    assert_eq!(
+        p.two.take_handover(batch, T0),
+        Err(AuthorityError::StaleTarget)
+    );
+}
+
+/// Batches kept for an identity this node never installed (the view that gave it
+/// the slot was overtaken by one that took it on to node 3) are relayed to node
+/// 3, which waits for them.
+#[test]
+fn batches_kept_for_an_identity_never_installed_are_relayed_on() {
+    let view = ClusterView::initial(&[1, 2, 3], 256).unwrap();
+    let (mut one, mut two, mut three) = (authority(), authority(), authority());
+    for (a, n) in [(&mut one, 1), (&mut two, 2), (&mut three, 3)] {
+        assert!(a.apply_view(&view, n as NodeId, T0));
+    }
+    let (a, _, slot) = two_uids(&view);
+    register(&mut one, &view, route(&a, 10));
+    let to_two = view.with_leaders(1, &[(slot, 2)]);
+    let to_three = to_two.with_leaders(3, &[(slot, 3)]);
+    assert!(one.apply_view(&to_two, 1, T0));
+    let batch = taken(&mut one).remove(0).into_batches(8).remove(0);
+    assert_eq!(two.take_handover(batch, T0), Ok(HandoverOutcome::Kept));
+    // Node 2 never gets the view of its term: the next one takes the slot on.
+    assert!(two.apply_view(&to_three, 2, T0));
+    let relayed = taken(&mut two);
+    assert_eq!(relayed.len(), 1, "complete: handed on at once");
+    assert_eq!(relayed[0].target, to_three.target_for_slot(slot));
+    assert!(three.apply_view(&to_three, 3, T0));
+    assert!(three.is_waiting_for_handover(slot), "taken from node 2");
+    let batch = relayed
+        .into_iter()
+        .next()
+        .unwrap()
+        .into_batches(8)
+        .remove(0);
+    assert_eq!(
+        three.take_handover(batch, T0),
+        Ok(HandoverOutcome::Applied { done: true })
+    );
+    assert_eq!(
+        lookup(&three, to_three.target_for_slot(slot), &a),
+        Ok(vec![10])
+    );
+}
+
+/// A relay ends when its slot comes back to this node (its routes are as old as
+/// this node's leadership): nothing is handed over when its wait runs out.
+#[test]
+fn a_relay_is_dropped_when_its_slot_comes_back() {
+    let view = ClusterView::initial(&[1, 2, 3], 256).unwrap();
+    let mut two = authority();
+    assert!(two.apply_view(&view, 2, T0));
+    let (_, _, slot) = two_uids(&view);
+    let to_two = view.with_leaders(1, &[(slot, 2)]);
+    let to_three = to_two.with_leaders(2, &[(slot, 3)]);
+    let back = to_three.with_leaders(3, &[(slot, 2)]);
+    assert!(two.apply_view(&to_two, 2, T0));
+    assert!(two.apply_view(&to_three, 2, T0));
+    assert!(taken(&mut two).is_empty(), "relayed, waiting");
+    assert!(two.apply_view(&back, 2, T0));
+    assert!(two.is_waiting_for_handover(slot), "node 3's routes awaited");
+    two.expire(T0 + WAIT_S);
+    assert!(taken(&mut two).is_empty(), "the relay was dropped");
+    assert_eq!(two.stats().handovers_relayed, 0);
+}
+
+/// Two losses of one slot before the driver takes the handovers: only the
+/// newest is handed over (one per slot waits).
+#[test]
+fn only_the_newest_handover_of_a_slot_waits_for_the_driver() {
+    let mut p = moved_pair();
+    let back = p.moved.with_leaders(1, &[(p.slot, 1)]);
+    let again = back.with_leaders(1, &[(p.slot, 2)]);
+    assert!(p.one.apply_view(&p.moved, 1, T0));
+    assert!(p.one.apply_view(&back, 1, T0));
+    p.one.expire(T0 + WAIT_S);
+    assert!(p.one.apply_view(&again, 1, T0 + WAIT_S));
+    let h = taken(&mut p.one);
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].target, again.target_for_slot(p.slot));
+}

@@ -40,12 +40,12 @@
 //! a session was unregistered) and the move back, keeps its own routes, that
 //! session's among them, until the intermediate leader's tombstones come.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use crate::cluster::{HashSlot, Target};
-use crate::presence::route::{AuthorityError, OwnerSeq, Route, RouteIdentity, Uid};
+use crate::presence::route::{AuthorityError, OwnerSeq, Route, RouteIdentity};
 
-use super::{Authority, Sess, SlotWriter};
+use super::{Authority, SlotWriter};
 
 /// An unregister tombstone: the identity and the owner_seq at or below which its
 /// routes are removed.
@@ -166,14 +166,7 @@ pub(super) struct Relay {
     received: BTreeSet<u32>,
     /// Handed over at this second whatever came.
     until_s: u64,
-    /// What the lost slot knew of each identity: a gathered route at or below its
-    /// tombstone, or below its last owner_seq, is dropped (a session closed while
-    /// this node led the slot is not handed over alive).
-    fences: Fences,
 }
-
-/// Per identity: its last owner_seq and its tombstone.
-type Fences = HashMap<(Uid, Sess), (OwnerSeq, Option<OwnerSeq>)>;
 
 /// Every unregister tombstone `w` holds.
 fn tombstones_of(w: &SlotWriter) -> Vec<Tombstone> {
@@ -183,26 +176,6 @@ fn tombstones_of(w: &SlotWriter) -> Vec<Tombstone> {
             Some((r.sess.identity(&w.users[r.user].uid), t))
         })
         .collect()
-}
-
-/// The fences of every identity `w` has a record of.
-fn fences_of(w: &SlotWriter) -> Fences {
-    (w.recs.iter())
-        .map(|(_, r)| {
-            let uid = w.users[r.user].uid.clone();
-            ((uid, r.sess), (r.last_owner_seq, r.tombstone))
-        })
-        .collect()
-}
-
-impl Relay {
-    /// Whether `r` is alive as far as the lost slot knew.
-    fn admits(&self, r: &Route) -> bool {
-        match self.fences.get(&(r.uid.clone(), Sess::of_route(r))) {
-            None => true,
-            Some(&(last, tomb)) => r.owner_seq >= last && tomb.is_none_or(|t| r.owner_seq > t),
-        }
-    }
 }
 
 /// Batches kept for identities not installed yet.
@@ -274,30 +247,13 @@ impl Authority {
         }
         let relayed = |r: &Relay| awaits(r.from, batch.target);
         if let Some(i) = self.relays.iter().position(relayed) {
-            let r = &mut self.relays[i];
-            r.received.insert(batch.batch);
-            // Bounded as the slot itself is (what passes could not be applied).
-            let room = self.cfg.max_routes_per_slot.saturating_sub(r.routes.len());
-            let admitted: Vec<Route> = (batch.routes.into_iter())
-                .filter(|x| r.admits(x))
-                .take(room)
-                .collect();
-            r.routes.extend(admitted);
-            let room = (self.cfg.max_fence_records_per_slot).saturating_sub(r.tombstones.len());
-            r.tombstones.extend(batch.tombstones.into_iter().take(room));
-            if r.received.len() >= batch.batches as usize {
-                let r = self.relays.swap_remove(i);
-                self.stats.handovers_relayed += 1;
-                self.hand_over(Handover {
-                    target: r.to,
-                    routes: r.routes,
-                    tombstones: r.tombstones,
-                });
-            }
+            self.gather(i, batch);
             return Ok(HandoverOutcome::Relayed);
         }
         let key = |t: &Target| (t.config_epoch, t.leader_term);
-        if installed.is_some_and(|t| key(&batch.target) < key(&t)) {
+        // Not newer than the installed identity and not its own (`awaits`): an
+        // old leader's or another node's.
+        if installed.is_some_and(|t| key(&batch.target) <= key(&t)) {
             return Err(AuthorityError::StaleTarget);
         }
         let items = batch.items();
@@ -372,7 +328,6 @@ impl Authority {
             .unwrap_or_default();
         match self.waiting[s].take() {
             Some(w) => {
-                let fences = self.slots[s].as_deref().map(fences_of).unwrap_or_default();
                 self.relays.retain(|r| r.from.hash_slot != from.hash_slot);
                 self.relays.push(Relay {
                     from,
@@ -381,7 +336,6 @@ impl Authority {
                     tombstones,
                     received: w.received,
                     until_s: w.until_s,
-                    fences,
                 });
             }
             None => self.hand_over(Handover {
@@ -392,10 +346,69 @@ impl Authority {
         }
     }
 
-    /// A slot not led here moved on to `to`: a relay of it follows.
-    pub(super) fn moved_on(&mut self, to: Target) {
-        if let Some(r) = (self.relays.iter_mut()).find(|r| r.from.hash_slot == to.hash_slot) {
+    /// Relay `i` gathers `batch`; once it has every batch, it is handed over.
+    fn gather(&mut self, i: usize, batch: HandoverBatch) {
+        let r = &mut self.relays[i];
+        r.received.insert(batch.batch);
+        // Bounded as the slot itself is (what passes could not be applied).
+        let room = self.cfg.max_routes_per_slot.saturating_sub(r.routes.len());
+        // A gathered route at or below a tombstone of the lost slot (a session
+        // closed while this node led it) goes too: the next leader applies the
+        // tombstones, which come first, before the routes.
+        r.routes.extend(batch.routes.into_iter().take(room));
+        let room = (self.cfg.max_fence_records_per_slot).saturating_sub(r.tombstones.len());
+        r.tombstones.extend(batch.tombstones.into_iter().take(room));
+        if r.received.len() >= batch.batches as usize {
+            let r = self.relays.swap_remove(i);
+            self.stats.handovers_relayed += 1;
+            self.hand_over(Handover {
+                target: r.to,
+                routes: r.routes,
+                tombstones: r.tombstones,
+            });
+        }
+    }
+
+    /// A slot not installed here moved on to `to`: a relay of it follows; batches
+    /// kept for an identity of it this node never installed (the view that gave
+    /// it the slot was overtaken by the one that took it away) are relayed to
+    /// `to`, which waits for them.
+    pub(super) fn moved_on(&mut self, to: Target, now_s: u64) {
+        let slot = to.hash_slot;
+        if let Some(r) = (self.relays.iter_mut()).find(|r| r.from.hash_slot == slot) {
             r.to = to;
+            return;
+        }
+        // Only an identity the view has overtaken: one newer than it is still to
+        // come here.
+        let key = |t: &Target| (t.config_epoch, t.leader_term);
+        let overtaken = |b: &HandoverBatch| b.target.hash_slot == slot && key(&b.target) < key(&to);
+        if !self.kept.batches.iter().any(|(_, b)| overtaken(b)) {
+            return;
+        }
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.kept.batches)
+            .into_iter()
+            .partition(|(_, b)| overtaken(b));
+        self.kept.batches = others;
+        self.kept.routes = self.kept.batches.iter().map(|(_, b)| b.items()).sum();
+        let from = (mine.iter().map(|(_, b)| b.target))
+            .max_by_key(|t| (t.config_epoch, t.leader_term))
+            .unwrap_or(to);
+        self.relays.push(Relay {
+            from,
+            to,
+            routes: Vec::new(),
+            tombstones: Vec::new(),
+            received: BTreeSet::new(),
+            until_s: now_s.saturating_add(self.cfg.handover_wait_s),
+        });
+        for (_, b) in mine {
+            // Another identity's batches than the newest kept are not its.
+            if b.target == from {
+                if let Some(i) = self.relays.iter().position(|r| r.from == from) {
+                    self.gather(i, b);
+                }
+            }
         }
     }
 

@@ -1904,7 +1904,7 @@ impl Authority {
             } else {
                 match self.slots[s].as_ref().map(|w| w.target) {
                     Some(from) => self.lose(from, target),
-                    None => self.moved_on(target),
+                    None => self.moved_on(target, now_s),
                 }
                 self.remove(s as HashSlot);
             }
