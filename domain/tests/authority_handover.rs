@@ -594,3 +594,63 @@ fn only_the_newest_handover_of_a_slot_waits_for_the_driver() {
     assert_eq!(h.len(), 1);
     assert_eq!(h[0].target, again.target_for_slot(p.slot));
 }
+
+/// A relay whose handover never comes is handed on with what it had when its
+/// wait runs out, not a second before.
+#[test]
+fn a_relay_is_handed_on_when_its_wait_runs_out() {
+    let view = ClusterView::initial(&[1, 2, 3], 256).unwrap();
+    let mut two = authority();
+    assert!(two.apply_view(&view, 2, T0));
+    let (a, _, slot) = two_uids(&view);
+    let to_two = view.with_leaders(1, &[(slot, 2)]);
+    let to_three = to_two.with_leaders(2, &[(slot, 3)]);
+    assert!(two.apply_view(&to_two, 2, T0));
+    register(&mut two, &to_two, route(&a, 10));
+    assert!(two.apply_view(&to_three, 2, T0));
+    two.expire(T0 + WAIT_S - 1);
+    assert!(taken(&mut two).is_empty(), "still gathering");
+    two.expire(T0 + WAIT_S);
+    let h = taken(&mut two);
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].target, to_three.target_for_slot(slot));
+    let sessions: Vec<u64> = h[0].routes.iter().map(|r| r.session_id).collect();
+    assert_eq!(sessions, vec![10]);
+    assert_eq!(two.stats().handovers_relayed, 1);
+    assert_eq!(two.stats().handover_waits_expired, 0, "no wait of its own");
+    two.expire(T0 + 2 * WAIT_S);
+    assert!(taken(&mut two).is_empty(), "handed on once");
+}
+
+/// A kept batch lives `handover_wait_s`: kept (and counted) a second before,
+/// dropped at it.
+#[test]
+fn a_kept_batch_lives_handover_wait_s() {
+    let mut p = moved_pair();
+    let new = p.moved.target_for_slot(p.slot);
+    let (a, _) = p.uids.clone();
+    let batch = |routes: Vec<Route>| HandoverBatch {
+        target: new,
+        routes,
+        tombstones: Vec::new(),
+        batch: 0,
+        batches: 1,
+    };
+    let four: Vec<Route> = (0..4).map(|i| route(&a, 20 + i)).collect();
+    assert_eq!(
+        p.two.take_handover(batch(four), T0),
+        Ok(HandoverOutcome::Kept)
+    );
+    p.two.expire(T0 + WAIT_S - 1);
+    assert_eq!(
+        p.two
+            .take_handover(batch(vec![route(&a, 30)]), T0 + WAIT_S - 1),
+        Err(AuthorityError::Full),
+        "still kept"
+    );
+    p.two.expire(T0 + WAIT_S);
+    assert_eq!(
+        p.two.take_handover(batch(vec![route(&a, 30)]), T0 + WAIT_S),
+        Ok(HandoverOutcome::Kept)
+    );
+}

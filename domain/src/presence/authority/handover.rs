@@ -328,7 +328,12 @@ impl Authority {
             .unwrap_or_default();
         match self.waiting[s].take() {
             Some(w) => {
-                self.relays.retain(|r| r.from.hash_slot != from.hash_slot);
+                // A slot's relay ends when it is installed again (`drop_relay`):
+                // this is its only one.
+                debug_assert!(self
+                    .relays
+                    .iter()
+                    .all(|r| r.from.hash_slot != from.hash_slot));
                 self.relays.push(Relay {
                     from,
                     to,
@@ -438,7 +443,8 @@ impl Authority {
     /// The slot's lookups are answered from its table from now on.
     pub(super) fn end_waiting(&mut self, hash_slot: HashSlot) {
         let s = hash_slot as usize;
-        if self.waiting[s].take().is_some() && self.slots[s].is_some() {
+        if self.waiting[s].take().is_some() {
+            // A slot not installed has no published state: nothing to clear.
             self.dir.end_rebuilding(s);
         }
     }
