@@ -137,6 +137,7 @@ fn cluster_sim_invariants_hold() {
                 totals.remote_pushes += w.stats.remote_pushes;
                 totals.lookups += w.stats.lookups;
                 totals.stale_pushes += w.stats.stale_pushes;
+                totals.handovers += w.stats.handovers;
             }
             Err(e) => {
                 eprintln!(
@@ -151,7 +152,7 @@ fn cluster_sim_invariants_hold() {
     // The runs reached what they are for.
     assert!(totals.connacks_ok > 0 && totals.kicks > 0 && totals.moves > 0 && totals.crashes > 0);
     assert!(totals.sendacks_ok > 0 && totals.recvs > 0 && totals.remote_pushes > 0);
-    assert!(totals.lookups > 0 && totals.stale_pushes > 0);
+    assert!(totals.lookups > 0 && totals.stale_pushes > 0 && totals.handovers > 0);
 }
 
 /// The first CI seed on which `bugs` breaks an invariant, and the failure.
