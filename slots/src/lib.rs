@@ -138,6 +138,23 @@ mod tests {
         assert_eq!(counts, vec![86, 85, 85]);
     }
 
+    /// The errors name the fault (a config check prints them).
+    #[test]
+    fn errors_display_the_fault() {
+        assert_eq!(
+            SlotMapError::NoShards.to_string(),
+            "shard count must be at least 1"
+        );
+        assert_eq!(
+            SlotMapError::ShardOutOfRange {
+                hash_slot: 7,
+                shard: 2
+            }
+            .to_string(),
+            "hash slot 7 assigned to shard 2, which does not exist"
+        );
+    }
+
     #[test]
     fn bad_assignments_are_refused() {
         assert_eq!(SlotMap::modulo(0), Err(SlotMapError::NoShards));

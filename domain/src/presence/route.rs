@@ -314,6 +314,52 @@ mod tests {
         }
     }
 
+    /// Only the whole identity (node, boot, session) makes a route itself: a route
+    /// with the same session id on another node or of another boot conflicts.
+    #[test]
+    fn a_route_is_itself_only_by_node_boot_and_session_together() {
+        let old = route("u", "d1", 1, DeviceLevel::Slave, 1);
+        let other_node = Route {
+            node_id: 2,
+            ..old.clone()
+        };
+        let other_boot = Route {
+            boot_id: 10,
+            ..old.clone()
+        };
+        let other_session = Route {
+            session_id: 2,
+            ..old.clone()
+        };
+        for newcomer in [&other_node, &other_boot, &other_session] {
+            assert!(newcomer.conflicts_with(&old), "{newcomer:?}");
+            assert_ne!(newcomer.identity(), old.identity());
+        }
+        assert_eq!(
+            old.identity(),
+            RouteIdentity {
+                uid: "u".into(),
+                node_id: 1,
+                boot_id: 9,
+                session_id: 1
+            }
+        );
+    }
+
+    /// The errors read as what they mean (logs and API answers show them).
+    #[test]
+    fn authority_errors_display_their_meaning() {
+        assert_eq!(AuthorityError::Full.to_string(), "route directory full");
+        assert_eq!(
+            AuthorityError::NotLeader.to_string(),
+            "not leader of this hash slot"
+        );
+        assert_eq!(
+            AuthorityError::Lost.to_string(),
+            "the authority's answer was lost"
+        );
+    }
+
     #[test]
     fn conflict_policy_follows_the_newcomers_level() {
         let old = route("u", "d1", 1, DeviceLevel::Slave, 1);

@@ -254,6 +254,52 @@ mod tests {
         assert_eq!(person_channel_key("a", "a"), "a@a");
     }
 
+    /// The uid with the larger crc32 goes first whatever the string order; equal
+    /// checksums (a real collision) put the larger string first.
+    #[test]
+    fn person_key_orders_by_crc32_then_by_the_larger_uid() {
+        // crc32("a") = 0xe8b7be43 > crc32("b") = 0x71beeff9, though "a" < "b"
+        assert_eq!(person_channel_key("a", "b"), "a@b");
+        assert_eq!(person_channel_key("b", "a"), "a@b");
+        // "u9990985" and "u16400040" share the crc32 0xa99072e8
+        assert_eq!(crc32fast::hash(b"u9990985"), 0xa990_72e8);
+        assert_eq!(crc32fast::hash(b"u16400040"), 0xa990_72e8);
+        assert_eq!(
+            person_channel_key("u9990985", "u16400040"),
+            "u9990985@u16400040"
+        );
+        assert_eq!(
+            person_channel_key("u16400040", "u9990985"),
+            "u9990985@u16400040"
+        );
+    }
+
+    /// Ids up to [`MAX_CHANNEL_ID_BYTES`] are taken; a group is resolved by its id.
+    #[test]
+    fn groups_and_the_longest_ids_resolve() {
+        let longest = "g".repeat(MAX_CHANNEL_ID_BYTES);
+        let group = Channel::resolve("u1", &longest, CHANNEL_TYPE_GROUP).unwrap();
+        assert_eq!(
+            group,
+            Channel::Group {
+                id: longest.clone()
+            }
+        );
+        assert_eq!(
+            (group.key(), group.channel_type()),
+            (&*longest, CHANNEL_TYPE_GROUP)
+        );
+        assert_eq!(recv_channel_id(&longest, CHANNEL_TYPE_GROUP, "u1"), longest);
+        let peer = "p".repeat(MAX_CHANNEL_ID_BYTES);
+        let person = Channel::resolve("u1", &peer, CHANNEL_TYPE_PERSON).unwrap();
+        assert_eq!(person.key(), person_channel_key("u1", &peer));
+        assert_eq!(person.channel_type(), CHANNEL_TYPE_PERSON);
+        assert_eq!(
+            Channel::resolve("u1", &format!("{longest}g"), CHANNEL_TYPE_GROUP),
+            Err(ChannelError::ChannelIdError)
+        );
+    }
+
     #[test]
     fn a_send_names_the_peer_or_the_full_key() {
         let by_peer = Channel::resolve("u1", "u2", CHANNEL_TYPE_PERSON).unwrap();

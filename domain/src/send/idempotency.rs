@@ -271,6 +271,112 @@ mod tests {
         assert_eq!(differ, 8, "two windows hash alike: the hasher is not keyed");
     }
 
+    /// Expiry gives an entry's bytes back: the accounted bytes fall with each
+    /// forgotten entry, and a window whose budget was full takes new entries without
+    /// evicting live ones.
+    #[test]
+    fn expiry_gives_back_the_bytes_of_what_it_forgets() {
+        let one = IdempotencyWindow::entry_bytes("u", "c1");
+        let mut w = IdempotencyWindow::new(IdempotencyConfig {
+            max_entries: 100,
+            ttl_s: 10,
+            budget_bytes: 2 * one,
+        })
+        .unwrap();
+        assert_eq!(w.insert("u", "c1", ids(1), 0), None);
+        assert_eq!(w.bytes(), one);
+        assert_eq!(w.insert("u", "c2", ids(2), 5), None);
+        assert_eq!(w.bytes(), 2 * one);
+        // c1 expires at 10: its bytes are given back, c2's stay
+        assert_eq!(w.get("u", "c2", 10), Some(ids(2)));
+        assert_eq!((w.len(), w.bytes()), (1, one));
+        // room for c3 without evicting c2
+        assert_eq!(w.insert("u", "c3", ids(3), 10), None);
+        assert_eq!(w.get("u", "c2", 10), Some(ids(2)));
+        assert_eq!((w.len(), w.bytes()), (2, 2 * one));
+        // everything past its ttl: nothing is accounted
+        assert_eq!(w.refill_done(100), 0);
+        assert_eq!(w.bytes(), 0);
+    }
+
+    /// An entry costing the whole budget fits (alone); one costing more is not
+    /// remembered and evicts nothing for its sake.
+    #[test]
+    fn an_entry_over_the_budget_is_not_remembered_and_evicts_nothing() {
+        let budget = IdempotencyWindow::entry_bytes("u", "c1");
+        assert_eq!(
+            budget,
+            4 + 1 + 2 + ENTRY_OVERHEAD_BYTES,
+            "length prefix, uid, key"
+        );
+        let mut w = IdempotencyWindow::new(IdempotencyConfig {
+            max_entries: 100,
+            ttl_s: 10,
+            budget_bytes: budget,
+        })
+        .unwrap();
+        assert_eq!(w.insert("u", "c1", ids(1), 0), None);
+        assert_eq!((w.len(), w.bytes()), (1, budget), "exactly the budget fits");
+        assert_eq!(w.insert("u", "c1", ids(9), 0), Some(ids(1)));
+        // one byte more than the whole window
+        assert_eq!(w.insert("u", "c22", ids(2), 0), None);
+        assert_eq!(w.get("u", "c22", 0), None, "not remembered");
+        assert_eq!(
+            w.insert("u", "c22", ids(3), 0),
+            None,
+            "a resend commits again"
+        );
+        assert_eq!(w.get("u", "c1", 0), Some(ids(1)), "nothing evicted for it");
+        assert_eq!((w.len(), w.bytes()), (1, budget));
+        // an entry of the same cost replaces the oldest
+        assert_eq!(w.insert("u", "c3", ids(3), 0), None);
+        assert_eq!(w.get("u", "c1", 0), None);
+        assert_eq!((w.len(), w.bytes()), (1, budget));
+    }
+
+    /// A refill keeps the log's records younger than `ttl_s` at `now_s` (a record
+    /// exactly `ttl_s` old is not taken), marked recovered until delivered;
+    /// `refill_done` expires what aged meanwhile and counts what is left.
+    #[test]
+    fn refill_keeps_the_young_records_marked_recovered() {
+        let mut w = IdempotencyWindow::new(IdempotencyConfig {
+            max_entries: 100,
+            ttl_s: 10,
+            budget_bytes: 1 << 20,
+        })
+        .unwrap();
+        assert!(w.is_empty());
+        w.refill("u", "old", ids(1), 10, 20);
+        assert_eq!((w.len(), w.bytes()), (0, 0), "exactly ttl_s old: skipped");
+        w.refill("u", "c1", ids(2), 11, 20);
+        w.refill("u", "c2", ids(3), 15, 20);
+        assert!(!w.is_empty());
+        assert_eq!(w.len(), 2);
+        assert_eq!(
+            w.bytes(),
+            IdempotencyWindow::entry_bytes("u", "c1") + IdempotencyWindow::entry_bytes("u", "c2")
+        );
+        assert_eq!(w.refill_done(20), 2);
+        let recovered = |ids| FirstSend {
+            ids,
+            recovered: true,
+        };
+        assert_eq!(w.first_send("u", "c1", 20), Some(recovered(ids(2))));
+        w.delivered("u", "c1");
+        assert_eq!(
+            w.first_send("u", "c1", 20),
+            Some(FirstSend {
+                ids: ids(2),
+                recovered: false
+            })
+        );
+        assert_eq!(w.first_send("u", "c2", 20), Some(recovered(ids(3))));
+        // c1 (at 11) is past ttl_s at 21, c2 (at 15) at 25
+        assert_eq!(w.refill_done(21), 1);
+        assert_eq!(w.refill_done(25), 0);
+        assert!(w.is_empty());
+    }
+
     #[test]
     fn evicts_oldest_beyond_max_entries_and_by_ttl() {
         let mut w = IdempotencyWindow::new(IdempotencyConfig {

@@ -177,6 +177,43 @@ mod tests {
         }
     }
 
+    /// A millisecond holds 2^(12 - ceil(log2(shard_count))) ids of one shard; the
+    /// next one borrows the next millisecond. The fields sit where the layout says.
+    #[test]
+    fn a_millisecond_holds_the_sequence_its_shard_bits_leave() {
+        let t = ID_EPOCH_MS + 77;
+        let ms = |id: i64| (id as u64) >> (NODE_BITS + LOW_BITS);
+        for (shards, per_ms) in [(1usize, 4096), (2, 2048), (3, 1024), (4, 1024), (5, 512)] {
+            let mut g = MessageIdGen::new(5, shards - 1, shards).unwrap();
+            let ids: Vec<i64> = (0..=per_ms).map(|_| g.next_id(t).unwrap()).collect();
+            assert!(ids[..per_ms].iter().all(|&id| ms(id) == 77), "{shards}");
+            assert_eq!(ids[per_ms - 1] - ids[0], per_ms as i64 - 1, "{shards}");
+            assert_eq!(ms(ids[per_ms]), 78, "{shards}: borrows the next ms");
+        }
+        let mut g = MessageIdGen::new(5, 1, 2).unwrap();
+        assert_eq!(g.next_id(t), Some((77 << 22) | (5 << 12) | (1 << 11)));
+        let mut g = MessageIdGen::new(5, 255, 256).unwrap();
+        assert_eq!(g.next_id(t), Some((77 << 22) | (5 << 12) | (255 << 4)));
+        assert_eq!(g.next_id(t), Some((77 << 22) | (5 << 12) | (255 << 4) | 1));
+    }
+
+    /// A restarted generator continues at the very next id of the one it resumes
+    /// after (same millisecond, next sequence), the clock being behind.
+    #[test]
+    fn resuming_continues_at_the_next_sequence_number() {
+        let t = ID_EPOCH_MS + 10_000;
+        for (shard, shards) in [(0usize, 1usize), (1, 2), (2, 3)] {
+            let mut before = MessageIdGen::new(9, shard, shards).unwrap();
+            let mut last = 0;
+            for _ in 0..100 {
+                last = before.next_id(t).unwrap();
+            }
+            let mut after = MessageIdGen::new(9, shard, shards).unwrap();
+            after.resume_after(last);
+            assert_eq!(after.next_id(t - 1_000), Some(last + 1), "{shard}/{shards}");
+        }
+    }
+
     #[test]
     fn resuming_after_a_restart_with_the_clock_behind_keeps_ids_increasing() {
         let t = ID_EPOCH_MS + 10_000_000;

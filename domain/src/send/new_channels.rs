@@ -134,6 +134,24 @@ mod tests {
         assert!(!g.admit(wide, 23, u64::MAX));
     }
 
+    /// Once the ring is full, each newly admitted channel replaces the oldest one it
+    /// remembers, slot after slot.
+    #[test]
+    fn the_ring_forgets_the_oldest_channel_first() {
+        let limits = NewChannelLimits {
+            per_s: 1,
+            burst: 5,
+            recent: 2,
+        };
+        let mut g = NewChannelGate::default();
+        assert!((1..=5).all(|c| g.admit(limits, c, 0)), "the whole burst");
+        // the bucket is empty: only the last two (4, 5) are free
+        assert!(g.admit(limits, 4, 0));
+        assert!(g.admit(limits, 5, 0));
+        assert!(!g.admit(limits, 3, 0));
+        assert!(!g.admit(limits, 2, 0));
+    }
+
     #[test]
     fn zero_rate_means_no_limit_and_zero_recent_remembers_nothing() {
         let mut g = NewChannelGate::default();

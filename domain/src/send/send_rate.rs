@@ -254,6 +254,48 @@ mod tests {
         assert!(r.len() <= 4);
     }
 
+    /// A uid is idle the instant its bucket is full again (`tat == now`): a full
+    /// table evicts it for a new uid then.
+    #[test]
+    fn a_uid_is_idle_the_instant_its_bucket_is_full() {
+        let mut r = SendRate::new(SendRateLimits {
+            uids_max: 1,
+            ..LIMITS
+        });
+        assert_eq!(r.admit("a", S), Verdict::Admit);
+        assert_eq!(r.admit("b", S + 500 * MS), Verdict::Admit);
+        assert_eq!(r.len(), 1);
+    }
+
+    /// With `uids_max` 16 a pass must free 16 / 8 = 2 entries not to back off:
+    /// freeing 1 backs off for one refill time (1.5 s), freeing 2 does not.
+    #[test]
+    fn a_pass_backs_off_when_it_frees_fewer_than_an_eighth() {
+        let limits = SendRateLimits {
+            uids_max: 16,
+            ..LIMITS
+        };
+        for (idle, z) in [(1, Verdict::TableFull), (2, Verdict::Admit)] {
+            let mut r = SendRate::new(limits);
+            for i in 0..16 {
+                // the first `idle` uids send once (busy until S + 0.5 s), the others
+                // three times (busy until S + 1.5 s)
+                for _ in 0..if i < idle { 1 } else { 3 } {
+                    assert_eq!(r.admit(&format!("u{i}"), S), Verdict::Admit);
+                }
+            }
+            assert_eq!(r.admit("x", S + 600 * MS), Verdict::Admit);
+            assert_eq!(r.len(), 16 - idle + 1);
+            for k in 1..idle {
+                assert_eq!(r.admit(&format!("y{k}"), S + 600 * MS), Verdict::Admit);
+            }
+            assert_eq!(r.len(), 16);
+            // at S + 1.5 s every uid is idle: swept at once, unless the pass at
+            // S + 0.6 s backed off (until S + 2.1 s)
+            assert_eq!(r.admit("z", S + 1_500 * MS), z, "{idle} freed");
+        }
+    }
+
     /// A pass that frees at least `uids_max / 8` entries does not back off: the next
     /// full table is swept at once.
     #[test]

@@ -112,6 +112,25 @@ unsafe impl Allocator for HugePages {
 mod tests {
     use super::*;
 
+    /// A zero-sized block is empty and aligned as asked (a slice of zero-sized or
+    /// over-aligned elements reads through it), never handed to the backing
+    /// allocator, so freeing it is a no-op.
+    #[test]
+    fn zero_sized_blocks_are_empty_and_aligned() {
+        for align in [1, 8, 64, 4096] {
+            let layout = Layout::from_size_align(0, align).unwrap();
+            for block in [
+                HugePages.allocate(layout).unwrap(),
+                HugePages.allocate_zeroed(layout).unwrap(),
+            ] {
+                assert_eq!(block.len(), 0);
+                assert_eq!(block.cast::<u8>().as_ptr() as usize % align, 0, "{align}");
+                // SAFETY: a block of ours with this layout.
+                unsafe { HugePages.deallocate(block.cast(), layout) };
+            }
+        }
+    }
+
     #[test]
     fn vectors_and_boxes_keep_their_values_across_growth() {
         let mut v = allocator_api2::vec::Vec::new_in(HugePages);
