@@ -66,6 +66,17 @@ fn lookup(a: &Authority, target: Target, uid: &str) -> Result<Vec<u64>, Authorit
     Ok(eps.iter().map(|e| e.session_id).collect())
 }
 
+/// A whole handover in one batch for `target`: `routes`, no tombstones.
+fn one_batch(target: Target, routes: Vec<Route>) -> HandoverBatch {
+    HandoverBatch {
+        target,
+        routes,
+        tombstones: Vec::new(),
+        batch: 0,
+        batches: 1,
+    }
+}
+
 fn register(a: &mut Authority, view: &ClusterView, r: Route) {
     let t = view.target_for_uid(&r.uid);
     let out = a.register_route(&t, r, T0).unwrap();
@@ -237,13 +248,7 @@ fn a_batch_that_comes_before_its_view_is_kept_and_applied_at_install() {
 fn batches_kept_for_a_view_are_bounded_and_dropped_after_the_wait() {
     let mut p = moved_pair();
     let new = p.moved.target_for_slot(p.slot);
-    let batch = |routes: Vec<Route>| HandoverBatch {
-        target: new,
-        routes,
-        tombstones: Vec::new(),
-        batch: 0,
-        batches: 1,
-    };
+    let batch = |routes: Vec<Route>| one_batch(new, routes);
     let (a, _) = p.uids.clone();
     let four: Vec<Route> = (0..4).map(|i| route(&a, 20 + i)).collect();
     assert_eq!(
@@ -270,13 +275,7 @@ fn a_batch_for_an_older_identity_of_another_leader_is_refused() {
     let back = p.moved.with_leaders(2, &[(p.slot, 1)]);
     assert!(p.one.apply_view(&p.moved, 1, T0));
     assert!(p.one.apply_view(&back, 1, T0));
-    let old = HandoverBatch {
-        target: p.moved.target_for_slot(p.slot),
-        routes: vec![],
-        tombstones: vec![],
-        batch: 0,
-        batches: 1,
-    };
+    let old = one_batch(p.moved.target_for_slot(p.slot), vec![]);
     assert_eq!(
         p.one.take_handover(old, T0),
         Err(AuthorityError::StaleTarget)
@@ -430,13 +429,7 @@ fn kept_batches_count_tombstones_and_an_install_takes_only_its_slots() {
         boot_id: 77,
         session_id: 99,
     };
-    let empty = |target| HandoverBatch {
-        target,
-        routes: vec![],
-        tombstones: vec![],
-        batch: 0,
-        batches: 1,
-    };
+    let empty = |target| one_batch(target, vec![]);
     let tombs = HandoverBatch {
         tombstones: vec![(id.clone(), 1), (id.clone(), 2)],
         ..empty(new)
@@ -502,16 +495,11 @@ fn a_batch_for_another_leader_at_the_installed_term_is_refused() {
     let mut p = moved_pair();
     assert!(p.two.apply_view(&p.moved, 2, T0));
     let mine = p.moved.target_for_slot(p.slot);
-    let batch = HandoverBatch {
-        target: Target {
-            leader_node_id: 1,
-            ..mine
-        },
-        routes: vec![],
-        tombstones: vec![],
-        batch: 0,
-        batches: 1,
+    let other = Target {
+        leader_node_id: 1,
+        ..mine
     };
+    let batch = one_batch(other, vec![]);
     assert_eq!(
         p.two.take_handover(batch, T0),
         Err(AuthorityError::StaleTarget)
@@ -629,13 +617,7 @@ fn a_kept_batch_lives_handover_wait_s() {
     let mut p = moved_pair();
     let new = p.moved.target_for_slot(p.slot);
     let (a, _) = p.uids.clone();
-    let batch = |routes: Vec<Route>| HandoverBatch {
-        target: new,
-        routes,
-        tombstones: Vec::new(),
-        batch: 0,
-        batches: 1,
-    };
+    let batch = |routes: Vec<Route>| one_batch(new, routes);
     let four: Vec<Route> = (0..4).map(|i| route(&a, 20 + i)).collect();
     assert_eq!(
         p.two.take_handover(batch(four), T0),

@@ -364,14 +364,19 @@ impl Authority {
         let room = (self.cfg.max_fence_records_per_slot).saturating_sub(r.tombstones.len());
         r.tombstones.extend(batch.tombstones.into_iter().take(room));
         if r.received.len() >= batch.batches as usize {
-            let r = self.relays.swap_remove(i);
-            self.stats.handovers_relayed += 1;
-            self.hand_over(Handover {
-                target: r.to,
-                routes: r.routes,
-                tombstones: r.tombstones,
-            });
+            self.hand_on(i);
         }
+    }
+
+    /// Relay `i` is handed over to its slot's newest leader with what it has.
+    fn hand_on(&mut self, i: usize) {
+        let r = self.relays.swap_remove(i);
+        self.stats.handovers_relayed += 1;
+        self.hand_over(Handover {
+            target: r.to,
+            routes: r.routes,
+            tombstones: r.tombstones,
+        });
     }
 
     /// A slot not installed here moved on to `to`: a relay of it follows; batches
@@ -461,13 +466,7 @@ impl Authority {
         let mut i = 0;
         while i < self.relays.len() {
             if now_s >= self.relays[i].until_s {
-                let r = self.relays.swap_remove(i);
-                self.stats.handovers_relayed += 1;
-                self.hand_over(Handover {
-                    target: r.to,
-                    routes: r.routes,
-                    tombstones: r.tombstones,
-                });
+                self.hand_on(i);
             } else {
                 i += 1;
             }
