@@ -222,6 +222,12 @@ fn a_slot_move_hands_its_routes_to_the_new_leader(backend: Backend) {
     let body = json!({"hash_slots": [slot], "leader_node_id": 2});
     let (status, reply) = api(cluster.node(1), "/cluster/slots/leader", body);
     assert_eq!(status, 200, "{reply}");
+    let moved = &reply["slots"][slot as usize];
+    assert_eq!(
+        (&moved["leader_node_id"], &moved["from_node_id"]),
+        (&json!(2), &json!(1)),
+        "the view names the node the move took the slot from"
+    );
     ca.send(&b, 1, 1, "h-1", b"right after the move", true)
         .unwrap();
     assert_eq!(next_sendack(&mut ca).3, 1);

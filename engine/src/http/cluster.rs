@@ -404,6 +404,7 @@ impl Api {
                 let t = view.target_for_slot(s);
                 json!({"hash_slot": s, "slot_id": t.slot_id, "leader_node_id": t.leader_node_id,
                        "leader_term": t.leader_term, "config_epoch": t.config_epoch,
+                       "from_node_id": view.slots[s as usize].from_node_id,
                        "home_node_id": view.home_node(s)})
             })
             .collect();
