@@ -636,3 +636,23 @@ fn a_kept_batch_lives_handover_wait_s() {
         Ok(HandoverOutcome::Kept)
     );
 }
+
+/// A slot taken from a node the driver finds unreachable stops waiting for its
+/// handover at once; waits for other nodes' handovers go on.
+#[test]
+fn waits_for_an_unreachable_node_end_at_once() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    assert_eq!(p.two.end_waits_from(3), 0, "not waiting for node 3");
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    assert_eq!(p.two.end_waits_from(1), 1);
+    assert!(!p.two.is_waiting_for_handover(p.slot));
+    let t = p.moved.target_for_slot(p.slot);
+    assert_eq!(
+        lookup(&p.two, t, &p.uids.0),
+        Ok(vec![]),
+        "served from what it has"
+    );
+    assert_eq!(p.two.stats().handover_waits_expired, 1);
+}

@@ -1918,8 +1918,9 @@ mod planner_tests {
         let due = rig.p.next_retry_at_ms().expect("a retry is due");
         assert_eq!(due, opened_ms + rig.limits.rebuild_retry_interval_ms);
         assert_eq!(rig.p.groups_awaiting_retry(), 1);
-        let (_, _, pushes, again) = rig.pump();
+        let (_, work, pushes, again) = rig.pump();
         assert!(pushes.is_empty());
+        assert_eq!(work, 1, "a group asked again is work");
         assert_eq!(again.len(), 1, "asked again at its time");
         assert_eq!(again[0].uids, l.uids);
         assert!(rig
@@ -1938,6 +1939,39 @@ mod planner_tests {
             ),
             (1, 0, 0)
         );
+    }
+
+    /// A page behind the head asks its own rebuilding group again (its own
+    /// recipients) while the head still waits for its reply; pushes keep page
+    /// order.
+    #[test]
+    fn a_rebuilding_page_behind_the_head_asks_again_for_its_own_recipients() {
+        let first = delivery(1, led_by(2, "b", 1));
+        let second = delivery(2, led_by(3, "c", 1));
+        let mut rig = Rig::new(vec![first, second]);
+        rig.limits.lookup_pages_in_flight_max = 2;
+        let (_, _, _, lookups) = rig.pump();
+        let (head, behind) = (&lookups[0], &lookups[1]);
+        assert_eq!((head.message_id, behind.message_id), (1, 2));
+        let rebuilding = LookupReply::Found {
+            endpoints: vec![],
+            results: vec![Err(AuthorityError::Rebuilding)],
+        };
+        assert!(rig.p.on_lookup_reply(behind.lookup_id, rebuilding));
+        rig.pump();
+        let (_, _, pushes, again) = rig.pump();
+        assert!(pushes.is_empty(), "the head still waits");
+        assert_eq!(
+            (again.len(), again[0].message_id, again[0].uids.clone()),
+            (1, 2, led_by(3, "c", 1))
+        );
+        assert!(rig.p.on_lookup_reply(head.lookup_id, found(head, &[])));
+        assert!(rig
+            .p
+            .on_lookup_reply(again[0].lookup_id, found(&again[0], &[])));
+        let (_, _, pushes, _) = rig.pump();
+        let order: Vec<i64> = pushes.iter().map(|p| p.1).collect();
+        assert_eq!(order, vec![1, 2]);
     }
 
     /// A local group whose authority rebuilds waits the same way (the local

@@ -1118,6 +1118,14 @@ impl World {
             let old = std::mem::replace(&mut shard.view, joined.clone());
             shard.reg.queue_rebuild(&old, &joined, now_ms);
             self.hand_over((node, s as ShardId));
+            // As the node: a slot taken from a node it cannot reach waits for no
+            // handover.
+            let down: Vec<NodeId> = (self.nodes.iter().map(|n| n.id))
+                .filter(|&p| p != node && self.link_down(node, p))
+                .collect();
+            for p in down {
+                self.shard_mut((node, s as ShardId)).auth.end_waits_from(p);
+            }
         }
         let peers: Vec<NodeId> = self
             .nodes

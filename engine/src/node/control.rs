@@ -85,6 +85,11 @@ impl NodeShard {
         self.authority
             .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
         self.send_handovers(cx);
+        // A slot taken from a node this shard cannot reach waits for no handover.
+        let down: Vec<crate::cluster::NodeId> = self.peers.down_nodes().collect();
+        for node in down {
+            self.authority.end_waits_from(node);
+        }
         let old = std::mem::replace(&mut self.view, view.clone());
         let queued = self.registry.queue_rebuild(&old, view, cx.now_ms());
         if queued > 0 {

@@ -324,6 +324,13 @@ impl Peers {
         })
     }
 
+    /// The peers this shard's link to is not up.
+    pub fn down_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        (self.links.iter())
+            .filter(|l| !matches!(l.link.state(), proto::rpc::link::LinkState::Up { .. }))
+            .map(|l| l.node)
+    }
+
     fn is_outbound(&self, conn: ConnId) -> Option<usize> {
         self.links.iter().position(|l| l.conn == Some(conn))
     }
@@ -395,8 +402,12 @@ impl NodeShard {
         l.conn = None;
         l.out.clear();
         l.link.on_closed(now_ms, jitter, &mut peers.failed);
+        let node = l.node;
         self.metrics.rpc_link_closes.inc();
         self.publish_peer_links();
+        // Its handovers will not come on this link: the slots that wait for them
+        // serve from what they have (the gateways' rebuild), now.
+        self.authority.end_waits_from(node);
     }
 
     fn publish_peer_links(&self) {

@@ -42,7 +42,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::cluster::{HashSlot, Target};
+use crate::cluster::{HashSlot, NodeId, Target};
 use crate::presence::route::{AuthorityError, OwnerSeq, Route, RouteIdentity};
 
 use super::{Authority, SlotWriter};
@@ -133,6 +133,8 @@ pub enum HandoverOutcome {
 /// A slot installed waiting for its handover.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Waiting {
+    /// The node the slot was taken from, whose handover is awaited.
+    from: NodeId,
     /// The wait ends at this second whatever came.
     until_s: u64,
     /// The batch numbers applied so far (distinct: a repeated batch counts once).
@@ -203,9 +205,10 @@ impl Authority {
     /// Starts the wait for `target`'s handover (just installed, from another node's
     /// leadership) and applies the batches kept for it; drops kept batches of
     /// older identities of its slot.
-    pub(super) fn begin_waiting(&mut self, target: Target, now_s: u64) {
+    pub(super) fn begin_waiting(&mut self, target: Target, from: NodeId, now_s: u64) {
         let s = target.hash_slot as usize;
         self.waiting[s] = Some(Waiting {
+            from,
             until_s: now_s.saturating_add(self.cfg.handover_wait_s),
             received: BTreeSet::new(),
         });
@@ -479,6 +482,22 @@ impl Authority {
         if self.kept.batches.len() != before {
             self.kept.routes = self.kept.batches.iter().map(|(_, b)| b.items()).sum();
         }
+    }
+
+    /// Ends every wait for a handover from `node` (the driver found it unreachable:
+    /// its handover will not come, and waiting out `handover_wait_s` would only
+    /// hold deliveries). Returns the waits ended; each is counted in
+    /// `handover_waits_expired`.
+    pub fn end_waits_from(&mut self, node: NodeId) -> usize {
+        let mut ended = 0;
+        for s in 0..self.waiting.len() {
+            if self.waiting[s].as_ref().is_some_and(|w| w.from == node) {
+                self.stats.handover_waits_expired += 1;
+                self.end_waiting(s as HashSlot);
+                ended += 1;
+            }
+        }
+        ended
     }
 
     /// Whether `hash_slot`'s lookups wait for its handover.

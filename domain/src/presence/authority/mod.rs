@@ -1894,7 +1894,7 @@ impl Authority {
                 );
                 match inherited {
                     Some((old, waiting)) if fresh => self.inherit_wait(old, waiting),
-                    _ if fresh && wait => self.begin_waiting(target, now_s),
+                    _ if fresh && wait => self.begin_waiting(target, from, now_s),
                     _ => {}
                 }
                 if let (true, Some(routes)) = (fresh, kept) {
