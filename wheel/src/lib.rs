@@ -817,6 +817,75 @@ mod check_invariants_tests {
     }
 }
 
+/// Limits, placement edges and messages.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One `u32` index value is left for the free list's terminator.
+    #[test]
+    fn max_timers_leaves_the_free_list_terminator_out() {
+        assert_eq!(MAX_TIMERS_LIMIT, NIL as usize - 1);
+        let w = TimerWheel::<u8>::new(0, usize::MAX);
+        assert_eq!(w.max_timers(), u32::MAX as usize - 1);
+    }
+
+    /// A timer 63 ticks ahead sits in level 0 (its window covers it), so the
+    /// next deadline is exact.
+    #[test]
+    fn a_timer_63_ticks_ahead_is_placed_exactly() {
+        for now in [0, 5, 1_000] {
+            let mut w = TimerWheel::new(now, 4);
+            w.insert(now + 63, ()).unwrap();
+            assert_eq!(w.next_deadline(), Some(now + 63), "{now}");
+            w.advance(now + 63, |_, _, ()| {});
+            assert_eq!((w.stats().fired, w.stats().recascaded), (1, 0));
+        }
+    }
+
+    /// Reserving on a wheel whose slab holds free slots (more slots than live
+    /// timers) asks for nothing and breaks nothing.
+    #[test]
+    fn reserve_with_free_slots_in_the_slab() {
+        let mut w = TimerWheel::new(0, 8);
+        let hs: Vec<_> = (0..4).map(|i| w.insert(10 + i, i).unwrap()).collect();
+        for &h in &hs[1..] {
+            w.cancel(h);
+        }
+        w.reserve(0);
+        w.reserve(2);
+        w.insert(20, 9).unwrap();
+        w.check_invariants().unwrap();
+        assert_eq!(w.len(), 2);
+    }
+
+    #[test]
+    fn the_default_wheel_starts_at_tick_0_with_2_pow_20_timers() {
+        let mut w = TimerWheel::default();
+        assert_eq!((w.now(), w.max_timers()), (0, 1 << 20));
+        assert!(w.insert(1, ()).is_ok());
+    }
+
+    /// Debug shows the clock, the count and the limit (panics and logs print it).
+    #[test]
+    fn debug_shows_the_clock_and_the_counts() {
+        let mut w = TimerWheel::new(5, 9);
+        w.insert(7, ()).unwrap();
+        let shown = format!("{w:?}");
+        assert!(shown.starts_with("TimerWheel {"), "{shown}");
+        assert!(shown.contains("now: 5, len: 1, max_timers: 9"), "{shown}");
+    }
+
+    #[test]
+    fn a_full_wheel_says_so() {
+        assert_eq!(format!("{:?}", TimerFull(String::new())), "TimerFull(..)");
+        assert_eq!(
+            TimerFull(()).to_string(),
+            "timer wheel full (max_timers live timers)"
+        );
+    }
+}
+
 /// The work counters `/metrics` exports (through the authority's expiry passes).
 #[cfg(test)]
 mod stats_tests {
@@ -853,5 +922,41 @@ mod stats_tests {
         assert_eq!(counts(&w), (4, 5, 4, 1));
         w.reset_stats();
         assert_eq!(counts(&w), (0, 0, 0, 0));
+    }
+
+    /// A top-level pass drains the clamp bucket (`now_slot + 63`) first: a clamped
+    /// timer recascaded into it from another due bucket is not visited twice.
+    #[test]
+    fn a_top_level_pass_drains_the_clamp_bucket_first() {
+        const TOP: u64 = 1 << 24; // the top level's granularity
+        let mut w = TimerWheel::new(TOP, 16);
+        // Beyond the window: clamped into slot 1 + 63 = 64, bucket 0.
+        let far = w.insert(1 << 40, 1 << 40).unwrap();
+        w.advance(2 * TOP, |_, _, _| panic!("nothing is due"));
+        // Slot 65 (bucket 1), within the window at slot 2.
+        w.insert(65 * TOP, 65 * TOP).unwrap();
+        w.reset_stats();
+        let mut fired = Vec::new();
+        // At slot 66 every top bucket is due; the clamp bucket is 66 + 63 = 129,
+        // bucket 1: drained first, it fires 65 * TOP; then bucket 0's clamped timer
+        // moves into it, and stays.
+        w.advance(66 * TOP, |_, _, v| fired.push(v));
+        assert_eq!(fired, vec![65 * TOP]);
+        assert_eq!(counts(&w), (2, 2, 1, 1));
+        assert_eq!(w.deadline(far), Some(1 << 40));
+        w.check_invariants().unwrap();
+    }
+
+    /// A top-level pass whose clamp bucket is not due leaves it alone.
+    #[test]
+    fn a_top_level_pass_visits_the_clamp_bucket_only_when_due() {
+        const TOP: u64 = 1 << 24;
+        let mut w = TimerWheel::new(2 * TOP, 16);
+        // 8 top slots ahead: level 8, bucket 10; the clamp bucket at slot 10 is 9.
+        w.insert(10 * TOP, 10).unwrap();
+        let mut fired = Vec::new();
+        w.advance(10 * TOP, |_, _, v| fired.push(v));
+        assert_eq!(fired, vec![10]);
+        assert_eq!(counts(&w), (1, 1, 1, 0));
     }
 }
