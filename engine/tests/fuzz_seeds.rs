@@ -13,7 +13,7 @@
 //! The constants mirror the fuzz target's (its node, peer, key, nonces, bounds).
 
 use engine::activation::AuthorityRequest;
-use engine::authority::TouchAnswer;
+use engine::authority::{HandoverBatch, TouchAnswer};
 use engine::channel::Channel;
 use engine::cluster::ClusterView;
 use engine::node::wire::{self, Bounds, OneWayRef, Reply, Request};
@@ -139,6 +139,16 @@ fn bodies() -> Vec<(Kind, Vec<u8>)> {
             groups: vec![(target, 0..2)],
             uids: vec![Uid::from("u1"), Uid::from("u2")],
         },
+        Request::Handover(HandoverBatch {
+            target: engine::cluster::Target {
+                leader_node_id: ME.node_id,
+                ..target
+            },
+            routes: vec![route(PEER, session)],
+            tombstones: vec![(identity(PEER), 3)],
+            batch: 0,
+            batches: 1,
+        }),
     ];
     let mut bodies: Vec<(Kind, Vec<u8>)> =
         requests.iter().map(|r| (r.kind(), encoded(r))).collect();
@@ -159,6 +169,7 @@ fn bodies() -> Vec<(Kind, Vec<u8>)> {
             endpoints: Vec::new(),
             results: vec![Ok(0..0)],
         },
+        Reply::Handover(Ok(())),
     ];
     bodies.extend(replies.iter().map(|r| (Kind::Reply, encoded(r))));
     bodies
