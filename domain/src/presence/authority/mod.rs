@@ -139,7 +139,8 @@ pub struct AuthorityConfig {
     /// How long a hash slot gained from another node waits for that node's
     /// handover of its routes, its lookups answering `Rebuilding` meanwhile
     /// (`handover` module). 0: no wait (lookups answer from the table at once,
-    /// "offline" until the gateways' rebuild reaches it).
+    /// "offline" until the gateways' rebuild reaches it), and a move of a slot to
+    /// the node that leads it starts it empty: the node before handovers.
     pub handover_wait_s: u64,
     /// Routes and tombstones of handover batches kept for identities not
     /// installed yet.
@@ -1882,7 +1883,8 @@ impl Authority {
                 // routes (taken from another node, they are that node's to give),
                 // and goes on waiting if the old one still did.
                 let old = self.slots[s].as_ref().map(|w| w.target);
-                let old = old.filter(|t| *t != target && from == local_node_id);
+                let handovers = self.cfg.handover_wait_s > 0;
+                let old = old.filter(|t| *t != target && from == local_node_id && handovers);
                 let kept = old.map(|_| self.active_routes(s as HashSlot));
                 let inherited = old.and_then(|o| Some((o, self.take_wait(s)?)));
                 let wait = wait || inherited.is_some();
