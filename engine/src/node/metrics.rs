@@ -159,8 +159,9 @@ shard_metrics! {
     handover_batches_refused,
     /// Routes applied from handovers of hash slots this node gained.
     handover_routes,
-    /// Waits for a handover that ended at `[authority] handover_wait_s` rather
-    /// than with the handover.
+    /// Waits for a handover that ended at `[authority] handover_wait_s`, or at
+    /// once because the old leader was unreachable, rather than with the
+    /// handover.
     handover_waits_expired,
     /// Handovers of slots lost while they still waited for their own, sent once
     /// it came (or the wait ran out).

@@ -290,12 +290,7 @@ impl Authority {
             self.stats.handovers_ignored += 1;
             return Ok(HandoverOutcome::Applied { done: true });
         }
-        let (w, dir, cfg, log) = self.slot_mut(&batch.target)?;
-        for r in &batch.routes {
-            if slots::hash_slot(r.uid.as_bytes()) == batch.target.hash_slot {
-                let _ = w.touch_one(dir, cfg, log, r, now_s);
-            }
-        }
+        self.touch_in(batch.target, &batch.routes, now_s)?;
         self.stats.handover_routes += batch.routes.len() as u64;
         let Some(waiting) = self.waiting[s].as_mut() else {
             unreachable!("checked above");
@@ -312,12 +307,25 @@ impl Authority {
     /// one (a move of the slot to the node that leads it: a new term, the same
     /// routes).
     pub(super) fn carry_over(&mut self, target: Target, routes: &[Route], now_s: u64) {
-        let Ok((w, dir, cfg, log)) = self.slot_mut(&target) else {
-            return;
-        };
+        let _ = self.touch_in(target, routes, now_s);
+    }
+
+    /// Touches `routes` of `target`'s slot into its installed identity (rules
+    /// 14–17); a route of another slot is skipped. `slot_mut`'s error when
+    /// `target` is not the installed identity.
+    fn touch_in(
+        &mut self,
+        target: Target,
+        routes: &[Route],
+        now_s: u64,
+    ) -> Result<(), AuthorityError> {
+        let (w, dir, cfg, log) = self.slot_mut(&target)?;
         for r in routes {
-            let _ = w.touch_one(dir, cfg, log, r, now_s);
+            if slots::hash_slot(r.uid.as_bytes()) == target.hash_slot {
+                let _ = w.touch_one(dir, cfg, log, r, now_s);
+            }
         }
+        Ok(())
     }
 
     /// Slot `s` (installed as `from`) is lost to `to`: handed over at once, or

@@ -353,7 +353,8 @@ pub struct AuthorityStats {
     pub filter_rebuilds: u64,
     /// Routes applied from handovers of hash slots this writer gained.
     pub handover_routes: u64,
-    /// Waits for a handover ended by `handover_wait_s` rather than by the
+    /// Waits for a handover ended by `handover_wait_s`, or because its old
+    /// leader was unreachable (`Authority::end_waits_from`), rather than by the
     /// handover (its lookups then answered from the gateways' rebuild alone).
     pub handover_waits_expired: u64,
     /// Handovers of slots lost while they waited for their own, sent once it
