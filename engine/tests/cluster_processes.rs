@@ -48,6 +48,30 @@ fn logged_in(p: &Processes, node: u64, uid: &str) -> Client {
     client
 }
 
+/// Logins of a test's set-up, right after [`start_ready`]: CI saw one of them
+/// answered CONNACK 15 (one request failure on the gateway's shard, every link up,
+/// not reproduced in 1,200 local runs). A set-up login so refused is tried again
+/// (at most [`SETUP_LOGIN_TRIES`] times), each refusal printed with the node's
+/// metrics and logs (the harness logs the links and hops at debug level), so the
+/// test goes on to what it checks and the cause is on record.
+fn logged_in_at_start(p: &Processes, node: u64, uid: &str) -> Client {
+    for attempt in 1..SETUP_LOGIN_TRIES {
+        let (client, reason) = login(p, node, uid);
+        if reason == 1 {
+            return client;
+        }
+        eprintln!("set-up login of {uid} on node {node}: CONNACK {reason} (try {attempt})");
+        let log = p.log(node);
+        let lines: Vec<&str> = log.lines().collect();
+        eprintln!("{}", lines[lines.len().saturating_sub(80)..].join("\n"));
+        p.print_cluster_metrics(node);
+    }
+    logged_in(p, node, uid)
+}
+
+/// Tries of a set-up login ([`logged_in_at_start`]).
+const SETUP_LOGIN_TRIES: u32 = 3;
+
 /// The next SENDACK's `(client_seq, reason)`.
 fn sendack(c: &mut Client) -> (u32, u8) {
     let (client_seq, _, _, reason) = next_sendack(c);
@@ -521,10 +545,10 @@ fn kill9_mid_load_then_drill_then_restart() {
     let mut p = start_ready();
     let cast = Cast::choose(&p);
     let boot_before = own_boot_id(&p, VICTIM);
-    let a = logged_in(&p, 1, &cast.a);
-    let b = logged_in(&p, 2, &cast.b);
-    let mut d_old = logged_in(&p, VICTIM, &cast.d);
-    let mut g = logged_in(&p, 2, &cast.g);
+    let a = logged_in_at_start(&p, 1, &cast.a);
+    let b = logged_in_at_start(&p, 2, &cast.b);
+    let mut d_old = logged_in_at_start(&p, VICTIM, &cast.d);
+    let mut g = logged_in_at_start(&p, 2, &cast.g);
 
     // Mid-load: a on node 1 → b on node 2; the victim dies between windows.
     let stop = Arc::new(AtomicBool::new(false));
@@ -660,7 +684,7 @@ fn a_node_that_comes_up_is_dialed_back_at_once() {
 fn a_client_of_the_killed_node_reconnects_elsewhere() {
     let mut p = start_ready();
     let cast = Cast::choose(&p);
-    let _d_old = logged_in(&p, VICTIM, &cast.d);
+    let _d_old = logged_in_at_start(&p, VICTIM, &cast.d);
     p.kill9(VICTIM);
     drill(&mut p);
     let (_d, reason) = login(&p, 1, &cast.d);
@@ -683,8 +707,8 @@ fn sessions_whose_authority_died_are_rebuilt_after_the_drill() {
     let f = find_uid("kill-f", |u| {
         p.authority_of(u) == VICTIM && p.home_of(&cast.a, u, 1) != VICTIM
     });
-    let mut a = logged_in(&p, 1, &cast.a);
-    let mut cf = logged_in(&p, 2, &f);
+    let mut a = logged_in_at_start(&p, 1, &cast.a);
+    let mut cf = logged_in_at_start(&p, 2, &f);
     p.kill9(VICTIM);
     drill(&mut p);
     let body = serde_json::json!([f]).to_string();

@@ -32,6 +32,10 @@ pub const SHARDS: usize = 2;
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Lines of each log printed when a test fails.
 const LOG_TAIL_LINES_MAX: usize = 60;
+/// The nodes' `RUST_LOG` when the test's is not set: the links and the hops at
+/// debug level (a request refused by its link, a link closed, a dial), the rest
+/// at info.
+const NODE_LOG_DEFAULT: &str = "info,engine::node::peers=debug,engine::node::hops=debug";
 /// The secret the three nodes share.
 pub const SECRET: &str = "processes-test-cluster-secret";
 /// The API's bearer token on the three nodes (a node with peers requires one);
@@ -137,7 +141,7 @@ impl Processes {
             .arg(self.config_path(id))
             .env(
                 "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                std::env::var("RUST_LOG").unwrap_or_else(|_| NODE_LOG_DEFAULT.into()),
             )
             .env("NO_COLOR", "1")
             .env_remove(engine::config::CLUSTER_SECRET_ENV)
@@ -278,7 +282,7 @@ impl Processes {
 
     /// The non-zero inter-node, delivery and authority series of node `id`'s
     /// `/metrics`, if it answers.
-    fn print_cluster_metrics(&self, id: u64) {
+    pub fn print_cluster_metrics(&self, id: u64) {
         let Some((200, text)) = self.get(id, "/metrics") else {
             return;
         };
