@@ -61,10 +61,7 @@ fn logged_in_at_start(p: &Processes, node: u64, uid: &str) -> Client {
             return client;
         }
         eprintln!("set-up login of {uid} on node {node}: CONNACK {reason} (try {attempt})");
-        let log = p.log(node);
-        let lines: Vec<&str> = log.lines().collect();
-        eprintln!("{}", lines[lines.len().saturating_sub(80)..].join("\n"));
-        p.print_cluster_metrics(node);
+        p.print_log_tail(node);
     }
     logged_in(p, node, uid)
 }

@@ -265,24 +265,30 @@ impl Processes {
 
     fn print_log_tails(&self) {
         for id in 1..=NODES as u64 {
-            let log = self.log(id);
-            let lines: Vec<&str> = log.lines().collect();
-            let from = lines.len().saturating_sub(LOG_TAIL_LINES_MAX);
-            eprintln!(
-                "----- node {id}: last {} lines of {} -----",
-                lines.len() - from,
-                self.log_path(id).display()
-            );
-            for l in &lines[from..] {
-                eprintln!("{l}");
-            }
-            self.print_cluster_metrics(id);
+            self.print_log_tail(id);
         }
+    }
+
+    /// The last [`LOG_TAIL_LINES_MAX`] lines of node `id`'s log, then its
+    /// non-zero cluster metrics.
+    pub fn print_log_tail(&self, id: u64) {
+        let log = self.log(id);
+        let lines: Vec<&str> = log.lines().collect();
+        let from = lines.len().saturating_sub(LOG_TAIL_LINES_MAX);
+        eprintln!(
+            "----- node {id}: last {} lines of {} -----",
+            lines.len() - from,
+            self.log_path(id).display()
+        );
+        for l in &lines[from..] {
+            eprintln!("{l}");
+        }
+        self.print_cluster_metrics(id);
     }
 
     /// The non-zero inter-node, delivery and authority series of node `id`'s
     /// `/metrics`, if it answers.
-    pub fn print_cluster_metrics(&self, id: u64) {
+    fn print_cluster_metrics(&self, id: u64) {
         let Some((200, text)) = self.get(id, "/metrics") else {
             return;
         };
