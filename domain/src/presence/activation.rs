@@ -65,7 +65,7 @@
 use crate::cluster::{ClusterView, Target};
 use crate::presence::registry::{NewSession, RegisterError, Registry, SessionHandle};
 use crate::presence::route::{
-    AuthorityError, OwnerAction, OwnerSeq, PendingToken, RegisterOutcome, Route, RouteIdentity,
+    AuthorityError, OwnerAction, OwnerSeq, PendingToken, RegisterOutcome, RouteIdentity,
 };
 
 pub use proto::wkproto::ReasonCode;
@@ -100,33 +100,7 @@ impl Default for ActivationConfig {
 )]
 pub struct ActivationId(pub u64);
 
-/// A call to the authority of one hash slot (sent to an exact [`Target`]).
-#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
-pub enum AuthorityRequest {
-    /// Register a route; answered `Result<RegisterOutcome, AuthorityError>`.
-    Register {
-        /// The session's route, with its route owner_seq and activity second.
-        route: Route,
-    },
-    /// Commit a pending candidate; answered `Result<(), AuthorityError>`.
-    Commit {
-        /// The token the `Pending` answer to the register returned.
-        token: PendingToken,
-    },
-    /// Abort a pending candidate; answered `Result<(), AuthorityError>`.
-    Abort {
-        /// The token of the candidate to remove.
-        token: PendingToken,
-    },
-    /// Remove the route of `identity`, tombstone at `owner_seq`; answered
-    /// `Result<(), AuthorityError>`. Sent from the registry's unregister queue.
-    Unregister {
-        /// The exact route to remove; another session of the uid is untouched.
-        identity: RouteIdentity,
-        /// The tombstone seq, drawn fresh when queued: above the route's owner_seq.
-        owner_seq: OwnerSeq,
-    },
-}
+pub use crate::presence::route::AuthorityRequest;
 
 /// A command for the driver, to execute in order.
 #[derive(Clone, PartialEq, Eq, Debug)]

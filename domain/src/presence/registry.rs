@@ -54,9 +54,9 @@ use std::sync::Arc;
 use slots::{hash_slot, HASH_SLOTS};
 
 use crate::cluster::{ClusterView, HashSlot, NodeId, Target};
-use crate::presence::activation::AuthorityRequest;
 use crate::presence::route::{
-    BootId, DeviceLevel, OwnerSeq, Route, RouteIdentity, SessionId, Transport, Uid,
+    AuthorityRequest, BootId, DeviceLevel, OwnerSeq, Route, RouteIdentity, SessionId, Transport,
+    Uid,
 };
 
 /// Default for [`RegistryConfig::max_sessions`].

@@ -255,6 +255,34 @@ impl std::fmt::Display for AuthorityError {
 
 impl std::error::Error for AuthorityError {}
 
+/// A call to the authority of one hash slot (sent to an exact [`Target`](crate::cluster::Target)).
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+pub enum AuthorityRequest {
+    /// Register a route; answered `Result<RegisterOutcome, AuthorityError>`.
+    Register {
+        /// The session's route, with its route owner_seq and activity second.
+        route: Route,
+    },
+    /// Commit a pending candidate; answered `Result<(), AuthorityError>`.
+    Commit {
+        /// The token the `Pending` answer to the register returned.
+        token: PendingToken,
+    },
+    /// Abort a pending candidate; answered `Result<(), AuthorityError>`.
+    Abort {
+        /// The token of the candidate to remove.
+        token: PendingToken,
+    },
+    /// Remove the route of `identity`, tombstone at `owner_seq`; answered
+    /// `Result<(), AuthorityError>`. Sent from the registry's unregister queue.
+    Unregister {
+        /// The exact route to remove; another session of the uid is untouched.
+        identity: RouteIdentity,
+        /// The tombstone seq, drawn fresh when queued: above the route's owner_seq.
+        owner_seq: OwnerSeq,
+    },
+}
+
 /// The outcome of a successful register.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum RegisterOutcome {

@@ -32,8 +32,8 @@ use slots::ShardId;
 use crate::cluster::{ClusterView, NodeId, Target};
 use crate::presence::authority::uid_hash;
 pub use crate::presence::authority::HashedGroup;
-use crate::presence::route::{AuthorityError, BootId, Endpoint, SessionId, Uid};
-use crate::send::commit::{Committed, Delivery};
+use crate::presence::route::{AuthorityError, Endpoint, SessionId, Uid};
+pub use crate::send::message::{Committed, Delivery, Sender};
 
 /// Bits of a session id below the owner shard: `session_id = shard << 48 | counter`.
 /// The owner shard of an endpoint is read from its session id, so push batches go
@@ -114,17 +114,6 @@ pub fn group_by_target(view: &ClusterView, uids: &[Uid], out: &mut TargetGroups)
     }
     out.uids
         .extend(out.order.iter().map(|&i| uids[i as usize].clone()));
-}
-
-/// The exact session that sent a message, whose own echo is suppressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Sender {
-    /// The gateway node of the sending session.
-    pub node_id: NodeId,
-    /// That node's process (boot id) when the SEND came in.
-    pub boot_id: BootId,
-    /// The sending session's id; an endpoint equal in all three fields gets no push.
-    pub session_id: SessionId,
 }
 
 /// Where a push batch goes.

@@ -8,5 +8,6 @@ pub mod delivery;
 pub mod gateway;
 pub mod idempotency;
 pub mod idgen;
+pub mod message;
 pub mod new_channels;
 pub mod send_rate;

@@ -82,7 +82,7 @@ struct Admitted {
 /// `Err` (mismatch: CONNACK 2). With `token_auth` off, the stored level or the
 /// configured default.
 pub(super) fn check_token(
-    shared: &super::NodeShared,
+    shared: &super::shared::NodeShared,
     uid: &str,
     device_flag: u8,
     token: &str,

@@ -407,7 +407,7 @@ impl LatencyHistogram {
 /// The stages of one message's path through the node (one set per shard, written by
 /// that shard only). Each message contributes to each stage at most once per push
 /// batch; timestamps are nanoseconds of the node's monotonic clock
-/// ([`super::NodeShared::mono_ns`]), read once per message or per batch.
+/// ([`super::shared::NodeShared::mono_ns`]), read once per message or per batch.
 #[derive(Debug, Default)]
 pub struct StageHistograms {
     /// CONNECT decoded → CONNACK queued: the token check, the key agreement and the

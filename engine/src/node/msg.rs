@@ -38,7 +38,7 @@ pub enum Msg {
     Push {
         message: Arc<Committed>,
         endpoints: Vec<Endpoint>,
-        /// When the commit shard handed this batch over ([`super::NodeShared::mono_ns`]).
+        /// When the commit shard handed this batch over ([`super::shared::NodeShared::mono_ns`]).
         handed_ns: u64,
     },
     /// Control (HTTP API) → every shard: close the sessions of `uid` with

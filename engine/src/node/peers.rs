@@ -744,7 +744,7 @@ impl NodeShard {
 }
 
 /// The links of shard `me` of the node `shared` describes: none on a node alone.
-pub fn new_for_shard(shared: &super::NodeShared, me: ShardId) -> Peers {
+pub fn new_for_shard(shared: &super::shared::NodeShared, me: ShardId) -> Peers {
     let cfg = &shared.config;
     let peers: Vec<(NodeId, SocketAddr)> = cfg
         .cluster

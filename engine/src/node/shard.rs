@@ -41,7 +41,7 @@ use crate::route::SessionId;
 
 use super::msg::Msg;
 use super::send::CommitSide;
-use super::NodeShared;
+use super::shared::NodeShared;
 
 pub(crate) use super::conns::{Conn, ConnState};
 

@@ -41,7 +41,7 @@ use domain::webhook::{EventKind, QueueLimits};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::config::Secret;
+use crate::config::values::Secret;
 use crate::store::LogPosition;
 
 /// The shortest time between two warnings about dropped events of one kind.
@@ -184,7 +184,7 @@ impl WebhookConfig {
                     .into(),
             );
         }
-        crate::node::at_least_one(
+        crate::config::values::at_least_one(
             "webhook",
             &[
                 ("timeout_ms", self.timeout_ms),

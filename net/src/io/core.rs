@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 
 use wheel::{TimerHandle, TimerWheel};
 
+use super::outbuf::recycle;
 use super::tls::{TlsConn, TlsServer};
 use super::ws::{self, Handshake, WsControl, WsDecoder};
 use super::{
@@ -33,20 +34,6 @@ use super::{
 const INPUT_KEEP_BYTES: usize = 4096;
 /// The TLS layer's scratch buffers keep at most this capacity between uses.
 const TLS_SCRATCH_KEEP_BYTES: usize = 64 * 1024;
-/// An output buffer whose capacity passed this is released once written, so a
-/// connection does not keep a burst's buffer.
-pub(crate) const OUTPUT_KEEP_BYTES: usize = 4096;
-
-/// Clears a written output buffer, releasing its memory when it grew past
-/// [`OUTPUT_KEEP_BYTES`].
-pub(crate) fn recycle(buf: &mut Vec<u8>) {
-    if buf.capacity() > OUTPUT_KEEP_BYTES {
-        *buf = Vec::new();
-    } else {
-        buf.clear();
-    }
-}
-
 /// The retry schedule of a listener whose accept failed for lack of resources
 /// (EMFILE, ENFILE, ENOBUFS, ENOMEM, even after the spare descriptor was used):
 /// the first retry after `initial_ms`, each next one after twice as long, at most
@@ -1489,6 +1476,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::outbuf::OUTPUT_KEEP_BYTES;
 
     /// The listener indices of [`core`].
     const TCP: usize = 0;

@@ -114,6 +114,7 @@ pub mod bufring;
 mod core;
 pub mod fd;
 mod mio_driver;
+mod outbuf;
 pub mod tls;
 mod uring_driver;
 use proto::ws;

@@ -661,7 +661,7 @@ impl TlsConn {
         // A write refused (rustls closed for writing): what is left is dropped.
         let taken = plain.len();
         self.plain = plain;
-        crate::io::core::recycle(&mut self.plain);
+        crate::io::outbuf::recycle(&mut self.plain);
         if closing && !self.close_notify_sent {
             self.close_notify_sent = true;
             self.conn.send_close_notify();

@@ -106,7 +106,7 @@ impl Groups for Catalog {
 struct TimedLookup<'a> {
     reader: &'a mut AuthorityReader,
     stages: &'a StageHistograms,
-    clock: &'a super::super::NodeShared,
+    clock: &'a super::super::shared::NodeShared,
 }
 
 impl EndpointLookup for TimedLookup<'_> {

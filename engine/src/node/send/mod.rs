@@ -72,7 +72,7 @@ pub type CommitRequest = domain::send::commit::CommitRequest<Origin>;
 /// A commit on its way to the channel's commit shard ([`super::msg::Msg::Commit`]).
 pub struct Commit {
     pub request: CommitRequest,
-    /// When the gateway decoded the SEND ([`super::NodeShared::mono_ns`]): the start
+    /// When the gateway decoded the SEND ([`super::super::shared::NodeShared::mono_ns`]): the start
     /// of the `gateway_to_commit` stage.
     pub decoded_ns: u64,
 }

@@ -22,7 +22,7 @@ use super::Committed;
 pub type PendingAcks = domain::send::acks::PendingAcks<Arc<Committed>>;
 
 /// The pending-ACK limits of `[session]`.
-fn ack_limits(s: &super::super::SessionConfig) -> domain::send::acks::AckLimits {
+fn ack_limits(s: &super::super::config::SessionConfig) -> domain::send::acks::AckLimits {
     domain::send::acks::AckLimits {
         per_session_max: s.pending_acks_per_session_max,
         shard_budget_bytes: s.pending_acks_budget_bytes_per_shard,
