@@ -15,7 +15,7 @@
 
 use net::io::{ConnId, NetDriver};
 use proto::crypto::{server_handshake, CryptoError, ServerHandshake};
-use proto::wkproto::{self, ConnackPacket, ConnectPacket, ReasonCode};
+use proto::wkproto::{self, ConnackPacket, ReasonCode};
 use rand::Rng;
 use shard::runtime::Context;
 
@@ -24,37 +24,12 @@ use crate::delivery::session_id;
 use crate::registry::NewSession;
 use crate::route::{DeviceLevel, SessionId, Uid};
 
-use super::conns::ConnState;
+use super::conn::ConnState;
 use super::msg::Pending;
-use super::msg::{Corr, Msg};
+use super::msg::{Corr, Msg, OwnedConnect};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use crate::cluster::NodeId;
-
-/// CONNECT fields copied out of the input buffer.
-pub struct OwnedConnect {
-    version: u8,
-    device_flag: u8,
-    device_id: String,
-    uid: String,
-    token: String,
-    client_timestamp_ms: i64,
-    client_key: String,
-}
-
-impl From<&ConnectPacket<'_>> for OwnedConnect {
-    fn from(c: &ConnectPacket<'_>) -> Self {
-        OwnedConnect {
-            version: c.version,
-            device_flag: c.device_flag.0,
-            device_id: c.device_id.to_owned(),
-            uid: c.uid.to_owned(),
-            token: c.token.to_owned(),
-            client_timestamp_ms: c.client_timestamp_ms,
-            client_key: c.client_key.to_owned(),
-        }
-    }
-}
 
 /// Why a CONNECT is refused: the CONNACK's reason and the log line's text.
 struct Refusal {

@@ -15,89 +15,18 @@
 //! Rule numbers: `docs/authority-rules.md`.
 
 use net::io::{CloseReason, ConnId, NetDriver, Transport};
-use proto::crypto::SessionCipher;
 use proto::jsonrpc::{self, Inbound, JsonRpc};
 use proto::wkproto::{self, DisconnectPacket, Frame, ReasonCode};
 use shard::runtime::Context;
-use wheel::TimerHandle;
 
-use crate::activation::{ActivationId, Event};
-use crate::registry::SessionHandle;
-use crate::route::{SessionId, Uid};
-use domain::presence::connection::{self, ConnPhase, FrameAction, FrameKind};
+use crate::activation::Event;
+use crate::route::Uid;
+use domain::presence::connection::{self, FrameAction, FrameKind};
 
-use super::connect::OwnedConnect;
+use super::conn::{Conn, ConnState, PendingAcks};
 use super::msg::Msg;
-use super::send::PendingAcks;
+use super::msg::OwnedConnect;
 use super::shard::{NodeShard, NodeTimer};
-
-/// Where a connection is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ConnState {
-    /// Accepted; waiting for CONNECT.
-    AwaitConnect,
-    /// CONNECT received; its token is being checked at the uid's home node.
-    Authenticating,
-    /// CONNECT received; activation running.
-    Activating(ActivationId),
-    /// CONNACK success sent; the session receives messages.
-    Active,
-    /// Closing (kicked, refused, shut down): input is ignored.
-    Closing,
-}
-
-/// One client connection of this shard.
-pub(crate) struct Conn {
-    pub id: ConnId,
-    pub listener: Transport,
-    pub state: ConnState,
-    /// Negotiated protocol version.
-    pub version: u8,
-    /// The CONNACK's server_version field (`wkproto::negotiate`).
-    pub connack_server_version: Option<u8>,
-    pub cipher: Option<SessionCipher>,
-    /// CONNACK strings of the key agreement, kept until CONNACK is written.
-    pub server_key: Box<str>,
-    pub salt: Box<str>,
-    pub client_timestamp_ms: i64,
-    /// When its CONNECT was decoded (`NodeShared::mono_ns`), until CONNACK: the start
-    /// of the connect stage; 0 otherwise.
-    pub connect_ns: u64,
-    pub uid: Uid,
-    pub session_id: SessionId,
-    pub handle: Option<SessionHandle>,
-    /// Unacknowledged RECVs of this session.
-    pub acks: PendingAcks,
-    /// The session's ack timer, while armed (the machine in `acks` says when).
-    pub ack_timer: Option<TimerHandle>,
-    /// SENDs waiting for their SENDACK (bounded by `sends_in_flight_per_conn_max`).
-    pub sends_in_flight: u32,
-    /// How fast this connection may start sending to new channels.
-    pub new_channels: domain::send::new_channels::NewChannelGate,
-    /// The JSON-RPC codec of a WebSocket connection whose first message was text;
-    /// `None`: binary wkproto.
-    pub jsonrpc: Option<Box<JsonRpc>>,
-}
-
-impl ConnState {
-    /// The phase the frame table ([`connection::on_frame`]) decides by.
-    pub(crate) fn phase(self) -> ConnPhase {
-        match self {
-            ConnState::AwaitConnect => ConnPhase::AwaitConnect,
-            ConnState::Authenticating => ConnPhase::Authenticating,
-            ConnState::Activating(_) => ConnPhase::Activating,
-            ConnState::Active => ConnPhase::Active,
-            ConnState::Closing => ConnPhase::Closing,
-        }
-    }
-}
-
-impl Conn {
-    /// Whether the connection speaks JSON-RPC (plaintext payloads, text messages).
-    pub fn is_jsonrpc(&self) -> bool {
-        self.jsonrpc.is_some()
-    }
-}
 
 /// What handling one frame asks of the connection.
 enum FrameOutcome {
@@ -349,11 +278,11 @@ impl NodeShard {
             }
             (FrameAction::Send, Frame::Send(p)) => {
                 self.touch_on_activity(cx, id);
-                super::send::on_send(self, cx, driver, id, &p);
+                super::send::gateway::on_send(self, cx, driver, id, &p);
             }
             (FrameAction::Recvack, Frame::Recvack(p)) => {
                 self.touch_on_activity(cx, id);
-                super::send::on_recvack(self, id, p.message_id);
+                super::send::owner::on_recvack(self, id, p.message_id);
             }
             (FrameAction::RefuseSub(reason_code), Frame::Sub(p)) => {
                 let ack = wkproto::SubackPacket {

@@ -182,11 +182,11 @@ impl NodeShard {
                     message_seq,
                     reason,
                 };
-                super::send::on_sendack(self, driver, ack);
+                super::send::gateway::on_sendack(self, driver, ack);
             }
             (Pending::Lookup { lookup_id }, R::Lookup { endpoints, results }) => {
                 let reply = LookupReply::Found { endpoints, results };
-                super::send::on_lookup_reply(self, lookup_id, reply);
+                super::send::commit::on_lookup_reply(self, lookup_id, reply);
             }
             (Pending::Token { conn, connect }, R::Token(level)) => {
                 let checked = level.map_err(|()| ReasonCode::AUTH_FAIL);
@@ -271,11 +271,11 @@ impl NodeShard {
                     message_seq: 0,
                     reason,
                 };
-                super::send::on_sendack(self, driver, ack);
+                super::send::gateway::on_sendack(self, driver, ack);
             }
             (Pending::Lookup { lookup_id }, Action::LookupFailed(failure)) => {
                 let reply = LookupReply::Failed(failure);
-                super::send::on_lookup_reply(self, lookup_id, reply);
+                super::send::commit::on_lookup_reply(self, lookup_id, reply);
             }
             (Pending::Token { conn, connect }, Action::Connack(reason)) => {
                 self.on_token_checked(cx, driver, conn, *connect, Err(reason));
@@ -343,7 +343,7 @@ impl NodeShard {
                 self.on_owner_action(cx, driver, reply_to, action)
             }
             wire::Request::Send(send) => {
-                super::send::on_forwarded_send(self, cx, driver, reply_to, *send)
+                super::send::commit::on_forwarded_send(self, cx, driver, reply_to, *send)
             }
             wire::Request::Token {
                 uid,
@@ -460,7 +460,7 @@ impl NodeShard {
                 endpoints,
             } => {
                 message.committed_ns = self.shared.mono_ns();
-                super::send::on_remote_push(self, cx, driver, message, endpoints);
+                super::send::owner::on_remote_push(self, cx, driver, message, endpoints);
             }
             wire::OneWay::View(view) => self.on_remote_view(cx, driver, *view),
         }

@@ -23,9 +23,11 @@
 mod authority_service;
 pub mod catalog;
 pub mod config;
+mod conn;
 mod connect;
 mod conns;
 mod control;
+mod dispatch;
 mod hops;
 pub mod metrics;
 pub mod msg;
@@ -341,7 +343,7 @@ fn start_shard(
         );
     }
     let limits = s.config.delivery.commit_limits(&s.config.log);
-    let core = send::commit::CommitCore::new(log, ids, idem, limits);
+    let core = send::CommitCore::new(log, ids, idem, limits);
     let commit = send::CommitSide::new(core, syncer);
     let shard = NodeShard::new(init.shard as ShardId, s.clone(), commit)?;
     Ok((shard, driver))

@@ -17,7 +17,11 @@ use crate::cluster::Target;
 use crate::registry::UnregisterRequest;
 use crate::route::{AuthorityError, Endpoint, Route, SessionId};
 
-use super::send::{Commit, Committed};
+use domain::send::commit::Committed;
+use proto::wkproto::{ConnectPacket, ReasonCode};
+use tokio::sync::mpsc::Sender;
+
+use crate::store::{PullMode, StoredMessage};
 
 /// A message between shards.
 pub enum Msg {
@@ -49,7 +53,7 @@ pub enum Msg {
         done: tokio::sync::mpsc::Sender<usize>,
     },
     /// Control → a commit shard: read committed messages of a channel.
-    MessageSync(Box<super::send::MessageSyncRequest>),
+    MessageSync(Box<MessageSyncRequest>),
     /// Control → every shard: a new cluster view (slot leadership moved).
     View(Arc<crate::cluster::ClusterView>),
     /// The shard whose inbound link read a reply → the shard that made the request
@@ -143,7 +147,7 @@ pub enum Pending {
     /// A CONNECT waiting for its token's check at the uid's home.
     Token {
         conn: ConnId,
-        connect: Box<super::connect::OwnedConnect>,
+        connect: Box<OwnedConnect>,
     },
     /// A batch of a lost hash slot's routes, to its new leader.
     Handover,
@@ -204,4 +208,78 @@ mod tests {
             std::mem::size_of::<super::Msg>()
         );
     }
+}
+
+/// CONNECT fields copied out of the input buffer.
+pub struct OwnedConnect {
+    pub(super) version: u8,
+    pub(super) device_flag: u8,
+    pub(super) device_id: String,
+    pub(super) uid: String,
+    pub(super) token: String,
+    pub(super) client_timestamp_ms: i64,
+    pub(super) client_key: String,
+}
+
+impl From<&ConnectPacket<'_>> for OwnedConnect {
+    fn from(c: &ConnectPacket<'_>) -> Self {
+        OwnedConnect {
+            version: c.version,
+            device_flag: c.device_flag.0,
+            device_id: c.device_id.to_owned(),
+            uid: c.uid.to_owned(),
+            token: c.token.to_owned(),
+            client_timestamp_ms: c.client_timestamp_ms,
+            client_key: c.client_key.to_owned(),
+        }
+    }
+}
+
+/// Where a commit's answer goes (the commit core hands it back with the answer).
+pub enum Origin {
+    /// A client's SEND: SENDACK to this connection of this gateway shard.
+    Client {
+        shard: ShardId,
+        conn: ConnId,
+        session_id: SessionId,
+        client_seq: u32,
+    },
+    /// `POST /message/send`: the answer goes back to the HTTP API's task (awaited,
+    /// holding no thread; `try_send` never blocks a shard).
+    Api { reply: Sender<ApiSendResult> },
+    /// A SEND forwarded by another node's gateway: the SENDACK is its reply.
+    Remote(Remote),
+}
+
+/// The answer to an API send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiSendResult {
+    pub message_id: i64,
+    pub message_seq: u64,
+    pub reason: ReasonCode,
+}
+
+/// A message to commit, as the commit core takes it.
+pub type CommitRequest = domain::send::commit::CommitRequest<Origin>;
+
+/// A commit on its way to the channel's commit shard ([`Msg::Commit`]).
+pub struct Commit {
+    pub request: CommitRequest,
+    /// When the gateway decoded the SEND ([`super::shared::NodeShared::mono_ns`]): the start
+    /// of the `gateway_to_commit` stage.
+    pub decoded_ns: u64,
+}
+
+/// A `/channel/messagesync` read, served by the channel's commit shard.
+pub struct MessageSyncRequest {
+    pub channel_type: u8,
+    /// The stored channel key.
+    pub channel_key: String,
+    pub start_seq: u64,
+    pub end_seq: u64,
+    pub limit: usize,
+    pub pull_mode: PullMode,
+    /// At most this many bytes copied (`MessageView::copy_bytes`); `more` says the rest.
+    pub max_bytes: usize,
+    pub reply: Sender<Result<(Vec<StoredMessage>, bool), String>>,
 }

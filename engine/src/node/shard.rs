@@ -4,34 +4,23 @@
 //! (activation, registry, authority, delivery planner); the shard's files only move
 //! their inputs and outputs between sockets, shards and timers.
 //!
-//! This file is the loop glue: [`NodeShard`] (the node's state on one shard),
-//! [`NodeTimer`], the ring lanes of `NodeShard::send_msg`, the periodic timers, and
-//! `impl Handler for NodeShard`, whose callbacks each hand their input to the
-//! concern that owns it:
-//! - `node/conns.rs`: the connection table and its frames (`on_io`);
-//! - `node/hops.rs`: every hop's request and reply, from a shard of this node
-//!   (`Msg::Request`, `Msg::Reply`) or from another node (`Msg::PeerReply`, and the
-//!   frames `node/peers.rs` reads), one dispatcher per side;
-//! - `node/connect.rs`: CONNECT admission and the activation driver
-//!   (`NodeTimer::Activation`, the owner actions' and authority calls' replies);
-//! - `node/authority_service.rs`: authority calls and their service, owner actions,
-//!   the touch worker, the expiry pass (`NodeTimer::TouchFlush`, `NodeTimer::Expiry`);
-//! - `node/control.rs`: gauges, device quit, view changes, shutdown, injected panics
-//!   (`Msg::DeviceQuit`, `Msg::View`, `Msg::Drain`, `Msg::Shutdown`,
-//!   `Msg::InjectPanic`);
-//! - [`super::send`]: the SEND → RECV path, in flow order (`Msg::Commit`,
-//!   `Msg::SendAck`, `Msg::Push`, `Msg::MessageSync`, `NodeTimer::LogSync`,
-//!   `NodeTimer::Ack`, and the end of each loop turn).
+//! This file holds [`NodeShard`] (the node's state on one shard), [`NodeTimer`], the
+//! turn's clock, and the ring lanes of `NodeShard::send_msg` and `NodeShard::hand`.
+//! The loop itself (`impl Handler for NodeShard`, each input handed to the concern
+//! that owns it) is `dispatch.rs`, above every concern's file; this one is below
+//! them (it takes only the types the shard holds), so no file of a concern and
+//! this one import each other.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use net::io::{ConnId, NetDriver, NetEvent};
+use net::io::{ConnId, NetDriver};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use shard::runtime::{Context, Handler};
 use slots::ShardId;
-use wheel::TimerHandle;
+
+use domain::send::commit::Now;
 
 use crate::activation::{Activation, ActivationId, Event, Output};
 use crate::authority::{Authority, AuthorityReader};
@@ -43,7 +32,7 @@ use super::msg::Msg;
 use super::send::CommitSide;
 use super::shared::NodeShared;
 
-pub(crate) use super::conns::{Conn, ConnState};
+pub(crate) use super::conn::{Conn, ConnState};
 
 /// What a shard's timers carry.
 #[derive(Clone, Copy, Debug)]
@@ -115,10 +104,10 @@ pub struct NodeShard {
     pub(super) peers: super::peers::Peers,
     /// Requests to other nodes that failed, answered at the end of the turn.
     pub(super) remote_failures: Vec<(super::msg::Pending, domain::hop::NoAnswer)>,
+    /// This loop turn's clock ([`NodeShard::turn_now`]), read by the turn's first
+    /// SEND or commit and forgotten when the turn flushes its commits.
+    turn_now: Option<Now>,
 }
-
-/// How often the inter-node links' timers run (dials, deadlines, heartbeats).
-const PEERS_TICK_MS: u64 = 20;
 
 impl NodeShard {
     /// A shard of the node described by `shared`.
@@ -188,6 +177,7 @@ impl NodeShard {
             stopping: false,
             peers,
             remote_failures: Vec::new(),
+            turn_now: None,
         })
     }
 
@@ -195,6 +185,50 @@ impl NodeShard {
     pub(crate) fn set_pending_ack_bytes(&mut self, bytes: usize) {
         self.pending_ack_bytes = bytes;
         self.metrics.pending_ack_bytes.set(bytes as u64);
+    }
+
+    /// The clock now: wall and monotonic, one read each.
+    pub(crate) fn now(&self) -> Now {
+        Now {
+            wall_ms: self.shared.wall_ms(),
+            mono_ns: self.shared.mono_ns(),
+        }
+    }
+
+    /// The clock of this loop turn: one read (wall and monotonic) for every SEND
+    /// decoded and every commit of the turn, not two or three per SEND. Message ids
+    /// and timestamps, the SEND rate and the `gateway_to_commit` stage see the
+    /// turn's start, at most one turn early; the turn's end (`on_turn`, before it
+    /// flushes the commits) forgets it.
+    pub(crate) fn turn_now(&mut self) -> Now {
+        if let Some(now) = self.turn_now {
+            return now;
+        }
+        let now = self.now();
+        self.turn_now = Some(now);
+        now
+    }
+
+    /// The turn's SENDs and commits are in: the next turn reads the clock afresh.
+    pub(super) fn forget_turn_clock(&mut self) {
+        self.turn_now = None;
+    }
+
+    /// Hands `msg` to shard `to`: handled here and now when `to` is this shard, as
+    /// if it had come off the ring; otherwise sent on the ring ([`Self::send_msg`]).
+    /// One step of a flow names its next shard and does not care which it is.
+    pub(crate) fn hand(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        to: ShardId,
+        msg: Msg,
+    ) {
+        if to == self.me {
+            self.on_message(cx, driver, to, msg);
+        } else {
+            self.send_msg(cx, to, msg);
+        }
     }
 
     /// Sends `msg` to shard `to`: control on the urgent lane, commits, SENDACKs and
@@ -229,156 +263,5 @@ impl NodeShard {
                 );
             }
         }
-    }
-
-    /// Arms the next run of a periodic timer: `TouchFlush`, `Expiry`, and `LogSync`
-    /// under the interval fsync policy. The others are armed by their concern.
-    fn arm_periodic(&self, cx: &mut Context<Msg, NodeTimer>, timer: NodeTimer) {
-        let s = &self.shared.config.session;
-        let interval_ms = match timer {
-            NodeTimer::TouchFlush => s.touch_flush_interval_ms,
-            NodeTimer::Expiry => s.expiry_interval_ms,
-            NodeTimer::LogSync => match self.commit.core.log().config().fsync {
-                crate::store::FsyncPolicy::IntervalMs(ms) => ms.max(1),
-                _ => return,
-            },
-            NodeTimer::Peers if self.peers.is_cluster() => PEERS_TICK_MS,
-            NodeTimer::Activation(_) | NodeTimer::Ack { .. } | NodeTimer::Peers => return,
-        };
-        let _ = cx.set_timer(cx.now_ms() + interval_ms, timer);
-    }
-}
-
-impl Handler for NodeShard {
-    type Msg = Msg;
-    type Timer = NodeTimer;
-    type Driver = NetDriver;
-
-    fn on_start(&mut self, cx: &mut Context<Msg, NodeTimer>, _driver: &mut NetDriver) {
-        self.arm_periodic(cx, NodeTimer::TouchFlush);
-        self.arm_periodic(cx, NodeTimer::Expiry);
-        self.arm_periodic(cx, NodeTimer::LogSync);
-        self.arm_periodic(cx, NodeTimer::Peers);
-        self.shared.shard_started();
-    }
-
-    fn on_message(
-        &mut self,
-        cx: &mut Context<Msg, NodeTimer>,
-        driver: &mut NetDriver,
-        from: ShardId,
-        msg: Msg,
-    ) {
-        match msg {
-            Msg::Request(hop) => self.on_request(cx, driver, hop.reply_to, hop.request),
-            Msg::Reply(hop) => self.on_reply(cx, driver, hop.pending, hop.reply),
-            Msg::Commit(request) => super::send::on_commit(self, cx, driver, *request),
-            Msg::SendAck(ack) => {
-                // The SEND's credit towards that commit shard comes back.
-                self.credits.returned_from(from);
-                super::send::on_sendack(self, driver, ack)
-            }
-            Msg::Push {
-                message,
-                endpoints,
-                handed_ns,
-            } => super::send::on_push(self, cx, driver, &message, &endpoints, handed_ns),
-            Msg::DeviceQuit {
-                uid,
-                device_flag,
-                done,
-            } => {
-                let n = self.device_quit(cx, driver, &uid, device_flag);
-                let _ = done.try_send(n);
-            }
-            Msg::MessageSync(request) => super::send::on_message_sync(self, *request),
-            Msg::View(view) => self.apply_view(cx, driver, &view),
-            Msg::PeerReply {
-                from,
-                request_id,
-                reply,
-            } => self.on_remote_reply(cx, driver, from, request_id, *reply),
-            Msg::LogSynced => {}
-            Msg::Drain { done } => {
-                let n = self.drain(cx, driver);
-                let _ = done.try_send(n);
-            }
-            Msg::Shutdown => self.shutdown(cx, driver),
-            Msg::InjectPanic => self.inject_panic(),
-        }
-    }
-
-    fn on_timer(
-        &mut self,
-        cx: &mut Context<Msg, NodeTimer>,
-        driver: &mut NetDriver,
-        _handle: TimerHandle,
-        timer: NodeTimer,
-    ) {
-        match timer {
-            NodeTimer::Activation(aid) => self.feed_activation(cx, driver, aid, Event::Tick),
-            NodeTimer::TouchFlush => {
-                self.flush_touches(cx, driver);
-                self.drain_local_events(cx, driver);
-            }
-            NodeTimer::Expiry => {
-                self.reread_view(cx, driver);
-                self.expire_routes(cx);
-                self.publish_gauges(cx);
-            }
-            NodeTimer::LogSync => super::send::on_log_sync_timer(self),
-            NodeTimer::Ack { conn } => super::send::on_ack_timeout(self, cx, driver, conn),
-            NodeTimer::Peers => {
-                self.flush_peers(cx, driver);
-            }
-        }
-        self.arm_periodic(cx, timer);
-    }
-
-    fn on_io(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver, event: NetEvent) {
-        let peer = match &event {
-            NetEvent::Accepted { listener, .. } => super::peers::is_rpc_listener(*listener),
-            NetEvent::Connected { .. } => true,
-            NetEvent::Readable { conn } | NetEvent::Closed { conn, .. } => self.is_peer_conn(*conn),
-        };
-        if peer {
-            return self.on_peer_io(cx, driver, event);
-        }
-        match event {
-            NetEvent::Accepted { conn, listener, .. } => self.on_accepted(driver, conn, listener),
-            NetEvent::Readable { conn } => self.on_readable(cx, driver, conn),
-            NetEvent::Closed { conn, reason } => self.on_closed(cx, driver, conn, reason),
-            NetEvent::Connected { .. } => {}
-        }
-    }
-
-    fn on_turn(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) -> usize {
-        self.metrics.record_net(&driver.stats());
-        let rebuilds = self.authority.stats().filter_rebuilds;
-        (self.metrics).record_presence_filter(self.reader.filter_counts(), rebuilds);
-        // This turn's driver poll has handed earlier RECVs to the kernel.
-        super::send::observe_socket_writes(self);
-        // The turn's commits: under the default `interval` fsync policy they are
-        // answered (SENDACK) and queued for delivery at once, and the `LogSync` timer
-        // hands an fdatasync to the syncer; only `fsync = "always"` makes the turn's
-        // appends one sync job, answered when it ends. Then deliveries go on where
-        // peers have room.
-        let work = super::send::flush_commits(self, cx, driver)
-            + super::send::pump_deliveries(self, cx, driver);
-        // Last: the turn's frames to other nodes, one write per link.
-        work + self.flush_peers(cx, driver)
-    }
-
-    fn on_stop(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
-        if !self.stopping {
-            self.shutdown(cx, driver);
-        }
-        // A graceful stop makes everything appended durable, whatever the fsync
-        // policy, and answers what waited for it.
-        super::send::flush_commits_for_stop(self, cx, driver);
-        super::send::pump_deliveries(self, cx, driver);
-        // Flush queued output (DISCONNECTs) before the sockets go.
-        let _ =
-            shard::runtime::Driver::poll(driver, Some(std::time::Duration::ZERO), &mut Vec::new());
     }
 }

@@ -26,9 +26,8 @@ use crate::activation::{AuthorityRequest, OwnerActionFailed};
 use crate::cluster::{ClusterView, NodeId, Target};
 use crate::route::{AuthorityError, BootId, DeviceLevel, Endpoint, OwnerAction, Route, Uid};
 
-use super::msg::AuthorityReply;
-use super::send::Committed;
-use crate::authority::{HandoverBatch, TouchAnswer};
+use crate::authority::{AuthorityReply, HandoverBatch, TouchAnswer};
+use domain::send::commit::Committed;
 
 /// A request to another node.
 #[derive(Debug, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
 use slots::ShardId;
 
-use domain::send::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault, Now};
+use domain::send::commit::{CommitLog, CommitOutput, Committing, Groups, LogFault};
 use domain::send::delivery::{
     link_room, EndpointLookup, Lookup, LookupReply, PlanLimits, PlanOutput, Push, PushTo,
 };
@@ -28,41 +28,8 @@ use super::super::catalog::Catalog;
 use super::super::metrics::StageHistograms;
 use super::super::msg::{Msg, Pending, ReplyTo, SendAck};
 use super::super::shard::{NodeShard, NodeTimer};
-use super::super::syncer::LogSyncer;
 use super::super::wire;
 use super::{ApiSendResult, Commit, MessageSyncRequest, Origin};
-
-/// The commit core of this shard, over its message log.
-pub type CommitCore = domain::send::commit::CommitCore<MessageLog, Origin>;
-
-/// The commit side of one shard: the core, the syncer that runs its log's syncs, and
-/// the buffers its outputs go through (reused: nothing allocated per message here).
-pub struct CommitSide {
-    pub core: CommitCore,
-    /// Runs the log's syncs off this thread.
-    syncer: LogSyncer,
-    outputs: Vec<CommitOutput<Origin, SyncJob>>,
-    /// The outputs being carried while the core adds more (an inline sync).
-    carrying: Vec<CommitOutput<Origin, SyncJob>>,
-    /// The planner's outputs: push batches and remote lookups.
-    planned: Vec<PlanOutput>,
-    /// This loop turn's clock ([`turn_now`]), read by the turn's first SEND or
-    /// commit and forgotten when the turn flushes its commits.
-    turn_now: Option<Now>,
-}
-
-impl CommitSide {
-    pub fn new(core: CommitCore, syncer: LogSyncer) -> Self {
-        CommitSide {
-            core,
-            syncer,
-            outputs: Vec::new(),
-            carrying: Vec::new(),
-            planned: Vec::new(),
-            turn_now: None,
-        }
-    }
-}
 
 /// The node's message log as the commit core appends to it.
 impl CommitLog for MessageLog {
@@ -141,26 +108,6 @@ impl EndpointLookup for TimedLookup<'_> {
     }
 }
 
-fn now(node: &NodeShard) -> Now {
-    Now {
-        wall_ms: node.shared.wall_ms(),
-        mono_ns: node.shared.mono_ns(),
-    }
-}
-
-/// The clock of this loop turn: one read (wall and monotonic) for every SEND decoded
-/// and every commit of the turn, not two or three per SEND. Message ids and
-/// timestamps, the SEND rate and the `gateway_to_commit` stage see the turn's
-/// start, at most one turn early; [`flush_commits`] forgets it.
-pub(crate) fn turn_now(node: &mut NodeShard) -> Now {
-    if let Some(now) = node.commit.turn_now {
-        return now;
-    }
-    let now = now(node);
-    node.commit.turn_now = Some(now);
-    now
-}
-
 /// Step 2: a commit arrives (from a gateway's ring, this shard's own gateway, or the
 /// API); a refusal is answered at once, a commit with its turn.
 pub fn on_commit(
@@ -169,7 +116,7 @@ pub fn on_commit(
     driver: &mut NetDriver,
     c: Commit,
 ) {
-    let now = turn_now(node);
+    let now = node.turn_now();
     if let Origin::Remote(from) = &c.request.answer_to {
         // A SEND another node forwarded, handed here by the shard that read it: not
         // committed once its SENDACK could not get back in time (that gateway has
@@ -201,8 +148,6 @@ pub fn flush_commits(
     cx: &mut Context<Msg, NodeTimer>,
     driver: &mut NetDriver,
 ) -> usize {
-    // The turn's SENDs and commits are in: the next turn reads the clock afresh.
-    node.commit.turn_now = None;
     // Outputs queued by the sync timer come first.
     let mut out = std::mem::take(&mut node.commit.outputs);
     let mut work = 0;
@@ -230,7 +175,7 @@ pub fn flush_commits_for_stop(
     driver: &mut NetDriver,
 ) {
     let mut out = std::mem::take(&mut node.commit.outputs);
-    node.commit.core.stop(now(node), &mut out);
+    node.commit.core.stop(node.now(), &mut out);
     carry_outputs(node, cx, driver, &mut out);
     node.commit.outputs = out;
 }
@@ -305,7 +250,7 @@ fn sync_done(
     result: std::io::Result<()>,
     out: &mut Vec<CommitOutput<Origin, SyncJob>>,
 ) {
-    let now = now(node);
+    let now = node.now();
     node.commit.core.on_sync_done(result, now, out);
     let inline = node.commit.core.log().stats().segments_created_inline;
     let m = &node.metrics.log_segments_created_inline;
@@ -346,11 +291,7 @@ fn answer(
                 message_seq,
                 reason,
             };
-            if shard == node.me {
-                super::gateway::on_sendack(node, driver, ack);
-            } else {
-                node.send_msg(cx, shard, Msg::SendAck(ack));
-            }
+            node.hand(cx, driver, shard, Msg::SendAck(ack));
         }
         Origin::Api { reply } => {
             let _ = reply.try_send(ApiSendResult {
@@ -601,7 +542,7 @@ pub fn on_forwarded_send(
         .shard_of_key(send.channel.key().as_bytes());
     let commit = Commit {
         request: send.answered_to(origin),
-        decoded_ns: turn_now(node).mono_ns,
+        decoded_ns: node.turn_now().mono_ns,
     };
     if to == node.me {
         on_commit(node, cx, driver, commit);

@@ -25,8 +25,8 @@ pub fn on_send(
     id: ConnId,
     p: &SendPacket<'_>,
 ) {
-    // The turn's clock (`commit::turn_now`): one read per loop turn, not per SEND.
-    let decoded_ns = super::commit::turn_now(node).mono_ns;
+    // The turn's clock (`NodeShard::turn_now`): one read per loop turn, not per SEND.
+    let decoded_ns = node.turn_now().mono_ns;
     let refuse = |node: &mut NodeShard, driver: &mut NetDriver, reason: ReasonCode| {
         let ack = SendackPacket {
             client_seq: p.client_seq,
@@ -91,11 +91,7 @@ pub fn on_send(
         request: commit_request(node, p, sent, answer_to),
         decoded_ns,
     };
-    if to == node.me {
-        super::commit::on_commit(node, cx, driver, commit);
-    } else {
-        node.send_msg(cx, to, Msg::Commit(Box::new(commit)));
-    }
+    node.hand(cx, driver, to, Msg::Commit(Box::new(commit)));
 }
 
 /// A SEND that passed the gateway's checks: its connection, sender, channel and

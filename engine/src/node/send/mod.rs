@@ -22,71 +22,44 @@ pub mod commit;
 pub mod gateway;
 pub mod owner;
 
-use tokio::sync::mpsc::Sender;
+use domain::send::commit::CommitOutput;
+use domain::send::delivery::PlanOutput;
 
-use net::io::ConnId;
-use proto::wkproto::ReasonCode;
-use slots::ShardId;
+use crate::store::{MessageLog, SyncJob};
 
-use crate::route::SessionId;
-use crate::store::{PullMode, StoredMessage};
+use super::syncer::LogSyncer;
 
-pub use commit::{
-    flush_commits, flush_commits_for_stop, on_commit, on_forwarded_send, on_log_sync_timer,
-    on_lookup_reply, on_message_sync, pump_deliveries, CommitSide,
-};
+pub use super::msg::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
+
 pub use domain::send::commit::Committed;
-pub use gateway::{on_send, on_sendack};
-pub use owner::{
-    observe_socket_writes, on_ack_timeout, on_push, on_recvack, on_remote_push, PendingAcks,
-    WRITE_MARKS_MAX,
-};
 
-/// Where a commit's answer goes (the commit core hands it back with the answer).
-pub enum Origin {
-    /// A client's SEND: SENDACK to this connection of this gateway shard.
-    Client {
-        shard: ShardId,
-        conn: ConnId,
-        session_id: SessionId,
-        client_seq: u32,
-    },
-    /// `POST /message/send`: the answer goes back to the HTTP API's task (awaited,
-    /// holding no thread; `try_send` never blocks a shard).
-    Api { reply: Sender<ApiSendResult> },
-    /// A SEND forwarded by another node's gateway: the SENDACK is its reply.
-    Remote(super::msg::Remote),
+/// Most push batches whose socket write is timed per loop turn (more are not timed).
+pub const WRITE_MARKS_MAX: usize = 4_096;
+
+/// The commit core of this shard, over its message log.
+pub type CommitCore = domain::send::commit::CommitCore<MessageLog, Origin>;
+
+/// The commit side of one shard: the core, the syncer that runs its log's syncs, and
+/// the buffers its outputs go through (reused: nothing allocated per message here).
+pub struct CommitSide {
+    pub core: CommitCore,
+    /// Runs the log's syncs off this thread.
+    syncer: LogSyncer,
+    outputs: Vec<CommitOutput<Origin, SyncJob>>,
+    /// The outputs being carried while the core adds more (an inline sync).
+    carrying: Vec<CommitOutput<Origin, SyncJob>>,
+    /// The planner's outputs: push batches and remote lookups.
+    planned: Vec<PlanOutput>,
 }
 
-/// The answer to an API send.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ApiSendResult {
-    pub message_id: i64,
-    pub message_seq: u64,
-    pub reason: ReasonCode,
-}
-
-/// A message to commit, as the commit core takes it.
-pub type CommitRequest = domain::send::commit::CommitRequest<Origin>;
-
-/// A commit on its way to the channel's commit shard ([`super::msg::Msg::Commit`]).
-pub struct Commit {
-    pub request: CommitRequest,
-    /// When the gateway decoded the SEND ([`super::super::shared::NodeShared::mono_ns`]): the start
-    /// of the `gateway_to_commit` stage.
-    pub decoded_ns: u64,
-}
-
-/// A `/channel/messagesync` read, served by the channel's commit shard.
-pub struct MessageSyncRequest {
-    pub channel_type: u8,
-    /// The stored channel key.
-    pub channel_key: String,
-    pub start_seq: u64,
-    pub end_seq: u64,
-    pub limit: usize,
-    pub pull_mode: PullMode,
-    /// At most this many bytes copied (`MessageView::copy_bytes`); `more` says the rest.
-    pub max_bytes: usize,
-    pub reply: Sender<Result<(Vec<StoredMessage>, bool), String>>,
+impl CommitSide {
+    pub fn new(core: CommitCore, syncer: LogSyncer) -> Self {
+        CommitSide {
+            core,
+            syncer,
+            outputs: Vec::new(),
+            carrying: Vec::new(),
+            planned: Vec::new(),
+        }
+    }
 }

@@ -16,10 +16,7 @@ use crate::route::Endpoint;
 
 use super::super::msg::Msg;
 use super::super::shard::{ConnState, NodeShard, NodeTimer};
-use super::Committed;
-
-/// The unacknowledged RECVs of one session (`domain::send::acks`).
-pub type PendingAcks = domain::send::acks::PendingAcks<Arc<Committed>>;
+use super::{Committed, WRITE_MARKS_MAX};
 
 /// The pending-ACK limits of `[session]`.
 fn ack_limits(s: &super::super::config::SessionConfig) -> domain::send::acks::AckLimits {
@@ -112,9 +109,6 @@ pub fn on_remote_push(
         }
     }
 }
-
-/// Most push batches whose socket write is timed per loop turn (more are not timed).
-pub const WRITE_MARKS_MAX: usize = 4_096;
 
 /// Closes the socket-write stage of the push batches queued before this turn's
 /// driver poll (called first thing in the shard's `on_turn`, after the poll).
