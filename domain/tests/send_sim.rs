@@ -324,6 +324,7 @@ fn send_path_simulation() {
 /// A simulation that cannot fail is a defect: each planted bug must make its
 /// invariant fail within a few hundred seeds.
 #[test]
+#[allow(clippy::too_many_lines)] // the planted bugs, one table
 fn send_sim_catches_planted_bugs() {
     let planted = [
         (

@@ -719,64 +719,71 @@ impl Conn {
         let mut off = 0;
         while let Some((text, used)) = ws::next_text_message(&buf[off..]) {
             off += used;
-            match jsonrpc::decode(text).map_err(ConnError::Protocol)? {
-                Incoming::Connected {
-                    reason,
-                    server_key,
-                    salt,
-                    server_version,
-                } => sink(
-                    &mut ctx,
-                    Frame::Connack(ConnackPacket {
-                        reason_code: ReasonCode(reason),
-                        server_key: &server_key,
-                        salt: &salt,
-                        server_version,
-                        ..Default::default()
-                    }),
-                ),
-                Incoming::Sent {
-                    client_seq,
-                    message_id,
-                    message_seq,
-                    reason,
-                } => sink(
-                    &mut ctx,
-                    Frame::Sendack(SendackPacket {
-                        client_seq,
-                        message_id,
-                        message_seq,
-                        reason_code: ReasonCode(reason),
-                        ..Default::default()
-                    }),
-                ),
-                Incoming::Recv {
-                    message_id,
-                    message_seq,
-                    dup,
-                    payload,
-                } => sink(
-                    &mut ctx,
-                    Frame::Recv(RecvPacket {
-                        flags: if dup { Flags::DUP } else { Flags::NONE },
-                        setting: Setting::NO_ENCRYPT,
-                        message_id,
-                        message_seq,
-                        payload: &payload,
-                        ..Default::default()
-                    }),
-                ),
-                Incoming::Disconnect { reason } => sink(
-                    &mut ctx,
-                    Frame::Disconnect(DisconnectPacket {
-                        reason_code: ReasonCode(reason),
-                        ..Default::default()
-                    }),
-                ),
-                Incoming::Ignored => {}
-            }
+            let incoming = jsonrpc::decode(text).map_err(ConnError::Protocol)?;
+            sink_incoming(&mut ctx, incoming, sink);
         }
         Ok(off)
+    }
+}
+
+/// Hands one decoded JSON-RPC message to `sink` as the wkproto frame it stands for
+/// (what the binary decoder would have produced).
+fn sink_incoming(ctx: &mut ConnCtx<'_>, incoming: Incoming, sink: &mut FrameSink<'_>) {
+    match incoming {
+        Incoming::Connected {
+            reason,
+            server_key,
+            salt,
+            server_version,
+        } => sink(
+            ctx,
+            Frame::Connack(ConnackPacket {
+                reason_code: ReasonCode(reason),
+                server_key: &server_key,
+                salt: &salt,
+                server_version,
+                ..Default::default()
+            }),
+        ),
+        Incoming::Sent {
+            client_seq,
+            message_id,
+            message_seq,
+            reason,
+        } => sink(
+            ctx,
+            Frame::Sendack(SendackPacket {
+                client_seq,
+                message_id,
+                message_seq,
+                reason_code: ReasonCode(reason),
+                ..Default::default()
+            }),
+        ),
+        Incoming::Recv {
+            message_id,
+            message_seq,
+            dup,
+            payload,
+        } => sink(
+            ctx,
+            Frame::Recv(RecvPacket {
+                flags: if dup { Flags::DUP } else { Flags::NONE },
+                setting: Setting::NO_ENCRYPT,
+                message_id,
+                message_seq,
+                payload: &payload,
+                ..Default::default()
+            }),
+        ),
+        Incoming::Disconnect { reason } => sink(
+            ctx,
+            Frame::Disconnect(DisconnectPacket {
+                reason_code: ReasonCode(reason),
+                ..Default::default()
+            }),
+        ),
+        Incoming::Ignored => {}
     }
 }
 

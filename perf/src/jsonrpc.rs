@@ -220,6 +220,7 @@ mod tests {
     /// What the harness sends is what the node's codec takes, and what the node's
     /// codec answers is what the harness reads back: connect, send, recv, recvack.
     #[test]
+    #[allow(clippy::too_many_lines)] // one round trip per message kind, in a row
     fn round_trips_through_the_nodes_codec() {
         let mut node = JsonRpc::new(16);
         let mut out = Vec::new();

@@ -438,6 +438,24 @@ pub fn run_scenario(cfg: &BenchConfig, sc: &Scenario) -> io::Result<(Summary, Hi
     Ok((summary, hists))
 }
 
+/// The peer server's process, for its CPU and memory: `--peer-pid`, or the process
+/// listening on the peer's port; with a line saying which.
+fn peer_pid(cfg: &BenchConfig, url: &peer::PeerUrl) -> (Option<u32>, String) {
+    match cfg.pid {
+        Some(pid) => (Some(pid), format!("pid {pid} (--peer-pid)")),
+        None => match peer::pid_listening_on(url.addr) {
+            Some(pid) => (
+                Some(pid),
+                format!("pid {pid} (listening on port {})", url.addr.port()),
+            ),
+            None => (
+                None,
+                "unknown (no --peer-pid, no process found on the port)".into(),
+            ),
+        },
+    }
+}
+
 /// The group scenario against a peer server: its plan, the load, the client-side
 /// figures, and the server's CPU from `cfg.pid` or else from the process found
 /// listening on the peer's port.
@@ -489,19 +507,7 @@ fn run_peer(
         groups: Vec::new(),
         rates,
     };
-    let (pid, source) = match cfg.pid {
-        Some(pid) => (Some(pid), format!("pid {pid} (--peer-pid)")),
-        None => match peer::pid_listening_on(url.addr) {
-            Some(pid) => (
-                Some(pid),
-                format!("pid {pid} (listening on port {})", url.addr.port()),
-            ),
-            None => (
-                None,
-                "unknown (no --peer-pid, no process found on the port)".into(),
-            ),
-        },
-    };
+    let (pid, source) = peer_pid(cfg, &url);
     let mut meter = Meter {
         pid,
         embedded: false,

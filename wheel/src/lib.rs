@@ -482,40 +482,57 @@ impl<T> TimerWheel<T> {
                 if e.pos as usize != pos || usize::from(e.loc) != b || e.value.is_none() {
                     return Err(format!("entry {index}: bad pos/loc/value in bucket {b}"));
                 }
-                if b == NUM_BUCKETS {
-                    if e.deadline > self.now || e.deadline < self.due_min {
-                        return Err(format!(
-                            "entry {index}: due list holds deadline {}",
-                            e.deadline
-                        ));
-                    }
-                } else {
-                    // The bucket's slot is the unique one in (cur, cur + 63]
-                    // with its index; it must be the deadline's slot (or, in
-                    // the top level, any slot not after it: clamped entries).
-                    let level = b / LVL_SIZE;
-                    let shift = level_shift(level);
-                    let cur_slot = self.now >> shift;
-                    let ahead = ((b % LVL_SIZE) as u64).wrapping_sub(cur_slot) & LVL_MASK;
-                    let ahead = if ahead == 0 { LVL_SIZE as u64 } else { ahead };
-                    let slot = cur_slot + ahead;
-                    let d_slot = e.deadline >> shift;
-                    let placed_ok = e.deadline > self.now
-                        && ahead <= LVL_MASK
-                        && (slot == d_slot || (level == LEVELS - 1 && slot < d_slot));
-                    if !placed_ok {
-                        return Err(format!(
-                            "entry {index}: deadline {} misplaced in bucket {b} at now {}",
-                            e.deadline, self.now
-                        ));
-                    }
-                }
+                self.check_placement(index, b, e.deadline)?;
                 live += 1;
             }
         }
         if live != self.len {
             return Err(format!("len {} but {live} linked entries", self.len));
         }
+        let free = self.check_free_list(&mut seen)?;
+        if free + live != self.slab.len() {
+            return Err(format!(
+                "{} slots, {live} live, {free} free",
+                self.slab.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_invariants`]: an entry of bucket `b` (the due list at
+    /// `NUM_BUCKETS`) sits where its deadline puts it.
+    fn check_placement(&self, index: u32, b: usize, deadline: u64) -> Result<(), String> {
+        if b == NUM_BUCKETS {
+            if deadline > self.now || deadline < self.due_min {
+                return Err(format!("entry {index}: due list holds deadline {deadline}"));
+            }
+            return Ok(());
+        }
+        // The bucket's slot is the unique one in (cur, cur + 63] with its index; it
+        // must be the deadline's slot (or, in the top level, any slot not after it:
+        // clamped entries).
+        let level = b / LVL_SIZE;
+        let shift = level_shift(level);
+        let cur_slot = self.now >> shift;
+        let ahead = ((b % LVL_SIZE) as u64).wrapping_sub(cur_slot) & LVL_MASK;
+        let ahead = if ahead == 0 { LVL_SIZE as u64 } else { ahead };
+        let slot = cur_slot + ahead;
+        let d_slot = deadline >> shift;
+        let placed_ok = deadline > self.now
+            && ahead <= LVL_MASK
+            && (slot == d_slot || (level == LEVELS - 1 && slot < d_slot));
+        if !placed_ok {
+            return Err(format!(
+                "entry {index}: deadline {deadline} misplaced in bucket {b} at now {}",
+                self.now
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_invariants`]: the free list links free, empty entries no
+    /// bucket holds (marked in `seen`); returns how many.
+    fn check_free_list(&self, seen: &mut [bool]) -> Result<usize, String> {
         let mut cur = self.free_head;
         let mut free = 0usize;
         while cur != NIL {
@@ -532,13 +549,7 @@ impl<T> TimerWheel<T> {
             free += 1;
             cur = e.pos;
         }
-        if free + live != self.slab.len() {
-            return Err(format!(
-                "{} slots, {live} live, {free} free",
-                self.slab.len()
-            ));
-        }
-        Ok(())
+        Ok(free)
     }
 
     #[inline]

@@ -623,6 +623,17 @@ fn disagrees(e: AuthorityError) -> bool {
     matches!(e, AuthorityError::NotLeader | AuthorityError::StaleTarget)
 }
 
+/// The page [`Planner::start_page`] took: its message (backlog index and number),
+/// its recipients, whether it is the message's last, and the sender whose offline
+/// recipients it gathers (`None`: not gathered).
+struct PageStart {
+    i: usize,
+    range: Range<usize>,
+    number: u64,
+    last: bool,
+    from_uid: Option<Uid>,
+}
+
 /// A page looked up and not yet pushed.
 struct Page {
     /// The number of its message.
@@ -1044,6 +1055,28 @@ impl Planner {
         freed_bytes
     }
 
+    /// Takes the next page (there is one: `may_open`) past the cursor; at a
+    /// message's first page, decides whether its offline recipients are gathered.
+    fn start_page(&mut self, limits: &PlanLimits) -> PageStart {
+        let Some((i, range)) = self.next_page(limits) else {
+            unreachable!("a page is opened only when one is left");
+        };
+        self.cursor.1 += 1;
+        let d = &self.backlog[i];
+        if range.start == 0 {
+            let wanted = gathers_offline(d, limits);
+            self.opening_gathers = wanted && limits.offline_room;
+            self.counts.offline_skipped += u64::from(wanted && !limits.offline_room);
+        }
+        PageStart {
+            number: self.front_message + i as u64,
+            last: range.end == recipient_count(d),
+            from_uid: self.opening_gathers.then(|| d.message.from_uid.clone()),
+            i,
+            range,
+        }
+    }
+
     /// Opens the next page (there is one: `may_open`): its groups by target (a
     /// subscriber list's runs of one hash slot, pre-grouped and pre-hashed; a
     /// person channel's one or two uids grouped and hashed here), one synchronous
@@ -1058,31 +1091,20 @@ impl Planner {
         limits: &PlanLimits,
         out: &mut Vec<PlanOutput>,
     ) -> usize {
-        let Some((i, range)) = self.next_page(limits) else {
-            unreachable!("a page is opened only when one is left");
-        };
-        let number = self.front_message + i as u64;
-        self.cursor.1 += 1;
-        let d = &self.backlog[i];
+        let start = self.start_page(limits);
+        let d = &self.backlog[start.i];
         let (message_id, subscribers) = (d.message.message_id, d.subscribers.clone());
-        let last = range.end == recipient_count(d);
-        if range.start == 0 {
-            let wanted = gathers_offline(d, limits);
-            self.opening_gathers = wanted && limits.offline_room;
-            self.counts.offline_skipped += u64::from(wanted && !limits.offline_room);
-        }
-        let from_uid = self.opening_gathers.then(|| d.message.from_uid.clone());
         self.page_groups.clear();
         let (uids, hashes): (&[Uid], &[u64]) = match &subscribers {
             Some(s) => {
-                let runs = s.slot_runs(range.clone());
+                let runs = s.slot_runs(start.range.clone());
                 let groups = runs.map(|(slot, r)| (view.target_for_slot(slot), r));
                 self.page_groups.extend(groups);
                 (s.uids(), s.hashes())
             }
             None => {
                 let person = d.message.person_recipients();
-                group_by_target(view, &person[range.clone()], &mut self.groups);
+                group_by_target(view, &person[start.range.clone()], &mut self.groups);
                 self.hashes.clear();
                 self.hashes
                     .extend(self.groups.uids.iter().map(|u| uid_hash(u)));
@@ -1107,7 +1129,7 @@ impl Planner {
         if !local.is_empty() {
             lookup.endpoints_by_hashed_groups_into(&local, &mut endpoints, &mut self.results);
         }
-        let offline = local_offline(&local, &self.results, &endpoints, from_uid.as_ref());
+        let offline = local_offline(&local, &self.results, &endpoints, start.from_uid.as_ref());
         let (retry, rebuilding) = failed_local(&local, &self.results);
         self.local_groups = recycle(local);
         let lookups = remote_lookups(
@@ -1118,21 +1140,21 @@ impl Planner {
             &mut self.next_lookup_id,
         );
         let page = self.head_page + self.pages.len() as u64;
-        let copies = from_uid.is_some();
+        let copies = start.from_uid.is_some();
         let retrying = !retry.is_empty();
         self.pages.push_back(Page {
-            message: number,
+            message: start.number,
             awaiting: lookups.len(),
             endpoints,
-            range,
+            range: start.range,
             retry,
             retries_left: limits.lookup_retries_max,
             rebuilding,
             rebuild_retry_at_ms: now_ms.saturating_add(limits.rebuild_retry_interval_ms),
             rebuild_until_ms: None,
-            from_uid,
+            from_uid: start.from_uid,
             offline,
-            last,
+            last: start.last,
         });
         let emitted = !lookups.is_empty();
         self.emit_lookups(page, lookups, copies, out);
@@ -2184,6 +2206,7 @@ mod planner_tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // one scenario, read top-down
     fn planning_through_the_authority_reader_finds_every_registered_route() {
         // The node's own lookup (`AuthorityReader`, not a fake): 40 subscribers over
         // many hash slots, 25 of them online with one session each, on shards 0

@@ -208,13 +208,13 @@ impl NodeShard {
         session_id: SessionId,
         kind: OwnerActionKind,
     ) {
-        let Some(&id) = self.session_conns.get(&session_id) else {
+        let Some(id) = self.conns.of_session(session_id) else {
             return;
         };
         if let Some(handle) = self.conn(id).and_then(|c| c.handle) {
             self.registry.deactivate(handle, cx.now_ms());
         }
-        self.session_conns.remove(&session_id);
+        self.conns.unbind_session(session_id);
         if let Some(c) = self.conn_mut(id) {
             c.handle = None;
         }

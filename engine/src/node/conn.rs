@@ -1,8 +1,9 @@
 //! One client connection of a shard, as the connection table holds it: where it is
 //! in its life ([`ConnState`]) and what it carries ([`Conn`]: its protocol version
-//! and cipher, its session, its unacknowledged RECVs, its SEND credits). The table
-//! and its frames are `conns.rs`'s.
+//! and cipher, its session, its unacknowledged RECVs, its SEND credits), and the
+//! table of them ([`ConnTable`]). What each frame does is `conns.rs`'s.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use net::io::{ConnId, Transport};
@@ -10,6 +11,7 @@ use proto::crypto::SessionCipher;
 use proto::jsonrpc::JsonRpc;
 use wheel::TimerHandle;
 
+use domain::presence::authority::FxBuildHasher;
 use domain::presence::connection::ConnPhase;
 use domain::send::commit::Committed;
 
@@ -85,5 +87,69 @@ impl Conn {
     /// Whether the connection speaks JSON-RPC (plaintext payloads, text messages).
     pub fn is_jsonrpc(&self) -> bool {
         self.jsonrpc.is_some()
+    }
+}
+
+/// A shard's connections: by [`ConnId::index`] (the driver's slot, reused after a
+/// close, so an entry is checked against the whole id), and its sessions (pending
+/// and active) to their connection. Bounded by the driver's connection cap (`[net]
+/// max_connections_per_shard`): an entry exists only for a connection it accepted.
+#[derive(Default)]
+pub(crate) struct ConnTable {
+    by_index: Vec<Option<Conn>>,
+    /// Node-assigned session ids, so the fast unkeyed hasher (looked up once per
+    /// RECV).
+    by_session: HashMap<SessionId, ConnId, FxBuildHasher>,
+}
+
+impl ConnTable {
+    /// Connection `id`, if it is still the one in its slot.
+    pub(crate) fn get(&self, id: ConnId) -> Option<&Conn> {
+        self.by_index
+            .get(id.index())
+            .and_then(Option::as_ref)
+            .filter(|c| c.id == id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.by_index
+            .get_mut(id.index())
+            .and_then(Option::as_mut)
+            .filter(|c| c.id == id)
+    }
+
+    /// A new connection, in the slot of its id (a closed one's place).
+    pub(crate) fn insert(&mut self, conn: Conn) {
+        let idx = conn.id.index();
+        if self.by_index.len() <= idx {
+            self.by_index.resize_with(idx + 1, || None);
+        }
+        self.by_index[idx] = Some(conn);
+    }
+
+    /// Takes connection `id` out of the table (its session stays bound until
+    /// [`Self::unbind_session`]).
+    pub(crate) fn take(&mut self, id: ConnId) -> Option<Conn> {
+        self.by_index
+            .get_mut(id.index())
+            .and_then(|c| c.take_if(|c| c.id == id))
+    }
+
+    /// Every connection.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Conn> {
+        self.by_index.iter().flatten()
+    }
+
+    /// The connection of session `session_id`.
+    pub(crate) fn of_session(&self, session_id: SessionId) -> Option<ConnId> {
+        self.by_session.get(&session_id).copied()
+    }
+
+    pub(crate) fn bind_session(&mut self, session_id: SessionId, id: ConnId) {
+        self.by_session.insert(session_id, id);
+    }
+
+    pub(crate) fn unbind_session(&mut self, session_id: SessionId) {
+        self.by_session.remove(&session_id);
     }
 }

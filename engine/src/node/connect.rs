@@ -298,7 +298,7 @@ impl NodeShard {
         conn.session_id = a.session_id;
         conn.state = ConnState::Activating(a.aid);
         let listener = conn.listener;
-        self.session_conns.insert(a.session_id, id);
+        self.conns.bind_session(a.session_id, id);
         let new = NewSession {
             uid,
             device_id: c.device_id.as_str().into(),
@@ -481,7 +481,7 @@ impl NodeShard {
                 if failed {
                     if let Some(c) = self.conn(id) {
                         let sid = c.session_id;
-                        self.session_conns.remove(&sid);
+                        self.conns.unbind_session(sid);
                     }
                 }
             }

@@ -36,17 +36,11 @@ enum FrameOutcome {
 
 impl NodeShard {
     pub(crate) fn conn(&self, id: ConnId) -> Option<&Conn> {
-        self.conns
-            .get(id.index())
-            .and_then(|c| c.as_ref())
-            .filter(|c| c.id == id)
+        self.conns.get(id)
     }
 
     pub(crate) fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
-        self.conns
-            .get_mut(id.index())
-            .and_then(|c| c.as_mut())
-            .filter(|c| c.id == id)
+        self.conns.get_mut(id)
     }
 
     /// A new connection waits for CONNECT (or is closed at once while stopping).
@@ -60,11 +54,7 @@ impl NodeShard {
             driver.close(conn);
             return;
         }
-        let idx = conn.index();
-        if self.conns.len() <= idx {
-            self.conns.resize_with(idx + 1, || None);
-        }
-        self.conns[idx] = Some(Conn {
+        self.conns.insert(Conn {
             id: conn,
             listener,
             state: ConnState::AwaitConnect,
@@ -282,7 +272,7 @@ impl NodeShard {
             }
             (FrameAction::Recvack, Frame::Recvack(p)) => {
                 self.touch_on_activity(cx, id);
-                super::send::owner::on_recvack(self, id, p.message_id);
+                (self.owner).on_recvack(&mut self.conns, &self.metrics, id, p.message_id);
             }
             (FrameAction::RefuseSub(reason_code), Frame::Sub(p)) => {
                 let ack = wkproto::SubackPacket {
@@ -402,11 +392,7 @@ impl NodeShard {
         id: ConnId,
         reason: CloseReason,
     ) {
-        let Some(conn) = self
-            .conns
-            .get_mut(id.index())
-            .and_then(|c| c.take_if(|c| c.id == id))
-        else {
+        let Some(conn) = self.conns.take(id) else {
             return;
         };
         self.metrics.connections.dec();
@@ -415,12 +401,10 @@ impl NodeShard {
             cx.cancel_timer(timer);
         }
         let mut conn = conn;
-        let mut shard_bytes = self.pending_ack_bytes;
-        conn.acks.clear(&mut shard_bytes);
-        self.set_pending_ack_bytes(shard_bytes);
+        self.owner.forget_acks(&mut conn, &self.metrics);
         match conn.state {
             ConnState::Activating(aid) => {
-                self.session_conns.remove(&conn.session_id);
+                self.conns.unbind_session(conn.session_id);
                 self.feed_activation(cx, driver, aid, Event::SessionClosed);
             }
             _ => {
@@ -428,7 +412,7 @@ impl NodeShard {
                     // Rule 32: local removal first, then the queued authority unregister.
                     self.registry.deactivate(handle, cx.now_ms());
                 }
-                self.session_conns.remove(&conn.session_id);
+                self.conns.unbind_session(conn.session_id);
             }
         }
     }

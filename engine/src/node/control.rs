@@ -191,7 +191,6 @@ impl NodeShard {
         let ids: Vec<(ConnId, bool)> = self
             .conns
             .iter()
-            .flatten()
             .map(|c| (c.id, c.state != ConnState::Closing))
             .collect();
         for &(id, _) in &ids {

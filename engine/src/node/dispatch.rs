@@ -83,7 +83,10 @@ impl Handler for NodeShard {
                 message,
                 endpoints,
                 handed_ns,
-            } => super::send::owner::on_push(self, cx, driver, &message, &endpoints, handed_ns),
+            } => {
+                let (owner, mut io) = self.owner_io(cx, driver);
+                owner.on_push(&mut io, &message, &endpoints, handed_ns);
+            }
             Msg::DeviceQuit {
                 uid,
                 device_flag,
@@ -128,7 +131,10 @@ impl Handler for NodeShard {
                 self.publish_gauges(cx);
             }
             NodeTimer::LogSync => super::send::commit::on_log_sync_timer(self),
-            NodeTimer::Ack { conn } => super::send::owner::on_ack_timeout(self, cx, driver, conn),
+            NodeTimer::Ack { conn } => {
+                let (owner, mut io) = self.owner_io(cx, driver);
+                owner.on_ack_timeout(&mut io, conn);
+            }
             NodeTimer::Peers => {
                 self.flush_peers(cx, driver);
             }
@@ -158,7 +164,7 @@ impl Handler for NodeShard {
         let rebuilds = self.authority.stats().filter_rebuilds;
         (self.metrics).record_presence_filter(self.reader.filter_counts(), rebuilds);
         // This turn's driver poll has handed earlier RECVs to the kernel.
-        super::send::owner::observe_socket_writes(self);
+        (self.owner).observe_socket_writes(&self.stages, &self.shared);
         // The turn's commits: under the default `interval` fsync policy they are
         // answered (SENDACK) and queued for delivery at once, and the `LogSync` timer
         // hands an fdatasync to the syncer; only `fsync = "always"` makes the turn's

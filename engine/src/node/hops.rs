@@ -460,9 +460,50 @@ impl NodeShard {
                 endpoints,
             } => {
                 message.committed_ns = self.shared.mono_ns();
-                super::send::owner::on_remote_push(self, cx, driver, message, endpoints);
+                self.on_remote_push(cx, driver, message, endpoints);
             }
             wire::OneWay::View(view) => self.on_remote_view(cx, driver, *view),
+        }
+    }
+
+    /// An owner push from another node (the hop `Push`): the plaintext message and the
+    /// exact endpoints, split by the shard that owns each session; each endpoint is
+    /// revalidated there as any push is (an endpoint of another node or an earlier
+    /// process of this one fails revalidation: counted stale, never written).
+    fn on_remote_push(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        message: domain::send::commit::Committed,
+        mut endpoints: Vec<crate::route::Endpoint>,
+    ) {
+        let (me_node, handed_ns) = (self.shared.config.node_id, message.committed_ns);
+        let before = endpoints.len();
+        let shards = self.shared.slot_map.shard_count();
+        endpoints.retain(|ep| {
+            ep.node_id == me_node && crate::delivery::session_shard(ep.session_id) < shards
+        });
+        self.metrics
+            .push_stale
+            .add((before - endpoints.len()) as u64);
+        let message = std::sync::Arc::new(message);
+        endpoints.sort_by_key(|ep| crate::delivery::session_shard(ep.session_id));
+        for batch in endpoints.chunk_by(|a, b| {
+            crate::delivery::session_shard(a.session_id)
+                == crate::delivery::session_shard(b.session_id)
+        }) {
+            let owner = crate::delivery::session_shard(batch[0].session_id);
+            if owner == self.me {
+                let (owner, mut io) = self.owner_io(cx, driver);
+                owner.on_push(&mut io, &message, batch, handed_ns);
+            } else {
+                let msg = Msg::Push {
+                    message: message.clone(),
+                    endpoints: batch.to_vec(),
+                    handed_ns,
+                };
+                self.send_msg(cx, owner, msg);
+            }
         }
     }
 }

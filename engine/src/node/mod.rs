@@ -376,6 +376,46 @@ fn wait_for_shards(
     Ok(runtime)
 }
 
+/// What [`start_shards`] started: the runtime, its handle, one injector per shard
+/// and the log syncers' threads.
+type StartedShards = (
+    Runtime<NodeShard>,
+    RuntimeHandle,
+    Vec<Injector<Msg>>,
+    Vec<std::thread::JoinHandle<()>>,
+);
+
+/// Starts the shards (each with its listeners, its log and its syncer's end),
+/// waits until every one runs, then the log syncers' threads. Gives the error of a
+/// shard that could not start.
+fn start_shards(
+    shared: &Arc<NodeShared>,
+    listeners: Vec<Vec<net::io::Listener>>,
+    logs: Vec<(MessageLog, i64)>,
+) -> io::Result<StartedShards> {
+    let shards = listeners.len();
+    let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
+    let parts: Vec<_> = listeners
+        .into_iter()
+        .zip(logs)
+        .zip(syncers)
+        .map(|((l, log), syncer)| Some((l, log, syncer)))
+        .collect();
+    let parts = Arc::new(std::sync::Mutex::new(parts));
+    let s = shared.clone();
+    let runtime = Runtime::start(shared.config.runtime.clone(), move |init: &ShardInit| {
+        start_shard(&s, init, &parts)
+    })?;
+    let handle = runtime.handle();
+    let _ = shared.runtime.set(handle.clone());
+    let runtime = wait_for_shards(shared, runtime, &handle)?;
+    let injectors: Vec<Injector<Msg>> = (0..shards)
+        .map(|i| runtime.injector(i as ShardId))
+        .collect();
+    let sync_handles = spawn_syncers(sync_threads, &injectors);
+    Ok((runtime, handle, injectors, sync_handles))
+}
+
 /// Starts each shard's log syncer thread; it ends when its shard drops the sending
 /// side. A thread that cannot start is a warning: that shard syncs on its own thread
 /// (slower).
@@ -522,27 +562,10 @@ impl Node {
             webhooks: Arc::new(webhooks),
             config,
         });
-        let (syncers, sync_threads): (Vec<_>, Vec<_>) = (0..shards).map(|_| syncer::pair()).unzip();
-        let parts: Vec<_> = bound
-            .listeners
-            .into_iter()
-            .zip(logs)
-            .zip(syncers)
-            .map(|((l, log), syncer)| Some((l, log, syncer)))
-            .collect();
-        let parts = Arc::new(std::sync::Mutex::new(parts));
-        let s = shared.clone();
-        let runtime = Runtime::start(shared.config.runtime.clone(), move |init: &ShardInit| {
-            start_shard(&s, init, &parts)
-        })?;
-        let handle = runtime.handle();
-        let _ = shared.runtime.set(handle.clone());
-        let runtime = wait_for_shards(&shared, runtime, &handle)?;
-        let injectors: Vec<Injector<Msg>> = (0..shards)
-            .map(|i| runtime.injector(i as ShardId))
-            .collect();
-        let sync_handles = spawn_syncers(sync_threads, &injectors);
-        log_listeners(bound.tcp_addr, bound.ws_addr, bound.rpc_addr);
+        let (tcp_addr, ws_addr, rpc_addr) = (bound.tcp_addr, bound.ws_addr, bound.rpc_addr);
+        let started = start_shards(&shared, bound.listeners, logs)?;
+        let (runtime, handle, injectors, sync_handles) = started;
+        log_listeners(tcp_addr, ws_addr, rpc_addr);
         let (http, webhook_runtime) = start_api_and_webhooks(&shared, &injectors)?;
         Ok(Node {
             http,
@@ -552,8 +575,8 @@ impl Node {
             handle,
             injectors,
             sync_handles,
-            tcp_addr: bound.tcp_addr,
-            ws_addr: bound.ws_addr,
+            tcp_addr,
+            ws_addr,
         })
     }
 

@@ -283,3 +283,20 @@ pub struct MessageSyncRequest {
     pub max_bytes: usize,
     pub reply: Sender<Result<(Vec<StoredMessage>, bool), String>>,
 }
+
+/// What a shard's timers carry.
+#[derive(Clone, Copy, Debug)]
+pub enum NodeTimer {
+    /// An activation's deadline.
+    Activation(ActivationId),
+    /// The touch worker's flush (and the unregister queue's drain).
+    TouchFlush,
+    /// The authority's expiry pass.
+    Expiry,
+    /// The ack timeout of a connection's oldest unacknowledged RECV.
+    Ack { conn: ConnId },
+    /// The interval fsync policy's sync of the log.
+    LogSync,
+    /// The inter-node links' timers (dials, deadlines, heartbeats, silence).
+    Peers,
+}

@@ -26,30 +26,14 @@ use crate::activation::{Activation, ActivationId, Event, Output};
 use crate::authority::{Authority, AuthorityReader};
 use crate::cluster::ClusterView;
 use crate::registry::Registry;
-use crate::route::SessionId;
 
 use super::msg::Msg;
+pub use super::msg::NodeTimer;
+use super::send::owner::{OwnerIo, OwnerSide};
 use super::send::CommitSide;
 use super::shared::NodeShared;
 
-pub(crate) use super::conn::{Conn, ConnState};
-
-/// What a shard's timers carry.
-#[derive(Clone, Copy, Debug)]
-pub enum NodeTimer {
-    /// An activation's deadline.
-    Activation(ActivationId),
-    /// The touch worker's flush (and the unregister queue's drain).
-    TouchFlush,
-    /// The authority's expiry pass.
-    Expiry,
-    /// The ack timeout of a connection's oldest unacknowledged RECV.
-    Ack { conn: ConnId },
-    /// The interval fsync policy's sync of the log.
-    LogSync,
-    /// The inter-node links' timers (dials, deadlines, heartbeats, silence).
-    Peers,
-}
+pub(crate) use super::conn::{ConnState, ConnTable};
 
 /// One shard's state.
 pub struct NodeShard {
@@ -58,19 +42,12 @@ pub struct NodeShard {
     pub(crate) metrics: Arc<super::metrics::ShardMetrics>,
     /// This shard's stage latency histograms.
     pub(crate) stages: Arc<super::metrics::StageHistograms>,
-    /// Push batches queued this turn, waiting for the poll that writes them
-    /// (bounded by `send::WRITE_MARKS_MAX`).
-    pub(crate) write_marks_ns: Vec<u64>,
     pub(crate) view: ClusterView,
     pub(crate) registry: Registry,
     pub(crate) authority: Authority,
     pub(crate) reader: AuthorityReader,
-    /// Connections by `ConnId::index`.
-    pub(crate) conns: Vec<Option<Conn>>,
-    /// This shard's sessions (pending and active) → their connection; node-assigned
-    /// ids, so the fast unkeyed hasher (looked up once per RECV).
-    pub(crate) session_conns:
-        HashMap<SessionId, ConnId, domain::presence::authority::FxBuildHasher>,
+    /// The connections and their sessions.
+    pub(crate) conns: ConnTable,
     /// Activations running on this shard, with their connection.
     pub(super) activations: HashMap<ActivationId, (Activation, ConnId)>,
     /// Replies of authority calls served on this shard itself, fed back in order.
@@ -89,15 +66,12 @@ pub struct NodeShard {
     /// Scratch buffer for a frame translated to JSON-RPC (`conns::write_json`).
     pub(super) json_buf: Vec<u8>,
     pub(crate) commit: CommitSide,
+    /// The owner side: RECVs to this shard's sessions and their acknowledgements.
+    pub(crate) owner: OwnerSide,
     /// This gateway's credits of SENDs in flight (`domain::send::gateway`).
     pub(crate) credits: domain::send::gateway::SendCredits,
     /// This gateway's SEND rates by uid (`domain::send::send_rate`).
     pub(crate) send_rate: domain::send::send_rate::SendRate,
-    /// What this shard's pending-ACK entries are charged (bounded by
-    /// `pending_acks_budget_bytes_per_shard`; see `send::PendingAcks`).
-    pub(crate) pending_ack_bytes: usize,
-    /// RECVs an ack timeout re-sends (reused).
-    pub(crate) ack_resend_buf: Vec<Arc<super::send::Committed>>,
     /// Shut down or drained: new client connections are closed at once.
     pub(super) stopping: bool,
     /// The links to the other nodes (none on a node alone).
@@ -142,6 +116,7 @@ impl NodeShard {
         );
         let reader = authority.reader();
         let peers = super::peers::new_for_shard(&shared, me);
+        let owner = OwnerSide::new(&cfg.session);
         let credits = domain::send::gateway::SendCredits::new(
             me,
             shared.slot_map.shard_count() as usize,
@@ -151,21 +126,17 @@ impl NodeShard {
         Ok(NodeShard {
             credits,
             send_rate: domain::send::send_rate::SendRate::new(cfg.session.send_rate_limits()),
-            pending_ack_bytes: 0,
-            ack_resend_buf: Vec::new(),
             me,
             rng: StdRng::from_entropy(),
             rx_frame: Vec::new(),
             metrics: shared.shard_metrics[me as usize].clone(),
             stages: shared.stages[me as usize].clone(),
-            write_marks_ns: Vec::with_capacity(super::send::WRITE_MARKS_MAX),
             shared,
             view,
             registry,
             authority,
             reader,
-            conns: Vec::new(),
-            session_conns: HashMap::default(),
+            conns: ConnTable::default(),
             activations: HashMap::new(),
             local_events: VecDeque::new(),
             next_activation: 1,
@@ -174,6 +145,7 @@ impl NodeShard {
             frame_buf: Vec::with_capacity(4096),
             json_buf: Vec::new(),
             commit,
+            owner,
             stopping: false,
             peers,
             remote_failures: Vec::new(),
@@ -181,10 +153,22 @@ impl NodeShard {
         })
     }
 
-    /// Records the shard's pending-ACK charge (and its gauge).
-    pub(crate) fn set_pending_ack_bytes(&mut self, bytes: usize) {
-        self.pending_ack_bytes = bytes;
-        self.metrics.pending_ack_bytes.set(bytes as u64);
+    /// The owner side, with what one of its calls borrows from the shard.
+    pub(crate) fn owner_io<'a>(
+        &'a mut self,
+        cx: &'a mut Context<Msg, NodeTimer>,
+        driver: &'a mut NetDriver,
+    ) -> (&'a mut OwnerSide, OwnerIo<'a>) {
+        let io = OwnerIo {
+            conns: &mut self.conns,
+            registry: &self.registry,
+            metrics: &self.metrics,
+            stages: &self.stages,
+            clock: &self.shared,
+            cx,
+            driver,
+        };
+        (&mut self.owner, io)
     }
 
     /// The clock now: wall and monotonic, one read each.

@@ -251,6 +251,36 @@ struct FeedLimits {
 }
 
 impl Follower {
+    /// A follower of the shards' logs from `start` (one position per shard, each
+    /// read through its `tails`), nothing read yet.
+    fn new(
+        feed_limits: FeedLimits,
+        tails: impl Iterator<Item = LogTail>,
+        start: &[LogPosition],
+        now: Instant,
+    ) -> Follower {
+        Follower {
+            feed_limits,
+            shards: tails
+                .zip(start)
+                .map(|(tail, &pos)| ShardState {
+                    tail: Some(tail),
+                    read_pos: pos,
+                    window: VecDeque::new(),
+                    passed: 0,
+                })
+                .collect(),
+            held: VecDeque::new(),
+            held_bytes: 0,
+            queued: VecDeque::new(),
+            batches: Default::default(),
+            next_shard: 0,
+            read_at: now,
+            saved: start.to_vec(),
+            saved_at: None,
+        }
+    }
+
     fn cursor(&self) -> Vec<LogPosition> {
         self.shards.iter().map(ShardState::cursor).collect()
     }
@@ -551,34 +581,15 @@ pub async fn run(sink: Arc<WebhookSink>, client: Arc<WebhookClient>) {
     };
     let config = sink.config();
     let epoch = Instant::now();
-    let f = Follower {
-        feed_limits: FeedLimits {
-            read_max: config.notify_read_max,
-            window_max: config.notify_window_max,
-            read_per_s: config.notify_read_per_s,
-            queue_bytes_max: config.queue_bytes_max,
-            cursor_interval: Duration::from_millis(config.notify_cursor_interval_ms),
-        },
-        shards: feed
-            .start
-            .iter()
-            .enumerate()
-            .map(|(i, &pos)| ShardState {
-                tail: Some(LogTail::new(&log_dir(&feed.data_dir, i))),
-                read_pos: pos,
-                window: VecDeque::new(),
-                passed: 0,
-            })
-            .collect(),
-        held: VecDeque::new(),
-        held_bytes: 0,
-        queued: VecDeque::new(),
-        batches: Default::default(),
-        next_shard: 0,
-        read_at: epoch,
-        saved: feed.start.clone(),
-        saved_at: None,
+    let feed_limits = FeedLimits {
+        read_max: config.notify_read_max,
+        window_max: config.notify_window_max,
+        read_per_s: config.notify_read_per_s,
+        queue_bytes_max: config.queue_bytes_max,
+        cursor_interval: Duration::from_millis(config.notify_cursor_interval_ms),
     };
+    let tails = (0..feed.start.len()).map(|i| LogTail::new(&log_dir(&feed.data_dir, i)));
+    let f = Follower::new(feed_limits, tails, &feed.start, epoch);
     let mut t = Task {
         sink: &sink,
         feed,
@@ -677,34 +688,18 @@ mod tests {
     }
 
     fn follower(feed: &NotifyFeed, window_max: usize) -> Follower {
-        let now = Instant::now();
-        Follower {
-            feed_limits: FeedLimits {
-                read_max: 10,
-                window_max,
-                read_per_s: 1_000,
-                queue_bytes_max: 1_000,
-                cursor_interval: Duration::from_millis(1),
-            },
-            shards: feed
-                .start
-                .iter()
-                .map(|&pos| ShardState {
-                    tail: Some(LogTail::new(Path::new("/nonexistent"))),
-                    read_pos: pos,
-                    window: VecDeque::new(),
-                    passed: 0,
-                })
-                .collect(),
-            held: VecDeque::new(),
-            held_bytes: 0,
-            queued: VecDeque::new(),
-            batches: Default::default(),
-            next_shard: 0,
-            read_at: now,
-            saved: feed.start.clone(),
-            saved_at: None,
-        }
+        let limits = FeedLimits {
+            read_max: 10,
+            window_max,
+            read_per_s: 1_000,
+            queue_bytes_max: 1_000,
+            cursor_interval: Duration::from_millis(1),
+        };
+        let tails = feed
+            .start
+            .iter()
+            .map(|_| LogTail::new(Path::new("/nonexistent")));
+        Follower::new(limits, tails, &feed.start, Instant::now())
     }
 
     #[test]

@@ -1146,45 +1146,12 @@ impl SlotWriter {
         else {
             return Err(AuthorityError::NotReady);
         };
-        let mut remove: Vec<u32> = Vec::new();
-        for (j, r) in self.records_of(u) {
-            if j == i {
-                continue;
-            }
-            if let Some(a) = r.active() {
-                if p.route.conflicts_with(&a.route) {
-                    if !p.acks.contains(&(r.sess, a.route.owner_seq)) {
-                        return Err(AuthorityError::NotReady);
-                    }
-                    remove.push(j);
-                }
-            }
-        }
+        let remove = self.replaced_by(u, i, p)?;
         let had_active = self.recs[i].is_active;
         if self.active - remove.len() + usize::from(!had_active) > cfg.max_routes_per_slot {
             return Err(AuthorityError::Full);
         }
-        let mut ended = Vec::new();
-        for &j in &remove {
-            let r = &mut self.recs[j];
-            if let Some(seq) = r.deactivate() {
-                r.tombstone = Some(r.tombstone.map_or(seq, |t| t.max(seq)));
-                self.active -= 1;
-                ended.push(j);
-            }
-            // Like an unregister: a candidate of the removed identity at or below
-            // the new tombstone goes too.
-            if r.pending
-                .as_ref()
-                .is_some_and(|p| r.tombstoned(p.route.owner_seq))
-            {
-                if let Some(p) = r.pending.take() {
-                    self.wheel.cancel(p.timer);
-                    self.pending -= 1;
-                }
-            }
-            self.settle(j, now_s, cfg, false);
-        }
+        let ended = self.end_replaced(&remove, cfg, now_s);
         self.next_activation += 1;
         let rec = &mut self.recs[i];
         let Some(p) = rec.pending.take() else {
@@ -1208,6 +1175,55 @@ impl SlotWriter {
             self.note_presence(log, i, true);
         }
         Ok(())
+    }
+
+    /// The active routes of user `u` that the candidate `p` of record `i` replaces
+    /// (those it conflicts with); `NotReady` while one of them has not been
+    /// acknowledged by its owner.
+    fn replaced_by(&self, u: u32, i: u32, p: &Pending) -> Result<Vec<u32>, AuthorityError> {
+        let mut remove: Vec<u32> = Vec::new();
+        for (j, r) in self.records_of(u) {
+            if j == i {
+                continue;
+            }
+            if let Some(a) = r.active() {
+                if p.route.conflicts_with(&a.route) {
+                    if !p.acks.contains(&(r.sess, a.route.owner_seq)) {
+                        return Err(AuthorityError::NotReady);
+                    }
+                    remove.push(j);
+                }
+            }
+        }
+        Ok(remove)
+    }
+
+    /// Ends the routes a commit replaces, each tombstoned at its owner_seq (a
+    /// candidate of the same identity at or below it goes too); returns the
+    /// records whose route was active.
+    fn end_replaced(&mut self, remove: &[u32], cfg: &AuthorityConfig, now_s: u64) -> Vec<u32> {
+        let mut ended = Vec::new();
+        for &j in remove {
+            let r = &mut self.recs[j];
+            if let Some(seq) = r.deactivate() {
+                r.tombstone = Some(r.tombstone.map_or(seq, |t| t.max(seq)));
+                self.active -= 1;
+                ended.push(j);
+            }
+            // Like an unregister: a candidate of the removed identity at or below
+            // the new tombstone goes too.
+            if r.pending
+                .as_ref()
+                .is_some_and(|p| r.tombstoned(p.route.owner_seq))
+            {
+                if let Some(p) = r.pending.take() {
+                    self.wheel.cancel(p.timer);
+                    self.pending -= 1;
+                }
+            }
+            self.settle(j, now_s, cfg, false);
+        }
+        ended
     }
 
     fn abort(
@@ -1277,6 +1293,54 @@ impl SlotWriter {
         Ok(removed)
     }
 
+    /// A touch of record `j` of user `u`: refused when stale or tombstoned; an
+    /// active route's activity and owner_seq move forward (republished when the
+    /// owner_seq did). `None` when the record holds no active route (the touch
+    /// may recreate it).
+    #[inline]
+    fn refresh(
+        &mut self,
+        dir: &Directory,
+        cfg: &AuthorityConfig,
+        (u, j): (u32, u32),
+        r: &Route,
+        activity: u64,
+    ) -> Option<TouchResult> {
+        let rec = &mut self.recs[j];
+        if r.owner_seq < rec.last_owner_seq {
+            return Some(TouchResult::IgnoredStaleSeq);
+        }
+        if rec.tombstoned(r.owner_seq) {
+            return Some(TouchResult::IgnoredTombstoned);
+        }
+        let a = rec.active_mut()?;
+        let mut deadline = None;
+        if let Some(old) = a.route.last_active_s {
+            if activity > old {
+                a.route.last_active_s = Some(activity);
+                deadline = route_deadline(Some(activity), cfg.route_ttl_s);
+            }
+        }
+        let republish = r.owner_seq > a.route.owner_seq;
+        if republish {
+            a.route.owner_seq = r.owner_seq;
+        }
+        rec.last_owner_seq = r.owner_seq;
+        if let Some(d) = deadline {
+            debug_assert!(
+                rec.link.is_linked(),
+                "active timed route without a deadline"
+            );
+            if let Some(m) = self.ring.set(j, &mut rec.link, d) {
+                m.apply(&mut self.recs[m.rec].link);
+            }
+        }
+        if republish {
+            self.publish(dir, u);
+        }
+        Some(TouchResult::Refreshed)
+    }
+
     /// One touched route. Hot path: no allocation unless the route is recreated.
     #[inline]
     fn touch_one(
@@ -1301,41 +1365,8 @@ impl SlotWriter {
                     }
                 }
             }
-            if let Some(j) = found {
-                let rec = &mut self.recs[j];
-                if r.owner_seq < rec.last_owner_seq {
-                    return TouchResult::IgnoredStaleSeq;
-                }
-                if rec.tombstoned(r.owner_seq) {
-                    return TouchResult::IgnoredTombstoned;
-                }
-                if let Some(a) = rec.active_mut() {
-                    let mut deadline = None;
-                    if let Some(old) = a.route.last_active_s {
-                        if activity > old {
-                            a.route.last_active_s = Some(activity);
-                            deadline = route_deadline(Some(activity), cfg.route_ttl_s);
-                        }
-                    }
-                    let republish = r.owner_seq > a.route.owner_seq;
-                    if republish {
-                        a.route.owner_seq = r.owner_seq;
-                    }
-                    rec.last_owner_seq = r.owner_seq;
-                    if let Some(d) = deadline {
-                        debug_assert!(
-                            rec.link.is_linked(),
-                            "active timed route without a deadline"
-                        );
-                        if let Some(m) = self.ring.set(j, &mut rec.link, d) {
-                            m.apply(&mut self.recs[m.rec].link);
-                        }
-                    }
-                    if republish {
-                        self.publish(dir, u);
-                    }
-                    return TouchResult::Refreshed;
-                }
+            if let Some(result) = found.and_then(|j| self.refresh(dir, cfg, (u, j), r, activity)) {
+                return result;
             }
         }
         // Missing: recreate if it conflicts with nothing (rule 15).

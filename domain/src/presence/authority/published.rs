@@ -1563,6 +1563,7 @@ mod tests {
         }
     }
 
+    #[allow(clippy::too_many_lines)] // one scenario, read top-down
     fn table_run(seed: u64) -> Result<(), String> {
         const UIDS: usize = if cfg!(miri) { 12 } else { 40 };
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -1671,6 +1672,7 @@ mod tests {
     /// value a reader gets is one the writer published whole (its endpoints carry
     /// one `owner_seq` and sessions 0..n, in order).
     #[test]
+    #[allow(clippy::too_many_lines)] // one scenario, read top-down
     fn concurrent_lookups_see_whole_values_through_rebuilds_and_reuse() {
         const UIDS: usize = 48;
         const READERS: usize = 2;

@@ -455,7 +455,8 @@ fn carry_push(
 ) {
     match push.to {
         PushTo::Shard(s) if s == node.me => {
-            super::owner::on_push(node, cx, driver, &push.message, &push.endpoints, handed_ns);
+            let (owner, mut io) = node.owner_io(cx, driver);
+            owner.on_push(&mut io, &push.message, &push.endpoints, handed_ns);
         }
         PushTo::Shard(s) => {
             let msg = Msg::Push {

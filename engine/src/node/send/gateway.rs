@@ -185,12 +185,7 @@ fn open_payload(node: &NodeShard, id: ConnId, p: &SendPacket<'_>) -> Result<Vec<
 /// Credits (`domain::send::gateway`): the connection's SENDs in flight, and this shard's
 /// towards `to` (each reserves room for its SENDACK on the way back).
 fn take_credit(node: &mut NodeShard, id: ConnId, to: slots::ShardId) -> bool {
-    let Some(conn) = node
-        .conns
-        .get_mut(id.index())
-        .and_then(Option::as_mut)
-        .filter(|c| c.id == id)
-    else {
+    let Some(conn) = node.conns.get_mut(id) else {
         return false;
     };
     node.credits.take(&mut conn.sends_in_flight, to)
