@@ -268,7 +268,7 @@ impl NodeShard {
             }
             (FrameAction::Send, Frame::Send(p)) => {
                 self.touch_on_activity(cx, id);
-                super::send::gateway::on_send(self, cx, driver, id, &p);
+                self.on_send(cx, driver, id, &p);
             }
             (FrameAction::Recvack, Frame::Recvack(p)) => {
                 self.touch_on_activity(cx, id);

@@ -73,11 +73,11 @@ impl Handler for NodeShard {
         match msg {
             Msg::Request(hop) => self.on_request(cx, driver, hop.reply_to, hop.request),
             Msg::Reply(hop) => self.on_reply(cx, driver, hop.pending, hop.reply),
-            Msg::Commit(request) => super::send::commit::on_commit(self, cx, driver, *request),
+            Msg::Commit(request) => self.on_commit(cx, driver, *request),
             Msg::SendAck(ack) => {
                 // The SEND's credit towards that commit shard comes back.
-                self.credits.returned_from(from);
-                super::send::gateway::on_sendack(self, driver, ack)
+                self.gateway.returned_from(from);
+                self.on_sendack(driver, ack)
             }
             Msg::Push {
                 message,
@@ -95,7 +95,7 @@ impl Handler for NodeShard {
                 let n = self.device_quit(cx, driver, &uid, device_flag);
                 let _ = done.try_send(n);
             }
-            Msg::MessageSync(request) => super::send::commit::on_message_sync(self, *request),
+            Msg::MessageSync(request) => self.on_message_sync(*request),
             Msg::View(view) => self.apply_view(cx, driver, &view),
             Msg::PeerReply {
                 from,
@@ -130,7 +130,7 @@ impl Handler for NodeShard {
                 self.expire_routes(cx);
                 self.publish_gauges(cx);
             }
-            NodeTimer::LogSync => super::send::commit::on_log_sync_timer(self),
+            NodeTimer::LogSync => self.on_log_sync_timer(),
             NodeTimer::Ack { conn } => {
                 let (owner, mut io) = self.owner_io(cx, driver);
                 owner.on_ack_timeout(&mut io, conn);
@@ -172,8 +172,7 @@ impl Handler for NodeShard {
         // peers have room. The turn's SENDs and commits are in: the next turn reads
         // the clock afresh.
         self.forget_turn_clock();
-        let work = super::send::commit::flush_commits(self, cx, driver)
-            + super::send::commit::pump_deliveries(self, cx, driver);
+        let work = self.flush_commits(cx, driver) + self.pump_deliveries(cx, driver);
         // Last: the turn's frames to other nodes, one write per link.
         work + self.flush_peers(cx, driver)
     }
@@ -184,8 +183,8 @@ impl Handler for NodeShard {
         }
         // A graceful stop makes everything appended durable, whatever the fsync
         // policy, and answers what waited for it.
-        super::send::commit::flush_commits_for_stop(self, cx, driver);
-        super::send::commit::pump_deliveries(self, cx, driver);
+        self.flush_commits_for_stop(cx, driver);
+        self.pump_deliveries(cx, driver);
         // Flush queued output (DISCONNECTs) before the sockets go.
         let _ =
             shard::runtime::Driver::poll(driver, Some(std::time::Duration::ZERO), &mut Vec::new());

@@ -182,11 +182,11 @@ impl NodeShard {
                     message_seq,
                     reason,
                 };
-                super::send::gateway::on_sendack(self, driver, ack);
+                self.on_sendack(driver, ack);
             }
             (Pending::Lookup { lookup_id }, R::Lookup { endpoints, results }) => {
                 let reply = LookupReply::Found { endpoints, results };
-                super::send::commit::on_lookup_reply(self, lookup_id, reply);
+                self.on_lookup_reply(lookup_id, reply);
             }
             (Pending::Token { conn, connect }, R::Token(level)) => {
                 let checked = level.map_err(|()| ReasonCode::AUTH_FAIL);
@@ -271,11 +271,11 @@ impl NodeShard {
                     message_seq: 0,
                     reason,
                 };
-                super::send::gateway::on_sendack(self, driver, ack);
+                self.on_sendack(driver, ack);
             }
             (Pending::Lookup { lookup_id }, Action::LookupFailed(failure)) => {
                 let reply = LookupReply::Failed(failure);
-                super::send::commit::on_lookup_reply(self, lookup_id, reply);
+                self.on_lookup_reply(lookup_id, reply);
             }
             (Pending::Token { conn, connect }, Action::Connack(reason)) => {
                 self.on_token_checked(cx, driver, conn, *connect, Err(reason));
@@ -342,9 +342,7 @@ impl NodeShard {
             wire::Request::OwnerAction { action } => {
                 self.on_owner_action(cx, driver, reply_to, action)
             }
-            wire::Request::Send(send) => {
-                super::send::commit::on_forwarded_send(self, cx, driver, reply_to, *send)
-            }
+            wire::Request::Send(send) => self.on_forwarded_send(cx, driver, reply_to, *send),
             wire::Request::Token {
                 uid,
                 device_flag,

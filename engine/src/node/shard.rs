@@ -30,7 +30,7 @@ use crate::registry::Registry;
 use super::msg::Msg;
 pub use super::msg::NodeTimer;
 use super::send::owner::{OwnerIo, OwnerSide};
-use super::send::CommitSide;
+use super::send::{CommitSide, GatewaySide};
 use super::shared::NodeShared;
 
 pub(crate) use super::conn::{ConnState, ConnTable};
@@ -68,10 +68,8 @@ pub struct NodeShard {
     pub(crate) commit: CommitSide,
     /// The owner side: RECVs to this shard's sessions and their acknowledgements.
     pub(crate) owner: OwnerSide,
-    /// This gateway's credits of SENDs in flight (`domain::send::gateway`).
-    pub(crate) credits: domain::send::gateway::SendCredits,
-    /// This gateway's SEND rates by uid (`domain::send::send_rate`).
-    pub(crate) send_rate: domain::send::send_rate::SendRate,
+    /// The gateway side: this shard's clients' SENDs (`send/gateway.rs`).
+    pub(crate) gateway: GatewaySide,
     /// Shut down or drained: new client connections are closed at once.
     pub(super) stopping: bool,
     /// The links to the other nodes (none on a node alone).
@@ -117,15 +115,9 @@ impl NodeShard {
         let reader = authority.reader();
         let peers = super::peers::new_for_shard(&shared, me);
         let owner = OwnerSide::new(&cfg.session);
-        let credits = domain::send::gateway::SendCredits::new(
-            me,
-            shared.slot_map.shard_count() as usize,
-            cfg.delivery.commit_credits_per_peer,
-            cfg.session.sends_in_flight_per_conn_max,
-        );
+        let gateway = GatewaySide::new(me, &shared);
         Ok(NodeShard {
-            credits,
-            send_rate: domain::send::send_rate::SendRate::new(cfg.session.send_rate_limits()),
+            gateway,
             me,
             rng: StdRng::from_entropy(),
             rx_frame: Vec::new(),
