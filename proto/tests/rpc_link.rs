@@ -346,6 +346,7 @@ fn requests_are_refused_when_down_full_or_not_a_request_and_nothing_is_written()
 
     let small = LinkLimits {
         rpc_requests_in_flight_max: 3,
+        rpc_requests_in_flight_per_kind_max: 3,
         ..limits()
     };
     let mut w = up(rng, small, 0);
@@ -388,6 +389,93 @@ fn requests_are_refused_when_down_full_or_not_a_request_and_nothing_is_written()
         .request(Kind::Push, b"x", 0, 7, 0, &mut w.sent_l)
         .is_ok());
     assert_eq!(w.link.in_flight(), 3);
+}
+
+/// Issue 26 item 5: one kind (a login storm's registers) fills at most its quota
+/// of the in-flight table; the other kinds (SENDs, lookups) keep their place. A
+/// request that ends by its reply, its deadline or the link's loss gives its
+/// kind's place back.
+#[test]
+fn one_kind_fills_at_most_its_quota_and_others_keep_their_place() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let quota = LinkLimits {
+        rpc_requests_in_flight_max: 5,
+        rpc_requests_in_flight_per_kind_max: 2,
+        ..limits()
+    };
+    assert_eq!(quota.validate(), Ok(()));
+    let mut w = up(rng, quota, 0);
+    let register = |w: &mut Wire, token: u32, deadline_ms: u32| {
+        (w.link).request(
+            Kind::AuthorityRegister,
+            b"r",
+            deadline_ms,
+            token,
+            0,
+            &mut w.sent_l,
+        )
+    };
+    let first = register(&mut w, 1, 0).unwrap();
+    register(&mut w, 2, 50).unwrap();
+    let written = w.sent_l.len();
+    assert_eq!(
+        register(&mut w, 3, 0),
+        Err((Refused::KindFull(Kind::AuthorityRegister, 2), 3)),
+        "seed {seed}"
+    );
+    assert_eq!(
+        w.sent_l.len(),
+        written,
+        "nothing written for a refused request"
+    );
+    // Other kinds still get their place while registers are at their quota.
+    for (token, kind) in [(4, Kind::ForwardedSend), (5, Kind::EndpointLookup)] {
+        assert!(
+            w.link
+                .request(kind, b"s", 0, token, 0, &mut w.sent_l)
+                .is_ok(),
+            "{kind:?} refused while only registers were at their quota (seed {seed})"
+        );
+    }
+    // A reply gives its kind's place back.
+    assert_eq!(w.link.complete(first, B.boot_id), Some(1));
+    register(&mut w, 6, 0).unwrap();
+    assert_eq!(
+        register(&mut w, 7, 0),
+        Err((Refused::KindFull(Kind::AuthorityRegister, 2), 7))
+    );
+    // So does a deadline (request 2, due at 50 ms).
+    let mut failed = Vec::new();
+    let _ = w.link.on_tick(50, &mut w.sent_l, &mut failed);
+    assert_eq!(failed, vec![(2, Failure::Deadline)], "seed {seed}");
+    register(&mut w, 8, 0).unwrap();
+    // The whole table still bounds every kind together.
+    (w.link)
+        .request(Kind::TouchBatch, b"b", 0, 10, 0, &mut w.sent_l)
+        .unwrap();
+    assert_eq!(w.link.in_flight(), 5);
+    assert_eq!(
+        w.link
+            .request(Kind::TokenLookup, b"t", 0, 9, 0, &mut w.sent_l),
+        Err((Refused::Full(5), 9))
+    );
+    // And the link's loss, every place.
+    w.link.on_closed(60, 0, &mut failed);
+    assert_eq!(w.link.in_flight(), 0);
+    let bad = LinkLimits {
+        rpc_requests_in_flight_per_kind_max: 6,
+        ..quota
+    };
+    assert!(
+        bad.validate().is_err(),
+        "a kind's quota above the whole table"
+    );
+    let bad = LinkLimits {
+        rpc_requests_in_flight_per_kind_max: 0,
+        ..quota
+    };
+    assert!(bad.validate().is_err());
 }
 
 #[test]

@@ -51,8 +51,10 @@
 //!   failed, a connection the peer closed, or one closed after a close event): it
 //!   fails every request in flight with [`Failure::LinkLost`].
 //! - Requests are refused at once when the link is not up ([`Refused::Down`]: no
-//!   queue, the caller fails fast) or past [`LinkLimits::rpc_requests_in_flight_max`]
-//!   ([`Refused::Full`]). Each request in flight ends exactly once: completed
+//!   queue, the caller fails fast), past [`LinkLimits::rpc_requests_in_flight_max`]
+//!   ([`Refused::Full`]), or past [`LinkLimits::rpc_requests_in_flight_per_kind_max`]
+//!   of its own kind ([`Refused::KindFull`]: one flow's storm leaves the table's
+//!   rest to the others). Each request in flight ends exactly once: completed
 //!   ([`Outbound::complete`] returns its token), expired ([`Failure::Deadline`]) or
 //!   lost ([`Failure::LinkLost`]).
 //! - Heartbeat: when up, a `Ping` (body: the `now_ms` of its sending) is written when
@@ -74,6 +76,10 @@ use super::{check_sender, SenderMismatch};
 
 /// Default of [`LinkLimits::rpc_requests_in_flight_max`].
 pub const RPC_REQUESTS_IN_FLIGHT_MAX_DEFAULT: usize = 4096;
+/// Default of [`LinkLimits::rpc_requests_in_flight_per_kind_max`]: a quarter of
+/// the table, so a storm of one flow (logins are three kinds: token lookup,
+/// register, commit) leaves the rest of it to SENDs and lookups.
+pub const RPC_REQUESTS_IN_FLIGHT_PER_KIND_MAX_DEFAULT: usize = 1024;
 /// Default of [`LinkLimits::rpc_request_deadline_ms`].
 pub const RPC_REQUEST_DEADLINE_MS_DEFAULT: u32 = 2_000;
 /// Default of [`LinkLimits::rpc_heartbeat_ms`].
@@ -109,6 +115,10 @@ pub const fn request_shard(request_id: u64) -> u16 {
 pub struct LinkLimits {
     /// Requests in flight on one outbound link; more are refused ([`Refused::Full`]).
     pub rpc_requests_in_flight_max: usize,
+    /// Requests of one kind in flight on one outbound link (at most
+    /// `rpc_requests_in_flight_max`); more of that kind are refused
+    /// ([`Refused::KindFull`]) while other kinds still get their place.
+    pub rpc_requests_in_flight_per_kind_max: usize,
     /// The deadline of a request sent with `deadline_ms == 0`, in ms.
     pub rpc_request_deadline_ms: u32,
     /// An up outbound link writes a Ping after this long without writing (or
@@ -145,6 +155,7 @@ impl Default for LinkLimits {
     fn default() -> Self {
         LinkLimits {
             rpc_requests_in_flight_max: RPC_REQUESTS_IN_FLIGHT_MAX_DEFAULT,
+            rpc_requests_in_flight_per_kind_max: RPC_REQUESTS_IN_FLIGHT_PER_KIND_MAX_DEFAULT,
             rpc_request_deadline_ms: RPC_REQUEST_DEADLINE_MS_DEFAULT,
             rpc_heartbeat_ms: RPC_HEARTBEAT_MS_DEFAULT,
             rpc_peer_silence_ms: RPC_PEER_SILENCE_MS_DEFAULT,
@@ -177,6 +188,12 @@ impl LinkLimits {
             (
                 self.rpc_requests_in_flight_max >= 1,
                 "rpc_requests_in_flight_max must be at least 1",
+            ),
+            (
+                self.rpc_requests_in_flight_per_kind_max >= 1
+                    && self.rpc_requests_in_flight_per_kind_max <= self.rpc_requests_in_flight_max,
+                "rpc_requests_in_flight_per_kind_max must be at least 1 and at most \
+                 rpc_requests_in_flight_max",
             ),
             (
                 self.rpc_request_deadline_ms >= 1,
@@ -287,6 +304,9 @@ pub enum Refused {
     /// `rpc_requests_in_flight_max` requests are in flight.
     #[error("{0} requests in flight (rpc_requests_in_flight_max)")]
     Full(usize),
+    /// `rpc_requests_in_flight_per_kind_max` requests of this kind are in flight.
+    #[error("{1} requests of kind {0:?} in flight (rpc_requests_in_flight_per_kind_max)")]
+    KindFull(Kind, usize),
     /// Requests and one-way messages are kinds 16..=63 ([`Kind::is_hop`]).
     #[error("{0:?} is not a request kind")]
     NotAHop(Kind),
@@ -457,15 +477,19 @@ pub fn deadline_at_ms(header: &Header, now_ms: u64) -> Option<u64> {
 
 struct Pending<T> {
     token: T,
+    kind: Kind,
     deadline_at_ms: u64,
     peer_boot_id: u64,
 }
 
 /// The requests in flight of one link: a map by id and an ordered set by
-/// (deadline, id), both at most `rpc_requests_in_flight_max` entries.
+/// (deadline, id), both at most `rpc_requests_in_flight_max` entries, and how many
+/// of each kind (at most `rpc_requests_in_flight_per_kind_max` each).
 struct InFlight<T> {
     by_id: HashMap<u64, Pending<T>>,
     by_deadline: BTreeSet<(u64, u64)>,
+    /// By kind number (every kind is below 64: [`Kind::is_hop`]).
+    by_kind: [u32; 64],
 }
 
 impl<T> InFlight<T> {
@@ -473,6 +497,7 @@ impl<T> InFlight<T> {
         InFlight {
             by_id: HashMap::new(),
             by_deadline: BTreeSet::new(),
+            by_kind: [0; 64],
         }
     }
 
@@ -480,7 +505,20 @@ impl<T> InFlight<T> {
         self.by_id.len()
     }
 
+    /// Requests of `kind` in flight.
+    fn of_kind(&self, kind: Kind) -> usize {
+        self.by_kind[kind as usize] as usize
+    }
+
+    /// Forgets a request that ended (its kind's count goes down).
+    fn ended(&mut self, pending: &Pending<T>) {
+        let n = &mut self.by_kind[pending.kind as usize];
+        debug_assert!(*n > 0, "a request of kind {:?} ended twice", pending.kind);
+        *n = n.saturating_sub(1);
+    }
+
     fn insert(&mut self, request_id: u64, pending: Pending<T>) {
+        self.by_kind[pending.kind as usize] += 1;
         self.by_deadline
             .insert((pending.deadline_at_ms, request_id));
         let old = self.by_id.insert(request_id, pending);
@@ -495,6 +533,7 @@ impl<T> InFlight<T> {
         let pending = self.by_id.remove(&request_id)?;
         self.by_deadline
             .remove(&(pending.deadline_at_ms, request_id));
+        self.ended(&pending);
         Some(pending.token)
     }
 
@@ -511,6 +550,7 @@ impl<T> InFlight<T> {
             }
             self.by_deadline.pop_first();
             if let Some(pending) = self.by_id.remove(&id) {
+                self.ended(&pending);
                 failed.push((pending.token, why));
             }
         }
@@ -800,6 +840,10 @@ impl<T> Outbound<T> {
         if self.in_flight.len() >= self.limits.rpc_requests_in_flight_max {
             return Err((Refused::Full(self.in_flight.len()), token));
         }
+        let of_kind = self.in_flight.of_kind(kind);
+        if of_kind >= self.limits.rpc_requests_in_flight_per_kind_max {
+            return Err((Refused::KindFull(kind, of_kind), token));
+        }
         let deadline_ms = match deadline_ms {
             0 => self.limits.rpc_request_deadline_ms,
             ms => ms,
@@ -822,6 +866,7 @@ impl<T> Outbound<T> {
         self.last_write_ms = now_ms;
         let pending = Pending {
             token,
+            kind,
             deadline_at_ms: now_ms.saturating_add(u64::from(deadline_ms)),
             peer_boot_id,
         };
