@@ -34,7 +34,7 @@ fn burst_through_tiny_rings(backend: Backend) {
     cfg.runtime.ring_capacity = 4;
     cfg.runtime.outbox_batch_max = 2;
     cfg.runtime.peer_queue_max = 48;
-    cfg.delivery.commit_credits_per_peer = 8;
+    cfg.commit.commit_credits_per_peer = 8;
     cfg.delivery.control_room_per_peer = 8;
     cfg.delivery.subscriber_page_max = 8;
     cfg.delivery.push_batch_max = 2;
@@ -232,7 +232,7 @@ on_both_drivers!(pending_acks_stay_within_their_byte_budget);
 fn commits_past_the_backlog_byte_budget_get_22(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path(), backend);
-    cfg.delivery.backlog_budget_bytes = 4 << 10;
+    cfg.commit.backlog_budget_bytes = 4 << 10;
     let node = Node::start(cfg).unwrap();
     for u in ["s", "r"] {
         set_token(&node, u, 1, 1);

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::activation::ActivationConfig;
 use crate::authority::AuthorityConfig;
 use crate::http::ApiConfig;
-use crate::node::config::{DeliveryConfig, NodeConfig, SessionConfig};
+use crate::node::config::{CommitConfig, DeliveryConfig, NodeConfig, SessionConfig, COMMIT_KEYS};
 use crate::registry::RegistryLimits;
 use crate::route::DeviceLevel;
 use crate::store::{IdempotencyConfig, LogConfig, MetaConfig};
@@ -127,6 +127,8 @@ pub struct Config {
     pub activation: ActivationConfig,
     pub registry: RegistryLimits,
     pub session: SessionConfig,
+    /// `[commit]`: the commit core's back-pressure and the gateways' credits.
+    pub commit: CommitConfig,
     pub delivery: DeliveryConfig,
     pub log: LogConfig,
     pub idempotency: IdempotencyConfig,
@@ -142,6 +144,41 @@ pub struct Config {
     /// [`NodeConfig::connection_cap_set`]).
     #[serde(skip)]
     pub connection_cap_set: bool,
+}
+
+/// The commit core's keys were `[delivery]`'s before `[commit]` held them: one
+/// found there moves to `[commit]` with a warning; set in both, the file is
+/// refused (which one was meant is not ours to guess).
+fn move_deprecated_commit_keys(table: &mut toml::Table) -> Result<(), String> {
+    let Some(toml::Value::Table(delivery)) = table.get_mut("delivery") else {
+        return Ok(());
+    };
+    let mut moved = Vec::new();
+    for key in COMMIT_KEYS {
+        if let Some(value) = delivery.remove(key) {
+            moved.push((key, value));
+        }
+    }
+    if moved.is_empty() {
+        return Ok(());
+    }
+    let commit = table
+        .entry("commit")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(commit) = commit else {
+        return Err("commit must be a table ([commit])".into());
+    };
+    for (key, value) in moved {
+        if commit.contains_key(key) {
+            return Err(format!(
+                "delivery.{key} and commit.{key} are both set: [commit] holds it now, \
+                 remove it from [delivery]"
+            ));
+        }
+        tracing::warn!("[delivery] {key} is deprecated: it is [commit] {key} now (read as such)");
+        commit.insert(key.to_owned(), value);
+    }
+    Ok(())
 }
 
 fn addr(name: &str, s: &str) -> Result<Option<SocketAddr>, String> {
@@ -165,8 +202,9 @@ impl Config {
     /// Parses TOML, then applies the environment as `env` gives it: the cluster
     /// secret of [`CLUSTER_SECRET_ENV`], when set and not empty, wins over the file's.
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
-        let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
-        let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        move_deprecated_commit_keys(&mut table)?;
+        let mut config: Config = table.clone().try_into().map_err(|e| e.to_string())?;
         config.connection_cap_set = table
             .get("net")
             .and_then(|net| net.get("max_connections_per_shard"))
@@ -201,7 +239,7 @@ impl Config {
         let acks = self.session.pending_acks_budget_bytes_per_shard as u64;
         let peers = u64::from(self.runtime.shard_count.max(1)) - 1;
         let queued = peers * (self.runtime.ring_capacity + self.runtime.peer_queue_max) as u64;
-        let waiting = self.delivery.backlog_budget_bytes as u64;
+        let waiting = self.commit.backlog_budget_bytes as u64;
         let peer_nodes = self.cluster.nodes.len().saturating_sub(1) as u64;
         let held = peer_nodes * self.rpc.rpc_replies_held_bytes_max as u64;
         format!(
@@ -211,7 +249,7 @@ impl Config {
              #   [session] recent channels of every connection: {recent} ({:.1} MiB)\n\
              #   [session] unacknowledged RECVs (pending_acks_budget_bytes_per_shard): \
              {acks} ({:.1} MiB)\n\
-             #   [delivery] messages committed and not yet delivered \
+             #   [commit] messages committed and not yet delivered \
              (backlog_budget_bytes): {waiting} ({:.1} MiB)\n\
              #   [runtime] messages queued towards other shards: at most {queued} \
              ((shard_count - 1) x (ring_capacity + peer_queue_max)); a push or commit \
@@ -296,6 +334,7 @@ impl Config {
     /// The node configuration this file describes.
     pub fn to_node_config(&self) -> Result<NodeConfig, String> {
         self.session.validate()?;
+        self.commit.validate()?;
         self.delivery.validate()?;
         self.registry.validate()?;
         self.webhook.validate()?;
@@ -329,6 +368,7 @@ impl Config {
             activation: self.activation,
             registry: self.registry,
             session: self.session.clone(),
+            commit: self.commit.clone(),
             delivery: self.delivery.clone(),
             log: self.log.clone(),
             idempotency: self.idempotency,
@@ -409,6 +449,42 @@ mod tests {
         let c: Config = toml::from_str("[session]\nexpiry_interval_ms = 0\n").unwrap();
         let e = c.to_node_config().unwrap_err();
         assert!(e.contains("session.expiry_interval_ms"), "{e}");
+        let c: Config = toml::from_str("[commit]\nbacklog_budget_bytes = 0\n").unwrap();
+        let e = c.to_node_config().unwrap_err();
+        assert!(e.contains("commit.backlog_budget_bytes"), "{e}");
+    }
+
+    /// The commit core's keys moved from `[delivery]` to `[commit]`: a file that
+    /// still sets them in `[delivery]` is read as if `[commit]` did; one that sets a
+    /// key in both is refused naming it; `--print-config` writes `[commit]`.
+    #[test]
+    fn commit_keys_in_delivery_are_read_as_commit_keys() {
+        let no_env = |_: &str| None;
+        let old = "[delivery]\ncommits_unsynced_max = 7\nbacklog_budget_bytes = 9\n\
+                   subscriber_page_max = 5\n";
+        let c = Config::parse(old, no_env).unwrap();
+        assert_eq!(c.commit.commits_unsynced_max, 7);
+        assert_eq!(c.commit.backlog_budget_bytes, 9);
+        assert_eq!(
+            c.commit.delivery_backlog_max,
+            CommitConfig::default().delivery_backlog_max
+        );
+        assert_eq!(c.delivery.subscriber_page_max, 5);
+        let node = c.to_node_config().unwrap();
+        assert_eq!(node.commit.commits_unsynced_max, 7);
+        let both =
+            "[delivery]\ncommit_credits_per_peer = 7\n[commit]\ncommit_credits_per_peer = 8\n";
+        let e = Config::parse(both, no_env).unwrap_err();
+        assert!(e.contains("delivery.commit_credits_per_peer"), "{e}");
+        let printed = Config::parse("", no_env).unwrap().to_toml().unwrap();
+        let table: toml::Table = toml::from_str(&printed).unwrap();
+        for key in COMMIT_KEYS {
+            assert!(table["commit"].get(key).is_some(), "[commit] {key} printed");
+            assert!(
+                table["delivery"].get(key).is_none(),
+                "[delivery] {key} not printed"
+            );
+        }
     }
 
     /// `[listen] wss_addr` (off) and `[tls]` (no files, the limits) are printed and

@@ -183,24 +183,9 @@ pub struct DeliveryConfig {
     pub subscriber_page_max: usize,
     /// Endpoints per push batch to one owner.
     pub push_batch_max: usize,
-    /// Commits appended on one shard and not yet answered (waiting for their sync
-    /// under `fsync = "always"`); more are refused with SENDACK 15 until the disk
-    /// catches up.
-    pub commits_unsynced_max: usize,
-    /// SENDs one gateway shard may have in flight to one commit shard (each
-    /// reserves room for its SENDACK on the way back); more are answered at once with
-    /// SENDACK 22 (RateLimit).
-    pub commit_credits_per_peer: usize,
     /// Room each shard keeps free towards every peer for control messages
     /// (activations, touches, owner actions, replies): pushes pause before it.
     pub control_room_per_peer: usize,
-    /// Committed messages waiting on one shard for their delivery (paused while a
-    /// peer's queue is full); past it new commits are answered with SENDACK 22.
-    pub delivery_backlog_max: usize,
-    /// What the messages committed on one shard and not yet delivered may hold (each
-    /// charged its payload and strings plus 1 KiB); past it new commits are answered
-    /// with SENDACK 22.
-    pub backlog_budget_bytes: usize,
     /// Subscriber pages one shard plans per loop turn (the rest waits for the next
     /// turn, so sockets and rings are served in between).
     pub pages_per_turn_max: usize,
@@ -231,11 +216,7 @@ impl Default for DeliveryConfig {
         DeliveryConfig {
             subscriber_page_max: 1_024,
             push_batch_max: 256,
-            commits_unsynced_max: 65_536,
-            commit_credits_per_peer: 1_024,
             control_room_per_peer: 1_024,
-            delivery_backlog_max: 8_192,
-            backlog_budget_bytes: 256 << 20,
             pages_per_turn_max: 64,
             lookup_pages_in_flight_max: 32,
             lookup_retries_max: 2,
@@ -246,33 +227,20 @@ impl Default for DeliveryConfig {
 }
 
 impl DeliveryConfig {
-    /// The commit core's limits, with the log's fsync policy.
-    pub fn commit_limits(
-        &self,
-        log: &crate::store::LogConfig,
-    ) -> domain::send::commit::CommitLimits {
-        domain::send::commit::CommitLimits {
-            answer_after_sync: matches!(log.fsync, crate::store::FsyncPolicy::Always),
-            commits_unsynced_max: self.commits_unsynced_max,
-            delivery_backlog_max: self.delivery_backlog_max,
-            backlog_budget_bytes: self.backlog_budget_bytes,
-        }
-    }
-
     /// Room a shard keeps towards each peer beyond pushes: the commits it may have in
     /// flight there, the SENDACKs it may owe there (the peer's credits), and control.
-    pub fn reserved_room_per_peer(&self) -> usize {
-        2 * self.commit_credits_per_peer + self.control_room_per_peer
+    pub fn reserved_room_per_peer(&self, commit: &CommitConfig) -> usize {
+        2 * commit.commit_credits_per_peer + self.control_room_per_peer
     }
 
     /// Checks the delivery limits against the runtime's ring and peer queue: the
     /// reserved room plus one page must fit, or pushes could never be sent.
-    pub fn check_room(&self, runtime: &RuntimeConfig) -> Result<(), String> {
+    pub fn check_room(&self, commit: &CommitConfig, runtime: &RuntimeConfig) -> Result<(), String> {
         let room = runtime.ring_capacity + runtime.peer_queue_max;
-        let need = self.reserved_room_per_peer() + self.subscriber_page_max;
+        let need = self.reserved_room_per_peer(commit) + self.subscriber_page_max;
         if need > room {
             return Err(format!(
-                "[delivery] 2 × commit_credits_per_peer + control_room_per_peer + \
+                "2 × [commit] commit_credits_per_peer + [delivery] control_room_per_peer + \
                  subscriber_page_max = {need} must fit in [runtime] ring_capacity + \
                  peer_queue_max = {room}"
             ));
@@ -287,18 +255,11 @@ impl DeliveryConfig {
             &[
                 ("subscriber_page_max", self.subscriber_page_max as u64),
                 ("push_batch_max", self.push_batch_max as u64),
-                ("commits_unsynced_max", self.commits_unsynced_max as u64),
-                (
-                    "commit_credits_per_peer",
-                    self.commit_credits_per_peer as u64,
-                ),
-                ("delivery_backlog_max", self.delivery_backlog_max as u64),
                 ("pages_per_turn_max", self.pages_per_turn_max as u64),
                 (
                     "lookup_pages_in_flight_max",
                     self.lookup_pages_in_flight_max as u64,
                 ),
-                ("backlog_budget_bytes", self.backlog_budget_bytes as u64),
                 ("rebuild_retry_interval_ms", self.rebuild_retry_interval_ms),
             ],
         )
@@ -325,7 +286,80 @@ impl DeliveryConfig {
     }
 }
 
-/// How long a stop waits for the log syncer threads to end.
+/// `[commit]`: the commit core's limits on each shard (back-pressure of appends
+/// not yet durable and of messages not yet delivered) and the gateways' credits
+/// towards it. These keys were `[delivery]`'s before: read there still, with a
+/// warning (`config::Config::parse`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CommitConfig {
+    /// Commits appended on one shard and not yet answered (waiting for their sync
+    /// under `fsync = "always"`); more are refused with SENDACK 15 until the disk
+    /// catches up.
+    pub commits_unsynced_max: usize,
+    /// SENDs one gateway shard may have in flight to one commit shard (each
+    /// reserves room for its SENDACK on the way back); more are answered at once with
+    /// SENDACK 22 (RateLimit).
+    pub commit_credits_per_peer: usize,
+    /// Committed messages waiting on one shard for their delivery (paused while a
+    /// peer's queue is full); past it new commits are answered with SENDACK 22.
+    pub delivery_backlog_max: usize,
+    /// What the messages committed on one shard and not yet delivered may hold (each
+    /// charged its payload and strings plus 1 KiB); past it new commits are answered
+    /// with SENDACK 22.
+    pub backlog_budget_bytes: usize,
+}
+
+/// The keys of [`CommitConfig`], which `[delivery]` held before `[commit]`.
+pub const COMMIT_KEYS: [&str; 4] = [
+    "commits_unsynced_max",
+    "commit_credits_per_peer",
+    "delivery_backlog_max",
+    "backlog_budget_bytes",
+];
+
+impl Default for CommitConfig {
+    fn default() -> Self {
+        CommitConfig {
+            commits_unsynced_max: 65_536,
+            commit_credits_per_peer: 1_024,
+            delivery_backlog_max: 8_192,
+            backlog_budget_bytes: 256 << 20,
+        }
+    }
+}
+
+impl CommitConfig {
+    /// The commit core's limits, with the log's fsync policy.
+    pub fn commit_limits(
+        &self,
+        log: &crate::store::LogConfig,
+    ) -> domain::send::commit::CommitLimits {
+        domain::send::commit::CommitLimits {
+            answer_after_sync: matches!(log.fsync, crate::store::FsyncPolicy::Always),
+            commits_unsynced_max: self.commits_unsynced_max,
+            delivery_backlog_max: self.delivery_backlog_max,
+            backlog_budget_bytes: self.backlog_budget_bytes,
+        }
+    }
+
+    /// Refuses limits the node cannot run with, naming them.
+    pub fn validate(&self) -> Result<(), String> {
+        at_least_one(
+            "commit",
+            &[
+                ("commits_unsynced_max", self.commits_unsynced_max as u64),
+                (
+                    "commit_credits_per_peer",
+                    self.commit_credits_per_peer as u64,
+                ),
+                ("delivery_backlog_max", self.delivery_backlog_max as u64),
+                ("backlog_budget_bytes", self.backlog_budget_bytes as u64),
+            ],
+        )
+    }
+}
+
 /// Everything a node needs to start.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -359,6 +393,7 @@ pub struct NodeConfig {
     /// `[registry]`: each shard's registry (its unregister queue).
     pub registry: crate::registry::RegistryLimits,
     pub session: SessionConfig,
+    pub commit: CommitConfig,
     pub delivery: DeliveryConfig,
     pub log: LogConfig,
     pub idempotency: IdempotencyConfig,
@@ -392,6 +427,7 @@ impl Default for NodeConfig {
             activation: ActivationConfig::default(),
             registry: crate::registry::RegistryLimits::default(),
             session: SessionConfig::default(),
+            commit: CommitConfig::default(),
             delivery: DeliveryConfig::default(),
             log: LogConfig::default(),
             idempotency: IdempotencyConfig::default(),
@@ -447,6 +483,7 @@ pub(super) fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
     config
         .session
         .validate()
+        .and_then(|()| config.commit.validate())
         .and_then(|()| config.delivery.validate())
         .and_then(|()| config.registry.validate())
         .and_then(|()| config.cluster.validate(config.node_id, config.rpc_addr))
@@ -461,7 +498,7 @@ pub(super) fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
         })?;
     config
         .delivery
-        .check_room(&config.runtime)
+        .check_room(&config.commit, &config.runtime)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 

@@ -60,6 +60,7 @@ use self::metrics::ShardMetrics;
 use self::msg::Msg;
 use self::shard::NodeShard;
 
+/// How long a stop waits for the log syncer threads to end.
 const SYNCER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A running node.
@@ -342,7 +343,7 @@ fn start_shard(
             "idempotency window rebuilt from the log"
         );
     }
-    let limits = s.config.delivery.commit_limits(&s.config.log);
+    let limits = s.config.commit.commit_limits(&s.config.log);
     let core = send::CommitCore::new(log, ids, idem, limits);
     let commit = send::CommitSide::new(core, syncer);
     let shard = NodeShard::new(init.shard as ShardId, s.clone(), commit)?;

@@ -48,7 +48,7 @@ pub fn config(dir: &Path, backend: net::io::Backend) -> NodeConfig {
     // their own).
     c.session.sends_in_flight_per_conn_max = 1 << 20;
     c.session.sends_per_uid_per_s = 0;
-    c.delivery.commit_credits_per_peer = 4_096;
+    c.commit.commit_credits_per_peer = 4_096;
     // Up to 4 shards fit this machine's 20,000 descriptors (a start whose connection
     // caps do not fit the limit is refused).
     c.net.max_connections_per_shard = 4_096;

@@ -384,7 +384,7 @@ impl NodeShard {
             lookup_retries_max: cfg.lookup_retries_max,
             rebuild_retry_interval_ms: cfg.rebuild_retry_interval_ms,
             rebuild_wait_ms_max: cfg.rebuild_wait_ms_max,
-            reserved_room_per_peer: cfg.reserved_room_per_peer(),
+            reserved_room_per_peer: cfg.reserved_room_per_peer(&self.shared.config.commit),
             offline_uids: self
                 .shared
                 .webhooks

@@ -72,7 +72,7 @@ impl GatewaySide {
             credits: SendCredits::new(
                 me,
                 shared.slot_map.shard_count() as usize,
-                cfg.delivery.commit_credits_per_peer,
+                cfg.commit.commit_credits_per_peer,
                 cfg.session.sends_in_flight_per_conn_max,
             ),
             send_rate: SendRate::new(cfg.session.send_rate_limits()),
