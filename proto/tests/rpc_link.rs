@@ -478,6 +478,84 @@ fn one_kind_fills_at_most_its_quota_and_others_keep_their_place() {
     assert!(bad.validate().is_err());
 }
 
+/// Issue 26 item 5: a peer that answers Pings but no request opens the link's
+/// breaker after `rpc_breaker_failures` unanswered requests in a row: requests are
+/// refused at once (nothing written) for the cool-down, then one probe goes; its
+/// deadline opens the breaker again, its answer closes it. An answer in between
+/// restarts the count; 0 turns the breaker off.
+#[test]
+fn unanswered_requests_open_the_breaker_until_a_probe_is_answered() {
+    let seed = seed();
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let limits = LinkLimits {
+        rpc_breaker_failures: 3,
+        rpc_breaker_cooldown_ms: 100,
+        ..limits()
+    };
+    assert_eq!(limits.validate(), Ok(()));
+    let mut w = up(rng, limits, 0);
+    let send = |w: &mut Wire, token: u32, now: u64| {
+        (w.link).request(Kind::EndpointLookup, b"q", 10, token, now, &mut w.sent_l)
+    };
+    let mut failed = Vec::new();
+    let mut tick = |w: &mut Wire, now: u64| {
+        failed.clear();
+        let _ = w.link.on_tick(now, &mut w.sent_l, &mut failed);
+        failed.len()
+    };
+    // Two unanswered, one answered: the count starts again.
+    send(&mut w, 1, 0).unwrap();
+    send(&mut w, 2, 0).unwrap();
+    let answered = send(&mut w, 3, 5).unwrap();
+    assert_eq!(tick(&mut w, 10), 2);
+    assert_eq!(w.link.complete(answered, B.boot_id), Some(3));
+    for token in 4..6 {
+        send(&mut w, token, 20).unwrap();
+    }
+    assert_eq!(tick(&mut w, 30), 2);
+    assert!(
+        send(&mut w, 6, 30).is_ok(),
+        "2 in a row: still closed (seed {seed})"
+    );
+    // The third in a row opens it until 40 + 100.
+    assert_eq!(tick(&mut w, 40), 1);
+    let written = w.sent_l.len();
+    assert_eq!(send(&mut w, 7, 41), Err((Refused::Breaker(3), 7)));
+    assert_eq!(send(&mut w, 8, 139), Err((Refused::Breaker(3), 8)));
+    assert_eq!(w.sent_l.len(), written, "nothing written while open");
+    // The cool-down passed: one probe, the others refused while it is in flight.
+    send(&mut w, 9, 140).unwrap();
+    assert_eq!(send(&mut w, 10, 141), Err((Refused::Breaker(3), 10)));
+    // The probe unanswered: open again for a whole cool-down.
+    assert_eq!(tick(&mut w, 150), 1);
+    assert_eq!(send(&mut w, 11, 249), Err((Refused::Breaker(4), 11)));
+    let probe = send(&mut w, 12, 250).unwrap();
+    // The probe answered: closed, and every request goes again.
+    assert_eq!(w.link.complete(probe, B.boot_id), Some(12));
+    for token in 13..16 {
+        send(&mut w, token, 251).unwrap();
+    }
+
+    let off = LinkLimits {
+        rpc_breaker_failures: 0,
+        ..limits
+    };
+    let mut w = up(rng, off, 0);
+    for token in 0..20 {
+        send(&mut w, token, 0).unwrap();
+    }
+    assert_eq!(tick(&mut w, 10), 20);
+    assert!(
+        send(&mut w, 20, 11).is_ok(),
+        "no breaker with rpc_breaker_failures = 0"
+    );
+    let bad = LinkLimits {
+        rpc_breaker_cooldown_ms: 0,
+        ..limits
+    };
+    assert!(bad.validate().is_err());
+}
+
 #[test]
 fn a_lost_link_fails_everything_in_flight_and_backs_off_exponentially_until_up() {
     let seed = seed();

@@ -36,6 +36,7 @@ use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 use domain::hop::{self, HopKind, NoAnswer, NoAnswerAction as Action};
 use domain::send::delivery::LookupReply;
+use proto::rpc::link::Refused;
 
 /// The hop a request's [`Pending`] waits for.
 fn pending_kind(pending: &Pending) -> HopKind {
@@ -60,14 +61,17 @@ impl NodeShard {
         request: wire::Request,
         pending: Pending,
     ) {
-        let Err((pending, link_down)) = self.peers.request(node, &request, pending, cx.now_ms())
+        let Err((pending, refused)) = self.peers.request(node, &request, pending, cx.now_ms())
         else {
             return;
         };
-        let why = if link_down {
-            NoAnswer::LinkDown
-        } else {
-            NoAnswer::LinkBusy
+        let why = match refused {
+            None | Some(Refused::Down) => NoAnswer::LinkDown,
+            Some(Refused::Breaker(_)) => {
+                self.metrics.rpc_requests_refused_breaker.inc();
+                NoAnswer::LinkBusy
+            }
+            Some(_) => NoAnswer::LinkBusy,
         };
         let action = hop::on_no_answer(pending_kind(&pending), why);
         match (pending, action) {

@@ -220,6 +220,10 @@ shard_metrics! {
     /// Requests to other nodes that failed: link down, in-flight table full,
     /// deadline passed, link lost, peer restarted.
     rpc_request_failures,
+    /// Of those, requests refused at once because the peer answered none of the
+    /// last `[rpc] rpc_breaker_failures` requests (its link's breaker is open; one
+    /// probe every `rpc_breaker_cooldown_ms`).
+    rpc_requests_refused_breaker,
     /// Cross-shard messages dropped because the peer's queue was at
     /// `peer_queue_max` (admission keeps it below: should stay 0).
     ring_full_drops,

@@ -80,6 +80,10 @@ pub const RPC_REQUESTS_IN_FLIGHT_MAX_DEFAULT: usize = 4096;
 /// the table, so a storm of one flow (logins are three kinds: token lookup,
 /// register, commit) leaves the rest of it to SENDs and lookups.
 pub const RPC_REQUESTS_IN_FLIGHT_PER_KIND_MAX_DEFAULT: usize = 1024;
+/// Default of [`LinkLimits::rpc_breaker_failures`].
+pub const RPC_BREAKER_FAILURES_DEFAULT: u32 = 16;
+/// Default of [`LinkLimits::rpc_breaker_cooldown_ms`].
+pub const RPC_BREAKER_COOLDOWN_MS_DEFAULT: u64 = 3_000;
 /// Default of [`LinkLimits::rpc_request_deadline_ms`].
 pub const RPC_REQUEST_DEADLINE_MS_DEFAULT: u32 = 2_000;
 /// Default of [`LinkLimits::rpc_heartbeat_ms`].
@@ -119,6 +123,15 @@ pub struct LinkLimits {
     /// `rpc_requests_in_flight_max`); more of that kind are refused
     /// ([`Refused::KindFull`]) while other kinds still get their place.
     pub rpc_requests_in_flight_per_kind_max: usize,
+    /// Requests in a row that got no answer by their deadline (none answered in
+    /// between) before the link's breaker opens: requests are then refused at once
+    /// ([`Refused::Breaker`]) for `rpc_breaker_cooldown_ms`, then one goes as a
+    /// probe; its answer closes the breaker, its deadline opens it again. A peer
+    /// that answers Pings but not requests then costs its callers nothing but the
+    /// refusal. 0: no breaker.
+    pub rpc_breaker_failures: u32,
+    /// How long an open breaker refuses requests before a probe.
+    pub rpc_breaker_cooldown_ms: u64,
     /// The deadline of a request sent with `deadline_ms == 0`, in ms.
     pub rpc_request_deadline_ms: u32,
     /// An up outbound link writes a Ping after this long without writing (or
@@ -165,6 +178,8 @@ impl Default for LinkLimits {
             rpc_replies_held_max: RPC_REPLIES_HELD_MAX_DEFAULT,
             rpc_replies_held_bytes_max: RPC_REPLIES_HELD_BYTES_MAX_DEFAULT,
             rpc_reply_margin_ms: RPC_REPLY_MARGIN_MS_DEFAULT,
+            rpc_breaker_failures: RPC_BREAKER_FAILURES_DEFAULT,
+            rpc_breaker_cooldown_ms: RPC_BREAKER_COOLDOWN_MS_DEFAULT,
         }
     }
 }
@@ -198,6 +213,10 @@ impl LinkLimits {
             (
                 self.rpc_request_deadline_ms >= 1,
                 "rpc_request_deadline_ms must be at least 1",
+            ),
+            (
+                self.rpc_breaker_failures == 0 || self.rpc_breaker_cooldown_ms >= 1,
+                "rpc_breaker_cooldown_ms must be at least 1 (or rpc_breaker_failures 0)",
             ),
             (
                 self.rpc_reply_margin_ms < self.rpc_request_deadline_ms,
@@ -304,6 +323,10 @@ pub enum Refused {
     /// `rpc_requests_in_flight_max` requests are in flight.
     #[error("{0} requests in flight (rpc_requests_in_flight_max)")]
     Full(usize),
+    /// The link's breaker is open: `failures` requests in a row got no answer
+    /// (`rpc_breaker_failures`); refused until a probe is answered.
+    #[error("the peer answered none of the last {0} requests (breaker open)")]
+    Breaker(u32),
     /// `rpc_requests_in_flight_per_kind_max` requests of this kind are in flight.
     #[error("{1} requests of kind {0:?} in flight (rpc_requests_in_flight_per_kind_max)")]
     KindFull(Kind, usize),
@@ -558,6 +581,52 @@ impl<T> InFlight<T> {
     }
 }
 
+/// One link's breaker (`rpc_breaker_failures`, `rpc_breaker_cooldown_ms`).
+#[derive(Default)]
+struct Breaker {
+    /// Requests in a row whose deadline passed without an answer.
+    failures: u32,
+    /// Open until then (`None`: closed).
+    open_until_ms: Option<u64>,
+    /// The request id of the probe in flight, once the cool-down passed.
+    probe: Option<u64>,
+}
+
+/// What the breaker lets a request do.
+enum Admit {
+    Go,
+    /// The cool-down passed: this request tries the peer.
+    Probe,
+    Refuse,
+}
+
+impl Breaker {
+    fn admit(&self, now_ms: u64) -> Admit {
+        match self.open_until_ms {
+            None => Admit::Go,
+            Some(until) if now_ms < until || self.probe.is_some() => Admit::Refuse,
+            Some(_) => Admit::Probe,
+        }
+    }
+
+    /// `expired` requests passed their deadline unanswered (the probe among them
+    /// when `probe_expired`): counted; the breaker opens at the threshold, and
+    /// again, for a whole cool-down, when the probe went unanswered.
+    fn on_expired(&mut self, expired: u32, probe_expired: bool, now_ms: u64, limits: &LinkLimits) {
+        if expired == 0 || limits.rpc_breaker_failures == 0 {
+            return;
+        }
+        self.failures = self.failures.saturating_add(expired);
+        if probe_expired {
+            self.probe = None;
+        }
+        let reached = self.open_until_ms.is_none() && self.failures >= limits.rpc_breaker_failures;
+        if reached || probe_expired {
+            self.open_until_ms = Some(now_ms.saturating_add(limits.rpc_breaker_cooldown_ms));
+        }
+    }
+}
+
 enum State {
     Down { retry_at_ms: u64 },
     Handshaking(Box<Handshake>),
@@ -583,6 +652,7 @@ pub struct Outbound<T> {
     last_ping_ms: u64,
     rtt_ms: Option<u64>,
     in_flight: InFlight<T>,
+    breaker: Breaker,
     /// The session keys while up (dropped, and so zeroized, when it closes).
     keys: Option<SessionKeys>,
 }
@@ -614,6 +684,7 @@ impl<T> Outbound<T> {
             last_ping_ms: 0,
             rtt_ms: None,
             in_flight: InFlight::new(),
+            breaker: Breaker::default(),
             keys: None,
         }
     }
@@ -844,6 +915,11 @@ impl<T> Outbound<T> {
         if of_kind >= self.limits.rpc_requests_in_flight_per_kind_max {
             return Err((Refused::KindFull(kind, of_kind), token));
         }
+        let probe = match self.breaker.admit(now_ms) {
+            Admit::Go => false,
+            Admit::Probe => true,
+            Admit::Refuse => return Err((Refused::Breaker(self.breaker.failures), token)),
+        };
         let deadline_ms = match deadline_ms {
             0 => self.limits.rpc_request_deadline_ms,
             ms => ms,
@@ -871,6 +947,9 @@ impl<T> Outbound<T> {
             peer_boot_id,
         };
         self.in_flight.insert(request_id, pending);
+        if probe {
+            self.breaker.probe = Some(request_id);
+        }
         Ok(request_id)
     }
 
@@ -930,7 +1009,10 @@ impl<T> Outbound<T> {
     /// was sent to that very process; `None` otherwise (late, duplicate, or from
     /// another boot of the peer: the caller counts it and drops the reply).
     pub fn complete(&mut self, request_id: u64, sender_boot_id: u64) -> Option<T> {
-        self.in_flight.take(request_id, sender_boot_id)
+        let token = self.in_flight.take(request_id, sender_boot_id)?;
+        // An answer: the peer serves requests (the breaker closes).
+        self.breaker = Breaker::default();
+        Some(token)
     }
 
     /// Timers: fails the requests whose deadline passed ([`Failure::Deadline`],
@@ -942,7 +1024,13 @@ impl<T> Outbound<T> {
         out: &mut Vec<u8>,
         failed: &mut Vec<(T, Failure)>,
     ) -> Option<LinkEvent> {
+        let before = failed.len();
         self.in_flight.fail(Some(now_ms), Failure::Deadline, failed);
+        let expired = (failed.len() - before) as u32;
+        let probe_expired =
+            (self.breaker.probe).is_some_and(|id| !self.in_flight.by_id.contains_key(&id));
+        self.breaker
+            .on_expired(expired, probe_expired, now_ms, &self.limits);
         if !matches!(self.state, State::Handshaking(_) | State::Up { .. }) {
             return None;
         }
@@ -1002,6 +1090,8 @@ impl<T> Outbound<T> {
             return;
         }
         self.in_flight.fail(None, Failure::LinkLost, failed);
+        // A probe lost with its link proves nothing: the next request probes.
+        self.breaker.probe = None;
         self.keys = None;
         let pause_ms = self.backoff_ms - jitter_ms % (self.backoff_ms / 2 + 1);
         self.state = State::Down {

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use net::io::{ConnId, NetDriver, Transport};
-use proto::rpc::link::{Failure, Inbound, LinkLimits, LinkState, Outbound};
+use proto::rpc::link::{Failure, Inbound, LinkLimits, LinkState, Outbound, Refused};
 use proto::rpc::{ClusterId, ClusterKey, ClusterSecret, Identity};
 use slots::ShardId;
 
@@ -164,14 +164,14 @@ impl Peers {
     }
 
     /// Sends `request` to `node`; gives the pending back if the link refuses it,
-    /// with whether the link is down (no connection to that node) rather than full.
+    /// with why (`None`: no link to that node).
     pub fn request(
         &mut self,
         node: NodeId,
         request: &wire::Request,
         pending: Pending,
         now_ms: u64,
-    ) -> Result<(), (Pending, bool)> {
+    ) -> Result<(), (Pending, Option<Refused>)> {
         wire::encode(request, &mut self.body);
         let body = std::mem::take(&mut self.body);
         let result = match self.link_mut(node) {
@@ -181,9 +181,9 @@ impl Peers {
                 .map(|_| ())
                 .map_err(|(why, pending)| {
                     tracing::debug!(node, %why, "request to peer refused");
-                    (pending, why == proto::rpc::link::Refused::Down)
+                    (pending, Some(why))
                 }),
-            None => Err((pending, true)),
+            None => Err((pending, None)),
         };
         self.body = body;
         result
