@@ -14,6 +14,11 @@
 //! sent): a request read with no time left to answer is not run, and a reply
 //! whose request's deadline passed while it was served is not sent.
 //!
+//! A peer that answers Pings but no request (issue 26, item 5) opens the breaker of
+//! the link to it once `[rpc] rpc_breaker_failures` requests in a row went
+//! unanswered: later requests to it are refused at once, not left to their
+//! deadline.
+//!
 //! The test is node 2 of a two-node cluster whose node 1 (one shard) runs in the
 //! process: it dials node 1's RPC listener with the cluster secret as node 2 would
 //! and asks on that link; node 1's replies come on node 1's own dial to node 2's
@@ -558,7 +563,46 @@ fn a_reply_made_after_its_requests_deadline_is_not_sent(backend: Backend) {
     n1.node.shutdown().unwrap();
 }
 
+/// Node 2 answers Pings but no request. Logins on node 1 whose authority is node
+/// 2 are refused once their call's deadline passed; after `rpc_breaker_failures`
+/// of node 1's requests went unanswered in a row, its link's breaker opens and the
+/// next calls to node 2 are refused at once, counted, and their logins refused.
+fn a_peer_that_answers_no_request_opens_the_links_breaker(backend: Backend) {
+    let n1 = node_1(backend, |c| {
+        c.rpc.rpc_breaker_failures = 2;
+        c.rpc.rpc_breaker_cooldown_ms = 600_000;
+        c.rpc.rpc_request_deadline_ms = 200;
+        // Node 2 here reads nothing while the logins wait: no silence close.
+        c.rpc.rpc_heartbeat_ms = 60_000;
+        c.rpc.rpc_peer_silence_ms = 120_000;
+    });
+    let listener = TcpListener::bind(("127.0.0.1", n1.node_2_port)).unwrap();
+    let _back = Back::accept(&listener);
+    let node = &n1.node;
+    wait_for("node 1 reached node 2", || {
+        node.shared().peers_reached() == 1
+    });
+    let view = view();
+    let addr = node.tcp_addr().unwrap();
+    let refused = metric(node, "imrouter_rpc_requests_refused_breaker_total");
+    assert_eq!(refused, 0);
+    for i in 0..4 {
+        let uid = support::cluster::find_uid(&format!("brk{i}-"), |u| {
+            support::cluster::authority_of(&view, u) == 2
+        });
+        let login = net::client::Login::new(&uid, "any");
+        let (_client, reason) = net::client::Client::connect(addr, &login, TIMEOUT).unwrap();
+        assert_ne!(reason, 1, "{uid}'s authority (node 2) answered nothing");
+    }
+    wait_for("the breaker refused a request to node 2", || {
+        metric(node, "imrouter_rpc_requests_refused_breaker_total") > 0
+    });
+    assert!(metric(node, "imrouter_rpc_request_failures_total") >= 2);
+    n1.node.shutdown().unwrap();
+}
+
 on_both_drivers!(
+    a_peer_that_answers_no_request_opens_the_links_breaker,
     a_reply_waits_for_the_link_back_to_the_process_that_asked,
     a_held_reply_is_dropped_at_its_requests_deadline,
     held_replies_are_bounded_in_count_and_bytes,
