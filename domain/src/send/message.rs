@@ -114,3 +114,56 @@ pub struct Delivery {
     /// What it is charged against `backlog_budget_bytes` until delivered.
     pub charge_bytes: usize,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::send::acks::AckMessage;
+
+    fn message(channel_key: &str, channel_type: u8, from_uid: &str) -> Committed {
+        Committed {
+            committed_ns: 0,
+            message_id: 42,
+            message_seq: 7,
+            timestamp_s: 0,
+            from_uid: Uid::from(from_uid),
+            channel_key: channel_key.to_owned(),
+            channel_type,
+            client_msg_no: "n".repeat(3),
+            setting: 0,
+            flags: 0,
+            expire_s: 0,
+            topic: "t".repeat(5),
+            payload: vec![0; 100],
+        }
+    }
+
+    /// A pending RECVACK is charged the message's payload and strings (the
+    /// pending-ACK budget counts these bytes), and named by its message id.
+    #[test]
+    fn an_unacknowledged_recv_is_charged_its_payload_and_strings() {
+        let m = Arc::new(message("alice@bob", 1, "alice"));
+        assert_eq!(m.message_id(), 42);
+        assert_eq!(m.charge_bytes(), 100 + 5 + 3 + 5 + 9);
+    }
+
+    /// A person channel's recipients: the peer and the sender (its other devices);
+    /// a note to oneself has one recipient. The count agrees without building them.
+    #[test]
+    fn a_person_channel_reaches_the_peer_and_the_sender() {
+        let key = crate::send::channel::person_channel_key("alice", "bob");
+        let to_bob = message(&key, 1, "alice");
+        let recipients = to_bob.person_recipients();
+        let uids: Vec<&str> = recipients.iter().map(|u| &**u).collect();
+        assert_eq!(uids, ["bob", "alice"]);
+        assert_eq!(to_bob.person_recipient_count(), 2);
+        let to_self = message(
+            &crate::send::channel::person_channel_key("alice", "alice"),
+            1,
+            "alice",
+        );
+        assert_eq!(to_self.person_recipients().len(), 1);
+        assert_eq!(&*to_self.person_recipients()[0], "alice");
+        assert_eq!(to_self.person_recipient_count(), 1);
+    }
+}
