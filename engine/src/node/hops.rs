@@ -90,7 +90,7 @@ impl NodeShard {
 
     /// Answers a request of another node while in time for its deadline (held
     /// while the link to it is not up with the requesting process, see
-    /// `peers.rs`). A reply not sent fails at the requester's deadline there.
+    /// `peers/mod.rs`). A reply not sent fails at the requester's deadline there.
     pub(super) fn reply_remote(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
