@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::activation::ActivationConfig;
 use crate::authority::AuthorityConfig;
 use crate::http::ApiConfig;
-use crate::node::config::{CommitConfig, DeliveryConfig, NodeConfig, SessionConfig, COMMIT_KEYS};
+use crate::node::config::{CommitConfig, DeliveryConfig, NodeConfig, SessionConfig};
 use crate::registry::RegistryLimits;
 use crate::route::DeviceLevel;
 use crate::store::{IdempotencyConfig, LogConfig, MetaConfig};
@@ -146,37 +146,63 @@ pub struct Config {
     pub connection_cap_set: bool,
 }
 
-/// The commit core's keys were `[delivery]`'s before `[commit]` held them: one
-/// found there moves to `[commit]` with a warning; set in both, the file is
-/// refused (which one was meant is not ours to guess).
-fn move_deprecated_commit_keys(table: &mut toml::Table) -> Result<(), String> {
-    let Some(toml::Value::Table(delivery)) = table.get_mut("delivery") else {
-        return Ok(());
-    };
-    let mut moved = Vec::new();
-    for key in COMMIT_KEYS {
-        if let Some(value) = delivery.remove(key) {
-            moved.push((key, value));
-        }
-    }
-    if moved.is_empty() {
-        return Ok(());
-    }
-    let commit = table
-        .entry("commit")
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    let toml::Value::Table(commit) = commit else {
-        return Err("commit must be a table ([commit])".into());
-    };
-    for (key, value) in moved {
-        if commit.contains_key(key) {
+/// Keys that moved to another section or were renamed, as (old section, old key,
+/// new section, new key). A file that still uses the old place is read as if it
+/// used the new one, with a warning naming both; one that sets both is refused
+/// (which one was meant is not ours to guess).
+pub const RENAMED_KEYS: &[(&str, &str, &str, &str)] = &[
+    // The commit core's limits, `[delivery]`'s before `[commit]` held them.
+    (
+        "delivery",
+        "commits_unsynced_max",
+        "commit",
+        "commits_unsynced_max",
+    ),
+    (
+        "delivery",
+        "commit_credits_per_peer",
+        "commit",
+        "commit_credits_per_peer",
+    ),
+    (
+        "delivery",
+        "delivery_backlog_max",
+        "commit",
+        "delivery_backlog_max",
+    ),
+    (
+        "delivery",
+        "backlog_budget_bytes",
+        "commit",
+        "backlog_budget_bytes",
+    ),
+];
+
+/// Moves every key of [`RENAMED_KEYS`] found at its old place to its new one.
+fn apply_renamed_keys(table: &mut toml::Table) -> Result<(), String> {
+    for &(old_section, old_key, new_section, new_key) in RENAMED_KEYS {
+        let old = match table.get_mut(old_section) {
+            Some(toml::Value::Table(section)) => section.remove(old_key),
+            _ => None,
+        };
+        let Some(value) = old else { continue };
+        let section = table
+            .entry(new_section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(section) = section else {
+            return Err(format!("{new_section} must be a table ([{new_section}])"));
+        };
+        if section.contains_key(new_key) {
             return Err(format!(
-                "delivery.{key} and commit.{key} are both set: [commit] holds it now, \
-                 remove it from [delivery]"
+                "{old_section}.{old_key} and {new_section}.{new_key} are both set: \
+                 [{new_section}] {new_key} is its name now, remove the other"
             ));
         }
-        tracing::warn!("[delivery] {key} is deprecated: it is [commit] {key} now (read as such)");
-        commit.insert(key.to_owned(), value);
+        tracing::warn!(
+            "[{old_section}] {old_key} is deprecated: it is [{new_section}] {new_key} now \
+             (read as such)"
+        );
+        section.insert(new_key.to_owned(), value);
     }
     Ok(())
 }
@@ -203,7 +229,7 @@ impl Config {
     /// secret of [`CLUSTER_SECRET_ENV`], when set and not empty, wins over the file's.
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-        move_deprecated_commit_keys(&mut table)?;
+        apply_renamed_keys(&mut table)?;
         let mut config: Config = table.clone().try_into().map_err(|e| e.to_string())?;
         config.connection_cap_set = table
             .get("net")
@@ -456,7 +482,8 @@ mod tests {
 
     /// The commit core's keys moved from `[delivery]` to `[commit]`: a file that
     /// still sets them in `[delivery]` is read as if `[commit]` did; one that sets a
-    /// key in both is refused naming it; `--print-config` writes `[commit]`.
+    /// key in both is refused naming it; `--print-config` writes only the new
+    /// places of [`RENAMED_KEYS`].
     #[test]
     fn commit_keys_in_delivery_are_read_as_commit_keys() {
         let no_env = |_: &str| None;
@@ -478,11 +505,14 @@ mod tests {
         assert!(e.contains("delivery.commit_credits_per_peer"), "{e}");
         let printed = Config::parse("", no_env).unwrap().to_toml().unwrap();
         let table: toml::Table = toml::from_str(&printed).unwrap();
-        for key in COMMIT_KEYS {
-            assert!(table["commit"].get(key).is_some(), "[commit] {key} printed");
+        for &(old_section, old_key, new_section, new_key) in RENAMED_KEYS {
             assert!(
-                table["delivery"].get(key).is_none(),
-                "[delivery] {key} not printed"
+                table[new_section].get(new_key).is_some(),
+                "{new_key} printed"
+            );
+            assert!(
+                table[old_section].get(old_key).is_none(),
+                "[{old_section}] {old_key} not printed"
             );
         }
     }

@@ -289,7 +289,7 @@ impl DeliveryConfig {
 /// `[commit]`: the commit core's limits on each shard (back-pressure of appends
 /// not yet durable and of messages not yet delivered) and the gateways' credits
 /// towards it. These keys were `[delivery]`'s before: read there still, with a
-/// warning (`config::Config::parse`).
+/// warning (`config::RENAMED_KEYS`).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CommitConfig {
@@ -309,14 +309,6 @@ pub struct CommitConfig {
     /// with SENDACK 22.
     pub backlog_budget_bytes: usize,
 }
-
-/// The keys of [`CommitConfig`], which `[delivery]` held before `[commit]`.
-pub const COMMIT_KEYS: [&str; 4] = [
-    "commits_unsynced_max",
-    "commit_credits_per_peer",
-    "delivery_backlog_max",
-    "backlog_budget_bytes",
-];
 
 impl Default for CommitConfig {
     fn default() -> Self {
