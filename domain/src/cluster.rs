@@ -366,9 +366,19 @@ mod tests {
             stranger.check(&nodes, 64),
             Err(ViewError::UnknownLeader(255, 9))
         );
-        let mut shifted = view;
+        let mut shifted = view.clone();
         shifted.slots[255].slot_id = 62;
         assert_eq!(shifted.check(&nodes, 64), Err(ViewError::SlotIdOf(255)));
+        // The node a move took the slot from is a node of the cluster too (0: none).
+        let from_member = view.with_leaders(1, &[(9, 1)]);
+        assert_eq!(from_member.slots[9].from_node_id, 3);
+        assert_eq!(from_member.check(&nodes, 64), Ok(()), "moved from node 3");
+        let mut from_stranger = from_member;
+        from_stranger.slots[9].from_node_id = 9;
+        assert_eq!(
+            from_stranger.check(&nodes, 64),
+            Err(ViewError::UnknownLeader(9, 9))
+        );
         for e in [
             ViewError::OtherNodes,
             ViewError::SlotIdOf(4),

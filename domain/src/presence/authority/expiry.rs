@@ -396,7 +396,8 @@ mod tests {
         /// ones fire, far ones are set again. Returns the fired records, sorted.
         fn advance(&mut self, now_s: u64) -> Vec<u32> {
             let mut reported = Vec::new();
-            self.ring.advance(now_s, |r| reported.push(r));
+            let n = self.ring.advance(now_s, |r| reported.push(r));
+            assert_eq!(n, reported.len(), "advance returns the number reported");
             let mut fired = Vec::new();
             for r in reported {
                 let link = self.links[r as usize].take();
@@ -449,6 +450,29 @@ mod tests {
         h.check().unwrap();
     }
 
+    /// The contract's far mark: only a deadline beyond the window is marked far
+    /// (the one kind of entry reported before its deadline); a passed one, or one
+    /// within the window to its last second, is not.
+    #[test]
+    fn only_a_deadline_beyond_the_window_is_marked_far() {
+        let mut h = Harness::new(100, 0, 8);
+        let last = 100 + h.ring.buckets() as u64 - 1;
+        for (rec, d, far) in [(0, 99, false), (1, 101, false), (2, last, false)] {
+            h.set(rec, d);
+            assert_eq!(h.links[rec as usize].is_far(), far, "deadline {d}");
+        }
+        h.set(3, last + 1);
+        assert!(h.links[3].is_far(), "one second beyond the window");
+        // Set again within the window it is no longer far, even in the very
+        // bucket it sat in (the window's last second).
+        h.set(3, last);
+        assert!(!h.links[3].is_far(), "the window's last second");
+        h.set(3, last + 1);
+        h.set(3, 150);
+        assert!(!h.links[3].is_far());
+        h.check().unwrap();
+    }
+
     #[test]
     fn far_deadlines_are_reported_again_until_due() {
         let mut h = Harness::new(0, 0, 8);
@@ -459,7 +483,67 @@ mod tests {
             h.check().unwrap();
         }
         assert_eq!(h.advance(1000), [7]);
-        assert!(h.ring.stats().recascaded >= 1000 / 64 - 1);
+        let s = h.ring.stats();
+        assert!(s.recascaded >= 1000 / 64 - 1);
+        // Each early report counts as re-set, not as fired: it fired once.
+        assert_eq!(s.fired, 1);
+        assert_eq!(s.entries_visited, s.fired + s.recascaded);
+    }
+
+    /// The checker the authority's `check_invariants` relies on refuses a link
+    /// that is not where its record's deadline asks.
+    #[test]
+    fn check_link_refuses_a_record_out_of_place() {
+        let mut h = Harness::new(100, 0, 4);
+        h.set(0, 150);
+        // Beyond the window: far, in the bucket drained at 163 (the last second).
+        h.set(1, 164);
+        h.set(2, 90);
+        h.check().unwrap();
+        let (r, l) = (&h.ring, &h.links);
+        assert!(l[1].is_far());
+        assert_eq!(r.check_link(0, &l[0], Some(150)), Ok(()));
+        assert!(r.check_link(0, &l[0], Some(151)).is_err(), "another second");
+        assert!(
+            r.check_link(0, &l[0], Some(100)).is_err(),
+            "a passed deadline"
+        );
+        assert_eq!(r.check_link(1, &l[1], Some(1_000)), Ok(()), "far");
+        assert_eq!(
+            r.check_link(1, &l[1], Some(163)),
+            Ok(()),
+            "far, due at the drain"
+        );
+        assert!(
+            r.check_link(1, &l[1], Some(162)).is_err(),
+            "marked far, but its bucket drains after the deadline"
+        );
+        assert!(r.check_link(1, &l[1], Some(100)).is_err(), "far, passed");
+        assert_eq!(r.check_link(2, &l[2], Some(100)), Ok(()), "the due list");
+        assert!(r.check_link(2, &l[2], Some(101)).is_err(), "not passed");
+        assert!(r.check_link(0, &l[0], None).is_err(), "linked, no deadline");
+        assert!(
+            r.check_link(3, &l[3], Some(150)).is_err(),
+            "deadline, no link"
+        );
+        assert_eq!(r.check_link(3, &l[3], None), Ok(()));
+        assert!(
+            r.check_link(3, &l[0], Some(150)).is_err(),
+            "record 0's place"
+        );
+    }
+
+    /// ... and its entry count check refuses a count that is not the buckets'.
+    #[test]
+    fn check_invariants_refuses_a_wrong_count() {
+        let mut h = Harness::new(100, 0, 4);
+        h.set(0, 150);
+        h.set(1, 90);
+        assert_eq!(h.ring.check_invariants(), Ok(()));
+        h.ring.len += 1;
+        assert!(h.ring.check_invariants().is_err(), "one more than held");
+        h.ring.len -= 2;
+        assert!(h.ring.check_invariants().is_err(), "one fewer");
     }
 
     #[test]
