@@ -74,7 +74,7 @@ fn build_epoch<K: Hash + Eq + Clone + Send + Sync + 'static>(
 ) -> (MapWriter<K, u64>, MapReader<K, u64>) {
     let (mut w, r) = epoch_map_with_hasher(KEYS, KEYS + 2 * CHURN_WINDOW as usize, hasher.clone());
     for (i, k) in keys.iter().enumerate() {
-        w.insert(k.clone(), i as u64).expect("below max_entries");
+        w.insert(k.clone(), i as u64).expect("below entries_max");
     }
     (w, r)
 }
@@ -242,7 +242,7 @@ fn string_benches(c: &mut Criterion) {
         let mut w = w;
         let _churn = Churn::start(move |i| {
             w.insert(format!("churn-{i}"), i)
-                .expect("below max_entries");
+                .expect("below entries_max");
             if i >= CHURN_WINDOW {
                 w.remove(format!("churn-{}", i - CHURN_WINDOW).as_str());
             }
@@ -290,7 +290,7 @@ fn u64_benches(c: &mut Criterion) {
         let mut w = w;
         // Odd keys never collide with the even probe keys.
         let _churn = Churn::start(move |i| {
-            w.insert(2 * i + 1, i).expect("below max_entries");
+            w.insert(2 * i + 1, i).expect("below entries_max");
             if i >= CHURN_WINDOW {
                 w.remove(&(2 * (i - CHURN_WINDOW) + 1));
             }

@@ -65,8 +65,8 @@ fn cfg() -> AuthorityConfig {
     AuthorityConfig {
         route_ttl_s: TTL_S,
         fence_retention_s: 300,
-        max_lookup_uids: 1 << 20,
-        max_touch_batch_routes: 4096,
+        lookup_uids_max: 1 << 20,
+        touch_batch_routes_max: 4096,
         ..AuthorityConfig::default()
     }
 }

@@ -17,7 +17,7 @@
 //!   the budget and nothing else.
 //! - **Retries**: a failed request (no 2xx, a timeout, a connection error) is sent
 //!   again, the same body, after `backoff_min_ms` doubling per attempt up to
-//!   `backoff_max_ms`, until it succeeds (at-least-once while the node lives). At
+//!   `backoff_ms_max`, until it succeeds (at-least-once while the node lives). At
 //!   most `requests_in_flight_max` requests are out or waiting for their retry; the
 //!   rest waits in the queue (and, past the budget, is dropped).
 //! - **Deduplication**: an event with an id (a message id) that was accepted before
@@ -100,7 +100,7 @@ pub struct QueueLimits {
     /// The first retry's delay; each further attempt doubles it.
     pub backoff_min_ms: u64,
     /// The longest delay between two attempts of one request.
-    pub backoff_max_ms: u64,
+    pub backoff_ms_max: u64,
 }
 
 /// One event: its encoded JSON value and, for deduplication, its id.
@@ -376,14 +376,14 @@ impl WebhookQueue {
 
 impl QueueLimits {
     /// The delay before attempt `attempt + 1`: `backoff_min_ms × 2^(attempt-1)`,
-    /// at most `backoff_max_ms`.
+    /// at most `backoff_ms_max`.
     pub fn backoff_ms(&self, attempt: u32) -> u64 {
         let doublings = attempt.saturating_sub(1).min(63);
         self.backoff_min_ms
             .checked_shl(doublings)
             .filter(|d| d >> doublings == self.backoff_min_ms)
             .unwrap_or(u64::MAX)
-            .min(self.backoff_max_ms)
+            .min(self.backoff_ms_max)
     }
 }
 
@@ -398,7 +398,7 @@ mod tests {
             queue_bytes_max: 1_000,
             requests_in_flight_max: 2,
             backoff_min_ms: 50,
-            backoff_max_ms: 400,
+            backoff_ms_max: 400,
         }
     }
 
@@ -479,7 +479,7 @@ mod tests {
     fn backoff_never_overflows() {
         let l = QueueLimits {
             backoff_min_ms: 1 << 40,
-            backoff_max_ms: u64::MAX,
+            backoff_ms_max: u64::MAX,
             ..limits()
         };
         assert_eq!(l.backoff_ms(1), 1 << 40);

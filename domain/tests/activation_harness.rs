@@ -117,11 +117,11 @@ pub struct Harness<M: Model> {
 impl<M: Model> Harness<M> {
     fn new(seed: u64, auth: M) -> Self {
         let mut cfg = config();
-        cfg.max_sessions = MAX_SESSIONS;
-        cfg.max_pending_unregisters = 1_024;
-        cfg.unregister_max_attempts = 64;
+        cfg.sessions_max = MAX_SESSIONS;
+        cfg.pending_unregisters_max = 1_024;
+        cfg.unregister_attempts_max = 64;
         cfg.unregister_retry_base_ms = 10;
-        cfg.unregister_retry_max_ms = 200;
+        cfg.unregister_retry_ms_max = 200;
         Harness {
             seed,
             rng: StdRng::seed_from_u64(seed),

@@ -27,7 +27,7 @@ impl Real {
         // Every identity of a run keeps its fence record (no expiry pass runs), so
         // the per-uid record limit must hold a whole run's sessions of one uid.
         let cfg = AuthorityConfig {
-            max_records_per_uid: 1 << 12,
+            records_per_uid_max: 1 << 12,
             ..AuthorityConfig::default()
         };
         let dir = Directory::new(&cfg).expect("valid config");

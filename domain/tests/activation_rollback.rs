@@ -85,7 +85,7 @@ fn assert_rolled_back(reg: &Registry, a: &Activation, unregister_queued: bool) {
 #[test]
 fn registry_full_or_duplicate_session_fails_before_any_authority_call() {
     let mut cfg = config();
-    cfg.max_sessions = 1;
+    cfg.sessions_max = 1;
     let mut reg = Registry::new(cfg).unwrap();
     let (first, out) = start(&mut reg, simple("a", 1), 0);
     assert_eq!(out.len(), 1);
@@ -202,11 +202,11 @@ fn too_many_owner_actions_aborts() {
 
 #[test]
 fn exactly_max_owner_actions_are_performed() {
-    // The limit is inclusive: `max_owner_actions` (64 by default) actions are asked
+    // The limit is inclusive: `owner_actions_max` (64 by default) actions are asked
     // of their owners, one more fails (above).
     let mut reg = registry();
     let (mut a, _) = at_stage(&mut reg, "x", 1, Stage::AwaitRegister);
-    let max = ActivationConfig::default().max_owner_actions;
+    let max = ActivationConfig::default().owner_actions_max;
     let actions: Vec<_> = (0..max as u64)
         .map(|i| action("x", 100 + i, OwnerActionKind::Close))
         .collect();

@@ -272,9 +272,9 @@ fn rule_31_mark_active_failing_queues_the_authority_unregister_and_cleans_local_
 #[test]
 fn rule_32_deactivation_removes_the_local_session_first_then_queues_the_unregister_with_retry() {
     let mut cfg = config();
-    cfg.unregister_max_attempts = 3;
+    cfg.unregister_attempts_max = 3;
     cfg.unregister_retry_base_ms = 100;
-    cfg.unregister_retry_max_ms = 150;
+    cfg.unregister_retry_ms_max = 150;
     let mut reg = domain::presence::registry::Registry::new(cfg).unwrap();
     let (mut a, _) = start(&mut reg, simple("erin", 15), 0);
     let h = a.handle().unwrap();

@@ -13,11 +13,11 @@ const NODE: u64 = 1;
 const T0: u64 = 1000;
 const SLOT: HashSlot = 7;
 
-fn setup(max_routes: usize, max_pending: usize) -> (Authority, Target) {
+fn setup(routes_max: usize, pending_max: usize) -> (Authority, Target) {
     let cfg = AuthorityConfig {
-        max_routes_per_slot: max_routes,
-        max_pending_per_slot: max_pending,
-        max_fence_records_per_slot: 64,
+        routes_per_slot_max: routes_max,
+        pending_per_slot_max: pending_max,
+        fence_records_per_slot_max: 64,
         ..AuthorityConfig::default()
     };
     let dir = Directory::new(&cfg).unwrap();

@@ -1161,7 +1161,7 @@ fn touch_answer_sorts_each_route_for_its_owner() {
 
     // At the slot's route limit a missing route is requeued (retry later).
     let small = AuthorityConfig {
-        max_routes_per_slot: 1,
+        routes_per_slot_max: 1,
         ..cfg()
     };
     let dir = Directory::new(&small).unwrap();

@@ -27,19 +27,19 @@ fn active(reg: &mut Registry, uid: &str, sid: u64) -> SessionHandle {
 #[test]
 fn config_is_validated() {
     let mut c = config();
-    c.max_sessions = 0;
+    c.sessions_max = 0;
     assert_eq!(
         Registry::new(c).err(),
         Some(RegistryConfigError::MaxSessions)
     );
     let mut c = config();
-    c.max_sessions = u32::MAX;
+    c.sessions_max = u32::MAX;
     assert_eq!(
         Registry::new(c).err(),
         Some(RegistryConfigError::MaxSessions)
     );
     let mut c = config();
-    c.unregister_max_attempts = 0;
+    c.unregister_attempts_max = 0;
     assert_eq!(
         Registry::new(c).err(),
         Some(RegistryConfigError::UnregisterMaxAttempts)
@@ -79,7 +79,7 @@ fn a_gone_sessions_handle_never_reaches_the_next_session_in_its_slot() {
 #[test]
 fn the_registry_is_bounded_and_refuses_duplicate_session_ids() {
     let mut c = config();
-    c.max_sessions = 2;
+    c.sessions_max = 2;
     let mut reg = Registry::new(c).unwrap();
     let t = view().target_for_uid("a");
     let h1 = reg.register_pending(simple("a", 1), t).unwrap();
@@ -344,7 +344,7 @@ fn drain_is_bounded_fifo_and_groups_by_the_current_target_after_a_view_change() 
 #[test]
 fn the_unregister_queue_is_bounded_and_drains_due_entries_in_order() {
     let mut c = config();
-    c.max_pending_unregisters = 2;
+    c.pending_unregisters_max = 2;
     let mut reg = Registry::new(c).unwrap();
     let a = active(&mut reg, "a", 1);
     let b = active(&mut reg, "b", 2);
@@ -363,7 +363,7 @@ fn the_unregister_queue_is_bounded_and_drains_due_entries_in_order() {
 
     assert!(reg.drain_unregisters(&view(), 99, 8).is_empty(), "not due");
     let r = reg.drain_unregisters(&view(), 1_000, 1);
-    assert_eq!(r.len(), 1, "bounded by max_requests");
+    assert_eq!(r.len(), 1, "bounded by requests_max");
     assert_eq!(r[0].identity, ida);
     let r = reg.drain_unregisters(&view(), 1_000, 8);
     assert_eq!(r[0].identity, idb);
@@ -413,21 +413,21 @@ fn the_registry_section_is_validated_key_by_key() {
         f(&mut l);
         l.validate().unwrap_err()
     };
-    assert!(zero(|l| l.max_pending_unregisters = 0).contains("max_pending_unregisters"));
-    assert!(zero(|l| l.unregister_max_attempts = 0).contains("unregister_max_attempts"));
+    assert!(zero(|l| l.pending_unregisters_max = 0).contains("pending_unregisters_max"));
+    assert!(zero(|l| l.unregister_attempts_max = 0).contains("unregister_attempts_max"));
     assert!(zero(|l| l.unregister_retry_base_ms = 0).contains("unregister_retry_base_ms"));
     let mut l = RegistryLimits {
         unregister_retry_base_ms: 100,
-        unregister_retry_max_ms: 99,
+        unregister_retry_ms_max: 99,
         ..RegistryLimits::default()
     };
     assert!(l
         .validate()
         .unwrap_err()
-        .contains("unregister_retry_max_ms"));
-    l.unregister_retry_max_ms = 100;
+        .contains("unregister_retry_ms_max"));
+    l.unregister_retry_ms_max = 100;
     assert_eq!(l.validate(), Ok(()), "the cap may equal the base");
-    l.unregister_retry_max_ms = 101;
+    l.unregister_retry_ms_max = 101;
     assert_eq!(l.validate(), Ok(()));
 }
 
@@ -435,19 +435,19 @@ fn the_registry_section_is_validated_key_by_key() {
 fn a_shards_registry_takes_every_limit_of_the_section() {
     use domain::presence::registry::{RegistryConfig, RegistryLimits};
     let limits = RegistryLimits {
-        max_pending_unregisters: 11,
-        unregister_max_attempts: 12,
+        pending_unregisters_max: 11,
+        unregister_attempts_max: 12,
         unregister_retry_base_ms: 13,
-        unregister_retry_max_ms: 14,
+        unregister_retry_ms_max: 14,
     };
     let c = RegistryConfig::with_limits(3, 7, 9, 10, &limits);
     assert_eq!(
         (
-            c.max_sessions,
-            c.max_pending_unregisters,
-            c.unregister_max_attempts,
+            c.sessions_max,
+            c.pending_unregisters_max,
+            c.unregister_attempts_max,
             c.unregister_retry_base_ms,
-            c.unregister_retry_max_ms
+            c.unregister_retry_ms_max
         ),
         (10, 11, 12, 13, 14)
     );
@@ -457,10 +457,10 @@ fn a_shards_registry_takes_every_limit_of_the_section() {
 fn the_registrys_errors_say_what_went_wrong() {
     assert!(RegistryConfigError::MaxSessions
         .to_string()
-        .contains("max_sessions"));
+        .contains("sessions_max"));
     assert!(RegistryConfigError::UnregisterMaxAttempts
         .to_string()
-        .contains("unregister_max_attempts"));
+        .contains("unregister_attempts_max"));
     assert_eq!(RegisterError::Full.to_string(), "session registry full");
     assert_eq!(
         RegisterError::DuplicateSession.to_string(),
@@ -472,7 +472,7 @@ fn the_registrys_errors_say_what_went_wrong() {
 #[test]
 fn a_failed_unregister_meeting_a_full_queue_is_dropped_and_counted() {
     let mut c = config();
-    c.max_pending_unregisters = 1;
+    c.pending_unregisters_max = 1;
     let mut reg = Registry::new(c).unwrap();
     let a = active(&mut reg, "a", 1);
     let b = active(&mut reg, "b", 2);

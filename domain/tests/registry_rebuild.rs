@@ -42,7 +42,7 @@ fn limits(per_s: u32, burst: u32, batch: usize) -> RebuildLimits {
     RebuildLimits {
         routes_per_s: per_s,
         burst_routes: burst,
-        batch_max_routes: batch,
+        batch_routes_max: batch,
     }
 }
 

@@ -14,11 +14,11 @@ use engine::store::{FsyncPolicy, LogConfig, MessageLog, NewMessage, PullMode};
 fn config() -> LogConfig {
     LogConfig {
         segment_bytes: 64 << 20,
-        max_segments: 4,
-        max_channels: 1024,
-        max_indexed_messages: 4_000_000,
-        max_payload_bytes: 4096,
-        max_read_messages: 1000,
+        segments_max: 4,
+        channels_max: 1024,
+        indexed_messages_max: 4_000_000,
+        payload_bytes_max: 4096,
+        read_messages_max: 1000,
         fsync: FsyncPolicy::Always,
         ..LogConfig::default()
     }

@@ -74,7 +74,7 @@ pub struct Finding {
 pub struct Load {
     /// Shard threads.
     pub shards: u64,
-    /// `[net] max_connections_per_shard`.
+    /// `[net] connections_per_shard_max`.
     pub connections_per_shard: u64,
     /// Whether the configuration sets it: a cap the limit cannot hold is then
     /// refused at start; the default one is lowered to fit, with a warning.
@@ -118,7 +118,7 @@ impl Load {
         };
         Ok(Load {
             shards,
-            connections_per_shard: node.net.max_connections_per_shard as u64,
+            connections_per_shard: node.net.connections_per_shard_max as u64,
             connection_cap_set: node.connection_cap_set,
             fd_reserve: node.net.fd_reserve as u64 + shards * crate::node::fd_per_shard(&node),
             listen_backlog: node.net.listen_backlog.max(0) as u64,
@@ -328,7 +328,7 @@ fn open_files(load: &Load, facts: &HostFacts) -> Finding {
     if b.over_committed() && load.connection_cap_set {
         let why = format!(
             "{sizing} = {need} > {limit}: the node refuses to start (raise the hard \
-             limit, or lower [net] max_connections_per_shard to at most {})",
+             limit, or lower [net] connections_per_shard_max to at most {})",
             b.per_shard_cap
         );
         return finding(NAME, value, recommended, Severity::Fail, why);

@@ -86,7 +86,7 @@ fn metric(text: &str, name: &str) -> u64 {
 #[test]
 fn idle_connections_over_the_cap_make_room_for_new_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let node = node_with_api(dir.path(), |c| c.api.max_connections = 16);
+    let node = node_with_api(dir.path(), |c| c.api.connections_max = 16);
     let addr = node.api_addr().unwrap();
     let idle: Vec<TcpStream> = (0..50).map(|_| TcpStream::connect(addr).unwrap()).collect();
     let (status, _) = get(addr, "/healthz").expect("/healthz on a fresh connection");
@@ -104,7 +104,7 @@ fn idle_connections_over_the_cap_make_room_for_new_ones() {
 #[test]
 fn busy_connections_at_the_cap_refuse_new_ones_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let node = node_with_api(dir.path(), |c| c.api.max_connections = 2);
+    let node = node_with_api(dir.path(), |c| c.api.connections_max = 2);
     let addr = node.api_addr().unwrap();
     // Two requests whose bodies never finish: both connections are busy.
     let mut busy = Vec::new();
@@ -214,7 +214,7 @@ fn bearer_token_is_checked_before_the_body() {
     let dir = tempfile::tempdir().unwrap();
     let node = node_with_api(dir.path(), |c| {
         c.api.bearer_token = Some("s3cret".into());
-        c.api.max_body_bytes = 1024;
+        c.api.body_bytes_max = 1024;
     });
     let addr = node.api_addr().unwrap();
     let big = "x".repeat(4096);
@@ -352,7 +352,7 @@ fn page_all(node: &Node, pull_mode: u8, bound: usize) -> (Vec<u64>, usize) {
 fn messagesync_is_bounded_by_bytes_and_pages() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path(), net::io::Backend::Mio)).unwrap();
-    let bound = NodeConfig::default().api.max_sync_response_bytes;
+    let bound = NodeConfig::default().api.sync_response_bytes_max;
     // 20 messages of 512 KiB: ~13.7 MB of JSON, more than the default 8 MiB bound.
     let count = 20u64;
     let payload = base64::engine::general_purpose::STANDARD.encode(vec![b'm'; 512 << 10]);
@@ -497,7 +497,7 @@ fn a_client_that_never_reads_its_answer_is_closed() {
     let dir = tempfile::tempdir().unwrap();
     let node = node_with_api(dir.path(), |c| {
         c.api.answer_write_timeout_ms = 300;
-        c.api.max_sync_response_bytes = 64 << 20;
+        c.api.sync_response_bytes_max = 64 << 20;
     });
     let addr = node.api_addr().unwrap();
     // ~19 MB of JSON: more than the loopback socket buffers hold.

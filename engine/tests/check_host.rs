@@ -441,7 +441,7 @@ fn the_table_is_aligned() {
 fn the_load_comes_from_the_configuration() {
     let config = Config::parse(
         "[runtime]\nshard_count = 3\npin_cores = [4, 5]\n\
-         [net]\nmax_connections_per_shard = 500\nlisten_backlog = 1024\nbackend = \"mio\"\n",
+         [net]\nconnections_per_shard_max = 500\nlisten_backlog = 1024\nbackend = \"mio\"\n",
         |_| None,
     )
     .unwrap();
@@ -487,11 +487,11 @@ fn line<'a>(stdout: &'a str, prefix: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line {prefix} in:\n{stdout}"))
 }
 
-/// A `max_connections_per_shard` for two shards that fits this machine's hard
+/// A `connections_per_shard_max` for two shards that fits this machine's hard
 /// descriptor limit (2,000, or less on a machine with a lower limit).
 fn fitting_connections() -> u64 {
     let (_, hard) = net::io::fd::nofile_limit().unwrap();
-    let text = "[runtime]\nshard_count = 2\n[net]\nmax_connections_per_shard = 1\n";
+    let text = "[runtime]\nshard_count = 2\n[net]\nconnections_per_shard_max = 1\n";
     let reserve = Load::from_config(&Config::parse(text, |_| None).unwrap())
         .unwrap()
         .fd_reserve;
@@ -507,7 +507,7 @@ fn fitting_connections() -> u64 {
 fn a_load_that_fits_the_descriptor_limit_passes() {
     let dir = tempfile::tempdir().unwrap();
     let conns = fitting_connections();
-    let toml = format!("[net]\nmax_connections_per_shard = {conns}\n");
+    let toml = format!("[net]\nconnections_per_shard_max = {conns}\n");
     let (out, stdout) = check_host(dir.path(), &toml, &["--shards", "2"]);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     let open = line(&stdout, "open files (RLIMIT_NOFILE)");
@@ -525,7 +525,7 @@ fn a_load_beyond_the_hard_limit_fails_on_the_open_files_line() {
     let dir = tempfile::tempdir().unwrap();
     // 2 x 2^24 connections (the most the configuration allows per shard): more
     // than any hard limit short of an unlimited one with fs.nr_open above 2^25.
-    let toml = "[net]\nmax_connections_per_shard = 16777216\n";
+    let toml = "[net]\nconnections_per_shard_max = 16777216\n";
     let (out, stdout) = check_host(dir.path(), toml, &["--shards", "2"]);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     let open = line(&stdout, "open files (RLIMIT_NOFILE)");
@@ -542,7 +542,7 @@ fn a_load_beyond_the_hard_limit_fails_on_the_open_files_line() {
 fn io_uring_required_fails_exactly_when_the_ring_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
-        "[net]\nmax_connections_per_shard = {}\n",
+        "[net]\nconnections_per_shard_max = {}\n",
         fitting_connections()
     );
     let (out, stdout) = check_host(dir.path(), &toml, &["--shards", "2", "--io", "uring"]);

@@ -430,7 +430,7 @@ fn an_rpc_frame_limit_past_the_links_input_buffer_is_refused() {
     Node::start(c).unwrap().shutdown().unwrap();
 }
 
-/// Every touch batch fits in a frame (issue 26, item 2): `touch_batch_max_routes`
+/// Every touch batch fits in a frame (issue 26, item 2): `touch_batch_routes_max`
 /// routes with the longest uid and device id must fit `rpc_frame_bytes_max`, or
 /// the start is refused naming the keys (a batch past it would be refused by its
 /// link and requeued for ever).
@@ -443,13 +443,13 @@ fn a_touch_batch_larger_than_a_frame_is_refused_at_start() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     let text = e.to_string();
     assert!(
-        text.contains("touch_batch_max_routes") && text.contains("rpc_frame_bytes_max"),
+        text.contains("touch_batch_routes_max") && text.contains("rpc_frame_bytes_max"),
         "{text}"
     );
     let dir = tempfile::tempdir().unwrap();
     let mut c = support::config(dir.path(), net::io::Backend::Mio);
     c.session.device_id_bytes_max = 64 << 10;
-    c.session.touch_batch_max_routes = 32;
+    c.session.touch_batch_routes_max = 32;
     Node::start(c).unwrap().shutdown().unwrap();
 }
 

@@ -63,7 +63,7 @@ const LONG_DEADLINE_MS: u32 = 10_000;
 fn node_1_config(backend: Backend, ports: &[u16], dir: &Path) -> NodeConfig {
     let mut c = support::cluster::node_1_of_2(backend, ports, dir, SECRET, SLOT_IDS);
     c.rpc.rpc_backoff_min_ms = 5;
-    c.rpc.rpc_backoff_max_ms = 50;
+    c.rpc.rpc_backoff_ms_max = 50;
     c
 }
 

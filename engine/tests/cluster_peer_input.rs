@@ -376,10 +376,10 @@ fn readyz_waits_for_a_peers_view(backend: Backend) {
 fn links_come_up_with_the_clients_at_their_cap(backend: Backend) {
     let ports = support::cluster::free_ports(4);
     let (node, rpc_addr, _dir) = node_1_with(backend, &ports, |c| {
-        c.net.max_connections_per_shard = 2;
+        c.net.connections_per_shard_max = 2;
         // Node 2 listens only once the clients hold the cap: node 1 redials soon.
         c.rpc.rpc_backoff_min_ms = 5;
-        c.rpc.rpc_backoff_max_ms = 50;
+        c.rpc.rpc_backoff_ms_max = 50;
     });
     let tcp = node.tcp_addr().unwrap();
     let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(tcp).unwrap()).collect();

@@ -640,14 +640,14 @@ fn kill9_mid_load_then_drill_then_restart() {
 
 /// Link limits under which a link that closed (or failed to dial) waits one to
 /// two minutes before its next dial: longer than any wait of the tests.
-const SLOW_REDIAL: &str = "[rpc]\nrpc_backoff_min_ms = 120000\nrpc_backoff_max_ms = 120000\n";
+const SLOW_REDIAL: &str = "[rpc]\nrpc_backoff_min_ms = 120000\nrpc_backoff_ms_max = 120000\n";
 
 /// A node that comes up (at the cluster's start, or restarted with a new boot id)
 /// is dialed back at once by the nodes it dialed, not after their backoff: every
 /// shard of every live node has its link to it up again (a reply goes back on
 /// that link: without it the replies to the restarted node's requests were
 /// dropped, and its CONNECTs failed with 15 until the backoff passed, up to
-/// `rpc_backoff_max_ms`). Backoff is two minutes here, so only the dial-back can
+/// `rpc_backoff_ms_max`). Backoff is two minutes here, so only the dial-back can
 /// make the links come up within the test's waits.
 #[test]
 fn a_node_that_comes_up_is_dialed_back_at_once() {

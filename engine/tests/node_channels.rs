@@ -1,4 +1,4 @@
-//! Issue 11.3 through the node: `max_channels` is not a permanent cap, and one
+//! Issue 11.3 through the node: `channels_max` is not a permanent cap, and one
 //! connection cannot create channels faster than its named limit.
 
 // Test configs change a few nested fields of the defaults.
@@ -34,7 +34,7 @@ fn next_sendack(c: &mut Client) -> (u32, u64, u8) {
 fn more_channels_than_max_channels_all_work(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), backend);
-    c.log.max_channels = 2;
+    c.log.channels_max = 2;
     c.log.segment_bytes = 2 << 20;
     let node = Node::start(c).unwrap();
     set_token(&node, "alice", 1, 1);

@@ -101,7 +101,7 @@ fn the_default_config_starts_under_1024_descriptors_with_a_warning() {
     assert!(listening, "the node did not start:\n{text}");
     let warning = seen
         .iter()
-        .find(|l| l.contains("WARN") && l.contains("max_connections_per_shard"))
+        .find(|l| l.contains("WARN") && l.contains("connections_per_shard_max"))
         .unwrap_or_else(|| panic!("no warning about the lowered cap:\n{text}"));
     assert!(
         warning.contains("1024") && warning.contains("8192"),
@@ -117,7 +117,7 @@ fn the_default_config_starts_under_1024_descriptors_with_a_warning() {
 fn a_cap_the_user_set_that_does_not_fit_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("imrouter.toml");
-    std::fs::write(&config, "[net]\nmax_connections_per_shard = 8192\n").unwrap();
+    std::fs::write(&config, "[net]\nconnections_per_shard_max = 8192\n").unwrap();
     let mut args = loopback_args(dir.path());
     args.extend(["--config".into(), config.display().to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -129,7 +129,7 @@ fn a_cap_the_user_set_that_does_not_fit_is_refused_by_name() {
     assert!(!listening, "started with a cap it cannot hold:\n{text}");
     assert!(!status.success(), "{status:?}");
     assert!(
-        text.contains("max_connections_per_shard = 8192") && text.contains("1024"),
+        text.contains("connections_per_shard_max = 8192") && text.contains("1024"),
         "the refusal names the cap and the limit:\n{text}"
     );
 }

@@ -58,7 +58,7 @@ fn flood_child() {
     }
     // The most connections the limit holds per shard (a start whose configured cap
     // does not fit is refused): the flood then meets that cap.
-    config.net.max_connections_per_shard =
+    config.net.connections_per_shard_max =
         engine::node::fd_budget(&config, NODE_NOFILE).per_shard_cap as usize;
     let node = Node::start(config).unwrap();
     let mut out = std::io::stdout();
@@ -568,7 +568,7 @@ fn print_config_shows_the_descriptor_budget() {
         "{text}"
     );
     assert!(
-        text.contains("# WARNING: max_connections_per_shard"),
+        text.contains("# WARNING: connections_per_shard_max"),
         "{text}"
     );
 }
@@ -581,13 +581,13 @@ fn print_config_shows_the_descriptor_budget() {
 fn a_start_whose_connections_do_not_fit_the_descriptor_limit_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = support::config(&dir.path().join("data"), net::io::Backend::Mio);
-    c.net.max_connections_per_shard = 1 << 30;
+    c.net.connections_per_shard_max = 1 << 30;
     c.connection_cap_set = true;
     let e = Node::start(c.clone()).err().expect("refused");
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     let line = e.to_string();
     assert!(
-        line.contains("max_connections_per_shard = 1073741824 on 2 shards needs")
+        line.contains("connections_per_shard_max = 1073741824 on 2 shards needs")
             && line.contains("LimitNOFILE")
             && !line.contains('\n'),
         "{line}"
@@ -596,6 +596,6 @@ fn a_start_whose_connections_do_not_fit_the_descriptor_limit_is_refused() {
         !dir.path().join("data").exists(),
         "refused before the data dir"
     );
-    c.net.max_connections_per_shard = 100;
+    c.net.connections_per_shard_max = 100;
     Node::start(c).unwrap().shutdown().unwrap();
 }

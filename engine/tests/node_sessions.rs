@@ -580,7 +580,7 @@ fn a_connect_without_room_for_its_activation_timer_is_refused(backend: Backend) 
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), backend);
     // Each shard's own periodic timers (touch flush, expiry, log sync) fill it.
-    c.runtime.max_timers = 3;
+    c.runtime.timers_max = 3;
     let node = Node::start(c).unwrap();
     set_token(&node, "u1", 1);
     let (mut client, reason) = Client::connect(
@@ -662,10 +662,10 @@ fn a_zero_limit_is_refused_at_start_with_its_name() {
         "{err}"
     );
     let mut c = config(dir.path(), Backend::Mio);
-    c.session.touch_batch_max_routes = 0;
+    c.session.touch_batch_routes_max = 0;
     let err = Node::start(c).err().expect("refused at start");
     assert!(
-        err.to_string().contains("session.touch_batch_max_routes"),
+        err.to_string().contains("session.touch_batch_routes_max"),
         "{err}"
     );
 }

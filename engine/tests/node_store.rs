@@ -358,16 +358,16 @@ fn a_disk_error_under_the_interval_policy() {
 /// Rolling under load, with retention: small segments fill many times over while
 /// SENDs are pipelined to channels on both shards; every SEND is acknowledged, each
 /// channel reads back contiguous up to its last seq, the disk holds at most
-/// `max_segments` + 2 segments per shard (one retired awaiting its job, one spare),
+/// `segments_max` + 2 segments per shard (one retired awaiting its job, one spare),
 /// and after a restart the seqs continue.
 fn rolling_under_load_keeps_the_seqs_and_the_segment_budget(backend: Backend) {
     const PER_PEER: u32 = 300;
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), backend);
     c.log.fsync = engine::store::FsyncPolicy::Always;
-    c.log.max_payload_bytes = 4096;
+    c.log.payload_bytes_max = 4096;
     c.log.segment_bytes = 256 << 10;
-    c.log.max_segments = 3;
+    c.log.segments_max = 3;
     let mut peers = peers_on_shard("u1", 0, 2, 2);
     peers.extend(peers_on_shard("u1", 1, 2, 2));
     let node = Node::start(c.clone()).unwrap();

@@ -28,11 +28,11 @@ const ACKS_BEFORE_KILL: usize = 12_000;
 fn config() -> LogConfig {
     LogConfig {
         segment_bytes: 1 << 20,
-        max_segments: 10_000,
-        max_channels: 16,
-        max_indexed_messages: 10_000_000,
-        max_payload_bytes: 4096,
-        max_read_messages: 100_000,
+        segments_max: 10_000,
+        channels_max: 16,
+        indexed_messages_max: 10_000_000,
+        payload_bytes_max: 4096,
+        read_messages_max: 100_000,
         fsync: FsyncPolicy::Always,
         ..LogConfig::default()
     }

@@ -24,13 +24,13 @@ fn seed() -> u64 {
 fn small_config() -> LogConfig {
     LogConfig {
         segment_bytes: 256 << 10,
-        max_segments: 1000,
-        max_channels: 10_000,
-        max_retired_channels: 10_000,
+        segments_max: 1000,
+        channels_max: 10_000,
+        retired_channels_max: 10_000,
         seq_floor_buckets: 64,
-        max_indexed_messages: 1_000_000,
-        max_payload_bytes: 4096,
-        max_read_messages: 1000,
+        indexed_messages_max: 1_000_000,
+        payload_bytes_max: 4096,
+        read_messages_max: 1000,
         fsync: FsyncPolicy::Always,
     }
 }
@@ -166,7 +166,7 @@ fn interleaved_channels_get_seqs_from_one_and_read_back() {
 fn read_bounds_and_pull_modes() {
     let tmp = tempfile::tempdir().unwrap();
     let config = LogConfig {
-        max_read_messages: 50,
+        read_messages_max: 50,
         ..small_config()
     };
     let (mut log, _) = MessageLog::open(tmp.path(), config).unwrap();
@@ -178,12 +178,12 @@ fn read_bounds_and_pull_modes() {
     assert_eq!(
         seqs(&log, "c", 0, 0, 200, Down),
         (range(51, 100), true),
-        "clamped to max_read_messages"
+        "clamped to read_messages_max"
     );
     assert_eq!(
         seqs(&log, "c", 0, 0, 0, Down),
         (range(51, 100), true),
-        "0 = max_read_messages"
+        "0 = read_messages_max"
     );
     // down: (end, start], newest first-limited
     assert_eq!(seqs(&log, "c", 100, 0, 10, Down), (range(91, 100), true));
@@ -310,7 +310,7 @@ fn segments_roll_when_full_and_records_span_them() {
 fn retention_deletes_oldest_segments_and_seqs_continue_after_reopen() {
     let tmp = tempfile::tempdir().unwrap();
     let config = LogConfig {
-        max_segments: 3,
+        segments_max: 3,
         ..small_config()
     };
     let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
@@ -367,7 +367,7 @@ fn retention_deletes_oldest_segments_and_seqs_continue_after_reopen() {
 fn index_budget_retires_oldest_segments_and_appends_go_on() {
     let tmp = tempfile::tempdir().unwrap();
     let config = LogConfig {
-        max_indexed_messages: 300,
+        indexed_messages_max: 300,
         segment_bytes: 1 << 20,
         ..small_config()
     };
@@ -403,7 +403,7 @@ fn bad_input_is_an_error_that_changes_nothing() {
         log.append(&msg("one", "", &big, 1)),
         Err(LogError::PayloadTooLarge {
             len: 4097,
-            max_payload_bytes: 4096
+            payload_bytes_max: 4096
         })
     ));
     let long = "x".repeat(65536);
@@ -429,11 +429,11 @@ fn bad_input_is_an_error_that_changes_nothing() {
             ..config.clone()
         },
         LogConfig {
-            max_segments: 0,
+            segments_max: 0,
             ..config.clone()
         },
         LogConfig {
-            max_read_messages: 0,
+            read_messages_max: 0,
             ..config.clone()
         },
         LogConfig {
@@ -635,7 +635,7 @@ fn idempotency_window_is_rebuilt_from_the_log() {
         log.append(&m).unwrap();
     }
     let mut w = IdempotencyWindow::new(IdempotencyConfig {
-        max_entries: 4,
+        entries_max: 4,
         ttl_s: 100,
         budget_bytes: 1 << 20,
     })
@@ -660,8 +660,8 @@ fn idempotency_window_is_rebuilt_from_the_log() {
             message_seq: 7
         })
     );
-    assert_eq!(w.get("u1", "cm5", 1103), None, "evicted by max_entries");
-    assert_eq!(w.get("u0", "cm4", 1103), None, "evicted by max_entries");
+    assert_eq!(w.get("u1", "cm5", 1103), None, "evicted by entries_max");
+    assert_eq!(w.get("u0", "cm4", 1103), None, "evicted by entries_max");
     assert_eq!(w.get("u0", "cm8", 1108), None, "expired by ttl_s at 1108");
 }
 
@@ -715,9 +715,9 @@ fn read_all(log: &MessageLog, channel: &str) -> Vec<u64> {
     }
 }
 
-/// Issue 11.3: `max_channels` bounds the channels held in memory, not the channels a
+/// Issue 11.3: `channels_max` bounds the channels held in memory, not the channels a
 /// log may ever see. Over its life the log takes appends to many more distinct
-/// channels than `max_channels`; every append succeeds, each channel's seqs continue
+/// channels than `channels_max`; every append succeeds, each channel's seqs continue
 /// across eviction (never reused, never skipped), and a read returns exactly the
 /// channel's records still on disk.
 #[test]
@@ -726,8 +726,8 @@ fn more_distinct_channels_than_max_channels_all_work_and_seqs_continue() {
     let mut rng = StdRng::seed_from_u64(seed);
     let tmp = tempfile::tempdir().unwrap();
     let config = LogConfig {
-        max_channels: 8,
-        max_segments: 4,
+        channels_max: 8,
+        segments_max: 4,
         ..small_config()
     };
     let (mut log, _) = MessageLog::open(tmp.path(), config.clone()).unwrap();
@@ -785,7 +785,7 @@ fn more_distinct_channels_than_max_channels_all_work_and_seqs_continue() {
     );
 }
 
-/// The retired-seq table is bounded: beyond `max_retired_channels` its oldest entries
+/// The retired-seq table is bounded: beyond `retired_channels_max` its oldest entries
 /// fold into `seq_floor_buckets` high-water marks. Seqs may then skip but never go
 /// back or repeat, also across reopens that change the bucket count.
 #[test]
@@ -794,9 +794,9 @@ fn retired_channels_beyond_their_budget_never_reuse_a_seq() {
     let mut rng = StdRng::seed_from_u64(seed);
     let tmp = tempfile::tempdir().unwrap();
     let config = LogConfig {
-        max_channels: 2,
-        max_segments: 2,
-        max_retired_channels: 3,
+        channels_max: 2,
+        segments_max: 2,
+        retired_channels_max: 3,
         seq_floor_buckets: 2,
         ..small_config()
     };
@@ -882,7 +882,7 @@ fn idempotency_window_keeps_its_byte_budget_evicting_oldest_first() {
     let mut rng = StdRng::seed_from_u64(seed);
     let budget = 512 << 10;
     let mut w = IdempotencyWindow::new(IdempotencyConfig {
-        max_entries: 1_000_000,
+        entries_max: 1_000_000,
         ttl_s: 1_000,
         budget_bytes: budget,
     })
@@ -965,9 +965,9 @@ fn reads_bounded_by_bytes_keep_the_start_of_the_pull_and_say_more() {
     let (mut log, _) = MessageLog::open(tmp.path(), small_config()).unwrap();
     append_n(&mut log, "c", 20, 100);
     use PullMode::{Down, Up};
-    let read = |start, end, mode, max_bytes| {
+    let read = |start, end, mode, bytes_max| {
         let r = log
-            .read_within(2, "c", start, end, 0, mode, max_bytes)
+            .read_within(2, "c", start, end, 0, mode, bytes_max)
             .unwrap();
         let bytes: usize = r.messages.iter().map(|m| m.copy_bytes()).sum();
         let seqs: Vec<u64> = r.messages.iter().map(|m| m.message_seq).collect();

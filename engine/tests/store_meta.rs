@@ -7,11 +7,11 @@ use engine::store::{MetaConfig, MetaError, MetaStore};
 
 fn config() -> MetaConfig {
     MetaConfig {
-        max_tokens: 100,
-        max_groups: 10,
-        max_subscribers_per_group: 50,
-        max_field_bytes: 64,
-        max_journal_bytes: 1 << 20,
+        tokens_max: 100,
+        groups_max: 10,
+        subscribers_per_group_max: 50,
+        field_bytes_max: 64,
+        journal_bytes_max: 1 << 20,
     }
 }
 
@@ -156,7 +156,7 @@ fn torn_journal_tail_is_truncated_and_writes_continue() {
 fn compaction_snapshots_state_and_starts_a_new_generation() {
     let tmp = tempfile::tempdir().unwrap();
     let small = MetaConfig {
-        max_journal_bytes: 200,
+        journal_bytes_max: 200,
         ..config()
     };
     let stale_journal;
@@ -207,9 +207,9 @@ fn corrupt_snapshot_is_an_error() {
 fn limits_and_bad_input_refuse_the_whole_call() {
     let tmp = tempfile::tempdir().unwrap();
     let tight = MetaConfig {
-        max_tokens: 2,
-        max_groups: 1,
-        max_subscribers_per_group: 3,
+        tokens_max: 2,
+        groups_max: 1,
+        subscribers_per_group_max: 3,
         ..config()
     };
     {
@@ -218,7 +218,7 @@ fn limits_and_bad_input_refuse_the_whole_call() {
         store.set_token("a", 1, "t", DeviceLevel::Slave).unwrap();
         assert!(matches!(
             store.set_token("b", 0, "t", DeviceLevel::Slave),
-            Err(MetaError::TooManyTokens { max_tokens: 2 })
+            Err(MetaError::TooManyTokens { tokens_max: 2 })
         ));
         store.set_token("a", 1, "t2", DeviceLevel::Master).unwrap(); // replacing is fine
         assert!(matches!(
@@ -234,12 +234,12 @@ fn limits_and_bad_input_refuse_the_whole_call() {
         assert!(matches!(
             store.add_subscribers("g", &["3", "4"], false),
             Err(MetaError::TooManySubscribers {
-                max_subscribers_per_group: 3
+                subscribers_per_group_max: 3
             })
         ));
         assert!(matches!(
             store.add_subscribers("h", &["1"], false),
-            Err(MetaError::TooManyGroups { max_groups: 1 })
+            Err(MetaError::TooManyGroups { groups_max: 1 })
         ));
         assert!(matches!(
             store.add_subscribers("g", &["3", ""], false),
@@ -262,7 +262,7 @@ fn limits_and_bad_input_refuse_the_whole_call() {
         MetaStore::open(
             tmp.path(),
             MetaConfig {
-                max_field_bytes: 0,
+                field_bytes_max: 0,
                 ..tight
             }
         ),

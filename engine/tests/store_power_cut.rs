@@ -169,7 +169,7 @@ fn start(dir: &Path, fsync: FsyncPolicy) -> (NodeConfig, Arc<Recorder>, Node, Cl
     let mut c = config(dir, Backend::Mio);
     c.log.fsync = fsync;
     // Small segments: the batches roll several, so seals count too.
-    c.log.max_payload_bytes = 4096;
+    c.log.payload_bytes_max = 4096;
     c.log.segment_bytes = 256 << 10;
     let rec = Arc::new(Recorder::default());
     let hooks = NodeHooks {

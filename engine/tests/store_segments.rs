@@ -10,11 +10,11 @@ use engine::store::{FsyncPolicy, LogConfig, MessageLog, NewMessage, PullMode};
 fn config() -> LogConfig {
     LogConfig {
         segment_bytes: 256 << 10,
-        max_segments: 3,
-        max_channels: 100,
-        max_indexed_messages: 1_000_000,
-        max_payload_bytes: 4096,
-        max_read_messages: 100_000,
+        segments_max: 3,
+        channels_max: 100,
+        indexed_messages_max: 1_000_000,
+        payload_bytes_max: 4096,
+        read_messages_max: 100_000,
         fsync: FsyncPolicy::Always,
         ..LogConfig::default()
     }
@@ -143,8 +143,8 @@ fn append_to(log: &mut MessageLog, channel: &str, n: u64) -> u64 {
 fn a_full_sync_waits_for_the_file_work_of_a_job_in_flight() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = LogConfig {
-        max_segments: 10,
-        max_channels: 3,
+        segments_max: 10,
+        channels_max: 3,
         ..config()
     };
     let (mut log, _) = MessageLog::open(tmp.path(), cfg.clone()).unwrap();

@@ -210,7 +210,7 @@ fn webhook_config(dir: &std::path::Path, url: &str) -> NodeConfig {
     c.webhook.url = url.to_string();
     c.webhook.batch_delay_ms = 5;
     c.webhook.backoff_min_ms = 20;
-    c.webhook.backoff_max_ms = 100;
+    c.webhook.backoff_ms_max = 100;
     // Unregisters of closed sessions reach the authority at the next touch flush.
     c.session.touch_flush_interval_ms = 50;
     c

@@ -32,7 +32,7 @@ struct Echo {
     tx: Sender<(ShardId, NetEvent)>,
     block_bytes: usize,
     /// Largest unconsumed input seen.
-    max_input_bytes: Arc<AtomicUsize>,
+    input_bytes_max: Arc<AtomicUsize>,
 }
 
 impl Handler for Echo {
@@ -46,7 +46,7 @@ impl Handler for Echo {
         match event {
             NetEvent::Readable { conn } => {
                 let input = driver.input(conn);
-                self.max_input_bytes
+                self.input_bytes_max
                     .fetch_max(input.len(), Ordering::Relaxed);
                 let take = match self.block_bytes {
                     0 => input.len(),
@@ -71,7 +71,7 @@ struct Server {
     tcp: SocketAddr,
     ws: SocketAddr,
     events: Receiver<(ShardId, NetEvent)>,
-    max_input_bytes: Arc<AtomicUsize>,
+    input_bytes_max: Arc<AtomicUsize>,
 }
 
 impl Server {
@@ -97,8 +97,8 @@ impl Server {
         let per_shard = Mutex::new(per_shard.into_iter().map(Some).collect::<Vec<_>>());
         let (tx, events) = channel();
         let tx = Mutex::new(tx);
-        let max_input_bytes = Arc::new(AtomicUsize::new(0));
-        let max_input = max_input_bytes.clone();
+        let input_bytes_max = Arc::new(AtomicUsize::new(0));
+        let input_max = input_bytes_max.clone();
         let rt_config = RuntimeConfig {
             shard_count: shards,
             pin_cores: Vec::new(),
@@ -115,7 +115,7 @@ impl Server {
             let echo = Echo {
                 tx,
                 block_bytes,
-                max_input_bytes: max_input.clone(),
+                input_bytes_max: input_max.clone(),
             };
             Ok((echo, driver))
         })
@@ -125,7 +125,7 @@ impl Server {
             tcp,
             ws,
             events,
-            max_input_bytes,
+            input_bytes_max,
         }
     }
 
@@ -463,7 +463,7 @@ fn unconsumed_input_pauses_reading(backend: Backend) {
     let sender = std::thread::spawn(move || writer.write_all(&to_send).unwrap());
     assert_eq!(read_exact_n(&mut c, data.len()), data);
     sender.join().unwrap();
-    let max_seen = server.max_input_bytes.load(Ordering::Relaxed);
+    let max_seen = server.input_bytes_max.load(Ordering::Relaxed);
     // io_uring may deliver the completions already posted when it paused.
     let slack = match backend {
         Backend::Uring => usize::from(defaults.uring_buf_count) * defaults.uring_buf_bytes as usize,
@@ -497,7 +497,7 @@ fn idle_connection_is_closed(backend: Backend) {
 
 fn connections_past_the_limit_are_refused(backend: Backend) {
     let config = NetConfig {
-        max_connections_per_shard: 2,
+        connections_per_shard_max: 2,
         ..NetConfig::default()
     };
     let server = Server::start(backend, 1, config);
@@ -638,7 +638,7 @@ fn ten_thousand_connections(backend: Backend) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     // One shard holds all of them (the default cap is 8,192 per shard).
     let cfg = NetConfig {
-        max_connections_per_shard: MANY_CONNECTIONS + 64,
+        connections_per_shard_max: MANY_CONNECTIONS + 64,
         ..NetConfig::default()
     };
     let server = Server::start(backend, 1, cfg);

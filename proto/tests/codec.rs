@@ -88,14 +88,14 @@ fn varint_limits() {
         dec(&[0x30, 0x81, 0x80, 0x40]),
         Err(DecodeError::FrameTooLarge {
             len_bytes: (1 << 20) + 1,
-            max_bytes: MAX_FRAME_BYTES
+            bytes_max: MAX_FRAME_BYTES
         })
     );
     assert_eq!(
         decode(&[0x40, 0x11], 6, 16),
         Err(DecodeError::FrameTooLarge {
             len_bytes: 17,
-            max_bytes: 16
+            bytes_max: 16
         })
     );
     // PING and PONG have no length.
@@ -211,7 +211,7 @@ fn body_errors() {
         VarintTooLong,
         FrameTooLarge {
             len_bytes: 2,
-            max_bytes: 1,
+            bytes_max: 1,
         },
         ExpectedConnect(PacketType::Ping),
     ] {

@@ -244,7 +244,7 @@ fn an_oversized_length_is_refused_from_the_header_alone() {
             decode(&head, limits),
             Err(FrameError::TooLarge {
                 frame_bytes: HEADER_BYTES + body_len as usize,
-                max_bytes: max
+                bytes_max: max
             })
         );
     }

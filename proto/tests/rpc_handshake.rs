@@ -512,7 +512,7 @@ fn nothing_but_the_handshake_is_served_before_authentication() {
     let step = new_listener(&mut rng).receive(&big, &mut Vec::new());
     let too_large = FrameError::TooLarge {
         frame_bytes: HEADER_BYTES + HANDSHAKE_FRAME_BYTES_MAX,
-        max_bytes: HANDSHAKE_FRAME_BYTES_MAX,
+        bytes_max: HANDSHAKE_FRAME_BYTES_MAX,
     };
     assert_eq!(
         step.outcome,

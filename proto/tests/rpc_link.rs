@@ -1009,7 +1009,7 @@ fn an_established_listener_closes_on_any_protocol_error_with_a_reason() {
             },
             LinkCloseReason::Frame(FrameError::TooLarge {
                 frame_bytes: HEADER_BYTES + (4 << 20),
-                max_bytes: 4 << 20,
+                bytes_max: 4 << 20,
             }),
         ),
         (
@@ -1476,7 +1476,7 @@ fn limits_are_validated_and_read_from_config() {
     };
     assert!(bad.validate().is_err());
     let parsed: LinkLimits = serde_json::from_str(
-        r#"{"rpc_requests_in_flight_max": 16, "rpc_backoff_max_ms": 500,
+        r#"{"rpc_requests_in_flight_max": 16, "rpc_backoff_ms_max": 500,
             "rpc_replies_held_max": 8, "rpc_replies_held_bytes_max": 4096,
             "rpc_reply_margin_ms": 3}"#,
     )
@@ -1485,7 +1485,7 @@ fn limits_are_validated_and_read_from_config() {
         parsed,
         LinkLimits {
             rpc_requests_in_flight_max: 16,
-            rpc_backoff_max_ms: 500,
+            rpc_backoff_ms_max: 500,
             rpc_replies_held_max: 8,
             rpc_replies_held_bytes_max: 4096,
             rpc_reply_margin_ms: 3,

@@ -19,9 +19,9 @@
 //!   a rebuild, is freed only after every reader that could have seen it has
 //!   unpinned (`crossbeam-epoch` deferred destruction). Values may therefore be
 //!   dropped on any thread that collects garbage, hence `K, V: Send`.
-//! - **Bounded.** At most `max_entries` live keys: inserting a new key beyond
+//! - **Bounded.** At most `entries_max` live keys: inserting a new key beyond
 //!   that returns [`TableFull`] (replacing an existing key always works). The
-//!   slot array never exceeds `slots_for(max_entries)` slots.
+//!   slot array never exceeds `slots_for(entries_max)` slots.
 //! - Dropping the writer and every reader frees every remaining entry (entries
 //!   already retired are freed by the epoch collector as usual).
 //!
@@ -55,7 +55,7 @@ pub type DefaultHashBuilder = foldhash::fast::RandomState;
 
 /// Smallest slot array (slots).
 pub const MIN_SLOTS: usize = 8;
-/// Largest slot array (slots); `max_entries` is clamped to half of it.
+/// Largest slot array (slots); `entries_max` is clamped to half of it.
 pub const MAX_SLOTS_LIMIT: usize = 1 << (usize::BITS - 6);
 /// Rebuild when `(live + tombstones) / slots` would exceed
 /// `MAX_LOAD_NUM / MAX_LOAD_DEN`.
@@ -63,13 +63,13 @@ const MAX_LOAD_NUM: usize = 3;
 const MAX_LOAD_DEN: usize = 4;
 
 /// Returned by [`MapWriter::insert`] when inserting a new key while
-/// `max_entries` keys are live.
+/// `entries_max` keys are live.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub struct TableFull;
 
 impl fmt::Display for TableFull {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("table full (max_entries reached)")
+        f.write_str("table full (entries_max reached)")
     }
 }
 
@@ -245,25 +245,25 @@ impl<K, V, S> Drop for Inner<K, V, S> {
 }
 
 /// Creates a table with `initial_capacity` entries' worth of slots (clamped to
-/// `max_entries`) that never holds more than `max_entries` keys.
+/// `entries_max`) that never holds more than `entries_max` keys.
 ///
-/// `max_entries` is clamped to `MAX_SLOTS_LIMIT / 2`; `0` means every new key
+/// `entries_max` is clamped to `MAX_SLOTS_LIMIT / 2`; `0` means every new key
 /// is refused.
 pub fn epoch_map<K, V>(
     initial_capacity: usize,
-    max_entries: usize,
+    entries_max: usize,
 ) -> (MapWriter<K, V>, MapReader<K, V>)
 where
     K: Hash + Eq + Send + Sync + 'static,
     V: Send + Sync + 'static,
 {
-    epoch_map_with_hasher(initial_capacity, max_entries, DefaultHashBuilder::default())
+    epoch_map_with_hasher(initial_capacity, entries_max, DefaultHashBuilder::default())
 }
 
 /// [`epoch_map`] with a caller-chosen hasher.
 pub fn epoch_map_with_hasher<K, V, S>(
     initial_capacity: usize,
-    max_entries: usize,
+    entries_max: usize,
     hasher: S,
 ) -> (MapWriter<K, V, S>, MapReader<K, V, S>)
 where
@@ -271,9 +271,9 @@ where
     V: Send + Sync + 'static,
     S: BuildHasher + Send + Sync + 'static,
 {
-    let max_entries = max_entries.min(MAX_SLOTS_LIMIT / 2);
-    let max_slots = slots_for(max_entries);
-    let initial_slots = slots_for(initial_capacity.min(max_entries));
+    let entries_max = entries_max.min(MAX_SLOTS_LIMIT / 2);
+    let slots_max = slots_for(entries_max);
+    let initial_slots = slots_for(initial_capacity.min(entries_max));
     let inner = Arc::new(Inner {
         table: AtomicPtr::new(Table::new_boxed(initial_slots)),
         len: AtomicUsize::new(0),
@@ -288,8 +288,8 @@ where
         live: 0,
         used: 0,
         initial_slots,
-        max_slots,
-        max_entries,
+        slots_max,
+        entries_max,
         _not_sync: PhantomData,
     };
     (writer, reader)
@@ -313,8 +313,8 @@ pub struct MapWriter<K, V, S = DefaultHashBuilder> {
     /// Live entries plus tombstones in the current table.
     used: usize,
     initial_slots: usize,
-    max_slots: usize,
-    max_entries: usize,
+    slots_max: usize,
+    entries_max: usize,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -374,7 +374,7 @@ where
 
     /// Inserts or replaces `key`. `Ok(Some(()))` if it replaced a value,
     /// `Ok(None)` if the key is new, `Err(TableFull)` if the key is new and
-    /// `max_entries` keys are live (the table is unchanged).
+    /// `entries_max` keys are live (the table is unchanged).
     pub fn insert(&mut self, key: K, value: V) -> Result<Option<()>, TableFull> {
         let hash = self.inner.hash(&key);
         match self.probe(hash, &key) {
@@ -388,7 +388,7 @@ where
                 Ok(Some(()))
             }
             Probe::Vacant { index, tombstone } => {
-                if self.live >= self.max_entries {
+                if self.live >= self.entries_max {
                     return Err(TableFull);
                 }
                 let index = if tombstone {
@@ -514,8 +514,8 @@ where
     }
 
     /// The configured limit on live entries (after clamping).
-    pub fn max_entries(&self) -> usize {
-        self.max_entries
+    pub fn entries_max(&self) -> usize {
+        self.entries_max
     }
 
     /// Removes every entry: a fresh array of the initial size is published
@@ -576,7 +576,7 @@ where
     fn rebuild(&mut self, entries: usize) {
         let n_slots = slots_for(entries)
             .max(self.initial_slots)
-            .min(self.max_slots);
+            .min(self.slots_max);
         let old_ptr = self.inner.table.load(Ordering::Relaxed);
         let new_ptr = Table::new_boxed(n_slots);
         {
@@ -639,7 +639,7 @@ impl<K, V, S> fmt::Debug for MapWriter<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MapWriter")
             .field("len", &self.live)
-            .field("max_entries", &self.max_entries)
+            .field("entries_max", &self.entries_max)
             .finish_non_exhaustive()
     }
 }
@@ -994,10 +994,10 @@ mod tests {
 
         let (mut zero, _) = epoch_map::<u32, u32>(10, 0);
         assert_eq!(zero.insert(1, 1), Err(TableFull));
-        assert_eq!(zero.max_entries(), 0);
+        assert_eq!(zero.entries_max(), 0);
 
         let (huge, _) = epoch_map::<u32, u32>(0, usize::MAX);
-        assert_eq!(huge.max_entries(), MAX_SLOTS_LIMIT / 2);
+        assert_eq!(huge.entries_max(), MAX_SLOTS_LIMIT / 2);
         assert_eq!(huge.capacity_slots(), MIN_SLOTS);
     }
 

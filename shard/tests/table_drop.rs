@@ -145,7 +145,7 @@ fn every_value_dropped_exactly_once() {
             }
             _ => {
                 w.insert(Key::new(k, &live_keys), value)
-                    .expect("max_entries = key space");
+                    .expect("entries_max = key space");
             }
         }
         if id == VALUES / 2 {

@@ -154,7 +154,7 @@ fn readers_see_consistent_values_under_writes_and_rebuilds() {
     start.wait();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut version = 0u64;
-    let mut max_slots = 0;
+    let mut slots_max = 0;
     let mut min_slots_after_growth = usize::MAX;
     // Phases: fill (mostly inserts), churn, drain (mostly removes).
     for op in 0..WRITER_OPS {
@@ -182,8 +182,8 @@ fn readers_see_consistent_values_under_writes_and_rebuilds() {
         if rng.gen_range(0..(WRITER_OPS / 3).max(1)) == 0 {
             w.clear();
         }
-        max_slots = max_slots.max(w.capacity_slots());
-        if max_slots > 64 {
+        slots_max = slots_max.max(w.capacity_slots());
+        if slots_max > 64 {
             min_slots_after_growth = min_slots_after_growth.min(w.capacity_slots());
         }
     }
@@ -192,11 +192,11 @@ fn readers_see_consistent_values_under_writes_and_rebuilds() {
         h.join().expect("reader failed");
     }
     println!(
-        "writer ops {WRITER_OPS}, reader hits {}, slots max {max_slots} min-after-growth {min_slots_after_growth}",
+        "writer ops {WRITER_OPS}, reader hits {}, slots max {slots_max} min-after-growth {min_slots_after_growth}",
         hits.load(Ordering::Relaxed)
     );
     assert!(
-        max_slots >= shard::table::slots_for(KEYS as usize / 2),
+        slots_max >= shard::table::slots_for(KEYS as usize / 2),
         "the table grew"
     );
     assert!(hits.load(Ordering::Relaxed) > 0, "readers found values");

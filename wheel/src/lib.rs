@@ -5,7 +5,7 @@
 //! granularity of `8^L` ticks ([`LVL_CLK_SHIFT`] = 3), and every level keeps a
 //! bitmap of its occupied buckets so a pass goes straight to the due buckets
 //! without scanning empty ones. Entries live in a slab (one `Vec`, grown up to
-//! `max_timers`, reused through a free list); a bucket is an array of slab
+//! `timers_max`, reused through a free list); a bucket is an array of slab
 //! indices and every entry knows its position in it, so insert is a push,
 //! cancel and reschedule a swap-remove: O(1), without allocation once the slab
 //! and the bucket arrays have reached their peak sizes. (Index arrays rather
@@ -39,8 +39,8 @@
 //!   (`None` / `false`), even when its slab slot has been reused by a new timer
 //!   (handles carry a 32-bit generation; a stale handle could only alias after
 //!   2^32 reuses of the same slot).
-//! - Memory: the slab never exceeds `max_timers` entries; a bucket array that
-//!   empties keeps at most `max(BUCKET_RETAIN_MIN_ENTRIES, max_timers / 64)`
+//! - Memory: the slab never exceeds `timers_max` entries; a bucket array that
+//!   empties keeps at most `max(BUCKET_RETAIN_MIN_ENTRIES, timers_max / 64)`
 //!   slots of capacity.
 //! - `now` never goes backward: `advance` with a smaller `now` is a caller bug
 //!   (`debug_assert`); in release builds it is treated as the current `now`.
@@ -56,11 +56,11 @@ pub const LVL_CLK_SHIFT: u32 = 3;
 /// Number of levels. The top level's granularity is `8^(LEVELS-1)` = 2^24
 /// ticks and its window `64 * 2^24` = 2^30 ticks.
 pub const LEVELS: usize = 9;
-/// Largest accepted `max_timers` (slab indices are `u32`, one value is the
+/// Largest accepted `timers_max` (slab indices are `u32`, one value is the
 /// free-list terminator). A larger request is clamped to this.
 pub const MAX_TIMERS_LIMIT: usize = (u32::MAX - 1) as usize;
 /// Slab slots reserved up front by [`TimerWheel::new`] (never more than
-/// `max_timers`); the slab grows on demand beyond this, up to `max_timers`.
+/// `timers_max`); the slab grows on demand beyond this, up to `timers_max`.
 pub const INITIAL_SLAB_ENTRIES: usize = 1024;
 /// Capacity an emptied bucket array may always keep (see the memory bound in
 /// the module documentation).
@@ -84,7 +84,7 @@ pub struct TimerHandle {
     generation: u32,
 }
 
-/// Returned by [`TimerWheel::insert`] when `max_timers` timers are live; the
+/// Returned by [`TimerWheel::insert`] when `timers_max` timers are live; the
 /// value is handed back. (`Debug` does not require `T: Debug`, so `unwrap`
 /// works for any value type.)
 pub struct TimerFull<T>(pub T);
@@ -97,7 +97,7 @@ impl<T> std::fmt::Debug for TimerFull<T> {
 
 impl<T> std::fmt::Display for TimerFull<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("timer wheel full (max_timers live timers)")
+        f.write_str("timer wheel full (timers_max live timers)")
     }
 }
 
@@ -129,14 +129,14 @@ struct Entry<T> {
     loc: u16,
 }
 
-/// A hierarchical timer wheel holding up to `max_timers` timers with values
+/// A hierarchical timer wheel holding up to `timers_max` timers with values
 /// of type `T`. See the [module documentation](self) for the contract.
 pub struct TimerWheel<T> {
     now: u64,
     slab: Vec<Entry<T>>,
     free_head: u32,
     len: usize,
-    max_timers: usize,
+    timers_max: usize,
     /// Slab indices per bucket: `NUM_BUCKETS` wheel buckets plus the due list.
     buckets: Box<[Vec<u32>]>,
     /// Capacity an emptied bucket array keeps.
@@ -203,17 +203,17 @@ fn bucket_for(deadline: u64, now: u64) -> usize {
 
 impl<T> TimerWheel<T> {
     /// An empty wheel whose current time is `now_tick`, holding at most
-    /// `max_timers` live timers (clamped to [`MAX_TIMERS_LIMIT`]).
-    pub fn new(now_tick: u64, max_timers: usize) -> Self {
-        let max_timers = max_timers.min(MAX_TIMERS_LIMIT);
+    /// `timers_max` live timers (clamped to [`MAX_TIMERS_LIMIT`]).
+    pub fn new(now_tick: u64, timers_max: usize) -> Self {
+        let timers_max = timers_max.min(MAX_TIMERS_LIMIT);
         TimerWheel {
             now: now_tick,
-            slab: Vec::with_capacity(max_timers.min(INITIAL_SLAB_ENTRIES)),
+            slab: Vec::with_capacity(timers_max.min(INITIAL_SLAB_ENTRIES)),
             free_head: NIL,
             len: 0,
-            max_timers,
+            timers_max,
             buckets: (0..=NUM_BUCKETS).map(|_| Vec::new()).collect(),
-            retain_entries: BUCKET_RETAIN_MIN_ENTRIES.max(max_timers >> LVL_BITS),
+            retain_entries: BUCKET_RETAIN_MIN_ENTRIES.max(timers_max >> LVL_BITS),
             occupied: [0; LEVELS],
             due_min: u64::MAX,
             stats: WheelStats::default(),
@@ -221,9 +221,9 @@ impl<T> TimerWheel<T> {
     }
 
     /// Reserves slab room for `additional` more timers (bounded by
-    /// `max_timers`) so later inserts do not allocate.
+    /// `timers_max`) so later inserts do not allocate.
     pub fn reserve(&mut self, additional: usize) {
-        let target = self.len.saturating_add(additional).min(self.max_timers);
+        let target = self.len.saturating_add(additional).min(self.timers_max);
         if target > self.slab.len() {
             self.slab.reserve_exact(target - self.slab.len());
         }
@@ -232,7 +232,7 @@ impl<T> TimerWheel<T> {
     /// Schedules `value` at `deadline_tick`. A deadline `<= now()` is due at
     /// the next [`advance`](Self::advance). O(1); allocates only when the slab
     /// or the target bucket's array grows past its peak size. Fails with the
-    /// value handed back when `max_timers` timers are live.
+    /// value handed back when `timers_max` timers are live.
     pub fn insert(&mut self, deadline_tick: u64, value: T) -> Result<TimerHandle, TimerFull<T>> {
         let index = if self.free_head != NIL {
             let index = self.free_head;
@@ -243,16 +243,16 @@ impl<T> TimerWheel<T> {
             e.value = Some(value);
             index
         } else {
-            if self.slab.len() >= self.max_timers {
+            if self.slab.len() >= self.timers_max {
                 return Err(TimerFull(value));
             }
             if self.slab.len() == self.slab.capacity() {
-                // Grow geometrically but never past max_timers.
+                // Grow geometrically but never past timers_max.
                 let room = self
                     .slab
                     .capacity()
                     .max(16)
-                    .min(self.max_timers - self.slab.len());
+                    .min(self.timers_max - self.slab.len());
                 self.slab.reserve_exact(room);
             }
             let index = self.slab.len() as u32;
@@ -441,8 +441,8 @@ impl<T> TimerWheel<T> {
     }
 
     /// The configured limit of live timers.
-    pub fn max_timers(&self) -> usize {
-        self.max_timers
+    pub fn timers_max(&self) -> usize {
+        self.timers_max
     }
 
     /// Work counters accumulated by `advance`.
@@ -666,7 +666,7 @@ impl<T> TimerWheel<T> {
     }
 }
 
-/// `max_timers` of [`TimerWheel::default`].
+/// `timers_max` of [`TimerWheel::default`].
 pub const DEFAULT_MAX_TIMERS: usize = 1 << 20;
 
 impl<T> Default for TimerWheel<T> {
@@ -681,7 +681,7 @@ impl<T> std::fmt::Debug for TimerWheel<T> {
         f.debug_struct("TimerWheel")
             .field("now", &self.now)
             .field("len", &self.len)
-            .field("max_timers", &self.max_timers)
+            .field("timers_max", &self.timers_max)
             .field("stats", &self.stats)
             .finish()
     }
@@ -838,7 +838,7 @@ mod tests {
     fn max_timers_leaves_the_free_list_terminator_out() {
         assert_eq!(MAX_TIMERS_LIMIT, NIL as usize - 1);
         let w = TimerWheel::<u8>::new(0, usize::MAX);
-        assert_eq!(w.max_timers(), u32::MAX as usize - 1);
+        assert_eq!(w.timers_max(), u32::MAX as usize - 1);
     }
 
     /// A timer 63 ticks ahead sits in level 0 (its window covers it), so the
@@ -873,7 +873,7 @@ mod tests {
     #[test]
     fn the_default_wheel_starts_at_tick_0_with_2_pow_20_timers() {
         let mut w = TimerWheel::default();
-        assert_eq!((w.now(), w.max_timers()), (0, 1 << 20));
+        assert_eq!((w.now(), w.timers_max()), (0, 1 << 20));
         assert!(w.insert(1, ()).is_ok());
     }
 
@@ -884,7 +884,7 @@ mod tests {
         w.insert(7, ()).unwrap();
         let shown = format!("{w:?}");
         assert!(shown.starts_with("TimerWheel {"), "{shown}");
-        assert!(shown.contains("now: 5, len: 1, max_timers: 9"), "{shown}");
+        assert!(shown.contains("now: 5, len: 1, timers_max: 9"), "{shown}");
     }
 
     #[test]
@@ -892,7 +892,7 @@ mod tests {
         assert_eq!(format!("{:?}", TimerFull(String::new())), "TimerFull(..)");
         assert_eq!(
             TimerFull(()).to_string(),
-            "timer wheel full (max_timers live timers)"
+            "timer wheel full (timers_max live timers)"
         );
     }
 }

@@ -279,13 +279,13 @@ fn stale_handles_never_touch_a_reused_slot() {
 #[test]
 fn capacity_full_hands_the_value_back() {
     let mut w = TimerWheel::new(0, 3);
-    assert_eq!(w.max_timers(), 3);
+    assert_eq!(w.timers_max(), 3);
     let hs: Vec<_> = (0..3)
         .map(|i| w.insert(10 + i, format!("t{i}")).unwrap())
         .collect();
     match w.insert(99, String::from("overflow")) {
         Err(TimerFull(v)) => assert_eq!(v, "overflow"),
-        Ok(_) => panic!("insert beyond max_timers succeeded"),
+        Ok(_) => panic!("insert beyond timers_max succeeded"),
     }
     assert_eq!(w.len(), 3);
     // Room comes back after a cancel or a fire.
@@ -389,7 +389,7 @@ fn values_are_dropped_exactly_once() {
 #[test]
 fn huge_max_timers_is_clamped_and_does_not_preallocate() {
     let mut w: TimerWheel<u64> = TimerWheel::new(0, usize::MAX);
-    assert!(w.max_timers() <= u32::MAX as usize);
+    assert!(w.timers_max() <= u32::MAX as usize);
     for i in 0..5_000 {
         w.insert(i, i).unwrap();
     }

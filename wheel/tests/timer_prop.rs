@@ -93,18 +93,18 @@ struct Harness {
     /// Every handle ever issued, with its id.
     issued: Vec<(TimerHandle, u64)>,
     next_id: u64,
-    max_timers: usize,
+    timers_max: usize,
 }
 
 impl Harness {
-    fn new(start: u64, max_timers: usize) -> Self {
+    fn new(start: u64, timers_max: usize) -> Self {
         Harness {
-            wheel: TimerWheel::new(start, max_timers),
+            wheel: TimerWheel::new(start, timers_max),
             model: BTreeMap::new(),
             live: HashMap::new(),
             issued: Vec::new(),
             next_id: 0,
-            max_timers,
+            timers_max,
         }
     }
 
@@ -123,10 +123,10 @@ impl Harness {
         self.next_id += 1;
         match self.wheel.insert(deadline, id) {
             Ok(h) => {
-                if self.live.len() >= self.max_timers {
+                if self.live.len() >= self.timers_max {
                     return Err(format!(
-                        "insert beyond max_timers {} succeeded",
-                        self.max_timers
+                        "insert beyond timers_max {} succeeded",
+                        self.timers_max
                     ));
                 }
                 self.model.insert((deadline, id), id);
@@ -134,7 +134,7 @@ impl Harness {
                 self.issued.push((h, id));
             }
             Err(full) => {
-                if full.0 != id || self.live.len() < self.max_timers {
+                if full.0 != id || self.live.len() < self.timers_max {
                     return Err(format!("unexpected TimerFull at len {}", self.live.len()));
                 }
             }
@@ -264,10 +264,10 @@ proptest! {
     #[test]
     fn wheel_matches_reference_model(
         start in prop_oneof![Just(0u64), any::<u32>().prop_map(u64::from), Just(u64::MAX - (1 << 43))],
-        max_timers in prop_oneof![1usize..8, Just(64usize), Just(10_000usize)],
+        timers_max in prop_oneof![1usize..8, Just(64usize), Just(10_000usize)],
         ops in prop::collection::vec(op(), 1..200),
     ) {
-        let mut h = Harness::new(start, max_timers);
+        let mut h = Harness::new(start, timers_max);
         for (i, op) in ops.iter().enumerate() {
             if let Err(e) = h.apply(op) {
                 prop_assert!(false, "op #{i} {op:?}: {e}");

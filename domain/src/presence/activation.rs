@@ -72,7 +72,7 @@ pub use proto::wkproto::ReasonCode;
 
 /// Default for [`ActivationConfig::activation_timeout_ms`].
 pub const DEFAULT_ACTIVATION_TIMEOUT_MS: u64 = 3_000;
-/// Default for [`ActivationConfig::max_owner_actions`].
+/// Default for [`ActivationConfig::owner_actions_max`].
 pub const DEFAULT_MAX_OWNER_ACTIONS: usize = 64;
 
 /// Limits of activation.
@@ -82,14 +82,14 @@ pub struct ActivationConfig {
     /// From start to CONNACK, at most.
     pub activation_timeout_ms: u64,
     /// Most owner actions one `Pending` answer may ask for; more fails the activation.
-    pub max_owner_actions: usize,
+    pub owner_actions_max: usize,
 }
 
 impl Default for ActivationConfig {
     fn default() -> Self {
         ActivationConfig {
             activation_timeout_ms: DEFAULT_ACTIVATION_TIMEOUT_MS,
-            max_owner_actions: DEFAULT_MAX_OWNER_ACTIONS,
+            owner_actions_max: DEFAULT_MAX_OWNER_ACTIONS,
         }
     }
 }
@@ -171,7 +171,7 @@ pub enum Stage {
 /// Why an activation failed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Failure {
-    /// The registry held `max_sessions` sessions.
+    /// The registry held `sessions_max` sessions.
     RegistryFull,
     /// The session id is already registered.
     DuplicateSession,
@@ -179,7 +179,7 @@ pub enum Failure {
     RegisterRefused(AuthorityError),
     /// The `Pending` answer named another identity or owner_seq.
     BadRegisterReply,
-    /// The `Pending` answer asked for more than `max_owner_actions` actions.
+    /// The `Pending` answer asked for more than `owner_actions_max` actions.
     TooManyOwnerActions,
     /// An owner could not perform its action.
     OwnerActionFailed,
@@ -230,7 +230,7 @@ pub struct Activation {
     owner_seq: OwnerSeq,
     target: Target,
     deadline_ms: u64,
-    max_owner_actions: usize,
+    owner_actions_max: usize,
     state: State,
 }
 
@@ -275,7 +275,7 @@ impl Activation {
             owner_seq: 0,
             target,
             deadline_ms: deadline_ms_for(config, now_ms),
-            max_owner_actions: config.max_owner_actions,
+            owner_actions_max: config.owner_actions_max,
             state: State::AwaitRegister,
         };
         match registry.register_pending(new, target) {
@@ -422,7 +422,7 @@ impl Activation {
                         now_ms,
                         out,
                     );
-                } else if actions.len() > self.max_owner_actions {
+                } else if actions.len() > self.owner_actions_max {
                     self.fail(
                         registry,
                         Failure::TooManyOwnerActions,

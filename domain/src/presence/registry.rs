@@ -16,18 +16,18 @@
 //!   ([`Registry::mark_touched`], O(1), no allocation); the touch worker drains it in
 //!   bounded batches grouped by the *current* authority target
 //!   ([`Registry::drain_touches`]). At most one entry per session, so it is bounded by
-//!   `max_sessions`.
+//!   `sessions_max`.
 //! - The **rebuild queue**: when a view moves hash slots, the active sessions of
 //!   the moved slots are queued ([`Registry::queue_rebuild`]) and re-registered at
 //!   the new authority at a bounded rate ([`Registry::drain_rebuild`], a token
 //!   bucket of [`RebuildLimits`]) in TouchRoutes batches: the new authority's
 //!   directory is rebuilt at once, not as clients ping (rule 15). At most one entry
-//!   per session, so it is bounded by `max_sessions`.
+//!   per session, so it is bounded by `sessions_max`.
 //! - The **pending-unregister queue** (rule 32): [`Registry::deactivate`] removes the
 //!   session first (delivery stops seeing it at once), then queues the authority
 //!   unregister; [`Registry::drain_unregisters`] hands due entries out with the target
 //!   current at drain time, [`Registry::unregister_failed`] requeues with backoff up to
-//!   a retry limit. Bounded by `max_pending_unregisters`.
+//!   a retry limit. Bounded by `pending_unregisters_max`.
 //!
 //! ## owner_seq
 //! One monotonic counter per registry (starting at 1) allocates every owner_seq of this
@@ -59,19 +59,19 @@ use crate::presence::route::{
     Uid,
 };
 
-/// Default for [`RegistryConfig::max_sessions`].
+/// Default for [`RegistryConfig::sessions_max`].
 pub const DEFAULT_MAX_SESSIONS: u32 = 1_000_000;
-/// Default for [`RegistryConfig::max_pending_unregisters`].
+/// Default for [`RegistryConfig::pending_unregisters_max`].
 pub const DEFAULT_MAX_PENDING_UNREGISTERS: usize = 65_536;
-/// Default for [`RegistryConfig::unregister_max_attempts`].
+/// Default for [`RegistryConfig::unregister_attempts_max`].
 pub const DEFAULT_UNREGISTER_MAX_ATTEMPTS: u32 = 8;
 /// Default for [`RegistryConfig::unregister_retry_base_ms`].
 pub const DEFAULT_UNREGISTER_RETRY_BASE_MS: u64 = 100;
-/// Default for [`RegistryConfig::unregister_retry_max_ms`].
+/// Default for [`RegistryConfig::unregister_retry_ms_max`].
 pub const DEFAULT_UNREGISTER_RETRY_MAX_MS: u64 = 5_000;
 
 /// Slab index meaning "none" in the intrusive lists; also the exclusive upper bound of
-/// `max_sessions`.
+/// `sessions_max`.
 const NIL: u32 = u32::MAX;
 
 /// Limits and identity of one registry.
@@ -84,17 +84,17 @@ pub struct RegistryConfig {
     /// This process's boot id.
     pub boot_id: BootId,
     /// Most sessions (pending, active and closing together). `1..u32::MAX`.
-    pub max_sessions: u32,
+    pub sessions_max: u32,
     /// Most authority unregisters waiting to be sent or retried.
-    pub max_pending_unregisters: usize,
+    pub pending_unregisters_max: usize,
     /// Attempts of one unregister before it is abandoned (the authority's TTL then
     /// removes the route). At least 1.
-    pub unregister_max_attempts: u32,
+    pub unregister_attempts_max: u32,
     /// Backoff before retry `n` (1-based) is `base << (n - 1)`, capped by
-    /// `unregister_retry_max_ms`.
+    /// `unregister_retry_ms_max`.
     pub unregister_retry_base_ms: u64,
     /// Cap of the retry backoff.
-    pub unregister_retry_max_ms: u64,
+    pub unregister_retry_ms_max: u64,
 }
 
 impl RegistryConfig {
@@ -104,38 +104,38 @@ impl RegistryConfig {
             shard,
             node_id,
             boot_id,
-            max_sessions: DEFAULT_MAX_SESSIONS,
-            max_pending_unregisters: DEFAULT_MAX_PENDING_UNREGISTERS,
-            unregister_max_attempts: DEFAULT_UNREGISTER_MAX_ATTEMPTS,
+            sessions_max: DEFAULT_MAX_SESSIONS,
+            pending_unregisters_max: DEFAULT_MAX_PENDING_UNREGISTERS,
+            unregister_attempts_max: DEFAULT_UNREGISTER_MAX_ATTEMPTS,
             unregister_retry_base_ms: DEFAULT_UNREGISTER_RETRY_BASE_MS,
-            unregister_retry_max_ms: DEFAULT_UNREGISTER_RETRY_MAX_MS,
+            unregister_retry_ms_max: DEFAULT_UNREGISTER_RETRY_MAX_MS,
         }
     }
 }
 
 /// The limits of the `[registry]` section of the node's configuration: those of
-/// [`RegistryConfig`] that are not the process's identity (`max_sessions` is
-/// `[session] max_sessions_per_shard`).
+/// [`RegistryConfig`] that are not the process's identity (`sessions_max` is
+/// `[session] sessions_per_shard_max`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RegistryLimits {
     /// Most authority unregisters waiting to be sent or retried, per shard.
-    pub max_pending_unregisters: usize,
+    pub pending_unregisters_max: usize,
     /// Attempts of one unregister before it is abandoned. At least 1.
-    pub unregister_max_attempts: u32,
+    pub unregister_attempts_max: u32,
     /// Backoff before retry `n` (1-based) is `base << (n - 1)`. At least 1.
     pub unregister_retry_base_ms: u64,
     /// Cap of the retry backoff; at least the base.
-    pub unregister_retry_max_ms: u64,
+    pub unregister_retry_ms_max: u64,
 }
 
 impl Default for RegistryLimits {
     fn default() -> Self {
         RegistryLimits {
-            max_pending_unregisters: DEFAULT_MAX_PENDING_UNREGISTERS,
-            unregister_max_attempts: DEFAULT_UNREGISTER_MAX_ATTEMPTS,
+            pending_unregisters_max: DEFAULT_MAX_PENDING_UNREGISTERS,
+            unregister_attempts_max: DEFAULT_UNREGISTER_MAX_ATTEMPTS,
             unregister_retry_base_ms: DEFAULT_UNREGISTER_RETRY_BASE_MS,
-            unregister_retry_max_ms: DEFAULT_UNREGISTER_RETRY_MAX_MS,
+            unregister_retry_ms_max: DEFAULT_UNREGISTER_RETRY_MAX_MS,
         }
     }
 }
@@ -145,12 +145,12 @@ impl RegistryLimits {
     pub fn validate(&self) -> Result<(), String> {
         for (name, v) in [
             (
-                "max_pending_unregisters",
-                self.max_pending_unregisters as u64,
+                "pending_unregisters_max",
+                self.pending_unregisters_max as u64,
             ),
             (
-                "unregister_max_attempts",
-                u64::from(self.unregister_max_attempts),
+                "unregister_attempts_max",
+                u64::from(self.unregister_attempts_max),
             ),
             ("unregister_retry_base_ms", self.unregister_retry_base_ms),
         ] {
@@ -158,8 +158,8 @@ impl RegistryLimits {
                 return Err(format!("registry.{name} must be at least 1 (is 0)"));
             }
         }
-        if self.unregister_retry_max_ms < self.unregister_retry_base_ms {
-            return Err("registry.unregister_retry_max_ms must be at least \
+        if self.unregister_retry_ms_max < self.unregister_retry_base_ms {
+            return Err("registry.unregister_retry_ms_max must be at least \
                         registry.unregister_retry_base_ms"
                 .into());
         }
@@ -169,20 +169,20 @@ impl RegistryLimits {
 
 impl RegistryConfig {
     /// The configuration of shard `shard`'s registry: `limits` from the node's
-    /// `[registry]` section, at most `max_sessions` sessions.
+    /// `[registry]` section, at most `sessions_max` sessions.
     pub fn with_limits(
         shard: u16,
         node_id: NodeId,
         boot_id: BootId,
-        max_sessions: u32,
+        sessions_max: u32,
         limits: &RegistryLimits,
     ) -> Self {
         RegistryConfig {
-            max_sessions,
-            max_pending_unregisters: limits.max_pending_unregisters,
-            unregister_max_attempts: limits.unregister_max_attempts,
+            sessions_max,
+            pending_unregisters_max: limits.pending_unregisters_max,
+            unregister_attempts_max: limits.unregister_attempts_max,
             unregister_retry_base_ms: limits.unregister_retry_base_ms,
-            unregister_retry_max_ms: limits.unregister_retry_max_ms,
+            unregister_retry_ms_max: limits.unregister_retry_ms_max,
             ..RegistryConfig::new(shard, node_id, boot_id)
         }
     }
@@ -191,18 +191,18 @@ impl RegistryConfig {
 /// A configuration the registry cannot run with.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum RegistryConfigError {
-    /// `max_sessions` must be in `1..u32::MAX`.
+    /// `sessions_max` must be in `1..u32::MAX`.
     MaxSessions,
-    /// `unregister_max_attempts` must be at least 1.
+    /// `unregister_attempts_max` must be at least 1.
     UnregisterMaxAttempts,
 }
 
 impl std::fmt::Display for RegistryConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            RegistryConfigError::MaxSessions => "max_sessions must be in 1..4294967295",
+            RegistryConfigError::MaxSessions => "sessions_max must be in 1..4294967295",
             RegistryConfigError::UnregisterMaxAttempts => {
-                "unregister_max_attempts must be at least 1"
+                "unregister_attempts_max must be at least 1"
             }
         })
     }
@@ -314,7 +314,7 @@ impl SessionInfo {
 /// Why [`Registry::register_pending`] refused a session.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum RegisterError {
-    /// The registry holds `max_sessions` sessions.
+    /// The registry holds `sessions_max` sessions.
     Full,
     /// Another live session of this registry has the same session id.
     DuplicateSession,
@@ -343,7 +343,7 @@ impl std::fmt::Display for Gone {
 
 impl std::error::Error for Gone {}
 
-/// The pending-unregister queue is at `max_pending_unregisters`; the unregister was
+/// The pending-unregister queue is at `pending_unregisters_max`; the unregister was
 /// dropped (counted in [`RegistryStats::unregisters_dropped_full`]); the authority's
 /// TTL removes the route instead.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -383,7 +383,7 @@ pub struct RegistryStats {
     pub pending_unregisters: usize,
     /// Unregisters dropped because the queue was full.
     pub unregisters_dropped_full: u64,
-    /// Unregisters dropped after `unregister_max_attempts` failures.
+    /// Unregisters dropped after `unregister_attempts_max` failures.
     pub unregisters_abandoned: u64,
     /// Failed touches put back into the dirty set.
     pub touches_requeued: u64,
@@ -412,8 +412,8 @@ pub struct RebuildLimits {
     /// The bucket's size: most routes one drain takes after a pause. At least 1.
     pub burst_routes: u32,
     /// Most routes in one TouchRoutes batch (at most the authority's
-    /// `max_touch_batch_routes`).
-    pub batch_max_routes: usize,
+    /// `touch_batch_routes_max`).
+    pub batch_routes_max: usize,
 }
 
 /// The rebuild round and its token bucket.
@@ -609,10 +609,10 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     /// An empty registry. Memory grows with use up to the configured bounds.
     pub fn new(config: RegistryConfig) -> Result<Self, RegistryConfigError> {
-        if config.max_sessions == 0 || config.max_sessions == NIL {
+        if config.sessions_max == 0 || config.sessions_max == NIL {
             return Err(RegistryConfigError::MaxSessions);
         }
-        if config.unregister_max_attempts == 0 {
+        if config.unregister_attempts_max == 0 {
             return Err(RegistryConfigError::UnregisterMaxAttempts);
         }
         Ok(Registry {
@@ -673,7 +673,7 @@ impl Registry {
         new: NewSession,
         target: Target,
     ) -> Result<SessionHandle, RegisterError> {
-        if self.len >= self.config.max_sessions {
+        if self.len >= self.config.sessions_max {
             return Err(RegisterError::Full);
         }
         if self.by_session.contains_key(&new.session_id) {
@@ -918,7 +918,7 @@ impl Registry {
             .is_some_and(|e| e.links[Queue::Dirty as usize].on)
     }
 
-    /// Takes up to `max_batch_routes` dirty sessions (oldest first) and groups their
+    /// Takes up to `batch_routes_max` dirty sessions (oldest first) and groups their
     /// routes by the target **current in `view`** (after a leadership change the
     /// touches go to the new authority and rebuild it, rule 15), in order of first
     /// appearance. The drained sessions are clean afterwards; give failures back with
@@ -926,11 +926,11 @@ impl Registry {
     pub fn drain_touches(
         &mut self,
         view: &ClusterView,
-        max_batch_routes: usize,
+        batch_routes_max: usize,
     ) -> Vec<(Target, Vec<Route>)> {
         let mut batches = Batches::new(usize::MAX);
         let mut taken = 0;
-        while taken < max_batch_routes && self.queues[Queue::Dirty as usize].head != NIL {
+        while taken < batch_routes_max && self.queues[Queue::Dirty as usize].head != NIL {
             let index = self.queues[Queue::Dirty as usize].head;
             self.unlink(Queue::Dirty, index);
             let Some(e) = self.entry_mut(index) else {
@@ -1076,7 +1076,7 @@ impl Registry {
     /// `limits` allows at `now_ms` (`routes_per_s`, up to `burst_routes` at once;
     /// full when the first drain comes), oldest first, grouped by the target
     /// **current in `view`** into TouchRoutes batches of at most
-    /// `batch_max_routes` (the authority recreates a missing route that conflicts
+    /// `batch_routes_max` (the authority recreates a missing route that conflicts
     /// with nothing, rule 15). Each route carries activity `now_ms / 1000`: its
     /// session is live on this shard, so the route's TTL at the new authority starts
     /// now. Give failures back with [`Registry::touch_failed`]. A drain that finds
@@ -1090,7 +1090,7 @@ impl Registry {
         let allowed =
             self.rebuild
                 .take_tokens(now_ms, limits, self.queues[Queue::Rebuild as usize].len);
-        let mut batches = Batches::new(limits.batch_max_routes.max(1));
+        let mut batches = Batches::new(limits.batch_routes_max.max(1));
         let round = self.rebuild.round;
         for _ in 0..allowed {
             let index = self.queues[Queue::Rebuild as usize].head;
@@ -1148,7 +1148,7 @@ impl Registry {
         identity: RouteIdentity,
         now_ms: u64,
     ) -> Result<OwnerSeq, UnregisterQueueFull> {
-        if self.unregisters.len() >= self.config.max_pending_unregisters {
+        if self.unregisters.len() >= self.config.pending_unregisters_max {
             self.stats.unregisters_dropped_full += 1;
             tracing::warn!(uid = %identity.uid, "pending-unregister queue full, dropped");
             return Err(UnregisterQueueFull);
@@ -1175,18 +1175,18 @@ impl Registry {
         self.unregisters.iter().any(|u| u.identity == *identity)
     }
 
-    /// Takes up to `max_requests` unregisters due at `now_ms` (queue order), each with
+    /// Takes up to `requests_max` unregisters due at `now_ms` (queue order), each with
     /// the target current in `view`. Report a failed send with
     /// [`Registry::unregister_failed`]; a success needs no call.
     pub fn drain_unregisters(
         &mut self,
         view: &ClusterView,
         now_ms: u64,
-        max_requests: usize,
+        requests_max: usize,
     ) -> Vec<UnregisterRequest> {
         let mut out = Vec::new();
         let mut i = 0;
-        while i < self.unregisters.len() && out.len() < max_requests {
+        while i < self.unregisters.len() && out.len() < requests_max {
             if self.unregisters[i].due_ms > now_ms {
                 i += 1;
                 continue;
@@ -1206,15 +1206,15 @@ impl Registry {
 
     /// The send of `request` failed at `now_ms`: requeued with backoff (same
     /// owner_seq; the target is taken afresh at the next drain), or abandoned after
-    /// `unregister_max_attempts` attempts (counted; the route then expires by TTL).
+    /// `unregister_attempts_max` attempts (counted; the route then expires by TTL).
     pub fn unregister_failed(&mut self, request: UnregisterRequest, now_ms: u64) {
         let attempts = request.attempt.saturating_add(1);
-        if attempts >= self.config.unregister_max_attempts {
+        if attempts >= self.config.unregister_attempts_max {
             self.stats.unregisters_abandoned += 1;
             tracing::warn!(uid = %request.identity.uid, attempts, "authority unregister abandoned");
             return;
         }
-        if self.unregisters.len() >= self.config.max_pending_unregisters {
+        if self.unregisters.len() >= self.config.pending_unregisters_max {
             self.stats.unregisters_dropped_full += 1;
             return;
         }
@@ -1223,7 +1223,7 @@ impl Registry {
             .config
             .unregister_retry_base_ms
             .saturating_mul(1u64 << shift)
-            .min(self.config.unregister_retry_max_ms);
+            .min(self.config.unregister_retry_ms_max);
         self.unregisters.push_back(PendingUnregister {
             hash_slot: request.target.hash_slot,
             identity: request.identity,

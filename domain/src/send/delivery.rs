@@ -551,7 +551,7 @@ impl Emitted {
 ///   latest with [`LookupFailure::Deadline`]).
 /// - Memory: the pages in flight hold at most `lookup_pages_in_flight_max ×
 ///   subscriber_page_max` uids' endpoints (each uid's sessions: the authority's
-///   `max_records_per_uid` at most; a remote reply is also bounded by the RPC
+///   `records_per_uid_max` at most; a remote reply is also bounded by the RPC
 ///   frame), and their lookups in flight are at most `lookup_pages_in_flight_max`
 ///   × the number of other nodes in the view. The [`Lookup`]s themselves are the
 ///   driver's once emitted.

@@ -1,6 +1,6 @@
 //! The idempotent-send window (flow 7, `docs/flows.md`): `(sender uid, client_msg_no)` → the first
 //! SENDACK's `(message_id, message_seq)`, for the last sends no older than `ttl_s`, at
-//! most `max_entries` of them taking at most `budget_bytes` (keys counted with their
+//! most `entries_max` of them taking at most `budget_bytes` (keys counted with their
 //! length: one key may be 128 KiB, so the count alone bounds nothing useful). A SEND found here is answered with the stored ids and neither committed nor
 //! delivered again.
 //!
@@ -19,12 +19,12 @@ use std::sync::Arc;
 #[serde(default, deny_unknown_fields)]
 pub struct IdempotencyConfig {
     /// Most remembered sends; the oldest is evicted first. At least 1.
-    pub max_entries: usize,
+    pub entries_max: usize,
     /// A send is forgotten once `now_s >= inserted_s + ttl_s`.
     pub ttl_s: u64,
     /// Memory the window may hold, in bytes: each entry counts its key (sender uid +
     /// client_msg_no, up to 2 × 65535 bytes) plus [`ENTRY_OVERHEAD_BYTES`]; the oldest
-    /// are evicted first. This, not `max_entries`, is the worst case (per shard).
+    /// are evicted first. This, not `entries_max`, is the worst case (per shard).
     pub budget_bytes: usize,
 }
 
@@ -35,7 +35,7 @@ pub const ENTRY_OVERHEAD_BYTES: usize = 112;
 impl Default for IdempotencyConfig {
     fn default() -> Self {
         IdempotencyConfig {
-            max_entries: 100_000,
+            entries_max: 100_000,
             ttl_s: 600,
             budget_bytes: 32 << 20,
         }
@@ -76,9 +76,9 @@ pub struct IdempotencyWindow {
 }
 
 impl IdempotencyWindow {
-    /// `None` when `max_entries` or `budget_bytes` is 0.
+    /// `None` when `entries_max` or `budget_bytes` is 0.
     pub fn new(config: IdempotencyConfig) -> Option<IdempotencyWindow> {
-        (config.max_entries > 0 && config.budget_bytes > 0).then(|| IdempotencyWindow {
+        (config.entries_max > 0 && config.budget_bytes > 0).then(|| IdempotencyWindow {
             config,
             map: HashMap::new(),
             order: VecDeque::new(),
@@ -133,7 +133,7 @@ impl IdempotencyWindow {
 
     /// Remembers a committed send. If the pair is already in the window, the first ids
     /// are kept and returned (`Some`); otherwise `None`. Evicts the oldest entries
-    /// beyond `max_entries` or `budget_bytes`; an entry costing more than
+    /// beyond `entries_max` or `budget_bytes`; an entry costing more than
     /// `budget_bytes` on its own is not remembered.
     pub fn insert(
         &mut self,
@@ -181,7 +181,7 @@ impl IdempotencyWindow {
         }
         self.order.push_back((key, now_s));
         self.bytes += cost;
-        while self.order.len() > self.config.max_entries || self.bytes > self.config.budget_bytes {
+        while self.order.len() > self.config.entries_max || self.bytes > self.config.budget_bytes {
             let (old, _) = self.order.pop_front().expect("an entry is over a bound");
             self.bytes -= old.len() + ENTRY_OVERHEAD_BYTES;
             self.map.remove(&old);
@@ -278,7 +278,7 @@ mod tests {
     fn expiry_gives_back_the_bytes_of_what_it_forgets() {
         let one = IdempotencyWindow::entry_bytes("u", "c1");
         let mut w = IdempotencyWindow::new(IdempotencyConfig {
-            max_entries: 100,
+            entries_max: 100,
             ttl_s: 10,
             budget_bytes: 2 * one,
         })
@@ -310,7 +310,7 @@ mod tests {
             "length prefix, uid, key"
         );
         let mut w = IdempotencyWindow::new(IdempotencyConfig {
-            max_entries: 100,
+            entries_max: 100,
             ttl_s: 10,
             budget_bytes: budget,
         })
@@ -340,7 +340,7 @@ mod tests {
     #[test]
     fn refill_keeps_the_young_records_marked_recovered() {
         let mut w = IdempotencyWindow::new(IdempotencyConfig {
-            max_entries: 100,
+            entries_max: 100,
             ttl_s: 10,
             budget_bytes: 1 << 20,
         })
@@ -380,7 +380,7 @@ mod tests {
     #[test]
     fn evicts_oldest_beyond_max_entries_and_by_ttl() {
         let mut w = IdempotencyWindow::new(IdempotencyConfig {
-            max_entries: 3,
+            entries_max: 3,
             ttl_s: 100,
             budget_bytes: 1 << 20,
         })
@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(w.insert("u", "", ids(1), 0), None);
         assert_eq!(w.get("u", "", 0), None);
         assert!(IdempotencyWindow::new(IdempotencyConfig {
-            max_entries: 0,
+            entries_max: 0,
             ttl_s: 1,
             budget_bytes: 1 << 20,
         })

@@ -1,7 +1,7 @@
 //! How fast one connection may start sending to new channels (issue 11.3).
 //!
 //! Every SEND to a person channel names a channel the log may not know yet, and each
-//! new channel costs the commit shard an index entry (and, at `max_channels`,
+//! new channel costs the commit shard an index entry (and, at `channels_max`,
 //! retention). The gateway cannot ask the log whether a channel exists without a
 //! round trip, so it uses a conservative stand-in: a SEND to a channel this
 //! connection sent to recently (one of its last `recent_channels_per_conn` admitted

@@ -329,10 +329,10 @@ pub struct Stats {
 
 fn registry_config(shard: ShardId, node: NodeId, boot: BootId) -> RegistryConfig {
     let mut cfg = RegistryConfig::new(shard, node, boot);
-    cfg.max_sessions = 64;
+    cfg.sessions_max = 64;
     cfg.unregister_retry_base_ms = 50;
-    cfg.unregister_retry_max_ms = 1_000;
-    cfg.unregister_max_attempts = 1_000;
+    cfg.unregister_retry_ms_max = 1_000;
+    cfg.unregister_attempts_max = 1_000;
     cfg
 }
 
@@ -1067,7 +1067,7 @@ impl World {
         let limits = RebuildLimits {
             routes_per_s: REBUILD_ROUTES_PER_S,
             burst_routes: (REBUILD_ROUTES_PER_S as u64 * TOUCH_FLUSH_MS / 1000).max(1) as u32,
-            batch_max_routes: TOUCH_BATCH_MAX,
+            batch_routes_max: TOUCH_BATCH_MAX,
         };
         let shard = self.shard_mut(at);
         let view = shard.view.clone();

@@ -53,7 +53,7 @@ pub const CHARGE_MAX: usize = 1024 + PAYLOAD_MAX + 16 + 4;
 /// The wall clock at virtual time 0.
 const WALL_BASE_MS: u64 = 1_800_000_000_000;
 const IDEMPOTENCY: IdempotencyConfig = IdempotencyConfig {
-    max_entries: 1 << 20,
+    entries_max: 1 << 20,
     ttl_s: 1 << 30,
     budget_bytes: 1 << 30,
 };

@@ -263,7 +263,7 @@ fn computed_limits(config: &Config) -> String {
     let net = &config.net;
     let shards = u64::from(config.runtime.shard_count.max(1));
     let mut out = String::from("\n# Computed at start (not settings):\n");
-    let mut cap = net.max_connections_per_shard as u64;
+    let mut cap = net.connections_per_shard_max as u64;
     match (net::io::fd::nofile_limit(), config.to_node_config()) {
         (Ok((soft, hard)), Ok(node_config)) => {
             let limit = net::io::fd::raisable_limit(hard).max(soft);
@@ -283,13 +283,13 @@ fn computed_limits(config: &Config) -> String {
             if b.over_committed() {
                 let outcome = if node_config.connection_cap_set {
                     "the node refuses to start (raise the hard limit, e.g. LimitNOFILE=, or \
-                     lower max_connections_per_shard)"
+                     lower connections_per_shard_max)"
                 } else {
                     "the node lowers the default cap to fit (raise the hard limit, e.g. \
                      LimitNOFILE=, to keep it)"
                 };
                 out.push_str(&format!(
-                    "# WARNING: max_connections_per_shard = {} needs {} descriptors; the limit \
+                    "# WARNING: connections_per_shard_max = {} needs {} descriptors; the limit \
                      allows {} per shard: {outcome}.\n",
                     b.configured_cap,
                     b.configured_cap * shards + b.reserve,

@@ -140,7 +140,7 @@ pub struct Config {
     /// `[tls]`: the certificate of `[listen] wss_addr` (PEM files, reloaded on
     /// SIGHUP) and the TLS connections' limits.
     pub tls: net::io::TlsConfig,
-    /// Whether the file sets `[net] max_connections_per_shard` (see
+    /// Whether the file sets `[net] connections_per_shard_max` (see
     /// [`NodeConfig::connection_cap_set`]).
     #[serde(skip)]
     pub connection_cap_set: bool,
@@ -176,6 +176,128 @@ pub const RENAMED_KEYS: &[(&str, &str, &str, &str)] = &[
         "commit",
         "backlog_budget_bytes",
     ),
+    // The `max_` prefix became a `_max` suffix, after the unit (`_ms_max`).
+    ("runtime", "max_timers", "runtime", "timers_max"),
+    (
+        "net",
+        "max_connections_per_shard",
+        "net",
+        "connections_per_shard_max",
+    ),
+    ("net", "max_frame_bytes", "net", "frame_bytes_max"),
+    (
+        "net",
+        "accept_backoff_max_ms",
+        "net",
+        "accept_backoff_ms_max",
+    ),
+    (
+        "authority",
+        "max_routes_per_slot",
+        "authority",
+        "routes_per_slot_max",
+    ),
+    (
+        "authority",
+        "max_pending_per_slot",
+        "authority",
+        "pending_per_slot_max",
+    ),
+    (
+        "authority",
+        "max_fence_records_per_slot",
+        "authority",
+        "fence_records_per_slot_max",
+    ),
+    (
+        "authority",
+        "max_records_per_uid",
+        "authority",
+        "records_per_uid_max",
+    ),
+    (
+        "authority",
+        "max_lookup_uids",
+        "authority",
+        "lookup_uids_max",
+    ),
+    (
+        "authority",
+        "max_touch_batch_routes",
+        "authority",
+        "touch_batch_routes_max",
+    ),
+    (
+        "authority",
+        "presence_filter_bits_max_per_slot",
+        "authority",
+        "presence_filter_bits_per_slot_max",
+    ),
+    (
+        "activation",
+        "max_owner_actions",
+        "activation",
+        "owner_actions_max",
+    ),
+    (
+        "registry",
+        "max_pending_unregisters",
+        "registry",
+        "pending_unregisters_max",
+    ),
+    (
+        "registry",
+        "unregister_max_attempts",
+        "registry",
+        "unregister_attempts_max",
+    ),
+    (
+        "registry",
+        "unregister_retry_max_ms",
+        "registry",
+        "unregister_retry_ms_max",
+    ),
+    (
+        "session",
+        "max_sessions_per_shard",
+        "session",
+        "sessions_per_shard_max",
+    ),
+    (
+        "session",
+        "touch_batch_max_routes",
+        "session",
+        "touch_batch_routes_max",
+    ),
+    ("log", "max_segments", "log", "segments_max"),
+    ("log", "max_channels", "log", "channels_max"),
+    ("log", "max_retired_channels", "log", "retired_channels_max"),
+    ("log", "max_indexed_messages", "log", "indexed_messages_max"),
+    ("log", "max_payload_bytes", "log", "payload_bytes_max"),
+    ("log", "max_read_messages", "log", "read_messages_max"),
+    ("idempotency", "max_entries", "idempotency", "entries_max"),
+    ("meta", "max_tokens", "meta", "tokens_max"),
+    ("meta", "max_groups", "meta", "groups_max"),
+    (
+        "meta",
+        "max_subscribers_per_group",
+        "meta",
+        "subscribers_per_group_max",
+    ),
+    ("meta", "max_field_bytes", "meta", "field_bytes_max"),
+    ("meta", "max_journal_bytes", "meta", "journal_bytes_max"),
+    ("api", "max_body_bytes", "api", "body_bytes_max"),
+    ("api", "max_uids_per_request", "api", "uids_per_request_max"),
+    ("api", "max_waiting_requests", "api", "waiting_requests_max"),
+    ("api", "max_connections", "api", "connections_max"),
+    (
+        "api",
+        "max_sync_response_bytes",
+        "api",
+        "sync_response_bytes_max",
+    ),
+    ("rpc", "rpc_backoff_max_ms", "rpc", "rpc_backoff_ms_max"),
+    ("webhook", "backoff_max_ms", "webhook", "backoff_ms_max"),
 ];
 
 /// Moves every key of [`RENAMED_KEYS`] found at its old place to its new one.
@@ -233,7 +355,7 @@ impl Config {
         let mut config: Config = table.clone().try_into().map_err(|e| e.to_string())?;
         config.connection_cap_set = table
             .get("net")
-            .and_then(|net| net.get("max_connections_per_shard"))
+            .and_then(|net| net.get("connections_per_shard_max"))
             .is_some();
         if let Some(secret) = env(CLUSTER_SECRET_ENV).filter(|s| !s.is_empty()) {
             config.cluster.secret = Secret::new(secret);
@@ -259,7 +381,7 @@ impl Config {
         let mib = |b: u64| b as f64 / f64::from(1 << 20);
         let log = self.log.memory_worst_case_bytes();
         let idem = self.idempotency.budget_bytes as u64;
-        let recent = (self.net.max_connections_per_shard as u64)
+        let recent = (self.net.connections_per_shard_max as u64)
             * (self.session.recent_channels_per_conn as u64)
             * 8;
         let acks = self.session.pending_acks_budget_bytes_per_shard as u64;
@@ -427,23 +549,23 @@ mod tests {
         let text = Config::default().to_toml().unwrap();
         assert!(text.contains("[registry]"), "{text}");
         for key in [
-            "max_pending_unregisters",
-            "unregister_max_attempts",
+            "pending_unregisters_max",
+            "unregister_attempts_max",
             "unregister_retry_base_ms",
-            "unregister_retry_max_ms",
+            "unregister_retry_ms_max",
         ] {
             assert!(text.contains(key), "{key} missing:\n{text}");
         }
-        let text = text.replace("unregister_max_attempts = 8", "unregister_max_attempts = 3");
+        let text = text.replace("unregister_attempts_max = 8", "unregister_attempts_max = 3");
         let c: Config = toml::from_str(&text).unwrap();
         assert_eq!(
-            c.to_node_config().unwrap().registry.unregister_max_attempts,
+            c.to_node_config().unwrap().registry.unregister_attempts_max,
             3
         );
-        assert!(c.to_toml().unwrap().contains("unregister_max_attempts = 3"));
-        let c: Config = toml::from_str("[registry]\nunregister_max_attempts = 0\n").unwrap();
+        assert!(c.to_toml().unwrap().contains("unregister_attempts_max = 3"));
+        let c: Config = toml::from_str("[registry]\nunregister_attempts_max = 0\n").unwrap();
         let e = c.to_node_config().unwrap_err();
-        assert!(e.contains("registry.unregister_max_attempts"), "{e}");
+        assert!(e.contains("registry.unregister_attempts_max"), "{e}");
     }
 
     /// `[listen] rpc_addr` and `[cluster]` are printed with their defaults (no RPC
@@ -513,6 +635,36 @@ mod tests {
             assert!(
                 table[old_section].get(old_key).is_none(),
                 "[{old_section}] {old_key} not printed"
+            );
+        }
+    }
+
+    /// Every `max_`-prefixed key of the old names is still read, at its new
+    /// `_max`-suffixed name; the old name of the connection cap still counts as
+    /// setting it; old and new together are refused; no printed key starts with
+    /// `max_` or holds `_max_`.
+    #[test]
+    fn max_prefixed_keys_are_read_at_their_suffixed_names() {
+        let no_env = |_: &str| None;
+        let old = "[api]\nmax_connections = 7\n[net]\nmax_connections_per_shard = 9\n\
+                   accept_backoff_max_ms = 11\n[session]\ntouch_batch_max_routes = 13\n";
+        let c = Config::parse(old, no_env).unwrap();
+        assert_eq!(c.api.connections_max, 7);
+        assert_eq!(c.net.connections_per_shard_max, 9);
+        assert_eq!(c.net.accept_backoff_ms_max, 11);
+        assert!(c.connection_cap_set);
+        assert!(!Config::parse("", no_env).unwrap().connection_cap_set);
+        let node = c.to_node_config().unwrap();
+        assert_eq!(node.session.touch_batch_routes_max, 13);
+        let both = "[log]\nmax_segments = 3\nsegments_max = 4\n";
+        let e = Config::parse(both, no_env).unwrap_err();
+        assert!(e.contains("log.max_segments"), "{e}");
+        let printed = Config::parse("", no_env).unwrap().to_toml().unwrap();
+        for line in printed.lines().filter(|l| !l.starts_with('#')) {
+            let key = line.split('=').next().unwrap_or("").trim();
+            assert!(
+                !key.starts_with("max_") && !key.contains("_max_"),
+                "{key}: the limit's `_max` goes last"
             );
         }
     }

@@ -172,7 +172,7 @@ impl Api {
     /// request (503 naming it): its uids' presence is unknown.
     pub(super) async fn online_status(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let uids: Vec<String> = parse(req.body)?;
-        if uids.len() > self.config.max_uids_per_request {
+        if uids.len() > self.config.uids_per_request_max {
             return Err(Reply::error(413, "too many uids"));
         }
         if req.forwarded_by.is_some() {
@@ -334,7 +334,7 @@ impl Api {
     /// in the order the nodes first appear.
     pub(super) fn route_batch(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         let uids: Vec<String> = parse(req.body)?;
-        if uids.len() > self.config.max_uids_per_request {
+        if uids.len() > self.config.uids_per_request_max {
             return Err(Reply::error(413, "too many uids"));
         }
         let up = self.up_nodes();

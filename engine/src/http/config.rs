@@ -21,9 +21,9 @@ pub struct ApiConfig {
     #[serde(skip)]
     pub admin_token: Option<crate::config::values::Secret>,
     /// Largest request body (413 over it, checked after the bearer token).
-    pub max_body_bytes: usize,
+    pub body_bytes_max: usize,
     /// Most uids in one request (onlinestatus, subscribers).
-    pub max_uids_per_request: usize,
+    pub uids_per_request_max: usize,
     /// How long a request waits for a shard's answer.
     pub shard_reply_timeout_ms: u64,
     /// Threads of the API's async runtime (accepting, parsing, /healthz, /readyz,
@@ -36,13 +36,13 @@ pub struct ApiConfig {
     /// Requests that may be waiting at once (on a shard, the metadata store, a
     /// place on the blocking pool or another node); over it a request gets 503 at
     /// once. Routes that answer from memory do not count.
-    pub max_waiting_requests: usize,
+    pub waiting_requests_max: usize,
     /// How long a request waits in the queue for a place (a thread of the blocking
     /// pool, a connection to the node it is passed to); past it 503.
     pub queue_timeout_ms: u64,
     /// Open API connections; at the cap the oldest idle one is closed for a new one,
     /// and with none idle the new one gets 503 and is closed.
-    pub max_connections: usize,
+    pub connections_max: usize,
     /// A connection must send a whole request head within this long of being accepted
     /// or of its previous answer (the idle keep-alive timeout too).
     pub header_read_timeout_ms: u64,
@@ -53,7 +53,7 @@ pub struct ApiConfig {
     pub answer_write_timeout_ms: u64,
     /// Largest `/channel/messagesync` answer: messages stop before the one that would
     /// pass it (`more` is then 1). A single larger message is still sent alone.
-    pub max_sync_response_bytes: usize,
+    pub sync_response_bytes_max: usize,
     /// A request homed on another node (or a share of one asked of another node) is
     /// passed to that node's API and must be answered within this long, connect
     /// included; else 503 naming the node. Above `shard_reply_timeout_ms` (the
@@ -61,7 +61,7 @@ pub struct ApiConfig {
     /// the home, not taken for an unreachable node.
     pub forward_timeout_ms: u64,
     /// Largest answer body read from another node's API (502 over it). Keep it
-    /// above `max_sync_response_bytes` (a `messagesync` homed elsewhere comes back
+    /// above `sync_response_bytes_max` (a `messagesync` homed elsewhere comes back
     /// through it) plus one message.
     pub forward_answer_bytes_max: usize,
     /// Requests in flight to one other node's API at once (each on a connection
@@ -83,18 +83,18 @@ impl Default for ApiConfig {
             addr: Some(SocketAddr::from(([127, 0, 0, 1], 5001))),
             bearer_token: None,
             admin_token: None,
-            max_body_bytes: 1 << 20,
-            max_uids_per_request: 10_000,
+            body_bytes_max: 1 << 20,
+            uids_per_request_max: 10_000,
             shard_reply_timeout_ms: 5_000,
             worker_threads: 1,
             blocking_threads: 8,
-            max_waiting_requests: 4_096,
+            waiting_requests_max: 4_096,
             queue_timeout_ms: 5_000,
-            max_connections: 256,
+            connections_max: 256,
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 15_000,
             answer_write_timeout_ms: 15_000,
-            max_sync_response_bytes: 8 << 20,
+            sync_response_bytes_max: 8 << 20,
             forward_timeout_ms: 6_000,
             forward_answer_bytes_max: 16 << 20,
             forward_connections_per_peer: 64,
@@ -109,23 +109,23 @@ impl ApiConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.worker_threads == 0
             || self.blocking_threads == 0
-            || self.max_connections == 0
+            || self.connections_max == 0
             || self.header_read_timeout_ms == 0
             || self.request_timeout_ms == 0
             || self.answer_write_timeout_ms == 0
-            || self.max_sync_response_bytes == 0
+            || self.sync_response_bytes_max == 0
             || self.forward_timeout_ms == 0
             || self.forward_answer_bytes_max == 0
-            || self.max_waiting_requests == 0
+            || self.waiting_requests_max == 0
             || self.queue_timeout_ms == 0
             || self.forward_connections_per_peer == 0
             || self.forward_breaker_failures == 0
             || self.forward_breaker_cooldown_ms == 0
         {
-            return Err("api: worker_threads, blocking_threads, max_connections, \
+            return Err("api: worker_threads, blocking_threads, connections_max, \
                  header_read_timeout_ms, request_timeout_ms, answer_write_timeout_ms, \
-                 max_sync_response_bytes, forward_timeout_ms, forward_answer_bytes_max, \
-                 max_waiting_requests, queue_timeout_ms, forward_connections_per_peer, \
+                 sync_response_bytes_max, forward_timeout_ms, forward_answer_bytes_max, \
+                 waiting_requests_max, queue_timeout_ms, forward_connections_per_peer, \
                  forward_breaker_failures and forward_breaker_cooldown_ms must be at least 1"
                 .into());
         }

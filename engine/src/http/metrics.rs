@@ -10,13 +10,13 @@ pub struct ApiMetrics {
     /// `accept` failures; those of the process (EMFILE, ENFILE, ENOBUFS, ENOMEM, …)
     /// are each followed by a backoff.
     pub accept_errors: AtomicU64,
-    /// New connections refused (503, closed) at `max_connections` with none idle.
+    /// New connections refused (503, closed) at `connections_max` with none idle.
     pub connections_refused: AtomicU64,
-    /// Idle connections closed to make room for a new one at `max_connections`.
+    /// Idle connections closed to make room for a new one at `connections_max`.
     pub connections_evicted: AtomicU64,
     /// Handlers that panicked (answered 500).
     pub panics: AtomicU64,
-    /// Requests refused (503) because `max_waiting_requests` were waiting already
+    /// Requests refused (503) because `waiting_requests_max` were waiting already
     /// or no thread of the blocking pool freed within `queue_timeout_ms`.
     pub pool_refusals: AtomicU64,
     /// Connections closed because their client accepted no byte of an answer for

@@ -7,7 +7,7 @@
 //! answer is awaited (a tokio channel, with a bound), holding no thread; only the
 //! metadata store's writes (journal and fsync) run on the blocking pool. A request
 //! that may wait holds a place in a bounded queue ([`Api::admit`],
-//! `max_waiting_requests`) and is refused (503) only past it or a deadline.
+//! `waiting_requests_max`) and is refused (503) only past it or a deadline.
 //! The server itself (hyper through axum, on its own small tokio runtime) is in
 //! [`server`]; the `/metrics` text in [`prom`].
 //!
@@ -137,7 +137,7 @@ pub struct Api {
 
 /// What the copies of one [`Api`] share: the queue's places and the peers.
 struct ApiState {
-    /// `max_waiting_requests` places: a request that may wait holds one.
+    /// `waiting_requests_max` places: a request that may wait holds one.
     waiting: Arc<Semaphore>,
     /// `blocking_threads` places: a metadata store call holds one.
     pool: Arc<Semaphore>,
@@ -283,7 +283,7 @@ impl Api {
             .map(|n| (n.id, n.api_addr))
             .collect::<Vec<_>>();
         let state = Arc::new(ApiState {
-            waiting: Arc::new(Semaphore::new(config.max_waiting_requests)),
+            waiting: Arc::new(Semaphore::new(config.waiting_requests_max)),
             pool: Arc::new(Semaphore::new(config.blocking_threads)),
             peers: forward::Peers::new(client, limits, peers),
         });
@@ -297,7 +297,7 @@ impl Api {
     }
 
     /// A place in the waiting queue for a request that may wait (not
-    /// [`Api::is_immediate`]); 503 when `max_waiting_requests` wait already.
+    /// [`Api::is_immediate`]); 503 when `waiting_requests_max` wait already.
     pub fn admit(&self) -> Result<Waiting, Reply> {
         let metrics = &self.shared.api_metrics;
         let Ok(permit) = self.state.waiting.clone().try_acquire_owned() else {
@@ -306,7 +306,7 @@ impl Api {
                 503,
                 format!(
                     "the API is busy: {} requests are waiting already; retry",
-                    self.config.max_waiting_requests
+                    self.config.waiting_requests_max
                 ),
             ));
         };
@@ -410,7 +410,7 @@ impl Api {
         if let Err(reply) = self.authorize(req.method, req.path(), req.authorization) {
             return reply;
         }
-        if req.body.len() > self.config.max_body_bytes {
+        if req.body.len() > self.config.body_bytes_max {
             return Reply::error(413, "request body too large");
         }
         self.handle_authorized(req)
@@ -521,7 +521,7 @@ impl Api {
     }
 
     /// Answers a request whose token has been checked and whose body is within
-    /// `max_body_bytes`. Unless [`Api::is_immediate`], may wait (holding no thread)
+    /// `body_bytes_max`. Unless [`Api::is_immediate`], may wait (holding no thread)
     /// on a shard (up to `shard_reply_timeout_ms`), another node (up to
     /// `forward_timeout_ms`), or a place in the queue (up to `queue_timeout_ms`),
     /// and run a metadata store call on the blocking pool. Refuses (400) a
@@ -696,7 +696,7 @@ impl Api {
         if r.channel_id.is_empty() {
             return Err(Reply::error(400, "channel_id must not be empty"));
         }
-        if r.subscribers.len() > self.config.max_uids_per_request {
+        if r.subscribers.len() > self.config.uids_per_request_max {
             return Err(Reply::error(413, "too many subscribers in one request"));
         }
         Ok(())
@@ -791,7 +791,7 @@ impl Api {
     }
 
     /// Reads the channel `key` on its commit shard: the messages (ascending, at
-    /// most `max_sync_response_bytes` copied) and whether more are in range. Refuses
+    /// most `sync_response_bytes_max` copied) and whether more are in range. Refuses
     /// (503) when the shard's injector is full, (504) when no answer came in time and
     /// (500) when the log failed the read.
     async fn read_channel(
@@ -808,7 +808,7 @@ impl Api {
             end_seq: r.end_message_seq,
             limit: r.limit,
             pull_mode: PullMode::from_wire(r.pull_mode),
-            max_bytes: self.config.max_sync_response_bytes,
+            bytes_max: self.config.sync_response_bytes_max,
             reply: tx,
         };
         self.injectors[shard as usize]
@@ -821,13 +821,13 @@ impl Api {
             .map_err(|e| Reply::error(500, e))
     }
 
-    /// The `messagesync` answer, within `max_sync_response_bytes`: messages nearest
+    /// The `messagesync` answer, within `sync_response_bytes_max`: messages nearest
     /// the start of the pull first (the oldest going up, the newest going down), the
     /// first always, then each only if it fits (`more` set when one did not).
     fn sync_answer(&self, r: &SyncReq, messages: &[StoredMessage], more: bool) -> Reply {
         let budget = self
             .config
-            .max_sync_response_bytes
+            .sync_response_bytes_max
             .saturating_sub(SYNC_ENVELOPE_BYTES);
         let down = PullMode::from_wire(r.pull_mode) == PullMode::Down
             || (r.start_message_seq == 0 && r.end_message_seq == 0);
@@ -1041,7 +1041,7 @@ mod tests {
     fn requests_queue_up_to_the_bound_and_the_deadline_then_503_and_health_still_answers() {
         let (_dir, node) = start(|c| {
             c.api.blocking_threads = 1;
-            c.api.max_waiting_requests = 3;
+            c.api.waiting_requests_max = 3;
             c.api.queue_timeout_ms = 1;
         });
         let addr = node.api_addr().unwrap();

@@ -49,7 +49,7 @@ const REFUSED_HELP: &str = "Client connections accepted and reset at once, by li
      reason: conn_cap (the shard was at its connection cap), fd_limit (out of descriptors: \
      accepted with the spare one), other (other accept errors).";
 const PAUSES_HELP: &str =
-    "Failed accept rounds that paused a client listener (backoff from [net] accept_backoff_initial_ms doubling to accept_backoff_max_ms).";
+    "Failed accept rounds that paused a client listener (backoff from [net] accept_backoff_initial_ms doubling to accept_backoff_ms_max).";
 const SKIPPED_HELP: &str = "Pushes a delivery skipped, their online recipients getting the message by sync only: lookup_failed and rebuilding count target groups (a page's recipients of one hash slot) whose route lookup failed for good or whose authority was still rebuilding after [delivery] rebuild_wait_ms_max; link_down counts endpoints on a node whose link was down.";
 const PAUSED_HELP: &str = "Shards whose client listener is paused after failed accepts.";
 
@@ -202,13 +202,13 @@ const API_FAMILIES: &[ApiFamily] = &[
     (
         "imrouter_api_connections_refused_total",
         "counter",
-        "HTTP API connections refused at max_connections with none idle (503, closed).",
+        "HTTP API connections refused at connections_max with none idle (503, closed).",
         |a| &a.connections_refused,
     ),
     (
         "imrouter_api_connections_evicted_total",
         "counter",
-        "Idle HTTP API connections closed to admit a new one at max_connections.",
+        "Idle HTTP API connections closed to admit a new one at connections_max.",
         |a| &a.connections_evicted,
     ),
     (
@@ -220,7 +220,7 @@ const API_FAMILIES: &[ApiFamily] = &[
     (
         "imrouter_api_pool_refusals_total",
         "counter",
-        "HTTP API requests refused (503) because max_waiting_requests were waiting already or no thread of the blocking pool freed within queue_timeout_ms.",
+        "HTTP API requests refused (503) because waiting_requests_max were waiting already or no thread of the blocking pool freed within queue_timeout_ms.",
         |a| &a.pool_refusals,
     ),
     (
@@ -268,7 +268,7 @@ const API_FAMILIES: &[ApiFamily] = &[
     (
         "imrouter_api_requests_waiting",
         "gauge",
-        "HTTP API requests waiting on a shard, the metadata store, a place or another node (at most max_waiting_requests).",
+        "HTTP API requests waiting on a shard, the metadata store, a place or another node (at most waiting_requests_max).",
         |a| &a.requests_waiting,
     ),
 ];

@@ -3,7 +3,7 @@
 //! catcher.
 //!
 //! What keeps it alive on the open network:
-//! - at most `max_connections` open connections: at the cap the oldest idle one
+//! - at most `connections_max` open connections: at the cap the oldest idle one
 //!   (no request in progress) is closed for the new one; with none idle the new one
 //!   gets a canned 503 and is reset at once;
 //! - `header_read_timeout_ms` for a request head, which is also the idle keep-alive
@@ -14,7 +14,7 @@
 //!   ([`AcceptBackoff`]); the loop never ends on them;
 //! - the bearer token is checked before the body is read;
 //! - a request that may wait (on a shard, another node or the metadata store) takes
-//!   a place in the waiting queue (`max_waiting_requests`, over it 503 at once) and
+//!   a place in the waiting queue (`waiting_requests_max`, over it 503 at once) and
 //!   is awaited on the runtime, holding no thread: shard replies come on tokio
 //!   channels, forwards on the async client ([`super::forward`]); only metadata
 //!   store calls (journal and fsync) run on the blocking pool (`blocking_threads`),
@@ -97,7 +97,7 @@ struct ConnState {
     close: Notify,
 }
 
-/// The open connections; at most `max_connections`.
+/// The open connections; at most `connections_max`.
 struct Conns {
     max: usize,
     next_id: AtomicU64,
@@ -204,7 +204,7 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
         .uri()
         .path_and_query()
         .map_or_else(|| path.clone(), |p| p.as_str().to_owned());
-    let body = match read_body(request, app.api.config.max_body_bytes).await {
+    let body = match read_body(request, app.api.config.body_bytes_max).await {
         Ok(b) => b,
         Err(reply) => return to_response(reply),
     };
@@ -438,7 +438,7 @@ impl HttpServer {
                 PanicTo500(app.clone()),
             ));
         let conns = Arc::new(Conns {
-            max: config.max_connections,
+            max: config.connections_max,
             next_id: AtomicU64::new(0),
             open: Mutex::new(HashMap::new()),
             started: Instant::now(),
@@ -626,7 +626,7 @@ async fn serve_connection(
         );
     tokio::pin!(conn);
     // A client that does not read its answer would hold the connection (and its
-    // place under max_connections) forever: close it once no byte could be written
+    // place under connections_max) forever: close it once no byte could be written
     // to it for answer_write_timeout_ms.
     let mut watchdog = tokio::time::interval(write_timeout);
     watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

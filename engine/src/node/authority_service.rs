@@ -272,7 +272,7 @@ impl NodeShard {
         let cfg = &shared.config.session;
         let batches = self
             .registry
-            .drain_touches(&self.view, cfg.touch_batch_max_routes);
+            .drain_touches(&self.view, cfg.touch_batch_routes_max);
         for (target, routes) in batches {
             self.metrics.touches.add(routes.len() as u64);
             self.send_touch_batch(cx, driver, target, routes);
@@ -377,13 +377,13 @@ impl NodeShard {
     }
 
     /// The handovers of the hash slots this shard's authority lost (by a view, or
-    /// relayed by an expiry pass), in batches of at most `touch_batch_max_routes`
+    /// relayed by an expiry pass), in batches of at most `touch_batch_routes_max`
     /// routes (so a body within `touch_batch_bytes_max`, checked against the
     /// frame limit at start) to each new leader (`domain`'s `handover` module).
     pub(super) fn send_handovers(&mut self, cx: &mut Context<Msg, NodeTimer>) {
         let mut handovers = Vec::new();
         self.authority.take_handovers(&mut handovers);
-        let routes_max = self.shared.config.session.touch_batch_max_routes;
+        let routes_max = self.shared.config.session.touch_batch_routes_max;
         for h in handovers {
             let node = h.target.leader_node_id;
             for batch in h.into_batches(routes_max) {

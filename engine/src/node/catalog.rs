@@ -45,7 +45,7 @@ impl Writers {
                 .map(|(f, t, l)| (f, t.into(), l))
                 .collect(),
         };
-        // The store enforces the same limits as the table (max_tokens >= uids).
+        // The store enforces the same limits as the table (tokens_max >= uids).
         if self.tokens.insert(uid.into(), entry).is_err() {
             tracing::error!(
                 uid,
@@ -85,8 +85,8 @@ impl Catalog {
     /// Opens the store in `dir` (replaying its journal) and publishes its content.
     pub fn open(dir: &Path, config: MetaConfig) -> Result<(Catalog, MetaRecovery), MetaError> {
         let (store, recovery) = MetaStore::open(dir, config)?;
-        let (tokens_w, tokens) = epoch_map(1024, config.max_tokens);
-        let (groups_w, groups) = epoch_map(1024, config.max_groups);
+        let (tokens_w, tokens) = epoch_map(1024, config.tokens_max);
+        let (groups_w, groups) = epoch_map(1024, config.groups_max);
         let mut w = Writers {
             store,
             tokens: tokens_w,
@@ -223,7 +223,7 @@ mod tests {
     fn subscribers_add_reset_remove_within_limits() {
         let dir = tempfile::tempdir().unwrap();
         let config = MetaConfig {
-            max_subscribers_per_group: 3,
+            subscribers_per_group_max: 3,
             ..MetaConfig::default()
         };
         let (meta, _) = Catalog::open(dir.path(), config).unwrap();

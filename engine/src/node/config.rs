@@ -20,7 +20,7 @@ use crate::store::{IdempotencyConfig, LogConfig, MetaConfig};
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {
-    pub max_sessions_per_shard: u32,
+    pub sessions_per_shard_max: u32,
     /// Sends one connection may make per second to channels it has not sent to
     /// recently (token bucket; 0: no limit). Over it: SENDACK 22 (RateLimit). Bounds
     /// how fast one client creates channels.
@@ -33,7 +33,7 @@ pub struct SessionConfig {
     /// How often the touch worker flushes dirty routes (and drains unregisters).
     pub touch_flush_interval_ms: u64,
     /// Most routes one touch flush sends.
-    pub touch_batch_max_routes: usize,
+    pub touch_batch_routes_max: usize,
     /// Most authority unregisters one flush sends.
     pub unregister_batch_max: usize,
     /// Routes one shard re-registers per second at the new authority after a view
@@ -52,7 +52,7 @@ pub struct SessionConfig {
     /// What the unacknowledged RECVs of one shard may be charged (each: its message's
     /// payload and strings, whether or not other sessions share the message, plus 192
     /// bytes); past it a RECV is sent untracked (counted in `acks_dropped`). Without
-    /// it the worst case is `pending_acks_per_session_max` × `max_payload_bytes` per
+    /// it the worst case is `pending_acks_per_session_max` × `payload_bytes_max` per
     /// session.
     pub pending_acks_budget_bytes_per_shard: usize,
     /// SENDs of one connection waiting for their SENDACK; more are answered at once
@@ -72,7 +72,7 @@ pub struct SessionConfig {
     pub send_rate_uids_per_shard_max: usize,
     /// Longest uid a CONNECT or `/user/token` may carry (CONNACK 2, HTTP 400 past
     /// it): with `device_id_bytes_max` it bounds a route's size, so a touch batch of
-    /// `touch_batch_max_routes` routes is bounded in bytes (checked against `[rpc]
+    /// `touch_batch_routes_max` routes is bounded in bytes (checked against `[rpc]
     /// rpc_frame_bytes_max` at start).
     pub uid_bytes_max: usize,
     /// Longest device id a CONNECT may carry (CONNACK 2 past it).
@@ -82,12 +82,12 @@ pub struct SessionConfig {
 impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
-            max_sessions_per_shard: 1 << 20,
+            sessions_per_shard_max: 1 << 20,
             new_channels_per_conn_per_s: 10,
             new_channels_per_conn_burst: 64,
             recent_channels_per_conn: 32,
             touch_flush_interval_ms: 1_000,
-            touch_batch_max_routes: 512,
+            touch_batch_routes_max: 512,
             unregister_batch_max: 512,
             rebuild_routes_per_s: 50_000,
             expiry_interval_ms: 1_000,
@@ -116,13 +116,13 @@ impl SessionConfig {
     }
 
     /// The rebuild's token bucket: `rebuild_routes_per_s`, a flush interval's worth
-    /// at once, batches of `touch_batch_max_routes`.
+    /// at once, batches of `touch_batch_routes_max`.
     pub fn rebuild_limits(&self) -> domain::presence::registry::RebuildLimits {
         let burst = u64::from(self.rebuild_routes_per_s) * self.touch_flush_interval_ms / 1000;
         domain::presence::registry::RebuildLimits {
             routes_per_s: self.rebuild_routes_per_s,
             burst_routes: burst.clamp(1, u64::from(u32::MAX)) as u32,
-            batch_max_routes: self.touch_batch_max_routes,
+            batch_routes_max: self.touch_batch_routes_max,
         }
     }
 
@@ -142,11 +142,11 @@ impl SessionConfig {
             "session",
             &[
                 (
-                    "max_sessions_per_shard",
-                    u64::from(self.max_sessions_per_shard),
+                    "sessions_per_shard_max",
+                    u64::from(self.sessions_per_shard_max),
                 ),
                 ("touch_flush_interval_ms", self.touch_flush_interval_ms),
-                ("touch_batch_max_routes", self.touch_batch_max_routes as u64),
+                ("touch_batch_routes_max", self.touch_batch_routes_max as u64),
                 ("uid_bytes_max", self.uid_bytes_max as u64),
                 ("device_id_bytes_max", self.device_id_bytes_max as u64),
                 ("unregister_batch_max", self.unregister_batch_max as u64),
@@ -376,7 +376,7 @@ pub struct NodeConfig {
     pub default_device_level: DeviceLevel,
     pub runtime: RuntimeConfig,
     pub net: NetConfig,
-    /// Whether the user set `[net] max_connections_per_shard`: a cap the
+    /// Whether the user set `[net] connections_per_shard_max`: a cap the
     /// descriptor limit cannot hold is then refused at start; otherwise (the
     /// default cap) it is lowered to what the limit holds, with a warning.
     pub connection_cap_set: bool,
@@ -441,7 +441,7 @@ pub fn fd_per_shard(config: &NodeConfig) -> u64 {
         + u64::from(config.ws_addr.is_some())
         + u64::from(config.wss_addr.is_some())
         + rpc_listener;
-    u64::from(config.log.max_segments)
+    u64::from(config.log.segments_max)
         + listeners * (1 + u64::from(config.net.uring_accepts_inflight))
         + rpc_links_per_shard_max(config) as u64
         + 8
@@ -465,7 +465,7 @@ pub fn fd_budget(config: &NodeConfig, limit: u64) -> net::io::fd::FdBudget {
         limit,
         config.net.fd_reserve as u64 + shards * fd_per_shard(config),
         shards,
-        config.net.max_connections_per_shard as u64,
+        config.net.connections_per_shard_max as u64,
     )
 }
 
@@ -499,11 +499,11 @@ pub(super) fn validate_node_config(config: &NodeConfig) -> io::Result<()> {
 /// (pinned by a test against the encoder).
 pub const ROUTE_WIRE_FIXED_BYTES_MAX: usize = 96;
 
-/// The most bytes a TouchRoutes body of `touch_batch_max_routes` routes takes:
+/// The most bytes a TouchRoutes body of `touch_batch_routes_max` routes takes:
 /// every route with the longest uid and device id, plus the target.
 pub fn touch_batch_bytes_max(session: &SessionConfig) -> usize {
     let route = ROUTE_WIRE_FIXED_BYTES_MAX + session.uid_bytes_max + session.device_id_bytes_max;
-    session.touch_batch_max_routes.saturating_mul(route) + ROUTE_WIRE_FIXED_BYTES_MAX
+    session.touch_batch_routes_max.saturating_mul(route) + ROUTE_WIRE_FIXED_BYTES_MAX
 }
 
 /// The frame limits against each other: an inter-node link's input buffer holds a
@@ -515,11 +515,11 @@ fn check_frame_limits(config: &NodeConfig) -> Result<(), String> {
     let touch = touch_batch_bytes_max(&config.session);
     if touch > frame {
         return Err(format!(
-            "[session] touch_batch_max_routes = {} routes of at most {} bytes (uid_bytes_max \
+            "[session] touch_batch_routes_max = {} routes of at most {} bytes (uid_bytes_max \
              {} + device_id_bytes_max {} + {ROUTE_WIRE_FIXED_BYTES_MAX}) need [rpc] \
              rpc_frame_bytes_max >= {touch}, not {frame}",
-            config.session.touch_batch_max_routes,
-            touch / config.session.touch_batch_max_routes.max(1),
+            config.session.touch_batch_routes_max,
+            touch / config.session.touch_batch_routes_max.max(1),
             config.session.uid_bytes_max,
             config.session.device_id_bytes_max,
         ));

@@ -93,7 +93,7 @@ impl Conn {
 /// A shard's connections: by [`ConnId::index`] (the driver's slot, reused after a
 /// close, so an entry is checked against the whole id), and its sessions (pending
 /// and active) to their connection. Bounded by the driver's connection cap (`[net]
-/// max_connections_per_shard`): an entry exists only for a connection it accepted.
+/// connections_per_shard_max`): an entry exists only for a connection it accepted.
 #[derive(Default)]
 pub(crate) struct ConnTable {
     by_index: Vec<Option<Conn>>,

@@ -264,7 +264,7 @@ impl NodeShard {
         {
             return Err(Refusal::new(
                 ReasonCode::SYSTEM_ERROR,
-                "timer wheel full (runtime.max_timers)",
+                "timer wheel full (runtime.timers_max)",
             ));
         }
         Ok(Admitted {

@@ -84,7 +84,7 @@ impl NodeShard {
         driver: &mut NetDriver,
         id: ConnId,
     ) {
-        let max = self.shared.config.net.max_frame_bytes;
+        let max = self.shared.config.net.frame_bytes_max;
         self.detect_jsonrpc(driver, id);
         loop {
             let Some(conn) = self.conn(id) else { return };

@@ -134,9 +134,9 @@ fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget>
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "[net] max_connections_per_shard = {} on {} shards needs {} descriptors \
+                "[net] connections_per_shard_max = {} on {} shards needs {} descriptors \
                  ({} reserved), but RLIMIT_NOFILE allows {}: raise the limit (LimitNOFILE= \
-                 in the service unit) or lower max_connections_per_shard (at most {} here)",
+                 in the service unit) or lower connections_per_shard_max (at most {} here)",
                 budget.configured_cap,
                 budget.shards,
                 budget.configured_cap * budget.shards + budget.reserve,
@@ -147,7 +147,7 @@ fn apply_fd_budget(config: &mut NodeConfig) -> io::Result<net::io::fd::FdBudget>
         ));
     }
     budget.log();
-    config.net.max_connections_per_shard = budget.per_shard_cap as usize;
+    config.net.connections_per_shard_max = budget.per_shard_cap as usize;
     // The descriptor table sized for the whole budget now, not grown (with a stall of
     // every shard) while connections arrive: see `reserve_fd_table`.
     let want = budget.per_shard_cap * budget.shards + budget.reserve;

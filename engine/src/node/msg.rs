@@ -280,7 +280,7 @@ pub struct MessageSyncRequest {
     pub limit: usize,
     pub pull_mode: PullMode,
     /// At most this many bytes copied (`MessageView::copy_bytes`); `more` says the rest.
-    pub max_bytes: usize,
+    pub bytes_max: usize,
     pub reply: Sender<Result<(Vec<StoredMessage>, bool), String>>,
 }
 

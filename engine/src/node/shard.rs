@@ -94,7 +94,7 @@ impl NodeShard {
             me,
             cfg.node_id,
             shared.boot_id,
-            cfg.session.max_sessions_per_shard,
+            cfg.session.sessions_per_shard_max,
             &cfg.registry,
         );
         let registry = Registry::new(rcfg)

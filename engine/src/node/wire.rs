@@ -254,7 +254,7 @@ impl Bounds {
 }
 
 /// Batches of one handover at most: a slot's routes (at most
-/// `max_routes_per_slot`, 65,536 by default) one per batch.
+/// `routes_per_slot_max`, 65,536 by default) one per batch.
 pub const HANDOVER_BATCHES_MAX: u32 = 1 << 20;
 
 /// A node registers, commits, aborts, unregisters and touches the routes of its own
@@ -375,7 +375,7 @@ mod tests {
             &mut body,
         );
         let config = crate::node::SessionConfig {
-            touch_batch_max_routes: 2,
+            touch_batch_routes_max: 2,
             uid_bytes_max: uid.len(),
             device_id_bytes_max: device.len(),
             ..Default::default()

@@ -62,15 +62,15 @@
 //! In memory, per channel (`channel_type`, `channel_id`): its last seq and the
 //! positions of its retained messages (seqs of one channel are contiguous, so
 //! `positions[seq - first_seq]`, 8 bytes per message). Bounds:
-//! - `max_segments`: when a roll makes more, the oldest segment is **retired**: its
+//! - `segments_max`: when a roll makes more, the oldest segment is **retired**: its
 //!   messages leave the index at once and its file is deleted by the next sync job
-//!   (retention). On disk a log holds up to `max_segments` + 2 segment files (one
+//!   (retention). On disk a log holds up to `segments_max` + 2 segment files (one
 //!   retired awaiting its job, one spare).
-//! - `max_indexed_messages`: an append that would index more retires the oldest
+//! - `indexed_messages_max`: an append that would index more retires the oldest
 //!   segment first (rolling first if it is the active one). So this memory budget is a
-//!   second retention bound; size it above `max_segments` × messages per segment to
-//!   let `max_segments` bind first.
-//! - `max_channels`: channels indexed in memory. Only channels with at least one
+//!   second retention bound; size it above `segments_max` × messages per segment to
+//!   let `segments_max` bind first.
+//! - `channels_max`: channels indexed in memory. Only channels with at least one
 //!   retained message are indexed; an append to a new channel beyond it retires the
 //!   oldest segment(s) first, until some channel has no retained message left (so it
 //!   is a third retention bound, never a refusal).
@@ -79,7 +79,7 @@
 //! A channel whose last retained message is retired leaves the index: all it still
 //! needs is its last seq, which goes to a compact **retired-seq table**: a keyed
 //! 64-bit SipHash of `(channel_type, channel_id)` → last seq (16 bytes, whatever the
-//! id's length), at most `max_retired_channels` entries; beyond that the oldest
+//! id's length), at most `retired_channels_max` entries; beyond that the oldest
 //! entries fold into `seq_floor_buckets` high-water marks (`floor[hash % n] =
 //! max(floor, last seq)`). A channel not in the index starts from `max(its entry, its
 //! bucket's floor)`. Before a retired segment's file is deleted the table is written
@@ -158,28 +158,28 @@ pub enum FsyncPolicy {
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// Size of each segment file; a multiple of 4096, at most `u32::MAX`, and large
-    /// enough for the largest record `max_payload_bytes` allows.
+    /// enough for the largest record `payload_bytes_max` allows.
     pub segment_bytes: u32,
     /// Segments kept on disk; older ones are retired (deleted) on roll. At least 1.
-    pub max_segments: u32,
+    pub segments_max: u32,
     /// Channels with retained messages held in the in-memory index (~120 bytes each
     /// plus the channel id; ids are bounded by the retained log bytes). A new channel
     /// beyond it retires the oldest segment first.
-    pub max_channels: usize,
+    pub channels_max: usize,
     /// Channels whose messages were all retired, remembered exactly by last seq
     /// (~48 bytes each in memory, 16 in `channel_seqs.snap`, which every segment
     /// retirement rewrites in full); older ones fold into `seq_floor_buckets`.
-    pub max_retired_channels: usize,
+    pub retired_channels_max: usize,
     /// High-water seqs (8 bytes each) of retired channels beyond
-    /// `max_retired_channels`. At least 1.
+    /// `retired_channels_max`. At least 1.
     pub seq_floor_buckets: usize,
     /// Message positions held in the in-memory index (8 bytes each, up to 16 with
     /// growth slack). See [`LogConfig::memory_worst_case_bytes`] for the whole log.
-    pub max_indexed_messages: usize,
+    pub indexed_messages_max: usize,
     /// Largest payload an append accepts.
-    pub max_payload_bytes: u32,
+    pub payload_bytes_max: u32,
     /// Most messages one read returns (a `limit` of 0 or above it means this).
-    pub max_read_messages: usize,
+    pub read_messages_max: usize,
     /// When the engine syncs: every `interval_ms` (the default; a SENDACK does not
     /// wait for the disk, the node's syncer thread syncs in the background) or
     /// `"always"` (every SENDACK waits for the sync that covers its message).
@@ -190,13 +190,13 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             segment_bytes: 64 << 20,
-            max_segments: 16,
-            max_channels: 1_000_000,
-            max_retired_channels: 1_000_000,
+            segments_max: 16,
+            channels_max: 1_000_000,
+            retired_channels_max: 1_000_000,
             seq_floor_buckets: 65_536,
-            max_indexed_messages: 16_000_000,
-            max_payload_bytes: 1 << 20,
-            max_read_messages: 10_000,
+            indexed_messages_max: 16_000_000,
+            payload_bytes_max: 1 << 20,
+            read_messages_max: 10_000,
             fsync: FsyncPolicy::IntervalMs(1000),
         }
     }
@@ -204,9 +204,9 @@ impl Default for LogConfig {
 
 impl LogConfig {
     /// The largest record this config can produce.
-    pub fn max_record_bytes(&self) -> u64 {
+    pub fn record_bytes_max(&self) -> u64 {
         align_up(RECORD_HEADER_BYTES + 3 * MAX_FIELD_BYTES) as u64
-            + u64::from(self.max_payload_bytes)
+            + u64::from(self.payload_bytes_max)
     }
 
     pub fn validate(&self) -> Result<(), LogError> {
@@ -214,15 +214,15 @@ impl LogConfig {
         if !(self.segment_bytes as usize).is_multiple_of(PAGE_BYTES) || self.segment_bytes == 0 {
             return bad("segment_bytes must be a non-zero multiple of 4096");
         }
-        if u64::from(self.segment_bytes) < self.max_record_bytes() {
-            return bad("segment_bytes must hold the largest record (header + 3 x 65535 + max_payload_bytes)");
+        if u64::from(self.segment_bytes) < self.record_bytes_max() {
+            return bad("segment_bytes must hold the largest record (header + 3 x 65535 + payload_bytes_max)");
         }
-        if self.max_segments == 0 {
-            return bad("max_segments must be at least 1");
+        if self.segments_max == 0 {
+            return bad("segments_max must be at least 1");
         }
-        if self.max_channels == 0 || self.max_indexed_messages == 0 || self.max_read_messages == 0 {
+        if self.channels_max == 0 || self.indexed_messages_max == 0 || self.read_messages_max == 0 {
             return bad(
-                "max_channels, max_indexed_messages and max_read_messages must be at least 1",
+                "channels_max, indexed_messages_max and read_messages_max must be at least 1",
             );
         }
         if self.seq_floor_buckets == 0 {
@@ -236,13 +236,13 @@ impl LogConfig {
     /// records, so they are bounded by the retained log bytes too), the retired-seq
     /// table and its floors. The segment mappings are page cache, not counted here.
     pub fn memory_worst_case_bytes(&self) -> u64 {
-        let retained_log = u64::from(self.segment_bytes) * u64::from(self.max_segments);
-        let ids = (self.max_channels as u64 * MAX_FIELD_BYTES as u64).min(retained_log);
+        let retained_log = u64::from(self.segment_bytes) * u64::from(self.segments_max);
+        let ids = (self.channels_max as u64 * MAX_FIELD_BYTES as u64).min(retained_log);
         // positions: 8 bytes each, up to twice that in Vec capacity
-        self.max_indexed_messages as u64 * 16
-            + self.max_channels as u64 * CHANNEL_ENTRY_BYTES
+        self.indexed_messages_max as u64 * 16
+            + self.channels_max as u64 * CHANNEL_ENTRY_BYTES
             + ids
-            + self.max_retired_channels as u64 * RETIRED_ENTRY_BYTES
+            + self.retired_channels_max as u64 * RETIRED_ENTRY_BYTES
             + self.seq_floor_buckets as u64 * 8
     }
 }
@@ -262,8 +262,8 @@ pub enum LogError {
     EmptyChannelId,
     /// A string field is longer than 65535 bytes.
     FieldTooLong { field: &'static str, len: usize },
-    /// The payload exceeds `max_payload_bytes`.
-    PayloadTooLarge { len: usize, max_payload_bytes: u32 },
+    /// The payload exceeds `payload_bytes_max`.
+    PayloadTooLarge { len: usize, payload_bytes_max: u32 },
     /// The segment id space (u32) is exhausted.
     SegmentIdsExhausted,
     /// A record read back failed validation (media corruption after recovery).
@@ -290,11 +290,11 @@ impl fmt::Display for LogError {
             }
             LogError::PayloadTooLarge {
                 len,
-                max_payload_bytes,
+                payload_bytes_max,
             } => {
                 write!(
                     f,
-                    "payload is {len} bytes, more than max_payload_bytes {max_payload_bytes}"
+                    "payload is {len} bytes, more than payload_bytes_max {payload_bytes_max}"
                 )
             }
             LogError::SegmentIdsExhausted => write!(f, "segment ids exhausted"),
@@ -432,7 +432,7 @@ pub struct RecoveryReport {
     pub seq_discontinuities: u64,
     /// Entries of the retired-seq table loaded from `channel_seqs.snap`.
     pub snapshot_channels: usize,
-    /// Segments retired at open to satisfy `max_segments` / `max_indexed_messages`.
+    /// Segments retired at open to satisfy `segments_max` / `indexed_messages_max`.
     pub retired_segments: u32,
     /// The largest message id of the scanned records (0: none): the shard's id
     /// generator resumes after it ([`super::MessageIdGen::resume_after`]).
@@ -448,7 +448,7 @@ pub struct LogStats {
     /// Entries of the retired-seq table.
     pub retired_channels: usize,
     /// Retired-seq entries folded into the floors since open (beyond
-    /// `max_retired_channels`).
+    /// `retired_channels_max`).
     pub folded_channels: u64,
     pub indexed_messages: usize,
     pub unsynced_bytes: u64,
@@ -816,19 +816,19 @@ struct RetiredSeqs {
     /// The hashes of `exact`, oldest first (its eviction order).
     order: VecDeque<u64>,
     floors: Vec<u64>,
-    max_entries: usize,
+    entries_max: usize,
     /// Entries folded into the floors (their channels' seqs may skip).
     folded: u64,
 }
 
 impl RetiredSeqs {
-    fn new(key: (u64, u64), max_entries: usize, buckets: usize) -> Self {
+    fn new(key: (u64, u64), entries_max: usize, buckets: usize) -> Self {
         RetiredSeqs {
             key,
             exact: HashMap::new(),
             order: VecDeque::new(),
             floors: vec![0; buckets],
-            max_entries,
+            entries_max,
             folded: 0,
         }
     }
@@ -852,7 +852,7 @@ impl RetiredSeqs {
     }
 
     /// Remembers a channel's last seq (keeping the larger one), folding the oldest
-    /// entries beyond `max_entries` into the floors.
+    /// entries beyond `entries_max` into the floors.
     fn record(&mut self, hash: u64, last_seq: u64) {
         match self.exact.entry(hash) {
             std::collections::hash_map::Entry::Occupied(mut e) => {
@@ -864,7 +864,7 @@ impl RetiredSeqs {
                 self.order.push_back(hash);
             }
         }
-        while self.exact.len() > self.max_entries {
+        while self.exact.len() > self.entries_max {
             let old = self.order.pop_front().expect("order lists every entry");
             let seq = self.exact.remove(&old).expect("order lists only entries");
             let b = self.bucket(old);
@@ -897,7 +897,7 @@ impl RetiredSeqs {
 
     /// Loads a format-2 snapshot under this config's bounds. When the bucket count
     /// changed, every floor becomes the largest old floor (safe: nothing goes back).
-    fn decode(bytes: &[u8], max_entries: usize, buckets: usize) -> Option<RetiredSeqs> {
+    fn decode(bytes: &[u8], entries_max: usize, buckets: usize) -> Option<RetiredSeqs> {
         let (body, crc) = bytes.split_at(bytes.len().checked_sub(4)?);
         if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().ok()?) {
             return None;
@@ -908,7 +908,7 @@ impl RetiredSeqs {
         if u32::from_le_bytes(body.get(..4)?.try_into().ok()?) != RETIRED_SNAPSHOT_MAGIC {
             return None;
         }
-        let mut t = RetiredSeqs::new((u64_at(4)?, u64_at(12)?), max_entries, buckets);
+        let mut t = RetiredSeqs::new((u64_at(4)?, u64_at(12)?), entries_max, buckets);
         let count = usize::try_from(u64_at(20)?).ok()?;
         let mut at = 28usize;
         if count > body.len() / 16 {
@@ -1127,7 +1127,7 @@ impl MessageLog {
     fn unrecovered(dir: &Path, config: LogConfig, lock: DirLock) -> MessageLog {
         let retired = RetiredSeqs::new(
             (rand::random(), rand::random()),
-            config.max_retired_channels,
+            config.retired_channels_max,
             config.seq_floor_buckets,
         );
         MessageLog {
@@ -1206,7 +1206,7 @@ impl MessageLog {
             }
         };
         let (max, buckets) = (
-            self.config.max_retired_channels,
+            self.config.retired_channels_max,
             self.config.seq_floor_buckets,
         );
         if let Some(t) = RetiredSeqs::decode(&bytes, max, buckets) {
@@ -1242,16 +1242,16 @@ impl MessageLog {
     }
 
     /// Gives an empty log its first segment, then retires the oldest segments until
-    /// `max_segments`, `max_indexed_messages` and `max_channels` hold, and deletes
+    /// `segments_max`, `indexed_messages_max` and `channels_max` hold, and deletes
     /// their files now. Refuses on an IO failure (creating, syncing, deleting).
     fn retire_to_bounds(&mut self, report: &mut RecoveryReport) -> Result<(), LogError> {
         if self.segments.is_empty() {
             self.create_segment(0)?;
         }
         let before = self.retired_segments;
-        while self.segments.len() > self.config.max_segments as usize
-            || self.table.indexed > self.config.max_indexed_messages
-            || self.table.channels > self.config.max_channels
+        while self.segments.len() > self.config.segments_max as usize
+            || self.table.indexed > self.config.indexed_messages_max
+            || self.table.channels > self.config.channels_max
         {
             self.retire_oldest()?;
         }
@@ -1391,7 +1391,7 @@ impl MessageLog {
     }
 
     /// Seals the active segment (syncs it in full) and starts the next one; retires
-    /// the oldest segments beyond `max_segments`.
+    /// the oldest segments beyond `segments_max`.
     fn roll(&mut self) -> Result<(), LogError> {
         self.seal_active()?;
         let next = self
@@ -1422,7 +1422,7 @@ impl MessageLog {
                 self.segments_created_inline += 1;
             }
         }
-        while self.segments.len() > self.config.max_segments as usize {
+        while self.segments.len() > self.config.segments_max as usize {
             self.retire_oldest()?;
         }
         Ok(())
@@ -1434,7 +1434,7 @@ impl MessageLog {
         if self.segments.len() == 1 {
             self.roll()?;
             if self.segments.len() == 1 {
-                // max_segments == 1: the roll already retired the old segment.
+                // segments_max == 1: the roll already retired the old segment.
                 return Ok(());
             }
         }
@@ -1528,7 +1528,7 @@ impl MessageLog {
             payload: msg.payload,
         };
         let len = fields.record_len().expect("lengths checked above") as u32;
-        while self.table.indexed >= self.config.max_indexed_messages {
+        while self.table.indexed >= self.config.indexed_messages_max {
             self.retire_oldest()?;
         }
         if self.active().capacity() - self.active().end < len {
@@ -1551,7 +1551,7 @@ impl MessageLog {
 
     /// Whether `msg` may be appended at all. Refuses a poisoned log, an empty
     /// channel id, a string field over 65535 bytes and a payload over
-    /// `max_payload_bytes`; changes nothing.
+    /// `payload_bytes_max`; changes nothing.
     fn check_appendable(&self, msg: &NewMessage<'_>) -> Result<(), LogError> {
         if self.poisoned {
             return Err(LogError::Poisoned);
@@ -1571,10 +1571,10 @@ impl MessageLog {
                 });
             }
         }
-        if msg.payload.len() > self.config.max_payload_bytes as usize {
+        if msg.payload.len() > self.config.payload_bytes_max as usize {
             return Err(LogError::PayloadTooLarge {
                 len: msg.payload.len(),
-                max_payload_bytes: self.config.max_payload_bytes,
+                payload_bytes_max: self.config.payload_bytes_max,
             });
         }
         Ok(())
@@ -1582,7 +1582,7 @@ impl MessageLog {
 
     /// The channel's last seq. A channel outside the index continues from its
     /// retired-seq entry, and first gets room in the index: the oldest segments are
-    /// retired until fewer than `max_channels` are indexed. Refuses what a retirement
+    /// retired until fewer than `channels_max` are indexed. Refuses what a retirement
     /// refuses (an IO failure of its roll).
     fn last_seq_making_room(
         &mut self,
@@ -1592,7 +1592,7 @@ impl MessageLog {
         if let Some(st) = self.table.get(channel_type, channel_id) {
             return Ok(st.last_seq);
         }
-        while self.table.channels >= self.config.max_channels {
+        while self.table.channels >= self.config.channels_max {
             self.retire_oldest()?;
         }
         let h = self.retired.hash(channel_type, channel_id);
@@ -1730,7 +1730,7 @@ impl MessageLog {
     }
 
     /// Reads a channel's retained messages with `/channel/messagesync` semantics.
-    /// `limit` 0 or above `max_read_messages` means `max_read_messages`. With `F` the
+    /// `limit` 0 or above `read_messages_max` means `read_messages_max`. With `F` the
     /// oldest retained and `L` the last seq of the channel:
     /// - `start_seq == 0 && end_seq == 0` (either mode): the newest `limit` messages.
     /// - [`PullMode::Down`]: seqs in `(end_seq, start_seq]` (`end_seq` exclusive, 0 =
@@ -1762,7 +1762,7 @@ impl MessageLog {
     }
 
     /// [`MessageLog::read`] bounded by bytes as well: stops before the message whose
-    /// [`MessageView::copy_bytes`] would take the total past `max_bytes` (then `more`
+    /// [`MessageView::copy_bytes`] would take the total past `bytes_max` (then `more`
     /// is set), keeping the messages nearest the start of the pull. At least one
     /// message is returned when any is in range, so paging always advances.
     #[allow(clippy::too_many_arguments)]
@@ -1774,12 +1774,12 @@ impl MessageLog {
         end_seq: u64,
         limit: usize,
         mode: PullMode,
-        max_bytes: usize,
+        bytes_max: usize,
     ) -> Result<ReadResult<'_>, LogError> {
         let limit = if limit == 0 {
-            self.config.max_read_messages
+            self.config.read_messages_max
         } else {
-            limit.min(self.config.max_read_messages)
+            limit.min(self.config.read_messages_max)
         } as u64;
         let empty = ReadResult {
             messages: Vec::new(),
@@ -1805,7 +1805,7 @@ impl MessageLog {
                 return Err(LogError::Corrupt { position: pos });
             }
             bytes = bytes.saturating_add(v.copy_bytes());
-            if bytes > max_bytes && !messages.is_empty() {
+            if bytes > bytes_max && !messages.is_empty() {
                 cut = true;
                 break;
             }

@@ -11,7 +11,7 @@
 //!   Calls that change nothing write nothing.
 //! - `meta.snap`: the whole state as SetToken / ResetSubscribers records, with the
 //!   journal generation it covers and a whole-file CRC; written atomically (tmp, fsync,
-//!   rename, fsync dir). When the journal passes `max_journal_bytes` the store writes a
+//!   rename, fsync dir). When the journal passes `journal_bytes_max` the store writes a
 //!   snapshot covering generation `g`, then atomically replaces the journal by an empty
 //!   one of generation `g + 1`. On open, a journal whose generation the snapshot covers
 //!   is stale (a crash between the two steps) and is not replayed.
@@ -22,8 +22,8 @@
 //!   fails, the store is poisoned and refuses further writes until reopened.
 //!
 //! # Limits
-//! `max_tokens` (uid, flag) pairs, `max_groups`, `max_subscribers_per_group`,
-//! `max_field_bytes` per uid / channel id / token. A call that would pass a limit is
+//! `tokens_max` (uid, flag) pairs, `groups_max`, `subscribers_per_group_max`,
+//! `field_bytes_max` per uid / channel id / token. A call that would pass a limit is
 //! refused whole, with nothing written. Replay does not re-check limits (the ops were
 //! accepted when written).
 //!
@@ -57,23 +57,23 @@ const OP_RESET_SUBSCRIBERS: u8 = 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetaConfig {
-    pub max_tokens: usize,
-    pub max_groups: usize,
-    pub max_subscribers_per_group: usize,
+    pub tokens_max: usize,
+    pub groups_max: usize,
+    pub subscribers_per_group_max: usize,
     /// Longest uid, channel id or token, in bytes (at most 65535).
-    pub max_field_bytes: usize,
+    pub field_bytes_max: usize,
     /// Journal size that triggers compaction into a snapshot.
-    pub max_journal_bytes: u64,
+    pub journal_bytes_max: u64,
 }
 
 impl Default for MetaConfig {
     fn default() -> Self {
         MetaConfig {
-            max_tokens: 1_000_000,
-            max_groups: 100_000,
-            max_subscribers_per_group: 10_000,
-            max_field_bytes: 1024,
-            max_journal_bytes: 64 << 20,
+            tokens_max: 1_000_000,
+            groups_max: 100_000,
+            subscribers_per_group_max: 10_000,
+            field_bytes_max: 1024,
+            journal_bytes_max: 64 << 20,
         }
     }
 }
@@ -94,16 +94,16 @@ pub enum MetaError {
     FieldTooLong {
         field: &'static str,
         len: usize,
-        max_field_bytes: usize,
+        field_bytes_max: usize,
     },
     TooManyTokens {
-        max_tokens: usize,
+        tokens_max: usize,
     },
     TooManyGroups {
-        max_groups: usize,
+        groups_max: usize,
     },
     TooManySubscribers {
-        max_subscribers_per_group: usize,
+        subscribers_per_group_max: usize,
     },
     SnapshotCorrupt,
     JournalCorrupt,
@@ -120,21 +120,21 @@ impl fmt::Display for MetaError {
             MetaError::FieldTooLong {
                 field,
                 len,
-                max_field_bytes,
+                field_bytes_max,
             } => {
                 write!(
                     f,
-                    "{field} is {len} bytes, more than max_field_bytes {max_field_bytes}"
+                    "{field} is {len} bytes, more than field_bytes_max {field_bytes_max}"
                 )
             }
-            MetaError::TooManyTokens { max_tokens } => write!(f, "max_tokens {max_tokens} reached"),
-            MetaError::TooManyGroups { max_groups } => write!(f, "max_groups {max_groups} reached"),
+            MetaError::TooManyTokens { tokens_max } => write!(f, "tokens_max {tokens_max} reached"),
+            MetaError::TooManyGroups { groups_max } => write!(f, "groups_max {groups_max} reached"),
             MetaError::TooManySubscribers {
-                max_subscribers_per_group,
+                subscribers_per_group_max,
             } => {
                 write!(
                     f,
-                    "group would pass max_subscribers_per_group {max_subscribers_per_group}"
+                    "group would pass subscribers_per_group_max {subscribers_per_group_max}"
                 )
             }
             MetaError::SnapshotCorrupt => write!(f, "{SNAPSHOT_NAME} is corrupt"),
@@ -331,15 +331,15 @@ struct TokenEntry {
     token: Box<str>,
 }
 
-/// Refuses a `max_field_bytes` outside 1..=65535 and a `max_subscribers_per_group`
+/// Refuses a `field_bytes_max` outside 1..=65535 and a `subscribers_per_group_max`
 /// beyond `u32` (the journal's length fields).
 fn check_config(config: &MetaConfig) -> Result<(), MetaError> {
-    if config.max_field_bytes == 0 || config.max_field_bytes > u16::MAX as usize {
-        return Err(MetaError::Config("max_field_bytes must be in 1..=65535"));
+    if config.field_bytes_max == 0 || config.field_bytes_max > u16::MAX as usize {
+        return Err(MetaError::Config("field_bytes_max must be in 1..=65535"));
     }
-    if config.max_subscribers_per_group > u32::MAX as usize {
+    if config.subscribers_per_group_max > u32::MAX as usize {
         return Err(MetaError::Config(
-            "max_subscribers_per_group must fit in u32",
+            "subscribers_per_group_max must fit in u32",
         ));
     }
     Ok(())
@@ -531,11 +531,11 @@ impl MetaStore {
         if s.is_empty() {
             return Err(MetaError::EmptyField { field });
         }
-        if s.len() > self.config.max_field_bytes {
+        if s.len() > self.config.field_bytes_max {
             return Err(MetaError::FieldTooLong {
                 field,
                 len: s.len(),
-                max_field_bytes: self.config.max_field_bytes,
+                field_bytes_max: self.config.field_bytes_max,
             });
         }
         Ok(())
@@ -573,7 +573,7 @@ impl MetaStore {
     /// After a successful op: compact when the journal passed its limit. A failed
     /// compaction is logged and retried after the next op; the op itself is durable.
     fn maybe_compact(&mut self) {
-        if self.journal_len > self.config.max_journal_bytes {
+        if self.journal_len > self.config.journal_bytes_max {
             if let Err(e) = self.compact() {
                 tracing::warn!(error = %e, "meta store compaction failed; will retry");
             }
@@ -631,19 +631,19 @@ impl MetaStore {
         level: DeviceLevel,
     ) -> Result<(), MetaError> {
         self.check_field("uid", uid)?;
-        if token.len() > self.config.max_field_bytes {
+        if token.len() > self.config.field_bytes_max {
             return Err(MetaError::FieldTooLong {
                 field: "token",
                 len: token.len(),
-                max_field_bytes: self.config.max_field_bytes,
+                field_bytes_max: self.config.field_bytes_max,
             });
         }
         match self.token(uid, device_flag) {
             Some((t, l)) if t == token && l == level => return Ok(()),
             Some(_) => {}
-            None if self.token_count >= self.config.max_tokens => {
+            None if self.token_count >= self.config.tokens_max => {
                 return Err(MetaError::TooManyTokens {
-                    max_tokens: self.config.max_tokens,
+                    tokens_max: self.config.tokens_max,
                 })
             }
             None => {}
@@ -736,14 +736,14 @@ impl MetaStore {
         if unchanged {
             return Ok(new_size);
         }
-        if new_size > self.config.max_subscribers_per_group {
+        if new_size > self.config.subscribers_per_group_max {
             return Err(MetaError::TooManySubscribers {
-                max_subscribers_per_group: self.config.max_subscribers_per_group,
+                subscribers_per_group_max: self.config.subscribers_per_group_max,
             });
         }
-        if current.is_none() && self.groups.len() >= self.config.max_groups {
+        if current.is_none() && self.groups.len() >= self.config.groups_max {
             return Err(MetaError::TooManyGroups {
-                max_groups: self.config.max_groups,
+                groups_max: self.config.groups_max,
             });
         }
         let op = if reset {

@@ -65,15 +65,15 @@ impl LogTail {
         }
     }
 
-    /// Reads the records in `[from, end)`, at most `max_messages` of them and, past
-    /// the first, at most about `max_bytes` of records. `end` must be a position the
+    /// Reads the records in `[from, end)`, at most `messages_max` of them and, past
+    /// the first, at most about `bytes_max` of records. `end` must be a position the
     /// log's owner published (every record below it is complete).
     pub fn read(
         &mut self,
         from: LogPosition,
         end: LogPosition,
-        max_messages: usize,
-        max_bytes: usize,
+        messages_max: usize,
+        bytes_max: usize,
     ) -> io::Result<TailRead> {
         let mut out = TailRead {
             next: from,
@@ -81,7 +81,7 @@ impl LogTail {
         };
         let mut bytes = 0usize;
         let mut pos = from;
-        while pos < end && out.messages.len() < max_messages.max(1) && bytes < max_bytes.max(1) {
+        while pos < end && out.messages.len() < messages_max.max(1) && bytes < bytes_max.max(1) {
             let seg = segment_of(pos);
             let Some(file) = open_segment(&self.dir, &mut self.open, seg)? else {
                 // Retired (deleted) before it was read: on at the oldest one left.
@@ -219,8 +219,8 @@ mod tests {
         LogConfig {
             // About 26 records of 10 kB a segment.
             segment_bytes: 64 * 4096,
-            max_payload_bytes: 16 << 10,
-            max_segments: 3,
+            payload_bytes_max: 16 << 10,
+            segments_max: 3,
             ..LogConfig::default()
         }
     }

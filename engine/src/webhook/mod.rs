@@ -76,7 +76,7 @@ pub struct WebhookConfig {
     /// A failed request is retried after this, doubling per attempt...
     pub backoff_min_ms: u64,
     /// ...up to this; retries go on while the node runs.
-    pub backoff_max_ms: u64,
+    pub backoff_ms_max: u64,
     /// `msg.notify`: messages one read of a shard's log takes (what is read waits
     /// for room in `queue_bytes_max` before it is queued).
     pub notify_read_max: usize,
@@ -111,7 +111,7 @@ impl Default for WebhookConfig {
             queue_bytes_max: 64 << 20,
             requests_in_flight_max: 4,
             backoff_min_ms: 100,
-            backoff_max_ms: 30_000,
+            backoff_ms_max: 30_000,
             notify_read_max: 1_000,
             notify_read_per_s: 20_000,
             notify_window_max: 100_000,
@@ -147,7 +147,7 @@ impl WebhookConfig {
             queue_bytes_max: self.queue_bytes_max,
             requests_in_flight_max: self.requests_in_flight_max,
             backoff_min_ms: self.backoff_min_ms,
-            backoff_max_ms: self.backoff_max_ms,
+            backoff_ms_max: self.backoff_ms_max,
         }
     }
 
@@ -192,17 +192,17 @@ impl WebhookConfig {
                 ("queue_bytes_max", self.queue_bytes_max as u64),
                 ("requests_in_flight_max", self.requests_in_flight_max as u64),
                 ("backoff_min_ms", self.backoff_min_ms),
-                ("backoff_max_ms", self.backoff_max_ms),
+                ("backoff_ms_max", self.backoff_ms_max),
                 ("notify_read_max", self.notify_read_max as u64),
                 ("notify_read_per_s", self.notify_read_per_s),
                 ("notify_window_max", self.notify_window_max as u64),
                 ("notify_cursor_interval_ms", self.notify_cursor_interval_ms),
             ],
         )?;
-        if self.backoff_max_ms < self.backoff_min_ms {
+        if self.backoff_ms_max < self.backoff_min_ms {
             return Err(format!(
-                "webhook.backoff_max_ms = {} is below backoff_min_ms = {}",
-                self.backoff_max_ms, self.backoff_min_ms
+                "webhook.backoff_ms_max = {} is below backoff_min_ms = {}",
+                self.backoff_ms_max, self.backoff_min_ms
             ));
         }
         Ok(())
@@ -488,7 +488,7 @@ mod tests {
         assert!(err(|c| c.batch_max = 0).contains("webhook.batch_max"));
         assert!(err(|c| c.queue_bytes_max = 0).contains("webhook.queue_bytes_max"));
         assert!(err(|c| c.timeout_ms = 0).contains("webhook.timeout_ms"));
-        assert!(err(|c| c.backoff_max_ms = 1).contains("webhook.backoff_max_ms"));
+        assert!(err(|c| c.backoff_ms_max = 1).contains("webhook.backoff_ms_max"));
         assert!(err(|c| c.secret = Secret::new("<set>".into())).contains("placeholder"));
     }
 

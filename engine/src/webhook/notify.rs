@@ -712,7 +712,7 @@ mod tests {
             queue_bytes_max: 1_000,
             requests_in_flight_max: 1,
             backoff_min_ms: 1,
-            backoff_max_ms: 1,
+            backoff_ms_max: 1,
         };
         let mut q = WebhookQueue::new(limits, Layout::Array);
         let mut f = follower(&feed, 2);

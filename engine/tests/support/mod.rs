@@ -51,7 +51,7 @@ pub fn config(dir: &Path, backend: net::io::Backend) -> NodeConfig {
     c.commit.commit_credits_per_peer = 4_096;
     // Up to 4 shards fit this machine's 20,000 descriptors (a start whose connection
     // caps do not fit the limit is refused).
-    c.net.max_connections_per_shard = 4_096;
+    c.net.connections_per_shard_max = 4_096;
     c
 }
 

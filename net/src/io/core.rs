@@ -57,9 +57,9 @@ impl AcceptBackoff {
         }
     }
 
-    /// The schedule of `cfg` (`accept_backoff_initial_ms`, `accept_backoff_max_ms`).
+    /// The schedule of `cfg` (`accept_backoff_initial_ms`, `accept_backoff_ms_max`).
     pub fn from_config(cfg: &NetConfig) -> Self {
-        Self::new(cfg.accept_backoff_initial_ms, cfg.accept_backoff_max_ms)
+        Self::new(cfg.accept_backoff_initial_ms, cfg.accept_backoff_ms_max)
     }
 
     /// A failed accept round at `now_ms`: the time of the retry.
@@ -321,7 +321,7 @@ impl Core {
             // One timer per connection slot, clients' and links'.
             timers: TimerWheel::new(
                 0,
-                cfg.max_connections_per_shard + cfg.rpc_links_per_shard_max,
+                cfg.connections_per_shard_max + cfg.rpc_links_per_shard_max,
             ),
             fired: Vec::new(),
             now_ms: 0,
@@ -463,13 +463,13 @@ impl Core {
     }
 
     /// Whether the shard holds as many connections of `kind` as its cap allows:
-    /// `max_connections_per_shard` client connections, `rpc_links_per_shard_max`
+    /// `connections_per_shard_max` client connections, `rpc_links_per_shard_max`
     /// inter-node links (neither counts in the other's cap).
     fn at_cap(&self, kind: Transport) -> bool {
         match kind {
             Transport::Rpc => self.live_links >= self.cfg.rpc_links_per_shard_max,
             Transport::Tcp | Transport::WebSocket => {
-                self.live - self.live_links >= self.cfg.max_connections_per_shard
+                self.live - self.live_links >= self.cfg.connections_per_shard_max
             }
         }
     }
@@ -897,14 +897,14 @@ impl Core {
     }
 
     fn decode_ws(&mut self, idx: u32) {
-        let max_msg = self.cfg.ws_message_bytes_max as u64;
+        let msg_max = self.cfg.ws_message_bytes_max as u64;
         let max_in = self.inbound_close_bytes(idx);
         let c = &mut self.conns[idx as usize];
         c.compact_input();
         let before = c.input.len();
         let mut controls: Vec<WsControl> = Vec::new();
         let result =
-            c.ws.decode(&c.raw, &mut c.input, max_msg, |ctl| controls.push(ctl));
+            c.ws.decode(&c.raw, &mut c.input, msg_max, |ctl| controls.push(ctl));
         let grew = c.input.len() > before;
         let overflow = c.unconsumed() > max_in;
         match result {
@@ -1680,7 +1680,7 @@ mod tests {
     #[test]
     fn over_the_cap_is_counted_per_listener() {
         let mut c = core(NetConfig {
-            max_connections_per_shard: 1,
+            connections_per_shard_max: 1,
             ..NetConfig::default()
         });
         c.alloc(TCP, peer()).unwrap();
@@ -2025,7 +2025,7 @@ mod tests {
     #[test]
     fn links_and_clients_have_caps_of_their_own() {
         let mut c = core(NetConfig {
-            max_connections_per_shard: 2,
+            connections_per_shard_max: 2,
             rpc_links_per_shard_max: 2,
             ..dial_cfg()
         });

@@ -14,7 +14,7 @@ pub struct FdBudget {
     pub reserve: u64,
     /// Shards sharing the rest.
     pub shards: u64,
-    /// The configured `max_connections_per_shard`.
+    /// The configured `connections_per_shard_max`.
     pub configured_cap: u64,
     /// The configured cap, or the shard's share of `limit - reserve` when that is
     /// lower (at least 1): the most the limit holds. The node refuses a start where
@@ -36,7 +36,7 @@ impl FdBudget {
                 fd_limit = self.limit,
                 fd_reserve = self.reserve,
                 shards = self.shards,
-                configured_max_connections_per_shard = self.configured_cap,
+                configured_connections_per_shard_max = self.configured_cap,
                 per_shard_cap = self.per_shard_cap,
                 "the descriptor limit allows fewer connections than configured: \
                  {} shards x {} + reserve {} > RLIMIT_NOFILE {}; each shard accepts {} \

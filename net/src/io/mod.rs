@@ -57,7 +57,7 @@
 //!   closed for it nor charged to it: each has its own queue limit,
 //!   [`NetConfig::rpc_outbound_queue_bytes_max`]. Written output buffers larger than 4 KiB are
 //!   released, so a burst's memory does not stay with the connection.
-//! - Accepting: past [`NetConfig::max_connections_per_shard`] (TCP and WebSocket
+//! - Accepting: past [`NetConfig::connections_per_shard_max`] (TCP and WebSocket
 //!   together; inter-node links: past [`NetConfig::rpc_links_per_shard_max`],
 //!   accepted and dialed together) an accepted socket is reset at once (`SO_LINGER` 0, counted as
 //!   `conn_cap`) and never reported. When `accept` fails for lack of descriptors or
@@ -153,7 +153,7 @@ pub struct NetConfig {
     /// limit cannot hold this many per shard beside `fd_reserve` and the links
     /// (raise `LimitNOFILE=` or lower this; `imrouter check-host` tells before a
     /// start). Inter-node links have a cap of their own.
-    pub max_connections_per_shard: usize,
+    pub connections_per_shard_max: usize,
     /// Open inter-node links per shard (`Transport::Rpc`, accepted and dialed
     /// together), apart from the clients' cap so that idle clients at theirs
     /// never keep a peer from linking; further accepted links are reset at once,
@@ -180,17 +180,17 @@ pub struct NetConfig {
     /// Queued, unsent output of all of a shard's connections together; a send past
     /// it closes the connection with the largest queue (a slow reader). Worst case
     /// of a shard's output memory: this budget, plus up to 4 KiB of kept buffer
-    /// capacity per connection (`max_connections_per_shard` × 8 KiB with both
+    /// capacity per connection (`connections_per_shard_max` × 8 KiB with both
     /// buffers), plus a WebSocket handshake answer or close frame per connection.
     /// Without it the bound would be `outbound_queue_bytes_max` ×
-    /// `max_connections_per_shard` (4 MiB × 65,536 = 256 GiB).
+    /// `connections_per_shard_max` (4 MiB × 65,536 = 256 GiB).
     pub outbound_budget_bytes_per_shard: usize,
     /// Bytes read per `read` call (mio: one per-shard scratch buffer of this size).
     pub read_chunk_bytes: usize,
     /// Largest wkproto frame the handler accepts (1 MiB body plus header).
-    pub max_frame_bytes: usize,
+    pub frame_bytes_max: usize,
     /// Unconsumed input per connection; past it the connection is closed. Default
-    /// `max_frame_bytes + read_chunk_bytes`: a handler that consumes every whole
+    /// `frame_bytes_max + read_chunk_bytes`: a handler that consumes every whole
     /// frame never hits it.
     pub inbound_buffer_bytes_max: usize,
     /// Unconsumed input per inter-node link (`Transport::Rpc`), which carries
@@ -213,7 +213,7 @@ pub struct NetConfig {
     /// memory; each further failure doubles it.
     pub accept_backoff_initial_ms: u64,
     /// Longest pause of a failing listener.
-    pub accept_backoff_max_ms: u64,
+    pub accept_backoff_ms_max: u64,
     /// After a graceful close has flushed, how long to wait for the peer's close.
     pub close_linger_ms: u64,
     /// `listen(2)` backlog of the listening sockets (the kernel caps it at somaxconn).
@@ -239,25 +239,25 @@ pub struct NetConfig {
 impl Default for NetConfig {
     fn default() -> Self {
         let read_chunk_bytes = 64 * 1024;
-        let max_frame_bytes = (1 << 20) + 5;
+        let frame_bytes_max = (1 << 20) + 5;
         NetConfig {
-            max_connections_per_shard: 8192,
+            connections_per_shard_max: 8192,
             rpc_links_per_shard_max: 64,
             rpc_outbound_queue_bytes_max: 4 << 20,
             fd_reserve: 256,
             outbound_queue_bytes_max: 4 << 20,
             outbound_budget_bytes_per_shard: 256 << 20,
             read_chunk_bytes,
-            max_frame_bytes,
-            inbound_buffer_bytes_max: max_frame_bytes + read_chunk_bytes,
+            frame_bytes_max,
+            inbound_buffer_bytes_max: frame_bytes_max + read_chunk_bytes,
             rpc_inbound_buffer_bytes_max: proto::rpc::frame::RPC_FRAME_BYTES_MAX_DEFAULT
                 + read_chunk_bytes,
-            ws_message_bytes_max: max_frame_bytes,
+            ws_message_bytes_max: frame_bytes_max,
             ws_handshake_bytes_max: 8 * 1024,
             idle_timeout_ms: 90_000,
             connect_timeout_ms: 10_000,
             accept_backoff_initial_ms: 10,
-            accept_backoff_max_ms: 1_000,
+            accept_backoff_ms_max: 1_000,
             close_linger_ms: 2_000,
             listen_backlog: 4096,
             mio_events_capacity: 1024,
@@ -278,8 +278,8 @@ impl NetConfig {
                 what.to_string(),
             ))
         };
-        if self.max_connections_per_shard == 0 || self.max_connections_per_shard > (1 << 24) {
-            return bad("max_connections_per_shard must be in 1..=2^24");
+        if self.connections_per_shard_max == 0 || self.connections_per_shard_max > (1 << 24) {
+            return bad("connections_per_shard_max must be in 1..=2^24");
         }
         if self.rpc_links_per_shard_max > (1 << 16) || self.rpc_outbound_queue_bytes_max == 0 {
             return bad(
@@ -313,9 +313,9 @@ impl NetConfig {
             return bad("outbound_budget_bytes_per_shard must be >= outbound_queue_bytes_max");
         }
         if self.accept_backoff_initial_ms == 0
-            || self.accept_backoff_max_ms < self.accept_backoff_initial_ms
+            || self.accept_backoff_ms_max < self.accept_backoff_initial_ms
         {
-            return bad("accept_backoff_initial_ms must be positive and <= accept_backoff_max_ms");
+            return bad("accept_backoff_initial_ms must be positive and <= accept_backoff_ms_max");
         }
         Ok(())
     }
@@ -333,7 +333,7 @@ pub struct ConnId {
 }
 
 impl ConnId {
-    /// The slot index, `< max_connections_per_shard + rpc_links_per_shard_max`:
+    /// The slot index, `< connections_per_shard_max + rpc_links_per_shard_max`:
     /// usable to index the handler's
     /// own per-connection table (check the generation through the whole id).
     pub fn index(self) -> usize {

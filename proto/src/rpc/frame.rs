@@ -221,12 +221,12 @@ pub enum FrameError {
     #[error("unknown flag bits {0:#06x}")]
     UnknownFlags(u16),
     /// The frame is larger than `rpc_frame_bytes_max`.
-    #[error("frame of {frame_bytes} bytes exceeds rpc_frame_bytes_max ({max_bytes} bytes)")]
+    #[error("frame of {frame_bytes} bytes exceeds rpc_frame_bytes_max ({bytes_max} bytes)")]
     TooLarge {
         /// Header and declared body.
         frame_bytes: usize,
         /// The limit.
-        max_bytes: usize,
+        bytes_max: usize,
     },
 }
 
@@ -286,7 +286,7 @@ pub fn decode(buf: &[u8], limits: FrameLimits) -> Result<Option<Frame<'_>>, Fram
     if frame_bytes > limits.rpc_frame_bytes_max {
         return Err(FrameError::TooLarge {
             frame_bytes,
-            max_bytes: limits.rpc_frame_bytes_max,
+            bytes_max: limits.rpc_frame_bytes_max,
         });
     }
     Ok(buf
@@ -327,7 +327,7 @@ pub fn encode_header(
     let Some(body_len) = body_len else {
         return Err(FrameError::TooLarge {
             frame_bytes,
-            max_bytes: limits.rpc_frame_bytes_max,
+            bytes_max: limits.rpc_frame_bytes_max,
         });
     };
     out.reserve(frame_bytes);
@@ -412,7 +412,7 @@ mod tests {
             encode(&header(Kind::Reply), &big, limits, &mut out),
             Err(FrameError::TooLarge {
                 frame_bytes: 51,
-                max_bytes: 50
+                bytes_max: 50
             })
         );
         assert!(out.is_empty());

@@ -45,7 +45,7 @@
 //! - States: `Down { retry_at_ms }` → [`Outbound::on_dial`] (Hello written) →
 //!   handshaking → `Up { peer_boot_id }` ([`LinkEvent::Up`]) → a close event →
 //!   closing → [`Outbound::on_closed`] → `Down` again, with an exponential backoff
-//!   (from [`LinkLimits::rpc_backoff_min_ms`] to `rpc_backoff_max_ms`, jittered by
+//!   (from [`LinkLimits::rpc_backoff_min_ms`] to `rpc_backoff_ms_max`, jittered by
 //!   the caller, back to the minimum after each successful handshake).
 //! - Call [`Outbound::on_closed`] once per connection, when it is gone (a dial that
 //!   failed, a connection the peer closed, or one closed after a close event): it
@@ -92,7 +92,7 @@ pub const RPC_HEARTBEAT_MS_DEFAULT: u64 = 500;
 pub const RPC_PEER_SILENCE_MS_DEFAULT: u64 = 3_000;
 /// Default of [`LinkLimits::rpc_backoff_min_ms`].
 pub const RPC_BACKOFF_MIN_MS_DEFAULT: u64 = 50;
-/// Default of [`LinkLimits::rpc_backoff_max_ms`].
+/// Default of [`LinkLimits::rpc_backoff_ms_max`].
 pub const RPC_BACKOFF_MAX_MS_DEFAULT: u64 = 2_000;
 /// Default of [`LinkLimits::rpc_replies_held_max`].
 pub const RPC_REPLIES_HELD_MAX_DEFAULT: usize = 1024;
@@ -143,7 +143,7 @@ pub struct LinkLimits {
     /// The first pause before redialing a link that closed.
     pub rpc_backoff_min_ms: u64,
     /// The longest pause; each failure in a row doubles the pause up to it.
-    pub rpc_backoff_max_ms: u64,
+    pub rpc_backoff_ms_max: u64,
     /// Largest frame (header, body and the seal's 16-byte tag) sent or accepted
     /// after the handshake.
     pub rpc_frame_bytes_max: usize,
@@ -173,7 +173,7 @@ impl Default for LinkLimits {
             rpc_heartbeat_ms: RPC_HEARTBEAT_MS_DEFAULT,
             rpc_peer_silence_ms: RPC_PEER_SILENCE_MS_DEFAULT,
             rpc_backoff_min_ms: RPC_BACKOFF_MIN_MS_DEFAULT,
-            rpc_backoff_max_ms: RPC_BACKOFF_MAX_MS_DEFAULT,
+            rpc_backoff_ms_max: RPC_BACKOFF_MAX_MS_DEFAULT,
             rpc_frame_bytes_max: RPC_FRAME_BYTES_MAX_DEFAULT,
             rpc_replies_held_max: RPC_REPLIES_HELD_MAX_DEFAULT,
             rpc_replies_held_bytes_max: RPC_REPLIES_HELD_BYTES_MAX_DEFAULT,
@@ -227,8 +227,8 @@ impl LinkLimits {
                 "rpc_heartbeat_ms must be at least 1 and less than rpc_peer_silence_ms",
             ),
             (
-                self.rpc_backoff_min_ms >= 1 && self.rpc_backoff_min_ms <= self.rpc_backoff_max_ms,
-                "rpc_backoff_min_ms must be at least 1 and at most rpc_backoff_max_ms",
+                self.rpc_backoff_min_ms >= 1 && self.rpc_backoff_min_ms <= self.rpc_backoff_ms_max,
+                "rpc_backoff_min_ms must be at least 1 and at most rpc_backoff_ms_max",
             ),
             (
                 self.rpc_frame_bytes_max >= HANDSHAKE_FRAME_BYTES_MAX,
@@ -1084,7 +1084,7 @@ impl<T> Outbound<T> {
     /// and schedules the next dial after the current backoff, shortened by
     /// `jitter_ms % (backoff / 2 + 1)` (any random number from the caller: the pause
     /// lies in [backoff / 2, backoff]); the backoff then doubles, up to
-    /// `rpc_backoff_max_ms`. Does nothing when already down.
+    /// `rpc_backoff_ms_max`. Does nothing when already down.
     pub fn on_closed(&mut self, now_ms: u64, jitter_ms: u64, failed: &mut Vec<(T, Failure)>) {
         if matches!(self.state, State::Down { .. }) {
             return;
@@ -1100,7 +1100,7 @@ impl<T> Outbound<T> {
         self.backoff_ms = self
             .backoff_ms
             .saturating_mul(2)
-            .min(self.limits.rpc_backoff_max_ms);
+            .min(self.limits.rpc_backoff_ms_max);
     }
 }
 

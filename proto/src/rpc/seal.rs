@@ -109,7 +109,7 @@ impl Sealer {
             .map_err(|_| {
                 SealError::Frame(FrameError::TooLarge {
                     frame_bytes: written,
-                    max_bytes: limits.rpc_frame_bytes_max,
+                    bytes_max: limits.rpc_frame_bytes_max,
                 })
             });
         let tag = match tag {

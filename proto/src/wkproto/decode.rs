@@ -24,7 +24,7 @@ struct Header {
 /// yet. Checks the limit before the body has arrived, so the caller never
 /// buffers an oversized frame.
 #[inline]
-fn decode_header(buf: &[u8], max_frame_bytes: usize) -> Result<Option<Header>, DecodeError> {
+fn decode_header(buf: &[u8], frame_bytes_max: usize) -> Result<Option<Header>, DecodeError> {
     let Some(&first) = buf.first() else {
         return Ok(None);
     };
@@ -50,10 +50,10 @@ fn decode_header(buf: &[u8], max_frame_bytes: usize) -> Result<Option<Header>, D
         };
         len |= usize::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
-            if len > max_frame_bytes {
+            if len > frame_bytes_max {
                 return Err(DecodeError::FrameTooLarge {
                     len_bytes: len,
-                    max_bytes: max_frame_bytes,
+                    bytes_max: frame_bytes_max,
                 });
             }
             return Ok(Some(Header {
@@ -71,8 +71,8 @@ fn decode_header(buf: &[u8], max_frame_bytes: usize) -> Result<Option<Header>, D
 /// as its header is complete; `Ok(None)` while the header is incomplete.
 /// Lets a transport size its receive buffer for a large frame before the
 /// body arrives. Same errors as [`decode`] for the header.
-pub fn peek_frame_len(buf: &[u8], max_frame_bytes: usize) -> Result<Option<usize>, DecodeError> {
-    Ok(decode_header(buf, max_frame_bytes)?.map(|h| h.header_bytes + h.body_bytes))
+pub fn peek_frame_len(buf: &[u8], frame_bytes_max: usize) -> Result<Option<usize>, DecodeError> {
+    Ok(decode_header(buf, frame_bytes_max)?.map(|h| h.header_bytes + h.body_bytes))
 }
 
 /// Decodes the first frame of `buf` for a connection speaking `version`.
@@ -84,7 +84,7 @@ pub fn peek_frame_len(buf: &[u8], max_frame_bytes: usize) -> Result<Option<usize
 ///   read more bytes, append them and call again with the whole prefix.
 /// - `Err(_)`: the stream is invalid; close the connection.
 ///
-/// `max_frame_bytes` limits the remaining length (the body, not counting
+/// `frame_bytes_max` limits the remaining length (the body, not counting
 /// the 1..=5 header bytes); [`MAX_FRAME_BYTES`](super::MAX_FRAME_BYTES) is
 /// the protocol's 1 MiB. Bytes after the last known field of a packet that
 /// has no payload are ignored (forward compatibility), but consumed.
@@ -92,9 +92,9 @@ pub fn peek_frame_len(buf: &[u8], max_frame_bytes: usize) -> Result<Option<usize
 pub fn decode(
     buf: &[u8],
     version: u8,
-    max_frame_bytes: usize,
+    frame_bytes_max: usize,
 ) -> Result<Option<(Frame<'_>, usize)>, DecodeError> {
-    let Some(h) = decode_header(buf, max_frame_bytes)? else {
+    let Some(h) = decode_header(buf, frame_bytes_max)? else {
         return Ok(None);
     };
     let total = h.header_bytes + h.body_bytes;
@@ -111,7 +111,7 @@ pub fn decode(
 /// [`DecodeError::ExpectedConnect`] as soon as its first byte is there.
 pub fn decode_connect(
     buf: &[u8],
-    max_frame_bytes: usize,
+    frame_bytes_max: usize,
 ) -> Result<Option<(ConnectPacket<'_>, usize)>, DecodeError> {
     if let Some(&first) = buf.first() {
         if let Some(kind) = PacketType::from_nibble(first >> 4) {
@@ -120,7 +120,7 @@ pub fn decode_connect(
             }
         }
     }
-    match decode(buf, 0, max_frame_bytes)? {
+    match decode(buf, 0, frame_bytes_max)? {
         Some((Frame::Connect(c), n)) => Ok(Some((c, n))),
         Some((other, _)) => Err(DecodeError::ExpectedConnect(other.packet_type())),
         None => Ok(None),

@@ -16,13 +16,13 @@ pub enum DecodeError {
     /// The remaining-length varint has a continuation bit in its 4th byte.
     #[error("remaining length varint is longer than 4 bytes")]
     VarintTooLong,
-    /// The remaining length exceeds the caller's `max_frame_bytes`.
-    #[error("remaining length of {len_bytes} bytes exceeds the limit of {max_bytes} bytes")]
+    /// The remaining length exceeds the caller's `frame_bytes_max`.
+    #[error("remaining length of {len_bytes} bytes exceeds the limit of {bytes_max} bytes")]
     FrameTooLarge {
         /// Declared body length.
         len_bytes: usize,
         /// The caller's limit.
-        max_bytes: usize,
+        bytes_max: usize,
     },
     /// A fixed-size field lies (partly) past the declared body length.
     #[error(

@@ -90,7 +90,7 @@ pub struct RuntimeConfig {
     /// relative to the work's).
     pub idle_spin_busy_percent: u64,
     /// Live timers per shard.
-    pub max_timers: usize,
+    pub timers_max: usize,
     /// Pin shard `i` to core `pin_cores[i % len]`; empty: no pinning. Default: all cores.
     pub pin_cores: Vec<usize>,
     /// Thread name prefix (`{prefix}-{shard}`).
@@ -109,7 +109,7 @@ impl Default for RuntimeConfig {
             idle_spin_us: 50,
             idle_spin_adaptive: true,
             idle_spin_busy_percent: 25,
-            max_timers: 1 << 20,
+            timers_max: 1 << 20,
             pin_cores: core_affinity::get_core_ids()
                 .map(|ids| ids.into_iter().map(|c| c.id).collect())
                 .unwrap_or_default(),
@@ -292,7 +292,7 @@ impl<M: Send, T> Context<M, T> {
     }
 
     /// Arms a timer firing [`Handler::on_timer`] once `now_ms() >= deadline_ms`.
-    /// `Err(value)`: the shard is at `max_timers`.
+    /// `Err(value)`: the shard is at `timers_max`.
     pub fn set_timer(&mut self, deadline_ms: u64, value: T) -> Result<TimerHandle, T> {
         self.timers
             .insert(deadline_ms, value)
@@ -930,7 +930,7 @@ impl Idle {
 }
 
 /// Builds shard `shard`'s [`Context`]: its outboxes (one per peer), rings, peers'
-/// doorbells and eventfds, and a timer wheel of `config.max_timers`. Refuses nothing.
+/// doorbells and eventfds, and a timer wheel of `config.timers_max`. Refuses nothing.
 fn new_context<S: Handler>(
     config: &RuntimeConfig,
     shard: ShardId,
@@ -956,7 +956,7 @@ fn new_context<S: Handler>(
         peer_doorbells: doorbells,
         peer_eventfds: eventfds,
         self_queue: VecDeque::new(),
-        timers: TimerWheel::new(0, config.max_timers),
+        timers: TimerWheel::new(0, config.timers_max),
         shared,
         stats: ShardStats::default(),
     }

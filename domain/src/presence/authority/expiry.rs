@@ -120,8 +120,8 @@ pub(crate) struct ExpiryRing {
 impl ExpiryRing {
     /// An empty ring at `now_s` whose window covers deadlines up to `horizon_s`
     /// seconds ahead (plus [`RING_SLACK_S`], within the bucket limits), for about
-    /// `max_entries` entries.
-    pub(crate) fn new(now_s: u64, horizon_s: u64, max_entries: usize) -> ExpiryRing {
+    /// `entries_max` entries.
+    pub(crate) fn new(now_s: u64, horizon_s: u64, entries_max: usize) -> ExpiryRing {
         let n = usize::try_from(horizon_s.saturating_add(RING_SLACK_S + 2))
             .unwrap_or(usize::MAX)
             .min(RING_BUCKETS_MAX)
@@ -132,7 +132,7 @@ impl ExpiryRing {
             mask: n as u64 - 1,
             buckets: (0..=n).map(|_| Vec::new()).collect(),
             len: 0,
-            retain_entries: BUCKET_RETAIN_MIN_ENTRIES.max(max_entries / n),
+            retain_entries: BUCKET_RETAIN_MIN_ENTRIES.max(entries_max / n),
             stats: WheelStats::default(),
         }
     }

@@ -367,12 +367,12 @@ impl Authority {
         let r = &mut self.relays[i];
         r.received.insert(batch.batch);
         // Bounded as the slot itself is (what passes could not be applied).
-        let room = self.cfg.max_routes_per_slot.saturating_sub(r.routes.len());
+        let room = self.cfg.routes_per_slot_max.saturating_sub(r.routes.len());
         // A gathered route at or below a tombstone of the lost slot (a session
         // closed while this node led it) goes too: the next leader applies the
         // tombstones, which come first, before the routes.
         r.routes.extend(batch.routes.into_iter().take(room));
-        let room = (self.cfg.max_fence_records_per_slot).saturating_sub(r.tombstones.len());
+        let room = (self.cfg.fence_records_per_slot_max).saturating_sub(r.tombstones.len());
         r.tombstones.extend(batch.tombstones.into_iter().take(room));
         if r.received.len() >= batch.batches as usize {
             self.hand_on(i);

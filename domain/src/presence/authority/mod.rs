@@ -109,19 +109,19 @@ pub struct AuthorityConfig {
     /// it has neither route nor candidate. At least 1.
     pub fence_retention_s: u64,
     /// Active routes per hash slot.
-    pub max_routes_per_slot: usize,
+    pub routes_per_slot_max: usize,
     /// Pending candidates per hash slot.
-    pub max_pending_per_slot: usize,
+    pub pending_per_slot_max: usize,
     /// Identity records (with or without route) per hash slot.
-    pub max_fence_records_per_slot: usize,
+    pub fence_records_per_slot_max: usize,
     /// Identity records per uid (bounds the per-uid conflict scans).
-    pub max_records_per_uid: usize,
+    pub records_per_uid_max: usize,
     /// Uids per `endpoints_by_targets` call; groups past the limit fail with `Full`.
-    pub max_lookup_uids: usize,
+    pub lookup_uids_max: usize,
     /// Routes per `touch_routes` call.
-    pub max_touch_batch_routes: usize,
+    pub touch_batch_routes_max: usize,
     /// Initial entry count of a slot's published table (one cache line per uid with
-    /// routes; a new table is built as uids come, up to twice `max_routes_per_slot`
+    /// routes; a new table is built as uids come, up to twice `routes_per_slot_max`
     /// entries).
     pub initial_buckets_per_slot: usize,
     /// Bits per route of each slot's presence filter (a lookup skips a uid the
@@ -131,7 +131,7 @@ pub struct AuthorityConfig {
     pub presence_filter_bits_per_route: usize,
     /// Bits of one slot's presence filter at most (past its routes × bits per
     /// route, false positives rise; the lookup stays exact).
-    pub presence_filter_bits_max_per_slot: usize,
+    pub presence_filter_bits_per_slot_max: usize,
     /// Uids that lost their last endpoint since a slot's filter was built (their
     /// bits stay set), in percent of the routes it was sized for, that make its
     /// writer rebuild it from the table.
@@ -153,15 +153,15 @@ impl Default for AuthorityConfig {
             route_ttl_s: 120,
             pending_ttl_s: 30,
             fence_retention_s: 600,
-            max_routes_per_slot: 1 << 16,
-            max_pending_per_slot: 1 << 12,
-            max_fence_records_per_slot: 1 << 18,
-            max_records_per_uid: 64,
-            max_lookup_uids: 1 << 16,
-            max_touch_batch_routes: 4096,
+            routes_per_slot_max: 1 << 16,
+            pending_per_slot_max: 1 << 12,
+            fence_records_per_slot_max: 1 << 18,
+            records_per_uid_max: 64,
+            lookup_uids_max: 1 << 16,
+            touch_batch_routes_max: 4096,
             initial_buckets_per_slot: 64,
             presence_filter_bits_per_route: 16,
-            presence_filter_bits_max_per_slot: 1 << 21,
+            presence_filter_bits_per_slot_max: 1 << 21,
             presence_filter_stale_percent: 50,
             handover_wait_s: 2,
             handover_stash_routes_max: 1 << 16,
@@ -174,7 +174,7 @@ impl Default for AuthorityConfig {
 pub enum ConfigError {
     /// A limit or timeout that must be at least 1 is 0 (the field's name).
     Zero(&'static str),
-    /// `max_fence_records_per_slot` is below `max_routes_per_slot + max_pending_per_slot`.
+    /// `fence_records_per_slot_max` is below `routes_per_slot_max + pending_per_slot_max`.
     FenceRecordsBelowRoutes,
 }
 
@@ -183,7 +183,7 @@ impl std::fmt::Display for ConfigError {
         match self {
             ConfigError::Zero(name) => write!(f, "authority config: {name} must be at least 1"),
             ConfigError::FenceRecordsBelowRoutes => f.write_str(
-                "authority config: max_fence_records_per_slot must be at least max_routes_per_slot + max_pending_per_slot",
+                "authority config: fence_records_per_slot_max must be at least routes_per_slot_max + pending_per_slot_max",
             ),
         }
     }
@@ -198,29 +198,29 @@ impl AuthorityConfig {
             ("route_ttl_s", self.route_ttl_s as usize),
             ("pending_ttl_s", self.pending_ttl_s as usize),
             ("fence_retention_s", self.fence_retention_s as usize),
-            ("max_routes_per_slot", self.max_routes_per_slot),
-            ("max_pending_per_slot", self.max_pending_per_slot),
-            ("max_records_per_uid", self.max_records_per_uid),
-            ("max_lookup_uids", self.max_lookup_uids),
-            ("max_touch_batch_routes", self.max_touch_batch_routes),
+            ("routes_per_slot_max", self.routes_per_slot_max),
+            ("pending_per_slot_max", self.pending_per_slot_max),
+            ("records_per_uid_max", self.records_per_uid_max),
+            ("lookup_uids_max", self.lookup_uids_max),
+            ("touch_batch_routes_max", self.touch_batch_routes_max),
             ("initial_buckets_per_slot", self.initial_buckets_per_slot),
             (
                 "presence_filter_bits_per_route",
                 self.presence_filter_bits_per_route,
             ),
             (
-                "presence_filter_bits_max_per_slot",
-                self.presence_filter_bits_max_per_slot,
+                "presence_filter_bits_per_slot_max",
+                self.presence_filter_bits_per_slot_max,
             ),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));
             }
         }
-        if self.max_fence_records_per_slot
+        if self.fence_records_per_slot_max
             < self
-                .max_routes_per_slot
-                .saturating_add(self.max_pending_per_slot)
+                .routes_per_slot_max
+                .saturating_add(self.pending_per_slot_max)
         {
             return Err(ConfigError::FenceRecordsBelowRoutes);
         }
@@ -233,7 +233,7 @@ impl Directory {
     /// `config` (validated).
     pub fn new(config: &AuthorityConfig) -> Result<Arc<Directory>, ConfigError> {
         config.validate()?;
-        Ok(Arc::new(Directory::with_limit(config.max_lookup_uids)))
+        Ok(Arc::new(Directory::with_limit(config.lookup_uids_max)))
     }
 }
 
@@ -554,7 +554,7 @@ impl Record {
 struct User {
     uid: Uid,
     first: u32,
-    /// Length of the list (at most `max_records_per_uid`).
+    /// Length of the list (at most `records_per_uid_max`).
     records: u32,
 }
 
@@ -693,7 +693,7 @@ struct SlotWriter {
     /// The user of each uid.
     by_uid: HashMap<Uid, u32, FxBuildHasher>,
     users: Slab<User>,
-    /// Every record (at most `max_fence_records_per_slot`).
+    /// Every record (at most `fence_records_per_slot_max`).
     recs: Slab<Record>,
     table: TableWriter,
     /// The records' deadlines (see [`Record::link`]), by record index.
@@ -704,14 +704,14 @@ struct SlotWriter {
     pending: usize,
     next_nonce: u64,
     next_activation: u64,
-    /// The endpoints of the uid being published (at most `max_records_per_uid`).
+    /// The endpoints of the uid being published (at most `records_per_uid_max`).
     scratch: Vec<CompactEndpoint>,
 }
 
 /// Entries of a slot's published table at most: room for every uid with a route
-/// (at most `max_routes_per_slot`) at a load of at most one half after a rebuild.
+/// (at most `routes_per_slot_max`) at a load of at most one half after a rebuild.
 fn table_entries_max(cfg: &AuthorityConfig) -> usize {
-    cfg.max_routes_per_slot
+    cfg.routes_per_slot_max
         .saturating_add(1)
         .saturating_mul(2)
         .next_power_of_two()
@@ -786,9 +786,9 @@ impl SlotWriter {
             ring: ExpiryRing::new(
                 now_s,
                 cfg.route_ttl_s.max(cfg.fence_retention_s).saturating_add(1),
-                cfg.max_fence_records_per_slot,
+                cfg.fence_records_per_slot_max,
             ),
-            wheel: TimerWheel::new(now_s, cfg.max_pending_per_slot.saturating_add(1)),
+            wheel: TimerWheel::new(now_s, cfg.pending_per_slot_max.saturating_add(1)),
             active: 0,
             pending: 0,
             next_nonce,
@@ -887,11 +887,11 @@ impl SlotWriter {
             if let Some(i) = self.find_record(u, sess) {
                 return Ok(i);
             }
-            if self.users[u].records as usize >= cfg.max_records_per_uid {
+            if self.users[u].records as usize >= cfg.records_per_uid_max {
                 return Err(AuthorityError::Full);
             }
         }
-        if self.recs.len >= cfg.max_fence_records_per_slot {
+        if self.recs.len >= cfg.fence_records_per_slot_max {
             return Err(AuthorityError::Full);
         }
         let u = match user {
@@ -917,8 +917,8 @@ impl SlotWriter {
     fn can_create(&self, uid: &Uid, sess: Sess, cfg: &AuthorityConfig) -> bool {
         match self.by_uid.get(uid) {
             Some(&u) if self.find_record(u, sess).is_some() => true,
-            Some(&u) if self.users[u].records as usize >= cfg.max_records_per_uid => false,
-            _ => self.recs.len < cfg.max_fence_records_per_slot,
+            Some(&u) if self.users[u].records as usize >= cfg.records_per_uid_max => false,
+            _ => self.recs.len < cfg.fence_records_per_slot_max,
         }
     }
 
@@ -1015,7 +1015,7 @@ impl SlotWriter {
 
     /// Makes `route` its record's active route at once (rule 6; no conflict): replaces
     /// a candidate of the record, settles its deadline and publishes the uid. Refuses
-    /// (`Full`) a new active route beyond `max_routes_per_slot`.
+    /// (`Full`) a new active route beyond `routes_per_slot_max`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     fn register_active(
@@ -1028,7 +1028,7 @@ impl SlotWriter {
         had_active: bool,
         now_s: u64,
     ) -> Result<RegisterOutcome, AuthorityError> {
-        if !had_active && self.active >= cfg.max_routes_per_slot {
+        if !had_active && self.active >= cfg.routes_per_slot_max {
             return Err(AuthorityError::Full);
         }
         let uid = route.uid.clone();
@@ -1059,7 +1059,7 @@ impl SlotWriter {
     /// Makes `route` its record's candidate (rules 7, 8): pending until the owners of
     /// `found.conflicts` close them (the returned actions) and commit, or until
     /// `pending_ttl_s` passes. Refuses (`Full`) a new candidate beyond
-    /// `max_pending_per_slot` or a full timer wheel.
+    /// `pending_per_slot_max` or a full timer wheel.
     #[inline]
     fn register_pending(
         &mut self,
@@ -1070,14 +1070,14 @@ impl SlotWriter {
         now_s: u64,
     ) -> Result<RegisterOutcome, AuthorityError> {
         let conflicts = found.conflicts;
-        if !found.had_pending && self.pending >= cfg.max_pending_per_slot {
+        if !found.had_pending && self.pending >= cfg.pending_per_slot_max {
             return Err(AuthorityError::Full);
         }
         let uid = route.uid.clone();
         let i = self.record_index_or_create(&uid, sess, cfg)?;
         self.next_nonce += 1;
         let nonce = self.next_nonce;
-        // The wheel holds `max_pending_per_slot + 1` timers: every candidate (at
+        // The wheel holds `pending_per_slot_max + 1` timers: every candidate (at
         // most that limit, checked above) and the one this registration replaces,
         // cancelled below once its successor is in.
         let Ok(timer) = self.wheel.insert(
@@ -1148,7 +1148,7 @@ impl SlotWriter {
         };
         let remove = self.replaced_by(u, i, p)?;
         let had_active = self.recs[i].is_active;
-        if self.active - remove.len() + usize::from(!had_active) > cfg.max_routes_per_slot {
+        if self.active - remove.len() + usize::from(!had_active) > cfg.routes_per_slot_max {
             return Err(AuthorityError::Full);
         }
         let ended = self.end_replaced(&remove, cfg, now_s);
@@ -1373,7 +1373,7 @@ impl SlotWriter {
         if missing_conflicts {
             return TouchResult::IgnoredConflict;
         }
-        if self.active >= cfg.max_routes_per_slot || !self.can_create(&r.uid, sess, cfg) {
+        if self.active >= cfg.routes_per_slot_max || !self.can_create(&r.uid, sess, cfg) {
             return TouchResult::Full;
         }
         let Ok(i) = self.record_index_or_create(&r.uid, sess, cfg) else {
@@ -1842,7 +1842,7 @@ impl Authority {
         self.waiting[s] = None;
         let filter = FilterLimits {
             bits_per_route: self.cfg.presence_filter_bits_per_route,
-            bits_max: self.cfg.presence_filter_bits_max_per_slot,
+            bits_max: self.cfg.presence_filter_bits_per_slot_max,
             stale_percent: self.cfg.presence_filter_stale_percent,
             rebuilds: self.filter_rebuilds.clone(),
         };
@@ -2023,7 +2023,7 @@ impl Authority {
     /// Records an unregister tombstone at `owner_seq` for the exact identity (rules
     /// 18, 19) and removes its route and candidate if the tombstone is at least as
     /// new. Returns whether an active route was removed. `Full` when a new fence
-    /// record would pass `max_fence_records_per_slot` (retry later).
+    /// record would pass `fence_records_per_slot_max` (retry later).
     pub fn unregister_route(
         &mut self,
         target: &Target,
@@ -2040,7 +2040,7 @@ impl Authority {
 
     /// Touches the owner's current routes (rules 14–17), appending one
     /// [`TouchResult`] per route to `out` in input order. The whole call fails on a
-    /// fence error or when `routes` passes `max_touch_batch_routes`.
+    /// fence error or when `routes` passes `touch_batch_routes_max`.
     pub fn touch_routes_into(
         &mut self,
         target: &Target,
@@ -2049,7 +2049,7 @@ impl Authority {
         out: &mut Vec<TouchResult>,
     ) -> Result<TouchCounts, AuthorityError> {
         let (w, dir, cfg, log) = self.slot_mut(target)?;
-        if routes.len() > cfg.max_touch_batch_routes {
+        if routes.len() > cfg.touch_batch_routes_max {
             return Err(AuthorityError::Full);
         }
         let mut counts = TouchCounts::default();
@@ -2310,7 +2310,7 @@ impl AuthorityReader {
     /// them to `out` and one entry per group to `results`, in input order: the range
     /// of `out` holding the group's endpoints, or the group's error (`NotLeader`: no
     /// identity; `StaleTarget`: a different one; `Full`: the group would pass
-    /// `max_lookup_uids` for this call). Endpoints come in the order of the input
+    /// `lookup_uids_max` for this call). Endpoints come in the order of the input
     /// uids, and within a uid ordered by (node_id, boot_id, session_id); each names
     /// its uid by `uid_index`, the uid's position in the group's slice. One pin for
     /// the whole call; never blocks or waits for the writers; allocates only when
@@ -2405,13 +2405,13 @@ impl AuthorityReader {
         mut lookup: impl FnMut(&SlotView<'_>, &G) -> (Range<usize>, FilterCounts),
     ) {
         let guard = crossbeam_epoch::pin();
-        let mut budget = self.dir.max_lookup_uids;
+        let mut budget = self.dir.lookup_uids_max;
         let mut counts = self.counts.get();
         results.reserve(groups.len());
         for g in groups {
             let (target, n) = shape(g);
             // `uid_index` is a u32: a larger group cannot be named (and would pass
-            // any sane `max_lookup_uids`).
+            // any sane `lookup_uids_max`).
             if n > budget || n > u32::MAX as usize {
                 results.push(Err(AuthorityError::Full));
                 continue;

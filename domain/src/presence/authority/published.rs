@@ -495,15 +495,15 @@ impl FilterLimits {
 pub struct Directory {
     slots: Box<[Atomic<SlotState>]>,
     claimed: Box<[AtomicBool]>,
-    pub(crate) max_lookup_uids: usize,
+    pub(crate) lookup_uids_max: usize,
 }
 
 impl Directory {
-    pub(crate) fn with_limit(max_lookup_uids: usize) -> Directory {
+    pub(crate) fn with_limit(lookup_uids_max: usize) -> Directory {
         Directory {
             slots: (0..HASH_SLOTS).map(|_| Atomic::null()).collect(),
             claimed: (0..HASH_SLOTS).map(|_| AtomicBool::new(false)).collect(),
-            max_lookup_uids,
+            lookup_uids_max,
         }
     }
 
@@ -550,8 +550,8 @@ impl Directory {
         sizes: (usize, usize),
         filter: FilterLimits,
     ) -> TableWriter {
-        let (min_entries, max_entries) = sizes;
-        let tw = TableWriter::new(slot, min_entries, max_entries, filter);
+        let (min_entries, entries_max) = sizes;
+        let tw = TableWriter::new(slot, min_entries, entries_max, filter);
         let guard = epoch::pin();
         let new = Owned::new(SlotState {
             target,
@@ -1029,8 +1029,8 @@ pub(crate) struct TableWriter {
     /// Entries with at least one endpoint.
     live: usize,
     min_entries: usize,
-    max_entries: usize,
-    /// Endpoints of the uid being changed (at most `max_records_per_uid`).
+    entries_max: usize,
+    /// Endpoints of the uid being changed (at most `records_per_uid_max`).
     scratch: Vec<CompactEndpoint>,
     /// The presence filter's limits.
     filter: FilterLimits,
@@ -1048,13 +1048,13 @@ impl TableWriter {
     fn new(
         slot: usize,
         min_entries: usize,
-        max_entries: usize,
+        entries_max: usize,
         filter: FilterLimits,
     ) -> TableWriter {
-        let max_entries = max_entries.next_power_of_two().max(TABLE_ENTRIES_MIN);
+        let entries_max = entries_max.next_power_of_two().max(TABLE_ENTRIES_MIN);
         let min_entries = min_entries
             .next_power_of_two()
-            .clamp(TABLE_ENTRIES_MIN, max_entries);
+            .clamp(TABLE_ENTRIES_MIN, entries_max);
         TableWriter {
             slot,
             owner: vec![NIL; min_entries],
@@ -1062,7 +1062,7 @@ impl TableWriter {
             used: 0,
             live: 0,
             min_entries,
-            max_entries,
+            entries_max,
             filter_capacity: filter.filter_for(0).capacity(filter.bits_per_route),
             filter,
             filter_removed: 0,
@@ -1285,8 +1285,8 @@ impl TableWriter {
         let n = live
             .saturating_mul(2)
             .next_power_of_two()
-            .clamp(self.min_entries, self.max_entries);
-        debug_assert!(2 * live <= n, "max_entries below twice the route limit");
+            .clamp(self.min_entries, self.entries_max);
+        debug_assert!(2 * live <= n, "entries_max below twice the route limit");
         let new = Table::with_entries(n);
         let mut owner = vec![NIL; n];
         let mut used = 0;

@@ -496,7 +496,7 @@ impl NodeShard {
                 r.end_seq,
                 r.limit,
                 r.pull_mode,
-                r.max_bytes,
+                r.bytes_max,
             )
             .map(|res| {
                 (
