@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener as MioListener, TcpStream};
 use mio::unix::SourceFd;
 use mio::{Interest, Poll, Token};
-use shard::runtime::{Driver, EventFd};
+use shard::runtime::EventFd;
 
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
     accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, Listener,
-    NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
+    NetConfig, NetEvent, Spare, SpareOutcome, Transport,
 };
 
 const DOORBELL: Token = Token(usize::MAX);
@@ -46,8 +46,7 @@ struct MioConn {
 }
 
 /// The mio backend of one shard. See the [module docs](super) for the contract.
-pub struct MioDriver {
-    core: Core,
+pub struct MioIo {
     poll: Poll,
     events: mio::Events,
     doorbell: Arc<EventFd>,
@@ -68,13 +67,15 @@ pub struct MioDriver {
     resumed: Vec<usize>,
 }
 
-impl MioDriver {
-    /// A mio driver accepting on `listeners` and waking on `doorbell`.
+impl MioIo {
+    /// The mio side of a driver accepting on `listeners` and waking on `doorbell`,
+    /// with the connection table it drives (no read slack: reads stop at the pause
+    /// threshold, one chunk below the limit).
     pub fn new(
         config: &NetConfig,
         doorbell: Arc<EventFd>,
         listeners: Vec<Listener>,
-    ) -> io::Result<Self> {
+    ) -> io::Result<(Core, Self)> {
         config.validate()?;
         let poll = Poll::new()?;
         poll.registry().register(
@@ -100,9 +101,7 @@ impl MioDriver {
                 .register(&mut l, Token(LISTENER_BASE - i), Interest::READABLE)?;
             mio_listeners.push((kind, l));
         }
-        Ok(MioDriver {
-            // Reads stop at the pause threshold, one chunk below the limit: no slack.
-            core,
+        let io = MioIo {
             poll,
             events: mio::Events::with_capacity(config.mio_events_capacity),
             doorbell,
@@ -116,20 +115,19 @@ impl MioDriver {
             read_bytes: config.read_chunk_bytes,
             spare: Spare::open(),
             resumed: Vec::new(),
-        })
-    }
-
-    /// Lifts `connect_timeout_ms` from `conn` (CONNECT accepted, or the RPC handshake
-    /// done); a stale id is a no-op
-    /// ([`NetDriver::mark_established`](super::NetDriver::mark_established)).
-    pub fn mark_established(&mut self, conn: ConnId) {
-        self.core.mark_established(conn)
+        };
+        Ok((core, io))
     }
 
     /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect,
     /// registered for both readiness kinds; its first event tells the outcome.
-    pub fn connect(&mut self, addr: SocketAddr, from: Option<IpAddr>) -> io::Result<ConnId> {
-        let (idx, id, stream) = super::begin_dial(&mut self.core, addr, from)?;
+    pub fn connect(
+        &mut self,
+        core: &mut Core,
+        addr: SocketAddr,
+        from: Option<IpAddr>,
+    ) -> io::Result<ConnId> {
+        let (idx, id, stream) = super::begin_dial(core, addr, from)?;
         if self.conns.len() <= idx as usize {
             self.conns.resize_with(idx as usize + 1, MioConn::default);
         }
@@ -142,7 +140,7 @@ impl MioDriver {
             Token(idx as usize),
             Interest::READABLE | Interest::WRITABLE,
         ) {
-            self.core.on_error(idx, e.kind());
+            core.on_error(idx, e.kind());
             return Ok(id);
         }
         self.conns[idx as usize].sock = Some(stream);
@@ -151,79 +149,14 @@ impl MioDriver {
 
     /// The first readiness of a dialing socket: connected, failed, or (a spurious
     /// wakeup without an error) still connecting.
-    fn finish_connect(&mut self, idx: u32, hangup: bool) {
+    fn finish_connect(&mut self, core: &mut Core, idx: u32, hangup: bool) {
         let Some(sock) = self.conns[idx as usize].sock.as_ref() else {
             return;
         };
         match connect_outcome(sock, hangup) {
-            Ok(Some(peer)) => self.core.on_connected(idx, peer),
+            Ok(Some(peer)) => core.on_connected(idx, peer),
             Ok(None) => {}
-            Err(e) => self.core.on_error(idx, e.kind()),
-        }
-    }
-
-    /// Queued, unwritten output of all connections, against
-    /// `outbound_budget_bytes_per_shard`
-    /// ([`NetDriver::outbound_total_bytes`](super::NetDriver::outbound_total_bytes)).
-    pub fn outbound_total_bytes(&self) -> usize {
-        self.core.outbound_total()
-    }
-
-    /// The unconsumed input of `conn`, empty for a stale id
-    /// ([`NetDriver::input`](super::NetDriver::input)).
-    pub fn input(&self, conn: ConnId) -> &[u8] {
-        self.core.input(conn)
-    }
-
-    /// Drops the first `n` bytes of `conn`'s input, clamped to its length
-    /// ([`NetDriver::consume`](super::NetDriver::consume)).
-    pub fn consume(&mut self, conn: ConnId, n: usize) {
-        self.core.consume(conn, n)
-    }
-
-    /// Queues `bytes` for `conn` (WebSocket: one binary message), written at the next
-    /// poll; refused for a stale id or past the queue's limit
-    /// ([`NetDriver::send`](super::NetDriver::send)).
-    pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
-        self.core.send(conn, bytes)
-    }
-
-    /// Queues `bytes` for `conn` as one WebSocket text message (on TCP: as they are)
-    /// ([`NetDriver::send_text`](super::NetDriver::send_text)).
-    pub fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
-        self.core.send_text(conn, bytes)
-    }
-
-    /// Whether `conn` is a WebSocket connection whose first data message was text
-    /// ([`NetDriver::text_messages`](super::NetDriver::text_messages)).
-    pub fn text_messages(&self, conn: ConnId) -> bool {
-        self.core.text_messages(conn)
-    }
-
-    /// Closes `conn` gracefully; a `Closed { reason: Local }` follows, a stale id is
-    /// a no-op ([`NetDriver::close`](super::NetDriver::close)).
-    pub fn close(&mut self, conn: ConnId) {
-        self.core.close(conn)
-    }
-
-    /// Bytes queued and not yet written for `conn`, 0 for a stale id
-    /// ([`NetDriver::outbound_bytes`](super::NetDriver::outbound_bytes)).
-    pub fn outbound_bytes(&self, conn: ConnId) -> usize {
-        self.core.outbound_bytes(conn)
-    }
-
-    /// Open connections, including those in a WebSocket upgrade or closing
-    /// ([`NetDriver::connection_count`](super::NetDriver::connection_count)).
-    pub fn connection_count(&self) -> usize {
-        self.core.live()
-    }
-
-    /// This driver's counters, with the output queued now
-    /// ([`NetDriver::stats`](super::NetDriver::stats)).
-    pub fn stats(&self) -> NetStats {
-        NetStats {
-            outbound_bytes: self.core.outbound_total() as u64,
-            ..self.core.stats
+            Err(e) => core.on_error(idx, e.kind()),
         }
     }
 
@@ -232,24 +165,24 @@ impl MioDriver {
     }
 
     /// Closes the sockets of dead connections and frees their slots.
-    fn reap(&mut self) {
+    fn reap(&mut self, core: &mut Core) {
         let mut dead = std::mem::take(&mut self.list_buf);
-        self.core.take_dead(&mut dead);
+        core.take_dead(&mut dead);
         for &idx in &dead {
             let mc = &mut self.conns[idx as usize];
             if let Some(mut sock) = mc.sock.take() {
                 let _ = self.poll.registry().deregister(&mut sock);
             }
             mc.paused = false;
-            self.core.free(idx);
+            core.free(idx);
         }
         self.list_buf = dead;
     }
 
     /// Writes `idx`'s queue until empty or `WouldBlock`.
-    fn flush(&mut self, idx: u32) {
+    fn flush(&mut self, core: &mut Core, idx: u32) {
         if matches!(
-            self.core.phase(idx),
+            core.phase(idx),
             Phase::Dead | Phase::Lingering | Phase::Connecting
         ) {
             return;
@@ -258,7 +191,7 @@ impl MioDriver {
             return;
         };
         loop {
-            let (cur, next) = self.core.out_slices(idx);
+            let (cur, next) = core.out_slices(idx);
             let written = match (cur.is_empty(), next.is_empty()) {
                 (true, true) => break,
                 (false, true) => sock.write(cur),
@@ -267,16 +200,16 @@ impl MioDriver {
                 (false, false) => sock.write_vectored(&[IoSlice::new(cur), IoSlice::new(next)]),
             };
             match written {
-                Ok(n) => self.core.out_advance_vectored(idx, n),
+                Ok(n) => core.out_advance_vectored(idx, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    self.core.on_error(idx, e.kind());
+                    core.on_error(idx, e.kind());
                     return;
                 }
             }
         }
-        if self.core.after_flush(idx) == AfterFlush::Shutdown {
+        if core.after_flush(idx) == AfterFlush::Shutdown {
             let _ = sock.shutdown(Shutdown::Write);
         }
     }
@@ -284,16 +217,16 @@ impl MioDriver {
     /// Reads `idx`'s socket until `WouldBlock`, end of stream, or the pause threshold;
     /// a short read also ends it unless `to_end` (the peer's close or an error was
     /// already signalled, and no further wakeup will come).
-    fn read(&mut self, idx: u32, to_end: bool) {
+    fn read(&mut self, core: &mut Core, idx: u32, to_end: bool) {
         let Some(sock) = self.conns[idx as usize].sock.as_mut() else {
             return;
         };
         loop {
-            if self.core.phase(idx) == Phase::Dead {
+            if core.phase(idx) == Phase::Dead {
                 return;
             }
-            let id = self.core.id(idx);
-            if self.core.input(id).len() >= self.core.pause_bytes(id, self.read_bytes) {
+            let id = core.id(idx);
+            if core.input(id).len() >= core.pause_bytes(id, self.read_bytes) {
                 let mc = &mut self.conns[idx as usize];
                 if !mc.paused {
                     mc.paused = true;
@@ -303,11 +236,11 @@ impl MioDriver {
             }
             match sock.read(&mut self.scratch) {
                 Ok(0) => {
-                    self.core.on_eof(idx);
+                    core.on_eof(idx);
                     return;
                 }
                 Ok(n) => {
-                    self.core.on_recv(idx, &self.scratch[..n]);
+                    core.on_recv(idx, &self.scratch[..n]);
                     if n < self.scratch.len() && !to_end {
                         // A short read drained the socket; data arriving later wakes
                         // epoll again (every arrival re-arms an edge-triggered fd), so
@@ -318,7 +251,7 @@ impl MioDriver {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    self.core.on_error(idx, e.kind());
+                    core.on_error(idx, e.kind());
                     return;
                 }
             }
@@ -327,8 +260,8 @@ impl MioDriver {
 
     /// Accepts until the queue is empty (epoll is edge-triggered: a connection left
     /// in the queue would wait for the next arrival) or the listener pauses.
-    fn accept(&mut self, li: usize) {
-        if self.core.listener_paused(li) {
+    fn accept(&mut self, core: &mut Core, li: usize) {
+        if core.listener_paused(li) {
             return; // Retried when the pause ends.
         }
         loop {
@@ -339,34 +272,34 @@ impl MioDriver {
                 Err(e) => match classify_accept_error(&e) {
                     AcceptFailure::Retry => continue,
                     AcceptFailure::Dropped => {
-                        self.core.accept_refused(li, Refusal::Other);
+                        core.accept_refused(li, Refusal::Other);
                         continue;
                     }
                     AcceptFailure::Resources => {
                         let l = &self.listeners[li].1;
                         match accept_with_spare(&mut self.spare, e, || l.accept().map(|(s, _)| s)) {
                             SpareOutcome::ResetOne => {
-                                self.core.accept_refused(li, Refusal::FdLimit);
+                                core.accept_refused(li, Refusal::FdLimit);
                                 continue;
                             }
                             SpareOutcome::Empty => return,
                             SpareOutcome::Failed(e) => {
-                                self.core.accept_failed(li, &e);
+                                core.accept_failed(li, &e);
                                 return;
                             }
                         }
                     }
                     AcceptFailure::Other => {
-                        self.core.accept_failed(li, &e);
+                        core.accept_failed(li, &e);
                         return;
                     }
                 },
             };
             let Some(mut stream) = restore_spare(&mut self.spare, stream) else {
-                self.core.accept_refused(li, Refusal::FdLimit);
+                core.accept_refused(li, Refusal::FdLimit);
                 continue;
             };
-            let Some(idx) = self.core.alloc(li, peer) else {
+            let Some(idx) = core.alloc(li, peer) else {
                 reset(stream); // Over the shard's connection cap.
                 continue;
             };
@@ -376,7 +309,7 @@ impl MioDriver {
                 Token(idx as usize),
                 Interest::READABLE | Interest::WRITABLE,
             ) {
-                self.core.on_error(idx, e.kind());
+                core.on_error(idx, e.kind());
                 continue;
             }
             if self.conns.len() <= idx as usize {
@@ -387,18 +320,18 @@ impl MioDriver {
     }
 }
 
-impl MioDriver {
+impl MioIo {
     /// Writes the output queued since the last poll (one batch), closes the sockets
     /// of dead connections (including those the flush finished), and resumes reading
     /// on connections whose reading paused, now that the handler consumed.
-    fn flush_reap_resume(&mut self) {
+    fn flush_reap_resume(&mut self, core: &mut Core) {
         let mut dirty = std::mem::take(&mut self.list_buf);
-        self.core.take_dirty(&mut dirty);
+        core.take_dirty(&mut dirty);
         for &idx in &dirty {
-            self.flush(idx);
+            self.flush(core, idx);
         }
         self.list_buf = dirty;
-        self.reap();
+        self.reap(core);
         let mut dirty = std::mem::take(&mut self.list_buf);
         dirty.clear();
         dirty.append(&mut self.paused);
@@ -406,7 +339,7 @@ impl MioDriver {
             let mc = &mut self.conns[idx as usize];
             if mc.paused {
                 mc.paused = false;
-                self.read(idx, true);
+                self.read(core, idx, true);
             }
         }
         self.list_buf = dirty;
@@ -414,11 +347,11 @@ impl MioDriver {
 
     /// How long the poll may wait: not at all with events undelivered, else the
     /// caller's `timeout` bounded by the core's next deadline (`None`: forever).
-    fn wait_time(&self, timeout: Option<Duration>) -> Option<Duration> {
-        if self.core.has_events() || timeout.is_some_and(|t| t.is_zero()) {
+    fn wait_time(&self, core: &Core, timeout: Option<Duration>) -> Option<Duration> {
+        if core.has_events() || timeout.is_some_and(|t| t.is_zero()) {
             return Some(Duration::ZERO);
         }
-        match (timeout, self.core.next_deadline_ms()) {
+        match (timeout, core.next_deadline_ms()) {
             (Some(t), None) => Some(t),
             (t, Some(deadline_ms)) => {
                 let d = Duration::from_millis(deadline_ms.saturating_sub(self.now_ms()));
@@ -430,7 +363,7 @@ impl MioDriver {
 
     /// Handles the readiness `self.events` reported: drains the doorbell, accepts on
     /// ready listeners, flushes writable and reads readable connections.
-    fn handle_ready(&mut self) {
+    fn handle_ready(&mut self, core: &mut Core) {
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
         ready.extend(self.events.iter().map(|e| Ready {
@@ -451,21 +384,21 @@ impl MioDriver {
                     self.doorbell.drain();
                 }
                 Token(t) if t > LISTENER_BASE - self.listeners.len() => {
-                    self.accept(LISTENER_BASE - t);
+                    self.accept(core, LISTENER_BASE - t);
                 }
                 Token(t) => {
                     let idx = t as u32;
-                    if self.core.phase(idx) == Phase::Connecting {
-                        self.finish_connect(idx, closed);
-                        if self.core.phase(idx) != Phase::Open {
+                    if core.phase(idx) == Phase::Connecting {
+                        self.finish_connect(core, idx, closed);
+                        if core.phase(idx) != Phase::Open {
                             continue;
                         }
                     }
                     if writable {
-                        self.flush(idx);
+                        self.flush(core, idx);
                     }
                     if readable && !self.conns[t].paused {
-                        self.read(idx, closed);
+                        self.read(core, idx, closed);
                     }
                 }
             }
@@ -475,39 +408,29 @@ impl MioDriver {
 
     /// Listeners whose pause ended: accepts what queued meanwhile (no new arrival
     /// would signal it).
-    fn accept_resumed(&mut self) {
+    fn accept_resumed(&mut self, core: &mut Core) {
         let mut resumed = std::mem::take(&mut self.resumed);
-        self.core.take_resumed(&mut resumed);
+        core.take_resumed(&mut resumed);
         for &li in &resumed {
-            self.accept(li);
+            self.accept(core, li);
         }
         self.resumed = resumed;
     }
 }
 
-impl Driver for MioDriver {
-    type Event = NetEvent;
-
-    fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
-        self.poll_at(timeout, None, out)
-    }
-
-    fn poll_now(&mut self, now: Instant, out: &mut Vec<NetEvent>) -> io::Result<()> {
-        self.poll_at(Some(Duration::ZERO), Some(now), out)
-    }
-}
-
-impl MioDriver {
-    /// [`Driver::poll`]; `now`: the caller's clock reading for a poll that does not
+impl MioIo {
+    /// One poll of [`NetDriver`](super::NetDriver) (`Driver::poll`) over `core`;
+    /// `now`: the caller's clock reading for a poll that does not
     /// block (else the clock is read once, after the wait).
-    fn poll_at(
+    pub fn poll_at(
         &mut self,
+        core: &mut Core,
         timeout: Option<Duration>,
         now: Option<Instant>,
         out: &mut Vec<NetEvent>,
     ) -> io::Result<()> {
-        self.flush_reap_resume();
-        let wait = self.wait_time(timeout);
+        self.flush_reap_resume(core);
+        let wait = self.wait_time(core, timeout);
         match self.poll.poll(&mut self.events, wait) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -520,11 +443,11 @@ impl MioDriver {
             }
             _ => self.now_ms(),
         };
-        self.core.set_now(now_ms);
-        self.handle_ready();
-        self.core.advance(now_ms);
-        self.accept_resumed();
-        self.core.take_events(out);
+        core.set_now(now_ms);
+        self.handle_ready(core);
+        core.advance(now_ms);
+        self.accept_resumed(core);
+        core.take_events(out);
         Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! Transports of one shard: the clients' raw TCP and WebSocket connections, and the
 //! inter-node connections (accepted on an RPC listener, or dialed with
-//! [`NetDriver::connect`]; raw TCP), behind one driver interface with two backends,
-//! io_uring ([`UringDriver`]) and mio/epoll ([`MioDriver`]). [`NetDriver`] picks one
+//! [`NetDriver::connect`]; raw TCP), behind one driver: one sans-IO connection
+//! table (`core.rs`) that every accessor reads, and one of two backends that move
+//! its bytes, io_uring (`uring_driver.rs`) and mio/epoll (`mio_driver.rs`), picked
 //! at run time ([`Backend`]).
 //!
 //! The transports move bytes; they do not parse wkproto or RPC frames. For WebSocket connections
@@ -120,6 +121,7 @@ mod uring_driver;
 use proto::ws;
 
 pub use self::core::AcceptBackoff;
+use self::core::Core;
 pub use self::tls::{TlsConfig, TlsLoadError, TlsServer};
 
 use std::io;
@@ -129,8 +131,8 @@ use std::time::Duration;
 
 use shard::runtime::{Driver, EventFd};
 
-pub use mio_driver::MioDriver;
-pub use uring_driver::UringDriver;
+use mio_driver::MioIo;
+use uring_driver::UringIo;
 
 /// Which IO backend a [`NetDriver`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -667,21 +669,20 @@ impl Listener {
     }
 }
 
-/// One shard's transport driver: io_uring or mio, chosen at construction.
-pub enum NetDriver {
-    /// The io_uring backend ([`Backend::Uring`], or `Auto` where the kernel allows).
-    Uring(Box<UringDriver>),
-    /// The mio (epoll) backend ([`Backend::Mio`], or `Auto`'s fallback).
-    Mio(Box<MioDriver>),
+/// One shard's transport driver: one connection table (`Core`, every accessor
+/// below) and one backend that moves its bytes (io_uring or mio, chosen at
+/// construction; only polling and dialing reach it).
+pub struct NetDriver {
+    core: Core,
+    io: Io,
 }
 
-macro_rules! dispatch {
-    ($self:ident, $d:ident => $e:expr) => {
-        match $self {
-            NetDriver::Uring($d) => $e,
-            NetDriver::Mio($d) => $e,
-        }
-    };
+/// The backend of a [`NetDriver`].
+enum Io {
+    /// The io_uring backend ([`Backend::Uring`], or `Auto` where the kernel allows).
+    Uring(Box<UringIo>),
+    /// The mio (epoll) backend ([`Backend::Mio`], or `Auto`'s fallback).
+    Mio(Box<MioIo>),
 }
 
 impl NetDriver {
@@ -705,67 +706,70 @@ impl NetDriver {
         doorbell: Arc<EventFd>,
         listeners: Vec<Listener>,
     ) -> io::Result<Self> {
+        let mio = |listeners| {
+            MioIo::new(config, doorbell.clone(), listeners).map(|(core, io)| NetDriver {
+                core,
+                io: Io::Mio(Box::new(io)),
+            })
+        };
+        let uring = |listeners| {
+            UringIo::new(config, doorbell.clone(), listeners).map(|(core, io)| NetDriver {
+                core,
+                io: Io::Uring(Box::new(io)),
+            })
+        };
         match config.backend {
-            Backend::Mio => Ok(NetDriver::Mio(Box::new(MioDriver::new(
-                config, doorbell, listeners,
-            )?))),
-            Backend::Uring => Ok(NetDriver::Uring(Box::new(UringDriver::new(
-                config, doorbell, listeners,
-            )?))),
+            Backend::Mio => mio(listeners),
+            Backend::Uring => uring(listeners),
             Backend::Auto => {
                 // Keep duplicates so a failed io_uring setup leaves the sockets for mio.
                 let copies = listeners
                     .iter()
                     .map(Listener::try_clone)
                     .collect::<io::Result<Vec<_>>>()?;
-                match UringDriver::new(config, doorbell.clone(), copies) {
-                    Ok(d) => Ok(NetDriver::Uring(Box::new(d))),
-                    Err(err) => {
-                        tracing::warn!(%err, "io_uring unavailable; using the mio backend");
-                        Ok(NetDriver::Mio(Box::new(MioDriver::new(
-                            config, doorbell, listeners,
-                        )?)))
-                    }
-                }
+                uring(copies).or_else(|err| {
+                    tracing::warn!(%err, "io_uring unavailable; using the mio backend");
+                    mio(listeners)
+                })
             }
         }
     }
 
     /// The backend in use (`Uring` or `Mio`).
     pub fn backend(&self) -> Backend {
-        match self {
-            NetDriver::Uring(_) => Backend::Uring,
-            NetDriver::Mio(_) => Backend::Mio,
+        match self.io {
+            Io::Uring(_) => Backend::Uring,
+            Io::Mio(_) => Backend::Mio,
         }
     }
 
     /// The unconsumed input of `conn` (empty for a stale id).
     pub fn input(&self, conn: ConnId) -> &[u8] {
-        dispatch!(self, d => d.input(conn))
+        self.core.input(conn)
     }
 
     /// Removes the first `n` bytes of `conn`'s input (clamped to its length).
     pub fn consume(&mut self, conn: ConnId, n: usize) {
-        dispatch!(self, d => d.consume(conn, n))
+        self.core.consume(conn, n)
     }
 
     /// Queues `bytes` for `conn` (WebSocket: as one binary message); written at the
-    /// next poll.
+    /// next poll. Refused for a stale id or past the connection's queue limit.
     pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
-        dispatch!(self, d => d.send(conn, bytes))
+        self.core.send(conn, bytes)
     }
 
     /// Queues `bytes` (JSON text) for `conn` as one WebSocket text message (on TCP:
     /// as they are); written at the next poll.
     pub fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
-        dispatch!(self, d => d.send_text(conn, bytes))
+        self.core.send_text(conn, bytes)
     }
 
     /// Whether `conn` is a WebSocket connection whose first data message was text:
     /// its input holds whole text messages, each behind its length
     /// (`ws::next_text_message`), and its output goes with [`Self::send_text`].
     pub fn text_messages(&self, conn: ConnId) -> bool {
-        dispatch!(self, d => d.text_messages(conn))
+        self.core.text_messages(conn)
     }
 
     /// Sends the same bytes to every connection of `conns`; returns how many took them.
@@ -785,7 +789,7 @@ impl NetDriver {
     /// could be created (out of descriptors, memory; an address family the host
     /// lacks).
     pub fn connect(&mut self, addr: SocketAddr) -> io::Result<ConnId> {
-        dispatch!(self, d => d.connect(addr, None))
+        self.connect_from(addr, None)
     }
 
     /// [`Self::connect`] from the source address `from` (port chosen by the
@@ -794,41 +798,48 @@ impl NetDriver {
     /// chooses, as with [`Self::connect`]. A bind that fails (an address this host
     /// does not have) reports the dial failed (`Closed { ConnectFailed(kind) }`).
     pub fn connect_from(&mut self, addr: SocketAddr, from: Option<IpAddr>) -> io::Result<ConnId> {
-        dispatch!(self, d => d.connect(addr, from))
+        match &mut self.io {
+            Io::Uring(io) => io.connect(&mut self.core, addr, from),
+            Io::Mio(io) => io.connect(&mut self.core, addr, from),
+        }
     }
 
     /// Closes `conn` gracefully (flush, WebSocket close frame, shutdown); a dial not
     /// yet connected is abandoned at once, its queued output dropped. A
     /// `Closed { reason: Local }` event follows. No-op for a stale id.
     pub fn close(&mut self, conn: ConnId) {
-        dispatch!(self, d => d.close(conn))
+        self.core.close(conn)
     }
 
-    /// `conn` authenticated (CONNECT accepted): `connect_timeout_ms` no longer
-    /// applies to it, only `idle_timeout_ms`. No-op for a stale id.
+    /// `conn` authenticated (CONNECT accepted, or the RPC handshake done):
+    /// `connect_timeout_ms` no longer applies to it, only `idle_timeout_ms`. No-op
+    /// for a stale id.
     pub fn mark_established(&mut self, conn: ConnId) {
-        dispatch!(self, d => d.mark_established(conn))
+        self.core.mark_established(conn)
     }
 
     /// Queued, unwritten output of all connections (against
     /// `outbound_budget_bytes_per_shard`).
     pub fn outbound_total_bytes(&self) -> usize {
-        dispatch!(self, d => d.outbound_total_bytes())
+        self.core.outbound_total()
     }
 
     /// Bytes queued and not yet written for `conn` (0 for a stale id).
     pub fn outbound_bytes(&self, conn: ConnId) -> usize {
-        dispatch!(self, d => d.outbound_bytes(conn))
+        self.core.outbound_bytes(conn)
     }
 
     /// Open connections (including those in a WebSocket upgrade or closing).
     pub fn connection_count(&self) -> usize {
-        dispatch!(self, d => d.connection_count())
+        self.core.live()
     }
 
-    /// Counters of this driver.
+    /// Counters of this driver, with the output queued now.
     pub fn stats(&self) -> NetStats {
-        dispatch!(self, d => d.stats())
+        NetStats {
+            outbound_bytes: self.core.outbound_total() as u64,
+            ..self.core.stats
+        }
     }
 }
 
@@ -836,11 +847,31 @@ impl Driver for NetDriver {
     type Event = NetEvent;
 
     fn poll(&mut self, timeout: Option<Duration>, events: &mut Vec<NetEvent>) -> io::Result<()> {
-        dispatch!(self, d => d.poll(timeout, events))
+        match &mut self.io {
+            Io::Uring(io) => io.poll_at(&mut self.core, timeout, None, events),
+            Io::Mio(io) => io.poll_at(&mut self.core, timeout, None, events),
+        }
     }
 
     fn poll_now(&mut self, now: std::time::Instant, events: &mut Vec<NetEvent>) -> io::Result<()> {
-        dispatch!(self, d => d.poll_now(now, events))
+        let zero = Some(Duration::ZERO);
+        match &mut self.io {
+            Io::Uring(io) => io.poll_at(&mut self.core, zero, Some(now), events),
+            Io::Mio(io) => io.poll_at(&mut self.core, zero, Some(now), events),
+        }
+    }
+}
+
+impl Drop for NetDriver {
+    fn drop(&mut self) {
+        // io_uring sends in flight read the connections' output buffers, which the
+        // table owns: when the ring could not be emptied, they are leaked with it.
+        if let Io::Uring(io) = &mut self.io {
+            if io.quiesce() {
+                let cfg = self.core.cfg.clone();
+                std::mem::forget(std::mem::replace(&mut self.core, Core::new(&cfg, 0)));
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! chain and key loaded from PEM files ([`TlsServer::load`]), swapped in place by
 //! [`TlsServer::reload`] (SIGHUP: connections already up keep the session they
 //! negotiated; the next handshake presents the new certificate), the session cache,
-//! and counters. [`TlsConn`] is one connection's: rustls's `ServerConnection` and
+//! and counters. `TlsConn` is one connection's: rustls's `ServerConnection` and
 //! the plaintext the core queued for it that is not sealed yet. The core
 //! (`core.rs`) feeds it what the socket gave and hands the WebSocket layer the
 //! plaintext; the backends only ever see ciphertext in the output queue, so both

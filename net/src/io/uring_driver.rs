@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, squeue, IoUring};
-use shard::runtime::{Driver, EventFd};
+use shard::runtime::EventFd;
 
 use super::bufring::BufRing;
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
 use super::{
     accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, Listener,
-    NetConfig, NetEvent, NetStats, SendError, Spare, SpareOutcome, Transport,
+    NetConfig, NetEvent, Spare, SpareOutcome, Transport,
 };
 
 /// Buffer group id of the provided receive buffers.
@@ -118,14 +118,15 @@ impl UConn {
 }
 
 /// The io_uring backend of one shard. See the [module docs](super) for the contract.
-pub struct UringDriver {
-    core: Core,
+pub struct UringIo {
     // Declared before `bufs`: the ring is destroyed before the buffers are unmapped.
     ring: IoUring,
     bufs: BufRing,
     /// Leaks the buffers (receive and output) on drop if cancelled IO did not finish
     /// in time.
     bufs_unsafe_to_free: bool,
+    /// [`UringIo::quiesce`] ran.
+    quiesced: bool,
     doorbell: Arc<EventFd>,
     doorbell_armed: bool,
     listeners: Vec<(Transport, TcpListener)>,
@@ -157,14 +158,15 @@ pub struct UringDriver {
     resumed: Vec<usize>,
 }
 
-impl UringDriver {
-    /// An io_uring driver accepting on `listeners` and waking on `doorbell`. Fails
-    /// if the kernel refuses the ring or the provided buffers.
+impl UringIo {
+    /// The io_uring side of a driver accepting on `listeners` and waking on
+    /// `doorbell`, with the connection table it drives. Fails if the kernel refuses
+    /// the ring or the provided buffers.
     pub fn new(
         config: &NetConfig,
         doorbell: Arc<EventFd>,
         listeners: Vec<Listener>,
-    ) -> io::Result<Self> {
+    ) -> io::Result<(Core, Self)> {
         config.validate()?;
         let ring: IoUring = IoUring::builder()
             .setup_single_issuer()
@@ -191,11 +193,11 @@ impl UringDriver {
                 (kind, socket)
             })
             .collect();
-        let mut d = UringDriver {
-            core,
+        let mut d = UringIo {
             ring,
             bufs,
             bufs_unsafe_to_free: false,
+            quiesced: false,
             doorbell,
             doorbell_armed: false,
             listeners,
@@ -217,80 +219,20 @@ impl UringDriver {
             spare: Spare::open(),
             resumed: Vec::new(),
         };
-        d.arm_static()?;
+        d.arm_static(&mut core)?;
         d.ring.submit()?;
-        Ok(d)
-    }
-
-    /// The unconsumed input of `conn`, empty for a stale id
-    /// ([`NetDriver::input`](super::NetDriver::input)).
-    pub fn input(&self, conn: ConnId) -> &[u8] {
-        self.core.input(conn)
-    }
-
-    /// Drops the first `n` bytes of `conn`'s input, clamped to its length
-    /// ([`NetDriver::consume`](super::NetDriver::consume)).
-    pub fn consume(&mut self, conn: ConnId, n: usize) {
-        self.core.consume(conn, n)
-    }
-
-    /// Queues `bytes` for `conn` (WebSocket: one binary message), written at the next
-    /// poll; refused for a stale id or past the queue's limit
-    /// ([`NetDriver::send`](super::NetDriver::send)).
-    pub fn send(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
-        self.core.send(conn, bytes)
-    }
-
-    /// Queues `bytes` for `conn` as one WebSocket text message (on TCP: as they are)
-    /// ([`NetDriver::send_text`](super::NetDriver::send_text)).
-    pub fn send_text(&mut self, conn: ConnId, bytes: &[u8]) -> Result<(), SendError> {
-        self.core.send_text(conn, bytes)
-    }
-
-    /// Whether `conn` is a WebSocket connection whose first data message was text
-    /// ([`NetDriver::text_messages`](super::NetDriver::text_messages)).
-    pub fn text_messages(&self, conn: ConnId) -> bool {
-        self.core.text_messages(conn)
-    }
-
-    /// Closes `conn` gracefully; a `Closed { reason: Local }` follows, a stale id is
-    /// a no-op ([`NetDriver::close`](super::NetDriver::close)).
-    pub fn close(&mut self, conn: ConnId) {
-        self.core.close(conn)
-    }
-
-    /// Bytes queued and not yet written for `conn`, 0 for a stale id
-    /// ([`NetDriver::outbound_bytes`](super::NetDriver::outbound_bytes)).
-    pub fn outbound_bytes(&self, conn: ConnId) -> usize {
-        self.core.outbound_bytes(conn)
-    }
-
-    /// Open connections, including those in a WebSocket upgrade or closing
-    /// ([`NetDriver::connection_count`](super::NetDriver::connection_count)).
-    pub fn connection_count(&self) -> usize {
-        self.core.live()
-    }
-
-    /// This driver's counters, with the output queued now
-    /// ([`NetDriver::stats`](super::NetDriver::stats)).
-    pub fn stats(&self) -> NetStats {
-        NetStats {
-            outbound_bytes: self.core.outbound_total() as u64,
-            ..self.core.stats
-        }
-    }
-
-    /// Lifts `connect_timeout_ms` from `conn` (CONNECT accepted, or the RPC handshake
-    /// done); a stale id is a no-op
-    /// ([`NetDriver::mark_established`](super::NetDriver::mark_established)).
-    pub fn mark_established(&mut self, conn: ConnId) {
-        self.core.mark_established(conn)
+        Ok((core, d))
     }
 
     /// See [`NetDriver::connect`](super::NetDriver::connect): a non-blocking connect
     /// now, its writability poll submitted by the next poll's enter.
-    pub fn connect(&mut self, addr: SocketAddr, from: Option<IpAddr>) -> io::Result<ConnId> {
-        let (idx, id, stream) = super::begin_dial(&mut self.core, addr, from)?;
+    pub fn connect(
+        &mut self,
+        core: &mut Core,
+        addr: SocketAddr,
+        from: Option<IpAddr>,
+    ) -> io::Result<ConnId> {
+        let (idx, id, stream) = super::begin_dial(core, addr, from)?;
         if self.conns.len() <= idx as usize {
             self.conns.resize_with(idx as usize + 1, UConn::default);
         }
@@ -298,18 +240,18 @@ impl UringDriver {
             return Ok(id);
         };
         self.conns[idx as usize].fd = Some(OwnedFd::from(stream));
-        if let Err(e) = self.arm_connect(idx) {
-            self.core.on_error(idx, e.kind());
+        if let Err(e) = self.arm_connect(core, idx) {
+            core.on_error(idx, e.kind());
         }
         Ok(id)
     }
 
     /// Arms the single-shot writability poll of dialing connection `idx`.
-    fn arm_connect(&mut self, idx: u32) -> io::Result<()> {
+    fn arm_connect(&mut self, core: &mut Core, idx: u32) -> io::Result<()> {
         let Some(fd) = self.conns[idx as usize].fd.as_ref().map(|f| f.as_raw_fd()) else {
             return Ok(());
         };
-        let generation = self.core.id(idx).generation;
+        let generation = core.id(idx).generation;
         let e = opcode::PollAdd::new(Fd(fd), libc::POLLOUT as u32)
             .build()
             .user_data(user_data(OP_CONNECT, idx, generation));
@@ -321,11 +263,11 @@ impl UringDriver {
 
     /// The writability poll of dial `idx` completed with `res` (the poll mask, or
     /// an error): connected (recv armed), failed, or re-armed after a spurious wakeup.
-    fn on_connect_poll(&mut self, idx: u32, res: i32) -> io::Result<()> {
+    fn on_connect_poll(&mut self, core: &mut Core, idx: u32, res: i32) -> io::Result<()> {
         self.conns[idx as usize].connect_armed = false;
         let uc = &self.conns[idx as usize];
-        if uc.reaped || res == -libc::ECANCELED || self.core.phase(idx) != Phase::Connecting {
-            self.maybe_free(idx);
+        if uc.reaped || res == -libc::ECANCELED || core.phase(idx) != Phase::Connecting {
+            self.maybe_free(core, idx);
             return Ok(());
         }
         let outcome = match (&uc.fd, res) {
@@ -338,21 +280,14 @@ impl UringDriver {
         };
         match outcome {
             Ok(Some(peer)) => {
-                self.core.on_connected(idx, peer);
-                self.arm_recv(idx)?;
+                core.on_connected(idx, peer);
+                self.arm_recv(core, idx)?;
             }
-            Ok(None) => self.arm_connect(idx)?,
-            Err(e) => self.core.on_error(idx, e.kind()),
+            Ok(None) => self.arm_connect(core, idx)?,
+            Err(e) => core.on_error(idx, e.kind()),
         }
-        self.maybe_free(idx);
+        self.maybe_free(core, idx);
         Ok(())
-    }
-
-    /// Queued, unwritten output of all connections, against
-    /// `outbound_budget_bytes_per_shard`
-    /// ([`NetDriver::outbound_total_bytes`](super::NetDriver::outbound_total_bytes)).
-    pub fn outbound_total_bytes(&self) -> usize {
-        self.core.outbound_total()
     }
 
     fn now_ms(&self) -> u64 {
@@ -375,7 +310,7 @@ impl UringDriver {
     }
 
     /// (Re-)arms the doorbell poll and the listeners' accepts.
-    fn arm_static(&mut self) -> io::Result<()> {
+    fn arm_static(&mut self, core: &mut Core) -> io::Result<()> {
         if !self.doorbell_armed {
             let e = opcode::PollAdd::new(Fd(self.doorbell.as_raw_fd()), libc::POLLIN as u32)
                 .multi(true)
@@ -387,11 +322,11 @@ impl UringDriver {
         }
         for i in 0..self.listeners.len() {
             // A paused listener is re-armed when its pause ends.
-            if self.core.listener_paused(i) {
+            if core.listener_paused(i) {
                 continue;
             }
             let fd = self.listeners[i].1.as_raw_fd();
-            while self.accepts_inflight[i] < self.core.cfg.uring_accepts_inflight {
+            while self.accepts_inflight[i] < core.cfg.uring_accepts_inflight {
                 // Single-shot: each accept is prepared with the current descriptor
                 // limit, and the accepted descriptors not yet handled stay bounded
                 // (a multishot accept would fill the descriptor table in a flood
@@ -419,7 +354,7 @@ impl UringDriver {
         Ok(())
     }
 
-    fn arm_recv(&mut self, idx: u32) -> io::Result<()> {
+    fn arm_recv(&mut self, core: &mut Core, idx: u32) -> io::Result<()> {
         let uc = &self.conns[idx as usize];
         if uc.recv_armed || uc.paused || uc.reaped {
             return Ok(());
@@ -427,7 +362,7 @@ impl UringDriver {
         let Some(fd) = uc.fd.as_ref().map(|f| f.as_raw_fd()) else {
             return Ok(());
         };
-        let generation = self.core.id(idx).generation;
+        let generation = core.id(idx).generation;
         let e = opcode::RecvMulti::new(Fd(fd), BGID)
             .build()
             .user_data(user_data(OP_RECV, idx, generation));
@@ -438,8 +373,8 @@ impl UringDriver {
         Ok(())
     }
 
-    fn cancel(&mut self, idx: u32, op: u64) -> io::Result<()> {
-        let generation = self.core.id(idx).generation;
+    fn cancel(&mut self, core: &mut Core, idx: u32, op: u64) -> io::Result<()> {
+        let generation = core.id(idx).generation;
         let e = opcode::AsyncCancel::new(user_data(op, idx, generation))
             .build()
             .user_data(user_data(OP_CANCEL, idx, generation));
@@ -451,7 +386,7 @@ impl UringDriver {
 
     /// Starts the next send of `idx`'s queue if none is in flight; after the queue
     /// drained, moves a closing connection on.
-    fn flush(&mut self, idx: u32) -> io::Result<()> {
+    fn flush(&mut self, core: &mut Core, idx: u32) -> io::Result<()> {
         let uc = &self.conns[idx as usize];
         if uc.send_inflight || uc.reaped {
             return Ok(());
@@ -460,15 +395,15 @@ impl UringDriver {
             return Ok(());
         };
         if matches!(
-            self.core.phase(idx),
+            core.phase(idx),
             Phase::Dead | Phase::Lingering | Phase::Connecting
         ) {
             return Ok(());
         }
-        let generation = self.core.id(idx).generation;
-        let chunk = self.core.out_chunk(idx);
+        let generation = core.id(idx).generation;
+        let chunk = core.out_chunk(idx);
         if chunk.is_empty() {
-            if self.core.after_flush(idx) == AfterFlush::Shutdown {
+            if core.after_flush(idx) == AfterFlush::Shutdown {
                 // SAFETY: shutdown on a socket we own; errors are irrelevant here.
                 unsafe { libc::shutdown(fd, libc::SHUT_WR) };
             }
@@ -489,41 +424,47 @@ impl UringDriver {
 
     /// Tears down connections that died: cancels their IO, closes the socket; the
     /// slot is freed when the last IO completed.
-    fn reap(&mut self) -> io::Result<()> {
+    fn reap(&mut self, core: &mut Core) -> io::Result<()> {
         let mut dead = std::mem::take(&mut self.list_buf);
-        self.core.take_dead(&mut dead);
+        core.take_dead(&mut dead);
         for &idx in &dead {
             let uc = &mut self.conns[idx as usize];
             uc.reaped = true;
             let (recv, send, connect) = (uc.recv_armed, uc.send_inflight, uc.connect_armed);
             if recv {
-                self.cancel(idx, OP_RECV)?;
+                self.cancel(core, idx, OP_RECV)?;
             }
             if send {
-                self.cancel(idx, OP_SEND)?;
+                self.cancel(core, idx, OP_SEND)?;
             }
             if connect {
-                self.cancel(idx, OP_CONNECT)?;
+                self.cancel(core, idx, OP_CONNECT)?;
             }
             // In-flight requests hold their own file reference; closing the number now
             // is safe and lets the cancels finish them.
             self.conns[idx as usize].fd = None;
-            self.maybe_free(idx);
+            self.maybe_free(core, idx);
         }
         self.list_buf = dead;
         Ok(())
     }
 
-    fn maybe_free(&mut self, idx: u32) {
+    fn maybe_free(&mut self, core: &mut Core, idx: u32) {
         let uc = &mut self.conns[idx as usize];
         if uc.reaped && !uc.busy() {
             *uc = UConn::default();
-            self.core.free(idx);
+            core.free(idx);
         }
     }
 
     /// `peer`: the address the accept wrote (unspecified when the kernel gave none).
-    fn on_accept(&mut self, li: usize, res: i32, peer: Option<SocketAddr>) -> io::Result<()> {
+    fn on_accept(
+        &mut self,
+        core: &mut Core,
+        li: usize,
+        res: i32,
+        peer: Option<SocketAddr>,
+    ) -> io::Result<()> {
         if res == -libc::ECANCELED {
             return Ok(());
         }
@@ -532,33 +473,33 @@ impl UringDriver {
             match classify_accept_error(&err) {
                 // Re-armed by the next poll.
                 AcceptFailure::Retry => {}
-                AcceptFailure::Dropped => self.core.accept_refused(li, Refusal::Other),
+                AcceptFailure::Dropped => core.accept_refused(li, Refusal::Other),
                 AcceptFailure::Resources => loop {
                     // Out of descriptors: reset what queued, one spare descriptor at a
                     // time, until the queue is empty or even that fails.
                     let first = io::Error::from_raw_os_error(-res);
                     let l = &self.listeners[li].1;
                     match accept_with_spare(&mut self.spare, first, || l.accept().map(|(s, _)| s)) {
-                        SpareOutcome::ResetOne => self.core.accept_refused(li, Refusal::FdLimit),
+                        SpareOutcome::ResetOne => core.accept_refused(li, Refusal::FdLimit),
                         SpareOutcome::Empty => break,
                         SpareOutcome::Failed(e) => {
-                            self.core.accept_failed(li, &e);
+                            core.accept_failed(li, &e);
                             break;
                         }
                     }
                 },
-                AcceptFailure::Other => self.core.accept_failed(li, &err),
+                AcceptFailure::Other => core.accept_failed(li, &err),
             }
             return Ok(());
         }
         // SAFETY: a successful accept returns a new descriptor that we now own.
         let stream = unsafe { TcpStream::from_raw_fd(res) };
         let Some(stream) = restore_spare(&mut self.spare, stream) else {
-            self.core.accept_refused(li, Refusal::FdLimit);
+            core.accept_refused(li, Refusal::FdLimit);
             return Ok(());
         };
         let peer = peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let Some(idx) = self.core.alloc(li, peer) else {
+        let Some(idx) = core.alloc(li, peer) else {
             reset(stream); // Over the shard's connection cap.
             return Ok(());
         };
@@ -569,10 +510,10 @@ impl UringDriver {
         }
         // SAFETY: `raw` came from `into_raw_fd` just above; we own it.
         self.conns[idx as usize].fd = Some(unsafe { OwnedFd::from_raw_fd(raw) });
-        self.arm_recv(idx)
+        self.arm_recv(core, idx)
     }
 
-    fn on_recv(&mut self, idx: u32, res: i32, flags: u32) -> io::Result<()> {
+    fn on_recv(&mut self, core: &mut Core, idx: u32, res: i32, flags: u32) -> io::Result<()> {
         let more = cqueue::more(flags);
         if !more {
             self.conns[idx as usize].recv_armed = false;
@@ -582,20 +523,20 @@ impl UringDriver {
                 return Err(io::Error::other("recv completion without a buffer"));
             };
             if !self.conns[idx as usize].reaped {
-                self.core.on_recv(idx, self.bufs.data(bid, res as usize));
+                core.on_recv(idx, self.bufs.data(bid, res as usize));
             }
             self.bufs.push(bid);
             let uc = &self.conns[idx as usize];
-            if uc.reaped || self.core.phase(idx) == Phase::Dead {
+            if uc.reaped || core.phase(idx) == Phase::Dead {
                 // Nothing to do: reap cancels the recv.
-            } else if self.core.input(self.core.id(idx)).len()
-                >= self.core.pause_bytes(self.core.id(idx), self.read_bytes)
+            } else if core.input(core.id(idx)).len()
+                >= core.pause_bytes(core.id(idx), self.read_bytes)
             {
                 if !uc.paused {
                     self.conns[idx as usize].paused = true;
                     self.paused.push(idx);
                     if more {
-                        self.cancel(idx, OP_RECV)?;
+                        self.cancel(core, idx, OP_RECV)?;
                     }
                 }
             } else if !more {
@@ -603,36 +544,34 @@ impl UringDriver {
             }
         } else if res == 0 {
             if !self.conns[idx as usize].reaped {
-                self.core.on_eof(idx);
+                core.on_eof(idx);
             }
         } else if res == -libc::ENOBUFS {
             // Out of provided buffers: re-armed after this batch returned some.
             self.rearm.push(idx);
         } else if res != -libc::ECANCELED && !self.conns[idx as usize].reaped {
-            self.core
-                .on_error(idx, io::Error::from_raw_os_error(-res).kind());
+            core.on_error(idx, io::Error::from_raw_os_error(-res).kind());
         }
-        self.maybe_free(idx);
+        self.maybe_free(core, idx);
         Ok(())
     }
 
-    fn on_send(&mut self, idx: u32, res: i32) -> io::Result<()> {
+    fn on_send(&mut self, core: &mut Core, idx: u32, res: i32) -> io::Result<()> {
         self.conns[idx as usize].send_inflight = false;
         if res >= 0 {
-            self.core.out_advance(idx, res as usize);
+            core.out_advance(idx, res as usize);
             if !self.conns[idx as usize].reaped {
-                self.flush(idx)?;
+                self.flush(core, idx)?;
             }
         } else if !self.conns[idx as usize].reaped && res != -libc::ECANCELED {
-            self.core
-                .on_error(idx, io::Error::from_raw_os_error(-res).kind());
+            core.on_error(idx, io::Error::from_raw_os_error(-res).kind());
         }
-        self.maybe_free(idx);
+        self.maybe_free(core, idx);
         Ok(())
     }
 
     /// Handles every completion in the queue.
-    fn reap_completions(&mut self) -> io::Result<()> {
+    fn reap_completions(&mut self, core: &mut Core) -> io::Result<()> {
         let mut cqes = std::mem::take(&mut self.cqes);
         loop {
             cqes.clear();
@@ -663,14 +602,14 @@ impl UringDriver {
                         let slot = &self.accept_addrs[li][generation as usize];
                         let peer = if res >= 0 { slot.peer() } else { None };
                         self.accept_free[li].push(generation);
-                        self.on_accept(li, res, peer)?;
+                        self.on_accept(core, li, res, peer)?;
                     }
-                    OP_RECV => self.on_recv(idx, res, flags)?,
-                    OP_SEND => self.on_send(idx, res)?,
-                    OP_CONNECT => self.on_connect_poll(idx, res)?,
+                    OP_RECV => self.on_recv(core, idx, res, flags)?,
+                    OP_SEND => self.on_send(core, idx, res)?,
+                    OP_CONNECT => self.on_connect_poll(core, idx, res)?,
                     OP_CANCEL => {
                         self.conns[idx as usize].cancels_inflight -= 1;
-                        self.maybe_free(idx);
+                        self.maybe_free(core, idx);
                     }
                     _ => {}
                 }
@@ -678,8 +617,8 @@ impl UringDriver {
             self.bufs.publish();
             let mut rearm = std::mem::take(&mut self.rearm);
             for &idx in &rearm {
-                if self.core.phase(idx) != Phase::Dead {
-                    self.arm_recv(idx)?;
+                if core.phase(idx) != Phase::Dead {
+                    self.arm_recv(core, idx)?;
                 }
             }
             rearm.clear();
@@ -693,6 +632,7 @@ impl UringDriver {
     /// read the clock after the wait). Returns the time used.
     fn submit_and_collect(
         &mut self,
+        core: &mut Core,
         wait: Option<Duration>,
         now_ms: Option<u64>,
     ) -> io::Result<u64> {
@@ -729,63 +669,53 @@ impl UringDriver {
         }
         // Deadlines of what arrived are measured from after the wait.
         let now_ms = now_ms.unwrap_or_else(|| self.now_ms());
-        self.core.set_now(now_ms);
-        self.reap_completions()?;
+        core.set_now(now_ms);
+        self.reap_completions(core)?;
         Ok(now_ms)
     }
 }
 
-impl Driver for UringDriver {
-    type Event = NetEvent;
-
-    fn poll(&mut self, timeout: Option<Duration>, out: &mut Vec<NetEvent>) -> io::Result<()> {
-        self.poll_at(timeout, None, out)
-    }
-
-    fn poll_now(&mut self, now: Instant, out: &mut Vec<NetEvent>) -> io::Result<()> {
-        self.poll_at(Some(Duration::ZERO), Some(now), out)
-    }
-}
-
-impl UringDriver {
-    /// [`Driver::poll`]; `now`: the caller's clock reading (else the clock is read).
-    fn poll_at(
+impl UringIo {
+    /// One poll of [`NetDriver`](super::NetDriver) (`Driver::poll`) over `core`;
+    /// `now`: the caller's clock reading (else the clock is read).
+    pub fn poll_at(
         &mut self,
+        core: &mut Core,
         timeout: Option<Duration>,
         now: Option<Instant>,
         out: &mut Vec<NetEvent>,
     ) -> io::Result<()> {
-        self.arm_static()?;
+        self.arm_static(core)?;
         // Paused connections resume once the handler consumed.
         let mut list = std::mem::take(&mut self.list_buf);
         list.clear();
         list.append(&mut self.paused);
         for &idx in &list {
-            let id = self.core.id(idx);
+            let id = core.id(idx);
             let uc = &mut self.conns[idx as usize];
             if !uc.paused {
                 continue; // Stale entry: the slot was freed since.
             }
-            if uc.reaped || self.core.phase(idx) == Phase::Dead {
+            if uc.reaped || core.phase(idx) == Phase::Dead {
                 uc.paused = false;
             } else if uc.recv_armed {
                 // The cancel of its recv has not completed yet.
                 self.paused.push(idx);
-            } else if self.core.input(id).len() < self.core.pause_bytes(id, self.read_bytes) {
+            } else if core.input(id).len() < core.pause_bytes(id, self.read_bytes) {
                 uc.paused = false;
-                self.arm_recv(idx)?;
+                self.arm_recv(core, idx)?;
             } else {
                 self.paused.push(idx);
             }
         }
         // Output queued since the last poll: one batch of sends.
-        self.core.take_dirty(&mut list);
+        core.take_dirty(&mut list);
         for &idx in &list {
-            self.flush(idx)?;
+            self.flush(core, idx)?;
         }
         self.list_buf = list;
         // Then sockets of dead connections close (including those the flush finished).
-        self.reap()?;
+        self.reap(core)?;
 
         // At most one clock read per poll that does not block (none when the caller
         // gave its turn's reading), a second one only after a real wait.
@@ -793,10 +723,10 @@ impl UringDriver {
             || self.now_ms(),
             |t| t.saturating_duration_since(self.start).as_millis() as u64,
         );
-        let wait = if self.core.has_events() {
+        let wait = if core.has_events() {
             Some(Duration::ZERO)
         } else {
-            match (timeout, self.core.next_deadline_ms()) {
+            match (timeout, core.next_deadline_ms()) {
                 (Some(t), None) => Some(t),
                 (t, Some(deadline_ms)) => {
                     let d = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
@@ -806,23 +736,31 @@ impl UringDriver {
             }
         };
         let blocks = wait.is_none_or(|d| !d.is_zero());
-        now_ms = self.submit_and_collect(wait, (!blocks).then_some(now_ms))?;
-        self.core.advance(now_ms);
+        now_ms = self.submit_and_collect(core, wait, (!blocks).then_some(now_ms))?;
+        core.advance(now_ms);
         // Listeners whose pause ended are re-armed by the next poll's `arm_static`,
         // submitted by that poll's enter.
         let mut resumed = std::mem::take(&mut self.resumed);
-        self.core.take_resumed(&mut resumed);
+        core.take_resumed(&mut resumed);
         self.resumed = resumed;
-        self.core.take_events(out);
+        core.take_events(out);
         Ok(())
     }
 }
 
-impl Drop for UringDriver {
-    fn drop(&mut self) {
-        // End every connection's IO (recvs see end of stream, sends fail), cancel every
-        // request, then wait (bounded) until none references our memory. Listeners
-        // are not shut down: other shards may share their socket.
+impl UringIo {
+    /// Ends every connection's IO (recvs see end of stream, sends fail), cancels
+    /// every request, then waits (bounded) until none references our memory.
+    /// Listeners are not shut down: other shards may share their socket. Returns
+    /// whether IO may still reference memory after all: then the receive buffers
+    /// and accept addresses are leaked by our drop, and the caller must leak the
+    /// connections' output buffers (its [`Core`]). Runs once; later calls only
+    /// answer.
+    pub fn quiesce(&mut self) -> bool {
+        if self.quiesced {
+            return self.bufs_unsafe_to_free;
+        }
+        self.quiesced = true;
         for uc in &self.conns {
             if let Some(fd) = &uc.fd {
                 // SAFETY: shutdown on a socket we own.
@@ -835,13 +773,16 @@ impl Drop for UringDriver {
             // Some IO may still write into the buffers: never unmap them.
             self.bufs_unsafe_to_free = true;
         }
-        if self.bufs_unsafe_to_free {
+        self.bufs_unsafe_to_free
+    }
+}
+
+impl Drop for UringIo {
+    fn drop(&mut self) {
+        if self.quiesce() {
             std::mem::replace(&mut self.bufs, BufRing::empty()).leak();
             // An accept still in flight may write its peer address.
             std::mem::forget(std::mem::take(&mut self.accept_addrs));
-            // In-flight sends may still read the connections' output buffers.
-            let cfg = self.core.cfg.clone();
-            std::mem::forget(std::mem::replace(&mut self.core, Core::new(&cfg, 0)));
         }
     }
 }
