@@ -1,20 +1,20 @@
 //! The node(s) a run drives: an in-process node (`--embedded`) or external nodes by
 //! address, and the control path (tokens, group subscribers, metrics) through the HTTP
-//! API — over HTTP with a tiny blocking keep-alive client, or in-process through
+//! API — over HTTP with the node's own client (`engine::http::client`), or in-process through
 //! [`engine::http::Api`] for the embedded node.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::Mutex;
+use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use engine::http::client::BlockingClient;
 use engine::node::{Node, NodeConfig};
 
 use crate::conn::Transport;
 
 /// Largest HTTP response body the control client reads.
 pub const HTTP_BODY_MAX_BYTES: usize = 16 << 20;
-/// Bounds every control request's reads and writes.
+/// Bounds every control request (connect, request and answer).
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Subscribers per `/channel/subscriber_add` request.
 pub const SUBSCRIBERS_PER_REQUEST_MAX: usize = 1_000;
@@ -45,120 +45,11 @@ impl NodeAddrs {
     }
 }
 
-/// A tiny blocking HTTP/1.1 client (keep-alive, Content-Length bodies) for the API.
-pub struct HttpClient {
-    addr: SocketAddr,
-    bearer: Option<String>,
-    conn: Mutex<Option<BufReader<TcpStream>>>,
-}
-
-impl HttpClient {
-    pub fn new(addr: SocketAddr, bearer: Option<String>) -> HttpClient {
-        HttpClient {
-            addr,
-            bearer,
-            conn: Mutex::new(None),
-        }
-    }
-
-    /// One request; reuses the connection, reconnecting once if it went stale.
-    pub fn request(&self, method: &str, path: &str, body: &str) -> io::Result<(u16, String)> {
-        let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        for attempt in 0..2 {
-            if guard.is_none() {
-                let s = TcpStream::connect_timeout(&self.addr, HTTP_TIMEOUT)?;
-                s.set_read_timeout(Some(HTTP_TIMEOUT))?;
-                s.set_write_timeout(Some(HTTP_TIMEOUT))?;
-                s.set_nodelay(true)?;
-                *guard = Some(BufReader::new(s));
-            }
-            let Some(r) = guard.as_mut() else { continue };
-            match self.exchange(r, method, path, body) {
-                Ok((status, text, keep)) => {
-                    if !keep {
-                        *guard = None;
-                    }
-                    return Ok((status, text));
-                }
-                Err(e) => {
-                    *guard = None;
-                    if attempt == 1 {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Err(io::Error::other("unreachable: request loop"))
-    }
-
-    fn exchange(
-        &self,
-        r: &mut BufReader<TcpStream>,
-        method: &str,
-        path: &str,
-        body: &str,
-    ) -> io::Result<(u16, String, bool)> {
-        let auth = self
-            .bearer
-            .as_ref()
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        );
-        r.get_mut().write_all(req.as_bytes())?;
-        let mut line = String::new();
-        r.read_line(&mut line)?;
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| io::Error::other(format!("bad HTTP status line {line:?}")))?;
-        let mut len: Option<usize> = None;
-        let mut keep = true;
-        loop {
-            line.clear();
-            if r.read_line(&mut line)? == 0 {
-                return Err(io::Error::other("HTTP response ended in its headers"));
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                let k = k.trim().to_ascii_lowercase();
-                let v = v.trim();
-                if k == "content-length" {
-                    len = v.parse().ok();
-                } else if k == "connection" && v.eq_ignore_ascii_case("close") {
-                    keep = false;
-                }
-            }
-        }
-        let mut bytes = Vec::new();
-        match len {
-            Some(n) if n <= HTTP_BODY_MAX_BYTES => {
-                bytes.resize(n, 0);
-                r.read_exact(&mut bytes)?;
-            }
-            Some(n) => return Err(io::Error::other(format!("HTTP body of {n} bytes"))),
-            None => {
-                r.take(HTTP_BODY_MAX_BYTES as u64).read_to_end(&mut bytes)?;
-                keep = false;
-            }
-        }
-        Ok((status, String::from_utf8_lossy(&bytes).into_owned(), keep))
-    }
-}
-
 /// The control path of a run.
 pub enum Control {
     /// The embedded node's API, called in-process.
     Embedded(engine::http::Api),
-    Http(HttpClient),
+    Http(BlockingClient),
 }
 
 impl Control {
@@ -416,7 +307,12 @@ impl Target {
             .ok_or_else(|| io::Error::other("--api is required with an external node"))?;
         Ok(Target {
             nodes,
-            control: Control::Http(HttpClient::new(api0, bearer)),
+            control: Control::Http(BlockingClient::new(
+                api0,
+                bearer.as_deref(),
+                HTTP_TIMEOUT,
+                HTTP_BODY_MAX_BYTES,
+            )?),
             embedded: None,
         })
     }

@@ -3,10 +3,10 @@
 //!
 //! Contract of [`ForwardClient::send`]: one request (the body with its
 //! `Content-Length`, the caller's bearer token, the [`FORWARDED_HEADER`] naming this
-//! node) on a pooled keep-alive connection (hyper-util's client, built as the
-//! webhooks' is: [`crate::webhook::client::pooled_client`]), its answer's status and
-//! body; the whole exchange, the connect included, within `timeout`; an answer body
-//! over `answer_bytes_max` is refused. It is awaited on the API's runtime: no thread
+//! node) on a pooled keep-alive connection of the tree's one client
+//! ([`super::client::HttpClient`]), its answer's status and body; the whole
+//! exchange, the connect included, within `timeout`; an answer body over
+//! `answer_bytes_max` is refused. It is awaited on the API's runtime: no thread
 //! is held while the other node thinks.
 //!
 //! Contract of [`Peers::forward`]: at most `forward_connections_per_peer` requests
@@ -25,12 +25,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http_body_util::Full;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use tokio::sync::Semaphore;
+
+use super::client::{ClientLimits, ExchangeError, HttpClient};
 
 use crate::cluster::NodeId;
 
@@ -51,12 +51,7 @@ pub struct Outgoing<'a> {
     pub from: NodeId,
 }
 
-/// The other node's answer.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Answer {
-    pub status: u16,
-    pub body: Vec<u8>,
-}
+pub use super::client::Answer;
 
 /// Why no answer came.
 #[derive(Debug, thiserror::Error)]
@@ -87,21 +82,26 @@ impl ForwardError {
 /// The pooled client the forwards share.
 #[derive(Clone)]
 pub struct ForwardClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
     answer_bytes_max: usize,
 }
 
 impl ForwardClient {
-    /// Connects within `connect_timeout`; keeps up to `max_idle_per_host` idle
+    /// Connects within `connect_timeout`; keeps up to `idle_per_host_max` idle
     /// connections per node for `idle`; reads answers up to `answer_bytes_max`.
     pub fn new(
         connect_timeout: Duration,
         idle: Duration,
-        max_idle_per_host: usize,
+        idle_per_host_max: usize,
         answer_bytes_max: usize,
     ) -> ForwardClient {
+        let limits = ClientLimits {
+            connect_timeout,
+            idle,
+            idle_per_host_max,
+        };
         ForwardClient {
-            client: crate::webhook::client::pooled_client(connect_timeout, idle, max_idle_per_host),
+            client: HttpClient::plain(limits),
             answer_bytes_max,
         }
     }
@@ -115,37 +115,20 @@ impl ForwardClient {
         timeout: Duration,
     ) -> Result<Answer, ForwardError> {
         let req = build_request(addr, request)?;
-        let max = self.answer_bytes_max;
-        let exchange = async {
-            let resp = self.client.request(req).await.map_err(request_error)?;
-            let status = resp.status().as_u16();
-            let declared = resp
-                .headers()
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<usize>().ok());
-            if let Some(n) = declared.filter(|&n| n > max) {
-                return Err(ForwardError::TooLarge(n));
-            }
-            let body = Limited::new(resp.into_body(), max)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        ForwardError::TooLarge(max)
-                    } else {
-                        ForwardError::Unreachable(format!("the answer broke off: {e}"))
-                    }
-                })?
-                .to_bytes();
-            Ok(Answer {
-                status,
-                body: body.to_vec(),
-            })
-        };
-        match tokio::time::timeout(timeout, exchange).await {
-            Ok(r) => r,
-            Err(_) => Err(ForwardError::Timeout(timeout.as_millis() as u64)),
+        Ok(self
+            .client
+            .exchange(req, self.answer_bytes_max, timeout)
+            .await?)
+    }
+}
+
+impl From<ExchangeError> for ForwardError {
+    fn from(e: ExchangeError) -> ForwardError {
+        match e {
+            ExchangeError::Unreachable(text) => ForwardError::Unreachable(text),
+            ExchangeError::Timeout(ms) => ForwardError::Timeout(ms),
+            ExchangeError::TooLarge { bytes_max, .. } => ForwardError::TooLarge(bytes_max),
+            ExchangeError::Malformed(text) => ForwardError::Malformed(text),
         }
     }
 }
@@ -177,27 +160,6 @@ fn build_request(
     }
     b.body(Full::new(Bytes::copy_from_slice(r.body)))
         .map_err(|_| ForwardError::BadRequest("bad method or path"))
-}
-
-/// A client error as [`ForwardError`]: an answer that does not parse is
-/// malformed; anything else (no connection, closed before an answer) unreachable.
-fn request_error(e: hyper_util::client::legacy::Error) -> ForwardError {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    let mut parse = false;
-    while let Some(s) = source {
-        parse |= s
-            .downcast_ref::<hyper::Error>()
-            .is_some_and(|h| h.is_parse());
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    if parse {
-        ForwardError::Malformed(text)
-    } else {
-        ForwardError::Unreachable(text)
-    }
 }
 
 /// What a [`Breaker`] lets a forward do.

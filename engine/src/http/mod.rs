@@ -38,6 +38,7 @@
 //! - `POST /node/drain` ([`drain`]) moves the hash slots this node leads to the
 //!   other nodes and disconnects its sessions, before a restart.
 
+pub mod client;
 mod cluster;
 pub mod config;
 mod drain;

@@ -1,5 +1,5 @@
-//! The webhooks' HTTP client: hyper-util's pooled client (HTTP/1.1, keep-alive) on
-//! the runtime the driver runs on, every request bounded by `timeout_ms` (connect,
+//! The webhooks' HTTP client: the tree's one client (`http::client`, hyper-util's
+//! pooled client, HTTP/1.1, keep-alive) on the runtime the driver runs on, every request bounded by `timeout_ms` (connect,
 //! TLS handshake, send, answer and its body together). `https://` receivers go
 //! through hyper-rustls: rustls with the wss listener's crypto provider
 //! (`net::io::tls::provider`, ring), TLS 1.3 and 1.2, ALPN `http/1.1`, the
@@ -7,22 +7,18 @@
 //! `[webhook] ca_file`, against the CA certificates of that PEM file only.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use domain::webhook::{EventKind, Request};
 use hmac::{Hmac, Mac};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::header::{CONTENT_TYPE, HOST};
-use hyper::Uri;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper::{StatusCode, Uri};
 use sha2::Sha256;
 
 use super::WebhookConfig;
+use crate::http::client::{ClientLimits, ExchangeError, HttpClient};
 
 /// The signature header: `sha256=` and the hex HMAC-SHA256 of the body keyed by
 /// `[webhook] secret`.
@@ -87,25 +83,6 @@ impl Target {
     }
 }
 
-/// A pooled HTTP/1.1 client (hyper-util's legacy client, keep-alive) whose
-/// connections run on the runtime it is used from: connects bounded by
-/// `connect_timeout`, `TCP_NODELAY`, at most `max_idle_per_host` idle connections
-/// per host, each kept `idle`. The webhooks post with it, and the HTTP API passes
-/// requests to other nodes with it (`http::forward`).
-pub fn pooled_client(
-    connect_timeout: Duration,
-    idle: Duration,
-    max_idle_per_host: usize,
-) -> Client<HttpConnector, Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(idle)
-        .pool_max_idle_per_host(max_idle_per_host)
-        .build(connector)
-}
-
 /// The certificates a receiver's chain is checked against: those of `ca_file` (PEM,
 /// at least one CERTIFICATE), or Mozilla's roots when it is empty. Gives why the
 /// file does not do.
@@ -133,45 +110,10 @@ pub fn root_store(ca_file: &Path) -> Result<rustls::RootCertStore, String> {
     Ok(roots)
 }
 
-/// The TLS side of the webhooks' client: rustls on the wss listener's provider,
-/// TLS 1.3 and 1.2, no client certificate.
-fn tls_config(ca_file: &Path) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(net::io::tls::provider());
-    // ALPN (`http/1.1`) is set by the connector's `enable_http1`.
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(root_store(ca_file)?)
-        .with_no_client_auth())
-}
-
-/// The webhooks' pooled client: [`pooled_client`]'s settings under hyper-rustls
-/// (`http://` and `https://`).
-fn pooled_https_client(
-    tls: rustls::ClientConfig,
-    connect_timeout: Duration,
-    idle: Duration,
-    max_idle_per_host: usize,
-) -> Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(idle)
-        .pool_max_idle_per_host(max_idle_per_host)
-        .build(connector)
-}
-
 /// Posts the queues' requests.
 #[derive(Clone)]
 pub struct WebhookClient {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
     target: Target,
     timeout: Duration,
     secret: Option<Vec<u8>>,
@@ -183,14 +125,14 @@ impl WebhookClient {
     pub fn new(config: &WebhookConfig, node_id: u64, boot: u64) -> Result<WebhookClient, String> {
         let target = Target::parse(&config.url)?;
         let timeout = Duration::from_millis(config.timeout_ms);
-        let tls = tls_config(Path::new(&config.ca_file))
+        let roots = root_store(Path::new(&config.ca_file))
             .map_err(|e| format!("webhook.ca_file {:?}: {e}", config.ca_file))?;
-        let client = pooled_https_client(
-            tls,
-            timeout,
-            Duration::from_secs(30),
-            config.requests_in_flight_max * 3,
-        );
+        let limits = ClientLimits {
+            connect_timeout: timeout,
+            idle: Duration::from_secs(30),
+            idle_per_host_max: config.requests_in_flight_max * 3,
+        };
+        let client = HttpClient::new(limits, roots);
         let secret = config
             .secret
             .is_set()
@@ -227,40 +169,23 @@ impl WebhookClient {
             req = req.header(SIGNATURE_HEADER, signature(secret, &r.body));
         }
         let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
-        let answer = async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| error_chain(&e))?;
-            let status = resp.status();
-            // Read (a bounded part of) the answer so the connection can be reused.
-            let _ = Limited::new(resp.into_body(), ANSWER_BYTES_MAX)
-                .collect()
-                .await;
-            if status.is_success() {
-                Ok(())
-            } else {
-                Err(format!("answered {status}"))
-            }
+        // A body over the limit is not waited for; the status decides.
+        let status = match self
+            .client
+            .exchange(req, ANSWER_BYTES_MAX, self.timeout)
+            .await
+        {
+            Ok(answer) => answer.status,
+            Err(ExchangeError::TooLarge { status, .. }) => status,
+            Err(e) => return Err(e.to_string()),
         };
-        match tokio::time::timeout(self.timeout, answer).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
+        let status = StatusCode::from_u16(status).map_err(|e| e.to_string())?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("answered {status}"))
         }
     }
-}
-
-/// `e` and its sources (a TLS refusal is a source of hyper-util's connect error).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 /// `sha256=<hex>`: the HMAC-SHA256 of `body` keyed by `secret`.
