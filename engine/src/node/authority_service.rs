@@ -60,7 +60,7 @@ impl NodeShard {
         }
         let to = self.shared.slot_map.shard_of(target.hash_slot);
         if to == self.me {
-            let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
+            let reply = self.authority.serve(cx.now_ms() / 1000, &target, request);
             self.on_authority_reply(cx, corr, reply);
         } else {
             let pending = Pending::Authority {
@@ -74,21 +74,6 @@ impl NodeShard {
                 pending,
             );
         }
-    }
-
-    /// The authority side: one call on this shard's directory.
-    pub(crate) fn serve_authority(
-        &mut self,
-        now_s: u64,
-        target: &Target,
-        request: AuthorityRequest,
-    ) -> AuthorityReply {
-        let reply = self.authority.serve(target, request, now_s);
-        self.publish_presence();
-        if reply.is_stale_refusal() {
-            self.metrics.authority_stale_refusals.inc();
-        }
-        reply
     }
 
     /// An authority reply: an activation's is queued as its event (the caller
@@ -337,7 +322,9 @@ impl NodeShard {
         }
         let to = self.shared.slot_map.shard_of(target.hash_slot);
         if to == self.me {
-            let answer = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+            let answer = self
+                .authority
+                .serve_touch(cx.now_ms() / 1000, &target, routes);
             self.on_touch_answer(cx, driver, target, &answer);
         } else {
             // Over the ring only the failures come back (a dropped batch is requeued by
@@ -350,28 +337,9 @@ impl NodeShard {
         }
     }
 
-    /// The authority side of a touch batch: what the owner does with its routes.
-    pub(crate) fn serve_touch(
-        &mut self,
-        now_s: u64,
-        target: &Target,
-        routes: Vec<Route>,
-    ) -> TouchAnswer {
-        let answer = self.authority.serve_touch(target, routes, now_s);
-        self.publish_presence();
-        answer
-    }
-
     /// The expiry pass: routes of this shard's slots not touched in time expire.
     pub(super) fn expire_routes(&mut self, cx: &mut Context<Msg, NodeTimer>) {
-        let expired = self.authority.expire(cx.now_ms() / 1000);
-        self.metrics.expiries.add(expired as u64);
-        let stats = self.authority.stats();
-        self.metrics.handover_routes.set(stats.handover_routes);
-        (self.metrics.handover_waits_expired).set(stats.handover_waits_expired);
-        self.metrics.handovers_relayed.set(stats.handovers_relayed);
-        self.metrics.handovers_ignored.set(stats.handovers_ignored);
-        self.publish_presence();
+        self.authority.expire(cx.now_ms() / 1000);
         // Relays whose wait ran out are handed over by the pass.
         self.send_handovers(cx);
     }
@@ -391,26 +359,6 @@ impl NodeShard {
                 let request = super::wire::Request::Handover(batch);
                 self.request_remote(cx, node, request, Pending::Handover);
             }
-        }
-    }
-
-    /// A handover batch from the old leader of one of this shard's hash slots.
-    pub(super) fn take_handover(
-        &mut self,
-        now_s: u64,
-        batch: crate::authority::HandoverBatch,
-    ) -> Result<(), AuthorityError> {
-        self.authority.take_handover(batch, now_s).map(|_| ())
-    }
-
-    /// Hands the authority's route changes since the last call to the
-    /// `user.onlinestatus` webhook (recorded only when it is on). This node leads
-    /// their hash slots: the one node that sends them.
-    fn publish_presence(&mut self) {
-        let mut changes = Vec::new();
-        self.authority.take_presence(&mut changes);
-        for change in changes {
-            self.shared.webhooks.status(change);
         }
     }
 }

@@ -23,7 +23,7 @@ impl NodeShard {
     pub(super) fn publish_gauges(&mut self, cx: &mut Context<Msg, NodeTimer>) {
         let shared = self.shared.clone();
         for slot in shared.slot_map.slots_of(self.me) {
-            let n = self.authority.counts(slot).active_routes as u64;
+            let n = self.authority.active_routes(slot);
             shared.routes_per_slot[slot as usize].store(n, std::sync::atomic::Ordering::Relaxed);
         }
         let shards = shared.slot_map.shard_count();
@@ -81,15 +81,10 @@ impl NodeShard {
             return;
         };
         let view = &view;
-        self.metrics.view_revision.set(view.revision);
-        self.authority
-            .apply_view(view, self.shared.config.node_id, cx.now_ms() / 1000);
-        self.send_handovers(cx);
         // A slot taken from a node this shard cannot reach waits for no handover.
-        let down: Vec<crate::cluster::NodeId> = self.peers.down_nodes().collect();
-        for node in down {
-            self.authority.end_waits_from(node);
-        }
+        let down = self.peers.down_nodes();
+        (self.authority).apply_view(view, cx.now_ms() / 1000, down);
+        self.send_handovers(cx);
         let old = std::mem::replace(&mut self.view, view.clone());
         let queued = self.registry.queue_rebuild(&old, view, cx.now_ms());
         if queued > 0 {

@@ -161,7 +161,7 @@ impl Handler for NodeShard {
 
     fn on_turn(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) -> usize {
         self.metrics.record_net(&driver.stats());
-        let rebuilds = self.authority.stats().filter_rebuilds;
+        let rebuilds = self.authority.filter_rebuilds();
         (self.metrics).record_presence_filter(self.reader.filter_counts(), rebuilds);
         // This turn's driver poll has handed earlier RECVs to the kernel.
         (self.owner).observe_socket_writes(&self.stages, &self.shared);

@@ -333,11 +333,13 @@ impl NodeShard {
         }
         match request {
             wire::Request::Authority { target, request } => {
-                let reply = self.serve_authority(cx.now_ms() / 1000, &target, request);
+                let reply = self.authority.serve(cx.now_ms() / 1000, &target, request);
                 self.answer(cx, driver, reply_to, wire::Reply::Authority(reply));
             }
             wire::Request::Touch { target, routes } => {
-                let answer = self.serve_touch(cx.now_ms() / 1000, &target, routes);
+                let answer = self
+                    .authority
+                    .serve_touch(cx.now_ms() / 1000, &target, routes);
                 // A shard of this node needs an answer only if there is work in it.
                 if !(answer.is_empty() && matches!(reply_to, ReplyTo::Shard(..))) {
                     self.answer(cx, driver, reply_to, wire::Reply::Touch(answer));
@@ -360,7 +362,7 @@ impl NodeShard {
                 self.answer(cx, driver, reply_to, reply);
             }
             wire::Request::Handover(batch) => {
-                let result = self.take_handover(cx.now_ms() / 1000, batch);
+                let result = self.authority.take_handover(cx.now_ms() / 1000, batch);
                 self.answer(cx, driver, reply_to, wire::Reply::Handover(result));
             }
         }

@@ -21,6 +21,7 @@
 //! - [`metrics`]: per-shard counters and stage histograms.
 
 mod authority_service;
+mod authority_side;
 pub mod catalog;
 pub mod config;
 mod conn;

@@ -23,10 +23,11 @@ use slots::ShardId;
 use domain::send::commit::Now;
 
 use crate::activation::{Activation, ActivationId, Event, Output};
-use crate::authority::{Authority, AuthorityReader};
+use crate::authority::AuthorityReader;
 use crate::cluster::ClusterView;
 use crate::registry::Registry;
 
+use super::authority_side::AuthoritySide;
 use super::msg::Msg;
 pub use super::msg::NodeTimer;
 use super::send::owner::{OwnerIo, OwnerSide};
@@ -44,7 +45,8 @@ pub struct NodeShard {
     pub(crate) stages: Arc<super::metrics::StageHistograms>,
     pub(crate) view: ClusterView,
     pub(crate) registry: Registry,
-    pub(crate) authority: Authority,
+    /// The directory of this shard's hash slots.
+    pub(crate) authority: AuthoritySide,
     pub(crate) reader: AuthorityReader,
     /// The connections and their sessions.
     pub(crate) conns: ConnTable,
@@ -99,20 +101,10 @@ impl NodeShard {
         );
         let registry = Registry::new(rcfg)
             .map_err(|e| std::io::Error::other(format!("registry config: {e:?}")))?;
-        let my_slots: Vec<_> = shared.slot_map.slots_of(me).collect();
-        let mut authority = Authority::new(cfg.authority.clone(), &shared.directory, &my_slots)
-            .map_err(|e| std::io::Error::other(format!("authority: {e:?}")))?;
-        authority.apply_view(&view, cfg.node_id, 0);
+        let (authority, reader) = AuthoritySide::new(me, &shared, &view)?;
         shared.shard_metrics[me as usize]
             .view_revision
             .set(view.revision);
-        // The `user.onlinestatus` webhook's route changes, from this shard's slots.
-        authority.record_presence(
-            shared
-                .webhooks
-                .enabled(domain::webhook::EventKind::OnlineStatus),
-        );
-        let reader = authority.reader();
         let peers = super::peers::new_for_shard(&shared, me);
         let owner = OwnerSide::new(&cfg.session);
         let gateway = GatewaySide::new(me, &shared);
