@@ -10,7 +10,10 @@
 // A test driver, outside the sans-IO boundary: it reads the crate's files.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod boundary_scan;
+use boundary_scan::{dependencies, io_paths_named, sources};
 
 /// What `domain` may depend on: none of these reaches a socket, a file, a thread or
 /// a clock.
@@ -65,37 +68,6 @@ fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("domain/src is readable") {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
-/// The names in a manifest's `[dependencies]` and target-specific dependency tables
-/// (not dev-dependencies: tests are drivers).
-fn dependencies(manifest: &str) -> Vec<String> {
-    let mut section = "";
-    let mut found = Vec::new();
-    for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
-            section = line;
-            continue;
-        }
-        let runtime_section = section == "[dependencies]"
-            || (section.starts_with("[target.") && section.ends_with(".dependencies]"));
-        if runtime_section && !line.is_empty() && !line.starts_with('#') {
-            let name = line.split(['=', ' ', '.']).next().unwrap().to_owned();
-            found.push(name);
-        }
-    }
-    found
-}
-
 fn manifest_of(crate_name: &str) -> String {
     let dir = crate_dir().parent().unwrap().join(crate_name);
     std::fs::read_to_string(dir.join("Cargo.toml")).unwrap()
@@ -136,30 +108,6 @@ fn the_workspace_crates_below_domain_reach_no_io() {
     );
 }
 
-/// The forbidden paths `text` names outside its unit tests and comments, with their
-/// line numbers.
-fn io_paths_named(text: &str) -> Vec<(usize, &'static str)> {
-    // Unit tests sit at the bottom of a file, after `#[cfg(test)]`: drivers of their
-    // own (threads, seeds from the environment).
-    let code = text.split("#[cfg(test)]").next().unwrap();
-    let mut named = Vec::new();
-    for (n, line) in code.lines().enumerate() {
-        let line = line.split("//").next().unwrap();
-        for path in FORBIDDEN_PATHS {
-            let whole_word = line.match_indices(path).any(|(i, _)| {
-                let before = line[..i].chars().next_back();
-                let after = line[i + path.len()..].chars().next();
-                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
-                    && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
-            });
-            if whole_word {
-                named.push((n + 1, *path));
-            }
-        }
-    }
-    named
-}
-
 #[test]
 fn no_source_file_names_an_io_path() {
     let mut files = Vec::new();
@@ -168,7 +116,7 @@ fn no_source_file_names_an_io_path() {
     let mut offences = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
-        for (line, path) in io_paths_named(&text) {
+        for (line, path) in io_paths_named(&text, FORBIDDEN_PATHS) {
             offences.push(format!("{}:{line}: names `{path}`", file.display()));
         }
     }
@@ -190,7 +138,7 @@ fn the_scan_sees_io_paths_in_code_only() {
                 use tokio_like::X;\n\
                 #[cfg(test)]\nmod tests { use std::thread; }\n";
     assert_eq!(
-        io_paths_named(text),
+        io_paths_named(text, FORBIDDEN_PATHS),
         vec![(2, "std::time::Instant"), (3, "mio")]
     );
 }

@@ -1,0 +1,449 @@
+//! One replicated group, sans-IO: raft-rs's `RawNode` driven by ticks, peers'
+//! bytes and proposals, giving out the bytes to send and the entries committed.
+//!
+//! # Contract
+//! - Time is ticks: the caller calls [`Group::tick`] at its own interval; the
+//!   election timeout is `election_ticks` to `2 × election_ticks - 1` ticks, the
+//!   heartbeat every `heartbeat_ticks`.
+//! - Every randomized election timeout comes from the group's seeded RNG, never
+//!   from raft-rs's `thread_rng`: after each call that may have reset raft's
+//!   timers (a changed term, role or leader, or a timeout raft drew itself) a new
+//!   one is drawn from the seed's stream and set. The same seed and the same
+//!   inputs give the same outputs.
+//! - Pre-vote and check-quorum are on: a partitioned replica does not raise the
+//!   term when it comes back, and a leader that lost its quorum steps down.
+//! - Only the leader proposes ([`GroupError::NotLeader`] names the leader it
+//!   knows); peers' proposals are refused by the wire ([`crate::wire`]).
+//! - After any input, [`Group::drain`] hands out what to send and what was
+//!   committed; until then nothing leaves. The log here is in memory and bounded
+//!   by `log_entries_max` (proposals past it are refused with
+//!   [`GroupError::LogFull`]): the node's message log replaces it.
+
+use raft::prelude::{ConfChange, ConfChangeV2, Entry, EntryType, Message};
+use raft::storage::MemStorage;
+use raft::{Config, RawNode, StateRole};
+use rand::Rng;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::wire::{self, WireError};
+
+/// How a group runs (the node's config gives each field).
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    /// This replica's id (its node's id; not 0).
+    pub id: u64,
+    /// The voters at creation (this replica among them or among the learners).
+    pub voters: Vec<u64>,
+    /// The learners at creation (they replicate, they do not vote).
+    pub learners: Vec<u64>,
+    /// The shortest election timeout, in ticks (the longest is twice it, less one).
+    pub election_ticks: usize,
+    /// Ticks between a leader's heartbeats (less than `election_ticks`).
+    pub heartbeat_ticks: usize,
+    /// The seed of the election timeouts.
+    pub seed: u64,
+    /// The most entry bytes in one append message.
+    pub msg_bytes_max: u64,
+    /// The most append messages in flight to one follower.
+    pub inflight_msgs_max: usize,
+    /// The most entries the in-memory log holds.
+    pub log_entries_max: u64,
+}
+
+impl GroupConfig {
+    /// Defaults for a group of `voters`, replica `id`, seeded with `seed`.
+    pub fn new(id: u64, voters: Vec<u64>, seed: u64) -> GroupConfig {
+        GroupConfig {
+            id,
+            voters,
+            learners: Vec::new(),
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            seed,
+            msg_bytes_max: 1 << 20,
+            inflight_msgs_max: 256,
+            log_entries_max: 1 << 20,
+        }
+    }
+}
+
+/// Why a call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    /// The config does not make a group (raft-rs's check, or ours).
+    #[error("bad group config: {0}")]
+    Config(String),
+    /// Only the leader proposes.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader this replica knows of, if any.
+        leader: Option<u64>,
+    },
+    /// The in-memory log holds `log_entries_max` entries.
+    #[error("the log holds its limit of {0} entries")]
+    LogFull(u64),
+    /// A peer's bytes were refused.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// raft-rs refused the input (a proposal dropped while a leader transfer
+    /// runs, a step from a replica it does not know).
+    #[error("raft refused: {0}")]
+    Raft(String),
+}
+
+/// A replica's role in its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Follows a leader (or waits for one).
+    Follower,
+    /// Asks whether it could win an election (pre-vote), term unchanged.
+    PreCandidate,
+    /// Runs an election in a new term.
+    Candidate,
+    /// Leads the group: proposes, replicates, commits.
+    Leader,
+}
+
+/// An entry committed in the group, in log order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// Its log index.
+    pub index: u64,
+    /// The term it was proposed in.
+    pub term: u64,
+    /// A proposal's bytes; empty for raft's own entries (a new leader's no-op, a
+    /// conf change, applied here).
+    pub data: Vec<u8>,
+}
+
+/// What one [`Group::drain`] gives out.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    /// `(to, bytes)`: messages for peers, in our encoding, in order.
+    pub messages: Vec<(u64, Vec<u8>)>,
+    /// Entries committed since the last drain, in log order.
+    pub committed: Vec<Committed>,
+}
+
+/// One replica of one group (module docs).
+pub struct Group {
+    node: RawNode<MemStorage>,
+    rng: ChaCha8Rng,
+    /// `(term, role, leader)` when the timeout was last drawn, and the timeout.
+    drawn: ((u64, Role, u64), usize),
+    election_ticks: usize,
+    log_entries_max: u64,
+}
+
+fn role(r: StateRole) -> Role {
+    match r {
+        StateRole::Follower => Role::Follower,
+        StateRole::PreCandidate => Role::PreCandidate,
+        StateRole::Candidate => Role::Candidate,
+        StateRole::Leader => Role::Leader,
+    }
+}
+
+impl Group {
+    /// A new replica with an empty log (module docs).
+    pub fn new(cfg: &GroupConfig) -> Result<Group, GroupError> {
+        let config = Config {
+            id: cfg.id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: cfg.heartbeat_ticks,
+            max_size_per_msg: cfg.msg_bytes_max,
+            max_inflight_msgs: cfg.inflight_msgs_max,
+            pre_vote: true,
+            check_quorum: true,
+            ..Config::default()
+        };
+        config
+            .validate()
+            .map_err(|e| GroupError::Config(e.to_string()))?;
+        if cfg.log_entries_max == 0 {
+            return Err(GroupError::Config(
+                "log_entries_max must be at least 1".into(),
+            ));
+        }
+        let storage = MemStorage::new_with_conf_state((cfg.voters.clone(), cfg.learners.clone()));
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let node = RawNode::new(&config, storage, &logger)
+            .map_err(|e| GroupError::Config(e.to_string()))?;
+        let mut g = Group {
+            node,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            drawn: ((0, Role::Follower, 0), 0),
+            election_ticks: cfg.election_ticks,
+            log_entries_max: cfg.log_entries_max,
+        };
+        g.draw_timeout();
+        Ok(g)
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> u64 {
+        self.node.raft.id
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.node.raft.term
+    }
+
+    /// This replica's role.
+    pub fn role(&self) -> Role {
+        role(self.node.raft.state)
+    }
+
+    /// The leader this replica knows of.
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.node.raft.leader_id).filter(|&l| l != raft::INVALID_ID)
+    }
+
+    /// The highest index known committed.
+    pub fn commit_index(&self) -> u64 {
+        self.node.raft.raft_log.committed
+    }
+
+    /// The election timeout now in force, in ticks.
+    pub fn election_timeout_ticks(&self) -> usize {
+        self.node.raft.randomized_election_timeout()
+    }
+
+    /// One tick of the caller's clock.
+    pub fn tick(&mut self) {
+        self.node.tick();
+        self.redraw_if_reset();
+    }
+
+    /// Bytes from the link of replica `peer`.
+    pub fn step(&mut self, peer: u64, bytes: &[u8]) -> Result<(), GroupError> {
+        let m = wire::decode(bytes, self.id(), peer)?;
+        let result = self.node.step(m);
+        self.redraw_if_reset();
+        result.map_err(|e| GroupError::Raft(e.to_string()))
+    }
+
+    /// Proposes `data` (the leader only; module docs).
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<(), GroupError> {
+        if self.role() != Role::Leader {
+            return Err(GroupError::NotLeader {
+                leader: self.leader(),
+            });
+        }
+        let log = &self.node.raft.raft_log;
+        let held = log.last_index() + 1 - log.first_index();
+        if held >= self.log_entries_max {
+            return Err(GroupError::LogFull(self.log_entries_max));
+        }
+        let result = self.node.propose(Vec::new(), data);
+        self.redraw_if_reset();
+        result.map_err(|e| GroupError::Raft(e.to_string()))
+    }
+
+    /// Starts an election now (a planned leader change, or a test).
+    pub fn campaign(&mut self) -> Result<(), GroupError> {
+        let result = self.node.campaign();
+        self.redraw_if_reset();
+        result.map_err(|e| GroupError::Raft(e.to_string()))
+    }
+
+    /// Hands leadership to `to` (the leader only; others ignore it).
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.node.transfer_leader(to);
+        self.redraw_if_reset();
+    }
+
+    /// The link to `peer` is down: the leader stops streaming appends to it.
+    pub fn report_unreachable(&mut self, peer: u64) {
+        self.node.report_unreachable(peer);
+    }
+
+    /// Hands out the messages to send and the entries committed since the last
+    /// call, after making the new entries and state durable (here: in memory).
+    pub fn drain(&mut self, out: &mut Outputs) {
+        while self.node.has_ready() {
+            let mut ready = self.node.ready();
+            self.send(ready.take_messages(), out);
+            if !ready.snapshot().is_empty() {
+                let snap = ready.snapshot().clone();
+                if let Err(e) = self.node.mut_store().wl().apply_snapshot(snap) {
+                    unreachable!("a snapshot raft handed out applies: {e}");
+                }
+            }
+            self.apply(ready.take_committed_entries(), out);
+            if let Err(e) = self.node.mut_store().wl().append(ready.entries()) {
+                unreachable!("entries raft handed out append: {e}");
+            }
+            if let Some(hs) = ready.hs() {
+                self.node.mut_store().wl().set_hardstate(hs.clone());
+            }
+            self.send(ready.take_persisted_messages(), out);
+            let mut light = self.node.advance(ready);
+            if let Some(commit) = light.commit_index() {
+                self.node.mut_store().wl().mut_hard_state().commit = commit;
+            }
+            self.send(light.take_messages(), out);
+            self.apply(light.take_committed_entries(), out);
+            self.node.advance_apply();
+        }
+        self.redraw_if_reset();
+    }
+
+    fn send(&mut self, messages: Vec<Message>, out: &mut Outputs) {
+        out.messages
+            .extend(messages.iter().map(|m| (m.to, wire::encode(m))));
+    }
+
+    /// Committed entries: conf changes applied here, the rest handed out.
+    fn apply(&mut self, entries: Vec<Entry>, out: &mut Outputs) {
+        for e in entries {
+            let cs = match e.entry_type {
+                EntryType::EntryNormal => None,
+                EntryType::EntryConfChange => {
+                    let cc: ConfChange = protobuf::Message::parse_from_bytes(&e.data)
+                        .expect("a committed conf change was re-encoded by us");
+                    Some(self.node.apply_conf_change(&cc))
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let cc: ConfChangeV2 = protobuf::Message::parse_from_bytes(&e.data)
+                        .expect("a committed conf change was re-encoded by us");
+                    Some(self.node.apply_conf_change(&cc))
+                }
+            };
+            match cs {
+                Some(Ok(cs)) => self.node.mut_store().wl().set_conf_state(cs),
+                Some(Err(err)) => unreachable!("raft refused its own conf change: {err}"),
+                None => {}
+            }
+            let data = match e.entry_type {
+                EntryType::EntryNormal => e.data.to_vec(),
+                _ => Vec::new(),
+            };
+            out.committed.push(Committed {
+                index: e.index,
+                term: e.term,
+                data,
+            });
+        }
+    }
+
+    /// Draws a new election timeout from the seed when raft may have reset its
+    /// timers (module docs).
+    fn redraw_if_reset(&mut self) {
+        let key = (self.term(), self.role(), self.node.raft.leader_id);
+        if key != self.drawn.0 || self.election_timeout_ticks() != self.drawn.1 {
+            self.draw_timeout();
+        }
+    }
+
+    fn draw_timeout(&mut self) {
+        let t = self
+            .rng
+            .gen_range(self.election_ticks..2 * self.election_ticks);
+        self.node.raft.set_randomized_election_timeout(t);
+        let key = (self.term(), self.role(), self.node.raft.leader_id);
+        self.drawn = (key, t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drained(g: &mut Group) -> Outputs {
+        let mut out = Outputs::default();
+        g.drain(&mut out);
+        out
+    }
+
+    /// A group of one elects itself, commits its no-op, then each proposal; a
+    /// proposal past `log_entries_max` is refused and nothing is lost before it.
+    #[test]
+    fn a_lone_replica_leads_commits_and_refuses_past_its_log_limit() {
+        let mut cfg = GroupConfig::new(1, vec![1], 5);
+        cfg.log_entries_max = 3;
+        let mut g = Group::new(&cfg).unwrap();
+        assert_eq!(
+            g.propose(b"early".to_vec()),
+            Err(GroupError::NotLeader { leader: None })
+        );
+        g.campaign().unwrap();
+        assert_eq!((g.role(), g.leader(), g.term()), (Role::Leader, Some(1), 1));
+        let noop = drained(&mut g).committed;
+        assert_eq!(
+            noop,
+            vec![Committed {
+                index: 1,
+                term: 1,
+                data: Vec::new()
+            }]
+        );
+        g.propose(b"a".to_vec()).unwrap();
+        g.propose(b"b".to_vec()).unwrap();
+        assert_eq!(g.propose(b"c".to_vec()), Err(GroupError::LogFull(3)));
+        let data: Vec<Vec<u8>> = drained(&mut g)
+            .committed
+            .into_iter()
+            .map(|c| c.data)
+            .collect();
+        assert_eq!(data, vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(g.commit_index(), 3);
+    }
+
+    /// A follower names the leader it knows when it refuses a proposal; bytes from
+    /// a peer that are a proposal are refused by the wire.
+    #[test]
+    fn followers_refuse_proposals_and_name_their_leader() {
+        let voters = vec![1, 2, 3];
+        let mut groups: Vec<Group> = (1..=3)
+            .map(|id| Group::new(&GroupConfig::new(id, voters.clone(), id)).unwrap())
+            .collect();
+        groups[0].campaign().unwrap();
+        // Deliver until quiet.
+        for _ in 0..20 {
+            for i in 0..3 {
+                for (to, bytes) in drained(&mut groups[i]).messages {
+                    let from = groups[i].id();
+                    let _ = groups[to as usize - 1].step(from, &bytes);
+                }
+            }
+        }
+        assert_eq!(groups[0].role(), Role::Leader);
+        let e = groups[1].propose(b"x".to_vec()).unwrap_err();
+        assert_eq!(e, GroupError::NotLeader { leader: Some(1) });
+        let mut propose = raft::prelude::Message {
+            msg_type: raft::prelude::MessageType::MsgPropose,
+            from: 2,
+            to: 1,
+            ..Default::default()
+        };
+        propose.entries.push(Entry::default());
+        let e = groups[0].step(2, &wire::encode(&propose)).unwrap_err();
+        assert_eq!(e, GroupError::Wire(WireError::RefusedKind(2)));
+    }
+
+    /// Configs that do not make a group are refused with the reason; every
+    /// election timeout drawn lies in `[election_ticks, 2 × election_ticks)`.
+    #[test]
+    fn bad_configs_are_refused_and_timeouts_stay_in_range() {
+        let mut cfg = GroupConfig::new(1, vec![1, 2, 3], 9);
+        cfg.log_entries_max = 0;
+        assert!(matches!(Group::new(&cfg), Err(GroupError::Config(_))));
+        let mut cfg = GroupConfig::new(1, vec![1, 2, 3], 9);
+        cfg.heartbeat_ticks = cfg.election_ticks;
+        assert!(matches!(Group::new(&cfg), Err(GroupError::Config(_))));
+        let cfg = GroupConfig::new(1, vec![1, 2, 3], 9);
+        let mut g = Group::new(&cfg).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..2_000 {
+            g.tick();
+            let _ = drained(&mut g);
+            let t = g.election_timeout_ticks();
+            assert!((10..20).contains(&t), "{t}");
+            seen.insert(t);
+        }
+        assert!(seen.len() > 1, "one timeout drawn only: {seen:?}");
+    }
+}
