@@ -18,10 +18,14 @@
 //!   committed; until then nothing leaves. The log here is in memory and bounded
 //!   by `log_entries_max` (proposals past it are refused with
 //!   [`GroupError::LogFull`]): the node's message log replaces it.
+//! - What [`Group::drain`] made durable (entries, term and vote, conf state) is a
+//!   [`Durable`]: a crash ([`Group::into_durable`]) keeps it and a restart
+//!   ([`Group::restart`]) starts from it, handing its committed entries out again
+//!   from the first (the state machine replays them).
 
 use raft::prelude::{ConfChange, ConfChangeV2, Entry, EntryType, Message};
 use raft::storage::MemStorage;
-use raft::{Config, RawNode, StateRole};
+use raft::{Config, GetEntriesContext, RawNode, StateRole, Storage};
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -126,6 +130,33 @@ pub struct Outputs {
     pub committed: Vec<Committed>,
 }
 
+/// What a replica made durable: its log, term, vote and configuration. It
+/// survives a crash of the replica (as the page cache survives a kill -9).
+pub struct Durable(MemStorage);
+
+impl Durable {
+    /// A copy of what is durable now, independent of later writes (a test keeps
+    /// one to stand for a disk that lost the writes after it).
+    pub fn snapshot_copy(&self) -> Durable {
+        let state = self.0.initial_state().expect("memory storage has a state");
+        let copy = MemStorage::new();
+        {
+            let mut w = copy.wl();
+            w.set_hardstate(state.hard_state);
+            w.set_conf_state(state.conf_state);
+            let (first, last) = (self.0.first_index(), self.0.last_index());
+            let (first, last) = (first.expect("a first index"), last.expect("a last index"));
+            if last >= first {
+                let ctx = GetEntriesContext::empty(false);
+                let entries = (self.0.entries(first, last + 1, None, ctx))
+                    .expect("the entries between first and last are held");
+                w.append(&entries).expect("entries of one log append");
+            }
+        }
+        Durable(copy)
+    }
+}
+
 /// One replica of one group (module docs).
 pub struct Group {
     node: RawNode<MemStorage>,
@@ -146,8 +177,31 @@ fn role(r: StateRole) -> Role {
 }
 
 impl Group {
-    /// A new replica with an empty log (module docs).
+    /// A new replica with an empty log and `cfg`'s voters and learners.
     pub fn new(cfg: &GroupConfig) -> Result<Group, GroupError> {
+        let storage = MemStorage::new_with_conf_state((cfg.voters.clone(), cfg.learners.clone()));
+        Group::open(cfg, Durable(storage))
+    }
+
+    /// A replica restarted from what it made durable (its configuration is the
+    /// durable one; `cfg`'s voters and learners are not read). Its committed
+    /// entries are handed out again from the first.
+    pub fn restart(cfg: &GroupConfig, durable: Durable) -> Result<Group, GroupError> {
+        Group::open(cfg, durable)
+    }
+
+    /// A copy of what this replica made durable so far, independent of its later
+    /// writes.
+    pub fn durable_copy(&self) -> Durable {
+        Durable(self.node.store().clone()).snapshot_copy()
+    }
+
+    /// The replica crashes: what it made durable stays.
+    pub fn into_durable(self) -> Durable {
+        Durable(self.node.store().clone())
+    }
+
+    fn open(cfg: &GroupConfig, durable: Durable) -> Result<Group, GroupError> {
         let config = Config {
             id: cfg.id,
             election_tick: cfg.election_ticks,
@@ -166,9 +220,8 @@ impl Group {
                 "log_entries_max must be at least 1".into(),
             ));
         }
-        let storage = MemStorage::new_with_conf_state((cfg.voters.clone(), cfg.learners.clone()));
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let node = RawNode::new(&config, storage, &logger)
+        let node = RawNode::new(&config, durable.0, &logger)
             .map_err(|e| GroupError::Config(e.to_string()))?;
         let mut g = Group {
             node,
@@ -390,6 +443,39 @@ mod tests {
             .collect();
         assert_eq!(data, vec![b"a".to_vec(), b"b".to_vec()]);
         assert_eq!(g.commit_index(), 3);
+    }
+
+    /// A restart keeps the term, the vote and the log, and hands the committed
+    /// entries out again from the first; a copy taken earlier does not see later
+    /// writes.
+    #[test]
+    fn a_restart_keeps_term_vote_and_log_and_replays_commits() {
+        let cfg = GroupConfig::new(1, vec![1], 5);
+        let mut g = Group::new(&cfg).unwrap();
+        g.campaign().unwrap();
+        let _ = drained(&mut g);
+        let early = g.durable_copy();
+        g.propose(b"a".to_vec()).unwrap();
+        let before = drained(&mut g).committed;
+        assert_eq!(before.last().map(|c| c.data.clone()), Some(b"a".to_vec()));
+        let mut g = Group::restart(&cfg, g.into_durable()).unwrap();
+        assert_eq!(g.term(), 1);
+        g.campaign().unwrap();
+        let replayed: Vec<Vec<u8>> = drained(&mut g)
+            .committed
+            .into_iter()
+            .map(|c| c.data)
+            .collect();
+        assert_eq!(&replayed[..2], &[Vec::new(), b"a".to_vec()]);
+        assert_eq!(g.term(), 2, "a new election after the restart");
+        let mut e = Group::restart(&cfg, early).unwrap();
+        e.campaign().unwrap();
+        let seen: Vec<Vec<u8>> = drained(&mut e)
+            .committed
+            .into_iter()
+            .map(|c| c.data)
+            .collect();
+        assert!(!seen.contains(&b"a".to_vec()), "{seen:?}");
     }
 
     /// A follower names the leader it knows when it refuses a proposal; bytes from

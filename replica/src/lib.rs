@@ -21,5 +21,5 @@
 pub mod group;
 pub mod wire;
 
-pub use group::{Committed, Group, GroupConfig, GroupError, Outputs, Role};
+pub use group::{Committed, Durable, Group, GroupConfig, GroupError, Outputs, Role};
 pub use wire::WireError;
