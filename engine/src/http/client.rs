@@ -40,9 +40,10 @@ pub enum ExchangeError {
     /// Nothing (whole) within the exchange's timeout, in milliseconds.
     #[error("no answer within {0} ms")]
     Timeout(u64),
-    /// The answer's body is over the limit (`bytes_max`); `status` is the answer's.
-    #[error("answer larger than {bytes_max} bytes")]
-    TooLarge { bytes_max: usize, status: u16 },
+    /// The answer's body is over the limit: `bytes`, the length it declared, or
+    /// the limit when it declared none; `status` is the answer's.
+    #[error("answer of more than {bytes} bytes, over the limit")]
+    TooLarge { bytes: usize, status: u16 },
     /// What came back is not an HTTP answer.
     #[error("not an HTTP answer: {0}")]
     Malformed(String),
@@ -110,24 +111,21 @@ impl HttpClient {
         let exchange = async {
             let resp = self.client.request(request).await.map_err(request_error)?;
             let status = resp.status().as_u16();
-            let too_large = ExchangeError::TooLarge {
-                bytes_max: answer_bytes_max,
-                status,
-            };
+            let too_large = |bytes| ExchangeError::TooLarge { bytes, status };
             let declared = resp
                 .headers()
                 .get(CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<usize>().ok());
-            if declared.is_some_and(|n| n > answer_bytes_max) {
-                return Err(too_large);
+            if let Some(n) = declared.filter(|&n| n > answer_bytes_max) {
+                return Err(too_large(n));
             }
             let body = Limited::new(resp.into_body(), answer_bytes_max)
                 .collect()
                 .await
                 .map_err(|e| {
                     if e.is::<http_body_util::LengthLimitError>() {
-                        too_large.clone()
+                        too_large(answer_bytes_max)
                     } else {
                         ExchangeError::Unreachable(format!("the answer broke off: {e}"))
                     }
@@ -324,7 +322,7 @@ mod tests {
         assert_eq!(
             e,
             ExchangeError::TooLarge {
-                bytes_max: 10,
+                bytes: 11,
                 status: 200
             }
         );

@@ -127,7 +127,7 @@ impl From<ExchangeError> for ForwardError {
         match e {
             ExchangeError::Unreachable(text) => ForwardError::Unreachable(text),
             ExchangeError::Timeout(ms) => ForwardError::Timeout(ms),
-            ExchangeError::TooLarge { bytes_max, .. } => ForwardError::TooLarge(bytes_max),
+            ExchangeError::TooLarge { bytes, .. } => ForwardError::TooLarge(bytes),
             ExchangeError::Malformed(text) => ForwardError::Malformed(text),
         }
     }
