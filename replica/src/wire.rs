@@ -439,6 +439,49 @@ mod tests {
         );
     }
 
+    /// Corrupted encodings (bytes flipped, cut, repeated) never panic the decoder,
+    /// and whatever it accepts is addressed to this replica from the link's peer
+    /// and of a kind a peer may send.
+    #[test]
+    fn corrupted_bytes_never_panic_and_what_passes_is_checked() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(26);
+        let valid = encode(&append(1, 2));
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let mut b = valid.clone();
+            for _ in 0..rng.gen_range(1..4) {
+                match rng.gen_range(0..3) {
+                    0 => {
+                        let i = rng.gen_range(0..b.len());
+                        b[i] = rng.gen();
+                    }
+                    1 => b.truncate(rng.gen_range(0..b.len().max(1))),
+                    _ => {
+                        let i = rng.gen_range(0..b.len().max(1));
+                        let tail = b[i..].to_vec();
+                        b.extend_from_slice(&tail);
+                    }
+                }
+                if b.is_empty() {
+                    b.push(rng.gen());
+                }
+            }
+            match decode(&b, 2, 1) {
+                Ok(m) => {
+                    accepted += 1;
+                    assert_eq!((m.to, m.from), (2, 1));
+                    assert!(FROM_PEERS.contains(&m.msg_type), "{:?}", m.msg_type);
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(
+            accepted > 0 && refused > 0,
+            "{accepted} accepted, {refused} refused"
+        );
+    }
+
     /// Truncated bytes, trailing bytes and out-of-range enum values are malformed.
     #[test]
     fn broken_bytes_are_malformed() {
