@@ -87,11 +87,14 @@ pub enum GroupError {
     /// The in-memory log holds `log_entries_max` entries.
     #[error("the log holds its limit of {0} entries")]
     LogFull(u64),
+    /// The leader dropped the proposal: it is handing leadership over (retry at
+    /// the next leader).
+    #[error("the proposal was dropped: leadership is being handed over")]
+    Dropped,
     /// A peer's bytes were refused.
     #[error(transparent)]
     Wire(#[from] WireError),
-    /// raft-rs refused the input (a proposal dropped while a leader transfer
-    /// runs, a step from a replica it does not know).
+    /// raft-rs refused the input (a step from a replica it does not know).
     #[error("raft refused: {0}")]
     Raft(String),
 }
@@ -292,7 +295,10 @@ impl Group {
         }
         let result = self.node.propose(Vec::new(), data);
         self.redraw_if_reset();
-        result.map_err(|e| GroupError::Raft(e.to_string()))
+        result.map_err(|e| match e {
+            raft::Error::ProposalDropped => GroupError::Dropped,
+            e => GroupError::Raft(e.to_string()),
+        })
     }
 
     /// Starts an election now (a planned leader change, or a test).
@@ -478,24 +484,51 @@ mod tests {
         assert!(!seen.contains(&b"a".to_vec()), "{seen:?}");
     }
 
-    /// A follower names the leader it knows when it refuses a proposal; bytes from
-    /// a peer that are a proposal are refused by the wire.
-    #[test]
-    fn followers_refuse_proposals_and_name_their_leader() {
+    /// Three replicas on a perfect network; every message delivered until quiet.
+    fn three() -> Vec<Group> {
         let voters = vec![1, 2, 3];
-        let mut groups: Vec<Group> = (1..=3)
+        (1..=3)
             .map(|id| Group::new(&GroupConfig::new(id, voters.clone(), id)).unwrap())
-            .collect();
-        groups[0].campaign().unwrap();
-        // Deliver until quiet.
+            .collect()
+    }
+
+    fn settle(groups: &mut [Group]) {
         for _ in 0..20 {
-            for i in 0..3 {
+            for i in 0..groups.len() {
                 for (to, bytes) in drained(&mut groups[i]).messages {
                     let from = groups[i].id();
                     let _ = groups[to as usize - 1].step(from, &bytes);
                 }
             }
         }
+    }
+
+    /// A leader hands leadership to a follower: it leads in a later term, and the
+    /// old leader follows it.
+    #[test]
+    fn leadership_moves_by_transfer() {
+        let mut groups = three();
+        groups[0].campaign().unwrap();
+        settle(&mut groups);
+        assert_eq!(groups[0].role(), Role::Leader);
+        let term = groups[0].term();
+        groups[0].transfer_leader(2);
+        settle(&mut groups);
+        assert_eq!(groups[1].role(), Role::Leader);
+        assert!(groups[1].term() > term);
+        assert_eq!(
+            (groups[0].role(), groups[0].leader()),
+            (Role::Follower, Some(2))
+        );
+    }
+
+    /// A follower names the leader it knows when it refuses a proposal; bytes from
+    /// a peer that are a proposal are refused by the wire.
+    #[test]
+    fn followers_refuse_proposals_and_name_their_leader() {
+        let mut groups = three();
+        groups[0].campaign().unwrap();
+        settle(&mut groups);
         assert_eq!(groups[0].role(), Role::Leader);
         let e = groups[1].propose(b"x".to_vec()).unwrap_err();
         assert_eq!(e, GroupError::NotLeader { leader: Some(1) });

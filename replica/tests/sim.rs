@@ -1,7 +1,7 @@
 //! Groups of 3 and 5 replicas in one thread, wired by a simulated network that
 //! delays, drops, duplicates and reorders messages and cuts links one way or both
 //! ways; replicas crash (kill -9: what they made durable stays) and restart a few
-//! ticks later; proposals at whichever replica leads. Checked at every tick:
+//! ticks later; leaders hand leadership over; proposals at whichever replica leads. Checked at every tick:
 //! - at most one leader per term (election safety);
 //! - every replica commits the same entry at each index, in index order, and a
 //!   committed entry never changes (log matching, leader completeness);
@@ -275,11 +275,21 @@ impl Sim {
             self.next_proposal += 1;
             let data = format!("p{}", self.next_proposal).into_bytes();
             match self.group(id).propose(data) {
-                Ok(()) | Err(GroupError::Raft(_)) => {}
+                Ok(()) | Err(GroupError::Dropped) => {}
                 Err(e) => panic!("leader {id} refused a proposal: {e}"),
             }
             self.drain(id, true);
         }
+    }
+
+    /// A planned leader change: the leader hands leadership to a random replica.
+    fn transfer(&mut self) {
+        let Some(leader) = self.leader() else {
+            return;
+        };
+        let to = self.rng.gen_range(1..=self.groups.len() as u64);
+        self.group(leader).transfer_leader(to);
+        self.drain(leader, true);
     }
 
     /// Cuts or heals links at random: one node off both ways, one way, or healed.
@@ -313,6 +323,9 @@ impl Sim {
             if self.rng.gen_bool(0.01) {
                 self.weather();
             }
+            if self.rng.gen_bool(0.005) {
+                self.transfer();
+            }
             if self.rng.gen_bool(0.004) {
                 let id = self.rng.gen_range(1..=self.groups.len() as u64);
                 let down_ticks = self.rng.gen_range(0..30);
@@ -335,9 +348,18 @@ impl Sim {
         }
         let leader = leader.expect("a leader within the bound after healing");
         let want = format!("final{}", self.next_proposal).into_bytes();
-        self.group(leader).propose(want.clone()).unwrap();
-        self.drain(leader, false);
+        let mut proposed = false;
         for _ in 0..HEAL_TICKS_MAX {
+            if !proposed {
+                // A leader handing over drops proposals: asked again each tick.
+                let leader = self.leader().unwrap_or(leader);
+                match self.group(leader).propose(want.clone()) {
+                    Ok(()) => proposed = true,
+                    Err(GroupError::Dropped | GroupError::NotLeader { .. }) => {}
+                    Err(e) => panic!("the final proposal was refused: {e}"),
+                }
+                self.drain(leader, false);
+            }
             self.tick(false);
             let everywhere = (self.checker.log.values()).any(|(_, d)| *d == want)
                 && (self.checker.applied.values().copied().min())
@@ -399,7 +421,7 @@ fn a_seed_replays_its_run() {
 /// The planted bug (restarts that lose what was written since the previous start)
 /// is caught within the seeds: raft-rs's own assertion (a follower whose log went
 /// back below what it acknowledged) or our checks (two leaders in a term, a
-/// committed entry changed). Today 43 of the 48 seeds, 8 of them by our checks.
+/// committed entry changed). Today 43 of the 48 seeds, 2 of them by our checks.
 #[test]
 fn lost_writes_are_caught() {
     let (mut caught, mut by_our_checks) = (0, 0);
