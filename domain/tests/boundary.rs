@@ -13,7 +13,7 @@
 use std::path::Path;
 
 mod boundary_scan;
-use boundary_scan::{dependencies, io_paths_named, sources};
+use boundary_scan::{dependencies, io_offences, io_paths_named};
 
 /// What `domain` may depend on: none of these reaches a socket, a file, a thread or
 /// a clock.
@@ -110,16 +110,7 @@ fn the_workspace_crates_below_domain_reach_no_io() {
 
 #[test]
 fn no_source_file_names_an_io_path() {
-    let mut files = Vec::new();
-    sources(&crate_dir().join("src"), &mut files);
-    assert!(files.len() > 10, "found the sources: {files:?}");
-    let mut offences = Vec::new();
-    for file in &files {
-        let text = std::fs::read_to_string(file).unwrap();
-        for (line, path) in io_paths_named(&text, FORBIDDEN_PATHS) {
-            offences.push(format!("{}:{line}: names `{path}`", file.display()));
-        }
-    }
+    let offences = io_offences(&crate_dir().join("src"), FORBIDDEN_PATHS);
     assert!(
         offences.is_empty(),
         "IO in the sans-IO crate:\n{}",

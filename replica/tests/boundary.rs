@@ -11,7 +11,7 @@ use std::path::Path;
 
 #[path = "../../domain/tests/boundary_scan/mod.rs"]
 mod boundary_scan;
-use boundary_scan::{dependencies, io_paths_named, sources};
+use boundary_scan::{dependencies, io_offences, io_paths_named};
 
 /// What `replica` may depend on.
 const ALLOWED_DEPENDENCIES: &[&str] = &[
@@ -63,16 +63,7 @@ fn dependencies_are_only_raft_and_plain_data() {
 
 #[test]
 fn no_source_file_names_an_io_path() {
-    let mut files = Vec::new();
-    sources(&crate_dir().join("src"), &mut files);
-    assert!(files.len() >= 3, "found the sources: {files:?}");
-    let mut offences = Vec::new();
-    for file in &files {
-        let text = std::fs::read_to_string(file).unwrap();
-        for (line, path) in io_paths_named(&text, FORBIDDEN_PATHS) {
-            offences.push(format!("{}:{line}: names `{path}`", file.display()));
-        }
-    }
+    let offences = io_offences(&crate_dir().join("src"), FORBIDDEN_PATHS);
     assert!(
         offences.is_empty(),
         "IO in replica:\n{}",

@@ -61,3 +61,19 @@ pub fn io_paths_named(text: &str, forbidden: &[&'static str]) -> Vec<(usize, &'s
     }
     named
 }
+
+/// Every line of a `.rs` file under `src` that names a `forbidden` path, as
+/// `file:line: names `path``.
+pub fn io_offences(src: &Path, forbidden: &[&'static str]) -> Vec<String> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    assert!(!files.is_empty(), "no sources under {}", src.display());
+    let mut offences = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (line, path) in io_paths_named(&text, forbidden) {
+            offences.push(format!("{}:{line}: names `{path}`", file.display()));
+        }
+    }
+    offences
+}
