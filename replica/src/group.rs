@@ -486,10 +486,121 @@ mod tests {
 
     /// Three replicas on a perfect network; every message delivered until quiet.
     fn three() -> Vec<Group> {
+        three_with(|_| {})
+    }
+
+    fn three_with(tune: impl Fn(&mut GroupConfig)) -> Vec<Group> {
         let voters = vec![1, 2, 3];
         (1..=3)
-            .map(|id| Group::new(&GroupConfig::new(id, voters.clone(), id)).unwrap())
+            .map(|id| {
+                let mut cfg = GroupConfig::new(id, voters.clone(), id);
+                tune(&mut cfg);
+                Group::new(&cfg).unwrap()
+            })
             .collect()
+    }
+
+    /// Replica 1 elected and every message delivered.
+    fn led_by_one(mut groups: Vec<Group>) -> Vec<Group> {
+        groups[0].campaign().unwrap();
+        settle(&mut groups);
+        assert_eq!(groups[0].role(), Role::Leader);
+        groups
+    }
+
+    /// The entries of each append the leader sends to replica 2 while `n`
+    /// proposals are made one by one and nothing is delivered.
+    fn appends_to_two(leader: &mut Group, n: usize) -> Vec<usize> {
+        let mut appends = Vec::new();
+        for i in 0..n {
+            leader.propose(vec![i as u8]).unwrap();
+            for (to, bytes) in drained(leader).messages {
+                let m = wire::decode(&bytes, to, 1).unwrap();
+                if to == 2 && m.msg_type == raft::prelude::MessageType::MsgAppend {
+                    appends.push(m.entries.len());
+                }
+            }
+        }
+        appends
+    }
+
+    /// With pre-vote, a replica cut off from the others does not raise its term
+    /// however long it waits, so it does not depose the leader when it is back.
+    #[test]
+    fn a_cut_off_replica_keeps_its_term() {
+        let mut groups = led_by_one(three());
+        let term = groups[2].term();
+        for _ in 0..100 {
+            groups[2].tick();
+            let _ = drained(&mut groups[2]);
+        }
+        assert_eq!(groups[2].term(), term);
+        assert_ne!(groups[2].role(), Role::Leader);
+    }
+
+    /// With check-quorum, a leader that hears from no follower steps down.
+    #[test]
+    fn a_leader_cut_off_from_its_quorum_steps_down() {
+        let mut groups = led_by_one(three());
+        for _ in 0..100 {
+            groups[0].tick();
+            let _ = drained(&mut groups[0]);
+        }
+        assert_ne!(groups[0].role(), Role::Leader);
+    }
+
+    /// The entries of the append that catches replica 2 up: it was probed (one
+    /// append of the first of three proposals), answers it, and the leader sends
+    /// what is left.
+    fn catch_up_append(mut groups: Vec<Group>) -> Vec<usize> {
+        groups[0].report_unreachable(2);
+        let mut to_two = Vec::new();
+        for i in 0..3u8 {
+            groups[0].propose(vec![i]).unwrap();
+            let out = drained(&mut groups[0]).messages;
+            to_two.extend(out.into_iter().filter(|(to, _)| *to == 2).map(|(_, b)| b));
+        }
+        for b in &to_two {
+            groups[1].step(1, b).unwrap();
+        }
+        for (to, b) in drained(&mut groups[1]).messages {
+            if to == 1 {
+                groups[0].step(2, &b).unwrap();
+            }
+        }
+        let out = drained(&mut groups[0]).messages;
+        (out.iter().filter(|(to, _)| *to == 2))
+            .map(|(_, b)| wire::decode(b, 2, 1).unwrap())
+            .filter(|m| m.msg_type == raft::prelude::MessageType::MsgAppend)
+            .map(|m| m.entries.len())
+            .collect()
+    }
+
+    /// A lagging follower is caught up with several entries in one append, within
+    /// `msg_bytes_max` (a limit of one byte: one entry per append, in two).
+    #[test]
+    fn appends_carry_several_entries_within_the_byte_limit() {
+        assert_eq!(catch_up_append(led_by_one(three())), vec![2]);
+        let small = three_with(|c| c.msg_bytes_max = 1);
+        assert_eq!(catch_up_append(led_by_one(small)), vec![1, 1]);
+    }
+
+    /// A follower that answers nothing gets at most `inflight_msgs_max` appends.
+    #[test]
+    fn unanswered_appends_stop_at_the_inflight_limit() {
+        let mut groups = led_by_one(three_with(|c| c.inflight_msgs_max = 2));
+        assert_eq!(appends_to_two(&mut groups[0], 5), vec![1, 1]);
+        let mut groups = led_by_one(three());
+        assert_eq!(appends_to_two(&mut groups[0], 5), vec![1; 5]);
+    }
+
+    /// A follower reported unreachable is probed: one append, then none until it
+    /// answers.
+    #[test]
+    fn an_unreachable_follower_is_probed_with_one_append() {
+        let mut groups = led_by_one(three());
+        groups[0].report_unreachable(2);
+        assert_eq!(appends_to_two(&mut groups[0], 5), vec![1]);
     }
 
     fn settle(groups: &mut [Group]) {
@@ -507,10 +618,7 @@ mod tests {
     /// old leader follows it.
     #[test]
     fn leadership_moves_by_transfer() {
-        let mut groups = three();
-        groups[0].campaign().unwrap();
-        settle(&mut groups);
-        assert_eq!(groups[0].role(), Role::Leader);
+        let mut groups = led_by_one(three());
         let term = groups[0].term();
         groups[0].transfer_leader(2);
         settle(&mut groups);
@@ -526,10 +634,7 @@ mod tests {
     /// a peer that are a proposal are refused by the wire.
     #[test]
     fn followers_refuse_proposals_and_name_their_leader() {
-        let mut groups = three();
-        groups[0].campaign().unwrap();
-        settle(&mut groups);
-        assert_eq!(groups[0].role(), Role::Leader);
+        let mut groups = led_by_one(three());
         let e = groups[1].propose(b"x".to_vec()).unwrap_err();
         assert_eq!(e, GroupError::NotLeader { leader: Some(1) });
         let mut propose = raft::prelude::Message {
