@@ -648,6 +648,20 @@ mod tests {
         assert_eq!(e, GroupError::Wire(WireError::RefusedKind(2)));
     }
 
+    /// A timeout raft-rs drew itself (its `thread_rng`) never stays in force: the
+    /// next call draws one from the seed.
+    #[test]
+    fn a_timeout_raft_drew_itself_is_replaced_from_the_seed() {
+        let mut g = Group::new(&GroupConfig::new(1, vec![1, 2, 3], 3)).unwrap();
+        let ours = g.election_timeout_ticks();
+        while g.election_timeout_ticks() == ours {
+            g.node.raft.reset_randomized_election_timeout();
+        }
+        g.tick();
+        assert_eq!(g.election_timeout_ticks(), g.drawn.1);
+        assert_ne!(g.drawn.1, 0);
+    }
+
     /// Configs that do not make a group are refused with the reason; every
     /// election timeout drawn lies in `[election_ticks, 2 × election_ticks)`.
     #[test]
