@@ -1791,4 +1791,79 @@ mod tests {
         }
         assert!(x > 0);
     }
+
+    /// A filter's words are the power of two its routes need (at least
+    /// `FILTER_ROUTES_MIN` routes), capped at the largest power of two within
+    /// `bits_max` (one word at least); `capacity` and `bits` report that size.
+    #[test]
+    fn a_filter_is_sized_in_powers_of_two_within_its_bound() {
+        use super::super::presence::FILTER_ROUTES_MIN;
+        // (routes, bits per route, bits_max) -> words
+        for (routes, per, max, words) in [
+            (0, 16, 1 << 10, 16), // FILTER_ROUTES_MIN routes × 16 bits
+            (FILTER_ROUTES_MIN + 1, 16, 1 << 20, 32),
+            (1_000, 16, 1 << 20, 256), // 16,000 bits: 250 words, rounded up
+            (10_000, 16, 100 * 64, 64), // capped: 100 words, 64 the power of two
+            (10_000, 16, 127 * 64 + 63, 64),
+            (10_000, 16, 128 * 64, 128),
+            (10_000, 16, 63, 1), // less than a word: one word
+            (0, 0, 1 << 20, 1),  // 0 bits per route counts as 1: 64 bits
+        ] {
+            let f = Filter::for_routes(routes, per, max);
+            let ctx = format!("{routes} routes × {per} bits within {max}");
+            assert_eq!(f.bits(), words * 64, "{ctx}");
+            assert_eq!(f.capacity(per), (words * 64 / per.max(1)).max(1), "{ctx}");
+        }
+        let f = Filter::for_routes(0, 16, 1 << 10);
+        assert_eq!((f.bits(), f.capacity(16), f.capacity(0)), (1024, 64, 1024));
+        assert_eq!(f.capacity(10_000), 1, "at least one route");
+    }
+
+    /// The bits of one key in a filter of one word (as `insert` leaves them).
+    fn bits_of_key(key: u32) -> u64 {
+        let f = Filter::for_routes(0, 0, 0);
+        assert_eq!(f.bits(), 64);
+        f.insert(key);
+        // SAFETY: `word_ptr` points into `f`'s words, alive until the end of this
+        // function.
+        unsafe { &*f.word_ptr(key) }.load(Ordering::Relaxed)
+    }
+
+    /// A uid sets `FILTER_BITS_PER_UID` bits of its word (fewer only where its
+    /// positions coincide), spread over the whole word: no position is taken by
+    /// many uids, so the filter rules out most absent uids.
+    #[test]
+    #[cfg_attr(miri, ignore = "a statistic over 4,096 uids: too slow under miri")]
+    fn a_uid_sets_its_own_four_bits_spread_over_the_word() {
+        use super::super::presence::FILTER_BITS_PER_UID;
+        const KEYS: usize = 4096;
+        let (mut four, mut two_or_fewer) = (0, 0);
+        let mut by_bit = [0usize; 64];
+        for i in 0..KEYS {
+            let key = filter_key(uid_hash(&format!("u{i}")));
+            let bits = bits_of_key(key);
+            let n = bits.count_ones();
+            assert!(
+                (1..=FILTER_BITS_PER_UID).contains(&n),
+                "{key:#x}: {bits:#x}"
+            );
+            four += usize::from(n == FILTER_BITS_PER_UID);
+            two_or_fewer += usize::from(n <= 2);
+            for (b, count) in by_bit.iter_mut().enumerate() {
+                *count += usize::from(bits >> b & 1 == 1);
+            }
+        }
+        // 4 distinct positions of 64: 91% of the uids
+        assert!(four * 100 >= KEYS * 85, "{four} of {KEYS} set 4 bits");
+        // Coinciding positions give one bit, never cancel out: 2 distinct positions
+        // of 4 are 0.17% of the uids (two that cancelled would make it 1.6%).
+        assert!(
+            two_or_fewer * 100 <= KEYS / 2,
+            "{two_or_fewer} of {KEYS} set 2 bits or fewer"
+        );
+        // each position: 4/64 of the uids expected, 256 of 4096
+        for (b, &count) in by_bit.iter().enumerate() {
+            assert!((128..=512).contains(&count), "bit {b} set by {count} uids");
+        }
+    }
 }
