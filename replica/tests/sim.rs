@@ -1,7 +1,8 @@
 //! Groups of 3 and 5 replicas in one thread, wired by a simulated network that
 //! delays, drops, duplicates and reorders messages and cuts links one way or both
 //! ways; replicas crash (kill -9: what they made durable stays) and restart a few
-//! ticks later; leaders hand leadership over; proposals at whichever replica leads. Checked at every tick:
+//! ticks later; leaders hand leadership over; proposals at whichever replica
+//! leads. Checked at every tick:
 //! - at most one leader per term (election safety);
 //! - every replica commits the same entry at each index, in index order, and a
 //!   committed entry never changes (log matching, leader completeness);

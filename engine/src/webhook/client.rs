@@ -1,6 +1,7 @@
 //! The webhooks' HTTP client: the tree's one client (`http::client`, hyper-util's
-//! pooled client, HTTP/1.1, keep-alive) on the runtime the driver runs on, every request bounded by `timeout_ms` (connect,
-//! TLS handshake, send, answer and its body together). `https://` receivers go
+//! pooled client, HTTP/1.1, keep-alive) on the runtime the driver runs on, every
+//! request bounded by `timeout_ms` (connect, TLS handshake, send, answer and its
+//! body together). `https://` receivers go
 //! through hyper-rustls: rustls with the wss listener's crypto provider
 //! (`net::io::tls::provider`, ring), TLS 1.3 and 1.2, ALPN `http/1.1`, the
 //! receiver's certificate checked against Mozilla's roots (webpki-roots) or, with
