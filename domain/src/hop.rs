@@ -36,6 +36,10 @@ pub enum HopKind {
     /// A hash slot's old authority → its new one: a batch of the routes it had
     /// (`presence::authority::HandoverBatch`).
     Handover,
+    /// The HTTP API → another node's API: a request homed there (a token, a
+    /// channel's messages or subscribers) or a share of one (online status, device
+    /// quit); answered with the status and body its API gives.
+    Api,
 }
 
 /// Why a request got no answer.
@@ -76,6 +80,10 @@ pub enum NoAnswerAction {
     /// The handover batch is not sent again: the new authority's wait for it ends
     /// at its deadline, its routes then come from the gateways' rebuild; counted.
     HandoverLost,
+    /// The API request is answered 503 naming the node and why: no link to it
+    /// (`LinkDown`), no room on the link (`LinkBusy`: retry), or the answer will
+    /// not come (`Lost`: it may have been applied there).
+    ApiFailed(NoAnswer),
 }
 
 /// The policy: what a request of `kind` that got no answer (`why`) becomes.
@@ -96,6 +104,7 @@ pub fn on_no_answer(kind: HopKind, why: NoAnswer) -> NoAnswerAction {
         (HopKind::Lookup, _) => NoAnswerAction::LookupFailed(LookupFailure::PeerDown),
         (HopKind::Token, _) => NoAnswerAction::Connack(ReasonCode::QUERY_TOKEN_ERROR),
         (HopKind::Handover, _) => NoAnswerAction::HandoverLost,
+        (HopKind::Api, why) => NoAnswerAction::ApiFailed(why),
     }
 }
 
@@ -103,7 +112,7 @@ pub fn on_no_answer(kind: HopKind, why: NoAnswer) -> NoAnswerAction {
 mod tests {
     use super::*;
 
-    const KINDS: [HopKind; 7] = [
+    const KINDS: [HopKind; 8] = [
         HopKind::Authority,
         HopKind::Touch,
         HopKind::OwnerAction,
@@ -111,6 +120,7 @@ mod tests {
         HopKind::Lookup,
         HopKind::Token,
         HopKind::Handover,
+        HopKind::Api,
     ];
 
     #[test]
@@ -138,6 +148,7 @@ mod tests {
                     A::LookupFailed(LookupFailure::PeerDown),
                     A::Connack(ReasonCode::QUERY_TOKEN_ERROR),
                     A::HandoverLost,
+                    A::ApiFailed(why),
                 ],
                 "{why:?}"
             );

@@ -1,15 +1,15 @@
 //! Issue 26, items 5 and 6 (the HTTP API's side): requests that wait on a shard or
 //! on another node queue (bounded) instead of being refused, and hold no thread
-//! while they wait; a peer that accepts connections and never answers fails only
-//! the requests that need it, each with a 503 naming it, and a breaker then fails
-//! them at once. Nodes in this process, over real loopback HTTP.
+//! while they wait; a peer that accepts connections and never answers (its link
+//! never comes up) fails only the requests that need it, each with a 503 naming
+//! it, and a breaker then fails them at once. Nodes in this process, over real
+//! loopback HTTP.
 
 #[macro_use]
 mod support;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use engine::cluster::ClusterView;
@@ -97,36 +97,28 @@ fn two_hundred_concurrent_token_writes_through_any_node_all_succeed() {
 }
 
 /// A listener that accepts every connection and never reads or answers (held
-/// until the test ends); counts the connections it accepted.
+/// until the test ends).
 struct BlackHole {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
     _held: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl BlackHole {
     fn bind(port: u16) -> BlackHole {
         let l = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
-        let addr = l.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
         let held = Arc::new(Mutex::new(Vec::new()));
-        let (count, keep) = (accepted.clone(), held.clone());
+        let keep = held.clone();
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
                 keep.lock().unwrap().push(s);
-                count.fetch_add(1, Ordering::SeqCst);
             }
         });
-        BlackHole {
-            addr,
-            accepted,
-            _held: held,
-        }
+        BlackHole { _held: held }
     }
 }
 
-/// Nodes 1 and 2 running; node 3 in their `[[cluster.nodes]]` with its API and RPC
-/// addresses on black holes. `tune` runs on each node's config.
+/// Nodes 1 and 2 running; node 3 in their `[[cluster.nodes]]` with its RPC
+/// address on a black hole (its API address on none). `tune` runs on each node's
+/// config.
 fn start_with_black_hole(
     tune: impl Fn(&mut NodeConfig),
 ) -> (Vec<Node>, BlackHole, Vec<tempfile::TempDir>) {
@@ -141,9 +133,7 @@ fn start_with_black_hole(
             wss_addr: None,
         })
         .collect();
-    let hole = BlackHole::bind(ports[5]);
-    let rpc_hole = BlackHole::bind(ports[2]);
-    std::mem::forget(rpc_hole);
+    let hole = BlackHole::bind(ports[2]);
     let (mut nodes, mut dirs) = (Vec::new(), Vec::new());
     for member in &members[..2] {
         let dir = tempfile::tempdir().unwrap();
@@ -164,7 +154,7 @@ fn start_with_black_hole(
 
 #[test]
 fn a_black_holed_home_fails_only_its_requests_by_name_and_then_at_once() {
-    let (nodes, hole, _dirs) = start_with_black_hole(|c| {
+    let (nodes, _hole, _dirs) = start_with_black_hole(|c| {
         tune(c);
         // The breaker stays open for the rest of the test once it opened.
         c.api.forward_breaker_cooldown_ms = 600_000;
@@ -191,31 +181,25 @@ fn a_black_holed_home_fails_only_its_requests_by_name_and_then_at_once() {
         };
         (apis[i / 2 % 2], "/user/token", token_body(uid, "t"))
     });
-    let named = format!("home node 3 ({})", hole.addr);
+    let named = "home node 3";
     for (i, (status, body)) in answers.iter().enumerate() {
         if i % 2 == 0 {
             assert_eq!(*status, 503, "request {i} (homed on node 3): {body}");
-            assert!(body.contains(&named), "request {i}: {body}");
+            assert!(body.contains(named), "request {i}: {body}");
         } else {
             assert_eq!(*status, 200, "request {i} (not homed on node 3): {body}");
         }
     }
-    // The breaker is open: the next request that needs node 3 is refused without a
-    // connection to it, naming it and why; the others still pass.
-    let before = hole.accepted.load(Ordering::SeqCst);
+    // The breaker is open: the next request that needs node 3 is refused without
+    // asking it, naming it and why; the others still pass.
     for api in &apis {
         let (status, body) = http(*api, "POST", "/user/token", &token_body(&far[0], "u")).unwrap();
         assert_eq!(status, 503, "{body}");
-        assert!(body.contains(&named), "{body}");
+        assert!(body.contains(named), "{body}");
         assert!(body.contains("in a row"), "{body}");
         let (status, body) = http(*api, "POST", "/user/token", &token_body(&near[0], "u")).unwrap();
         assert_eq!(status, 200, "{body}");
     }
-    assert_eq!(
-        hole.accepted.load(Ordering::SeqCst),
-        before,
-        "node 3 not asked"
-    );
     // onlinestatus of uids led by the live nodes, and message sends homed there,
     // still answer while node 3's share cannot be asked.
     let led_here: Vec<&String> = near
@@ -247,19 +231,11 @@ fn a_black_holed_home_fails_only_its_requests_by_name_and_then_at_once() {
     )
     .unwrap();
     assert_eq!(status, 503, "{body}");
-    assert!(
-        body.contains(&format!("authority node 3 ({})", hole.addr)),
-        "{body}"
-    );
+    assert!(body.contains("authority node 3 is not asked"), "{body}");
     let quit = json!({"uid": near[0], "device_flag": 1}).to_string();
     let (status, body) = http(apis[1], "POST", "/user/device_quit", &quit).unwrap();
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains(&format!("node 3 ({})", hole.addr)), "{body}");
-    assert_eq!(
-        hole.accepted.load(Ordering::SeqCst),
-        before,
-        "node 3 not asked"
-    );
+    assert!(body.contains("node 3 is not asked"), "{body}");
     for n in nodes {
         n.shutdown().unwrap();
     }

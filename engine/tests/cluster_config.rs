@@ -453,6 +453,30 @@ fn a_touch_batch_larger_than_a_frame_is_refused_at_start() {
     Node::start(c).unwrap().shutdown().unwrap();
 }
 
+/// In a cluster every API request fits in a frame (issue 26, item 3): a request
+/// homed on another node travels there on the link in one frame, so a
+/// `body_bytes_max` that with a request's head does not fit `rpc_frame_bytes_max`
+/// is refused at start naming both keys; a node alone takes it.
+#[test]
+fn an_api_body_limit_past_a_frame_is_refused_in_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = support::cluster::free_ports(4);
+    let mut c =
+        support::cluster::node_1_of_2(net::io::Backend::Mio, &ports, dir.path(), SECRET, 64);
+    c.api.body_bytes_max = c.rpc.rpc_frame_bytes_max;
+    let e = Node::start(c).err().expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let text = e.to_string();
+    assert!(
+        text.contains("body_bytes_max") && text.contains("rpc_frame_bytes_max"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = support::config(dir.path(), net::io::Backend::Mio);
+    c.api.body_bytes_max = c.rpc.rpc_frame_bytes_max;
+    Node::start(c).unwrap().shutdown().unwrap();
+}
+
 /// A node whose `[[cluster.nodes]]` lists only itself starts as today: the
 /// single-node view (one slot id per hash slot, whatever `slot_ids` says) and no RPC
 /// listener: its `rpc_addr` is held by the test, and the start still succeeds.

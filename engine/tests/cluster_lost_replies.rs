@@ -19,6 +19,10 @@
 //! unanswered: later requests to it are refused at once, not left to their
 //! deadline.
 //!
+//! Another node's HTTP API request (the hop `Api`, issue 26 item 3) is served on
+//! the link as one that arrived here, its answer on the link back; one to a peer
+//! that answers nothing is a 503 at its deadline.
+//!
 //! The test is node 2 of a two-node cluster whose node 1 (one shard) runs in the
 //! process: it dials node 1's RPC listener with the cluster secret as node 2 would
 //! and asks on that link; node 1's replies come on node 1's own dial to node 2's
@@ -601,7 +605,91 @@ fn a_peer_that_answers_no_request_opens_the_links_breaker(backend: Backend) {
     n1.node.shutdown().unwrap();
 }
 
+/// The bearer token node 1's API takes in the `Api` hop's tests.
+const API_TOKEN: &str = "api-link-token";
+
+/// Node 2's API request for `/user/token` of `uid` (the hop `Api`), with
+/// `authorization`.
+fn api_token_call(uid: &str, authorization: &str) -> Request {
+    let body = format!(r#"{{"uid":"{uid}","token":"t-api","device_flag":1}}"#);
+    Request::Api(Box::new(wire::ApiCall {
+        method: "POST".into(),
+        target: "/user/token".into(),
+        authorization: Some(authorization.into()),
+        body: body.into_bytes(),
+    }))
+}
+
+/// Another node's API request (the hop `Api`, issue 26 item 3) is served as one
+/// that arrived here: checked against the bearer token (401 without it), answered
+/// from this node's data only (a token whose home is node 2 is stored here, not
+/// passed back), the answer on node 1's own link back.
+fn a_peers_api_request_is_checked_and_answered_on_the_link(backend: Backend) {
+    let n1 = node_1(backend, |c| {
+        c.api.addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.api.bearer_token = Some(API_TOKEN.into());
+    });
+    let listener = TcpListener::bind(("127.0.0.1", n1.node_2_port)).unwrap();
+    let mut asker = Asker::dial(n1.rpc_addr);
+    let mut back = Back::accept(&listener);
+    let view = view();
+    let uid = support::cluster::find_uid("api2-", |u| {
+        view.home_node(slots::hash_slot(u.as_bytes())) == 2
+    });
+    let wrong = asker.ask(&api_token_call(&uid, "Bearer wrong"), LONG_DEADLINE_MS);
+    let right = asker.ask(
+        &api_token_call(&uid, &format!("Bearer {API_TOKEN}")),
+        LONG_DEADLINE_MS,
+    );
+    let deadline = Instant::now() + TIMEOUT;
+    let mut answers = std::collections::BTreeMap::new();
+    while answers.len() < 2 {
+        if let (header, Body::Reply(Reply::Api { status, body })) = back.next(deadline) {
+            answers.insert(header.request_id, (status, body));
+        }
+    }
+    assert_eq!(answers[&wrong].0, 401, "{:?}", answers[&wrong]);
+    assert_eq!(answers[&right].0, 200, "{:?}", answers[&right]);
+    let stored = n1.node.shared().catalog.token(&uid, 1);
+    assert_eq!(stored.map(|(t, _)| t.to_string()), Some("t-api".into()));
+    n1.node.shutdown().unwrap();
+}
+
+/// A request homed on node 2, which answers Pings but no request, is a 503 naming
+/// it once `[api] forward_timeout_ms` (the hop's deadline) passed.
+fn an_api_request_to_a_silent_peer_is_a_503_at_its_deadline(backend: Backend) {
+    let n1 = node_1(backend, |c| {
+        c.api.addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.api.forward_timeout_ms = 300;
+    });
+    let listener = TcpListener::bind(("127.0.0.1", n1.node_2_port)).unwrap();
+    let _back = Back::accept(&listener);
+    let node = &n1.node;
+    wait_for("node 1 reached node 2", || {
+        node.shared().peers_reached() == 1
+    });
+    let view = view();
+    let uid = support::cluster::find_uid("mute2-", |u| {
+        view.home_node(slots::hash_slot(u.as_bytes())) == 2
+    });
+    let body = format!(r#"{{"uid":"{uid}","token":"t"}}"#);
+    let reply = node
+        .api()
+        .handle("POST", "/user/token", None, body.as_bytes());
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert!(
+        reply
+            .body
+            .contains("home node 2 unreachable: no answer within 300 ms"),
+        "{}",
+        reply.body
+    );
+    n1.node.shutdown().unwrap();
+}
+
 on_both_drivers!(
+    a_peers_api_request_is_checked_and_answered_on_the_link,
+    an_api_request_to_a_silent_peer_is_a_503_at_its_deadline,
     a_peer_that_answers_no_request_opens_the_links_breaker,
     a_reply_waits_for_the_link_back_to_the_process_that_asked,
     a_held_reply_is_dropped_at_its_requests_deadline,

@@ -149,6 +149,12 @@ fn bodies() -> Vec<(Kind, Vec<u8>)> {
             batch: 0,
             batches: 1,
         }),
+        Request::Api(Box::new(wire::ApiCall {
+            method: "POST".into(),
+            target: "/user/token".into(),
+            authorization: Some("Bearer t".into()),
+            body: br#"{"uid":"u1","token":"t"}"#.to_vec(),
+        })),
     ];
     let mut bodies: Vec<(Kind, Vec<u8>)> =
         requests.iter().map(|r| (r.kind(), encoded(r))).collect();
@@ -170,6 +176,10 @@ fn bodies() -> Vec<(Kind, Vec<u8>)> {
             results: vec![Ok(0..0)],
         },
         Reply::Handover(Ok(())),
+        Reply::Api {
+            status: 200,
+            body: r#"{"status":200}"#.into(),
+        },
     ];
     bodies.extend(replies.iter().map(|r| (Kind::Reply, encoded(r))));
     bodies

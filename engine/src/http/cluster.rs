@@ -28,9 +28,9 @@ impl Api {
         req: &ApiRequest<'_>,
         body: &[u8],
     ) -> Reply {
-        let Some(addr) = self.state.peers.addr(node) else {
+        if !self.state.peers.knows(node) {
             return Reply::error(503, format!("{role} {node} is not in [[cluster.nodes]]"));
-        };
+        }
         let metrics = &self.shared.api_metrics;
         ApiMetrics::inc(&metrics.forwards);
         let outgoing = Outgoing {
@@ -38,12 +38,11 @@ impl Api {
             target: req.target,
             authorization: req.authorization,
             body,
-            from: self.me(),
         };
         let failed = |status: u16, e: &dyn std::fmt::Display, what: &str| {
             ApiMetrics::inc(&metrics.forward_failures);
-            tracing::warn!(node, %addr, %e, "HTTP API request to another node failed");
-            Reply::error(status, format!("{role} {node} ({addr}) {what}: {e}"))
+            tracing::warn!(node, %e, "HTTP API request to another node failed");
+            Reply::error(status, format!("{role} {node} {what}: {e}"))
         };
         match self.state.peers.forward(node, &outgoing).await {
             Ok(a) => match String::from_utf8(a.body) {
@@ -59,14 +58,15 @@ impl Api {
             }
             Err(e @ (PeerError::Busy { .. } | PeerError::Open { .. })) => {
                 ApiMetrics::inc(&metrics.forwards_refused);
-                Reply::error(503, format!("{role} {node} ({addr}) {e}"))
+                Reply::error(503, format!("{role} {node} {e}"))
             }
-            Err(PeerError::Forward(e @ ForwardError::BadRequest(_))) => {
-                Reply::error(400, e.to_string())
+            Err(PeerError::Forward(e @ ForwardError::Busy(_))) => {
+                ApiMetrics::inc(&metrics.forwards_refused);
+                Reply::error(503, format!("{role} {node}: {e}"))
             }
-            Err(PeerError::Forward(
-                e @ (ForwardError::Malformed(_) | ForwardError::TooLarge(_)),
-            )) => failed(502, &e, "answered badly"),
+            Err(PeerError::Forward(e @ ForwardError::TooLarge(_))) => {
+                failed(502, &e, "answered badly")
+            }
             Err(PeerError::Forward(
                 e @ (ForwardError::Unreachable(_) | ForwardError::Timeout(_)),
             )) => failed(503, &e, "unreachable"),
@@ -136,12 +136,12 @@ impl Api {
         self.shared.config.cluster.peers(me).map(|n| n.id).collect()
     }
 
-    /// Refuses (400) a forwarded header that names no peer of this node.
+    /// Refuses (400) a request said to be forwarded by a node that is no peer.
     pub(super) fn check_forwarded(&self, req: &ApiRequest<'_>) -> Result<(), Reply> {
         match req.forwarded_by {
             Some(n) if !self.peer_ids().contains(&n) => Err(Reply::error(
                 400,
-                format!("{}: {n} is not a peer node", forward::FORWARDED_HEADER),
+                format!("forwarded by {n}, which is not a peer node"),
             )),
             _ => Ok(()),
         }

@@ -55,18 +55,18 @@ pub struct ApiConfig {
     /// pass it (`more` is then 1). A single larger message is still sent alone.
     pub sync_response_bytes_max: usize,
     /// A request homed on another node (or a share of one asked of another node) is
-    /// passed to that node's API and must be answered within this long, connect
-    /// included; else 503 naming the node. Above `shard_reply_timeout_ms` (the
-    /// home's own wait on its shards), so a slow commit at the home is answered by
-    /// the home, not taken for an unreachable node.
+    /// passed to that node's API on the inter-node link and must be answered within
+    /// this long (the request's deadline on the link); else 503 naming the node.
+    /// Above `shard_reply_timeout_ms` (the home's own wait on its shards), so a
+    /// slow commit at the home is answered by the home, not taken for an
+    /// unreachable node.
     pub forward_timeout_ms: u64,
-    /// Largest answer body read from another node's API (502 over it). Keep it
-    /// above `sync_response_bytes_max` (a `messagesync` homed elsewhere comes back
-    /// through it) plus one message.
+    /// Largest answer body taken from another node's API (502 over it). An answer
+    /// comes back in one inter-node frame, so `[rpc] rpc_frame_bytes_max` bounds it
+    /// too (a `messagesync` for another node stops at half a frame, `more` set).
     pub forward_answer_bytes_max: usize,
-    /// Requests in flight to one other node's API at once (each on a connection
-    /// of its own, kept alive for the next); more wait for a place (up to
-    /// `queue_timeout_ms`).
+    /// Requests in flight to one other node's API at once; more wait for a place
+    /// (up to `queue_timeout_ms`).
     pub forward_connections_per_peer: usize,
     /// Forwards in a row to one node that got no answer (unreachable, timed out)
     /// before forwards to it fail at once (503 naming it) for

@@ -1,13 +1,14 @@
-//! The API's client to other nodes' APIs, the transport of the API requests homed
+//! The API's requests to other nodes: the transport of the API requests homed
 //! elsewhere (see the module doc of [`super`]), and each peer's places and breaker.
 //!
-//! Contract of [`ForwardClient::send`]: one request (the body with its
-//! `Content-Length`, the caller's bearer token, the [`FORWARDED_HEADER`] naming this
-//! node) on a pooled keep-alive connection of the tree's one client
-//! ([`super::client::HttpClient`]), its answer's status and body; the whole
-//! exchange, the connect included, within `timeout`; an answer body over
-//! `answer_bytes_max` is refused. It is awaited on the API's runtime: no thread
-//! is held while the other node thinks.
+//! Contract of [`ForwardClient::send`]: one request (method, path and query, the
+//! caller's bearer token, body) on the inter-node link to the node (the hop `Api`,
+//! `crate::node`'s `api_hop.rs`: authenticated and sealed like every hop, never
+//! plain HTTP between the nodes), handed to one of this node's shards in turn; the
+//! other node's API answers it as if it had arrived there, from its own data only;
+//! its status and body come back, or why none did, within `timeout` (the frame's
+//! deadline). An answer body over `answer_bytes_max` is refused. It is awaited on
+//! the API's runtime: no thread is held while the other node thinks.
 //!
 //! Contract of [`Peers::forward`]: at most `forward_connections_per_peer` requests
 //! in flight to one peer (more wait for a place, up to `queue_timeout_ms`, then
@@ -18,25 +19,19 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
-use hyper::{Method, Uri};
+use domain::hop::NoAnswer;
+use shard::runtime::Injector;
 use tokio::sync::Semaphore;
 
-use super::client::{ClientLimits, ExchangeError, HttpClient};
-
 use crate::cluster::NodeId;
-
-/// The header a forwarded request carries: the id of the node that forwarded it.
-/// A node answers such a request from its own data only, never forwarding again.
-pub const FORWARDED_HEADER: &str = "x-imrouter-forwarded";
+use crate::node::msg::{ApiForward, Msg};
+use crate::node::wire::ApiCall;
 
 /// One request to another node's API.
 #[derive(Debug, Clone, Copy)]
@@ -47,8 +42,6 @@ pub struct Outgoing<'a> {
     /// The `Authorization` header to pass on, if any.
     pub authorization: Option<&'a str>,
     pub body: &'a [u8],
-    /// This node: the value of [`FORWARDED_HEADER`].
-    pub from: NodeId,
 }
 
 pub use super::client::Answer;
@@ -56,17 +49,18 @@ pub use super::client::Answer;
 /// Why no answer came.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    /// No connection, or it closed before an answer.
+    /// No link to the node, or the request or its answer was lost (the link
+    /// closed, the node restarted).
     #[error("{0}")]
     Unreachable(String),
     #[error("no answer within {0} ms")]
     Timeout(u64),
+    /// The link to the node had no room for it (its in-flight table, its quota of
+    /// API requests, its breaker), or this node's shards had none: retry.
+    #[error("{0}; retry")]
+    Busy(&'static str),
     #[error("answer larger than {0} bytes")]
     TooLarge(usize),
-    #[error("not an HTTP answer: {0}")]
-    Malformed(String),
-    #[error("the request cannot be passed on: {0}")]
-    BadRequest(&'static str),
 }
 
 impl ForwardError {
@@ -79,87 +73,84 @@ impl ForwardError {
     }
 }
 
-/// The pooled client the forwards share.
+/// The transport the forwards share: this node's shards and their links.
 #[derive(Clone)]
 pub struct ForwardClient {
-    client: HttpClient,
+    injectors: Vec<Injector<Msg>>,
+    /// The shard the next request goes through (round robin).
+    next: Arc<AtomicUsize>,
     answer_bytes_max: usize,
 }
 
 impl ForwardClient {
-    /// Connects within `connect_timeout`; keeps up to `idle_per_host_max` idle
-    /// connections per node for `idle`; reads answers up to `answer_bytes_max`.
-    pub fn new(
-        connect_timeout: Duration,
-        idle: Duration,
-        idle_per_host_max: usize,
-        answer_bytes_max: usize,
-    ) -> ForwardClient {
-        let limits = ClientLimits {
-            connect_timeout,
-            idle,
-            idle_per_host_max,
-        };
+    /// Sends through the shards behind `injectors`; reads answers up to
+    /// `answer_bytes_max`.
+    pub fn new(injectors: Vec<Injector<Msg>>, answer_bytes_max: usize) -> ForwardClient {
         ForwardClient {
-            client: HttpClient::plain(limits),
+            injectors,
+            next: Arc::new(AtomicUsize::new(0)),
             answer_bytes_max,
         }
     }
 
-    /// Sends `request` to the API at `addr` and reads its answer, all within
-    /// `timeout`. Must be awaited on a tokio runtime with IO and time enabled.
+    /// Sends `request` to `node` and waits for its answer, all within `timeout`.
+    /// Must be awaited on a tokio runtime with time enabled.
     pub async fn send(
         &self,
-        addr: SocketAddr,
+        node: NodeId,
         request: &Outgoing<'_>,
         timeout: Duration,
     ) -> Result<Answer, ForwardError> {
-        let req = build_request(addr, request)?;
-        Ok(self
-            .client
-            .exchange(req, self.answer_bytes_max, timeout)
-            .await?)
-    }
-}
-
-impl From<ExchangeError> for ForwardError {
-    fn from(e: ExchangeError) -> ForwardError {
-        match e {
-            ExchangeError::Unreachable(text) => ForwardError::Unreachable(text),
-            ExchangeError::Timeout(ms) => ForwardError::Timeout(ms),
-            ExchangeError::TooLarge { bytes, .. } => ForwardError::TooLarge(bytes),
-            ExchangeError::Malformed(text) => ForwardError::Malformed(text),
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let forward = ApiForward {
+            node,
+            call: ApiCall {
+                method: request.method.to_owned(),
+                target: request.target.to_owned(),
+                authorization: request.authorization.map(str::to_owned),
+                body: request.body.to_vec(),
+            },
+            deadline_ms: u32::try_from(timeout_ms).unwrap_or(u32::MAX).max(1),
+            answer,
+        };
+        let shard = self.next.fetch_add(1, Ordering::Relaxed) % self.injectors.len().max(1);
+        let Some(injector) = self.injectors.get(shard) else {
+            return Err(ForwardError::Unreachable("this node runs no shard".into()));
+        };
+        if injector.send(Msg::ApiForward(Box::new(forward))).is_err() {
+            return Err(ForwardError::Busy("this node's shard queue is full"));
         }
+        // The link fails the request at its deadline; this bound only covers a
+        // shard that stopped.
+        let wait = timeout + Duration::from_secs(1);
+        let (status, body) = match tokio::time::timeout(wait, answered).await {
+            Ok(Ok(Ok(answer))) => answer,
+            Ok(Ok(Err(why))) => return Err(no_answer(why, timeout_ms)),
+            Ok(Err(_dropped)) => {
+                return Err(ForwardError::Unreachable("the shard dropped it".into()))
+            }
+            Err(_elapsed) => return Err(ForwardError::Timeout(timeout_ms)),
+        };
+        if body.len() > self.answer_bytes_max {
+            return Err(ForwardError::TooLarge(self.answer_bytes_max));
+        }
+        Ok(Answer {
+            status,
+            body: body.into_bytes(),
+        })
     }
 }
 
-/// The request to `addr`. Refuses a method, target or token that is not valid in
-/// an HTTP head.
-fn build_request(
-    addr: SocketAddr,
-    r: &Outgoing<'_>,
-) -> Result<hyper::Request<Full<Bytes>>, ForwardError> {
-    let bad_path = ForwardError::BadRequest("bad method or path");
-    if !r.target.starts_with('/') {
-        return Err(bad_path);
+/// What a request the link gave no answer to is for the API.
+fn no_answer(why: NoAnswer, timeout_ms: u64) -> ForwardError {
+    match why {
+        NoAnswer::LinkDown => ForwardError::Unreachable("no link to it".into()),
+        NoAnswer::LinkBusy => ForwardError::Busy("the link to it is busy"),
+        NoAnswer::Lost => ForwardError::Unreachable(format!(
+            "no answer within {timeout_ms} ms, or the link closed (it may have been applied)"
+        )),
     }
-    let method = Method::from_bytes(r.method.as_bytes()).map_err(|_| bad_path)?;
-    let uri: Uri = format!("http://{addr}{}", r.target)
-        .parse()
-        .map_err(|_| ForwardError::BadRequest("bad method or path"))?;
-    let mut b = hyper::Request::builder()
-        .method(method)
-        .uri(uri)
-        .header(HOST, addr.to_string())
-        .header(CONTENT_TYPE, "application/json")
-        .header(FORWARDED_HEADER, r.from);
-    if let Some(auth) = r.authorization {
-        let v = HeaderValue::from_str(auth)
-            .map_err(|_| ForwardError::BadRequest("bad Authorization header"))?;
-        b = b.header(AUTHORIZATION, v);
-    }
-    b.body(Full::new(Bytes::copy_from_slice(r.body)))
-        .map_err(|_| ForwardError::BadRequest("bad method or path"))
 }
 
 /// What a [`Breaker`] lets a forward do.
@@ -264,12 +255,11 @@ pub enum PeerError {
 }
 
 struct Peer {
-    addr: SocketAddr,
     places: Arc<Semaphore>,
     breaker: Mutex<Breaker>,
 }
 
-/// The other nodes as the forwards see them: address, places, breaker.
+/// The other nodes as the forwards see them: places, breaker.
 pub struct Peers {
     client: ForwardClient,
     limits: PeerLimits,
@@ -290,17 +280,16 @@ impl Drop for ProbeGuard<'_> {
 }
 
 impl Peers {
-    /// The peers at `nodes` (id, API address).
+    /// The peers `nodes`.
     pub fn new(
         client: ForwardClient,
         limits: PeerLimits,
-        nodes: impl IntoIterator<Item = (NodeId, SocketAddr)>,
+        nodes: impl IntoIterator<Item = NodeId>,
     ) -> Peers {
         let peers = nodes
             .into_iter()
-            .map(|(id, addr)| {
+            .map(|id| {
                 let peer = Peer {
-                    addr,
                     places: Arc::new(Semaphore::new(limits.places)),
                     breaker: Mutex::new(Breaker::default()),
                 };
@@ -314,9 +303,9 @@ impl Peers {
         }
     }
 
-    /// The API address of `node`, if it is a known node.
-    pub fn addr(&self, node: NodeId) -> Option<SocketAddr> {
-        self.peers.get(&node).map(|p| p.addr)
+    /// Whether `node` is a peer.
+    pub fn knows(&self, node: NodeId) -> bool {
+        self.peers.contains_key(&node)
     }
 
     /// Passes `request` to `node` (module docs: places, breaker, timeout).
@@ -349,7 +338,7 @@ impl Peers {
         let mut guard = ProbeGuard {
             breaker: probe.then_some(&peer.breaker),
         };
-        let result = self.client.send(peer.addr, request, limits.timeout).await;
+        let result = self.client.send(node, request, limits.timeout).await;
         guard.breaker = None;
         let answered = match &result {
             Ok(_) => true,
@@ -397,117 +386,6 @@ pub async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
-    use std::net::TcpListener;
-
-    /// A one-shot server on loopback: reads the request head and body, writes
-    /// `answer`, closes, and gives back what it read.
-    fn serve_once(answer: &'static [u8]) -> (SocketAddr, std::thread::JoinHandle<String>) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let h = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut got = Vec::new();
-            let mut chunk = [0u8; 1024];
-            // Head, then the 2-byte body every test sends.
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"{}") {
-                let n = s.read(&mut chunk).unwrap();
-                got.extend_from_slice(&chunk[..n]);
-            }
-            s.write_all(answer).unwrap();
-            String::from_utf8(got).unwrap()
-        });
-        (addr, h)
-    }
-
-    fn request() -> Outgoing<'static> {
-        Outgoing {
-            method: "POST",
-            target: "/user/token?x=1",
-            authorization: Some("Bearer sekret"),
-            body: b"{}",
-            from: 2,
-        }
-    }
-
-    const LONG: Duration = Duration::from_secs(10);
-
-    fn client(max: usize) -> ForwardClient {
-        ForwardClient::new(LONG, LONG, 4, max)
-    }
-
-    #[tokio::test]
-    async fn passes_method_path_token_and_marker_and_reads_a_sized_answer() {
-        let (addr, h) = serve_once(b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\nhello");
-        let a = client(1024).send(addr, &request(), LONG).await.unwrap();
-        assert_eq!((a.status, a.body.as_slice()), (201, &b"hello"[..]));
-        let got = h.join().unwrap().to_ascii_lowercase();
-        assert!(
-            got.starts_with("post /user/token?x=1 http/1.1\r\n"),
-            "{got}"
-        );
-        assert!(got.contains("authorization: bearer sekret\r\n"), "{got}");
-        assert!(got.contains("x-imrouter-forwarded: 2\r\n"), "{got}");
-        assert!(got.contains("content-length: 2\r\n"), "{got}");
-    }
-
-    #[tokio::test]
-    async fn reads_chunked_and_close_delimited_answers() {
-        let (addr, _h) = serve_once(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
-        );
-        let a = client(1024).send(addr, &request(), LONG).await.unwrap();
-        assert_eq!(a.body, b"abcde");
-        let (addr, _h) = serve_once(b"HTTP/1.1 503 Nope\r\nConnection: close\r\n\r\nuntil close");
-        let a = client(1024).send(addr, &request(), LONG).await.unwrap();
-        assert_eq!((a.status, a.body.as_slice()), (503, &b"until close"[..]));
-    }
-
-    #[tokio::test]
-    async fn refuses_answers_over_the_limit_and_answers_that_are_not_http() {
-        let (addr, _h) = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n");
-        let r = client(10).send(addr, &request(), LONG).await;
-        assert!(matches!(r, Err(ForwardError::TooLarge(100))), "{r:?}");
-        let (addr, _h) =
-            serve_once(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n0123456789abcdef");
-        let r = client(10).send(addr, &request(), LONG).await;
-        assert!(matches!(r, Err(ForwardError::TooLarge(10))), "{r:?}");
-        let (addr, _h) = serve_once(b"SMTP ready\r\n\r\n");
-        let r = client(10).send(addr, &request(), LONG).await;
-        assert!(matches!(r, Err(ForwardError::Malformed(_))), "{r:?}");
-    }
-
-    #[tokio::test]
-    async fn a_silent_server_is_a_timeout_and_a_closed_port_unreachable() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        // Accepted by the kernel (backlog), never answered.
-        let r = client(1024)
-            .send(addr, &request(), Duration::from_millis(50))
-            .await;
-        assert!(matches!(r, Err(ForwardError::Timeout(50))), "{r:?}");
-        drop(l);
-        let r = client(1024).send(addr, &request(), LONG).await;
-        assert!(matches!(r, Err(ForwardError::Unreachable(_))), "{r:?}");
-    }
-
-    #[tokio::test]
-    async fn a_head_breaking_token_or_path_is_refused_before_connecting() {
-        let addr = SocketAddr::from(([127, 0, 0, 1], 9));
-        let mut r = request();
-        r.authorization = Some("Bearer a\r\nX-Evil: 1");
-        let got = client(1).send(addr, &r, LONG).await;
-        assert!(matches!(got, Err(ForwardError::BadRequest(_))), "{got:?}");
-        for target in ["/a b", "x", "/a\r\nb"] {
-            let mut r = request();
-            r.target = target;
-            let got = client(1).send(addr, &r, LONG).await;
-            assert!(
-                matches!(got, Err(ForwardError::BadRequest(_))),
-                "{target:?}: {got:?}"
-            );
-        }
-    }
 
     #[test]
     fn the_breaker_opens_at_the_threshold_cools_down_and_lets_one_probe() {

@@ -18,18 +18,18 @@
 //!   `/channel/messagesync` by the channel key the node computes: a person
 //!   channel's sorted pair, a group's id) are validated here, then, on a node that
 //!   is not the key's home (`view.home_node(hash_slot(key))`), passed as they are
-//!   (method, path and query, body, bearer token) to the home's API
-//!   (`[[cluster.nodes]] api_addr`) with [`forward::FORWARDED_HEADER`] naming this
-//!   node; the home's status and body are the answer. This HTTP hop is the
-//!   transport of HTTP writes and reads homed elsewhere (not an RPC kind);
+//!   (method, path and query, body, bearer token) to the home on the inter-node
+//!   link (the hop `Api`: authenticated and sealed, [`forward`]), whose API
+//!   answers it as if it had arrived there ([`Api::serve_peer_calls`]); the home's
+//!   status and body are the answer;
 //! - `/user/onlinestatus` asks each uid's authority node for its share and merges;
 //!   `/user/device_quit` closes the local sessions and asks every other node to;
-//! - a request carrying the forwarded header is answered from this node's data
-//!   only and never forwarded again (the header is honoured only behind the bearer
-//!   token, and only naming a peer);
-//! - a node that does not answer within `forward_timeout_ms` (connect included)
-//!   makes the request 503, with the node and its address named; forwards are
-//!   awaited on the API's runtime ([`forward`]), at most
+//! - a request passed on by another node is answered from this node's data only
+//!   and never passed on again ([`ApiRequest::forwarded_by`]), behind the bearer
+//!   token as any request;
+//! - a node that does not answer within `forward_timeout_ms` makes the request
+//!   503, with the node named; forwards are awaited on the API's runtime
+//!   ([`forward`]), at most
 //!   `forward_connections_per_peer` in flight per node, and after
 //!   `forward_breaker_failures` in a row without an answer the node's breaker
 //!   fails them at once (503 naming it) for `forward_breaker_cooldown_ms`;
@@ -67,6 +67,7 @@ use crate::channel::{person_channel_key, Channel, CHANNEL_TYPE_GROUP, CHANNEL_TY
 use crate::cluster::NodeId;
 use crate::delivery::{group_by_target, TargetGroups};
 use crate::node::msg::Msg;
+use crate::node::msg::{ApiAnswered, PeerApiCall};
 use crate::node::send::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
 use crate::node::shared::NodeShared;
 use crate::route::{DeviceLevel, Uid};
@@ -74,6 +75,10 @@ use crate::store::{PullMode, StoredMessage};
 
 /// Bytes of a `messagesync` answer around its messages (two seqs, `more`, keys).
 const SYNC_ENVELOPE_BYTES: usize = 128;
+
+/// What an API answer's frame adds to its body on the link: the frame's header
+/// and seal, the reply's variant, status and length (a few bytes), with room.
+const API_REPLY_OVERHEAD_BYTES: usize = 256;
 
 /// An HTTP answer: status and JSON body (or Prometheus text for /metrics).
 #[derive(Debug, PartialEq)]
@@ -107,8 +112,8 @@ pub struct ApiRequest<'a> {
     pub target: &'a str,
     /// The `Authorization` header, if any (passed on when forwarded).
     pub authorization: Option<&'a str>,
-    /// The node that forwarded the request ([`forward::FORWARDED_HEADER`]): it is
-    /// answered from this node's data only.
+    /// The node that passed the request on (read from its link, the hop `Api`):
+    /// it is answered from this node's data only.
     pub forwarded_by: Option<NodeId>,
     pub body: &'a [u8],
 }
@@ -268,20 +273,14 @@ impl Api {
             breaker_failures: config.forward_breaker_failures,
             breaker_cooldown: ms(config.forward_breaker_cooldown_ms),
         };
-        // Idle connections are let go before a peer's keep-alive timeout (the same
-        // `header_read_timeout_ms` on every node) would close them under a request.
-        let client = forward::ForwardClient::new(
-            ms(config.forward_timeout_ms),
-            ms((config.header_read_timeout_ms / 2).max(1)),
-            config.forward_connections_per_peer,
-            config.forward_answer_bytes_max,
-        );
+        let client =
+            forward::ForwardClient::new(injectors.clone(), config.forward_answer_bytes_max);
         let me = shared.config.node_id;
         let peers = shared
             .config
             .cluster
             .peers(me)
-            .map(|n| (n.id, n.api_addr))
+            .map(|n| n.id)
             .collect::<Vec<_>>();
         let state = Arc::new(ApiState {
             waiting: Arc::new(Semaphore::new(config.waiting_requests_max)),
@@ -295,6 +294,73 @@ impl Api {
             listeners_up,
             state,
         }
+    }
+
+    /// Serves other nodes' API requests (the hop `Api`, read by the shards' links)
+    /// until the node stops, each on a task of its own.
+    pub async fn serve_peer_calls(self, mut calls: Receiver<PeerApiCall>) {
+        while let Some(call) = calls.recv().await {
+            let api = self.clone();
+            tokio::spawn(async move { api.serve_peer_call(call).await });
+        }
+    }
+
+    /// One request of another node, checked as one that arrived here (the bearer
+    /// token, the body limit, a place in the waiting queue), answered from this
+    /// node's data only, and handed back to the shard whose link read it. An answer
+    /// larger than an inter-node frame allows becomes a 502 naming the limit.
+    async fn serve_peer_call(&self, c: PeerApiCall) {
+        let req = ApiRequest {
+            method: &c.call.method,
+            target: &c.call.target,
+            authorization: c.call.authorization.as_deref(),
+            forwarded_by: Some(c.from.node),
+            body: &c.call.body,
+        };
+        let mut reply =
+            if let Err(reply) = self.authorize(req.method, req.path(), req.authorization) {
+                reply
+            } else if req.body.len() > self.config.body_bytes_max {
+                Reply::error(413, "request body too large")
+            } else {
+                self.serve_admitted(&req).await
+            };
+        let frame_bytes_max = self.shared.config.rpc.rpc_frame_bytes_max;
+        if reply.body.len() > frame_bytes_max.saturating_sub(API_REPLY_OVERHEAD_BYTES) {
+            let why = format!(
+                "the answer ({} bytes) does not fit an inter-node frame ([rpc] \
+                 rpc_frame_bytes_max = {frame_bytes_max})",
+                reply.body.len()
+            );
+            reply = Reply::error(502, why);
+        }
+        let answered = ApiAnswered {
+            to: c.from,
+            status: reply.status,
+            body: reply.body,
+        };
+        let shard = usize::from(c.shard);
+        let sent = self.injectors[shard].send(Msg::ApiAnswered(Box::new(answered)));
+        if sent.is_err() {
+            // The asking node fails the request at its deadline.
+            tracing::warn!(
+                shard,
+                "an answer to another node's API request dropped: the shard's queue is full"
+            );
+        }
+    }
+
+    /// A request whose token and body were checked: at once when
+    /// [`Api::is_immediate`], else with a place in the waiting queue.
+    pub async fn serve_admitted(&self, req: &ApiRequest<'_>) -> Reply {
+        if Api::is_immediate(req.method, req.path()) {
+            return self.serve(req).await;
+        }
+        let _waiting = match self.admit() {
+            Ok(w) => w,
+            Err(reply) => return reply,
+        };
+        self.serve(req).await
     }
 
     /// A place in the waiting queue for a request that may wait (not
@@ -771,8 +837,20 @@ impl Api {
         let key = sync_channel_key(&r)?;
         self.answer_at_home(key.as_bytes(), req).await?;
         self.check_member(&r)?;
-        let (messages, more) = self.read_channel(&r, key).await?;
-        Ok(self.sync_answer(&r, &messages, more))
+        let bytes_max = self.sync_bytes_max(req);
+        let (messages, more) = self.read_channel(&r, key, bytes_max).await?;
+        Ok(self.sync_answer(&r, &messages, more, bytes_max))
+    }
+
+    /// The `messagesync` answer's size: `sync_response_bytes_max`, and for another
+    /// node at most half an inter-node frame (`[rpc] rpc_frame_bytes_max`; the
+    /// answer goes back on the link in one, and `more` says the rest is there).
+    fn sync_bytes_max(&self, req: &ApiRequest<'_>) -> usize {
+        let configured = self.config.sync_response_bytes_max;
+        match req.forwarded_by {
+            Some(_) => configured.min(self.shared.config.rpc.rpc_frame_bytes_max / 2),
+            None => configured,
+        }
     }
 
     /// Refuses (403) a group read by a login uid that does not subscribe to it
@@ -792,13 +870,14 @@ impl Api {
     }
 
     /// Reads the channel `key` on its commit shard: the messages (ascending, at
-    /// most `sync_response_bytes_max` copied) and whether more are in range. Refuses
+    /// most `bytes_max` copied) and whether more are in range. Refuses
     /// (503) when the shard's injector is full, (504) when no answer came in time and
     /// (500) when the log failed the read.
     async fn read_channel(
         &self,
         r: &SyncReq,
         key: String,
+        bytes_max: usize,
     ) -> Result<(Vec<StoredMessage>, bool), Reply> {
         let (tx, mut rx) = reply_channel(1);
         let shard = self.shared.slot_map.shard_of_key(key.as_bytes());
@@ -809,7 +888,7 @@ impl Api {
             end_seq: r.end_message_seq,
             limit: r.limit,
             pull_mode: PullMode::from_wire(r.pull_mode),
-            bytes_max: self.config.sync_response_bytes_max,
+            bytes_max,
             reply: tx,
         };
         self.injectors[shard as usize]
@@ -822,14 +901,17 @@ impl Api {
             .map_err(|e| Reply::error(500, e))
     }
 
-    /// The `messagesync` answer, within `sync_response_bytes_max`: messages nearest
+    /// The `messagesync` answer, within `bytes_max`: messages nearest
     /// the start of the pull first (the oldest going up, the newest going down), the
     /// first always, then each only if it fits (`more` set when one did not).
-    fn sync_answer(&self, r: &SyncReq, messages: &[StoredMessage], more: bool) -> Reply {
-        let budget = self
-            .config
-            .sync_response_bytes_max
-            .saturating_sub(SYNC_ENVELOPE_BYTES);
+    fn sync_answer(
+        &self,
+        r: &SyncReq,
+        messages: &[StoredMessage],
+        more: bool,
+        bytes_max: usize,
+    ) -> Reply {
+        let budget = bytes_max.saturating_sub(SYNC_ENVELOPE_BYTES);
         let down = PullMode::from_wire(r.pull_mode) == PullMode::Down
             || (r.start_message_seq == 0 && r.end_message_seq == 0);
         let order: Box<dyn Iterator<Item = &StoredMessage>> = if down {

@@ -16,13 +16,13 @@
 //! - a request that may wait (on a shard, another node or the metadata store) takes
 //!   a place in the waiting queue (`waiting_requests_max`, over it 503 at once) and
 //!   is awaited on the runtime, holding no thread: shard replies come on tokio
-//!   channels, forwards on the async client ([`super::forward`]); only metadata
+//!   channels, forwards on the links ([`super::forward`]); only metadata
 //!   store calls (journal and fsync) run on the blocking pool (`blocking_threads`),
 //!   waiting for a place up to `queue_timeout_ms` (then 503); `/healthz`,
 //!   `/readyz`, `/metrics`, `/cluster/slots`, `/route` and `/route/batch` answer
 //!   from memory, outside the queue;
-//! - `x-imrouter-forwarded` (a node id) is read after the token and handed to the
-//!   API as [`super::ApiRequest::forwarded_by`]; a value that is not a number is 400;
+//! - requests passed on by other nodes do not come here: they travel on the
+//!   inter-node links (the hop `Api`, [`super::Api::serve_peer_calls`]);
 //! - a panicking handler answers 500 and is counted.
 
 use std::collections::HashMap;
@@ -193,13 +193,6 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
     if let Err(reply) = app.api.authorize(&method, &path, auth.as_deref()) {
         return to_response(reply);
     }
-    let forwarded_by = match headers.get(super::forward::FORWARDED_HEADER) {
-        None => None,
-        Some(v) => match v.to_str().ok().and_then(|v| v.trim().parse().ok()) {
-            Some(node) => Some(node),
-            None => return to_response(Reply::error(400, "bad x-imrouter-forwarded header")),
-        },
-    };
     let target = request
         .uri()
         .path_and_query()
@@ -212,17 +205,9 @@ async fn route(State(app): State<Arc<App>>, request: Request) -> Response {
         method,
         target,
         auth,
-        forwarded_by,
         body,
     };
-    if Api::is_immediate(&owned.method, &path) {
-        return to_response(app.api.serve(&owned.as_request()).await);
-    }
-    let _waiting = match app.api.admit() {
-        Ok(w) => w,
-        Err(reply) => return to_response(reply),
-    };
-    to_response(app.api.serve(&owned.as_request()).await)
+    to_response(app.api.serve_admitted(&owned.as_request()).await)
 }
 
 /// A request's parts, owned.
@@ -230,7 +215,6 @@ struct OwnedRequest {
     method: String,
     target: String,
     auth: Option<String>,
-    forwarded_by: Option<crate::cluster::NodeId>,
     body: Bytes,
 }
 
@@ -240,7 +224,7 @@ impl OwnedRequest {
             method: &self.method,
             target: &self.target,
             authorization: self.auth.as_deref(),
-            forwarded_by: self.forwarded_by,
+            forwarded_by: None,
             body: &self.body,
         }
     }

@@ -506,10 +506,16 @@ pub fn touch_batch_bytes_max(session: &SessionConfig) -> usize {
     session.touch_batch_routes_max.saturating_mul(route) + ROUTE_WIRE_FIXED_BYTES_MAX
 }
 
+/// The most bytes an API request adds to its body on the link (the hop `Api`):
+/// its method, path and query and `Authorization` header, which the HTTP server
+/// bounds with the head (hyper's read buffer, 408 KiB), and the frame's own.
+pub const API_CALL_HEAD_BYTES_MAX: usize = 512 << 10;
+
 /// The frame limits against each other: an inter-node link's input buffer holds a
 /// whole frame of `[rpc] rpc_frame_bytes_max` and one read, or a large frame would
-/// stall its link for good; and the largest touch batch fits in a frame, or the
-/// batch would be refused and requeued for ever.
+/// stall its link for good; the largest touch batch fits in a frame, or the
+/// batch would be refused and requeued for ever; and in a cluster the largest API
+/// request fits in one, or a request homed elsewhere could not be passed on.
 fn check_frame_limits(config: &NodeConfig) -> Result<(), String> {
     let (frame, net) = (config.rpc.rpc_frame_bytes_max, &config.net);
     let touch = touch_batch_bytes_max(&config.session);
@@ -522,6 +528,18 @@ fn check_frame_limits(config: &NodeConfig) -> Result<(), String> {
             touch / config.session.touch_batch_routes_max.max(1),
             config.session.uid_bytes_max,
             config.session.device_id_bytes_max,
+        ));
+    }
+    let api = config
+        .api
+        .body_bytes_max
+        .saturating_add(API_CALL_HEAD_BYTES_MAX);
+    if config.cluster.peers(config.node_id).next().is_some() && api > frame {
+        return Err(format!(
+            "[api] body_bytes_max = {} plus a request's path and headers (up to \
+             {API_CALL_HEAD_BYTES_MAX} bytes) need [rpc] rpc_frame_bytes_max >= {api}, not \
+             {frame}: a request homed on another node travels there in one frame",
+            config.api.body_bytes_max
         ));
     }
     let need = frame.saturating_add(net.read_chunk_bytes.max(net.uring_buf_bytes as usize));

@@ -4,6 +4,8 @@
 //! - `node/hops.rs`: every hop's request and reply, from a shard of this node
 //!   (`Msg::Request`, `Msg::Reply`) or from another node (`Msg::PeerReply`, and the
 //!   frames `node/peers/io.rs` reads), one dispatcher per side;
+//! - `node/api_hop.rs`: the HTTP API's requests to and from other nodes on the
+//!   links (`Msg::ApiForward`, `Msg::ApiAnswered`);
 //! - `node/connect.rs`: CONNECT admission and the activation driver
 //!   (`NodeTimer::Activation`, the owner actions' and authority calls' replies);
 //! - `node/authority_service.rs`: authority calls and their service, owner actions,
@@ -108,6 +110,8 @@ impl Handler for NodeShard {
                 let _ = done.try_send(n);
             }
             Msg::Shutdown => self.shutdown(cx, driver),
+            Msg::ApiForward(forward) => self.on_api_forward(cx, *forward),
+            Msg::ApiAnswered(answered) => self.on_api_answered(cx, *answered),
             Msg::InjectPanic => self.inject_panic(),
         }
     }

@@ -48,6 +48,7 @@ fn pending_kind(pending: &Pending) -> HopKind {
         Pending::Lookup { .. } => HopKind::Lookup,
         Pending::Token { .. } => HopKind::Token,
         Pending::Handover => HopKind::Handover,
+        Pending::Api { .. } => HopKind::Api,
     }
 }
 
@@ -61,7 +62,23 @@ impl NodeShard {
         request: wire::Request,
         pending: Pending,
     ) {
-        let Err((pending, refused)) = self.peers.request(node, &request, pending, cx.now_ms())
+        self.request_remote_within(cx, node, request, pending, 0)
+    }
+
+    /// [`NodeShard::request_remote`] answered within `deadline_ms` (0: `[rpc]
+    /// rpc_request_deadline_ms`).
+    pub(super) fn request_remote_within(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        node: NodeId,
+        request: wire::Request,
+        pending: Pending,
+        deadline_ms: u32,
+    ) {
+        let now_ms = cx.now_ms();
+        let Err((pending, refused)) =
+            self.peers
+                .request(node, &request, pending, deadline_ms, now_ms)
         else {
             return;
         };
@@ -202,6 +219,10 @@ impl NodeShard {
                     tracing::debug!(error = %e, "a handover batch refused by the new leader");
                 }
             }
+            (Pending::Api { answer }, R::Api { status, body }) => {
+                // The API may have given up (its own timeout): nothing waits then.
+                let _ = answer.send(Ok((status, body)));
+            }
             (pending, reply) => {
                 tracing::warn!(
                     ?reply,
@@ -287,6 +308,9 @@ impl NodeShard {
             (Pending::Handover, Action::HandoverLost) => {
                 self.metrics.handover_batches_lost.inc();
             }
+            (Pending::Api { answer }, Action::ApiFailed(why)) => {
+                let _ = answer.send(Err(why));
+            }
             (pending, action) => {
                 // The policy answers each kind with its own action (domain::hop's test).
                 tracing::error!(kind = ?pending_kind(&pending), ?action, "no-answer action of another kind: dropped");
@@ -365,6 +389,7 @@ impl NodeShard {
                 let result = self.authority.take_handover(cx.now_ms() / 1000, batch);
                 self.answer(cx, driver, reply_to, wire::Reply::Handover(result));
             }
+            wire::Request::Api(call) => self.on_api_request(cx, driver, reply_to, call),
         }
     }
 

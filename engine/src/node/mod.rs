@@ -20,6 +20,7 @@
 //! - [`catalog`]: tokens and group subscribers, read lock-free by the shards.
 //! - [`metrics`]: per-shard counters and stage histograms.
 
+mod api_hop;
 mod authority_service;
 mod authority_side;
 pub mod catalog;
@@ -465,7 +466,12 @@ fn start_http(
         injectors.to_vec(),
         true,
     );
-    Ok(Some(crate::http::HttpServer::start(api, addr)?))
+    let server = crate::http::HttpServer::start(api.clone(), addr)?;
+    // Other nodes' API requests (the hop `Api`) are served on the same runtime.
+    let (inbox, calls) = tokio::sync::mpsc::channel(shared.config.api.waiting_requests_max);
+    server.runtime_handle().spawn(api.serve_peer_calls(calls));
+    let _ = shared.api_inbox.set(inbox);
+    Ok(Some(server))
 }
 
 /// The HTTP API (with `[listen] api_addr`) and the webhooks' driver, on its
@@ -562,6 +568,7 @@ impl Node {
             draining: std::sync::atomic::AtomicBool::new(false),
             view_heard: std::sync::atomic::AtomicBool::new(false),
             webhooks: Arc::new(webhooks),
+            api_inbox: std::sync::OnceLock::new(),
             config,
         });
         let (tcp_addr, ws_addr, rpc_addr) = (bound.tcp_addr, bound.ws_addr, bound.rpc_addr);

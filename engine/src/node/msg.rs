@@ -74,8 +74,43 @@ pub enum Msg {
     },
     /// Control → every shard: send DISCONNECT to every session, unregister them, stop.
     Shutdown,
+    /// The HTTP API → any shard: pass an API request to another node on this
+    /// shard's link to it (the hop `Api`, `crate::http::forward`); its answer, or
+    /// why none came, on the call's `answer`.
+    ApiForward(Box<ApiForward>),
+    /// The HTTP API → the shard whose link read another node's API request: the
+    /// answer to send back ([`super::wire::Reply::Api`]).
+    ApiAnswered(Box<ApiAnswered>),
     /// Fault injection (tests): the shard panics.
     InjectPanic,
+}
+
+/// Where an API request passed to another node gets its answer: the status and
+/// body its API gave, or why none came.
+pub type ApiAnswerTo = tokio::sync::oneshot::Sender<Result<(u16, String), domain::hop::NoAnswer>>;
+
+/// An API request for another node ([`Msg::ApiForward`]).
+pub struct ApiForward {
+    pub node: crate::cluster::NodeId,
+    pub call: super::wire::ApiCall,
+    /// How long the other node has to answer (the frame's deadline).
+    pub deadline_ms: u32,
+    pub answer: ApiAnswerTo,
+}
+
+/// The answer of this node's API to another node's request ([`Msg::ApiAnswered`]).
+pub struct ApiAnswered {
+    pub to: Remote,
+    pub status: u16,
+    pub body: String,
+}
+
+/// Another node's API request, read by shard `shard`'s link, for this node's API
+/// (its runtime serves it and hands the answer back to `shard`).
+pub struct PeerApiCall {
+    pub from: Remote,
+    pub shard: ShardId,
+    pub call: Box<super::wire::ApiCall>,
 }
 
 /// A hop's request on the ring. Boxed, like the other rare messages, so that a
@@ -151,6 +186,8 @@ pub enum Pending {
     },
     /// A batch of a lost hash slot's routes, to its new leader.
     Handover,
+    /// An HTTP API request passed to another node.
+    Api { answer: ApiAnswerTo },
 }
 
 /// Which authority call a pending one is (the shape of its failure).

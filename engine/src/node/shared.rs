@@ -67,6 +67,9 @@ pub struct NodeShared {
     pub(super) view_heard: std::sync::atomic::AtomicBool,
     /// The webhooks' hand-off and counters (does nothing without `[webhook] url`).
     pub webhooks: Arc<crate::webhook::WebhookSink>,
+    /// The HTTP API's queue of other nodes' requests (the hop `Api`), set once its
+    /// server runs; bounded by `[api] waiting_requests_max`.
+    pub(crate) api_inbox: std::sync::OnceLock<tokio::sync::mpsc::Sender<super::msg::PeerApiCall>>,
 }
 
 impl NodeShared {

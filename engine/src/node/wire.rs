@@ -59,6 +59,21 @@ pub enum Request {
     /// A batch of the routes of a hash slot the sender lost, for its new leader
     /// (the receiving node).
     Handover(HandoverBatch),
+    /// An HTTP API request homed on the receiving node, answered by its API as
+    /// if it had arrived there, from this node's data only (never passed on).
+    Api(Box<ApiCall>),
+}
+
+/// An HTTP API request passed to another node (`crate::http::forward`): what the
+/// caller sent, its bearer token included (the link is sealed).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ApiCall {
+    pub method: String,
+    /// The path and query, as the caller sent them.
+    pub target: String,
+    /// The caller's `Authorization` header, checked at the home as anywhere.
+    pub authorization: Option<String>,
+    pub body: Vec<u8>,
 }
 
 /// A SEND forwarded from the gateway's node to the channel's home: the commit
@@ -114,6 +129,11 @@ pub enum Reply {
     },
     /// The handover batch was applied (or kept for its view), or why not.
     Handover(Result<(), AuthorityError>),
+    /// The API's answer to an [`ApiCall`]: HTTP status and JSON body.
+    Api {
+        status: u16,
+        body: String,
+    },
 }
 
 impl Request {
@@ -132,6 +152,7 @@ impl Request {
             Request::Lookup { .. } => Kind::EndpointLookup,
             Request::Token { .. } => Kind::TokenLookup,
             Request::Handover(_) => Kind::Handover,
+            Request::Api(_) => Kind::ApiRequest,
         }
     }
 }
@@ -245,8 +266,9 @@ impl Bounds {
                 .map_err(|e| format!("view: {e}")),
             // A push's endpoints are revalidated by the owner (which drops those of
             // another node, process or shard); a reply's content is checked by the
-            // machine it answers; a SEND's and a token check's fields are data.
-            Body::Request(Request::Send(_) | Request::Token { .. })
+            // machine it answers; a SEND's, a token check's and an API request's
+            // fields are data (the API checks a request as any it receives).
+            Body::Request(Request::Send(_) | Request::Token { .. } | Request::Api(_))
             | Body::OneWay(OneWay::Push { .. })
             | Body::Reply(_) => Ok(()),
         }
@@ -316,7 +338,8 @@ fn decode_unchecked(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
         | Kind::OwnerAction
         | Kind::ForwardedSend
         | Kind::TokenLookup
-        | Kind::Handover => postcard::from_bytes(body).map(Body::Request).map_err(bad),
+        | Kind::Handover
+        | Kind::ApiRequest => postcard::from_bytes(body).map(Body::Request).map_err(bad),
         _ => return None,
     })
 }

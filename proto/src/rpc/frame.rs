@@ -5,7 +5,7 @@
 //! | offset | bytes | field | meaning |
 //! |---|---|---|---|
 //! | 0 | 4 | magic | `b"IMRN"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (5) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (6) |
 //! | 5 | 1 | kind | [`Kind`] |
 //! | 6 | 2 | flags | none defined in version 4: must be 0 |
 //! | 8 | 8 | sender node id | the sending node's `node_id` |
@@ -30,7 +30,7 @@ pub const MAGIC: [u8; 4] = *b"IMRN";
 /// superseded; 2: the handshake carries the cluster id and slot-id count,
 /// `auth`); a node of another version is refused with
 /// [`FrameError::UnsupportedVersion`] at its first frame.
-pub const WIRE_VERSION: u8 = 5;
+pub const WIRE_VERSION: u8 = 6;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
 /// Largest body of a [`Kind::Ping`] (and so of its Pong).
@@ -102,13 +102,16 @@ pub enum Kind {
     TokenLookup = 26,
     /// A moved hash slot's routes, from its old authority to its new one.
     Handover = 27,
+    /// An HTTP API request homed on the receiving node (method, path and query, the
+    /// caller's bearer token, body); its answer (status, body) is the reply.
+    ApiRequest = 28,
     /// The reply to any request, matched by request id.
     Reply = 64,
 }
 
 impl Kind {
     /// Every kind, in numbering order.
-    pub const ALL: [Kind; 19] = [
+    pub const ALL: [Kind; 20] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Proof,
@@ -127,6 +130,7 @@ impl Kind {
         Kind::View,
         Kind::TokenLookup,
         Kind::Handover,
+        Kind::ApiRequest,
         Kind::Reply,
     ];
 

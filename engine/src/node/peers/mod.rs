@@ -163,13 +163,15 @@ impl Peers {
         self.links.iter_mut().find(|l| l.node == node)
     }
 
-    /// Sends `request` to `node`; gives the pending back if the link refuses it,
+    /// Sends `request` to `node`, to be answered within `deadline_ms` (0: `[rpc]
+    /// rpc_request_deadline_ms`); gives the pending back if the link refuses it,
     /// with why (`None`: no link to that node).
     pub fn request(
         &mut self,
         node: NodeId,
         request: &wire::Request,
         pending: Pending,
+        deadline_ms: u32,
         now_ms: u64,
     ) -> Result<(), (Pending, Option<Refused>)> {
         wire::encode(request, &mut self.body);
@@ -177,7 +179,14 @@ impl Peers {
         let result = match self.link_mut(node) {
             Some(l) => l
                 .link
-                .request(request.kind(), &body, 0, pending, now_ms, &mut l.out)
+                .request(
+                    request.kind(),
+                    &body,
+                    deadline_ms,
+                    pending,
+                    now_ms,
+                    &mut l.out,
+                )
                 .map(|_| ())
                 .map_err(|(why, pending)| {
                     tracing::debug!(node, %why, "request to peer refused");
