@@ -567,6 +567,17 @@ fn a_reply_made_after_its_requests_deadline_is_not_sent(backend: Backend) {
     n1.node.shutdown().unwrap();
 }
 
+/// Node 2's listener with node 1's link to it up (its handshake answered), then
+/// silent: the test reads nothing more, so node 1's requests get no answer.
+fn silent_node_2(n1: &Node1) -> Back {
+    let listener = TcpListener::bind(("127.0.0.1", n1.node_2_port)).unwrap();
+    let back = Back::accept(&listener);
+    wait_for("node 1 reached node 2", || {
+        n1.node.shared().peers_reached() == 1
+    });
+    back
+}
+
 /// Node 2 answers Pings but no request. Logins on node 1 whose authority is node
 /// 2 are refused once their call's deadline passed; after `rpc_breaker_failures`
 /// of node 1's requests went unanswered in a row, its link's breaker opens and the
@@ -580,12 +591,8 @@ fn a_peer_that_answers_no_request_opens_the_links_breaker(backend: Backend) {
         c.rpc.rpc_heartbeat_ms = 60_000;
         c.rpc.rpc_peer_silence_ms = 120_000;
     });
-    let listener = TcpListener::bind(("127.0.0.1", n1.node_2_port)).unwrap();
-    let _back = Back::accept(&listener);
+    let _back = silent_node_2(&n1);
     let node = &n1.node;
-    wait_for("node 1 reached node 2", || {
-        node.shared().peers_reached() == 1
-    });
     let view = view();
     let addr = node.tcp_addr().unwrap();
     let refused = metric(node, "imrouter_rpc_requests_refused_breaker_total");
@@ -662,12 +669,8 @@ fn an_api_request_to_a_silent_peer_is_a_503_at_its_deadline(backend: Backend) {
         c.api.addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         c.api.forward_timeout_ms = 300;
     });
-    let listener = TcpListener::bind(("127.0.0.1", n1.node_2_port)).unwrap();
-    let _back = Back::accept(&listener);
+    let _back = silent_node_2(&n1);
     let node = &n1.node;
-    wait_for("node 1 reached node 2", || {
-        node.shared().peers_reached() == 1
-    });
     let view = view();
     let uid = support::cluster::find_uid("mute2-", |u| {
         view.home_node(slots::hash_slot(u.as_bytes())) == 2
