@@ -14,22 +14,27 @@
 //!   term when it comes back, and a leader that lost its quorum steps down.
 //! - Only the leader proposes ([`GroupError::NotLeader`] names the leader it
 //!   knows); peers' proposals are refused by the wire ([`crate::wire`]).
-//! - After any input, [`Group::drain`] hands out what to send and what was
-//!   committed; until then nothing leaves. The log here is in memory and bounded
-//!   by `log_entries_max` (proposals past it are refused with
-//!   [`GroupError::LogFull`]): the node's message log replaces it.
-//! - What [`Group::drain`] made durable (entries, term and vote, conf state) is a
-//!   [`Durable`]: a crash ([`Group::into_durable`]) keeps it and a restart
-//!   ([`Group::restart`]) starts from it, handing its committed entries out again
-//!   from the first (the state machine replays them).
+//! - After any input, [`Group::drain`] hands out what to send, what was committed,
+//!   and what to make durable ([`Persist`], in our own types: the contract is in
+//!   [`crate::durable`]). The messages that depend on a write (a vote, an
+//!   append's acknowledgement) are held until the caller says it is durable
+//!   ([`Group::persisted`]); a leader's appends leave at once. Raft reads its log
+//!   from memory here, bounded by `log_entries_max` (proposals past it are refused
+//!   with [`GroupError::LogFull`]).
+//! - A restart ([`Group::restart`]) starts from what the caller made durable
+//!   ([`Durable`]), handing its committed entries out again from the first (the
+//!   state machine replays them).
+
+use std::collections::VecDeque;
 
 use raft::prelude::{ConfChange, ConfChangeV2, Entry, EntryType, Message};
 use raft::storage::MemStorage;
-use raft::{Config, GetEntriesContext, RawNode, StateRole, Storage};
+use raft::{Config, RawNode, StateRole};
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::durable::{self, ConfState, Durable, Persist};
 use crate::wire::{self, WireError};
 
 /// How a group runs (the node's config gives each field).
@@ -124,45 +129,22 @@ pub struct Committed {
     pub data: Vec<u8>,
 }
 
-/// What one [`Group::drain`] gives out.
+/// What one [`Group::drain`] (or [`Group::persisted`]) gives out.
 #[derive(Debug, Default)]
 pub struct Outputs {
     /// `(to, bytes)`: messages for peers, in our encoding, in order.
     pub messages: Vec<(u64, Vec<u8>)>,
     /// Entries committed since the last drain, in log order.
     pub committed: Vec<Committed>,
-}
-
-/// What a replica made durable: its log, term, vote and configuration. It
-/// survives a crash of the replica (as the page cache survives a kill -9).
-pub struct Durable(MemStorage);
-
-impl Durable {
-    /// A copy of what is durable now, independent of later writes (a test keeps
-    /// one to stand for a disk that lost the writes after it).
-    pub fn snapshot_copy(&self) -> Durable {
-        let state = self.0.initial_state().expect("memory storage has a state");
-        let copy = MemStorage::new();
-        {
-            let mut w = copy.wl();
-            w.set_hardstate(state.hard_state);
-            w.set_conf_state(state.conf_state);
-            let (first, last) = (self.0.first_index(), self.0.last_index());
-            let (first, last) = (first.expect("a first index"), last.expect("a last index"));
-            if last >= first {
-                let ctx = GetEntriesContext::empty(false);
-                let entries = (self.0.entries(first, last + 1, None, ctx))
-                    .expect("the entries between first and last are held");
-                w.append(&entries).expect("entries of one log append");
-            }
-        }
-        Durable(copy)
-    }
+    /// What to make durable, in order (module docs).
+    pub persist: Vec<Persist>,
 }
 
 /// One replica of one group (module docs).
 pub struct Group {
     node: RawNode<MemStorage>,
+    /// Per step not yet durable: its number and the messages that wait for it.
+    held: VecDeque<(u64, Vec<Message>)>,
     rng: ChaCha8Rng,
     /// `(term, role, leader)` when the timeout was last drawn, and the timeout.
     drawn: ((u64, Role, u64), usize),
@@ -180,31 +162,25 @@ fn role(r: StateRole) -> Role {
 }
 
 impl Group {
-    /// A new replica with an empty log and `cfg`'s voters and learners.
+    /// A new replica with an empty log and `cfg`'s voters and learners (its
+    /// durable state is [`Group::initial`]).
     pub fn new(cfg: &GroupConfig) -> Result<Group, GroupError> {
-        let storage = MemStorage::new_with_conf_state((cfg.voters.clone(), cfg.learners.clone()));
-        Group::open(cfg, Durable(storage))
+        Group::open(cfg, &Group::initial(cfg))
+    }
+
+    /// The durable state of a new replica of `cfg`: no record, `cfg`'s members.
+    pub fn initial(cfg: &GroupConfig) -> Durable {
+        Durable::new(cfg.voters.clone(), cfg.learners.clone())
     }
 
     /// A replica restarted from what it made durable (its configuration is the
     /// durable one; `cfg`'s voters and learners are not read). Its committed
     /// entries are handed out again from the first.
-    pub fn restart(cfg: &GroupConfig, durable: Durable) -> Result<Group, GroupError> {
+    pub fn restart(cfg: &GroupConfig, durable: &Durable) -> Result<Group, GroupError> {
         Group::open(cfg, durable)
     }
 
-    /// A copy of what this replica made durable so far, independent of its later
-    /// writes.
-    pub fn durable_copy(&self) -> Durable {
-        Durable(self.node.store().clone()).snapshot_copy()
-    }
-
-    /// The replica crashes: what it made durable stays.
-    pub fn into_durable(self) -> Durable {
-        Durable(self.node.store().clone())
-    }
-
-    fn open(cfg: &GroupConfig, durable: Durable) -> Result<Group, GroupError> {
+    fn open(cfg: &GroupConfig, durable: &Durable) -> Result<Group, GroupError> {
         let config = Config {
             id: cfg.id,
             election_tick: cfg.election_ticks,
@@ -223,11 +199,21 @@ impl Group {
                 "log_entries_max must be at least 1".into(),
             ));
         }
+        let storage = MemStorage::new();
+        {
+            let mut w = storage.wl();
+            w.set_hardstate(durable::raft_hard_state(&durable.hard_state));
+            w.set_conf_state(durable::raft_conf_state(&durable.conf_state));
+            let entries: Vec<Entry> = durable.records.iter().map(durable::entry_of).collect();
+            w.append(&entries)
+                .map_err(|e| GroupError::Config(format!("the durable log: {e}")))?;
+        }
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let node = RawNode::new(&config, durable.0, &logger)
+        let node = RawNode::new(&config, storage, &logger)
             .map_err(|e| GroupError::Config(e.to_string()))?;
         let mut g = Group {
             node,
+            held: VecDeque::new(),
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             drawn: ((0, Role::Follower, 0), 0),
             election_ticks: cfg.election_ticks,
@@ -319,11 +305,13 @@ impl Group {
         self.node.report_unreachable(peer);
     }
 
-    /// Hands out the messages to send and the entries committed since the last
-    /// call, after making the new entries and state durable (here: in memory).
+    /// Hands out the messages to send, the entries committed and what to make
+    /// durable since the last call (module docs). The messages that depend on
+    /// a write wait for [`Group::persisted`].
     pub fn drain(&mut self, out: &mut Outputs) {
         while self.node.has_ready() {
             let mut ready = self.node.ready();
+            // A leader's appends depend on nothing it writes (raft thesis 10.2.1).
             self.send(ready.take_messages(), out);
             if !ready.snapshot().is_empty() {
                 let snap = ready.snapshot().clone();
@@ -331,23 +319,38 @@ impl Group {
                     unreachable!("a snapshot raft handed out applies: {e}");
                 }
             }
-            self.apply(ready.take_committed_entries(), out);
+            let conf_state = self.apply(ready.take_committed_entries(), out);
+            // Raft reads its log from memory; the caller makes the same durable.
             if let Err(e) = self.node.mut_store().wl().append(ready.entries()) {
                 unreachable!("entries raft handed out append: {e}");
             }
             if let Some(hs) = ready.hs() {
                 self.node.mut_store().wl().set_hardstate(hs.clone());
             }
-            self.send(ready.take_persisted_messages(), out);
-            let mut light = self.node.advance(ready);
-            if let Some(commit) = light.commit_index() {
-                self.node.mut_store().wl().mut_hard_state().commit = commit;
-            }
-            self.send(light.take_messages(), out);
-            self.apply(light.take_committed_entries(), out);
+            out.persist.push(Persist {
+                number: ready.number(),
+                records: ready.entries().iter().map(durable::record_of).collect(),
+                hard_state: ready.hs().map(durable::hard_state_of),
+                conf_state,
+                sync: ready.must_sync(),
+            });
+            self.held
+                .push_back((ready.number(), ready.take_persisted_messages()));
+            self.node.advance_append_async(ready);
             self.node.advance_apply();
         }
         self.redraw_if_reset();
+    }
+
+    /// The caller made every [`Persist`] up to `number` durable: the messages that
+    /// waited for them leave, in order (more may follow at the next drain).
+    pub fn persisted(&mut self, number: u64, out: &mut Outputs) {
+        self.node.on_persist_ready(number);
+        while self.held.front().is_some_and(|(n, _)| *n <= number) {
+            if let Some((_, messages)) = self.held.pop_front() {
+                self.send(messages, out);
+            }
+        }
     }
 
     fn send(&mut self, messages: Vec<Message>, out: &mut Outputs) {
@@ -355,8 +358,10 @@ impl Group {
             .extend(messages.iter().map(|m| (m.to, wire::encode(m))));
     }
 
-    /// Committed entries: conf changes applied here, the rest handed out.
-    fn apply(&mut self, entries: Vec<Entry>, out: &mut Outputs) {
+    /// Committed entries: conf changes applied here (the new configuration, if
+    /// any, to make durable), the rest handed out.
+    fn apply(&mut self, entries: Vec<Entry>, out: &mut Outputs) -> Option<ConfState> {
+        let mut changed = None;
         for e in entries {
             let cs = match e.entry_type {
                 EntryType::EntryNormal => None,
@@ -372,7 +377,10 @@ impl Group {
                 }
             };
             match cs {
-                Some(Ok(cs)) => self.node.mut_store().wl().set_conf_state(cs),
+                Some(Ok(cs)) => {
+                    changed = Some(durable::conf_state_of(&cs));
+                    self.node.mut_store().wl().set_conf_state(cs);
+                }
                 Some(Err(err)) => unreachable!("raft refused its own conf change: {err}"),
                 None => {}
             }
@@ -386,6 +394,7 @@ impl Group {
                 data,
             });
         }
+        changed
     }
 
     /// Draws a new election timeout from the seed when raft may have reset its
@@ -411,10 +420,33 @@ impl Group {
 mod tests {
     use super::*;
 
+    /// Drains `g`, every write reported durable at once, until quiet.
     fn drained(g: &mut Group) -> Outputs {
-        let mut out = Outputs::default();
-        g.drain(&mut out);
-        out
+        drained_into(g, None)
+    }
+
+    /// Drains `g`, each write applied to `disk` and reported durable, until quiet.
+    fn drained_to(g: &mut Group, disk: &mut Durable) -> Outputs {
+        drained_into(g, Some(disk))
+    }
+
+    fn drained_into(g: &mut Group, mut disk: Option<&mut Durable>) -> Outputs {
+        let mut all = Outputs::default();
+        loop {
+            let mut out = Outputs::default();
+            g.drain(&mut out);
+            all.messages.append(&mut out.messages);
+            all.committed.append(&mut out.committed);
+            if out.persist.is_empty() {
+                return all;
+            }
+            for p in &out.persist {
+                if let Some(d) = disk.as_deref_mut() {
+                    d.apply(p);
+                }
+                g.persisted(p.number, &mut all);
+            }
+        }
     }
 
     /// A group of one elects itself, commits its no-op, then each proposal; a
@@ -452,29 +484,31 @@ mod tests {
     }
 
     /// A restart keeps the term, the vote and the log, and hands the committed
-    /// entries out again from the first; a copy taken earlier does not see later
-    /// writes.
+    /// entries out again from the first; a disk that missed the later writes does
+    /// not have them.
     #[test]
     fn a_restart_keeps_term_vote_and_log_and_replays_commits() {
         let cfg = GroupConfig::new(1, vec![1], 5);
         let mut g = Group::new(&cfg).unwrap();
+        let mut disk = Group::initial(&cfg);
         g.campaign().unwrap();
-        let _ = drained(&mut g);
-        let early = g.durable_copy();
+        let _ = drained_to(&mut g, &mut disk);
+        let early = disk.clone();
         g.propose(b"a".to_vec()).unwrap();
-        let before = drained(&mut g).committed;
+        let before = drained_to(&mut g, &mut disk).committed;
         assert_eq!(before.last().map(|c| c.data.clone()), Some(b"a".to_vec()));
-        let mut g = Group::restart(&cfg, g.into_durable()).unwrap();
+        assert_eq!((disk.hard_state.term, disk.hard_state.vote), (1, 1));
+        let mut g = Group::restart(&cfg, &disk).unwrap();
         assert_eq!(g.term(), 1);
         g.campaign().unwrap();
-        let replayed: Vec<Vec<u8>> = drained(&mut g)
+        let replayed: Vec<Vec<u8>> = drained_to(&mut g, &mut disk)
             .committed
             .into_iter()
             .map(|c| c.data)
             .collect();
         assert_eq!(&replayed[..2], &[Vec::new(), b"a".to_vec()]);
         assert_eq!(g.term(), 2, "a new election after the restart");
-        let mut e = Group::restart(&cfg, early).unwrap();
+        let mut e = Group::restart(&cfg, &early).unwrap();
         e.campaign().unwrap();
         let seen: Vec<Vec<u8>> = drained(&mut e)
             .committed
@@ -482,6 +516,47 @@ mod tests {
             .map(|c| c.data)
             .collect();
         assert!(!seen.contains(&b"a".to_vec()), "{seen:?}");
+    }
+
+    /// `g`'s next drain: nothing leaves before its writes are durable, and one of
+    /// them is the vote for replica 1, synced. Then they are reported durable: the
+    /// messages that left.
+    fn vote_waits_for_its_write(g: &mut Group) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Outputs::default();
+        g.drain(&mut out);
+        assert!(out.messages.is_empty(), "before the vote is durable");
+        let vote = out
+            .persist
+            .iter()
+            .find(|p| p.hard_state.is_some_and(|hs| hs.vote == 1));
+        assert!(vote.is_some_and(|p| p.sync), "{:?}", out.persist);
+        let last = out.persist.last().map_or(0, |p| p.number);
+        g.persisted(last, &mut out);
+        out.messages
+    }
+
+    /// A candidate's vote requests, and a voter's answer, wait for the vote to be
+    /// durable: nothing leaves before [`Group::persisted`], and the write of the
+    /// vote asks for a sync.
+    #[test]
+    fn votes_leave_only_once_the_vote_is_durable() {
+        let mut groups = three();
+        groups[0].campaign().unwrap();
+        // Pre-vote: the term does not change, nothing to wait for but the order.
+        for (to, b) in drained(&mut groups[0]).messages {
+            groups[to as usize - 1].step(1, &b).unwrap();
+        }
+        for i in [1, 2] {
+            for (to, b) in drained(&mut groups[i]).messages {
+                assert_eq!(to, 1);
+                groups[0].step(i as u64 + 1, &b).unwrap();
+            }
+        }
+        let asks = vote_waits_for_its_write(&mut groups[0]);
+        assert_eq!(asks.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [2, 3]);
+        groups[1].step(1, &asks[0].1).unwrap();
+        let answer = vote_waits_for_its_write(&mut groups[1]);
+        assert_eq!(answer.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [1]);
     }
 
     /// Three replicas on a perfect network; every message delivered until quiet.

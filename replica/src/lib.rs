@@ -8,6 +8,9 @@
 //! - [`group`]: one replica, driven by ticks, peers' bytes and proposals; it gives
 //!   out the bytes to send and the entries committed ([`group::Group`]). Election
 //!   timeouts come from a seed, so a run replays.
+//! - [`durable`]: what a replica makes durable (records, hard state,
+//!   configuration) in our own types, and the order it must be made durable in
+//!   before the messages that depend on it leave.
 //! - [`wire`]: raft messages in our own postcard encoding; a peer's proposal, the
 //!   kinds a node only gives itself, and misaddressed or malformed bytes are
 //!   refused by name, and no protobuf from a peer is ever parsed.
@@ -18,8 +21,10 @@
 
 #![warn(missing_docs)]
 
+pub mod durable;
 pub mod group;
 pub mod wire;
 
-pub use group::{Committed, Durable, Group, GroupConfig, GroupError, Outputs, Role};
+pub use durable::{ConfState, Durable, HardState, Persist, Record, RecordKind};
+pub use group::{Committed, Group, GroupConfig, GroupError, Outputs, Role};
 pub use wire::WireError;
