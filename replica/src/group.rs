@@ -58,6 +58,10 @@ pub struct GroupConfig {
     pub inflight_msgs_max: usize,
     /// The most entries the in-memory log holds.
     pub log_entries_max: u64,
+    /// The most steps handed out to make durable and not yet reported durable
+    /// ([`Group::persisted`]); past it [`Group::drain`] hands out nothing more
+    /// (raft keeps the work) until some are.
+    pub unsynced_steps_max: usize,
 }
 
 impl GroupConfig {
@@ -73,6 +77,7 @@ impl GroupConfig {
             msg_bytes_max: 1 << 20,
             inflight_msgs_max: 256,
             log_entries_max: 1 << 20,
+            unsynced_steps_max: 64,
         }
     }
 }
@@ -143,8 +148,10 @@ pub struct Outputs {
 /// One replica of one group (module docs).
 pub struct Group {
     node: RawNode<MemStorage>,
-    /// Per step not yet durable: its number and the messages that wait for it.
+    /// Per step not yet durable: its number and the messages that wait for it
+    /// (at most `unsynced_steps_max`).
     held: VecDeque<(u64, Vec<Message>)>,
+    unsynced_steps_max: usize,
     rng: ChaCha8Rng,
     /// `(term, role, leader)` when the timeout was last drawn, and the timeout.
     drawn: ((u64, Role, u64), usize),
@@ -194,9 +201,9 @@ impl Group {
         config
             .validate()
             .map_err(|e| GroupError::Config(e.to_string()))?;
-        if cfg.log_entries_max == 0 {
+        if cfg.log_entries_max == 0 || cfg.unsynced_steps_max == 0 {
             return Err(GroupError::Config(
-                "log_entries_max must be at least 1".into(),
+                "log_entries_max and unsynced_steps_max must be at least 1".into(),
             ));
         }
         let storage = MemStorage::new();
@@ -214,6 +221,7 @@ impl Group {
         let mut g = Group {
             node,
             held: VecDeque::new(),
+            unsynced_steps_max: cfg.unsynced_steps_max,
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             drawn: ((0, Role::Follower, 0), 0),
             election_ticks: cfg.election_ticks,
@@ -307,9 +315,10 @@ impl Group {
 
     /// Hands out the messages to send, the entries committed and what to make
     /// durable since the last call (module docs). The messages that depend on
-    /// a write wait for [`Group::persisted`].
+    /// a write wait for [`Group::persisted`]; with `unsynced_steps_max` steps not
+    /// yet durable, nothing more is handed out.
     pub fn drain(&mut self, out: &mut Outputs) {
-        while self.node.has_ready() {
+        while self.held.len() < self.unsynced_steps_max && self.node.has_ready() {
             let mut ready = self.node.ready();
             // A leader's appends depend on nothing it writes (raft thesis 10.2.1).
             self.send(ready.take_messages(), out);
@@ -559,6 +568,30 @@ mod tests {
         assert_eq!(answer.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [1]);
     }
 
+    /// With `unsynced_steps_max` steps handed out and not reported durable, a
+    /// drain hands out nothing more; once they are, the rest follows, nothing lost.
+    #[test]
+    fn steps_not_yet_durable_are_bounded() {
+        let mut cfg = GroupConfig::new(1, vec![1], 5);
+        cfg.unsynced_steps_max = 2;
+        let mut g = Group::new(&cfg).unwrap();
+        g.campaign().unwrap();
+        let _ = drained(&mut g);
+        let mut out = Outputs::default();
+        for i in 0..5u8 {
+            g.propose(vec![i]).unwrap();
+            g.drain(&mut out);
+        }
+        assert_eq!(out.persist.len(), 2, "{:?}", out.persist);
+        let last = out.persist.last().map_or(0, |p| p.number);
+        g.persisted(last, &mut out);
+        let rest = drained(&mut g);
+        let data: Vec<Vec<u8>> = (out.committed.into_iter().chain(rest.committed))
+            .map(|c| c.data)
+            .collect();
+        assert_eq!(data, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
+    }
+
     /// Three replicas on a perfect network; every message delivered until quiet.
     fn three() -> Vec<Group> {
         three_with(|_| {})
@@ -743,6 +776,9 @@ mod tests {
     fn bad_configs_are_refused_and_timeouts_stay_in_range() {
         let mut cfg = GroupConfig::new(1, vec![1, 2, 3], 9);
         cfg.log_entries_max = 0;
+        assert!(matches!(Group::new(&cfg), Err(GroupError::Config(_))));
+        let mut cfg = GroupConfig::new(1, vec![1, 2, 3], 9);
+        cfg.unsynced_steps_max = 0;
         assert!(matches!(Group::new(&cfg), Err(GroupError::Config(_))));
         let mut cfg = GroupConfig::new(1, vec![1, 2, 3], 9);
         cfg.heartbeat_ticks = cfg.election_ticks;

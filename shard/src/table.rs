@@ -982,6 +982,8 @@ mod tests {
             assert_eq!(w.insert(k, k), Ok(None));
         }
         assert_eq!(w.insert(5, 5), Err(TableFull));
+        // The error names the limit (it reaches logs and refusals as text).
+        assert_eq!(TableFull.to_string(), "table full (entries_max reached)");
         assert_eq!(w.len(), 5);
         assert_eq!(w.get(&5), None);
         // Replacing an existing key still works at the limit.
