@@ -975,6 +975,20 @@ mod tests {
         check_invariants(&w);
     }
 
+    /// A tag is the hash's top 7 bits with the high bit set: independent of the
+    /// low bits the index uses (else a probe's tags would all match) and never a
+    /// marker.
+    #[test]
+    fn tags_are_the_top_seven_bits_of_the_hash() {
+        assert_eq!(tag_of(usize::MAX), 0xFF);
+        assert_eq!(tag_of(1 << (usize::BITS - 1)), 0xC0);
+        assert_eq!(tag_of(1 << (usize::BITS - 7)), 0x81);
+        assert_eq!(tag_of(usize::MAX >> 7), 0x80, "the low bits do not count");
+        for h in [0, 1, usize::MAX] {
+            assert!(tag_of(h) != TAG_EMPTY && tag_of(h) != TAG_TOMBSTONE);
+        }
+    }
+
     #[test]
     fn max_entries_gives_table_full() {
         let (mut w, r) = epoch_map::<u32, u32>(2, 5);
