@@ -1,23 +1,23 @@
-//! One non-blocking client connection for the load loops: wkproto over TCP or
-//! WebSocket, or JSON-RPC over WebSocket text messages, either WebSocket plain or
-//! inside TLS (`wss://`, [`crate::tls`]).
+//! One client connection of the load loop, sans-IO: wkproto over TCP or WebSocket,
+//! or JSON-RPC over WebSocket text messages, either WebSocket plain or inside TLS
+//! (`wss://`, [`crate::tls`]), or a peer server's client (Redis, NATS:
+//! [`crate::peer`]). It owns no socket: the load loop dials one with
+//! `net::io::NetDriver::connect` (a raw byte stream), hands every batch of bytes the
+//! driver read to [`Conn::on_bytes`] and sends what [`Conn::output`] gives (then
+//! [`Conn::output_taken`]) with the driver's `send`.
 //!
-//! Contract: the owner registers [`Conn::stream`] with its `mio::Poll` for READABLE and
-//! WRITABLE (edge-triggered), calls [`Conn::on_writable`] on writable events and
-//! [`Conn::read_frames`] on readable ones, and [`Conn::flush`] after queueing frames.
-//! An io_uring owner instead reads the socket itself and hands each read's bytes to
-//! [`Conn::on_bytes`], and sends what [`Conn::swap_tx`] gives it.
-//! Frames queued before the TCP connect (or the WebSocket upgrade) completes are kept
-//! and written once it does. Every buffer has a limit; exceeding one is an error
-//! value, and the connection is then closed by its owner.
+//! Frames queued before the WebSocket upgrade completes are kept and released once
+//! it does (the driver itself queues what is sent before the TCP connect completes).
+//! Every buffer has a limit; exceeding one is an error value, and the connection is
+//! then closed by its owner.
 //!
-//! With TLS, what the owner reads is ciphertext: [`Conn::on_bytes`] opens it first,
-//! and the queued output is plaintext sealed into records when it is written
-//! ([`Conn::flush`], or [`Conn::seal`] before [`Conn::swap_tx`]): the frames queued
-//! between two writes share records, as the node's own output does. JSON-RPC
-//! messages are handed to the frame sink as the wkproto frames they stand for.
+//! With TLS, what the driver read is ciphertext: [`Conn::on_bytes`] opens it first,
+//! and the queued output is plaintext sealed into records by [`Conn::output`]: the
+//! frames queued between two sends share records, as the node's own output does.
+//! JSON-RPC messages are handed to the frame sink as the wkproto frames they stand
+//! for.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::SocketAddr;
 
 pub use proto::crypto::ClientKey;
@@ -70,11 +70,12 @@ impl Wire {
 
 /// Bytes one connection buffers for reading before a frame must be complete.
 pub const RX_CAPACITY_MAX_BYTES: usize = MAX_FRAME_BYTES + 64 * 1024;
-/// Bytes one connection may have queued for writing (the socket is then too slow).
+/// Bytes one connection may have queued for writing (the socket is then too slow):
+/// its own queue before the upgrade or a send, and the driver's queue of it.
 pub const TX_CAPACITY_MAX_BYTES: usize = 8 << 20;
 /// Initial receive buffer (grown on demand up to [`RX_CAPACITY_MAX_BYTES`]).
 const RX_INITIAL_BYTES: usize = 4 * 1024;
-/// Bytes read per `read` call at most (the size of the owner's read scratch).
+/// Plaintext buffer one TLS read batch keeps between uses.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Longest WebSocket upgrade response we accept.
 const WS_HANDSHAKE_MAX_BYTES: usize = 4 * 1024;
@@ -120,7 +121,6 @@ impl From<io::Error> for ConnError {
 
 /// One client connection.
 pub struct Conn {
-    pub stream: mio::net::TcpStream,
     pub transport: Transport,
     pub state: ConnState,
     /// The negotiated protocol version (the client asks for 6).
@@ -131,8 +131,8 @@ pub struct Conn {
     pub connect_started_ns: u64,
     /// Next SEND client_seq.
     pub client_seq: u32,
-    /// Reads that brought bytes, and writes (or ring sends) made: the harness's own
-    /// work per RECV.
+    /// Read batches handed in ([`Conn::on_bytes`]) and outputs handed to the driver
+    /// ([`Conn::output_taken`]): the harness's own work per RECV.
     pub reads: u64,
     pub writes: u64,
     key: ClientKey,
@@ -141,8 +141,9 @@ pub struct Conn {
     /// WebSocket: raw bytes not yet deframed, and the frame decoder.
     ws_raw: Vec<u8>,
     ws: WsDecoder,
+    /// Output not yet handed to the driver (with TLS: plaintext, sealed by
+    /// [`Conn::output`]).
     tx: Vec<u8>,
-    tx_off: usize,
     /// Frames queued while the WebSocket upgrade is pending (already WS-framed).
     pending: Vec<u8>,
     scratch: Vec<u8>,
@@ -159,7 +160,7 @@ pub struct Conn {
     peer_acked: u32,
 }
 
-/// What [`Conn::read_frames`] hands to its callback: a decoded frame of this connection.
+/// What [`Conn::on_bytes`] hands to its callback: a decoded frame of this connection.
 pub type FrameSink<'a> = dyn FnMut(&mut ConnCtx<'_>, Frame<'_>) + 'a;
 
 /// The parts of a connection a frame callback may use while the frame borrows `rx`.
@@ -167,7 +168,8 @@ pub struct ConnCtx<'a> {
     pub cipher: &'a mut Option<SessionCipher>,
     pub state: &'a mut ConnState,
     pub version: u8,
-    /// When the `read` that brought this frame in returned (ns since the run's start).
+    /// When the read batch that brought this frame in was taken (ns since the run's
+    /// start).
     pub read_ns: u64,
     /// Whether RECVs are acknowledged (wkproto); a peer has no RECVACK.
     pub recvack: bool,
@@ -243,10 +245,11 @@ pub fn client_key(n: u64) -> ClientKey {
 }
 
 impl Conn {
-    /// Starts a non-blocking connect to `addr` and queues the TLS handshake and the
-    /// WebSocket upgrade (if any) and CONNECT (or JSON-RPC's `connect`) for
-    /// `uid`/`token`.
-    pub fn start(
+    /// A client of the node at `addr` (its IP names the TLS server, its text the
+    /// WebSocket `Host`) with the TLS handshake and the WebSocket upgrade (if any)
+    /// and CONNECT (or JSON-RPC's `connect`) for `uid`/`token` queued: the owner
+    /// dials `addr` and sends [`Conn::output`].
+    pub fn new(
         addr: SocketAddr,
         wire: &Wire,
         uid: &str,
@@ -267,10 +270,7 @@ impl Conn {
             Some(t) => Some(Box::new(t.layer(addr.ip())?)),
             None => None,
         };
-        let stream = mio::net::TcpStream::connect(addr)?;
-        stream.set_nodelay(true)?;
         let mut c = Conn {
-            stream,
             transport,
             state: ConnState::AwaitConnack,
             version: 6,
@@ -285,7 +285,6 @@ impl Conn {
             ws_raw: Vec::new(),
             ws: WsDecoder::client(),
             tx: Vec::new(),
-            tx_off: 0,
             pending: Vec::new(),
             scratch: Vec::new(),
             peer: None,
@@ -318,18 +317,18 @@ impl Conn {
         Ok(c)
     }
 
-    /// Starts a non-blocking connect to a peer server and queues its greeting
-    /// (subscription or PING): the connection is Active once the server confirms it.
-    pub fn start_peer(addr: SocketAddr, role: &PeerRole, now_ns: u64) -> Result<Conn, ConnError> {
+    /// A client of a peer server with its greeting (subscription or PING) queued:
+    /// the connection is Active once the server confirms it.
+    pub fn new_peer(addr: SocketAddr, role: &PeerRole, now_ns: u64) -> Result<Conn, ConnError> {
         let wire = Wire::plain(Transport::Tcp);
-        let mut c = Conn::start(addr, &wire, "", "", &client_key(0), now_ns)?;
+        let mut c = Conn::new(addr, &wire, "", "", &client_key(0), now_ns)?;
         c.tx.clear();
         c.peer = Some(role.proto);
         peer::encode_hello(role, &mut c.tx);
         Ok(c)
     }
 
-    /// Queues one frame (encoded by `encode`); call [`Conn::flush`] to write it.
+    /// Queues one frame (encoded by `encode`); the owner sends [`Conn::output`].
     pub fn queue(&mut self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<(), ConnError> {
         let ws = self.transport == Transport::WebSocket;
         let out = if self.state == ConnState::WsUpgrade {
@@ -344,107 +343,45 @@ impl Conn {
         Ok(())
     }
 
-    /// Bytes queued and not yet written (with TLS: plaintext not sealed yet and
-    /// records not written yet).
-    pub fn tx_pending_bytes(&self) -> usize {
-        self.tx.len() - self.tx_off + self.tls.as_ref().map_or(0, |t| t.pending())
-    }
-
-    /// TLS: seals the queued plaintext into records (nothing without TLS).
-    pub fn seal(&mut self) -> Result<(), ConnError> {
-        if let Some(t) = self.tls.as_mut() {
-            t.seal(&mut self.tx).map_err(ConnError::Protocol)?;
-            if t.pending() > TX_CAPACITY_MAX_BYTES {
-                return Err(ConnError::BufferFull);
+    /// The bytes to send now: what was queued (with TLS sealed into records first;
+    /// before the handshake completes rustls keeps the plaintext). Empty when nothing
+    /// is to be sent. Call [`Conn::output_taken`] once they were handed to the driver.
+    pub fn output(&mut self) -> Result<&[u8], ConnError> {
+        match self.tls.as_mut() {
+            None => Ok(&self.tx),
+            Some(t) => {
+                t.seal(&mut self.tx).map_err(ConnError::Protocol)?;
+                if t.pending() > TX_CAPACITY_MAX_BYTES {
+                    return Err(ConnError::BufferFull);
+                }
+                Ok(&t.out[t.out_off..])
             }
         }
-        Ok(())
     }
 
-    /// Writes what is queued (sealed first with TLS) until the socket would block.
-    pub fn flush(&mut self) -> Result<(), ConnError> {
-        self.seal()?;
-        let (buf, off) = match self.tls.as_mut() {
-            Some(t) => (&mut t.out, &mut t.out_off),
-            None => (&mut self.tx, &mut self.tx_off),
+    /// The bytes [`Conn::output`] gave were handed to the driver (counted as one
+    /// write when there were any): they are forgotten here.
+    pub fn output_taken(&mut self) {
+        let buf = match self.tls.as_mut() {
+            Some(t) => {
+                t.out_off = 0;
+                &mut t.out
+            }
+            None => &mut self.tx,
         };
-        while *off < buf.len() {
-            match self.stream.write(&buf[*off..]) {
-                Ok(0) => return Err(ConnError::Eof),
-                Ok(n) => {
-                    *off += n;
-                    self.writes += 1;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::NotConnected => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if *off == buf.len() {
+        if !buf.is_empty() {
+            self.writes += 1;
             buf.clear();
-            *off = 0;
-        } else if *off > 64 * 1024 {
-            buf.drain(..*off);
-            *off = 0;
-        }
-        Ok(())
-    }
-
-    /// On a writable event: surfaces a failed connect (only while connecting: a
-    /// `getsockopt` per event would cost a syscall per RECV), then flushes what is
-    /// queued (nothing to do, and no syscall, when the queue is empty).
-    pub fn on_writable(&mut self) -> Result<(), ConnError> {
-        if self.state != ConnState::Active {
-            if let Some(e) = self.stream.take_error()? {
-                return Err(e.into());
-            }
-        }
-        if self.tx_pending_bytes() > 0 {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    /// Reads until the socket is drained and hands every complete frame to `sink`,
-    /// with [`ConnCtx::read_ns`] = `clock()` read once right after the `read` that
-    /// brought the frame in (all frames of one read arrived together).
-    ///
-    /// With edge-triggered readiness, a read that returns less than `chunk.len()`
-    /// bytes emptied the socket's receive queue (a stream socket: epoll(7)), so no
-    /// second `read` is made to see `WouldBlock`, unless `peer_closed` (the event
-    /// carried RDHUP: read on to the end of stream, which brings no new edge).
-    /// TCP frames are decoded in place from `chunk` (the owner's reusable scratch);
-    /// only an incomplete tail is copied into the connection's own buffer.
-    /// Frames the sink queues (RECVACKs) are left for the caller's [`Conn::flush`]:
-    /// the RECVACKs of one read go out in one write.
-    pub fn read_frames(
-        &mut self,
-        chunk: &mut [u8],
-        peer_closed: bool,
-        clock: &dyn Fn() -> u64,
-        sink: &mut FrameSink<'_>,
-    ) -> Result<(), ConnError> {
-        loop {
-            match self.stream.read(chunk) {
-                Ok(0) => return Err(ConnError::Eof),
-                Ok(n) => {
-                    self.on_bytes(&chunk[..n], clock(), sink)?;
-                    if n < chunk.len() && !peer_closed {
-                        return Ok(());
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
         }
     }
 
-    /// Handles the bytes of one read (made at `now`, ns since the run's start): hands
-    /// every frame they complete to `sink`, keeps an incomplete tail. TCP frames are
-    /// decoded in place from `data` when no earlier tail is pending. With TLS the
-    /// bytes are opened first (handshake answers are queued for the next write).
+    /// Handles one batch of bytes the driver read (taken at `now`, ns since the
+    /// run's start: all frames of one batch arrived together): hands every frame they
+    /// complete to `sink`, keeps an incomplete tail. TCP frames are decoded in place
+    /// from `data` when no earlier tail is pending. With TLS the bytes are opened
+    /// first (handshake answers are queued for the next [`Conn::output`]). Frames the
+    /// sink queues (RECVACKs) wait for the owner's next send: the RECVACKs of one
+    /// batch leave in one send.
     pub fn on_bytes(
         &mut self,
         data: &[u8],
@@ -500,30 +437,6 @@ impl Conn {
             }
             self.rx.extend_from_slice(data);
             self.process(now, sink)
-        }
-    }
-
-    /// The socket's descriptor (for an io_uring loop; it stays owned by `stream`).
-    pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        self.stream.as_raw_fd()
-    }
-
-    /// Exchanges the queued output with `buf` (an io_uring loop sends it from there
-    /// and hands the emptied buffer back next time). Only when nothing was written
-    /// partially by [`Conn::flush`]; with TLS, after [`Conn::seal`] (the records go).
-    pub fn swap_tx(&mut self, buf: &mut Vec<u8>) {
-        self.writes += 1;
-        buf.clear();
-        match self.tls.as_mut() {
-            Some(t) => {
-                debug_assert_eq!(t.out_off, 0);
-                std::mem::swap(&mut t.out, buf);
-            }
-            None => {
-                debug_assert_eq!(self.tx_off, 0);
-                std::mem::swap(&mut self.tx, buf);
-            }
         }
     }
 

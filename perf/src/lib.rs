@@ -1,7 +1,9 @@
 //! imbench, the end-to-end latency harness of imrouter.
 //!
-//! - [`conn`]: a non-blocking wkproto client connection (TCP or WebSocket).
-//! - [`load`]: pinned event loops, open-loop schedules, per-message accounting.
+//! - [`conn`]: a sans-IO client connection (wkproto over TCP, ws or wss; JSON-RPC;
+//!   a peer's codec) whose bytes the load loop moves on `net::io::NetDriver`.
+//! - [`load`]: pinned event loops (one `net::io::NetDriver` each), open-loop
+//!   schedules, per-message accounting.
 //! - [`target`]: the embedded node or external nodes, and the HTTP control path.
 //! - [`floor`]: the loopback echo round trip every report states.
 //! - [`report`]: percentiles, JSON summary, `.hgrm` files, the terminal table.
@@ -24,7 +26,6 @@ pub mod proc;
 pub mod report;
 pub mod target;
 pub mod tls;
-pub mod uring;
 
 use std::io;
 use std::net::SocketAddr;

@@ -2,19 +2,26 @@
 //! loop, open-loop SENDs at fixed rates with the intended send time in the payload,
 //! exact per-message accounting of every expected RECV.
 //!
-//! Event loops: the connect phase runs on epoll (mio). The send phase runs on an
-//! io_uring ([`crate::uring`], `IoMode::Uring`, the default) or stays on epoll. Both
-//! treat a RECV the same way: its latency is taken once per read (all frames of one
-//! read arrived together; the ring's reads of one wait are one batch), it is decoded
-//! and counted, and its RECVACK is queued; the RECVACKs of one read leave in one write
-//! (the ring keeps one send in flight per connection: what is queued meanwhile leaves
-//! in the next one, as behind a full socket buffer).
+//! Event loop: each worker's connections are sockets of the node's own driver,
+//! `net::io::NetDriver` (made with `NetDriver::dialer`: raw byte streams, no
+//! listener), on its io_uring backend (`IoMode::Uring`, the default; mio where the
+//! kernel refuses io_uring) or its mio/epoll one (`IoMode::Epoll`), for the connect
+//! phase and the send phase alike. The connections themselves ([`Conn`]) are
+//! sans-IO: the bytes of a connection's input go to its codecs, what they queue goes
+//! to the driver's `send`. One loop turn: the sends that are due are made, then one
+//! driver poll writes every connection's queued output (io_uring: one
+//! `io_uring_enter`, at most one send in flight per connection), waits until the next
+//! intended send (`NetDriver::poll_until`: to the microsecond on both backends) or
+//! at most [`POLL_MAX`], and reads. The clock is read once per poll: every RECV of
+//! that batch gets the same arrival time (the reads of one wait arrived together),
+//! is decoded and counted, and its RECVACK queued; a connection's RECVACKs of one
+//! batch leave in one send.
 //!
 //! The harness shares the machine with the node, so its CPU per RECV is kept low: no
-//! per-read allocation (reads go to a reusable buffer and are decoded in place), no
-//! `getsockopt` per writable event, no second `read` to see `WouldBlock` after a short
-//! one (edge-triggered), the shared RECV counter published once per loop turn, and on
-//! the ring no syscall per RECV at all (one `io_uring_enter` per turn carries them).
+//! per-read allocation (a batch is decoded in place from the driver's input, only an
+//! incomplete tail is kept by the connection), the shared RECV counter published
+//! once per loop turn, and on io_uring no syscall per RECV at all (one
+//! `io_uring_enter` per turn carries them).
 //!
 //! Phases of a run ([`run`]): every worker connects its share of the clients (bounded
 //! concurrency, CONNACK latency recorded) → barrier → the caller's hook measures the
@@ -30,27 +37,26 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token};
+use net::io::{Backend, CloseReason, ConnId, NetConfig, NetDriver, NetEvent};
 use proto::crypto::SessionCipher;
 use proto::wkproto::{
     ChannelType, ConnackPacket, Flags, Frame, RecvPacket, SendPacket, SendackPacket, Setting,
 };
+use shard::runtime::Driver;
 
 use crate::conn::Wire;
 use crate::conn::{
-    client_key, ClientKey, Conn, ConnCtx, ConnError, ConnState, Transport, READ_CHUNK_BYTES,
+    client_key, ClientKey, Conn, ConnCtx, ConnError, ConnState, Transport, RX_CAPACITY_MAX_BYTES,
+    TX_CAPACITY_MAX_BYTES,
 };
 use crate::jsonrpc;
 use crate::peer::{self, PeerRole};
 use crate::tls::ClientTls;
-use crate::uring::{Completion, Ring};
 
 /// Messages one run may plan (sizes the accounting arrays: 8 bytes each).
 pub const MAX_MESSAGES: u64 = 64 << 20;
@@ -58,15 +64,12 @@ pub const MAX_MESSAGES: u64 = 64 << 20;
 pub const MAX_INFLIGHT_PER_CONN: usize = 1 << 16;
 /// Smallest payload: intended time (8), message index (8), class (1).
 pub const PAYLOAD_HEADER_BYTES: usize = 17;
-/// Events taken per poll.
-const EVENTS_CAPACITY: usize = 1024;
 /// Longest a loop blocks in poll (it re-checks the stop flag this often).
 const POLL_MAX: Duration = Duration::from_millis(5);
 /// Longest the connect phase blocks in poll while connects are paced (`connect_rate`).
 const PACED_POLL_MAX: Duration = Duration::from_millis(1);
-const TIMER_TOKEN: Token = Token(usize::MAX - 1);
-/// From the end of the connect phase to the first intended send: the workers set up
-/// their send loops (an io_uring and its buffers) in between.
+/// From the end of the connect phase to the first intended send: the workers are
+/// released from the barrier in between.
 const SEND_LEAD: Duration = Duration::from_millis(20);
 /// Highest latency a histogram holds (longer values are clamped and counted).
 pub const HIST_MAX_NS: u64 = 120_000_000_000;
@@ -136,14 +139,16 @@ pub struct Plan {
     pub schedules: Vec<Schedule>,
 }
 
-/// The event loop of the send phase (the connect phase always uses epoll).
+/// The backend of the workers' drivers (`net::io::NetDriver`), for both phases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IoMode {
-    /// epoll readiness, one `read` and one `write` syscall per connection event.
+    /// The mio (epoll) backend: readiness, then `read` and `write` calls per
+    /// connection.
     Epoll,
-    /// io_uring: multishot recvs and sends carried by one `io_uring_enter` per loop
-    /// turn (falls back to epoll where the kernel refuses io_uring).
+    /// The io_uring backend: multishot recvs and sends carried by one
+    /// `io_uring_enter` per loop turn (falls back to mio where the kernel refuses
+    /// io_uring).
     Uring,
 }
 
@@ -155,7 +160,7 @@ pub struct LoadConfig {
     pub tls: Option<ClientTls>,
     /// JSON-RPC text messages instead of wkproto (`transport` must be WebSocket).
     pub jsonrpc: bool,
-    /// The send phase's event loop.
+    /// The workers' driver backend.
     pub io: IoMode,
     /// Encrypted SENDs, decrypted RECVs with msg_key checks, client-side key agreement.
     pub encrypt: bool,
@@ -282,12 +287,13 @@ pub struct Outcome {
     /// CPU seconds of the worker threads in the connect phase and the send phase.
     pub harness_cpu_connect_s: f64,
     pub harness_cpu_send_s: f64,
-    /// Workers whose send phase ran on io_uring (the others used epoll).
+    /// Workers whose driver ran on io_uring (the others used mio/epoll).
     pub uring_workers: usize,
     pub workers: usize,
-    /// Reads that brought bytes and writes made in the send phase (and drain), over
-    /// all connections: RECVs per read and per write show how much of the harness's
-    /// work per RECV was shared by several RECVs.
+    /// Read batches (a connection's input of one driver poll) and sends handed to
+    /// the driver in the send phase (and drain), over all connections: RECVs per
+    /// read and per write show how much of the harness's work per RECV was shared by
+    /// several RECVs.
     pub send_phase_reads: u64,
     pub send_phase_writes: u64,
 }
@@ -367,6 +373,8 @@ struct Slot {
     spec: ClientSpec,
     key: ClientKey,
     conn: Option<Conn>,
+    /// Its connection in the worker's driver (`None`: not dialed, or closed).
+    id: Option<ConnId>,
     inflight: HashMap<u32, Inflight>,
 }
 
@@ -380,9 +388,10 @@ struct Stats {
     /// RECVs counted since the last poll batch, not yet added to
     /// `Shared::received_total` (published once per batch).
     recvs_unpublished: u64,
-    /// The send phase ran on io_uring.
+    /// The worker's driver ran on io_uring.
     uring: bool,
-    /// Reads and writes of the connections (`Conn::reads`/`writes`) closed so far.
+    /// Read batches and sends of the connections (`Conn::reads`/`writes`) closed so
+    /// far.
     closed_reads: u64,
     closed_writes: u64,
     connected: u64,
@@ -397,11 +406,13 @@ struct Worker {
     slots: Vec<Slot>,
     schedules: Vec<WSchedule>,
     stats: Stats,
-    poll: Poll,
-    /// The send phase's io_uring loop (`IoMode::Uring`), else the epoll loop serves.
-    ring: Option<Ring>,
-    completions: Vec<Completion>,
-    chunk: Vec<u8>,
+    /// The worker's connections' sockets: the node's own driver, on io_uring or
+    /// mio (`IoMode`), dialing only.
+    net: NetDriver,
+    /// The driver's reports of one turn (reused).
+    events: Vec<NetEvent>,
+    /// Driver connection index ([`ConnId::index`]) → slot (`usize::MAX`: none).
+    owner: Vec<usize>,
     plain: Vec<u8>,
     bufs: SendBufs,
 }
@@ -480,58 +491,6 @@ impl SendBufs {
     }
 }
 
-/// What a connection received: readable on its socket (epoll loop), or read by the
-/// ring into provided buffer `bid` at `now` (io_uring loop).
-#[derive(Clone, Copy)]
-enum Input {
-    Socket { peer_closed: bool },
-    Ring { bid: u16, len: usize, now: u64 },
-}
-
-/// A CLOCK_MONOTONIC timerfd: wakes the loop at the next intended send time with
-/// sub-millisecond precision (mio's poll timeout has millisecond granularity).
-struct TimerFd(OwnedFd);
-
-impl TimerFd {
-    fn new() -> io::Result<TimerFd> {
-        // SAFETY: plain syscall; the returned fd is checked and then owned.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        Ok(TimerFd(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    /// Fires once after `after_ns` (0 is rounded up to 1 ns: 0 would disarm).
-    fn arm(&self, after_ns: u64) {
-        let after_ns = after_ns.max(1);
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: (after_ns / 1_000_000_000) as libc::time_t,
-                tv_nsec: (after_ns % 1_000_000_000) as libc::c_long,
-            },
-        };
-        // SAFETY: valid fd and a valid itimerspec; the old value is not requested.
-        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-    }
-
-    fn clear(&self) {
-        let mut buf = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into an 8-byte buffer; EAGAIN is fine.
-        unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
-    }
-}
-
 /// CPU time of the calling thread.
 pub fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -548,36 +507,26 @@ fn record(h: &mut Histogram<u64>, ns: u64) {
 }
 
 impl Worker {
-    fn register(&mut self, i: usize) -> io::Result<()> {
-        if let Some(c) = self.slots[i].conn.as_mut() {
-            self.poll.registry().register(
-                &mut c.stream,
-                Token(i),
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
-        }
-        Ok(())
+    /// The slot of driver connection `id`, if it is still the one the slot dialed.
+    fn slot_of(&self, id: ConnId) -> Option<usize> {
+        let i = *self.owner.get(id.index())?;
+        (self.slots.get(i)?.id == Some(id)).then_some(i)
     }
 
+    /// Forgets connection `i` (its counts kept) and closes its driver connection
+    /// (gracefully: what is queued still leaves).
     fn close(&mut self, i: usize) {
-        if let Some(mut c) = self.slots[i].conn.take() {
+        if let Some(c) = self.slots[i].conn.take() {
             self.stats.closed_reads += c.reads;
             self.stats.closed_writes += c.writes;
-            match self.ring.as_mut() {
-                // Its requests are cancelled; they hold their own socket reference.
-                Some(r) => {
-                    if r.close(i).is_err() {
-                        self.stats.errors.conn_errors += 1;
-                    }
-                }
-                None => {
-                    let _ = self.poll.registry().deregister(&mut c.stream);
-                }
-            }
+        }
+        if let Some(id) = self.slots[i].id.take() {
+            self.net.close(id);
         }
     }
 
-    /// Reads and writes of every connection of this worker so far, open or closed.
+    /// Read batches and sends of every connection of this worker so far, open or
+    /// closed.
     fn io_counts(&self) -> (u64, u64) {
         self.slots.iter().filter_map(|s| s.conn.as_ref()).fold(
             (self.stats.closed_reads, self.stats.closed_writes),
@@ -585,22 +534,20 @@ impl Worker {
         )
     }
 
-    /// Writes what connection `i` has queued: at once (epoll loop), or as the ring's
-    /// next send once the one in flight completed (io_uring loop).
+    /// Hands what connection `i` has queued to the driver (written by its next
+    /// poll, in one batch with every other connection's output).
     fn flush_conn(&mut self, i: usize) -> Result<(), ConnError> {
-        let Some(conn) = self.slots[i].conn.as_mut() else {
+        let slot = &mut self.slots[i];
+        let (Some(conn), Some(id)) = (slot.conn.as_mut(), slot.id) else {
             return Ok(());
         };
-        match self.ring.as_mut() {
-            None => conn.flush(),
-            Some(r) => {
-                conn.seal()?;
-                if conn.tx_pending_bytes() > 0 && r.can_send(i) {
-                    r.send_with(i, |b| conn.swap_tx(b))?;
-                }
-                Ok(())
-            }
+        let out = conn.output()?;
+        if out.is_empty() {
+            return Ok(());
         }
+        let sent = self.net.send(id, out);
+        conn.output_taken();
+        sent.map_err(|e| ConnError::Io(io::Error::other(e)))
     }
 
     /// Counts and reports a failed connection `i`, then closes it.
@@ -623,42 +570,20 @@ impl Worker {
         self.close(i);
     }
 
-    /// Handles one readiness event of connection `i`.
-    fn on_event(&mut self, i: usize, ev: &mio::event::Event) {
-        let Some(conn) = self.slots.get_mut(i).and_then(|s| s.conn.as_mut()) else {
-            return;
+    /// Hands the input the driver holds for connection `i` (`id`), read in the batch
+    /// taken at `now`, to its frames, consumes it, then sends what the frames queued
+    /// (RECVACKs).
+    fn on_input(&mut self, i: usize, id: ConnId, now: u64) -> Result<(), ConnError> {
+        let Some(Slot {
+            conn: Some(conn),
+            inflight,
+            ..
+        }) = self.slots.get_mut(i)
+        else {
+            return Ok(());
         };
-        let mut result = Ok(());
-        if ev.is_writable() {
-            result = conn.on_writable();
-        }
-        if result.is_ok() && (ev.is_readable() || ev.is_read_closed()) {
-            let peer_closed = ev.is_read_closed();
-            result = self.on_input(i, Input::Socket { peer_closed });
-        }
-        self.after_io(i, result);
-    }
-
-    /// Hands what connection `i` received to its frames: read from the socket (epoll
-    /// loop), or in the ring's buffer `bid` (io_uring loop: read at `now`; the buffer
-    /// is recycled here). Then writes what the frames queued (RECVACKs).
-    fn on_input(&mut self, i: usize, input: Input) -> Result<(), ConnError> {
-        let (conn, inflight) = match self.slots.get_mut(i) {
-            Some(Slot {
-                conn: Some(conn),
-                inflight,
-                ..
-            }) => (conn, inflight),
-            _ => {
-                if let (Input::Ring { bid, .. }, Some(ring)) = (input, self.ring.as_mut()) {
-                    ring.recycle(bid);
-                }
-                return Ok(());
-            }
-        };
-        let shared = &*self.shared;
         let mut frames = Frames {
-            shared,
+            shared: &self.shared,
             stats: &mut self.stats,
             inflight,
             plain: &mut self.plain,
@@ -666,18 +591,11 @@ impl Worker {
             encrypt: self.cfg.encrypt,
         };
         let mut sink = |ctx: &mut ConnCtx<'_>, f: Frame<'_>| frames.on_frame(ctx, f);
-        match (input, self.ring.as_mut()) {
-            (Input::Socket { peer_closed }, _) => {
-                let clock = || shared.now_ns();
-                conn.read_frames(&mut self.chunk, peer_closed, &clock, &mut sink)?;
-            }
-            (Input::Ring { bid, len, now }, Some(ring)) => {
-                let r = conn.on_bytes(ring.data(bid, len), now, &mut sink);
-                ring.recycle(bid);
-                r?;
-            }
-            (Input::Ring { .. }, None) => {}
-        }
+        let data = self.net.input(id);
+        let n = data.len();
+        let r = conn.on_bytes(data, now, &mut sink);
+        self.net.consume(id, n);
+        r?;
         self.flush_conn(i)
     }
 
@@ -695,33 +613,47 @@ impl Worker {
         }
     }
 
-    /// The io_uring loop's turn: submits what is queued, waits at most `timeout` for
-    /// completions, and handles them (one clock read for all reads of the batch: the
-    /// kernel made them together, right before the wait returned).
-    fn ring_once(&mut self, timeout: Duration) {
-        let Some(ring) = self.ring.as_mut() else {
-            return;
+    /// One turn of the loop: the driver writes what was queued, waits (until
+    /// `until_ns`, ns since the run's start, to the microsecond; else at most
+    /// `max`), and reads; then what it reported is handled with one clock read for
+    /// the whole batch (the reads of one wait arrived together, right before it
+    /// returned: each RECV's latency is taken once per batch).
+    fn turn(&mut self, until_ns: Option<u64>, max: Duration) {
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        let polled = match until_ns {
+            Some(t) => {
+                let deadline = self.shared.start + Duration::from_nanos(t);
+                self.net.poll_until(deadline, &mut events)
+            }
+            None => self.net.poll(Some(max), &mut events),
         };
-        let mut done = std::mem::take(&mut self.completions);
-        done.clear();
-        if ring.wait(timeout, &mut done).is_err() {
+        if polled.is_err_and(|e| e.kind() != io::ErrorKind::Interrupted) {
             self.stats.errors.conn_errors += 1;
         }
         let now = self.shared.now_ns();
-        for &c in &done {
-            let (i, result) = match c {
-                Completion::Recv { conn: i, bid, len } => {
-                    (i, self.on_input(i, Input::Ring { bid, len, now }))
+        for &ev in &events {
+            match ev {
+                NetEvent::Connected { conn, .. } => {
+                    // The harness times its CONNECTs itself.
+                    self.net.mark_established(conn);
                 }
-                Completion::Sent { conn: i } => (i, self.flush_conn(i)),
-                Completion::Eof { conn: i } => (i, Err(ConnError::Eof)),
-                Completion::Error { conn: i, errno } => {
-                    (i, Err(ConnError::Io(io::Error::from_raw_os_error(errno))))
+                NetEvent::Readable { conn } => {
+                    if let Some(i) = self.slot_of(conn) {
+                        let r = self.on_input(i, conn, now);
+                        self.after_io(i, r);
+                    }
                 }
-            };
-            self.after_io(i, result);
+                NetEvent::Closed { conn, reason } => {
+                    if let Some(i) = self.slot_of(conn) {
+                        self.slots[i].id = None;
+                        self.conn_failed(i, closed_error(reason));
+                    }
+                }
+                NetEvent::Accepted { .. } => {}
+            }
         }
-        self.completions = done;
+        self.events = events;
         self.publish_recvs();
     }
 
@@ -733,65 +665,8 @@ impl Worker {
         }
     }
 
-    /// Moves the send phase onto an io_uring loop (`IoMode::Uring`): every open
-    /// connection leaves epoll and gets a multishot recv. Keeps the epoll loop if the
-    /// kernel refuses io_uring.
-    fn start_ring(&mut self) {
-        if self.cfg.io != IoMode::Uring {
-            return;
-        }
-        let mut ring = match Ring::new(self.slots.len()) {
-            Ok(r) => r,
-            Err(e) => {
-                if self.id == 0 {
-                    eprintln!("imbench: io_uring unavailable ({e}): using epoll");
-                }
-                return;
-            }
-        };
-        let mut failed = Vec::new();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            let Some(c) = slot.conn.as_mut() else {
-                continue;
-            };
-            let _ = self.poll.registry().deregister(&mut c.stream);
-            if ring.add(i, c.raw_fd()).is_err() {
-                failed.push(i);
-            }
-        }
-        self.ring = Some(ring);
-        for i in failed {
-            self.conn_failed(i, ConnError::Protocol("io_uring recv not armed".into()));
-        }
-        // Output queued before the switch (none in a quiet connected state).
-        for i in 0..self.slots.len() {
-            if let Err(e) = self.flush_conn(i) {
-                self.conn_failed(i, e);
-            }
-        }
-    }
-
-    fn poll_once(&mut self, events: &mut Events, timeout: Duration, timer: Option<&TimerFd>) {
-        if let Err(e) = self.poll.poll(events, Some(timeout)) {
-            if e.kind() != io::ErrorKind::Interrupted {
-                self.stats.errors.conn_errors += 1;
-            }
-            return;
-        }
-        for ev in events.iter() {
-            if ev.token() == TIMER_TOKEN {
-                if let Some(t) = timer {
-                    t.clear();
-                }
-                continue;
-            }
-            self.on_event(ev.token().0, ev);
-        }
-        self.publish_recvs();
-    }
-
     /// Connects every client of this worker with at most `concurrency` in progress.
-    fn connect_phase(&mut self, concurrency: usize, events: &mut Events) {
+    fn connect_phase(&mut self, concurrency: usize) {
         let deadline = self.shared.now_ns() + self.cfg.connect_timeout.as_nanos() as u64;
         let mut next = 0usize;
         let total = self.slots.len();
@@ -808,32 +683,12 @@ impl Worker {
             jsonrpc: self.cfg.jsonrpc,
         };
         loop {
-            let in_progress = self
-                .slots
-                .iter()
-                .filter(|s| {
-                    s.conn.as_ref().is_some_and(|c| {
-                        matches!(c.state, ConnState::AwaitConnack | ConnState::WsUpgrade)
-                    })
-                })
-                .count();
+            let in_progress = self.connects_in_progress();
             if next == total && in_progress == 0 {
                 break;
             }
-            let now = self.shared.now_ns();
-            if now > deadline {
-                let stuck = in_progress + (total - next);
-                self.stats.errors.connect_failed += stuck as u64;
-                eprintln!("imbench: worker {}: {stuck} connects timed out", self.id);
-                for i in 0..total {
-                    if self.slots[i]
-                        .conn
-                        .as_ref()
-                        .is_some_and(|c| c.state != ConnState::Active)
-                    {
-                        self.close(i);
-                    }
-                }
+            if self.shared.now_ns() > deadline {
+                self.connects_timed_out(in_progress + (total - next));
                 break;
             }
             let mut free = concurrency.saturating_sub(in_progress);
@@ -859,42 +714,69 @@ impl Worker {
             } else {
                 POLL_MAX
             };
-            self.poll_once(events, wait, None);
+            self.turn(None, wait);
         }
     }
 
-    /// Starts client `i`'s connection (its CONNACK latency runs from `started_ns`);
-    /// a failure is counted.
+    /// Connections waiting for their upgrade or CONNACK.
+    fn connects_in_progress(&self) -> usize {
+        (self.slots.iter())
+            .filter(|s| {
+                s.conn.as_ref().is_some_and(|c| {
+                    matches!(c.state, ConnState::AwaitConnack | ConnState::WsUpgrade)
+                })
+            })
+            .count()
+    }
+
+    /// The connect phase ran out of time: the `stuck` connects (in progress or not
+    /// started) are counted failed, and every connection not active is closed.
+    fn connects_timed_out(&mut self, stuck: usize) {
+        self.stats.errors.connect_failed += stuck as u64;
+        eprintln!("imbench: worker {}: {stuck} connects timed out", self.id);
+        for i in 0..self.slots.len() {
+            if self.slots[i]
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.state != ConnState::Active)
+            {
+                self.close(i);
+            }
+        }
+    }
+
+    /// Starts client `i`'s connection: dials it and queues its greeting (its CONNACK
+    /// latency runs from `started_ns`); a failure is counted.
     fn start_client(&mut self, i: usize, wire: &Wire, started_ns: u64) {
         if self.stats.first_connect_ns == 0 {
             self.stats.first_connect_ns = started_ns.max(1);
         }
         let s = &self.slots[i];
+        let addr = s.spec.addr;
         let started = match &s.spec.peer {
-            Some(role) => Conn::start_peer(s.spec.addr, role, started_ns),
-            None => Conn::start(
-                s.spec.addr,
-                wire,
-                &s.spec.uid,
-                &s.spec.token,
-                &s.key,
-                started_ns,
-            ),
-        };
-        match started {
-            Ok(c) => {
-                self.slots[i].conn = Some(c);
-                if self.register(i).is_err() {
-                    self.stats.errors.connect_failed += 1;
-                    self.close(i);
-                }
-            }
+            Some(role) => Conn::new_peer(addr, role, started_ns),
+            None => Conn::new(addr, wire, &s.spec.uid, &s.spec.token, &s.key, started_ns),
+        }
+        .and_then(|c| Ok((c, self.net.connect(addr)?)));
+        let (conn, id) = match started {
+            Ok(x) => x,
             Err(e) => {
                 if self.stats.errors.connect_failed < 3 {
                     eprintln!("imbench: connect: {e}");
                 }
                 self.stats.errors.connect_failed += 1;
+                return;
             }
+        };
+        if self.owner.len() <= id.index() {
+            self.owner.resize(id.index() + 1, usize::MAX);
+        }
+        self.owner[id.index()] = i;
+        self.slots[i].conn = Some(conn);
+        self.slots[i].id = Some(id);
+        // Queued by the driver until the TCP connect completes.
+        if let Err(e) = self.flush_conn(i) {
+            self.conn_failed(i, e);
         }
     }
 
@@ -947,80 +829,81 @@ impl Worker {
         }
     }
 
-    fn send_phase(&mut self, events: &mut Events) -> io::Result<()> {
-        let timer = TimerFd::new()?;
-        self.poll.registry().register(
-            &mut SourceFd(&timer.0.as_raw_fd()),
-            TIMER_TOKEN,
-            Interest::READABLE,
-        )?;
-        self.start_ring();
-        let uring = self.ring.is_some();
+    /// Makes every send of the schedules that is due by now; returns the intended
+    /// time of the next one (`u64::MAX`: none left).
+    fn send_due(&mut self, start_ns: u64) -> u64 {
+        let mut next_wake = u64::MAX;
+        let now = self.shared.now_ns();
+        for s in 0..self.schedules.len() {
+            loop {
+                let sc = &self.schedules[s];
+                if sc.next >= sc.count {
+                    break;
+                }
+                let k = sc.next;
+                let t = sc.intended(start_ns, k);
+                if t > now {
+                    next_wake = next_wake.min(t);
+                    break;
+                }
+                self.schedules[s].next += 1;
+                self.send_one(s, k, t);
+            }
+        }
+        next_wake
+    }
+
+    /// Sends at the planned times until the run stops: each turn makes the sends
+    /// that are due, then waits for IO until the next one (less the spin window,
+    /// polled without blocking) or at most [`POLL_MAX`].
+    fn send_phase(&mut self) {
         let start_ns = self.shared.send_start_ns.load(Ordering::Acquire);
-        let mut armed = u64::MAX;
         let mut sending = !self.schedules.is_empty();
         if !sending {
             self.shared.done_sending.fetch_add(1, Ordering::AcqRel);
         }
-        loop {
-            if self.shared.stop.load(Ordering::Acquire) {
-                break;
-            }
+        let spin_ns = self.cfg.spin.as_nanos() as u64;
+        while !self.shared.stop.load(Ordering::Acquire) {
             let mut next_wake = u64::MAX;
             if sending {
-                let now = self.shared.now_ns();
-                for s in 0..self.schedules.len() {
-                    loop {
-                        let sc = &self.schedules[s];
-                        if sc.next >= sc.count {
-                            break;
-                        }
-                        let k = sc.next;
-                        let t = sc.intended(start_ns, k);
-                        if t > now {
-                            next_wake = next_wake.min(t);
-                            break;
-                        }
-                        self.schedules[s].next += 1;
-                        self.send_one(s, k, t);
-                    }
-                }
+                next_wake = self.send_due(start_ns);
                 if next_wake == u64::MAX {
                     sending = false;
                     self.shared.done_sending.fetch_add(1, Ordering::AcqRel);
                 }
             }
-            let now = self.shared.now_ns();
-            let mut timeout = POLL_MAX;
-            if next_wake != u64::MAX {
-                let wait = next_wake.saturating_sub(now);
-                if wait == 0 {
-                    continue;
-                }
+            if next_wake == u64::MAX {
+                self.turn(None, POLL_MAX);
+                continue;
+            }
+            let wait = next_wake.saturating_sub(self.shared.now_ns());
+            if wait == 0 {
+                continue;
+            }
+            if wait <= spin_ns {
                 // Within the spin window: poll without blocking until the send is due
                 // (a timer wakeup alone is late by tens of µs on a busy VM).
-                let spin_ns = self.cfg.spin.as_nanos() as u64;
-                if wait <= spin_ns {
-                    timeout = Duration::ZERO;
-                } else if uring {
-                    // The ring's wait takes a timespec: no timerfd needed.
-                    timeout = timeout.min(Duration::from_nanos(wait - spin_ns));
-                } else {
-                    let wake_at = next_wake - spin_ns;
-                    if wait - spin_ns < POLL_MAX.as_nanos() as u64 && armed != wake_at {
-                        timer.arm(wait - spin_ns);
-                        armed = wake_at;
-                    }
-                    timeout = timeout.min(Duration::from_nanos(wait - spin_ns + 1_000_000));
-                }
-            }
-            if uring {
-                self.ring_once(timeout);
+                self.turn(None, Duration::ZERO);
+            } else if wait - spin_ns < POLL_MAX.as_nanos() as u64 {
+                self.turn(Some(next_wake - spin_ns), POLL_MAX);
             } else {
-                self.poll_once(events, timeout, Some(&timer));
+                self.turn(None, POLL_MAX);
             }
         }
-        Ok(())
+    }
+}
+
+/// What a driver's `Closed` means to the harness's counting (`PeerClosed` is the
+/// end of stream, counted only where the connection was not expected to close).
+fn closed_error(reason: CloseReason) -> ConnError {
+    match reason {
+        CloseReason::PeerClosed => ConnError::Eof,
+        CloseReason::Error(kind) | CloseReason::ConnectFailed(kind) => {
+            ConnError::Io(io::Error::from(kind))
+        }
+        CloseReason::ConnectTimeout => ConnError::Io(io::Error::from(io::ErrorKind::TimedOut)),
+        CloseReason::OutboundOverflow | CloseReason::InboundOverflow => ConnError::BufferFull,
+        other => ConnError::Protocol(format!("closed by the driver: {other:?}")),
     }
 }
 
@@ -1312,6 +1195,7 @@ fn spawn_workers(
             spec: c.clone(),
             key: client_key(i as u64),
             conn: None,
+            id: None,
             inflight: HashMap::new(),
         });
     }
@@ -1517,28 +1401,28 @@ fn worker_main(
     // SAFETY: prctl with PR_SET_TIMERSLACK and an integer argument affects only this
     // thread's timer slack (1 ns: wake at the intended send time, not 50 µs later).
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-    let mut worker = Poll::new()
-        .ok()
-        .map(|poll| Worker::new(id, shared.clone(), cfg, slots, schedules, poll));
-    let mut events = Events::with_capacity(EVENTS_CAPACITY);
+    let (mut worker, failed) = match driver(id, &cfg, slots.len()) {
+        Ok(net) => (
+            Some(Worker::new(id, shared.clone(), cfg, slots, schedules, net)),
+            None,
+        ),
+        Err(e) => (None, Some(e)),
+    };
     if let Some(w) = worker.as_mut() {
-        w.connect_phase(shared.connect_slots[id], &mut events);
+        w.connect_phase(shared.connect_slots[id]);
     }
     let cpu_connect = thread_cpu();
     shared.barrier.wait();
     shared.barrier.wait();
     let Some(mut w) = worker else {
         shared.done_sending.fetch_add(1, Ordering::AcqRel);
-        return Err(io::Error::other("mio poll could not be created"));
+        let e = failed.map_or_else(|| "unknown".to_string(), |e| e.to_string());
+        return Err(io::Error::other(format!("the worker's driver: {e}")));
     };
     let io_before = w.io_counts();
-    let r = w.send_phase(&mut events);
-    w.stats.uring = w.ring.is_some();
+    w.send_phase();
+    w.stats.uring = w.net.backend() == Backend::Uring;
     let io_after = w.io_counts();
-    if r.is_err() {
-        shared.done_sending.fetch_add(1, Ordering::AcqRel);
-    }
-    r?;
     Ok(WorkerResult {
         cpu_connect,
         cpu_send: thread_cpu().saturating_sub(cpu_connect),
@@ -1554,6 +1438,30 @@ fn worker_main(
     })
 }
 
+/// Worker `id`'s driver for `clients` connections: `net::io`'s, dialing only, on
+/// io_uring (`IoMode::Uring`; mio where the kernel refuses io_uring, said once) or
+/// mio (`IoMode::Epoll`). Its limits are the connection's own: output queued up to
+/// [`TX_CAPACITY_MAX_BYTES`], input up to [`RX_CAPACITY_MAX_BYTES`] (consumed at
+/// every batch), the TCP connect within the run's connect timeout; provided
+/// receive buffers as the harness's own ring had them (128 of 32 KiB).
+fn driver(id: usize, cfg: &LoadConfig, clients: usize) -> io::Result<NetDriver> {
+    let mut net = NetConfig::dialer(clients.max(1));
+    net.backend = match cfg.io {
+        IoMode::Uring => Backend::Auto,
+        IoMode::Epoll => Backend::Mio,
+    };
+    net.connect_timeout_ms = (cfg.connect_timeout.as_millis() as u64).max(1);
+    net.rpc_outbound_queue_bytes_max = TX_CAPACITY_MAX_BYTES;
+    net.rpc_inbound_buffer_bytes_max = RX_CAPACITY_MAX_BYTES;
+    net.uring_buf_count = 128;
+    net.uring_buf_bytes = 32 * 1024;
+    let d = NetDriver::dialer(&net)?;
+    if cfg.io == IoMode::Uring && d.backend() != Backend::Uring && id == 0 {
+        eprintln!("imbench: io_uring unavailable: using epoll");
+    }
+    Ok(d)
+}
+
 impl Worker {
     fn new(
         id: usize,
@@ -1561,7 +1469,7 @@ impl Worker {
         cfg: LoadConfig,
         slots: Vec<Slot>,
         schedules: Vec<WSchedule>,
-        poll: Poll,
+        net: NetDriver,
     ) -> Worker {
         Worker {
             id,
@@ -1570,10 +1478,9 @@ impl Worker {
             slots,
             schedules,
             stats: Stats::new(),
-            poll,
-            ring: None,
-            completions: Vec::new(),
-            chunk: vec![0u8; READ_CHUNK_BYTES],
+            net,
+            events: Vec::new(),
+            owner: Vec::new(),
             plain: Vec::new(),
             bufs: SendBufs::default(),
         }

@@ -206,8 +206,9 @@ struct Common {
     /// Shards of the embedded node (0: one per core).
     #[arg(long, default_value_t = 0)]
     shards: u16,
-    /// Event loop of the send phase: `uring` (io_uring; epoll where the kernel refuses
-    /// it) or `epoll`.
+    /// Backend of the harness's event loops (`net::io::NetDriver`, connect and send
+    /// phases): `uring` (io_uring; epoll where the kernel refuses it) or `epoll`
+    /// (mio).
     #[arg(long, value_enum, default_value = "uring")]
     io: IoArg,
     /// How the clients connect: `tcp`, `ws` (WebSocket) or `wss` (WebSocket over TLS:

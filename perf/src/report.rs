@@ -276,10 +276,12 @@ pub struct Summary {
     /// from a machine it shares with the node.
     #[serde(default)]
     pub harness_cpu_us_per_recv: f64,
-    /// The send phase's event loop: `uring`, `epoll`, or `uring (k of n workers)`.
+    /// The backend of the harness's `net::io` drivers: `uring`, `epoll`, or `uring (k
+    /// of n workers)`.
     #[serde(default)]
     pub io: String,
-    /// Reads that brought bytes and writes the harness made in the send phase.
+    /// Read batches (a connection's input of one driver poll) and sends handed to
+    /// the driver by the harness in the send phase.
     #[serde(default)]
     pub harness_reads: u64,
     #[serde(default)]

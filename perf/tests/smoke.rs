@@ -74,8 +74,12 @@ fn person_accounts_for_every_recv() {
     };
     let (s, _) = perf::run_scenario(&config("person"), &sc).unwrap();
     assert_clean(&s);
-    // The default loop is io_uring wherever the kernel allows one.
-    if perf::uring::Ring::new(1).is_ok() {
+    // The default backend is io_uring wherever the kernel allows one.
+    let uring = net::io::NetConfig {
+        backend: net::io::Backend::Uring,
+        ..net::io::NetConfig::dialer(1)
+    };
+    if net::io::NetDriver::dialer(&uring).is_ok() {
         assert_eq!(s.io, "uring");
     }
     assert_eq!(s.classes[0].expected_recvs, s.classes[0].sent);

@@ -1,5 +1,5 @@
-//! The io_uring provided-buffer ring (`IORING_REGISTER_PBUF_RING`) shared by the
-//! node's io_uring driver and imbench's io_uring client loop.
+//! The io_uring provided-buffer ring (`IORING_REGISTER_PBUF_RING`) of the io_uring
+//! driver (the node's shards, and imbench's workers, which run on the same driver).
 //!
 //! Contract: the owner drops the io_uring (or cancels and reaps every request using
 //! the group) before dropping the `BufRing`; if requests may still be live, it calls

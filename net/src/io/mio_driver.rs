@@ -18,12 +18,16 @@ use mio::{Interest, Poll, Token};
 use shard::runtime::EventFd;
 
 use super::core::{classify_accept_error, AcceptFailure, AfterFlush, Core, Phase, Refusal};
+use super::timerfd::TimerFd;
 use super::{
     accept_with_spare, connect_outcome, prepare_listener, reset, restore_spare, ConnId, Listener,
     NetConfig, NetEvent, Spare, SpareOutcome, Transport,
 };
 
 const DOORBELL: Token = Token(usize::MAX);
+/// The timer of [`MioIo::poll_until`] (below the listeners' tokens, above every slot
+/// index).
+const TIMER: Token = Token(LISTENER_BASE / 2);
 /// Listener `i` has token `LISTENER_BASE - i`; connection tokens are slot indices
 /// (`< 2^24`).
 const LISTENER_BASE: usize = usize::MAX - 1;
@@ -65,6 +69,10 @@ pub struct MioIo {
     spare: Spare,
     /// Listeners whose pause ended (reused).
     resumed: Vec<usize>,
+    /// The timer of [`MioIo::poll_until`], made by its first call (never by `poll`),
+    /// and the deadline it is armed for (`None`: fired, or never armed).
+    timer: Option<TimerFd>,
+    timer_deadline: Option<Instant>,
 }
 
 impl MioIo {
@@ -115,6 +123,8 @@ impl MioIo {
             read_bytes: config.read_chunk_bytes,
             spare: Spare::open(),
             resumed: Vec::new(),
+            timer: None,
+            timer_deadline: None,
         };
         Ok((core, io))
     }
@@ -383,6 +393,12 @@ impl MioIo {
                 DOORBELL => {
                     self.doorbell.drain();
                 }
+                TIMER => {
+                    if let Some(t) = &self.timer {
+                        t.clear();
+                    }
+                    self.timer_deadline = None;
+                }
                 Token(t) if t > LISTENER_BASE - self.listeners.len() => {
                     self.accept(core, LISTENER_BASE - t);
                 }
@@ -449,5 +465,41 @@ impl MioIo {
         self.accept_resumed(core);
         core.take_events(out);
         Ok(())
+    }
+}
+
+impl MioIo {
+    /// [`NetDriver::poll_until`](super::NetDriver::poll_until): one poll whose wait
+    /// ends at `deadline` to the microsecond. epoll's timeout is whole milliseconds
+    /// (mio rounds up), so a timerfd registered in the poll (made by the first call)
+    /// is armed for the deadline, once per distinct deadline: a wait that ended early
+    /// leaves it armed for the next call with the same deadline.
+    pub fn poll_until(
+        &mut self,
+        core: &mut Core,
+        deadline: Instant,
+        out: &mut Vec<NetEvent>,
+    ) -> io::Result<()> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        if !wait.is_zero() && self.timer_deadline != Some(deadline) {
+            let timer = match self.timer.take() {
+                Some(t) => t,
+                None => {
+                    let t = TimerFd::new()?;
+                    let fd = t.raw_fd();
+                    (self.poll.registry()).register(
+                        &mut SourceFd(&fd),
+                        TIMER,
+                        Interest::READABLE,
+                    )?;
+                    t
+                }
+            };
+            let armed = timer.arm(wait);
+            self.timer = Some(timer);
+            armed?;
+            self.timer_deadline = Some(deadline);
+        }
+        self.poll_at(core, Some(wait), None, out)
     }
 }

@@ -110,12 +110,18 @@
 //!   same non-blocking `connect` and a single-shot `PollAdd(POLLOUT)` on the socket
 //!   (so no socket address must outlive the call), then the same checks, then arms
 //!   its multishot recv.
+//! - A process that only dials (a load generator, `imbench`) makes its driver with
+//!   [`NetDriver::dialer`] and [`NetConfig::dialer`]`(n)`: no listener, a table of
+//!   `n` dialed connections, each a raw byte stream (as a dialed link always is),
+//!   never closed for silence; [`NetDriver::poll_until`] ends a wait at a deadline
+//!   to the microsecond on both backends (mio: a timerfd; the node never makes one).
 
 pub mod bufring;
 mod core;
 pub mod fd;
 mod mio_driver;
 mod outbuf;
+mod timerfd;
 pub mod tls;
 mod uring_driver;
 use proto::ws;
@@ -273,6 +279,24 @@ impl Default for NetConfig {
 }
 
 impl NetConfig {
+    /// The configuration of a process that only dials ([`NetDriver::dialer`]: a load
+    /// generator, a test client) up to `links` connections at once: the table is
+    /// sized for them (dials count against `rpc_links_per_shard_max`, which is
+    /// `links`; one client slot, as no listener accepts), and a connection is never
+    /// closed for silence (`idle_timeout_ms` is a day). Every other limit is the
+    /// default: queues of `rpc_outbound_queue_bytes_max` and input of
+    /// `rpc_inbound_buffer_bytes_max` per connection, `connect_timeout_ms` for the
+    /// TCP connect and then for [`NetDriver::mark_established`], the backend `Auto`.
+    /// `links` must be at most 65536 (the process's descriptor limit bounds it first).
+    pub fn dialer(links: usize) -> NetConfig {
+        NetConfig {
+            connections_per_shard_max: 1,
+            rpc_links_per_shard_max: links,
+            idle_timeout_ms: 24 * 3600 * 1000,
+            ..NetConfig::default()
+        }
+    }
+
     fn validate(&self) -> io::Result<()> {
         let bad = |what: &str| {
             Err(io::Error::new(
@@ -732,6 +756,37 @@ impl NetDriver {
                     mio(listeners)
                 })
             }
+        }
+    }
+
+    /// A driver without listeners, for a process that only dials (configured with
+    /// [`NetConfig::dialer`]): its connections are [`NetDriver::connect`]'s, raw byte
+    /// streams (`Transport::Rpc`: no WebSocket or TLS layer; what is sent is written
+    /// as it is, what is read is the input as it came). Its doorbell is its own and
+    /// never rung: its waits end on IO or their timeout ([`NetDriver::poll_until`]).
+    /// Create, poll and drop it on one thread (the io_uring backend's rule).
+    pub fn dialer(config: &NetConfig) -> io::Result<Self> {
+        Self::with_listeners(config, Arc::new(EventFd::new()?), Vec::new())
+    }
+
+    /// One poll (the contract of `Driver::poll`) whose wait ends at `deadline` to
+    /// the microsecond on both backends (at once when it has passed), where
+    /// `Driver::poll`'s timeout is whole milliseconds on mio: io_uring's wait takes
+    /// the timeout as a timespec, mio's ends on a timerfd armed for the deadline
+    /// (made by the first call; armed once per distinct deadline). For a caller
+    /// whose own timers are finer than a millisecond (a load generator's intended
+    /// send times); the node's shards use `Driver::poll`.
+    pub fn poll_until(
+        &mut self,
+        deadline: std::time::Instant,
+        events: &mut Vec<NetEvent>,
+    ) -> io::Result<()> {
+        match &mut self.io {
+            Io::Uring(io) => {
+                let wait = deadline.saturating_duration_since(std::time::Instant::now());
+                io.poll_at(&mut self.core, Some(wait), None, events)
+            }
+            Io::Mio(io) => io.poll_until(&mut self.core, deadline, events),
         }
     }
 
