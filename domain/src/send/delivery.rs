@@ -2711,4 +2711,107 @@ mod planner_tests {
         rig.pump();
         assert_eq!(rig.offline, vec![(1, vec![peer])]);
     }
+
+    #[test]
+    fn a_page_toward_a_slow_authority_does_not_hold_the_next_pages_pushes() {
+        // Message 1's page waits for node 2 (slow); message 2's page for node 3,
+        // which answers at once: its pushes go before node 2 answers.
+        let (slow, healthy) = (led_by(2, "b", 2), led_by(3, "c", 2));
+        let deliveries = vec![delivery(1, slow.clone()), delivery(2, healthy.clone())];
+        let mut rig = pipelined(deliveries, 4);
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty());
+        let [to_slow, to_healthy] = lookups.as_slice() else {
+            panic!("one lookup per page: {lookups:?}");
+        };
+        assert_eq!((to_slow.node, to_healthy.node), (2, 3));
+        answer(&mut rig, to_healthy);
+        let (freed, work, pushes, _) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(2, sorted(healthy))],
+            "node 3's groups do not wait for node 2's"
+        );
+        assert_eq!(
+            (freed, work),
+            (0, 1),
+            "messages leave the backlog in order: message 2 with message 1"
+        );
+        assert_eq!(rig.p.pages_in_flight(), 1, "the pushed page left the pipeline");
+        assert_eq!(rig.pump(), IDLE, "only node 2's reply is awaited");
+        answer(&mut rig, to_slow);
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushed_pages(&pushes), vec![(1, sorted(slow))]);
+        assert_eq!(freed, 2 * CHARGE);
+        assert!(rig.p.is_empty() && rig.p.pages_in_flight() == 0);
+    }
+
+    #[test]
+    fn a_group_of_a_slot_an_earlier_page_waits_for_is_held_behind_it() {
+        // u (node 2's slot) is a recipient of both messages: message 2's u waits
+        // for message 1's u; its v (node 3) goes at once.
+        let (u, v) = (led_by(2, "b", 1), led_by(3, "c", 1));
+        let deliveries = vec![
+            delivery(1, u.clone()),
+            delivery(2, [u.clone(), v.clone()].concat()),
+        ];
+        let mut rig = pipelined(deliveries, 4);
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty());
+        let [first, second @ ..] = lookups.as_slice() else {
+            panic!("lookups: {lookups:?}");
+        };
+        assert_eq!((first.message_id, second.len()), (1, 2));
+        second.iter().for_each(|l| answer(&mut rig, l));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(2, v.clone())],
+            "v goes; message 2's u is held behind message 1's"
+        );
+        assert_eq!(freed, 0);
+        assert_eq!(rig.p.pages_in_flight(), 2, "message 2's page holds u");
+        assert_eq!(rig.pump(), IDLE, "a held group is no work until its slot frees");
+        answer(&mut rig, first);
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(1, u.clone()), (2, u)],
+            "u gets message 1, then message 2"
+        );
+        assert_eq!(freed, 2 * CHARGE);
+        assert_eq!(rig.p.pages_in_flight(), 0);
+    }
+
+    #[test]
+    fn pages_behind_a_waiting_one_free_their_slots_and_the_limit_holds() {
+        // Limit 2: message 1 waits for node 2; messages 2..=4 (node 3) each take
+        // the second slot in turn, one at a time.
+        let slow = led_by(2, "b", 1);
+        let healthy = led_by(3, "c", 3);
+        let mut deliveries = vec![delivery(1, slow.clone())];
+        deliveries.extend((0..3).map(|i| delivery(2 + i as i64, vec![healthy[i].clone()])));
+        let mut rig = pipelined(deliveries, 2);
+        let (_, _, _, mut lookups) = rig.pump();
+        assert_eq!(lookups.len(), 2, "two pages at the limit");
+        assert_eq!(rig.p.pages_in_flight(), 2);
+        let to_slow = lookups.remove(0);
+        for i in 0..3 {
+            let [l] = lookups.as_slice() else {
+                panic!("one page past the slow one: {lookups:?}");
+            };
+            assert_eq!((l.message_id, l.node), (2 + i as i64, 3));
+            answer(&mut rig, &lookups[0]);
+            let (_, _, pushes, next) = rig.pump();
+            assert_eq!(pushed_pages(&pushes), vec![(2 + i as i64, vec![healthy[i].clone()])]);
+            assert_eq!(rig.p.pages_in_flight(), 1 + usize::from(i < 2));
+            lookups = next;
+        }
+        assert!(lookups.is_empty());
+        assert_eq!(rig.p.len(), 4, "none leaves before message 1");
+        answer(&mut rig, &to_slow);
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushed_pages(&pushes), vec![(1, slow)]);
+        assert_eq!(freed, 4 * CHARGE);
+    }
 }
