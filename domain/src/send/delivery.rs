@@ -1169,16 +1169,7 @@ impl Planner {
         let offline = local_offline(&local, &self.results, &endpoints, start.from_uid.as_ref());
         let (retry, rebuilding) = failed_local(&local, &self.results);
         self.local_groups = recycle(local);
-        let (mut pending, mut unresolved) = (SlotSet::default(), SlotSet::default());
-        for (t, _) in &self.page_groups {
-            pending.insert(t.hash_slot);
-            if t.leader_node_id != local_node {
-                unresolved.insert(t.hash_slot);
-            }
-        }
-        for t in retry.iter().map(|(t, _)| t).chain(&rebuilding) {
-            unresolved.insert(t.hash_slot);
-        }
+        let (pending, unresolved) = page_slots(&self.page_groups, local_node, &retry, &rebuilding);
         let lookups = remote_lookups(
             &self.page_groups,
             uids,
@@ -1186,10 +1177,9 @@ impl Planner {
             message_id,
             &mut self.next_lookup_id,
         );
-        let page = self.next_page_number;
+        let (page, copies) = (self.next_page_number, start.from_uid.is_some());
+        let work = usize::from(!lookups.is_empty() || !retry.is_empty());
         self.next_page_number += 1;
-        let copies = start.from_uid.is_some();
-        let retrying = !retry.is_empty();
         self.pages.push_back(Page {
             number: page,
             message: start.number,
@@ -1206,9 +1196,8 @@ impl Planner {
             offline,
             last: start.last,
         });
-        let emitted = !lookups.is_empty();
         self.emit_lookups(page, lookups, copies, out);
-        usize::from(emitted || retrying)
+        work
     }
 
     /// Pushes every group whose lookup ended and whose hash slot no earlier page
@@ -1380,6 +1369,28 @@ fn failed_local(
         }
     }
     (retry, rebuilding)
+}
+
+/// A new page's slot sets: every group's slot pending; the slots of its remote
+/// groups (`page_groups` led by another node than `local_node`) and of its
+/// failed local ones (`retry`, `rebuilding`) unresolved.
+fn page_slots(
+    page_groups: &[(Target, Range<usize>)],
+    local_node: NodeId,
+    retry: &[(Target, bool)],
+    rebuilding: &[Target],
+) -> (SlotSet, SlotSet) {
+    let (mut pending, mut unresolved) = (SlotSet::default(), SlotSet::default());
+    for (t, _) in page_groups {
+        pending.insert(t.hash_slot);
+        if t.leader_node_id != local_node {
+            unresolved.insert(t.hash_slot);
+        }
+    }
+    for t in retry.iter().map(|(t, _)| t).chain(rebuilding) {
+        unresolved.insert(t.hash_slot);
+    }
+    (pending, unresolved)
 }
 
 /// How many recipients `d` has (a group's subscribers, or a person channel's one
@@ -2974,7 +2985,7 @@ mod planner_tests {
         assert_eq!(lookups.len(), 2, "two pages at the limit");
         assert_eq!(rig.p.pages_in_flight(), 2);
         let to_slow = lookups.remove(0);
-        for i in 0..3 {
+        for (i, uid) in healthy.iter().enumerate() {
             let [l] = lookups.as_slice() else {
                 panic!("one page past the slow one: {lookups:?}");
             };
@@ -2983,7 +2994,7 @@ mod planner_tests {
             let (_, _, pushes, next) = rig.pump();
             assert_eq!(
                 pushed_pages(&pushes),
-                vec![(2 + i as i64, vec![healthy[i].clone()])]
+                vec![(2 + i as i64, vec![uid.clone()])]
             );
             assert_eq!(rig.p.pages_in_flight(), 1 + usize::from(i < 2));
             lookups = next;
