@@ -7,15 +7,16 @@
 //!    its siblings succeed): those this node leads synchronously ([`EndpointLookup`],
 //!    the node's lock-free `AuthorityReader`), those led by other nodes by one
 //!    EndpointsByTargets RPC per node and page ([`Lookup`], answered by
-//!    [`Planner::on_lookup_reply`]; the page waits for every reply, while later
-//!    pages are looked up meanwhile and wait behind it: see [`Planner`]).
+//!    [`Planner::on_lookup_reply`]; each group is pushed once its lookup ended,
+//!    unless an earlier page still has a group of its hash slot to push: see
+//!    [`Planner`]).
 //! 3. The endpoints found are coalesced by owner into bounded push batches
 //!    ([`plan_pushes`]): one per owner shard of this node, one per remote owner node.
 //!    Only the sender's exact SEND session is suppressed; its other devices receive.
 //!
 //! 4. With `offline_uids` on, the recipients a page's lookups found no endpoint for
 //!    (the sender's uid left out, groups whose lookup failed left out: unknown, not
-//!    offline) are gathered per message and handed out once its last page is pushed
+//!    offline) are gathered per message and handed out once all its pages are pushed
 //!    ([`PlanOutput::Offline`], the `msg.offline` webhook): the same lookups, no
 //!    second one.
 //!
@@ -216,9 +217,9 @@ pub struct Push {
 ///
 /// The driver must answer it exactly once with [`Planner::on_lookup_reply`]: the
 /// node's reply, or a [`LookupReply::Failed`] it synthesizes (the RPC deadline
-/// passed, the peer is down, the peer restarted). Until then the page waits, and
-/// so does every page behind it: they may be looked up meanwhile (up to
-/// `lookup_pages_in_flight_max` pages in flight) but are pushed only after it.
+/// passed, the peer is down, the peer restarted). Until then its groups wait, and
+/// so do the groups of the same hash slots of the pages behind it; their other
+/// groups are pushed meanwhile (see [`Planner`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lookup {
     /// Unique among this planner's lookups (a counter from 0).
@@ -368,8 +369,9 @@ pub struct PlanLimits {
     pub push_batch_max: usize,
     /// Pages planned per [`Planner::pump`].
     pub pages_per_turn_max: usize,
-    /// Pages looked up and not yet pushed at once (waiting for their lookups, or
-    /// complete behind one that waits): the pipeline's depth, see [`Planner`]. 1:
+    /// Pages looked up and not yet wholly pushed at once (groups waiting for
+    /// their lookups, or held behind an earlier page's group of their slot): the
+    /// pipeline's depth, and the bound of the endpoints held, see [`Planner`]. 1:
     /// one page at a time (a page led elsewhere holds everything behind it for a
     /// round trip). 0 counts as 1.
     pub lookup_pages_in_flight_max: usize,
@@ -492,12 +494,14 @@ impl Emitted {
 /// Its uids are grouped by exact target ([`group_by_target`], one view snapshot).
 /// The groups this node leads (`limits.local_node`) are looked up synchronously
 /// (`EndpointLookup`); the groups led by other nodes become one
-/// [`PlanOutput::Lookup`] per node. A page is *complete* once every one of its
-/// lookups is answered ([`on_lookup_reply`](Self::on_lookup_reply); a page without
-/// remote groups is complete at once). A complete page's endpoints, local and
-/// remote, are pushed exactly as a local page's: coalesced by owner into bounded
-/// batches ([`plan_pushes`]), the sender's own session suppressed. A failed remote
-/// lookup fails its groups alone: the page's other endpoints are pushed.
+/// [`PlanOutput::Lookup`] per node. A group is *resolved* once its lookup ended:
+/// looked up here, answered ([`on_lookup_reply`](Self::on_lookup_reply)), or
+/// failed for good. The resolved groups' endpoints are pushed as soon as they may
+/// be (see "Order" below), those that go together coalesced by owner into bounded
+/// batches ([`plan_pushes`]), the sender's own session suppressed; so a page's
+/// local groups go at once and each remote node's when it answers. A failed
+/// remote lookup fails its groups alone: the page's other endpoints are pushed.
+/// A page leaves the pipeline once all its groups are pushed.
 ///
 /// # A failed group
 ///
@@ -505,8 +509,8 @@ impl Emitted {
 /// peer down or restarted) is looked up again, up to `lookup_retries_max` times
 /// per page, when the view the planner is pumped with names another target for its
 /// hash slot: the slot moved while the page was planned, and its recipients are
-/// found at the new leader instead of being skipped. The page waits for the retry
-/// (its order kept). A group refused as not-leader or stale at the very target the
+/// found at the new leader instead of being skipped. The group waits for the
+/// retry (its order kept). A group refused as not-leader or stale at the very target the
 /// current view names (the authority has not applied that view yet, or has a
 /// newer one) waits as a rebuilding one does (below). Any other failure whose
 /// target did not change, or past the retries, fails for good (`failed_groups`):
@@ -517,48 +521,62 @@ impl Emitted {
 /// A group answered [`AuthorityError::Rebuilding`] (its authority was just moved
 /// there and waits for the old leader's routes, the handover) is not offline: it is
 /// looked up again every `rebuild_retry_interval_ms` (at the target the current
-/// view names) while its page waits, up to `rebuild_wait_ms_max` from the first
-/// such answer; then it fails (`rebuild_timeouts`, and `failed_groups`). The page,
-/// and so every page behind it, waits meanwhile: order is kept. The wait is for
+/// view names) while it waits, up to `rebuild_wait_ms_max` from the first such
+/// answer; then it fails (`rebuild_timeouts`, and `failed_groups`). The group, and
+/// the groups of its slot in the pages behind it, wait meanwhile: order is kept. The wait is for
 /// time, not work: [`Planner::pump`] reports none for it, and the driver pumps
 /// again by [`Planner::next_retry_at_ms`].
 ///
 /// # The pipeline, and why it keeps order
 ///
 /// Up to `lookup_pages_in_flight_max` pages are *in flight* (looked up, not yet
-/// pushed) at once, across the messages of the backlog: while the oldest waits for
-/// a round trip, the next pages (of the same message or of later ones) are looked
-/// up and their lookups sent, so one channel's delivery is no longer bounded by
-/// one round trip per page.
+/// wholly pushed) at once, across the messages of the backlog: while one waits
+/// for a round trip, the next pages (of the same message or of later ones) are
+/// looked up and their lookups sent, so one channel's delivery is no longer bounded
+/// by one round trip per page.
 ///
 /// Pages are opened in backlog order (message after message, page after page of
-/// each) and queued in that order; only the head of the queue is ever pushed, and
-/// only once it is complete. So pushes leave in the order the pages were opened,
-/// whatever order the replies come in: a complete page (local-only ones too) behind
-/// a waiting one waits for it. Messages join the backlog in the order their
-/// commits were answered, which per channel is seq order; a carrier that keeps
-/// each peer's order (a ring, a link) therefore hands a session message N before
-/// N+1, and never a later page's RECVs before an earlier page's of the same
-/// message. `lookup_pages_in_flight_max = 1` is the unpipelined planner: nothing
-/// behind a waiting page is looked up.
+/// each) and kept in that order. Order matters per recipient session only, and a
+/// session's uid always falls in one hash slot, whose group in a page is looked
+/// up, pushed or held as one. So a resolved group is pushed unless an earlier page
+/// in flight still has a group of the same hash slot to push (*pending*:
+/// unresolved, or itself held); then it is *held* and goes right after that one.
+/// Each page keeps the set of its slots pending and of those unresolved (256 bits
+/// each), and `pump` pushes, page after page, each page's resolved slots that no
+/// earlier page has pending. So a node that answers lookups slowly holds only the
+/// groups of the slots it leads; every other group of every page (local ones,
+/// other nodes') goes as soon as it is known. Messages join the backlog in the
+/// order their commits were answered, which per channel is seq order; a carrier
+/// that keeps each peer's order (a ring, a link) therefore hands a session message
+/// N before N+1, and never a later page's RECVs before an earlier page's of the
+/// same message. `lookup_pages_in_flight_max = 1` is the unpipelined planner:
+/// nothing behind a waiting page is looked up.
+///
+/// Pages may so end out of order; a message's delivery ends when all its pages
+/// were opened and wholly pushed, and messages leave the backlog (their charge
+/// returned) in order, the front first. Its offline recipients are handed out
+/// when its last page to end was pushed.
 ///
 /// # Waiting, and its bounds
 ///
-/// - While the head page waits and no further page may be opened (the limit
-///   reached, or nothing left to open), `pump` reports no work for that wait (the
-///   shard may sleep); the reply's arrival makes the driver pump again. The wait
-///   is bounded by the RPC deadline, since the driver answers every lookup (at the
-///   latest with [`LookupFailure::Deadline`]).
+/// - While every page in flight waits (for lookups, a rebuilding authority, or an
+///   earlier page's group of its slot) and no further page may be opened (the
+///   limit reached, or nothing left to open), `pump` reports no work for that
+///   wait (the shard may sleep); the reply's arrival makes the driver pump again.
+///   The wait is bounded by the RPC deadline, since the driver answers every
+///   lookup (at the latest with [`LookupFailure::Deadline`]).
 /// - Memory: the pages in flight hold at most `lookup_pages_in_flight_max ×
-///   subscriber_page_max` uids' endpoints (each uid's sessions: the authority's
-///   `records_per_uid_max` at most; a remote reply is also bounded by the RPC
-///   frame), and their lookups in flight are at most `lookup_pages_in_flight_max`
-///   × the number of other nodes in the view. The [`Lookup`]s themselves are the
-///   driver's once emitted.
+///   subscriber_page_max` uids' endpoints, held ones included (each uid's
+///   sessions: the authority's `records_per_uid_max` at most; a remote reply is
+///   also bounded by the RPC frame), and their lookups in flight are at most
+///   `lookup_pages_in_flight_max` × the number of other nodes in the view. The
+///   offline recipients gathered are at most one list per page in flight. The
+///   [`Lookup`]s themselves are the driver's once emitted.
 /// - A batch for a peer (a shard of this node, or another node) without room
-///   beyond `reserved_room_per_peer` waits (`stalled`), and nothing behind it is
-///   pushed until it went (pages may still complete meanwhile, within the limit),
-///   so a slow peer pauses delivery rather than growing a queue, and order holds.
+///   beyond `reserved_room_per_peer` waits (`stalled`, with its message), and
+///   nothing more is pushed until it went (pages may still complete meanwhile,
+///   within the limit), so a slow peer pauses delivery rather than growing a
+///   queue, and order holds.
 ///
 /// Buffers are reused from page to page.
 #[derive(Default)]
@@ -763,16 +781,16 @@ impl Planner {
             .min()
     }
 
-    /// Plans into `out`: pushes the complete pages at the head of the pipeline and
-    /// opens up to `pages_per_turn_max` new pages while fewer than
-    /// `lookup_pages_in_flight_max` are in flight. `room(to)` is the room towards
-    /// peer `to` now, a shard or a node (the planner subtracts its own batches;
-    /// this shard's own batches take none). Returns the bytes charged to the
-    /// messages whose delivery ended (the commit core's budget) and the work done:
-    /// 1 at least while anything waits for room or could be planned now, so the
-    /// shard keeps turning until it is delivered; nothing more while the pages in
-    /// flight only wait for lookup replies or a rebuilding authority (see the
-    /// type's docs). `now_ms`: the driver's monotonic clock.
+    /// Plans into `out`: pushes the resolved groups of the pages in flight that no
+    /// earlier page holds (see the type's docs) and opens up to
+    /// `pages_per_turn_max` new pages while fewer than `lookup_pages_in_flight_max`
+    /// are in flight. `room(to)` is the room towards peer `to` now, a shard or a
+    /// node (the planner subtracts its own batches; this shard's own batches take
+    /// none). Returns the bytes charged to the messages whose delivery ended (the
+    /// commit core's budget) and the work done: 1 at least while anything waits for
+    /// room or could be planned now, so the shard keeps turning until it is
+    /// delivered; nothing more while the pages in flight only wait for lookup
+    /// replies, a rebuilding authority or an earlier page (see the type's docs). `now_ms`: the driver's monotonic clock.
     pub fn pump(
         &mut self,
         now_ms: u64,
@@ -819,7 +837,7 @@ impl Planner {
     /// reply after a deadline failure), is ignored and counted
     /// (`ignored_replies`). Lookup ids are unique per planner only: a driver must
     /// not hand a planner the replies of another planner's lookups. Pump again
-    /// afterwards: the head page may be complete.
+    /// afterwards: the reply's groups may be pushed.
     pub fn on_lookup_reply(&mut self, lookup_id: u64, reply: LookupReply) -> bool {
         let Some(i) = self.awaiting.iter().position(|(id, ..)| *id == lookup_id) else {
             self.counts.ignored_replies += 1;
@@ -3005,5 +3023,45 @@ mod planner_tests {
         let (freed, _, pushes, _) = rig.pump();
         assert_eq!(pushed_pages(&pushes), vec![(1, slow)]);
         assert_eq!(freed, 4 * CHARGE);
+    }
+
+    #[test]
+    fn a_message_whose_pages_end_out_of_order_names_its_offline_members_once_all_did() {
+        // Message 1: page 1 waits for node 2 (one offline member), page 2 is local
+        // (one offline member) and ends first; message 2 (one offline member)
+        // ends before message 1 too.
+        let low = |u: &Uid| slots::hash_slot(u.as_bytes()) < 128;
+        let (zb, za) = (led_by(2, "zb", 64), led_by(1, "za", 64));
+        let (b, a) = (led_by(2, "b", 64), led_by(1, "a", 64));
+        let zb: Vec<Uid> = zb.into_iter().filter(low).take(1).collect();
+        let za: Vec<Uid> = za.into_iter().filter(|u| !low(u)).take(1).collect();
+        let first = [zb.clone(), b.into_iter().filter(low).take(3).collect()].concat();
+        let second = [
+            za.clone(),
+            a.into_iter().filter(|u| !low(u)).take(3).collect(),
+        ]
+        .concat();
+        let mut rig = gathering(vec![delivery(1, [first, second].concat())], 8);
+        rig.p.enqueue(delivery(2, led_by(1, "zc", 1)));
+        let (_, _, pushes, lookups) = rig.pump();
+        let pages: Vec<i64> = pushes.iter().map(|p| p.1).collect();
+        assert_eq!(
+            pages,
+            vec![1],
+            "message 1's page 2 (message 2's uid is offline)"
+        );
+        assert_eq!(
+            rig.offline,
+            vec![(2, led_by(1, "zc", 1))],
+            "message 2 ended; message 1 has a page in flight"
+        );
+        let [l] = lookups.as_slice() else {
+            panic!("one lookup: {lookups:?}");
+        };
+        answer(&mut rig, l);
+        let (freed, _, _, _) = rig.pump();
+        assert_eq!(freed, 2 * CHARGE);
+        let expected = sorted([zb, za].concat());
+        assert_eq!(rig.offline[1..], [(1, expected)], "once, with both pages'");
     }
 }
