@@ -3064,4 +3064,30 @@ mod planner_tests {
         let expected = sorted([zb, za].concat());
         assert_eq!(rig.offline[1..], [(1, expected)], "once, with both pages'");
     }
+
+    #[test]
+    fn a_slot_pending_in_two_earlier_pages_holds_the_third() {
+        // u in three messages: message 1's waits for node 2; message 2's and 3's,
+        // answered, wait behind it (and behind each other), in message order.
+        let (u, v) = (led_by(2, "b", 1), led_by(3, "c", 1));
+        let deliveries = vec![
+            delivery(1, u.clone()),
+            delivery(2, [u.clone(), v.clone()].concat()),
+            delivery(3, u.clone()),
+        ];
+        let mut rig = pipelined(deliveries, 4);
+        let (_, _, _, lookups) = rig.pump();
+        let [first, rest @ ..] = lookups.as_slice() else {
+            panic!("lookups: {lookups:?}");
+        };
+        assert_eq!((first.message_id, rest.len()), (1, 3));
+        rest.iter().for_each(|l| answer(&mut rig, l));
+        let (_, _, pushes, _) = rig.pump();
+        assert_eq!(pushed_pages(&pushes), vec![(2, v)], "only v goes");
+        answer(&mut rig, first);
+        let (freed, _, pushes, _) = rig.pump();
+        let order: Vec<(i64, Vec<Uid>)> = (1..=3).map(|m| (m, u.clone())).collect();
+        assert_eq!(pushed_pages(&pushes), order);
+        assert_eq!(freed, 3 * CHARGE);
+    }
 }
