@@ -37,9 +37,11 @@
 //!
 //! Clients SEND to groups and persons throughout (`cluster_sim/send.rs`): **no RECV
 //! after close** (nor to the sending session) and **one RECV** per (message,
-//! session) as each RECV is written; **acknowledged in log** (every SENDACK 1 in its
-//! home's log with its id and seq) once settled and at the end; **every online
-//! recipient** of a message sent in the quiet phase gets it.
+//! session) as each RECV is written; **push order** (a commit shard's planner
+//! hands each session a channel's messages in seq order) as its pushes are
+//! carried; **acknowledged in log** (every SENDACK 1 in its home's log with its id
+//! and seq) once settled and at the end; **every online recipient** of a message
+//! sent in the quiet phase gets it.
 //!
 //! A failing seed is printed; `CLUSTER_SIM_SEED=n` replays one,
 //! `CLUSTER_SIM_SEEDS=n` runs `0..n` (CI runs the default).
@@ -138,6 +140,7 @@ fn cluster_sim_invariants_hold() {
                 totals.lookups += w.stats.lookups;
                 totals.stale_pushes += w.stats.stale_pushes;
                 totals.handovers += w.stats.handovers;
+                totals.ordered_pushes += w.stats.ordered_pushes;
             }
             Err(e) => {
                 eprintln!(
@@ -153,6 +156,7 @@ fn cluster_sim_invariants_hold() {
     assert!(totals.connacks_ok > 0 && totals.kicks > 0 && totals.moves > 0 && totals.crashes > 0);
     assert!(totals.sendacks_ok > 0 && totals.recvs > 0 && totals.remote_pushes > 0);
     assert!(totals.lookups > 0 && totals.stale_pushes > 0 && totals.handovers > 0);
+    assert!(totals.ordered_pushes > 0);
 }
 
 /// The first CI seed on which `bugs` breaks an invariant, and the failure.
@@ -162,7 +166,7 @@ fn first_failure(bugs: Bugs) -> Option<(u64, String)> {
 
 #[test]
 fn cluster_sim_catches_planted_bugs() {
-    let planted: [(&str, Bugs, &[&str]); 10] = [
+    let planted: [(&str, Bugs, &[&str]); 11] = [
         (
             "a touch answer's superseded routes dropped",
             Bugs {
@@ -242,6 +246,14 @@ fn cluster_sim_catches_planted_bugs() {
                 ..Bugs::default()
             },
             &["acknowledged in log"],
+        ),
+        (
+            "a planner's pushes carried in the reverse order",
+            Bugs {
+                reversed_plan_outputs: true,
+                ..Bugs::default()
+            },
+            &["push order"],
         ),
     ];
     for (name, bugs, expected) in planted {

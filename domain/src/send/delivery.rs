@@ -7,15 +7,16 @@
 //!    its siblings succeed): those this node leads synchronously ([`EndpointLookup`],
 //!    the node's lock-free `AuthorityReader`), those led by other nodes by one
 //!    EndpointsByTargets RPC per node and page ([`Lookup`], answered by
-//!    [`Planner::on_lookup_reply`]; the page waits for every reply, while later
-//!    pages are looked up meanwhile and wait behind it: see [`Planner`]).
+//!    [`Planner::on_lookup_reply`]; each group is pushed once its lookup ended,
+//!    unless an earlier page still has a group of its hash slot to push: see
+//!    [`Planner`]).
 //! 3. The endpoints found are coalesced by owner into bounded push batches
 //!    ([`plan_pushes`]): one per owner shard of this node, one per remote owner node.
 //!    Only the sender's exact SEND session is suppressed; its other devices receive.
 //!
 //! 4. With `offline_uids` on, the recipients a page's lookups found no endpoint for
 //!    (the sender's uid left out, groups whose lookup failed left out: unknown, not
-//!    offline) are gathered per message and handed out once its last page is pushed
+//!    offline) are gathered per message and handed out once all its pages are pushed
 //!    ([`PlanOutput::Offline`], the `msg.offline` webhook): the same lookups, no
 //!    second one.
 //!
@@ -216,9 +217,9 @@ pub struct Push {
 ///
 /// The driver must answer it exactly once with [`Planner::on_lookup_reply`]: the
 /// node's reply, or a [`LookupReply::Failed`] it synthesizes (the RPC deadline
-/// passed, the peer is down, the peer restarted). Until then the page waits, and
-/// so does every page behind it: they may be looked up meanwhile (up to
-/// `lookup_pages_in_flight_max` pages in flight) but are pushed only after it.
+/// passed, the peer is down, the peer restarted). Until then its groups wait, and
+/// so do the groups of the same hash slots of the pages behind it; their other
+/// groups are pushed meanwhile (see [`Planner`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lookup {
     /// Unique among this planner's lookups (a counter from 0).
@@ -368,8 +369,9 @@ pub struct PlanLimits {
     pub push_batch_max: usize,
     /// Pages planned per [`Planner::pump`].
     pub pages_per_turn_max: usize,
-    /// Pages looked up and not yet pushed at once (waiting for their lookups, or
-    /// complete behind one that waits): the pipeline's depth, see [`Planner`]. 1:
+    /// Pages looked up and not yet wholly pushed at once (groups waiting for
+    /// their lookups, or held behind an earlier page's group of their slot): the
+    /// pipeline's depth, and the bound of the endpoints held, see [`Planner`]. 1:
     /// one page at a time (a page led elsewhere holds everything behind it for a
     /// round trip). 0 counts as 1.
     pub lookup_pages_in_flight_max: usize,
@@ -492,12 +494,14 @@ impl Emitted {
 /// Its uids are grouped by exact target ([`group_by_target`], one view snapshot).
 /// The groups this node leads (`limits.local_node`) are looked up synchronously
 /// (`EndpointLookup`); the groups led by other nodes become one
-/// [`PlanOutput::Lookup`] per node. A page is *complete* once every one of its
-/// lookups is answered ([`on_lookup_reply`](Self::on_lookup_reply); a page without
-/// remote groups is complete at once). A complete page's endpoints, local and
-/// remote, are pushed exactly as a local page's: coalesced by owner into bounded
-/// batches ([`plan_pushes`]), the sender's own session suppressed. A failed remote
-/// lookup fails its groups alone: the page's other endpoints are pushed.
+/// [`PlanOutput::Lookup`] per node. A group is *resolved* once its lookup ended:
+/// looked up here, answered ([`on_lookup_reply`](Self::on_lookup_reply)), or
+/// failed for good. The resolved groups' endpoints are pushed as soon as they may
+/// be (see "Order" below), those that go together coalesced by owner into bounded
+/// batches ([`plan_pushes`]), the sender's own session suppressed; so a page's
+/// local groups go at once and each remote node's when it answers. A failed
+/// remote lookup fails its groups alone: the page's other endpoints are pushed.
+/// A page leaves the pipeline once all its groups are pushed.
 ///
 /// # A failed group
 ///
@@ -505,8 +509,8 @@ impl Emitted {
 /// peer down or restarted) is looked up again, up to `lookup_retries_max` times
 /// per page, when the view the planner is pumped with names another target for its
 /// hash slot: the slot moved while the page was planned, and its recipients are
-/// found at the new leader instead of being skipped. The page waits for the retry
-/// (its order kept). A group refused as not-leader or stale at the very target the
+/// found at the new leader instead of being skipped. The group waits for the
+/// retry (its order kept). A group refused as not-leader or stale at the very target the
 /// current view names (the authority has not applied that view yet, or has a
 /// newer one) waits as a rebuilding one does (below). Any other failure whose
 /// target did not change, or past the retries, fails for good (`failed_groups`):
@@ -517,48 +521,62 @@ impl Emitted {
 /// A group answered [`AuthorityError::Rebuilding`] (its authority was just moved
 /// there and waits for the old leader's routes, the handover) is not offline: it is
 /// looked up again every `rebuild_retry_interval_ms` (at the target the current
-/// view names) while its page waits, up to `rebuild_wait_ms_max` from the first
-/// such answer; then it fails (`rebuild_timeouts`, and `failed_groups`). The page,
-/// and so every page behind it, waits meanwhile: order is kept. The wait is for
+/// view names) while it waits, up to `rebuild_wait_ms_max` from the first such
+/// answer; then it fails (`rebuild_timeouts`, and `failed_groups`). The group, and
+/// the groups of its slot in the pages behind it, wait meanwhile: order is kept. The wait is for
 /// time, not work: [`Planner::pump`] reports none for it, and the driver pumps
 /// again by [`Planner::next_retry_at_ms`].
 ///
 /// # The pipeline, and why it keeps order
 ///
 /// Up to `lookup_pages_in_flight_max` pages are *in flight* (looked up, not yet
-/// pushed) at once, across the messages of the backlog: while the oldest waits for
-/// a round trip, the next pages (of the same message or of later ones) are looked
-/// up and their lookups sent, so one channel's delivery is no longer bounded by
-/// one round trip per page.
+/// wholly pushed) at once, across the messages of the backlog: while one waits
+/// for a round trip, the next pages (of the same message or of later ones) are
+/// looked up and their lookups sent, so one channel's delivery is no longer bounded
+/// by one round trip per page.
 ///
 /// Pages are opened in backlog order (message after message, page after page of
-/// each) and queued in that order; only the head of the queue is ever pushed, and
-/// only once it is complete. So pushes leave in the order the pages were opened,
-/// whatever order the replies come in: a complete page (local-only ones too) behind
-/// a waiting one waits for it. Messages join the backlog in the order their
-/// commits were answered, which per channel is seq order; a carrier that keeps
-/// each peer's order (a ring, a link) therefore hands a session message N before
-/// N+1, and never a later page's RECVs before an earlier page's of the same
-/// message. `lookup_pages_in_flight_max = 1` is the unpipelined planner: nothing
-/// behind a waiting page is looked up.
+/// each) and kept in that order. Order matters per recipient session only, and a
+/// session's uid always falls in one hash slot, whose group in a page is looked
+/// up, pushed or held as one. So a resolved group is pushed unless an earlier page
+/// in flight still has a group of the same hash slot to push (*pending*:
+/// unresolved, or itself held); then it is *held* and goes right after that one.
+/// Each page keeps the set of its slots pending and of those unresolved (256 bits
+/// each), and `pump` pushes, page after page, each page's resolved slots that no
+/// earlier page has pending. So a node that answers lookups slowly holds only the
+/// groups of the slots it leads; every other group of every page (local ones,
+/// other nodes') goes as soon as it is known. Messages join the backlog in the
+/// order their commits were answered, which per channel is seq order; a carrier
+/// that keeps each peer's order (a ring, a link) therefore hands a session message
+/// N before N+1, and never a later page's RECVs before an earlier page's of the
+/// same message. `lookup_pages_in_flight_max = 1` is the unpipelined planner:
+/// nothing behind a waiting page is looked up.
+///
+/// Pages may so end out of order; a message's delivery ends when all its pages
+/// were opened and wholly pushed, and messages leave the backlog (their charge
+/// returned) in order, the front first. Its offline recipients are handed out
+/// when its last page to end was pushed.
 ///
 /// # Waiting, and its bounds
 ///
-/// - While the head page waits and no further page may be opened (the limit
-///   reached, or nothing left to open), `pump` reports no work for that wait (the
-///   shard may sleep); the reply's arrival makes the driver pump again. The wait
-///   is bounded by the RPC deadline, since the driver answers every lookup (at the
-///   latest with [`LookupFailure::Deadline`]).
+/// - While every page in flight waits (for lookups, a rebuilding authority, or an
+///   earlier page's group of its slot) and no further page may be opened (the
+///   limit reached, or nothing left to open), `pump` reports no work for that
+///   wait (the shard may sleep); the reply's arrival makes the driver pump again.
+///   The wait is bounded by the RPC deadline, since the driver answers every
+///   lookup (at the latest with [`LookupFailure::Deadline`]).
 /// - Memory: the pages in flight hold at most `lookup_pages_in_flight_max ×
-///   subscriber_page_max` uids' endpoints (each uid's sessions: the authority's
-///   `records_per_uid_max` at most; a remote reply is also bounded by the RPC
-///   frame), and their lookups in flight are at most `lookup_pages_in_flight_max`
-///   × the number of other nodes in the view. The [`Lookup`]s themselves are the
-///   driver's once emitted.
+///   subscriber_page_max` uids' endpoints, held ones included (each uid's
+///   sessions: the authority's `records_per_uid_max` at most; a remote reply is
+///   also bounded by the RPC frame), and their lookups in flight are at most
+///   `lookup_pages_in_flight_max` × the number of other nodes in the view. The
+///   offline recipients gathered are at most one list per page in flight. The
+///   [`Lookup`]s themselves are the driver's once emitted.
 /// - A batch for a peer (a shard of this node, or another node) without room
-///   beyond `reserved_room_per_peer` waits (`stalled`), and nothing behind it is
-///   pushed until it went (pages may still complete meanwhile, within the limit),
-///   so a slow peer pauses delivery rather than growing a queue, and order holds.
+///   beyond `reserved_room_per_peer` waits (`stalled`, with its message), and
+///   nothing more is pushed until it went (pages may still complete meanwhile,
+///   within the limit), so a slow peer pauses delivery rather than growing a
+///   queue, and order holds.
 ///
 /// Buffers are reused from page to page.
 #[derive(Default)]
@@ -570,18 +588,20 @@ pub struct Planner {
     front_message: u64,
     /// The next page to open: a message's number and the page's index in it.
     cursor: (u64, usize),
-    /// Pages opened and not yet pushed, in the order they were opened.
+    /// Pages opened and not yet wholly pushed, in the order they were opened.
     pages: VecDeque<Page>,
-    /// The number of `pages`' head (pages are numbered from 0 as they are opened).
-    head_page: u64,
-    /// Batches of the front message that a peer had no room for.
-    stalled: Vec<(PushTo, Vec<Endpoint>)>,
+    /// The number of the next page opened (pages are numbered from 0).
+    next_page_number: u64,
+    /// Batches that a peer had no room for, with their message.
+    stalled: Vec<(PushTo, Arc<Committed>, Vec<Endpoint>)>,
     /// Lookups not yet answered: `(lookup_id, page number, the targets of its
     /// groups in request order, the request's copy when its page gathers offline
     /// uids)`.
     awaiting: Vec<(u64, u64, Vec<Target>, Option<Lookup>)>,
-    /// The offline recipients of the front message's pages pushed so far.
-    offline: Vec<Uid>,
+    /// The offline recipients of the wholly pushed pages of the messages that
+    /// gather them and still have a page in flight: `(message number, uids,
+    /// whether its last page was pushed)`; at most one per page in flight.
+    offline: Vec<(u64, Vec<Uid>, bool)>,
     /// Whether the pages of the message being opened gather its offline
     /// recipients (decided at its first page, [`PlanLimits::offline_room`]).
     opening_gathers: bool,
@@ -604,15 +624,53 @@ pub struct Planner {
 }
 
 impl Page {
-    /// A group of this page at `target` failed with `result`'s error: a
-    /// rebuilding authority is asked again later, any other failure is retried on
-    /// the current view (see [`Planner`]).
-    fn note_failure<T>(&mut self, result: &Result<T, AuthorityError>, target: Target) {
+    /// A group of this page at `target` was answered `result`: found, its slot is
+    /// resolved; failed, a rebuilding authority is asked again later, any other
+    /// failure is retried on the current view (see [`Planner`]).
+    fn note_result<T>(&mut self, result: &Result<T, AuthorityError>, target: Target) {
         match result {
-            Ok(_) => {}
+            Ok(_) => self.unresolved.remove(target.hash_slot),
             Err(AuthorityError::Rebuilding) => self.rebuilding.push(target),
             Err(e) => self.retry.push((target, disagrees(*e))),
         }
+    }
+}
+
+/// A set of hash slots (`0..HASH_SLOTS`), one bit each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SlotSet([u64; slots::HASH_SLOTS / 64]);
+
+impl SlotSet {
+    fn insert(&mut self, slot: slots::HashSlot) {
+        self.0[usize::from(slot) / 64] |= 1 << (slot % 64);
+    }
+
+    fn remove(&mut self, slot: slots::HashSlot) {
+        self.0[usize::from(slot) / 64] &= !(1 << (slot % 64));
+    }
+
+    fn contains(&self, slot: slots::HashSlot) -> bool {
+        self.0[usize::from(slot) / 64] & (1 << (slot % 64)) != 0
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0 == [0; slots::HASH_SLOTS / 64]
+    }
+
+    /// The slots of `self` or `other`.
+    fn union(mut self, other: SlotSet) -> SlotSet {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a |= b;
+        }
+        self
+    }
+
+    /// The slots of `self` not in `other`.
+    fn minus(mut self, other: SlotSet) -> SlotSet {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a &= !b;
+        }
+        self
     }
 }
 
@@ -636,11 +694,17 @@ struct PageStart {
 
 /// A page looked up and not yet pushed.
 struct Page {
+    /// Its number (pages are numbered as they are opened).
+    number: u64,
     /// The number of its message.
     message: u64,
-    /// Its lookups not yet answered (0: complete).
-    awaiting: usize,
-    /// The endpoints found so far, local and remote.
+    /// The hash slots of its groups not yet pushed (resolved or not).
+    pending: SlotSet,
+    /// The hash slots of its groups whose lookup has not ended: awaiting a
+    /// reply, a retry or a rebuilding authority.
+    unresolved: SlotSet,
+    /// The endpoints found and not yet pushed, local and remote (the held ones
+    /// among them: of a slot an earlier page has pending).
     endpoints: Vec<Endpoint>,
     /// Its recipients' range in its message's recipients.
     range: Range<usize>,
@@ -717,16 +781,16 @@ impl Planner {
             .min()
     }
 
-    /// Plans into `out`: pushes the complete pages at the head of the pipeline and
-    /// opens up to `pages_per_turn_max` new pages while fewer than
-    /// `lookup_pages_in_flight_max` are in flight. `room(to)` is the room towards
-    /// peer `to` now, a shard or a node (the planner subtracts its own batches;
-    /// this shard's own batches take none). Returns the bytes charged to the
-    /// messages whose delivery ended (the commit core's budget) and the work done:
-    /// 1 at least while anything waits for room or could be planned now, so the
-    /// shard keeps turning until it is delivered; nothing more while the pages in
-    /// flight only wait for lookup replies or a rebuilding authority (see the
-    /// type's docs). `now_ms`: the driver's monotonic clock.
+    /// Plans into `out`: pushes the resolved groups of the pages in flight that no
+    /// earlier page holds (see the type's docs) and opens up to
+    /// `pages_per_turn_max` new pages while fewer than `lookup_pages_in_flight_max`
+    /// are in flight. `room(to)` is the room towards peer `to` now, a shard or a
+    /// node (the planner subtracts its own batches; this shard's own batches take
+    /// none). Returns the bytes charged to the messages whose delivery ended (the
+    /// commit core's budget) and the work done: 1 at least while anything waits for
+    /// room or could be planned now, so the shard keeps turning until it is
+    /// delivered; nothing more while the pages in flight only wait for lookup
+    /// replies, a rebuilding authority or an earlier page (see the type's docs). `now_ms`: the driver's monotonic clock.
     pub fn pump(
         &mut self,
         now_ms: u64,
@@ -749,9 +813,9 @@ impl Planner {
             }
             work += self.retry_failed(view, lookup, limits, out);
             work += self.retry_rebuilding(now_ms, view, lookup, limits, out);
-            if self.head_complete() {
-                self.push_head(room, limits, out);
-                work += 1;
+            let pushed = self.push_ready(room, limits, out);
+            if pushed > 0 {
+                work += pushed;
                 continue;
             }
             if !self.may_open(limits) || pages == limits.pages_per_turn_max {
@@ -761,8 +825,9 @@ impl Planner {
             pages += 1;
         }
         let retry = self.pages.iter().any(|p| !p.retry.is_empty());
-        let more =
-            !self.stalled.is_empty() || self.head_complete() || self.may_open(limits) || retry;
+        // Nothing is left ready here: the loop ends on a stall or after a call of
+        // `push_ready` that found nothing.
+        let more = !self.stalled.is_empty() || self.may_open(limits) || retry;
         (freed_bytes, work + usize::from(more))
     }
 
@@ -772,17 +837,16 @@ impl Planner {
     /// reply after a deadline failure), is ignored and counted
     /// (`ignored_replies`). Lookup ids are unique per planner only: a driver must
     /// not hand a planner the replies of another planner's lookups. Pump again
-    /// afterwards: the head page may be complete.
+    /// afterwards: the reply's groups may be pushed.
     pub fn on_lookup_reply(&mut self, lookup_id: u64, reply: LookupReply) -> bool {
         let Some(i) = self.awaiting.iter().position(|(id, ..)| *id == lookup_id) else {
             self.counts.ignored_replies += 1;
             return false;
         };
-        let (_, page, targets, copy) = self.awaiting.swap_remove(i);
-        let Some(page) = self.pages.get_mut((page - self.head_page) as usize) else {
-            unreachable!("an awaited lookup's page is in flight until it is complete");
+        let (_, number, targets, copy) = self.awaiting.swap_remove(i);
+        let Some(page) = self.pages.iter_mut().find(|p| p.number == number) else {
+            unreachable!("an awaited lookup's page is in flight until it is pushed");
         };
-        page.awaiting -= 1;
         let groups = targets.len();
         match reply {
             LookupReply::Found { endpoints, results } => {
@@ -790,6 +854,9 @@ impl Planner {
                     // A peer that answers another shape is not asked again.
                     self.counts.failed_lookups += 1;
                     self.counts.failed_groups += groups as u64;
+                    for t in &targets {
+                        page.unresolved.remove(t.hash_slot);
+                    }
                     return true;
                 }
                 if let (Some(l), Some(from)) = (&copy, &page.from_uid) {
@@ -801,7 +868,7 @@ impl Planner {
                     }
                 }
                 for (r, t) in results.iter().zip(&targets) {
-                    page.note_failure(r, *t);
+                    page.note_result(r, *t);
                 }
                 let _ = take_found(endpoints, &results, groups, &mut page.endpoints);
             }
@@ -844,6 +911,7 @@ impl Planner {
                     page.rebuilding.push(t);
                 } else {
                     self.counts.failed_groups += 1;
+                    page.unresolved.remove(t.hash_slot);
                 }
             }
             if moved.is_empty() {
@@ -852,8 +920,7 @@ impl Planner {
             page.retries_left -= 1;
             retried += moved.len();
             self.counts.retried_groups += moved.len() as u64;
-            let number = self.head_page + i as u64;
-            self.lookup_again(number, &moved, lookup, limits, out);
+            self.lookup_again(i, &moved, lookup, limits, out);
         }
         retried
     }
@@ -883,6 +950,9 @@ impl Planner {
             if now_ms >= until_ms {
                 self.counts.rebuild_timeouts += targets.len() as u64;
                 self.counts.failed_groups += targets.len() as u64;
+                for t in &targets {
+                    page.unresolved.remove(t.hash_slot);
+                }
                 continue;
             }
             page.rebuild_retry_at_ms = now_ms.saturating_add(limits.rebuild_retry_interval_ms);
@@ -891,24 +961,23 @@ impl Planner {
                 .collect();
             retried += targets.len();
             self.counts.rebuild_retries += targets.len() as u64;
-            let number = self.head_page + i as u64;
-            self.lookup_again(number, &targets, lookup, limits, out);
+            self.lookup_again(i, &targets, lookup, limits, out);
         }
         retried
     }
 
-    /// Looks the groups of `targets` (one hash slot each) of page `number` up
-    /// again: this node's at once, the others as new lookups.
+    /// Looks the groups of `targets` (one hash slot each) of the page at `at` in
+    /// `pages` up again: this node's at once, the others as new lookups.
     fn lookup_again(
         &mut self,
-        number: u64,
+        at: usize,
         targets: &[Target],
         lookup: &mut impl EndpointLookup,
         limits: &PlanLimits,
         out: &mut Vec<PlanOutput>,
     ) {
-        let at = (number - self.head_page) as usize;
         let page = &self.pages[at];
+        let number = page.number;
         let d = &self.backlog[(page.message - self.front_message) as usize];
         let message_id = d.message.message_id;
         let recipients: Vec<Uid> = match &d.subscribers {
@@ -932,15 +1001,13 @@ impl Planner {
             let (mut found, mut results) = (Vec::new(), Vec::new());
             lookup.endpoints_by_targets_into(&local, &mut found, &mut results);
             for ((t, group), r) in local.iter().zip(&results) {
-                match r {
-                    Ok(r) => {
-                        if let Some(from) = &page.from_uid {
-                            offline_of(group, &found[r.clone()], from, &mut page.offline);
-                        }
-                        page.endpoints.extend_from_slice(&found[r.clone()]);
+                if let Ok(r) = r {
+                    if let Some(from) = &page.from_uid {
+                        offline_of(group, &found[r.clone()], from, &mut page.offline);
                     }
-                    Err(_) => page.note_failure(r, *t),
+                    page.endpoints.extend_from_slice(&found[r.clone()]);
                 }
+                page.note_result(r, *t);
             }
         }
         let lookups = remote_lookups(
@@ -950,7 +1017,6 @@ impl Planner {
             message_id,
             &mut self.next_lookup_id,
         );
-        page.awaiting += lookups.len();
         let copies = page.from_uid.is_some();
         self.emit_lookups(number, lookups, copies, out);
     }
@@ -973,7 +1039,7 @@ impl Planner {
         }
     }
 
-    /// Sends the front message's stalled batches to the peers that have room now.
+    /// Sends the stalled batches to the peers that have room now.
     fn retry_stalled(
         &mut self,
         room: &mut impl FnMut(PushTo) -> usize,
@@ -983,13 +1049,9 @@ impl Planner {
         if self.stalled.is_empty() {
             return 0;
         }
-        let Some(front) = self.backlog.front() else {
-            unreachable!("stalled batches belong to the backlog's front message");
-        };
-        let message = &front.message;
         let mut stalled = std::mem::take(&mut self.stalled);
         let before = stalled.len();
-        stalled.retain_mut(|(to, endpoints)| {
+        stalled.retain_mut(|(to, message, endpoints)| {
             if !self.emitted.take_room(room, *to, limits) {
                 return true;
             }
@@ -1003,13 +1065,6 @@ impl Planner {
         let sent = before - stalled.len();
         self.stalled = stalled;
         sent.max(usize::from(!self.stalled.is_empty()))
-    }
-
-    /// Whether the head page is complete (and may be pushed unless stalled).
-    fn head_complete(&self) -> bool {
-        self.pages
-            .front()
-            .is_some_and(|p| p.awaiting == 0 && p.retry.is_empty() && p.rebuilding.is_empty())
     }
 
     /// Whether another page may be opened now: one is left and the pipeline has
@@ -1034,8 +1089,8 @@ impl Planner {
         }
     }
 
-    /// The front messages whose pages are all open and pushed, and nothing of
-    /// which is stalled, leave; returns their charge.
+    /// The front messages whose pages are all open and pushed leave, while
+    /// nothing is stalled (a stall pauses every message); returns their charge.
     fn finish_delivered(&mut self, limits: &PlanLimits) -> usize {
         let _ = self.next_page(limits); // moves the cursor past opened messages
         let mut freed_bytes = 0;
@@ -1132,6 +1187,7 @@ impl Planner {
         let offline = local_offline(&local, &self.results, &endpoints, start.from_uid.as_ref());
         let (retry, rebuilding) = failed_local(&local, &self.results);
         self.local_groups = recycle(local);
+        let (pending, unresolved) = page_slots(&self.page_groups, local_node, &retry, &rebuilding);
         let lookups = remote_lookups(
             &self.page_groups,
             uids,
@@ -1139,12 +1195,14 @@ impl Planner {
             message_id,
             &mut self.next_lookup_id,
         );
-        let page = self.head_page + self.pages.len() as u64;
-        let copies = start.from_uid.is_some();
-        let retrying = !retry.is_empty();
+        let (page, copies) = (self.next_page_number, start.from_uid.is_some());
+        let work = usize::from(!lookups.is_empty() || !retry.is_empty());
+        self.next_page_number += 1;
         self.pages.push_back(Page {
+            number: page,
             message: start.number,
-            awaiting: lookups.len(),
+            pending,
+            unresolved,
             endpoints,
             range: start.range,
             retry,
@@ -1156,46 +1214,101 @@ impl Planner {
             offline,
             last: start.last,
         });
-        let emitted = !lookups.is_empty();
         self.emit_lookups(page, lookups, copies, out);
-        usize::from(emitted || retrying)
+        work
     }
 
-    /// Pushes the head page (complete; every page before it pushed, so its message
-    /// is the front): batches by owner; a batch for a peer without room stalls;
-    /// this shard's batches come last (other shards write their sockets meanwhile).
-    fn push_head(
+    /// Pushes every group whose lookup ended and whose hash slot no earlier page
+    /// has pending (a uid's recipients get its pages in the order they were
+    /// opened), page after page, until a batch stalls; returns the pages pushed
+    /// from.
+    fn push_ready(
         &mut self,
         room: &mut impl FnMut(PushTo) -> usize,
         limits: &PlanLimits,
         out: &mut Vec<PlanOutput>,
+    ) -> usize {
+        let (mut blocked, mut pushed, mut i) = (SlotSet::default(), 0, 0);
+        while i < self.pages.len() && self.stalled.is_empty() {
+            let page = &self.pages[i];
+            let ready = page.pending.minus(page.unresolved).minus(blocked);
+            blocked = blocked.union(page.pending.minus(ready));
+            if ready.is_empty() {
+                i += 1;
+                continue;
+            }
+            pushed += 1;
+            if !self.push_slots(i, ready, room, limits, out) {
+                i += 1;
+            }
+        }
+        pushed
+    }
+
+    /// Pushes the endpoints of the `ready` slots of the page at `i`: batches by
+    /// owner; a batch for a peer without room stalls; this shard's batches come
+    /// last (other shards write their sockets meanwhile). A page left with nothing
+    /// pending leaves (returns true), with its offline recipients.
+    fn push_slots(
+        &mut self,
+        i: usize,
+        ready: SlotSet,
+        room: &mut impl FnMut(PushTo) -> usize,
+        limits: &PlanLimits,
+        out: &mut Vec<PlanOutput>,
+    ) -> bool {
+        let page = &mut self.pages[i];
+        let d = &self.backlog[(page.message - self.front_message) as usize];
+        let (message, sender) = (d.message.clone(), d.sender);
+        page.pending = page.pending.minus(ready);
+        let done = page.pending.is_empty();
+        let endpoints = if done {
+            std::mem::take(&mut page.endpoints)
+        } else {
+            let slot_of = |e: &Endpoint| slots::hash_slot(e.uid.as_bytes());
+            let (go, held) = (page.endpoints.drain(..)).partition(|e| ready.contains(slot_of(e)));
+            page.endpoints = held;
+            go
+        };
+        self.push_endpoints(&message, sender, endpoints, room, limits, out);
+        if !done {
+            return false;
+        }
+        let Some(page) = self.pages.remove(i) else {
+            unreachable!("pushed from the pages in flight");
+        };
+        self.gather_offline(page, &message, out);
+        true
+    }
+
+    /// Pushes `endpoints` of `message` (see [`Planner::push_slots`]); keeps the
+    /// buffer for the next pages.
+    fn push_endpoints(
+        &mut self,
+        message: &Arc<Committed>,
+        sender: Option<Sender>,
+        mut endpoints: Vec<Endpoint>,
+        room: &mut impl FnMut(PushTo) -> usize,
+        limits: &PlanLimits,
+        out: &mut Vec<PlanOutput>,
     ) {
-        let Some(mut page) = self.pages.pop_front() else {
-            unreachable!("pushed only when complete");
-        };
-        self.head_page += 1;
-        let Some(front) = self.backlog.front() else {
-            unreachable!("a page in flight belongs to the backlog");
-        };
-        debug_assert_eq!(page.message, self.front_message, "pages push in order");
-        let (message, sender) = (&front.message, front.sender);
         let plan = plan_pushes(
             limits.local_node,
             limits.shard_count,
-            page.endpoints.drain(..),
+            endpoints.drain(..),
             sender,
             limits.push_batch_max,
         );
         self.counts.stale_endpoints += plan.stale as u64;
         if self.spare.len() < limits.lookup_pages_in_flight_max {
-            self.spare.push(page.endpoints);
+            self.spare.push(endpoints);
         }
         for (to, endpoints) in plan.batches {
             match to {
                 PushTo::Shard(s) if s == limits.me => self.local.push(endpoints),
                 to if !self.emitted.take_room(room, to, limits) => {
                     self.counts.stalls += 1;
-                    self.stalled.push((to, endpoints));
+                    self.stalled.push((to, message.clone(), endpoints));
                 }
                 to => out.push(PlanOutput::Push(Push {
                     to,
@@ -1211,24 +1324,49 @@ impl Planner {
                 endpoints,
             }));
         }
-        if page.from_uid.is_some() {
-            self.offline.append(&mut page.offline);
-            if page.last && !self.offline.is_empty() {
-                let uids = std::mem::take(&mut self.offline);
-                debug_assert!(
-                    {
-                        let mut u: Vec<&Uid> = uids.iter().collect();
-                        u.sort_unstable();
-                        u.windows(2).all(|w| w[0] != w[1])
-                    },
-                    "an offline uid twice"
-                );
-                out.push(PlanOutput::Offline(Offline {
-                    message: message.clone(),
-                    uids,
-                }));
-            }
+    }
+
+    /// A wholly pushed `page`'s offline recipients join its message's; once every
+    /// page of the message is pushed (its last was, and no other is in flight),
+    /// they are handed out.
+    fn gather_offline(
+        &mut self,
+        mut page: Page,
+        message: &Arc<Committed>,
+        out: &mut Vec<PlanOutput>,
+    ) {
+        if page.from_uid.is_none() {
+            return;
         }
+        let at = match self.offline.iter().position(|g| g.0 == page.message) {
+            Some(at) => at,
+            None => {
+                self.offline.push((page.message, Vec::new(), false));
+                self.offline.len() - 1
+            }
+        };
+        let gathered = &mut self.offline[at];
+        gathered.1.append(&mut page.offline);
+        gathered.2 |= page.last;
+        if !gathered.2 || self.pages.iter().any(|p| p.message == page.message) {
+            return;
+        }
+        let (_, uids, _) = self.offline.swap_remove(at);
+        if uids.is_empty() {
+            return;
+        }
+        debug_assert!(
+            {
+                let mut u: Vec<&Uid> = uids.iter().collect();
+                u.sort_unstable();
+                u.windows(2).all(|w| w[0] != w[1])
+            },
+            "an offline uid twice"
+        );
+        out.push(PlanOutput::Offline(Offline {
+            message: message.clone(),
+            uids,
+        }));
     }
 }
 
@@ -1249,6 +1387,28 @@ fn failed_local(
         }
     }
     (retry, rebuilding)
+}
+
+/// A new page's slot sets: every group's slot pending; the slots of its remote
+/// groups (`page_groups` led by another node than `local_node`) and of its
+/// failed local ones (`retry`, `rebuilding`) unresolved.
+fn page_slots(
+    page_groups: &[(Target, Range<usize>)],
+    local_node: NodeId,
+    retry: &[(Target, bool)],
+    rebuilding: &[Target],
+) -> (SlotSet, SlotSet) {
+    let (mut pending, mut unresolved) = (SlotSet::default(), SlotSet::default());
+    for (t, _) in page_groups {
+        pending.insert(t.hash_slot);
+        if t.leader_node_id != local_node {
+            unresolved.insert(t.hash_slot);
+        }
+    }
+    for t in retry.iter().map(|(t, _)| t).chain(rebuilding) {
+        unresolved.insert(t.hash_slot);
+    }
+    (pending, unresolved)
 }
 
 /// How many recipients `d` has (a group's subscribers, or a person channel's one
@@ -1737,16 +1897,20 @@ mod planner_tests {
     }
 
     #[test]
-    fn a_page_with_remote_groups_is_pushed_only_when_its_lookup_is_answered() {
+    fn a_pages_remote_groups_are_pushed_only_when_their_lookup_is_answered() {
         let (local, remote) = (led_by(1, "a", 2), led_by(2, "b", 2));
         let recipients = [local.clone(), remote.clone()].concat();
         let mut rig = Rig::new(vec![delivery(1, recipients.clone())]);
         let (freed, work, pushes, lookups) = rig.pump();
-        assert!(pushes.is_empty(), "the local endpoints wait for the page");
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(1, sorted(local.clone()))],
+            "the local groups do not wait for the remote ones"
+        );
         assert_eq!(
             (freed, work),
-            (0, 1),
-            "the lookup was work; no more is asked"
+            (0, 2),
+            "the lookup and the push were work; no more is asked"
         );
         assert_eq!(sorted(rig.local.asked.clone()), sorted(local));
         let [l] = lookups.as_slice() else {
@@ -1754,7 +1918,7 @@ mod planner_tests {
         };
         assert_eq!((l.node, l.message_id), (2, 1));
         let asked: Vec<Uid> = l.groups().flat_map(|g| g.1.to_vec()).collect();
-        assert_eq!(sorted(asked), sorted(remote));
+        assert_eq!(sorted(asked), sorted(remote.clone()));
         for (target, uids) in l.groups() {
             assert!(uids.iter().all(|u| view().target_for_uid(u) == target));
         }
@@ -1768,13 +1932,9 @@ mod planner_tests {
             (CHARGE, 1),
             "pushed, and the message is done"
         );
-        assert_eq!(all_pushed(&pushes), sorted(recipients));
+        assert_eq!(all_pushed(&pushes), sorted(remote));
         assert!(pushes.iter().all(|p| p.0 == PushTo::Shard(1)));
-        assert_eq!(
-            pushes.len(),
-            1,
-            "local and remote endpoints coalesce by owner"
-        );
+        assert_eq!(pushes.len(), 1, "a reply's endpoints coalesce by owner");
         assert!(rig.p.is_empty());
         let counts = rig.p.take_counts();
         assert_eq!((counts.lookups, counts.failed_groups), (1, 0));
@@ -1786,7 +1946,8 @@ mod planner_tests {
         // no gateway of this process made it (a peer's bug, or another process).
         let (local, remote) = (led_by(1, "a", 2), led_by(2, "b", 2));
         let mut rig = Rig::new(vec![delivery(1, [local.clone(), remote].concat())]);
-        let (_, _, _, lookups) = rig.pump();
+        let (_, _, first, lookups) = rig.pump();
+        assert_eq!(all_pushed(&first), sorted(local.clone()));
         let [l] = lookups.as_slice() else {
             panic!("one lookup: {lookups:?}");
         };
@@ -1810,12 +1971,12 @@ mod planner_tests {
             "{pushes:?}"
         );
         assert!(!all_pushed(&pushes).contains(&stale));
-        assert_eq!(all_pushed(&pushes).len(), 3, "the others are pushed");
+        assert_eq!(all_pushed(&pushes).len(), 1, "the other is pushed");
         assert_eq!(rig.p.take_counts().stale_endpoints, 1);
     }
 
     #[test]
-    fn two_remote_nodes_get_one_lookup_each_and_the_page_waits_for_both() {
+    fn two_remote_nodes_get_one_lookup_each_and_each_ones_groups_go_when_answered() {
         let recipients = [led_by(2, "b", 2), led_by(3, "c", 2)].concat();
         let mut rig = Rig::new(vec![delivery(1, recipients.clone())]);
         let (_, _, pushes, lookups) = rig.pump();
@@ -1827,14 +1988,15 @@ mod planner_tests {
         assert!(rig
             .p
             .on_lookup_reply(lookups[1].lookup_id, found(&lookups[1], &[])));
-        let (_, work, pushes, _) = rig.pump();
-        assert!(pushes.is_empty(), "one reply of two: still waiting");
-        assert_eq!(work, 0);
+        let (freed, work, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(lookups[1].uids.clone()));
+        assert_eq!((freed, work), (0, 1), "one reply of two: the page waits");
+        assert_eq!(rig.pump(), (0, 0, vec![], vec![]));
         assert!(rig
             .p
             .on_lookup_reply(lookups[0].lookup_id, found(&lookups[0], &[])));
-        let (freed, _, pushes, _) = rig.pump();
-        assert_eq!(all_pushed(&pushes), sorted(recipients));
+        let (freed, _, second, _) = rig.pump();
+        assert_eq!(all_pushed(&[pushes, second].concat()), sorted(recipients));
         assert_eq!(freed, CHARGE);
     }
 
@@ -1848,7 +2010,7 @@ mod planner_tests {
         let (local, node2, node3) = (led_by(1, "a", 2), led_by(2, "b", 3), led_by(3, "c", 1));
         let recipients = [local.clone(), node2, node3.clone()].concat();
         let mut rig = Rig::new(vec![delivery(1, recipients)]);
-        let (_, _, _, lookups) = rig.pump();
+        let (_, _, first, lookups) = rig.pump();
         let (to2, to3) = match lookups.as_slice() {
             [a, b] if a.node == 2 => (a, b),
             [a, b] => (b, a),
@@ -1858,6 +2020,7 @@ mod planner_tests {
         assert!(rig.p.on_lookup_reply(to2.lookup_id, failed));
         assert!(rig.p.on_lookup_reply(to3.lookup_id, found(to3, &[])));
         let (freed, _, pushes, _) = rig.pump();
+        let pushes = [first, pushes].concat();
         assert_eq!(all_pushed(&pushes), sorted([local, node3].concat()));
         assert_eq!(freed, CHARGE, "a failed group does not hold the message");
         let counts = rig.p.take_counts();
@@ -1881,11 +2044,19 @@ mod planner_tests {
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
         let stale_uids = l.groups().next().unwrap().1.to_vec();
         let start_ms = rig.now_ms;
+        let survivors: Vec<Uid> = l.groups().skip(1).flat_map(|g| g.1.to_vec()).collect();
+        let (_, _, pushes, _) = rig.pump();
+        assert_eq!(
+            all_pushed(&pushes),
+            sorted(survivors),
+            "the other groups go at once"
+        );
         let mut asked_again = 0;
-        let pushes = loop {
-            let (_, _, pushes, again) = rig.pump();
-            if !pushes.is_empty() {
-                break pushes;
+        loop {
+            let (freed, _, pushes, again) = rig.pump();
+            assert!(pushes.is_empty(), "the stale group is never pushed");
+            if freed > 0 {
+                break;
             }
             for l in &again {
                 assert_eq!(l.uids, stale_uids, "only the stale group is asked again");
@@ -1893,10 +2064,8 @@ mod planner_tests {
                 asked_again += 1;
             }
             assert!(rig.now_ms - start_ms <= 2 * rig.limits.rebuild_wait_ms_max);
-        };
+        }
         assert!(rig.now_ms - start_ms >= rig.limits.rebuild_wait_ms_max);
-        let survivors: Vec<Uid> = l.groups().skip(1).flat_map(|g| g.1.to_vec()).collect();
-        assert_eq!(all_pushed(&pushes), sorted(survivors));
         let counts = rig.p.take_counts();
         assert_eq!((counts.failed_groups, counts.failed_lookups), (1, 0));
         assert_eq!(counts.rebuild_timeouts, 1);
@@ -1989,15 +2158,21 @@ mod planner_tests {
     /// lookup answers `Rebuilding`).
     #[test]
     fn a_rebuilding_local_group_is_looked_up_again_at_its_time() {
-        let mut rig = Rig::new(vec![delivery(1, led_by(ME, "a", 2))]);
+        let uids = in_page_order(led_by(ME, "a", 2));
+        let mut rig = Rig::new(vec![delivery(1, uids.clone())]);
         rig.local.rebuilding = 1;
         let (_, work, pushes, _) = rig.pump();
-        assert_eq!((work, pushes.len()), (0, 0), "the page waits for time");
+        assert_eq!(
+            (work, pushed_pages(&pushes)),
+            (1, vec![(1, vec![uids[1].clone()])]),
+            "the other group goes; the page waits for time"
+        );
         assert!(rig.p.next_retry_at_ms().is_some());
         let (_, work, pushes, _) = rig.pump();
         assert_eq!((work, pushes.len()), (0, 0), "not yet");
-        let (_, _, pushes, _) = rig.pump();
-        assert_eq!(all_pushed(&pushes), sorted(led_by(ME, "a", 2)));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), vec![uids[0].clone()]);
+        assert_eq!(freed, CHARGE);
     }
 
     /// Issue "Cluster defects found in a review…", item 7: a group refused because
@@ -2012,8 +2187,11 @@ mod planner_tests {
         let (moved, uids) = (l.groups[0].0, l.groups().next().unwrap().1.to_vec());
         rig.view = rig.view.with_leaders(1, &[(moved.hash_slot, 3)]);
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
-        let (_, work, pushes, retried) = rig.pump();
-        assert!(pushes.is_empty(), "the page waits for its retried group");
+        let (_, work, first, retried) = rig.pump();
+        assert!(
+            !all_pushed(&first).iter().any(|u| uids.contains(u)),
+            "the page waits for its retried group: {first:?}"
+        );
         assert!(work > 0);
         let r = match retried.as_slice() {
             [r] => r,
@@ -2022,10 +2200,14 @@ mod planner_tests {
         assert_eq!(r.node, 3);
         assert_eq!(r.groups.len(), 1);
         assert_eq!(r.groups[0].0, rig.view.target_for_slot(moved.hash_slot));
-        assert_eq!(sorted(r.uids.clone()), sorted(uids));
+        assert_eq!(sorted(r.uids.clone()), sorted(uids.clone()));
         assert!(rig.p.on_lookup_reply(r.lookup_id, found(r, &[])));
         let (freed, _, pushes, _) = rig.pump();
-        assert_eq!(all_pushed(&pushes), sorted(led_by(2, "b", 4)));
+        assert_eq!(all_pushed(&pushes), sorted(uids));
+        assert_eq!(
+            all_pushed(&[first, pushes].concat()),
+            sorted(led_by(2, "b", 4))
+        );
         assert_eq!(freed, CHARGE);
         let counts = rig.p.take_counts();
         assert_eq!((counts.retried_groups, counts.failed_groups), (1, 0));
@@ -2069,15 +2251,17 @@ mod planner_tests {
         );
         rig.view = rig.view.with_leaders(1, &[(slot, 3)]);
         assert!(rig.p.on_lookup_reply(l.lookup_id, found(l, &[0])));
-        let (_, _, pushes, retried) = rig.pump();
-        assert!(pushes.is_empty());
-        assert_eq!(sorted(retried[0].uids.clone()), sorted(uids));
+        let (_, _, first, retried) = rig.pump();
+        assert!(!all_pushed(&first).iter().any(|u| uids.contains(u)));
+        assert_eq!(sorted(retried[0].uids.clone()), sorted(uids.clone()));
         assert!(rig
             .p
             .on_lookup_reply(retried[0].lookup_id, found(&retried[0], &[])));
         let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(all_pushed(&pushes), sorted(uids));
+        let pushes = [first, pushes].concat();
         assert_eq!(all_pushed(&pushes), sorted(led_by(2, "b", 3)));
-        assert_eq!(pushes[0].1, 2);
+        assert!(pushes.iter().all(|p| p.1 == 2));
         assert_eq!(freed, CHARGE);
     }
 
@@ -2410,16 +2594,22 @@ mod planner_tests {
     const IDLE: Pumped = (0, 0, Vec::new(), Vec::new());
 
     #[test]
-    fn pages_in_flight_answered_out_of_order_are_pushed_in_page_order() {
-        let (remote, local) = (in_page_order(led_by(2, "b", 8)), led_by(1, "a", 2));
+    fn pages_in_flight_are_pushed_as_their_replies_come() {
+        // Four pages toward node 2 (uids of distinct slots), then a local page.
+        let remote = in_page_order(one_per_slot(led_by(2, "b", 32), 8));
+        let local = led_by(1, "a", 2);
         let deliveries = vec![delivery(1, remote.clone()), delivery(2, local.clone())];
         let mut rig = pipelined(deliveries, 5);
         let (freed, work, pushes, lookups) = rig.pump();
-        assert!(pushes.is_empty());
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(2, sorted(local))],
+            "message 2's local page does not wait for message 1's"
+        );
         assert_eq!(
             (freed, work),
-            (0, 4),
-            "four pages sent lookups; then only waiting"
+            (0, 5),
+            "four pages sent lookups, one was pushed; then only waiting"
         );
         assert_eq!(
             lookups.len(),
@@ -2432,38 +2622,45 @@ mod planner_tests {
                 (1, sorted(page.to_vec()))
             );
         }
-        assert_eq!(
-            sorted(rig.local.asked.clone()),
-            sorted(local.clone()),
-            "message 2's local page is looked up meanwhile"
-        );
-        assert_eq!(rig.p.pages_in_flight(), 5);
+        assert_eq!(rig.p.pages_in_flight(), 4);
         for l in lookups[1..].iter().rev() {
             answer(&mut rig, l);
+            let (freed, _, pushes, _) = rig.pump();
             assert_eq!(
-                rig.pump(),
-                IDLE,
-                "the head page still waits: nothing pushed"
+                (freed, pushed_pages(&pushes)),
+                (0, vec![(1, sorted(l.uids.clone()))]),
+                "a page whose slots no earlier page waits for goes as answered"
             );
         }
         answer(&mut rig, &lookups[0]);
         let (freed, _, pushes, lookups) = rig.pump();
         assert!(lookups.is_empty());
-        let mut expected: Vec<(i64, Vec<Uid>)> =
-            remote.chunks(2).map(|p| (1, sorted(p.to_vec()))).collect();
-        expected.push((2, sorted(local)));
         assert_eq!(
             pushed_pages(&pushes),
-            expected,
-            "page order, not reply order"
+            vec![(1, sorted(remote[..2].to_vec()))]
         );
         assert_eq!(freed, 2 * CHARGE);
         assert!(rig.p.is_empty() && rig.p.pages_in_flight() == 0);
     }
 
+    /// The first `n` of `uids` whose hash slots differ.
+    fn one_per_slot(uids: Vec<Uid>, n: usize) -> Vec<Uid> {
+        let mut seen = SlotSet::default();
+        let mut first = |u: &Uid| {
+            let slot = slots::hash_slot(u.as_bytes());
+            let new = !seen.contains(slot);
+            seen.insert(slot);
+            new
+        };
+        let uids: Vec<Uid> = uids.into_iter().filter(|u| first(u)).take(n).collect();
+        assert_eq!(uids.len(), n, "not enough slots");
+        uids
+    }
+
     #[test]
     fn a_failed_lookup_in_the_middle_fails_its_page_alone() {
-        let mut rig = pipelined(vec![delivery(1, led_by(2, "b", 6))], 8);
+        let uids = one_per_slot(led_by(2, "b", 32), 6);
+        let mut rig = pipelined(vec![delivery(1, uids)], 8);
         let (_, _, _, lookups) = rig.pump();
         let [l0, l1, l2] = lookups.as_slice() else {
             panic!("three pages, three lookups: {lookups:?}");
@@ -2471,13 +2668,12 @@ mod planner_tests {
         answer(&mut rig, l2);
         let failed = LookupReply::Failed(LookupFailure::PeerDown);
         assert!(rig.p.on_lookup_reply(l1.lookup_id, failed));
-        assert_eq!(rig.pump(), IDLE, "the head still waits");
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushed_pages(&pushes), vec![(1, sorted(l2.uids.clone()))]);
+        assert_eq!(freed, 0, "the first page still waits");
         answer(&mut rig, l0);
         let (freed, _, pushes, _) = rig.pump();
-        assert_eq!(
-            pushed_pages(&pushes),
-            vec![(1, sorted(l0.uids.clone())), (1, sorted(l2.uids.clone()))]
-        );
+        assert_eq!(pushed_pages(&pushes), vec![(1, sorted(l0.uids.clone()))]);
         assert_eq!(freed, CHARGE, "a failed page does not hold the message");
         let counts = rig.p.take_counts();
         assert_eq!(
@@ -2487,31 +2683,38 @@ mod planner_tests {
     }
 
     #[test]
-    fn at_the_limit_nothing_more_is_looked_up_until_the_head_is_pushed() {
-        let remote = in_page_order(led_by(2, "b", 8));
+    fn at_the_limit_nothing_more_is_looked_up_until_a_page_is_pushed() {
+        let remote = in_page_order(one_per_slot(led_by(2, "b", 32), 8));
         let mut rig = pipelined(vec![delivery(1, remote.clone())], 2);
         let (_, work, _, first) = rig.pump();
         assert_eq!((first.len(), work), (2, 2));
         assert_eq!(rig.p.pages_in_flight(), 2);
         assert_eq!(rig.pump(), IDLE, "full and waiting: the shard may sleep");
         answer(&mut rig, &first[1]);
-        assert_eq!(
-            rig.pump(),
-            IDLE,
-            "the second page is complete, but the head waits and holds its slot"
-        );
-        answer(&mut rig, &first[0]);
         let (freed, _, pushes, next) = rig.pump();
-        let pages: Vec<(i64, Vec<Uid>)> =
-            first.iter().map(|l| (1, sorted(l.uids.clone()))).collect();
-        assert_eq!(pushed_pages(&pushes), pages);
-        assert_eq!(next.len(), 2, "the freed slots are filled at once");
-        for (l, page) in next.iter().zip(remote[4..].chunks(2)) {
-            assert_eq!(sorted(l.uids.clone()), sorted(page.to_vec()));
-        }
-        assert_eq!(freed, 0, "the message's last pages are in flight");
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(1, sorted(first[1].uids.clone()))]
+        );
+        let [third] = next.as_slice() else {
+            panic!("the freed slot is filled at once: {next:?}");
+        };
+        assert_eq!(sorted(third.uids.clone()), sorted(remote[4..6].to_vec()));
+        assert_eq!((freed, rig.p.pages_in_flight()), (0, 2));
+        assert_eq!(rig.pump(), IDLE, "full again");
+        answer(&mut rig, &first[0]);
+        let (_, _, pushes, next) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(1, sorted(first[0].uids.clone()))]
+        );
+        let [fourth] = next.as_slice() else {
+            panic!("the last page: {next:?}");
+        };
+        assert_eq!(sorted(fourth.uids.clone()), sorted(remote[6..].to_vec()));
         assert_eq!(rig.p.awaiting_lookups(), 2);
-        next.iter().for_each(|l| answer(&mut rig, l));
+        answer(&mut rig, third);
+        answer(&mut rig, fourth);
         let (freed, _, pushes, _) = rig.pump();
         assert_eq!(pushes.len(), 2);
         assert_eq!(freed, CHARGE);
@@ -2551,25 +2754,21 @@ mod planner_tests {
     #[test]
     fn a_stalled_batch_holds_the_complete_pages_behind_it() {
         // Message 1: led by node 2, its sessions owned by node 2 ('r…'); message 2:
-        // local, owned by shard 1.
+        // led by node 3, its sessions owned by shard 1.
         let (theirs, here) = (
             in_page_order(led_by(2, "r", 2)),
-            in_page_order(led_by(1, "a", 2)),
+            in_page_order(led_by(3, "a", 2)),
         );
         let deliveries = vec![delivery(1, theirs.clone()), delivery(2, here.clone())];
         let mut rig = pipelined(deliveries, 4);
         rig.room = vec![(PushTo::Node(2), 1)]; // no more than the reserve
         let (_, _, pushes, lookups) = rig.pump();
-        assert!(
-            pushes.is_empty(),
-            "message 2 is complete, behind a waiting page"
-        );
-        assert_eq!(sorted(rig.local.asked.clone()), sorted(here.clone()));
-        answer(&mut rig, &lookups[0]);
+        assert!(pushes.is_empty());
+        lookups.iter().for_each(|l| answer(&mut rig, l));
         let (freed, work, pushes, _) = rig.pump();
         assert!(
             pushes.is_empty(),
-            "node 2's batch stalls; message 2 waits behind it"
+            "node 2's batch stalls; message 2, complete, waits behind it"
         );
         assert_eq!((freed, work), (0, 2), "busy while stalled");
         assert_eq!(rig.p.take_counts().stalls, 1);
@@ -2710,5 +2909,185 @@ mod planner_tests {
         }
         rig.pump();
         assert_eq!(rig.offline, vec![(1, vec![peer])]);
+    }
+
+    #[test]
+    fn a_page_toward_a_slow_authority_does_not_hold_the_next_pages_pushes() {
+        // Message 1's page waits for node 2 (slow); message 2's page for node 3,
+        // which answers at once: its pushes go before node 2 answers.
+        let (slow, healthy) = (led_by(2, "b", 2), led_by(3, "c", 2));
+        let deliveries = vec![delivery(1, slow.clone()), delivery(2, healthy.clone())];
+        let mut rig = pipelined(deliveries, 4);
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty());
+        let [to_slow, to_healthy] = lookups.as_slice() else {
+            panic!("one lookup per page: {lookups:?}");
+        };
+        assert_eq!((to_slow.node, to_healthy.node), (2, 3));
+        answer(&mut rig, to_healthy);
+        let (freed, work, pushes, _) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(2, sorted(healthy))],
+            "node 3's groups do not wait for node 2's"
+        );
+        assert_eq!(
+            (freed, work),
+            (0, 1),
+            "messages leave the backlog in order: message 2 with message 1"
+        );
+        assert_eq!(
+            rig.p.pages_in_flight(),
+            1,
+            "the pushed page left the pipeline"
+        );
+        assert_eq!(rig.pump(), IDLE, "only node 2's reply is awaited");
+        answer(&mut rig, to_slow);
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushed_pages(&pushes), vec![(1, sorted(slow))]);
+        assert_eq!(freed, 2 * CHARGE);
+        assert!(rig.p.is_empty() && rig.p.pages_in_flight() == 0);
+    }
+
+    #[test]
+    fn a_group_of_a_slot_an_earlier_page_waits_for_is_held_behind_it() {
+        // u (node 2's slot) is a recipient of both messages: message 2's u waits
+        // for message 1's u; its v (node 3) goes at once.
+        let (u, v) = (led_by(2, "b", 1), led_by(3, "c", 1));
+        let deliveries = vec![
+            delivery(1, u.clone()),
+            delivery(2, [u.clone(), v.clone()].concat()),
+        ];
+        let mut rig = pipelined(deliveries, 4);
+        let (_, _, pushes, lookups) = rig.pump();
+        assert!(pushes.is_empty());
+        let [first, second @ ..] = lookups.as_slice() else {
+            panic!("lookups: {lookups:?}");
+        };
+        assert_eq!((first.message_id, second.len()), (1, 2));
+        second.iter().for_each(|l| answer(&mut rig, l));
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(2, v.clone())],
+            "v goes; message 2's u is held behind message 1's"
+        );
+        assert_eq!(freed, 0);
+        assert_eq!(rig.p.pages_in_flight(), 2, "message 2's page holds u");
+        assert_eq!(
+            rig.pump(),
+            IDLE,
+            "a held group is no work until its slot frees"
+        );
+        answer(&mut rig, first);
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(
+            pushed_pages(&pushes),
+            vec![(1, u.clone()), (2, u)],
+            "u gets message 1, then message 2"
+        );
+        assert_eq!(freed, 2 * CHARGE);
+        assert_eq!(rig.p.pages_in_flight(), 0);
+    }
+
+    #[test]
+    fn pages_behind_a_waiting_one_free_their_slots_and_the_limit_holds() {
+        // Limit 2: message 1 waits for node 2; messages 2..=4 (node 3) each take
+        // the second slot in turn, one at a time.
+        let slow = led_by(2, "b", 1);
+        let healthy = led_by(3, "c", 3);
+        let mut deliveries = vec![delivery(1, slow.clone())];
+        deliveries.extend((0..3).map(|i| delivery(2 + i as i64, vec![healthy[i].clone()])));
+        let mut rig = pipelined(deliveries, 2);
+        let (_, _, _, mut lookups) = rig.pump();
+        assert_eq!(lookups.len(), 2, "two pages at the limit");
+        assert_eq!(rig.p.pages_in_flight(), 2);
+        let to_slow = lookups.remove(0);
+        for (i, uid) in healthy.iter().enumerate() {
+            let [l] = lookups.as_slice() else {
+                panic!("one page past the slow one: {lookups:?}");
+            };
+            assert_eq!((l.message_id, l.node), (2 + i as i64, 3));
+            answer(&mut rig, &lookups[0]);
+            let (_, _, pushes, next) = rig.pump();
+            assert_eq!(
+                pushed_pages(&pushes),
+                vec![(2 + i as i64, vec![uid.clone()])]
+            );
+            assert_eq!(rig.p.pages_in_flight(), 1 + usize::from(i < 2));
+            lookups = next;
+        }
+        assert!(lookups.is_empty());
+        assert_eq!(rig.p.len(), 4, "none leaves before message 1");
+        answer(&mut rig, &to_slow);
+        let (freed, _, pushes, _) = rig.pump();
+        assert_eq!(pushed_pages(&pushes), vec![(1, slow)]);
+        assert_eq!(freed, 4 * CHARGE);
+    }
+
+    #[test]
+    fn a_message_whose_pages_end_out_of_order_names_its_offline_members_once_all_did() {
+        // Message 1: page 1 waits for node 2 (one offline member), page 2 is local
+        // (one offline member) and ends first; message 2 (one offline member)
+        // ends before message 1 too.
+        let low = |u: &Uid| slots::hash_slot(u.as_bytes()) < 128;
+        let (zb, za) = (led_by(2, "zb", 64), led_by(1, "za", 64));
+        let (b, a) = (led_by(2, "b", 64), led_by(1, "a", 64));
+        let zb: Vec<Uid> = zb.into_iter().filter(low).take(1).collect();
+        let za: Vec<Uid> = za.into_iter().filter(|u| !low(u)).take(1).collect();
+        let first = [zb.clone(), b.into_iter().filter(low).take(3).collect()].concat();
+        let second = [
+            za.clone(),
+            a.into_iter().filter(|u| !low(u)).take(3).collect(),
+        ]
+        .concat();
+        let mut rig = gathering(vec![delivery(1, [first, second].concat())], 8);
+        rig.p.enqueue(delivery(2, led_by(1, "zc", 1)));
+        let (_, _, pushes, lookups) = rig.pump();
+        let pages: Vec<i64> = pushes.iter().map(|p| p.1).collect();
+        assert_eq!(
+            pages,
+            vec![1],
+            "message 1's page 2 (message 2's uid is offline)"
+        );
+        assert_eq!(
+            rig.offline,
+            vec![(2, led_by(1, "zc", 1))],
+            "message 2 ended; message 1 has a page in flight"
+        );
+        let [l] = lookups.as_slice() else {
+            panic!("one lookup: {lookups:?}");
+        };
+        answer(&mut rig, l);
+        let (freed, _, _, _) = rig.pump();
+        assert_eq!(freed, 2 * CHARGE);
+        let expected = sorted([zb, za].concat());
+        assert_eq!(rig.offline[1..], [(1, expected)], "once, with both pages'");
+    }
+
+    #[test]
+    fn a_slot_pending_in_two_earlier_pages_holds_the_third() {
+        // u in three messages: message 1's waits for node 2; message 2's and 3's,
+        // answered, wait behind it (and behind each other), in message order.
+        let (u, v) = (led_by(2, "b", 1), led_by(3, "c", 1));
+        let deliveries = vec![
+            delivery(1, u.clone()),
+            delivery(2, [u.clone(), v.clone()].concat()),
+            delivery(3, u.clone()),
+        ];
+        let mut rig = pipelined(deliveries, 4);
+        let (_, _, _, lookups) = rig.pump();
+        let [first, rest @ ..] = lookups.as_slice() else {
+            panic!("lookups: {lookups:?}");
+        };
+        assert_eq!((first.message_id, rest.len()), (1, 3));
+        rest.iter().for_each(|l| answer(&mut rig, l));
+        let (_, _, pushes, _) = rig.pump();
+        assert_eq!(pushed_pages(&pushes), vec![(2, v)], "only v goes");
+        answer(&mut rig, first);
+        let (freed, _, pushes, _) = rig.pump();
+        let order: Vec<(i64, Vec<Uid>)> = (1..=3).map(|m| (m, u.clone())).collect();
+        assert_eq!(pushed_pages(&pushes), order);
+        assert_eq!(freed, 3 * CHARGE);
     }
 }

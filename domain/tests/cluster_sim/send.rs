@@ -15,6 +15,9 @@
 //!   kicked or superseded), never to the session that sent it (checked as written);
 //! - **one RECV**: at most one per (message, session) (no resend here: no RECVACK
 //!   timer runs);
+//! - **push order**: a commit shard's planner hands each session a channel's
+//!   messages in seq order (checked as its outputs are carried; the links reorder
+//!   on purpose);
 //! - **acknowledged in log**: every SENDACK 1 names a record of its home's log, with
 //!   its message id and seq, through kill -9 and power losses;
 //! - **every online recipient**: in the quiet phase (links up, no move, crash or
@@ -142,7 +145,22 @@ pub(super) struct Messaging {
     sends: Vec<SendRec>,
     /// RECVs written per (message id, session).
     recvs: BTreeMap<(i64, domain::presence::route::SessionId), u32>,
+    /// "Push order": per (commit shard, its process's boot, endpoint, channel),
+    /// the seq of the last message that shard's planner handed out for it.
+    pushed_seq: BTreeMap<PushKey, u64>,
 }
+
+/// A commit shard and its boot, an endpoint (node, boot, session), a channel.
+type PushKey = (
+    Addr,
+    domain::presence::route::BootId,
+    (
+        domain::cluster::NodeId,
+        domain::presence::route::BootId,
+        domain::presence::route::SessionId,
+    ),
+    (u8, String),
+);
 
 fn plan_limits(node: domain::cluster::NodeId, me: ShardId, shards: usize) -> PlanLimits {
     PlanLimits {
@@ -362,9 +380,13 @@ impl World {
             &mut out,
         );
         let planned = !out.is_empty();
+        if self.bugs.reversed_plan_outputs {
+            out.reverse();
+        }
         for o in out {
             match o {
                 PlanOutput::Push(push) => match push.to {
+                    _ if !self.check_push_order(at, &push.message, &push.endpoints) => {}
                     PushTo::Shard(s) if s == at.1 => {
                         self.owner_push(at.0, &push.message, &push.endpoints);
                     }
@@ -393,6 +415,39 @@ impl World {
             }
         }
         planned
+    }
+
+    /// **Push order**: a commit shard's planner hands each session a channel's
+    /// messages in seq order (its new ones: NoPersist messages have no seq).
+    /// Checked where the pushes leave the planner: rings keep their order, the
+    /// simulated links reorder on purpose, so a session's RECVs of one channel
+    /// arrive in that order whenever its links do. Records a violation and returns
+    /// false on the first push out of order.
+    fn check_push_order(
+        &mut self,
+        at: Addr,
+        message: &Arc<Committed>,
+        endpoints: &[Endpoint],
+    ) -> bool {
+        let boot = self.node(at.0).boot;
+        let seq = message.message_seq;
+        if seq == 0 {
+            return true;
+        }
+        let channel = (message.channel_type, message.channel_key.clone());
+        for ep in endpoints {
+            let session = (ep.node_id, ep.boot_id, ep.session_id);
+            let key = (at, boot, session, channel.clone());
+            if let Some(last) = self.msg.pushed_seq.insert(key, seq).filter(|&l| l >= seq) {
+                self.violations.push(format!(
+                    "push order: {at:?} pushed seq {seq} of {channel:?} to session {session:?} \
+                     after seq {last}"
+                ));
+                return false;
+            }
+        }
+        self.stats.ordered_pushes += endpoints.len() as u64;
+        true
     }
 
     /// A push batch over the ring (same node) or the link; a link that is cut or a

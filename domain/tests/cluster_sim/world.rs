@@ -84,6 +84,9 @@ pub struct Bugs {
     pub drop_remote_pushes: bool,
     /// A crash also loses the newest synced record of the node's logs.
     pub crash_drops_synced: bool,
+    /// The outputs of each pump of a commit shard's planner are carried in the
+    /// reverse order.
+    pub reversed_plan_outputs: bool,
     /// A moved slot's old authority hands nothing over and its new one serves
     /// lookups at once (`handover_wait_s = 0`): what the node did before issue
     /// "Cluster defects found in a review…", item 7.
@@ -323,6 +326,8 @@ pub struct Stats {
     pub remote_pushes: u64,
     pub lookups: u64,
     pub stale_pushes: u64,
+    /// Endpoints of pushes checked by "push order" (`send.rs`).
+    pub ordered_pushes: u64,
     /// Handover batches applied at a new authority (or kept for its view).
     pub handovers: u64,
 }

@@ -1123,13 +1123,13 @@ impl Sim {
             };
             *r = cap.saturating_sub(self.in_flight[s] + busy);
         }
-        // The messages this call may look up (locally): those of the pages in
-        // flight (at most one message each past the front, whose last page may have
-        // gone before: stalled), then one per page it opens.
+        // The messages this call may look up (locally): any of the backlog's. A
+        // page in flight may belong to a message far past the front (pages leave
+        // as they are pushed, messages only in order), so the whole backlog is
+        // reached; a failed group exempts its uids' sessions for each (only under
+        // chaos lookup failures: a weaker inv5 for those pairs, never a false one).
         let planned = self.core.delivering();
-        let front = self.delivery_order.len() - planned;
-        let reach = self.p.plan.lookup_pages_in_flight_max + self.p.plan.pages_per_turn_max + 1;
-        let front = front..(front + reach).min(self.delivery_order.len());
+        let front = self.delivery_order.len() - planned..self.delivery_order.len();
         let mut lookup = DirLookup {
             dir: &self.directory,
             now: self.now,

@@ -189,11 +189,12 @@ pub struct DeliveryConfig {
     /// Subscriber pages one shard plans per loop turn (the rest waits for the next
     /// turn, so sockets and rings are served in between).
     pub pages_per_turn_max: usize,
-    /// Subscriber pages one shard has looked up and not yet pushed: while a page
-    /// waits for another node's EndpointsByTargets reply, the next ones are looked
-    /// up (pushed in order, after it). 1: one page at a time, each remote round
-    /// trip holding the shard's deliveries. Their endpoints are held meanwhile: at
-    /// most this × `subscriber_page_max` uids'.
+    /// Subscriber pages one shard has looked up and not yet wholly pushed: while a
+    /// page waits for another node's EndpointsByTargets reply, the next ones are
+    /// looked up (each group pushed once its lookup ended, after the groups of its
+    /// hash slot in earlier pages). 1: one page at a time, each remote round trip
+    /// holding the shard's deliveries. Their endpoints are held meanwhile: at most
+    /// this × `subscriber_page_max` uids'.
     pub lookup_pages_in_flight_max: usize,
     /// Times a page's failed route lookup groups are looked up again, each time at
     /// the leader the node's current view names for their hash slot when that is
