@@ -989,6 +989,29 @@ mod tests {
         }
     }
 
+    /// The table grows when an insert would take its slots in use past 3/4:
+    /// 8 slots hold 6 entries and the 7th rebuilds to 16, which hold 12 and the
+    /// 13th rebuilds to 32 (each rebuild sized for the entries it holds, load at
+    /// most 1/2).
+    #[test]
+    fn the_table_grows_past_three_quarters_in_use() {
+        let (mut w, _r) = epoch_map::<u32, u32>(0, 1 << 10);
+        let mut capacity = Vec::new();
+        for k in 0..13 {
+            assert_eq!(w.insert(k, k), Ok(None));
+            capacity.push(w.capacity_slots());
+        }
+        let want: Vec<usize> = (1..=13)
+            .map(|n| match n {
+                1..=6 => 8,
+                7..=12 => 16,
+                _ => 32,
+            })
+            .collect();
+        assert_eq!(capacity, want);
+        check_invariants(&w);
+    }
+
     #[test]
     fn max_entries_gives_table_full() {
         let (mut w, r) = epoch_map::<u32, u32>(2, 5);
