@@ -662,6 +662,29 @@ fn a_peers_api_request_is_checked_and_answered_on_the_link(backend: Backend) {
     n1.node.shutdown().unwrap();
 }
 
+/// Another node's API request to a node that runs no HTTP API is answered 503 at
+/// once, naming why, and counted.
+fn a_peers_api_request_to_a_node_without_an_api_is_refused_and_counted(backend: Backend) {
+    let n1 = node_1(backend, |_| {});
+    let listener = TcpListener::bind(("127.0.0.1", n1.node_2_port)).unwrap();
+    let mut asker = Asker::dial(n1.rpc_addr);
+    let mut back = Back::accept(&listener);
+    let refused = "imrouter_api_peer_requests_refused_total";
+    assert_eq!(metric(&n1.node, refused), 0);
+    let id = asker.ask(&api_token_call("u1", "Bearer t"), LONG_DEADLINE_MS);
+    let deadline = Instant::now() + TIMEOUT;
+    let (status, body) = loop {
+        if let (h, Body::Reply(Reply::Api { status, body })) = back.next(deadline) {
+            assert_eq!(h.request_id, id);
+            break (status, body);
+        }
+    };
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("runs no HTTP API"), "{body}");
+    assert_eq!(metric(&n1.node, refused), 1);
+    n1.node.shutdown().unwrap();
+}
+
 /// A request homed on node 2, which answers Pings but no request, is a 503 naming
 /// it once `[api] forward_timeout_ms` (the hop's deadline) passed.
 fn an_api_request_to_a_silent_peer_is_a_503_at_its_deadline(backend: Backend) {
@@ -692,6 +715,7 @@ fn an_api_request_to_a_silent_peer_is_a_503_at_its_deadline(backend: Backend) {
 
 on_both_drivers!(
     a_peers_api_request_is_checked_and_answered_on_the_link,
+    a_peers_api_request_to_a_node_without_an_api_is_refused_and_counted,
     an_api_request_to_a_silent_peer_is_a_503_at_its_deadline,
     a_peer_that_answers_no_request_opens_the_links_breaker,
     a_reply_waits_for_the_link_back_to_the_process_that_asked,

@@ -38,6 +38,12 @@ pub struct ApiMetrics {
     pub forwards_refused: AtomicU64,
     /// Requests waiting (on a shard, the metadata store, a place or another node).
     pub requests_waiting: AtomicU64,
+    /// Other nodes' API requests (the hop `Api`) answered 503 at once: this node's
+    /// queue of them (`waiting_requests_max`) was full, or it runs no API.
+    pub peer_requests_refused: AtomicU64,
+    /// Answers to other nodes' API requests dropped: the shard whose link read the
+    /// request had no room in its queue (the asker fails it at its deadline).
+    pub peer_answers_dropped: AtomicU64,
 }
 
 impl ApiMetrics {

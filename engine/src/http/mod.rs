@@ -343,6 +343,7 @@ impl Api {
         let sent = self.injectors[shard].send(Msg::ApiAnswered(Box::new(answered)));
         if sent.is_err() {
             // The asking node fails the request at its deadline.
+            ApiMetrics::inc(&self.shared.api_metrics.peer_answers_dropped);
             tracing::warn!(
                 shard,
                 "an answer to another node's API request dropped: the shard's queue is full"

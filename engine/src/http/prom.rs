@@ -248,6 +248,18 @@ const API_FAMILIES: &[ApiFamily] = &[
         |a| &a.forwards_refused,
     ),
     (
+        "imrouter_api_peer_requests_refused_total",
+        "counter",
+        "Other nodes' API requests (passed on the link) answered 503 at once: this node's queue of them (waiting_requests_max) was full, or it runs no API.",
+        |a| &a.peer_requests_refused,
+    ),
+    (
+        "imrouter_api_peer_answers_dropped_total",
+        "counter",
+        "Answers to other nodes' API requests dropped before the link: the shard that read the request had no room in its queue (the asking node fails it at its deadline).",
+        |a| &a.peer_answers_dropped,
+    ),
+    (
         "imrouter_api_connections",
         "gauge",
         "Open HTTP API connections.",

@@ -48,7 +48,9 @@ impl NodeShard {
             let reply = unavailable("an API request between shards");
             return self.answer(cx, driver, reply_to, reply);
         };
+        let refused = &self.shared.api_metrics.peer_requests_refused;
         let Some(inbox) = self.shared.api_inbox.get() else {
+            crate::http::ApiMetrics::inc(refused);
             let reply = unavailable("this node runs no HTTP API ([listen] api_addr)");
             return self.answer(cx, driver, reply_to, reply);
         };
@@ -58,6 +60,7 @@ impl NodeShard {
             call,
         };
         if inbox.try_send(queued).is_err() {
+            crate::http::ApiMetrics::inc(refused);
             let reply = unavailable("the API is busy ([api] waiting_requests_max); retry");
             self.answer(cx, driver, ReplyTo::Node(from), reply);
         }
