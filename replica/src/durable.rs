@@ -250,8 +250,24 @@ mod tests {
             conf_state: Some(cs.clone()),
             ..Persist::default()
         });
-        assert_eq!((d.hard_state, d.conf_state), (hs, cs));
+        assert_eq!((d.hard_state, d.conf_state), (hs, cs.clone()));
+        // Empty only when it writes nothing of the three.
         assert!(Persist::default().is_empty());
+        let records = Persist {
+            records: vec![rec(1, 1)],
+            ..Persist::default()
+        };
+        let hard_state = Persist {
+            hard_state: Some(hs),
+            ..Persist::default()
+        };
+        let conf_state = Persist {
+            conf_state: Some(cs),
+            ..Persist::default()
+        };
+        for p in [records, hard_state, conf_state] {
+            assert!(!p.is_empty(), "{p:?}");
+        }
     }
 
     /// A record past the end of the log (a gap) is refused.
