@@ -519,6 +519,7 @@ fn torn_tail_case(damage: impl FnOnce(&Path, u64, usize)) {
         from_uid: b"sender",
         client_msg_no: b"",
         payload: &payload_for("a", 4, 50),
+        ..RecordFields::default()
     }
     .record_len()
     .unwrap();
@@ -985,4 +986,58 @@ fn reads_bounded_by_bytes_keep_the_start_of_the_pull_and_say_more() {
     assert_eq!(read(5, 0, Down, 10), (vec![5], true, 107));
     // Unbounded: as `read`.
     assert_eq!(read(1, 0, Up, usize::MAX).0, range(1, 20));
+}
+
+/// A version 1 record (the 48-byte header of logs written before replication).
+fn v1_record(channel: &str, seq: u64, payload: &[u8]) -> Vec<u8> {
+    use engine::store::record::{align_up, RecordHeaderV1, RECORD_MAGIC, RECORD_VERSION_1};
+    let body = [channel.as_bytes(), b"sender", payload].concat();
+    let len = align_up(48 + body.len());
+    let h = RecordHeaderV1 {
+        magic: RECORD_MAGIC,
+        version: RECORD_VERSION_1,
+        msg_flags: 0,
+        record_len: len as u32,
+        crc32: 0,
+        message_id: seq as i64,
+        message_seq: seq,
+        timestamp_s: 1_700_000_000,
+        payload_len: payload.len() as u32,
+        channel_id_len: channel.len() as u16,
+        from_uid_len: 6,
+        client_msg_no_len: 0,
+        channel_type: 2,
+        setting: 0,
+    };
+    let mut rec = bytemuck::bytes_of(&h).to_vec();
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&rec[..12]);
+    crc.update(&rec[16..]);
+    crc.update(&body);
+    rec[12..16].copy_from_slice(&crc.finalize().to_le_bytes());
+    rec.extend_from_slice(&body);
+    rec.resize(len, 0);
+    rec
+}
+
+/// A log written by version 1 (records of the 48-byte header) opens: its messages
+/// read back with their seqs, appends continue them in version 2 in the same
+/// segment, and both read back after a restart.
+#[test]
+fn a_log_of_version_1_records_opens_and_continues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut seg = Vec::new();
+    for seq in 1..=3 {
+        seg.extend(v1_record("old", seq, &payload_for("old", seq, 30)));
+    }
+    std::fs::write(segment_file(tmp.path(), 0), &seg).unwrap();
+    let (mut log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (3, 0));
+    assert_eq!(check_channel(&log, "old", 30), Some((1, 3)));
+    assert_eq!(append_n(&mut log, "old", 2, 30).len(), 2);
+    log.sync(0).unwrap();
+    drop(log);
+    let (log, report) = MessageLog::open(tmp.path(), small_config()).unwrap();
+    assert_eq!((report.records, report.seq_discontinuities), (5, 0));
+    assert_eq!(check_channel(&log, "old", 30), Some((1, 5)));
 }

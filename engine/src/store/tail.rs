@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::log::{list_segment_ids, position, segment_path, LogPosition, StoredMessage};
-use super::record::{decode, RecordHeader, RECORD_HEADER_BYTES, RECORD_MAGIC};
+use super::record::{decode, prefix_of, RecordKind, RECORD_MAGIC, RECORD_PREFIX_BYTES};
 
 /// One record read: where it starts, where the next one does, and the message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +97,9 @@ impl LogTail {
             };
             match read_record(file, offset_of(pos), &mut self.buf)? {
                 Some(len) => match decode(&self.buf[..len]) {
+                    // A replicated group's other records (no-ops, catalog
+                    // operations, configuration changes, cuts) are no messages.
+                    Ok((f, len)) if f.kind != RecordKind::Message => pos += len as u64,
                     Ok((f, len)) => {
                         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
                         let next = pos + len as u64;
@@ -169,26 +172,28 @@ fn skip(out: &mut TailRead, from: LogPosition, to: LogPosition) {
 /// Reads the record at `off` of `file` into `buf`; its length, or `None` when no
 /// record starts there (zeros, or the end of the file).
 fn read_record(file: &File, off: u32, buf: &mut Vec<u8>) -> io::Result<Option<usize>> {
-    let mut head = [0u8; RECORD_HEADER_BYTES];
+    // The bytes every version starts with (a version 1 record may end the file
+    // closer than a version 2 header).
+    let mut head = [0u8; RECORD_PREFIX_BYTES];
     match file.read_exact_at(&mut head, u64::from(off)) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e),
     }
-    let header: RecordHeader = bytemuck::pod_read_unaligned(&head);
-    if header.magic != RECORD_MAGIC {
+    let (magic, _, record_len) = prefix_of(&head);
+    if magic != RECORD_MAGIC {
         return Ok(None);
     }
-    let len = (header.record_len as usize).max(RECORD_HEADER_BYTES);
+    let len = (record_len as usize).max(RECORD_PREFIX_BYTES);
     buf.clear();
     buf.resize(len, 0);
     match file.read_exact_at(buf, u64::from(off)) {
         Ok(()) => Ok(Some(len)),
         // A length past the file: left for decode to refuse.
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            buf.truncate(RECORD_HEADER_BYTES);
+            buf.truncate(RECORD_PREFIX_BYTES);
             buf.copy_from_slice(&head);
-            Ok(Some(RECORD_HEADER_BYTES))
+            Ok(Some(RECORD_PREFIX_BYTES))
         }
         Err(e) => Err(e),
     }

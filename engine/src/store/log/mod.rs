@@ -1033,6 +1033,7 @@ impl MessageLog {
             from_uid: msg.from_uid.as_bytes(),
             client_msg_no: msg.client_msg_no.as_bytes(),
             payload: msg.payload,
+            ..RecordFields::default()
         };
         let len = fields.record_len().expect("lengths checked above") as u32;
         while self.table.indexed >= self.config.indexed_messages_max {
