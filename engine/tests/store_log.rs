@@ -32,6 +32,8 @@ fn small_config() -> LogConfig {
         payload_bytes_max: 4096,
         read_messages_max: 1000,
         fsync: FsyncPolicy::Always,
+        groups_max: 16,
+        entry_bytes_max: 256 << 10,
     }
 }
 

@@ -47,6 +47,13 @@ pub struct LogConfig {
     /// wait for the disk, the node's syncer thread syncs in the background) or
     /// `"always"` (every SENDACK waits for the sync that covers its message).
     pub fsync: FsyncPolicy,
+    /// Replicated groups whose entries this log holds (a shard's slot ids, and the
+    /// controller's on shard 0); an entry of a new group beyond it is refused.
+    pub groups_max: usize,
+    /// The largest entry of a group (all of its records: the SENDs of one turn to
+    /// one group). An entry never spans two segments, so the bound in force is the
+    /// smaller of this and `segment_bytes` ([`LogConfig::entry_bytes_bound`]).
+    pub entry_bytes_max: u32,
 }
 
 impl Default for LogConfig {
@@ -61,6 +68,8 @@ impl Default for LogConfig {
             payload_bytes_max: 1 << 20,
             read_messages_max: 10_000,
             fsync: FsyncPolicy::IntervalMs(1000),
+            groups_max: 1024,
+            entry_bytes_max: 8 << 20,
         }
     }
 }
@@ -70,6 +79,11 @@ impl LogConfig {
     pub fn record_bytes_max(&self) -> u64 {
         align_up(RECORD_HEADER_BYTES + 3 * MAX_FIELD_BYTES) as u64
             + u64::from(self.payload_bytes_max)
+    }
+
+    /// The largest entry [`MessageLog::append_entry`] takes.
+    pub fn entry_bytes_bound(&self) -> u32 {
+        self.entry_bytes_max.min(self.segment_bytes)
     }
 
     pub fn validate(&self) -> Result<(), LogError> {
@@ -90,6 +104,9 @@ impl LogConfig {
         }
         if self.seq_floor_buckets == 0 {
             return bad("seq_floor_buckets must be at least 1");
+        }
+        if self.groups_max == 0 || self.entry_bytes_max == 0 {
+            return bad("groups_max and entry_bytes_max must be at least 1");
         }
         Ok(())
     }
@@ -135,6 +152,29 @@ pub enum LogError {
     NoSuchPosition { position: LogPosition },
     /// `channel_seqs.snap` failed its checksum or is malformed.
     SnapshotCorrupt,
+    /// An entry of index or term 0 (both start at 1).
+    EntryZero,
+    /// An entry past its group's next index.
+    EntryGap {
+        group: u32,
+        index: u64,
+        next_index: u64,
+    },
+    /// A cut below the group's oldest retained entry (the replica is behind the
+    /// retained log: a snapshot catches it up).
+    CutRetired {
+        group: u32,
+        index: u64,
+        first_index: u64,
+    },
+    /// An entry of messages holds none, or more than 65,536.
+    EntryMessages { len: usize },
+    /// An entry's records exceed `entry_bytes_max`.
+    EntryTooLarge { bytes: u64, entry_bytes_max: u32 },
+    /// An entry of a new group beyond `groups_max`.
+    TooManyGroups { groups_max: usize },
+    /// No retained entry of the group at that index.
+    NoSuchEntry { group: u32, index: u64 },
 }
 
 impl fmt::Display for LogError {
@@ -168,6 +208,39 @@ impl fmt::Display for LogError {
                 write!(f, "no retained record at log position {position:#x}")
             }
             LogError::SnapshotCorrupt => write!(f, "{SEQ_SNAPSHOT_NAME} is corrupt"),
+            LogError::EntryZero => write!(f, "an entry's index and term start at 1"),
+            LogError::EntryGap {
+                group,
+                index,
+                next_index,
+            } => write!(
+                f,
+                "entry {index} of group {group} leaves a gap: the next index is {next_index}"
+            ),
+            LogError::CutRetired {
+                group,
+                index,
+                first_index,
+            } => write!(
+                f,
+                "entry {index} of group {group} would cut below its oldest retained entry {first_index}"
+            ),
+            LogError::EntryMessages { len } => {
+                write!(f, "an entry holds 1 to 65,536 messages, not {len}")
+            }
+            LogError::EntryTooLarge {
+                bytes,
+                entry_bytes_max,
+            } => write!(
+                f,
+                "entry is {bytes} bytes, more than entry_bytes_max {entry_bytes_max}"
+            ),
+            LogError::TooManyGroups { groups_max } => {
+                write!(f, "a new group beyond groups_max {groups_max}")
+            }
+            LogError::NoSuchEntry { group, index } => {
+                write!(f, "no retained entry {index} of group {group}")
+            }
         }
     }
 }

@@ -117,13 +117,19 @@ use memmap2::MmapMut;
 use super::fsutil::{
     create_private_dir_all, preallocate, private_file, sync_dir, write_atomic, DirLock,
 };
-use super::record::{align_up, decode, RecordFields, MAX_FIELD_BYTES, RECORD_HEADER_BYTES};
+use super::record::{
+    align_up, decode, RaftPos, RecordFields, RecordKind, MAX_FIELD_BYTES, MIN_RECORD_BYTES,
+    RECORD_HEADER_BYTES,
+};
 
 mod config;
+mod groups;
 mod retired;
 mod sync;
 
 pub use config::{FsyncPolicy, LogConfig, LogError};
+use groups::*;
+pub use groups::{Entry, EntryBody, GroupSpan};
 use retired::*;
 use sync::*;
 pub use sync::{SyncHook, SyncJob};
@@ -265,6 +271,13 @@ pub struct RecoveryReport {
     pub snapshot_channels: usize,
     /// Segments retired at open to satisfy `segments_max` / `indexed_messages_max`.
     pub retired_segments: u32,
+    /// Entries of replicated groups found (before any retirement at open).
+    pub entries: u64,
+    /// Cut records found: each voided a group's entries from its index on.
+    pub cuts: u64,
+    /// Entries whose records ended before their last one (a torn append): dropped,
+    /// and the log zeroed from their start.
+    pub torn_entries: u32,
     /// The largest message id of the scanned records (0: none): the shard's id
     /// generator resumes after it ([`super::MessageIdGen::resume_after`]).
     pub max_message_id: i64,
@@ -367,6 +380,88 @@ impl ChannelTable {
         map.get_mut(channel_id).expect("inserted above")
     }
 
+    fn get_mut(&mut self, channel_type: u8, channel_id: &str) -> Option<&mut ChannelState> {
+        self.by_type
+            .iter_mut()
+            .find(|(t, _)| *t == channel_type)
+            .and_then(|(_, m)| m.get_mut(channel_id))
+    }
+
+    /// Adds the message at `pos` with `seq` (its channel's next) to its channel.
+    fn index(&mut self, channel_type: u8, channel_id: &str, seq: u64, pos: LogPosition) {
+        let st = self.get_or_insert(channel_type, channel_id);
+        if st.positions.is_empty() {
+            st.first_seq = seq;
+        }
+        debug_assert!(st.positions.is_empty() || seq == st.last_seq + 1);
+        st.positions.push(pos);
+        st.last_seq = seq;
+        self.indexed += 1;
+    }
+
+    /// Takes the message at `pos` with `seq`, its channel's newest, out of its
+    /// channel (a cut): the channel's last seq goes back. Refuses (as corrupt) a
+    /// message that is not its channel's newest.
+    fn unindex(
+        &mut self,
+        channel_type: u8,
+        channel_id: &str,
+        seq: u64,
+        pos: LogPosition,
+    ) -> Result<(), LogError> {
+        let st = self
+            .get_mut(channel_type, channel_id)
+            .filter(|st| st.positions.last() == Some(&pos) && st.last_seq == seq)
+            .ok_or(LogError::Corrupt { position: pos })?;
+        st.positions.pop();
+        st.last_seq = seq - 1;
+        if st.positions.is_empty() {
+            st.first_seq = seq;
+        }
+        self.indexed -= 1;
+        Ok(())
+    }
+
+    /// Whether the message at `pos` with `seq` is indexed (not voided by a cut,
+    /// not retired).
+    fn holds(&self, channel_type: u8, channel_id: &str, seq: u64, pos: LogPosition) -> bool {
+        self.get(channel_type, channel_id).is_some_and(|st| {
+            seq.checked_sub(st.first_seq)
+                .and_then(|i| st.positions.get(i as usize))
+                == Some(&pos)
+        })
+    }
+
+    /// Indexes a message read at recovery, restarting its channel's positions at
+    /// a seq that does not follow (counted); `false` for a record that is no
+    /// message or whose ids are not UTF-8 (the log ends there).
+    fn scanned(
+        &mut self,
+        fields: RecordFields<'_>,
+        pos: LogPosition,
+        report: &mut RecoveryReport,
+    ) -> bool {
+        let Some(view) = view_of(fields, pos) else {
+            return false;
+        };
+        let st = self.get_or_insert(view.channel_type, view.channel_id);
+        let mut dropped = 0;
+        if st.positions.is_empty() {
+            // The channel's oldest retained record (older ones may be retired).
+            st.first_seq = view.message_seq;
+        } else if view.message_seq != st.last_seq + 1 || view.message_seq == 0 {
+            report.seq_discontinuities += 1;
+            dropped = st.positions.len();
+            st.positions.clear();
+            st.first_seq = view.message_seq;
+        }
+        st.positions.push(pos);
+        st.last_seq = view.message_seq;
+        self.indexed = self.indexed - dropped + 1;
+        report.max_message_id = report.max_message_id.max(view.message_id);
+        true
+    }
+
     fn iter(&self) -> impl Iterator<Item = (u8, &str, &ChannelState)> {
         self.by_type
             .iter()
@@ -452,6 +547,8 @@ pub struct MessageLog {
     config: LogConfig,
     segments: VecDeque<Segment>,
     table: ChannelTable,
+    /// The replicated groups' entries ([`groups`]).
+    groups: GroupTable,
     retired: RetiredSeqs,
     /// Offset in the active segment of the first unsynced byte.
     dirty_from: Option<u32>,
@@ -516,7 +613,12 @@ pub(super) fn position(segment_id: u32, offset: u32) -> LogPosition {
     (u64::from(segment_id) << 32) | u64::from(offset)
 }
 
+/// The message a record holds; `None` for a record of another kind or with ids that
+/// are not UTF-8.
 fn view_of(fields: RecordFields<'_>, position: LogPosition) -> Option<MessageView<'_>> {
+    if fields.kind != RecordKind::Message {
+        return None;
+    }
     Some(MessageView {
         message_id: fields.message_id,
         message_seq: fields.message_seq,
@@ -613,6 +715,7 @@ impl MessageLog {
         let mut report = RecoveryReport::default();
         log.recover_segments(&ids, &mut report)?;
         report.records = log.table.indexed as u64;
+        report.entries = log.groups.entries as u64;
         log.load_seq_snapshot(&mut report)?;
         log.count_snapshot_conflicts(&mut report);
         log.retire_to_bounds(&mut report)?;
@@ -642,6 +745,7 @@ impl MessageLog {
             config,
             segments: VecDeque::new(),
             table: ChannelTable::default(),
+            groups: GroupTable::default(),
             retired,
             dirty_from: None,
             last_sync_ms: 0,
@@ -684,13 +788,17 @@ impl MessageLog {
                 continue;
             }
             let mut seg = open_segment(path, id, self.config.segment_bytes)?;
-            let (end, clean) = self.scan_segment(&seg, report);
+            // Readable in full while it is scanned (a cut reads back the entries it
+            // voids, some in this segment); its end is set by the scan.
+            seg.end = seg.capacity();
+            self.segments.push_back(seg);
+            let (end, clean) = self.scan_last_segment(report);
+            let seg = self.segments.back_mut().expect("pushed above");
             seg.end = end;
             if !clean {
-                report.truncated_bytes += zero_tail(&mut seg)?;
+                report.truncated_bytes += zero_tail(seg)?;
                 ended = i + 1 < ids.len();
             }
-            self.segments.push_back(seg);
         }
         if dir_changed {
             sync_dir(&self.dir).map_err(io_err("sync log dir"))?;
@@ -766,35 +874,109 @@ impl MessageLog {
         self.retire_files_now()
     }
 
-    /// Scans one segment's records into the index. Returns the end of the last valid
-    /// record and whether the segment ended cleanly (all zero after it).
-    fn scan_segment(&mut self, seg: &Segment, report: &mut RecoveryReport) -> (u32, bool) {
-        let bytes = &seg.map[..];
+    /// Scans the last segment's records into the index: messages of no group at
+    /// once, an entry once its last record is read, a cut by voiding what it cuts.
+    /// Returns the end of the last valid record of a whole entry and whether the
+    /// segment ended cleanly there (all zero after it, no entry torn and no record
+    /// out of its group's order).
+    fn scan_last_segment(&mut self, report: &mut RecoveryReport) -> (u32, bool) {
+        let i = self.segments.len() - 1;
+        let id = self.segments[i].id;
         let mut off = 0usize;
-        while let Ok((fields, len)) = decode(&bytes[off..]) {
-            let pos = position(seg.id, off as u32);
-            let Some(view) = view_of(fields, pos) else {
+        // The entry being read: its first record's offset and its records' offsets.
+        let mut open: Option<(usize, Vec<usize>)> = None;
+        loop {
+            let seg = &self.segments[i];
+            let Ok((fields, len)) = decode(&seg.map[off..]) else {
                 break;
             };
-            let st = self.table.get_or_insert(view.channel_type, view.channel_id);
-            let mut dropped = 0;
-            if st.positions.is_empty() {
-                // The channel's oldest retained record (older ones may be retired).
-                st.first_seq = view.message_seq;
-            } else if view.message_seq != st.last_seq + 1 || view.message_seq == 0 {
-                report.seq_discontinuities += 1;
-                dropped = st.positions.len();
-                st.positions.clear();
-                st.first_seq = view.message_seq;
+            let pos = position(id, off as u32);
+            if !fields.raft.is_replicated() {
+                if open.is_some() || !self.table.scanned(fields, pos, report) {
+                    break;
+                }
+            } else if fields.kind == RecordKind::Cut {
+                if open.is_some() || !self.scanned_cut(fields.raft, report) {
+                    break;
+                }
+            } else {
+                let first = open.as_ref().map(|(at, _)| *at);
+                if !self.scanned_part(first.unwrap_or(off), fields, &mut open) {
+                    break;
+                }
+                let (_, offs) = open.as_mut().expect("opened");
+                offs.push(off);
+                if fields.parts_left == 0 {
+                    let (at, offs) = open.take().expect("opened");
+                    self.scanned_entry(i, at, &offs, report);
+                }
             }
-            st.positions.push(pos);
-            st.last_seq = view.message_seq;
-            self.table.indexed = self.table.indexed - dropped + 1;
-            report.max_message_id = report.max_message_id.max(view.message_id);
             off += len;
         }
-        let clean = bytes[off..].iter().all(|&b| b == 0);
+        if let Some((at, _)) = open {
+            report.torn_entries += 1;
+            return (at as u32, false);
+        }
+        let clean = self.segments[i].map[off..].iter().all(|&b| b == 0);
         (off as u32, clean)
+    }
+
+    /// Voids what a cut read at recovery cuts: the group's entries at its index and
+    /// after, read before it (none when the group's entries before it were all
+    /// retired); `false` (the log ends here) when they do not read back.
+    fn scanned_cut(&mut self, raft: RaftPos, report: &mut RecoveryReport) -> bool {
+        report.cuts += 1;
+        self.groups
+            .void_from(&self.segments, &mut self.table, raft.group, raft.index)
+            .is_ok()
+    }
+
+    /// Checks one record of a replicated entry against the entry being read (or,
+    /// for a first record, its group's next index) and opens the entry at `at`;
+    /// `false` (the log ends here) when it does not follow.
+    fn scanned_part(
+        &self,
+        at: usize,
+        fields: RecordFields<'_>,
+        open: &mut Option<(usize, Vec<usize>)>,
+    ) -> bool {
+        if let Some((_, offs)) = open.as_ref() {
+            let prev = &self.segments.back().expect("scanning").map[offs[offs.len() - 1]..];
+            let Ok((p, _)) = decode(prev) else {
+                return false;
+            };
+            return p.raft == fields.raft
+                && p.kind == RecordKind::Message
+                && view_of(fields, 0).is_some()
+                && p.parts_left == fields.parts_left + 1;
+        }
+        if fields.kind == RecordKind::Message && view_of(fields, 0).is_none() {
+            return false;
+        }
+        let follows = self
+            .groups
+            .next_index(fields.raft.group)
+            .is_none_or(|next| next == fields.raft.index);
+        if follows {
+            *open = Some((at, Vec::new()));
+        }
+        follows
+    }
+
+    /// Indexes a whole entry read at recovery (its records at `offs` of segment
+    /// `i`, the first at `at`).
+    fn scanned_entry(&mut self, i: usize, at: usize, offs: &[usize], report: &mut RecoveryReport) {
+        let id = self.segments[i].id;
+        let mut raft = RaftPos::NONE;
+        for &off in offs {
+            let (fields, _) = decode(&self.segments[i].map[off..]).expect("read before");
+            raft = fields.raft;
+            if fields.kind == RecordKind::Message {
+                self.table.scanned(fields, position(id, off as u32), report);
+            }
+        }
+        self.groups
+            .push(raft.group, raft.index, position(id, at as u32));
     }
 
     fn create_segment(&mut self, id: u32) -> Result<(), LogError> {
@@ -984,6 +1166,7 @@ impl MessageLog {
         }
         self.table.channels -= gone;
         self.table.indexed -= dropped;
+        self.groups.retire_below(limit);
         self.retired_segments += 1;
         self.retired_messages += dropped as u64;
         Ok(())
@@ -1022,19 +1205,7 @@ impl MessageLog {
     pub fn append(&mut self, msg: &NewMessage<'_>) -> Result<AppendedMessage, LogError> {
         self.check_appendable(msg)?;
         let last_seq = self.last_seq_making_room(msg.channel_type, msg.channel_id)?;
-        let fields = RecordFields {
-            message_id: msg.message_id,
-            message_seq: last_seq + 1,
-            timestamp_s: msg.timestamp_s,
-            channel_type: msg.channel_type,
-            setting: msg.setting,
-            msg_flags: u16::from(msg.msg_flags),
-            channel_id: msg.channel_id.as_bytes(),
-            from_uid: msg.from_uid.as_bytes(),
-            client_msg_no: msg.client_msg_no.as_bytes(),
-            payload: msg.payload,
-            ..RecordFields::default()
-        };
+        let fields = message_fields(msg, last_seq + 1);
         let len = fields.record_len().expect("lengths checked above") as u32;
         while self.table.indexed >= self.config.indexed_messages_max {
             self.retire_oldest()?;
@@ -1044,13 +1215,8 @@ impl MessageLog {
         }
         let pos = self.write_record(&fields, len);
         // (A retirement above may have taken the channel out of the index.)
-        let st = self.table.get_or_insert(msg.channel_type, msg.channel_id);
-        if st.positions.is_empty() {
-            st.first_seq = last_seq + 1;
-        }
-        st.positions.push(pos);
-        st.last_seq = last_seq + 1;
-        self.table.indexed += 1;
+        self.table
+            .index(msg.channel_type, msg.channel_id, last_seq + 1, pos);
         Ok(AppendedMessage {
             message_seq: last_seq + 1,
             position: pos,
@@ -1086,6 +1252,18 @@ impl MessageLog {
             });
         }
         Ok(())
+    }
+
+    /// The seq the channel's next message gets: its last + 1, from the index or, for
+    /// a channel outside it, its retired-seq entry.
+    fn next_seq(&self, channel_type: u8, channel_id: &str) -> u64 {
+        let last = match self.table.get(channel_type, channel_id) {
+            Some(st) => st.last_seq,
+            None => self
+                .retired
+                .last_seq(self.retired.hash(channel_type, channel_id)),
+        };
+        last + 1
     }
 
     /// The channel's last seq. A channel outside the index continues from its
@@ -1328,8 +1506,9 @@ impl MessageLog {
         })
     }
 
-    /// Calls `f` with every retained record in log order (oldest first). O(log size):
-    /// for rebuilding derived state (e.g. the idempotency window) after open.
+    /// Calls `f` with every retained message in log order (oldest first), not those
+    /// a cut voided ([`groups`]). O(log size): for rebuilding derived state (e.g. the
+    /// idempotency window) after open.
     pub fn scan(&self, mut f: impl FnMut(MessageView<'_>)) -> Result<(), LogError> {
         for seg in &self.segments {
             let mut off = 0usize;
@@ -1337,8 +1516,18 @@ impl MessageLog {
                 let pos = position(seg.id, off as u32);
                 let (fields, len) = decode(&seg.map[off..seg.end as usize])
                     .map_err(|_| LogError::Corrupt { position: pos })?;
-                f(view_of(fields, pos).ok_or(LogError::Corrupt { position: pos })?);
                 off += len;
+                if fields.kind != RecordKind::Message {
+                    continue;
+                }
+                let view = view_of(fields, pos).ok_or(LogError::Corrupt { position: pos })?;
+                let live = !fields.raft.is_replicated()
+                    || self
+                        .table
+                        .holds(view.channel_type, view.channel_id, view.message_seq, pos);
+                if live {
+                    f(view);
+                }
             }
         }
         Ok(())
