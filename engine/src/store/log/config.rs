@@ -37,7 +37,7 @@ pub struct LogConfig {
     /// `retired_channels_max`. At least 1.
     pub seq_floor_buckets: usize,
     /// Message positions held in the in-memory index (8 bytes each, up to 16 with
-    /// growth slack). See [`LogConfig::memory_worst_case_bytes`] for the whole log.
+    /// growth slack), and as many entry positions of replicated groups. See [`LogConfig::memory_worst_case_bytes`] for the whole log.
     pub indexed_messages_max: usize,
     /// Largest payload an append accepts.
     pub payload_bytes_max: u32,
@@ -118,14 +118,20 @@ impl LogConfig {
     pub fn memory_worst_case_bytes(&self) -> u64 {
         let retained_log = u64::from(self.segment_bytes) * u64::from(self.segments_max);
         let ids = (self.channels_max as u64 * MAX_FIELD_BYTES as u64).min(retained_log);
-        // positions: 8 bytes each, up to twice that in Vec capacity
-        self.indexed_messages_max as u64 * 16
+        // positions: 8 bytes each, up to twice that in Vec capacity; as many
+        // group entries (a replicated group's entry positions, likewise), and
+        // their groups' map entries
+        self.indexed_messages_max as u64 * 16 * 2
+            + self.groups_max as u64 * GROUP_ENTRY_BYTES
             + self.channels_max as u64 * CHANNEL_ENTRY_BYTES
             + ids
             + self.retired_channels_max as u64 * RETIRED_ENTRY_BYTES
             + self.seq_floor_buckets as u64 * 8
     }
 }
+
+/// Memory of one group's index besides its entry positions: map slot, deque header.
+const GROUP_ENTRY_BYTES: u64 = 64;
 
 /// Errors of the message log.
 #[derive(Debug)]
