@@ -12,6 +12,9 @@
 //! - [`refill_idempotency`]: the idempotency window (`domain::send::idempotency`) refilled
 //!   from a log at start.
 //! - [`meta`]: [`MetaStore`], tokens and subscribers with a fsynced journal and snapshots.
+//! - [`raft_state`]: each replicated group's hard state and configuration, synced
+//!   before anything that depends on them leaves (the groups' entries are the
+//!   log's: [`log`]'s `groups`).
 //! - [`tail`]: [`tail::LogTail`], a reader of a log's files from outside its shard
 //!   (the `msg.notify` webhook follows each log with one).
 //! - [`view`]: `DATA_DIR/view.json`, the cluster view last installed (slot moves
@@ -26,6 +29,7 @@ mod fsutil;
 pub mod layout;
 pub mod log;
 pub mod meta;
+pub mod raft_state;
 pub mod record;
 pub mod tail;
 pub mod view;
