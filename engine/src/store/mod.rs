@@ -15,6 +15,8 @@
 //! - [`raft_state`]: each replicated group's hard state and configuration, synced
 //!   before anything that depends on them leaves (the groups' entries are the
 //!   log's: [`log`]'s `groups`).
+//! - [`replicated`]: a replica's writes applied to those two in order, and its
+//!   durable state read back from them at a restart.
 //! - [`tail`]: [`tail::LogTail`], a reader of a log's files from outside its shard
 //!   (the `msg.notify` webhook follows each log with one).
 //! - [`view`]: `DATA_DIR/view.json`, the cluster view last installed (slot moves
@@ -31,6 +33,7 @@ pub mod log;
 pub mod meta;
 pub mod raft_state;
 pub mod record;
+pub mod replicated;
 pub mod tail;
 pub mod view;
 
