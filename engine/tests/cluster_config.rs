@@ -521,3 +521,35 @@ fn no_cluster_section_is_a_node_alone() {
         ClusterView::single_node(5)
     );
 }
+
+/// `[cluster] replicas` is 1 (the default) to the node count; `raft_tick_ms` at
+/// least 1; both read from the file.
+#[test]
+fn replicas_and_the_raft_tick_are_read_and_checked() {
+    let c = Config::parse(&three_nodes(1), no_env)
+        .unwrap()
+        .to_node_config()
+        .unwrap();
+    assert_eq!((c.cluster.replicas, c.cluster.raft_tick_ms), (1, 50));
+    let with =
+        |extra: &str| three_nodes(1).replace("slot_ids = 64", &format!("slot_ids = 64\n{extra}"));
+    let c = Config::parse(&with("replicas = 3\nraft_tick_ms = 20"), no_env)
+        .unwrap()
+        .to_node_config()
+        .unwrap();
+    assert_eq!((c.cluster.replicas, c.cluster.raft_tick_ms), (3, 20));
+    for (extra, says) in [
+        (
+            "replicas = 4",
+            "cluster.replicas = 4 must be 1 to the node count (3)",
+        ),
+        ("replicas = 0", "cluster.replicas = 0"),
+        (
+            "raft_tick_ms = 0",
+            "cluster.raft_tick_ms must be at least 1",
+        ),
+    ] {
+        let e = error_of(&with(extra));
+        assert!(e.contains(says), "{extra}: {e}");
+    }
+}

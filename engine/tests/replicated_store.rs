@@ -91,7 +91,9 @@ impl World {
             if append(&mut live.log, GROUP, &p, &mut appended).unwrap() {
                 live.log.sync(0).unwrap();
             }
-            settle(&mut live.file, GROUP, &mut live.state, &p).unwrap();
+            if settle(&mut live.state, &p) {
+                live.file.write(GROUP, &live.state).unwrap();
+            }
             live.group.persisted(p.number, &mut out);
         }
         let from = IDS[i];

@@ -192,3 +192,47 @@ fn a_pair_naming_two_groups_is_refused() {
     let err = RaftStateFile::open(tmp.path(), 4).unwrap_err();
     assert!(matches!(err, RaftStateError::Corrupt { pair: 0 }), "{err}");
 }
+
+/// Staged writes of several groups are made durable by one sync; a group staged
+/// twice before it rewrites its staged slot, so the synced copy survives a torn
+/// staged slot.
+#[test]
+fn one_sync_covers_staged_groups_and_never_overwrites_a_synced_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut f, _) = RaftStateFile::open(tmp.path(), 4).unwrap();
+    let disk = Arc::new(Disk::default());
+    f.set_sync_hook(disk.clone());
+    f.write(1, &state(1, 1, 0)).unwrap(); // pair 0, slot 0, synced
+    f.stage(1, &state(2, 2, 0)).unwrap(); // pair 0, slot 1
+    f.stage(1, &state(3, 3, 0)).unwrap(); // slot 1 again
+    f.stage(2, &state(7, 1, 0)).unwrap();
+    // Before the sync, the disk holds the first write only.
+    let image = |disk: &Disk| {
+        let cut = tempfile::tempdir().unwrap();
+        let bytes = disk.image.lock().unwrap().clone().expect("synced");
+        std::fs::write(cut.path().join(RAFT_STATE_FILE), bytes).unwrap();
+        RaftStateFile::open(cut.path(), 4).unwrap().1
+    };
+    let before = image(&disk);
+    assert_eq!((before[&1].clone(), before.get(&2)), (state(1, 1, 0), None));
+    // A crash that tore the staged slot leaves the synced copy.
+    let path = tmp.path().join(RAFT_STATE_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[SLOT_BYTES..SLOT_BYTES + 64].fill(0);
+    let torn = tempfile::tempdir().unwrap();
+    std::fs::write(torn.path().join(RAFT_STATE_FILE), &bytes).unwrap();
+    assert_eq!(
+        RaftStateFile::open(torn.path(), 4).unwrap().1[&1],
+        state(1, 1, 0)
+    );
+    f.sync_staged().unwrap();
+    let after = image(&disk);
+    assert_eq!(
+        (after[&1].clone(), after[&2].clone()),
+        (state(3, 3, 0), state(7, 1, 0))
+    );
+    // Nothing staged: no sync needed, none made.
+    *disk.image.lock().unwrap() = None;
+    f.sync_staged().unwrap();
+    assert!(disk.image.lock().unwrap().is_none());
+}

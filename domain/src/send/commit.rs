@@ -321,6 +321,12 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         }
     }
 
+    /// The log, to write beside the core (the replicated groups' entries go to
+    /// the same log).
+    pub fn log_mut(&mut self) -> &mut L {
+        &mut self.log
+    }
+
     /// The log (reads: `/channel/messagesync`, stats).
     pub fn log(&self) -> &L {
         &self.log

@@ -144,6 +144,13 @@ pub struct ClusterConfig {
     /// alone keeps one slot id per hash slot.
     pub slot_ids: u32,
     pub nodes: Vec<ClusterNode>,
+    /// Voters of each slot id's replicated group, 1 (the default: no group) to the
+    /// node count. Above 1 the groups run and elect leaders ("Replicated slot
+    /// ids…", first step); SENDs and homes do not use them yet.
+    pub replicas: u32,
+    /// The replicated groups' tick, in ms (election after 10 to 19 ticks without a
+    /// leader, heartbeats every 2).
+    pub raft_tick_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -153,6 +160,8 @@ impl Default for ClusterConfig {
             secret: Secret::default(),
             slot_ids: 64,
             nodes: Vec::new(),
+            replicas: 1,
+            raft_tick_ms: 50,
         }
     }
 }
@@ -188,6 +197,16 @@ impl ClusterConfig {
             if self.nodes[..i].iter().any(|m| m.id == n.id) {
                 return Err(format!("cluster.nodes: node id {} is listed twice", n.id));
             }
+        }
+        let nodes = self.nodes.len().max(1) as u32;
+        if self.replicas == 0 || self.replicas > nodes {
+            return Err(format!(
+                "cluster.replicas = {} must be 1 to the node count ({nodes})",
+                self.replicas
+            ));
+        }
+        if self.raft_tick_ms == 0 {
+            return Err("cluster.raft_tick_ms must be at least 1".into());
         }
         if self.nodes.is_empty() {
             return Ok(());

@@ -46,7 +46,11 @@ impl NodeShard {
                 _ => return,
             },
             NodeTimer::Peers if self.peers.is_cluster() => PEERS_TICK_MS,
-            NodeTimer::Activation(_) | NodeTimer::Ack { .. } | NodeTimer::Peers => return,
+            NodeTimer::Raft if self.raft.is_on() => self.raft.tick_ms(),
+            NodeTimer::Activation(_)
+            | NodeTimer::Ack { .. }
+            | NodeTimer::Peers
+            | NodeTimer::Raft => return,
         };
         let _ = cx.set_timer(cx.now_ms() + interval_ms, timer);
     }
@@ -62,6 +66,8 @@ impl Handler for NodeShard {
         self.arm_periodic(cx, NodeTimer::Expiry);
         self.arm_periodic(cx, NodeTimer::LogSync);
         self.arm_periodic(cx, NodeTimer::Peers);
+        self.open_raft();
+        self.arm_periodic(cx, NodeTimer::Raft);
         self.shared.shard_started();
     }
 
@@ -113,6 +119,7 @@ impl Handler for NodeShard {
             Msg::ApiForward(forward) => self.on_api_forward(cx, *forward),
             Msg::ApiAnswered(answered) => self.on_api_answered(cx, *answered),
             Msg::InjectPanic => self.inject_panic(),
+            Msg::Raft(m) => self.on_raft_in(cx, driver, *m),
         }
     }
 
@@ -142,6 +149,7 @@ impl Handler for NodeShard {
             NodeTimer::Peers => {
                 self.flush_peers(cx, driver);
             }
+            NodeTimer::Raft => self.on_raft_timer(cx, driver),
         }
         self.arm_periodic(cx, timer);
     }

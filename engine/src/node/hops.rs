@@ -492,6 +492,8 @@ impl NodeShard {
                 self.on_remote_push(cx, driver, message, endpoints);
             }
             wire::OneWay::View(view) => self.on_remote_view(cx, driver, *view),
+            // Taken by the link's reader before (`on_remote_raft`).
+            wire::OneWay::Raft(_) => {}
         }
     }
 

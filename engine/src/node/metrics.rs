@@ -121,6 +121,9 @@ shard_metrics! {
     /// What the shard's unacknowledged RECVs are charged against
     /// `pending_acks_budget_bytes_per_shard` (gauge).
     pending_ack_bytes,
+    /// Raft messages of peers dropped: for a group this shard does not hold, or
+    /// refused by it.
+    raft_messages_dropped,
     /// Endpoints not written: their owner's revalidation failed, or they name a
     /// shard this node does not have (dropped when planned).
     push_stale,

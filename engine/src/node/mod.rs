@@ -34,6 +34,8 @@ mod hops;
 pub mod metrics;
 pub mod msg;
 mod peers;
+pub mod raft;
+mod raft_hop;
 pub mod send;
 pub mod shard;
 pub mod shared;
@@ -562,6 +564,7 @@ impl Node {
             api_metrics: Default::default(),
             fd_budget,
             peer_links_up: zeroes(shards),
+            raft_status: raft::RaftStatus::new(config.cluster.slot_ids),
             peer_boot_ids: zeroes(config.cluster.peers(config.node_id).count()),
             client_tcp_addr: bound.tcp_addr,
             client_ws_addr: bound.ws_addr,

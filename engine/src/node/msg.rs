@@ -83,6 +83,8 @@ pub enum Msg {
     ApiAnswered(Box<ApiAnswered>),
     /// Fault injection (tests): the shard panics.
     InjectPanic,
+    /// A peer's raft message for a group of this shard (read by another shard).
+    Raft(Box<RaftIn>),
 }
 
 /// Where an API request passed to another node gets its answer: the status and
@@ -336,4 +338,14 @@ pub enum NodeTimer {
     LogSync,
     /// The inter-node links' timers (dials, deadlines, heartbeats, silence).
     Peers,
+    /// The replicated groups' ticks (`[cluster] raft_tick_ms`).
+    Raft,
+}
+
+/// A peer's raft message for a group of another shard of this node.
+#[derive(Debug)]
+pub struct RaftIn {
+    pub from: crate::cluster::NodeId,
+    pub slot_id: u32,
+    pub bytes: Vec<u8>,
 }

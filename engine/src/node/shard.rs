@@ -78,6 +78,8 @@ pub struct NodeShard {
     pub(super) peers: super::peers::Peers,
     /// Requests to other nodes that failed, answered at the end of the turn.
     pub(super) remote_failures: Vec<(super::msg::Pending, domain::hop::NoAnswer)>,
+    /// The replicated groups of this shard (none unless `[cluster] replicas` > 1).
+    pub(super) raft: super::raft::RaftSide,
     /// This loop turn's clock ([`NodeShard::turn_now`]), read by the turn's first
     /// SEND or commit and forgotten when the turn flushes its commits.
     turn_now: Option<Now>,
@@ -133,6 +135,7 @@ impl NodeShard {
             stopping: false,
             peers,
             remote_failures: Vec::new(),
+            raft: super::raft::RaftSide::off(),
             turn_now: None,
         })
     }

@@ -51,6 +51,9 @@ pub struct NodeShared {
     /// Per shard: the peers (bit i = the i-th peer in config order) its outbound
     /// link to is up, published by the shard as links come and go.
     pub peer_links_up: Vec<AtomicU64>,
+    /// Each slot id's raft leader and term as this node's replica sees them
+    /// (`[cluster] replicas` above 1).
+    pub raft_status: super::raft::RaftStatus,
     /// Per peer (config order, like `peer_links_up`'s bits): the boot id its link
     /// last reported, 0 before any ([`NodeShared::note_peer_boot`]).
     pub(super) peer_boot_ids: Vec<AtomicU64>,

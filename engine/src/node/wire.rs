@@ -93,6 +93,8 @@ pub enum OneWay {
     },
     /// A cluster view (a node applies only a higher revision).
     View(Box<ClusterView>),
+    /// Raft messages of replicated groups: `(slot id, message)`, in order.
+    Raft(Vec<(u32, Vec<u8>)>),
 }
 
 /// [`OneWay`] by reference, for encoding (the same bytes: same variants in the same
@@ -104,6 +106,7 @@ pub enum OneWayRef<'a> {
         endpoints: &'a [Endpoint],
     },
     View(&'a ClusterView),
+    Raft(&'a [(u32, Vec<u8>)]),
 }
 
 /// The answer to a [`Request`].
@@ -163,6 +166,7 @@ impl OneWayRef<'_> {
         match self {
             OneWayRef::Push { .. } => Kind::Push,
             OneWayRef::View(_) => Kind::View,
+            OneWayRef::Raft(_) => Kind::Raft,
         }
     }
 }
@@ -264,6 +268,7 @@ impl Bounds {
             Body::OneWay(OneWay::View(view)) => view
                 .check(&self.nodes, self.slot_ids)
                 .map_err(|e| format!("view: {e}")),
+            Body::OneWay(OneWay::Raft(messages)) => check_raft(messages, self.slot_ids),
             // A push's endpoints are revalidated by the owner (which drops those of
             // another node, process or shard); a reply's content is checked by the
             // machine it answers; a SEND's, a token check's and an API request's
@@ -274,6 +279,26 @@ impl Bounds {
         }
     }
 }
+
+/// A frame of raft messages holds at most [`RAFT_MESSAGES_MAX`], each of a slot id
+/// the cluster has.
+fn check_raft(messages: &[(u32, Vec<u8>)], slot_ids: u32) -> Result<(), String> {
+    if messages.len() > RAFT_MESSAGES_MAX {
+        return Err(format!(
+            "{} raft messages in one frame (at most {RAFT_MESSAGES_MAX})",
+            messages.len()
+        ));
+    }
+    match messages.iter().find(|(s, _)| *s >= slot_ids) {
+        Some((s, _)) => Err(format!(
+            "a raft message of slot id {s} ({slot_ids} slot ids)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Raft messages in one frame at most.
+pub const RAFT_MESSAGES_MAX: usize = 1 << 16;
 
 /// Batches of one handover at most: a slot's routes (at most
 /// `routes_per_slot_max`, 65,536 by default) one per batch.
@@ -312,13 +337,36 @@ pub fn decode(
     from: NodeId,
 ) -> Option<Result<Body, BadBody>> {
     let decoded = decode_unchecked(kind, body)?;
-    Some(decoded.and_then(|body| match bounds.check(&body, from) {
-        Ok(()) => Ok(body),
-        Err(why) => Err(BadBody {
-            kind,
-            error: BodyError::Invalid(why),
+    Some(
+        decoded.and_then(|body| match body_kind(&body).filter(|k| *k != kind) {
+            // A body of another kind than its frame says (a variant of the same enum).
+            Some(other) => Err(BadBody {
+                kind,
+                error: BodyError::Invalid(format!("a {other:?} body")),
+            }),
+            None => Ok(body),
         }),
-    }))
+    )
+    .map(|decoded| {
+        decoded.and_then(|body| match bounds.check(&body, from) {
+            Ok(()) => Ok(body),
+            Err(why) => Err(BadBody {
+                kind,
+                error: BodyError::Invalid(why),
+            }),
+        })
+    })
+}
+
+/// The kind a decoded request or one-way body is sent as (a reply's is `Reply`).
+fn body_kind(body: &Body) -> Option<Kind> {
+    match body {
+        Body::Request(r) => Some(r.kind()),
+        Body::OneWay(OneWay::Push { .. }) => Some(Kind::Push),
+        Body::OneWay(OneWay::View(_)) => Some(Kind::View),
+        Body::OneWay(OneWay::Raft(_)) => Some(Kind::Raft),
+        Body::Reply(_) => None,
+    }
 }
 
 fn decode_unchecked(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
@@ -327,7 +375,9 @@ fn decode_unchecked(kind: Kind, body: &[u8]) -> Option<Result<Body, BadBody>> {
         error: BodyError::Decode(error),
     };
     Some(match kind {
-        Kind::Push | Kind::View => postcard::from_bytes(body).map(Body::OneWay).map_err(bad),
+        Kind::Push | Kind::View | Kind::Raft => {
+            postcard::from_bytes(body).map(Body::OneWay).map_err(bad)
+        }
         Kind::Reply => postcard::from_bytes(body).map(Body::Reply).map_err(bad),
         Kind::AuthorityRegister
         | Kind::AuthorityCommit
@@ -497,6 +547,20 @@ mod tests {
         assert_eq!(request, AuthorityRequest::Register { route: route() });
     }
 
+    /// A frame of raft messages names slot ids the cluster has, and holds at most
+    /// `RAFT_MESSAGES_MAX`.
+    #[test]
+    fn raft_messages_are_bounded() {
+        let b = bounds();
+        let check = |m: Vec<(u32, Vec<u8>)>| b.check(&Body::OneWay(OneWay::Raft(m)), 2);
+        assert_eq!(check(vec![(0, vec![1]), (b.slot_ids - 1, vec![])]), Ok(()));
+        let e = check(vec![(0, vec![]), (b.slot_ids, vec![])]).unwrap_err();
+        assert!(e.contains(&format!("slot id {}", b.slot_ids)), "{e}");
+        assert_eq!(check(vec![(0, vec![]); RAFT_MESSAGES_MAX]), Ok(()));
+        let e = check(vec![(0, vec![]); RAFT_MESSAGES_MAX + 1]).unwrap_err();
+        assert!(e.contains("raft messages in one frame"), "{e}");
+    }
+
     #[test]
     fn a_view_survives_the_wire() {
         let mut view = ClusterView::initial(&[1, 2, 3], 64).unwrap();
@@ -516,6 +580,22 @@ mod tests {
         encode(&Reply::OwnerAction(Ok(())), &mut body);
         assert!(matches!(decode(Kind::View, &body), Some(Err(_))));
         assert!(matches!(decode(Kind::Reply, &[0xff; 3]), Some(Err(_))));
+        // A body of another variant of the frame's enum: a raft frame in a view's.
+        encode(&OneWayRef::Raft(&[(1, vec![7])]), &mut body);
+        assert!(matches!(decode(Kind::Raft, &body), Some(Ok(_))));
+        let Some(Err(e)) = decode(Kind::View, &body) else {
+            panic!("a raft body taken as a view");
+        };
+        assert!(e.to_string().contains("a Raft body"), "{e}");
+        let mut request = Vec::new();
+        let token = Request::Token {
+            uid: "u".into(),
+            device_flag: 1,
+            token: "t".into(),
+        };
+        encode(&token, &mut request);
+        assert!(matches!(decode(Kind::TokenLookup, &request), Some(Ok(_))));
+        assert!(matches!(decode(Kind::OwnerAction, &request), Some(Err(_))));
         assert!(decode(Kind::Hello, &body).is_none());
     }
 }

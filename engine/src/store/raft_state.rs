@@ -12,7 +12,8 @@
 //! # Durability contract
 //! [`RaftStateFile::write`] returns once the slot is written **and synced**
 //! (`fdatasync`, or the [`SyncHook`] a test installs), under every `[log] fsync`
-//! policy: raft may send a vote or acknowledge an append only after the term and
+//! policy; [`RaftStateFile::stage`] writes several groups' slots and
+//! [`RaftStateFile::sync_staged`] syncs them at once (one sync for a shard's groups): raft may send a vote or acknowledge an append only after the term and
 //! vote it depends on are durable. A failed write or sync poisons the file (the
 //! kernel may have dropped the page): every later write is refused
 //! ([`RaftStateError::Poisoned`]) and the replica must stop voting until a restart.
@@ -117,6 +118,8 @@ pub struct RaftStateFile {
     free: Vec<usize>,
     poisoned: bool,
     sync_hook: Option<Arc<dyn SyncHook>>,
+    /// Groups staged since the last sync (at most `groups_max`).
+    staged: Vec<u32>,
 }
 
 impl std::fmt::Debug for RaftStateFile {
@@ -166,6 +169,7 @@ impl RaftStateFile {
             free: Vec::new(),
             poisoned: false,
             sync_hook: None,
+            staged: Vec::new(),
         };
         let mut states = HashMap::new();
         let mut pair_bytes = [0u8; PAIR_BYTES];
@@ -198,10 +202,20 @@ impl RaftStateFile {
     }
 
     /// Writes `group`'s state to the slot of its pair not holding its newest, and
-    /// syncs it (module docs). Refuses a poisoned file, a new group beyond
-    /// `groups_max`, a configuration over [`CONF_IDS_MAX`] ids, and an IO failure
-    /// (which poisons).
+    /// syncs it (module docs): [`RaftStateFile::stage`] then
+    /// [`RaftStateFile::sync_staged`].
     pub fn write(&mut self, group: u32, state: &GroupState) -> Result<(), RaftStateError> {
+        self.stage(group, state)?;
+        self.sync_staged()
+    }
+
+    /// Writes `group`'s state without syncing it: to the slot not holding its
+    /// newest synced state (a group staged again before the sync rewrites the same
+    /// slot, so the synced copy is never overwritten). Not durable, and not to be
+    /// relied on, until [`RaftStateFile::sync_staged`] returns: one sync covers every
+    /// group staged. Refuses a poisoned file, a new group beyond `groups_max`, a
+    /// configuration over [`CONF_IDS_MAX`] ids, and an IO failure (which poisons).
+    pub fn stage(&mut self, group: u32, state: &GroupState) -> Result<(), RaftStateError> {
         if self.poisoned {
             return Err(RaftStateError::Poisoned);
         }
@@ -224,23 +238,43 @@ impl RaftStateFile {
                 newest: 1,
             },
         };
-        let next = Place {
-            pair: place.pair,
-            seq: place.seq + 1,
-            newest: 1 - place.newest,
+        // Staged since the last sync: that slot again, same sequence.
+        let next = if self.staged.contains(&group) {
+            place
+        } else {
+            Place {
+                pair: place.pair,
+                seq: place.seq + 1,
+                newest: 1 - place.newest,
+            }
         };
         let slot = encode_slot(next.seq, group, state);
         let at = (next.pair * PAIR_BYTES + next.newest * SLOT_BYTES) as u64;
-        let written = self
-            .file
-            .write_all_at(&slot, at)
-            .map_err(io_err("write"))
-            .and_then(|()| self.sync().map_err(io_err("fdatasync")));
-        if let Err(e) = written {
+        if let Err(e) = self.file.write_all_at(&slot, at).map_err(io_err("write")) {
             self.poisoned = true;
             return Err(e);
         }
         self.places.insert(group, next);
+        if !self.staged.contains(&group) {
+            self.staged.push(group);
+        }
+        Ok(())
+    }
+
+    /// Makes every staged write durable (one `fdatasync`); nothing to do when
+    /// none is staged. A failure poisons the file.
+    pub fn sync_staged(&mut self) -> Result<(), RaftStateError> {
+        if self.poisoned {
+            return Err(RaftStateError::Poisoned);
+        }
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.sync().map_err(io_err("fdatasync")) {
+            self.poisoned = true;
+            return Err(e);
+        }
+        self.staged.clear();
         Ok(())
     }
 

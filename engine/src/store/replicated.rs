@@ -12,16 +12,18 @@
 //!    whether the log must be synced before step 2 (a record was written).
 //! 2. Sync the log when step 1 said so, under every fsync policy (one sync may
 //!    cover the persists of every group of the shard).
-//! 3. [`settle`]: a new term, vote or configuration written and synced to the
-//!    raft state file (a commit index alone is not written: it may lag, and a
-//!    restart clamps it to the log).
+//! 3. [`settle`]: a new term, vote or configuration, then written and synced to
+//!    the raft state file (a commit index alone is not written: it may lag, and a
+//!    restart clamps it to the log; one sync may cover every group of the shard).
 //! 4. Only then `Group::persisted(number)`: the messages that depend on it leave.
 
 use replica::{Durable, Persist, Record, RecordKind as RaftKind};
 use serde::{Deserialize, Serialize};
 
 use super::log::{AppendedMessage, Entry, EntryBody, LogError, MessageLog, NewMessage};
-use super::raft_state::{GroupState, RaftStateError, RaftStateFile};
+#[cfg(doc)]
+use super::raft_state::RaftStateFile;
+use super::raft_state::{GroupState, RaftStateError};
 use super::record::{RecordFields, RecordKind};
 
 /// The first byte of a proposal of messages.
@@ -187,15 +189,13 @@ pub fn append(
     Ok(!p.records.is_empty())
 }
 
-/// Step 3 of the contract: a new term, vote or configuration of `p` into `state`
-/// and, synced, into `file`. The commit index is kept in `state` and written with
-/// the next change of the others.
-pub fn settle(
-    file: &mut RaftStateFile,
-    group: u32,
-    state: &mut GroupState,
-    p: &Persist,
-) -> Result<(), ReplicatedError> {
+/// Step 3 of the contract: `p`'s new term, vote or configuration into `state`;
+/// whether any of them changed, and then the caller writes `state` to the raft
+/// state file, synced, before step 4 ([`RaftStateFile::write`], or
+/// [`RaftStateFile::stage`] for each group of a batch and one
+/// [`RaftStateFile::sync_staged`]). The commit index is kept in `state` and
+/// written with the next change of the others.
+pub fn settle(state: &mut GroupState, p: &Persist) -> bool {
     let mut next = state.clone();
     if let Some(hs) = p.hard_state {
         next.hard_state = hs;
@@ -209,11 +209,8 @@ pub fn settle(
             state.hard_state.vote,
             &state.conf_state,
         );
-    if changed {
-        file.write(group, &next)?;
-    }
     *state = next;
-    Ok(())
+    changed
 }
 
 /// The durable state of `group` for [`replica::Group::restart`]: `state` (its

@@ -5,7 +5,7 @@
 //! | offset | bytes | field | meaning |
 //! |---|---|---|---|
 //! | 0 | 4 | magic | `b"IMRN"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (6) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (7) |
 //! | 5 | 1 | kind | [`Kind`] |
 //! | 6 | 2 | flags | none defined in version 4: must be 0 |
 //! | 8 | 8 | sender node id | the sending node's `node_id` |
@@ -23,14 +23,16 @@ use bytemuck::{Pod, Zeroable};
 
 /// The 4 bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"IMRN";
-/// The wire version this code speaks (and the only one it accepts): 5 since a view
+/// The wire version this code speaks (and the only one it accepts): 7 since the
+/// replicated groups' messages travel (`Kind::Raft`); 6: API requests on the links
+/// (`Kind::ApiRequest`); 5 since a view
 /// names the node each move took a slot from and a moved slot's routes are handed
 /// over (`Kind::Handover`); 4: every frame after the handshake is sealed (`seal`:
 /// AES-256-GCM, keys per link and direction; 3: a touch batch's answer names the routes its authority
 /// superseded; 2: the handshake carries the cluster id and slot-id count,
 /// `auth`); a node of another version is refused with
 /// [`FrameError::UnsupportedVersion`] at its first frame.
-pub const WIRE_VERSION: u8 = 6;
+pub const WIRE_VERSION: u8 = 7;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
 /// Largest body of a [`Kind::Ping`] (and so of its Pong).
@@ -105,13 +107,16 @@ pub enum Kind {
     /// An HTTP API request homed on the receiving node (method, path and query, the
     /// caller's bearer token, body); its answer (status, body) is the reply.
     ApiRequest = 28,
+    /// One-way: raft messages of replicated groups (each tagged with its group),
+    /// all of one sender's turn for the receiving node.
+    Raft = 29,
     /// The reply to any request, matched by request id.
     Reply = 64,
 }
 
 impl Kind {
     /// Every kind, in numbering order.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 21] = [
         Kind::Hello,
         Kind::Challenge,
         Kind::Proof,
@@ -131,6 +136,7 @@ impl Kind {
         Kind::TokenLookup,
         Kind::Handover,
         Kind::ApiRequest,
+        Kind::Raft,
         Kind::Reply,
     ];
 

@@ -281,6 +281,9 @@ impl NodeShard {
                 };
                 self.on_remote_request(cx, driver, from, request)
             }
+            wire::Body::OneWay(wire::OneWay::Raft(messages)) => {
+                self.on_remote_raft(cx, driver, header.sender_node_id, messages)
+            }
             wire::Body::OneWay(message) => self.on_remote_oneway(cx, driver, message),
             wire::Body::Reply(reply) => {
                 let sender = (header.sender_node_id, header.sender_boot_id);

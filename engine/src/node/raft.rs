@@ -1,0 +1,356 @@
+//! The replicated groups of one shard ("Replicated slot ids…", its first step in
+//! the node): a replica of each slot id this node holds whose shard is this one
+//! (`slot_id % shard_count`), each a `replica::Group` (raft-rs, sans-IO).
+//!
+//! - **Placement**: slot id `s` has `[cluster] replicas` voters, the nodes at
+//!   `s, s + 1, …` (mod n) in config order ([`replica_nodes`]): the first is its
+//!   home today. A replica's raft id is its node id + 1 (raft ids start at 1,
+//!   node ids at 0).
+//! - **Time**: one timer per shard (`[cluster] raft_tick_ms`); each run ticks every
+//!   group once per tick elapsed since the last run, so a shard that was paused
+//!   (SIGSTOP) catches up on its ticks at once and a leader whose quorum went quiet
+//!   steps down before it serves again.
+//! - **Writes**: each drain's writes go through `store::replicated` in the
+//!   contract's order: the entries into this shard's message log, a sync of the log
+//!   (on this thread for now), the term, vote and configuration into
+//!   `DATA_DIR/shard-N/raft_state` (synced), then `persisted`. A write that fails
+//!   takes the replica out of its group (it stops voting; logged, counted), never
+//!   acknowledges.
+//! - **Messages**: a drain's messages for one peer leave in one frame (`Kind::Raft`,
+//!   one-way); a frame the link refuses is dropped (raft resends) and the group is
+//!   told the peer is unreachable. A peer's frame is read by any shard and each
+//!   message passed to its group's shard.
+//! - **Status**: each group's leader and term as this replica knows them, in
+//!   [`RaftStatus`] (read by `/metrics` and tests).
+//!
+//! SENDs, homes and authorities do not use the groups yet; with `replicas = 1` (the
+//! default) there is no group, no timer and no traffic.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use replica::{Group, GroupConfig, Outputs, Role};
+
+use crate::cluster::NodeId;
+use crate::store::raft_state::{GroupState, RaftStateFile};
+use crate::store::replicated::{append, durable_of, settle, ReplicatedError};
+use crate::store::{AppendedMessage, MessageLog};
+
+/// Each slot id's leader and term as the replica on this node last saw them.
+#[derive(Debug)]
+pub struct RaftStatus {
+    leaders: Vec<AtomicU64>,
+    terms: Vec<AtomicU64>,
+}
+
+impl RaftStatus {
+    /// Nothing known of `slot_ids` slot ids.
+    pub fn new(slot_ids: u32) -> RaftStatus {
+        let zeros = || (0..slot_ids).map(|_| AtomicU64::new(0)).collect();
+        RaftStatus {
+            leaders: zeros(),
+            terms: zeros(),
+        }
+    }
+
+    /// The leader (0: none known) and term of `slot_id`'s group as this node's
+    /// replica sees them; `None` for a slot id it holds no replica of, one still in
+    /// term 0 (no election yet) or out of range.
+    pub fn of(&self, slot_id: u32) -> Option<(NodeId, u64)> {
+        let i = slot_id as usize;
+        let term = self.terms.get(i)?.load(Ordering::Relaxed);
+        (term > 0).then(|| (self.leaders[i].load(Ordering::Relaxed), term))
+    }
+
+    /// Groups this node's replicas lead.
+    pub fn led_by(&self, me: NodeId) -> usize {
+        (0..self.leaders.len())
+            .filter(|&i| {
+                self.terms[i].load(Ordering::Relaxed) > 0
+                    && self.leaders[i].load(Ordering::Relaxed) == me
+            })
+            .count()
+    }
+
+    fn publish(&self, slot_id: u32, leader: Option<NodeId>, term: u64) {
+        let i = slot_id as usize;
+        self.leaders[i].store(leader.unwrap_or(0), Ordering::Relaxed);
+        self.terms[i].store(term, Ordering::Relaxed);
+    }
+}
+
+/// The nodes holding a replica of `slot_id`: `replicas` of `nodes` from
+/// `slot_id`'s position in config order (module docs).
+pub fn replica_nodes(slot_id: u32, nodes: &[NodeId], replicas: usize) -> Vec<NodeId> {
+    let n = nodes.len();
+    (0..replicas.min(n))
+        .map(|k| nodes[(slot_id as usize + k) % n])
+        .collect()
+}
+
+/// The raft id of `node`'s replica (raft ids start at 1).
+fn raft_id(node: NodeId) -> u64 {
+    node + 1
+}
+
+/// Where this shard's groups come from.
+pub struct RaftPlace<'a> {
+    pub me: NodeId,
+    pub shard: usize,
+    pub shard_count: usize,
+    pub nodes: &'a [NodeId],
+    pub replicas: usize,
+    pub slot_ids: u32,
+    pub tick_ms: u64,
+    /// The shard's directory (`DATA_DIR/shard-N`), where `raft_state` lives.
+    pub dir: &'a Path,
+    pub seed: u64,
+}
+
+struct Replica {
+    group: Group,
+    state: GroupState,
+}
+
+/// One shard's groups (module docs).
+pub struct RaftSide {
+    groups: BTreeMap<u32, Replica>,
+    file: Option<RaftStateFile>,
+    tick_ms: u64,
+    last_tick_ms: Option<u64>,
+    out: Outputs,
+    appended: Vec<AppendedMessage>,
+    /// Per peer: `(slot id, raft message)` to send.
+    outbox: BTreeMap<NodeId, Vec<(u32, Vec<u8>)>>,
+    /// Replicas taken out of their group by a failed write.
+    pub failed: u64,
+}
+
+impl RaftSide {
+    /// No group (`replicas = 1`, or a node alone).
+    pub fn off() -> RaftSide {
+        RaftSide {
+            groups: BTreeMap::new(),
+            file: None,
+            tick_ms: 0,
+            last_tick_ms: None,
+            out: Outputs::default(),
+            appended: Vec::new(),
+            outbox: BTreeMap::new(),
+            failed: 0,
+        }
+    }
+
+    /// The replicas `place` gives this shard, restarted from `log` and the shard's
+    /// `raft_state` (a new replica starts with an empty log and the placement's
+    /// voters). Refuses what the stores refuse (a group that needs a snapshot
+    /// included).
+    pub fn open(place: &RaftPlace<'_>, log: &MessageLog) -> Result<RaftSide, String> {
+        let mut side = RaftSide::off();
+        if place.replicas < 2 || place.nodes.len() < 2 {
+            return Ok(side);
+        }
+        let (file, mut states) =
+            RaftStateFile::open(place.dir, place.slot_ids as usize).map_err(|e| e.to_string())?;
+        for slot_id in 0..place.slot_ids {
+            let voters = replica_nodes(slot_id, place.nodes, place.replicas);
+            if slot_id as usize % place.shard_count != place.shard || !voters.contains(&place.me) {
+                continue;
+            }
+            let cfg = GroupConfig {
+                heartbeat_ticks: 2,
+                election_ticks: 10,
+                ..GroupConfig::new(
+                    raft_id(place.me),
+                    voters.iter().map(|&n| raft_id(n)).collect(),
+                    place.seed ^ u64::from(slot_id),
+                )
+            };
+            let state = states.remove(&slot_id).unwrap_or_else(|| GroupState {
+                conf_state: Group::initial(&cfg).conf_state,
+                ..GroupState::default()
+            });
+            let durable = durable_of(log, slot_id, &state).map_err(|e| e.to_string())?;
+            let group = Group::restart(&cfg, &durable).map_err(|e| e.to_string())?;
+            side.groups.insert(slot_id, Replica { group, state });
+        }
+        side.file = Some(file);
+        side.tick_ms = place.tick_ms.max(1);
+        Ok(side)
+    }
+
+    /// Whether this shard holds any group (its timer runs only then).
+    pub fn is_on(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
+    /// The tick interval.
+    pub fn tick_ms(&self) -> u64 {
+        self.tick_ms
+    }
+
+    /// The timer's run at `now_ms`: every group ticked once per tick elapsed (at
+    /// most 20), then all drained as one batch.
+    pub fn on_timer(&mut self, now_ms: u64, log: &mut MessageLog, status: &RaftStatus) {
+        let last = *self.last_tick_ms.get_or_insert(now_ms);
+        let ticks = (now_ms.saturating_sub(last) / self.tick_ms).min(20);
+        self.last_tick_ms = Some(last + ticks * self.tick_ms);
+        let ids: Vec<u32> = self.groups.keys().copied().collect();
+        for r in self.groups.values_mut() {
+            for _ in 0..ticks {
+                r.group.tick();
+            }
+        }
+        self.drain(&ids, log, status);
+    }
+
+    /// A peer's message for `slot_id`'s group; a group this shard does not hold,
+    /// or bytes the group refuses, are dropped (`false`).
+    pub fn on_message(
+        &mut self,
+        from: NodeId,
+        slot_id: u32,
+        bytes: &[u8],
+        log: &mut MessageLog,
+        status: &RaftStatus,
+    ) -> bool {
+        let Some(r) = self.groups.get_mut(&slot_id) else {
+            return false;
+        };
+        let stepped = r.group.step(raft_id(from), bytes).is_ok();
+        self.drain(&[slot_id], log, status);
+        stepped
+    }
+
+    /// The messages to send, per peer; the caller sends each peer's in one frame
+    /// and reports the peers whose link refused ([`RaftSide::unreachable`]).
+    pub fn take_outbox(&mut self) -> BTreeMap<NodeId, Vec<(u32, Vec<u8>)>> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// `peer`'s link refused its frame: every group stops streaming to it until it
+    /// answers again.
+    pub fn unreachable(&mut self, peer: NodeId) {
+        for r in self.groups.values_mut() {
+            r.group.report_unreachable(raft_id(peer));
+        }
+    }
+
+    /// A write failed: every replica of this shard leaves its group (the log or
+    /// the file is poisoned for all of them): logged, counted, unpublished.
+    fn leave_all(&mut self, e: &ReplicatedError, status: &RaftStatus) {
+        tracing::error!(error = %e, "a replica's write failed: this shard's replicas leave their groups");
+        self.failed += self.groups.len() as u64;
+        for &slot_id in self.groups.keys() {
+            status.publish(slot_id, None, 0);
+        }
+        self.groups.clear();
+        self.outbox.clear();
+        self.out = Outputs::default();
+    }
+
+    /// The outputs of the groups `ids`, as one batch: their entries into the log,
+    /// one sync of the log, their new terms, votes and configurations staged and
+    /// synced at once, then each told its writes are durable and its messages
+    /// queued. A failed write takes every group of the shard out (module docs):
+    /// the log or the file is poisoned for all of them.
+    fn drain(&mut self, ids: &[u32], log: &mut MessageLog, status: &RaftStatus) {
+        let file = self
+            .file
+            .as_mut()
+            .expect("a shard with groups has its file");
+        let mut batch: Vec<(u32, u64)> = Vec::with_capacity(ids.len());
+        let mut log_sync = false;
+        let mut written: Result<(), ReplicatedError> = Ok(());
+        for &slot_id in ids {
+            let Some(r) = self.groups.get_mut(&slot_id) else {
+                continue;
+            };
+            r.group.drain(&mut self.out);
+            let mut last = None;
+            for p in self.out.persist.drain(..) {
+                self.appended.clear();
+                written = written.and_then(|()| {
+                    log_sync |= append(log, slot_id, &p, &mut self.appended)?;
+                    if settle(&mut r.state, &p) {
+                        file.stage(slot_id, &r.state)?;
+                    }
+                    Ok(())
+                });
+                last = Some(p.number);
+            }
+            for (to, bytes) in self.out.messages.drain(..) {
+                self.outbox
+                    .entry(to - 1)
+                    .or_default()
+                    .push((slot_id, bytes));
+            }
+            // Committed entries are not applied yet (the groups carry no SEND).
+            self.out.committed.clear();
+            if let Some(number) = last {
+                batch.push((slot_id, number));
+            }
+        }
+        let written = written.and_then(|()| {
+            if log_sync {
+                log.sync(0)?;
+            }
+            Ok(file.sync_staged()?)
+        });
+        if let Err(e) = written {
+            self.leave_all(&e, status);
+            return;
+        }
+        for (slot_id, number) in batch {
+            let r = self.groups.get_mut(&slot_id).expect("drained above");
+            r.group.persisted(number, &mut self.out);
+            for (to, bytes) in self.out.messages.drain(..) {
+                self.outbox
+                    .entry(to - 1)
+                    .or_default()
+                    .push((slot_id, bytes));
+            }
+        }
+        for &slot_id in ids {
+            if let Some(r) = self.groups.get(&slot_id) {
+                let leader = match r.group.role() {
+                    Role::Leader => Some(r.group.id()),
+                    _ => r.group.leader(),
+                }
+                .map(|id| id - 1);
+                status.publish(slot_id, leader, r.group.term());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replicas start at the slot id's position and wrap; never more than the
+    /// nodes.
+    #[test]
+    fn replicas_follow_the_config_order_from_the_slot_id() {
+        let nodes = [10, 20, 30, 40];
+        assert_eq!(replica_nodes(0, &nodes, 3), vec![10, 20, 30]);
+        assert_eq!(replica_nodes(3, &nodes, 3), vec![40, 10, 20]);
+        assert_eq!(replica_nodes(6, &nodes, 2), vec![30, 40]);
+        assert_eq!(replica_nodes(1, &nodes, 9), vec![20, 30, 40, 10]);
+    }
+
+    /// Status: nothing known is `None`; a published leader and term read back and
+    /// count for their node.
+    #[test]
+    fn status_reads_back_what_was_published() {
+        let s = RaftStatus::new(4);
+        assert_eq!(s.of(1), None);
+        assert_eq!(s.of(9), None);
+        s.publish(1, Some(20), 3);
+        s.publish(2, None, 4);
+        s.publish(3, Some(20), 5);
+        assert_eq!((s.of(1), s.of(2)), (Some((20, 3)), Some((0, 4))));
+        assert_eq!((s.led_by(20), s.led_by(10)), (2, 0));
+    }
+}

@@ -1,0 +1,119 @@
+//! The hop of the replicated groups' messages (`Kind::Raft`, one-way): a shard's
+//! timer and a peer's frame enter its [`super::raft::RaftSide`] here, and the
+//! messages it gives out leave on this shard's links, one frame per peer.
+
+use net::io::NetDriver;
+use shard::runtime::Context;
+
+use crate::cluster::NodeId;
+
+use super::msg::{Msg, RaftIn};
+use super::raft::{RaftPlace, RaftSide};
+use super::shard::{NodeShard, NodeTimer};
+use super::wire;
+
+impl NodeShard {
+    /// Opens this shard's groups (at start): none unless `[cluster] replicas` is
+    /// above 1 in a cluster. A store that refuses is fatal for the groups only:
+    /// logged, and the shard runs without them.
+    pub(super) fn open_raft(&mut self) {
+        let c = &self.shared.config;
+        let nodes: Vec<NodeId> = c.cluster.nodes.iter().map(|n| n.id).collect();
+        let dir = crate::store::log_dir(&c.data_dir, self.me as usize);
+        let dir = dir.parent().expect("a log dir has its shard's dir");
+        let place = RaftPlace {
+            me: c.node_id,
+            shard: self.me as usize,
+            shard_count: usize::from(self.shared.slot_map.shard_count()),
+            nodes: &nodes,
+            replicas: c.cluster.replicas as usize,
+            slot_ids: c.cluster.slot_ids,
+            tick_ms: c.cluster.raft_tick_ms,
+            dir,
+            seed: self.shared.boot_id ^ (self.me as u64) << 48,
+        };
+        match RaftSide::open(&place, self.commit.core.log()) {
+            Ok(side) => self.raft = side,
+            Err(e) => {
+                tracing::error!(shard = self.me, error = %e, "the replicated groups did not open")
+            }
+        }
+    }
+
+    /// The groups' timer: ticks, writes, messages out.
+    pub(super) fn on_raft_timer(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) {
+        let now_ms = cx.now_ms();
+        let status = &self.shared.raft_status;
+        self.raft
+            .on_timer(now_ms, self.commit.core.log_mut(), status);
+        self.flush_raft(cx, driver);
+    }
+
+    /// A peer's frame of raft messages: each to its group's shard.
+    pub(super) fn on_remote_raft(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        from: NodeId,
+        messages: Vec<(u32, Vec<u8>)>,
+    ) {
+        let shards = usize::from(self.shared.slot_map.shard_count());
+        for (slot_id, bytes) in messages {
+            let shard = slot_id as usize % shards;
+            if shard == self.me as usize {
+                self.on_raft_in(
+                    cx,
+                    driver,
+                    RaftIn {
+                        from,
+                        slot_id,
+                        bytes,
+                    },
+                );
+            } else {
+                let msg = Msg::Raft(Box::new(RaftIn {
+                    from,
+                    slot_id,
+                    bytes,
+                }));
+                self.send_msg(cx, shard as slots::ShardId, msg);
+            }
+        }
+    }
+
+    /// One message for a group of this shard.
+    pub(super) fn on_raft_in(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        m: RaftIn,
+    ) {
+        let status = &self.shared.raft_status;
+        let log = self.commit.core.log_mut();
+        if !self
+            .raft
+            .on_message(m.from, m.slot_id, &m.bytes, log, status)
+        {
+            self.metrics.raft_messages_dropped.inc();
+        }
+        self.flush_raft(cx, driver);
+    }
+
+    /// Sends the groups' messages, one frame per peer; a peer whose link refuses
+    /// is reported unreachable to the groups (raft resends).
+    fn flush_raft(&mut self, cx: &mut Context<Msg, NodeTimer>, _driver: &mut NetDriver) {
+        let now_ms = cx.now_ms();
+        for (node, messages) in self.raft.take_outbox() {
+            if !self
+                .peers
+                .oneway(node, &wire::OneWayRef::Raft(&messages), now_ms)
+            {
+                self.raft.unreachable(node);
+            }
+        }
+    }
+}
