@@ -9,6 +9,7 @@
 # off (imbench --no-tokens), so the run needs no token writes. Clients are spread
 # over the three nodes by imbench (one address per node in --tcp). SHARDS=n sets each
 # node's shard count (default: one per core; three nodes on a small machine share it).
+# REPLICAS=n sets `[cluster] replicas` (default 1: no replicated group runs).
 #
 #   eval "$(perf/cluster.sh start /tmp/c3)"          # sets $C3 to the imbench flags
 #   target/release/imbench person $C3
@@ -38,6 +39,7 @@ api_bearer_token = "$token"
 [cluster]
 secret = "$secret"
 slot_ids = 64
+replicas = ${REPLICAS:-1}
 EOF
     for n in 1 2 3; do
         printf '[[cluster.nodes]]\nid = %s\nrpc_addr = "127.0.0.1:1100%s"\napi_addr = "127.0.0.1:50%s1"\n' "$n" "$n" "$n"

@@ -159,6 +159,8 @@ fn bodies() -> Vec<(Kind, Vec<u8>)> {
     let mut bodies: Vec<(Kind, Vec<u8>)> =
         requests.iter().map(|r| (r.kind(), encoded(r))).collect();
     bodies.push((Kind::View, encoded(&OneWayRef::View(&view))));
+    let raft = [(0, vec![1, 2, 3]), (63, Vec::new())];
+    bodies.push((Kind::Raft, encoded(&OneWayRef::Raft(&raft))));
     let replies = [
         Reply::Touch(TouchAnswer {
             requeue: vec![route(ME, session)],

@@ -52,6 +52,8 @@ pub const GAUGES: &[&str] = &[
     "listener_paused_ws",
     "outbound_bytes",
     "pending_ack_bytes",
+    "raft_groups",
+    "raft_groups_led",
     "route_rebuild_queued",
     "route_rebuild_last_ms",
     "view_revision",
@@ -124,6 +126,14 @@ shard_metrics! {
     /// Raft messages of peers dropped: for a group this shard does not hold, or
     /// refused by it.
     raft_messages_dropped,
+    /// Replicas of slot ids' groups on this shard (`[cluster] replicas` above 1;
+    /// gauge).
+    raft_groups,
+    /// Of `raft_groups`, those whose group this replica leads (gauge).
+    raft_groups_led,
+    /// Replicas that left their group because a write of theirs failed (a disk
+    /// error): they no longer vote.
+    raft_replicas_failed,
     /// Endpoints not written: their owner's revalidation failed, or they name a
     /// shard this node does not have (dropped when planned).
     push_stale,

@@ -180,6 +180,14 @@ impl RaftSide {
         Ok(side)
     }
 
+    /// The replicas this shard holds, and how many of them lead their group.
+    pub fn counts(&self) -> (usize, usize) {
+        let led = (self.groups.values())
+            .filter(|r| r.group.role() == Role::Leader)
+            .count();
+        (self.groups.len(), led)
+    }
+
     /// Whether this shard holds any group (its timer runs only then).
     pub fn is_on(&self) -> bool {
         !self.groups.is_empty()
@@ -202,13 +210,14 @@ impl RaftSide {
                 r.group.tick();
             }
         }
-        self.drain(&ids, log, status);
+        self.drain(&ids, now_ms, log, status);
     }
 
-    /// A peer's message for `slot_id`'s group; a group this shard does not hold,
-    /// or bytes the group refuses, are dropped (`false`).
+    /// A peer's message for `slot_id`'s group at `now_ms`; a group this shard
+    /// does not hold, or bytes the group refuses, are dropped (`false`).
     pub fn on_message(
         &mut self,
+        now_ms: u64,
         from: NodeId,
         slot_id: u32,
         bytes: &[u8],
@@ -219,7 +228,7 @@ impl RaftSide {
             return false;
         };
         let stepped = r.group.step(raft_id(from), bytes).is_ok();
-        self.drain(&[slot_id], log, status);
+        self.drain(&[slot_id], now_ms, log, status);
         stepped
     }
 
@@ -255,7 +264,7 @@ impl RaftSide {
     /// synced at once, then each told its writes are durable and its messages
     /// queued. A failed write takes every group of the shard out (module docs):
     /// the log or the file is poisoned for all of them.
-    fn drain(&mut self, ids: &[u32], log: &mut MessageLog, status: &RaftStatus) {
+    fn drain(&mut self, ids: &[u32], now_ms: u64, log: &mut MessageLog, status: &RaftStatus) {
         let file = self
             .file
             .as_mut()
@@ -294,7 +303,7 @@ impl RaftSide {
         }
         let written = written.and_then(|()| {
             if log_sync {
-                log.sync(0)?;
+                log.sync(now_ms)?;
             }
             Ok(file.sync_staged()?)
         });

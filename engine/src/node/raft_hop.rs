@@ -50,6 +50,10 @@ impl NodeShard {
         let status = &self.shared.raft_status;
         self.raft
             .on_timer(now_ms, self.commit.core.log_mut(), status);
+        let (groups, led) = self.raft.counts();
+        self.metrics.raft_groups.set(groups as u64);
+        self.metrics.raft_groups_led.set(led as u64);
+        self.metrics.raft_replicas_failed.set(self.raft.failed);
         self.flush_raft(cx, driver);
     }
 
@@ -92,11 +96,12 @@ impl NodeShard {
         driver: &mut NetDriver,
         m: RaftIn,
     ) {
+        let now_ms = cx.now_ms();
         let status = &self.shared.raft_status;
         let log = self.commit.core.log_mut();
         if !self
             .raft
-            .on_message(m.from, m.slot_id, &m.bytes, log, status)
+            .on_message(now_ms, m.from, m.slot_id, &m.bytes, log, status)
         {
             self.metrics.raft_messages_dropped.inc();
         }
