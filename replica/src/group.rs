@@ -156,6 +156,7 @@ pub struct Group {
     /// `(term, role, leader)` when the timeout was last drawn, and the timeout.
     drawn: ((u64, Role, u64), usize),
     election_ticks: usize,
+    heartbeat_ticks: usize,
     log_entries_max: u64,
 }
 
@@ -225,6 +226,7 @@ impl Group {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             drawn: ((0, Role::Follower, 0), 0),
             election_ticks: cfg.election_ticks,
+            heartbeat_ticks: cfg.heartbeat_ticks,
             log_entries_max: cfg.log_entries_max,
         };
         g.draw_timeout();
@@ -265,6 +267,23 @@ impl Group {
     pub fn tick(&mut self) {
         self.node.tick();
         self.redraw_if_reset();
+    }
+
+    /// Tick number `count` of a clock the caller shares among its groups: one
+    /// tick, and a leader whose heartbeats are out of phase with `count` is ticked
+    /// ahead until they fall on the ticks where `count % heartbeat_ticks == 0`
+    /// (at most `heartbeat_ticks - 1` extra ticks, once per term). So all the
+    /// groups led behind one clock beat on the same ticks, and their heartbeats
+    /// to a peer share one frame.
+    pub fn tick_at(&mut self, count: u64) {
+        self.tick();
+        let phase = (count % self.heartbeat_ticks as u64) as usize;
+        for _ in 1..self.heartbeat_ticks {
+            if self.role() != Role::Leader || self.node.raft.heartbeat_elapsed() == phase {
+                break;
+            }
+            self.tick();
+        }
     }
 
     /// Bytes from the link of replica `peer`.
@@ -606,6 +625,50 @@ mod tests {
                 Group::new(&cfg).unwrap()
             })
             .collect()
+    }
+
+    /// Whether `bytes` from `from` to `to` is a heartbeat.
+    fn is_heartbeat(bytes: &[u8], to: u64, from: u64) -> bool {
+        let m = wire::decode(bytes, to, from).unwrap();
+        m.get_msg_type() == raft::prelude::MessageType::MsgHeartbeat
+    }
+
+    /// Leaders elected at different phases of a shared clock beat on the same
+    /// ticks (`count % heartbeat_ticks == 0`), each still every
+    /// `heartbeat_ticks`; plain ticks (the control) keep the phase of the
+    /// election.
+    #[test]
+    fn leaders_ticked_at_a_shared_count_beat_on_the_same_ticks() {
+        for heartbeat_ticks in [2, 3] {
+            for elected_at in 0..heartbeat_ticks as u64 {
+                for aligned in [true, false] {
+                    let mut groups =
+                        led_by_one(three_with(|c| c.heartbeat_ticks = heartbeat_ticks));
+                    let mut beats = Vec::new();
+                    for count in elected_at + 1..elected_at + 13 {
+                        if aligned {
+                            groups[0].tick_at(count);
+                        } else {
+                            groups[0].tick();
+                        }
+                        let out = drained(&mut groups[0]);
+                        if out.messages.iter().any(|(to, b)| is_heartbeat(b, *to, 1)) {
+                            beats.push(count);
+                        }
+                    }
+                    let gaps: Vec<u64> = beats.windows(2).map(|w| w[1] - w[0]).collect();
+                    let h = heartbeat_ticks as u64;
+                    assert!(gaps.iter().all(|&g| g == h), "{beats:?}");
+                    assert!(beats.len() >= 3, "{beats:?}");
+                    let on_phase = beats.iter().all(|c| c % h == 0);
+                    assert_eq!(
+                        on_phase,
+                        aligned || elected_at == 0,
+                        "heartbeat_ticks {h}, elected at {elected_at}, aligned {aligned}: {beats:?}"
+                    );
+                }
+            }
+        }
     }
 
     /// Replica 1 elected and every message delivered.

@@ -342,10 +342,10 @@ pub enum NodeTimer {
     Raft,
 }
 
-/// A peer's raft message for a group of another shard of this node.
+/// A peer's raft messages for groups of one shard of this node, `(slot id,
+/// bytes)` each, in the order the peer's frame held them.
 #[derive(Debug)]
 pub struct RaftIn {
     pub from: crate::cluster::NodeId,
-    pub slot_id: u32,
-    pub bytes: Vec<u8>,
+    pub messages: Vec<(u32, Vec<u8>)>,
 }

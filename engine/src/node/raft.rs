@@ -9,7 +9,9 @@
 //! - **Time**: one timer per shard (`[cluster] raft_tick_ms`); each run ticks every
 //!   group once per tick elapsed since the last run, so a shard that was paused
 //!   (SIGSTOP) catches up on its ticks at once and a leader whose quorum went quiet
-//!   steps down before it serves again.
+//!   steps down before it serves again. The ticks are counted per shard and the
+//!   leaders' heartbeats phased by that count (`Group::tick_at`), so one tick in
+//!   `heartbeat_ticks` carries all of them, one frame per peer.
 //! - **Writes**: each drain's writes go through `store::replicated` in the
 //!   contract's order: the entries into this shard's message log, a sync of the log
 //!   (on this thread for now), the term, vote and configuration into
@@ -18,8 +20,9 @@
 //!   acknowledges.
 //! - **Messages**: a drain's messages for one peer leave in one frame (`Kind::Raft`,
 //!   one-way); a frame the link refuses is dropped (raft resends) and the group is
-//!   told the peer is unreachable. A peer's frame is read by any shard and each
-//!   message passed to its group's shard.
+//!   told the peer is unreachable. A peer's frame is read by any shard and split by
+//!   the shard of each message's group; each shard steps its part and drains the
+//!   groups it reached once, so the answers to one frame leave in one frame.
 //! - **Status**: each group's leader and term as this replica knows them, in
 //!   [`RaftStatus`] (read by `/metrics` and tests).
 //!
@@ -119,6 +122,9 @@ pub struct RaftSide {
     file: Option<RaftStateFile>,
     tick_ms: u64,
     last_tick_ms: Option<u64>,
+    /// Ticks run: the shared count the groups' heartbeats are phased by, so the
+    /// heartbeats of all the groups this shard leads leave together.
+    ticks: u64,
     out: Outputs,
     appended: Vec<AppendedMessage>,
     /// Per peer: `(slot id, raft message)` to send.
@@ -135,6 +141,7 @@ impl RaftSide {
             file: None,
             tick_ms: 0,
             last_tick_ms: None,
+            ticks: 0,
             out: Outputs::default(),
             appended: Vec::new(),
             outbox: BTreeMap::new(),
@@ -199,37 +206,53 @@ impl RaftSide {
     }
 
     /// The timer's run at `now_ms`: every group ticked once per tick elapsed (at
-    /// most 20), then all drained as one batch.
+    /// most 20) on the shard's shared count (`Group::tick_at`: the leaders beat on
+    /// the same ticks), then all drained as one batch.
     pub fn on_timer(&mut self, now_ms: u64, log: &mut MessageLog, status: &RaftStatus) {
         let last = *self.last_tick_ms.get_or_insert(now_ms);
         let ticks = (now_ms.saturating_sub(last) / self.tick_ms).min(20);
         self.last_tick_ms = Some(last + ticks * self.tick_ms);
         let ids: Vec<u32> = self.groups.keys().copied().collect();
-        for r in self.groups.values_mut() {
-            for _ in 0..ticks {
-                r.group.tick();
+        for _ in 0..ticks {
+            self.ticks += 1;
+            for r in self.groups.values_mut() {
+                r.group.tick_at(self.ticks);
             }
         }
         self.drain(&ids, now_ms, log, status);
     }
 
-    /// A peer's message for `slot_id`'s group at `now_ms`; a group this shard
-    /// does not hold, or bytes the group refuses, are dropped (`false`).
-    pub fn on_message(
+    /// A peer's messages for this shard's groups at `now_ms`, `(slot id, bytes)`
+    /// each: every one stepped, then the groups they reached drained as one batch
+    /// (one log sync, one `raft_state` sync, one frame per peer for all their
+    /// answers). A message for a group this shard does not hold, or bytes the group
+    /// refuses, is dropped; returns how many were.
+    pub fn on_messages(
         &mut self,
         now_ms: u64,
         from: NodeId,
-        slot_id: u32,
-        bytes: &[u8],
+        messages: &[(u32, Vec<u8>)],
         log: &mut MessageLog,
         status: &RaftStatus,
-    ) -> bool {
-        let Some(r) = self.groups.get_mut(&slot_id) else {
-            return false;
-        };
-        let stepped = r.group.step(raft_id(from), bytes).is_ok();
-        self.drain(&[slot_id], now_ms, log, status);
-        stepped
+    ) -> usize {
+        let mut dropped = 0;
+        let mut ids: Vec<u32> = Vec::with_capacity(messages.len());
+        for (slot_id, bytes) in messages {
+            let Some(r) = self.groups.get_mut(slot_id) else {
+                dropped += 1;
+                continue;
+            };
+            if r.group.step(raft_id(from), bytes).is_err() {
+                dropped += 1;
+            }
+            ids.push(*slot_id);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        if !ids.is_empty() {
+            self.drain(&ids, now_ms, log, status);
+        }
+        dropped
     }
 
     /// The messages to send, per peer; the caller sends each peer's in one frame

@@ -57,7 +57,9 @@ impl NodeShard {
         self.flush_raft(cx, driver);
     }
 
-    /// A peer's frame of raft messages: each to its group's shard.
+    /// A peer's frame of raft messages: split by the shard of each message's
+    /// group (in the frame's order), this shard's stepped and drained as one
+    /// batch, each other shard's passed on in one message.
     pub(super) fn on_remote_raft(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
@@ -66,30 +68,24 @@ impl NodeShard {
         messages: Vec<(u32, Vec<u8>)>,
     ) {
         let shards = usize::from(self.shared.slot_map.shard_count());
+        let mut by_shard: Vec<Vec<(u32, Vec<u8>)>> = vec![Vec::new(); shards];
         for (slot_id, bytes) in messages {
-            let shard = slot_id as usize % shards;
+            by_shard[slot_id as usize % shards].push((slot_id, bytes));
+        }
+        for (shard, messages) in by_shard.into_iter().enumerate() {
+            if messages.is_empty() {
+                continue;
+            }
+            let m = RaftIn { from, messages };
             if shard == self.me as usize {
-                self.on_raft_in(
-                    cx,
-                    driver,
-                    RaftIn {
-                        from,
-                        slot_id,
-                        bytes,
-                    },
-                );
+                self.on_raft_in(cx, driver, m);
             } else {
-                let msg = Msg::Raft(Box::new(RaftIn {
-                    from,
-                    slot_id,
-                    bytes,
-                }));
-                self.send_msg(cx, shard as slots::ShardId, msg);
+                self.send_msg(cx, shard as slots::ShardId, Msg::Raft(Box::new(m)));
             }
         }
     }
 
-    /// One message for a group of this shard.
+    /// A peer's messages for groups of this shard.
     pub(super) fn on_raft_in(
         &mut self,
         cx: &mut Context<Msg, NodeTimer>,
@@ -99,12 +95,10 @@ impl NodeShard {
         let now_ms = cx.now_ms();
         let status = &self.shared.raft_status;
         let log = self.commit.core.log_mut();
-        if !self
+        let dropped = self
             .raft
-            .on_message(now_ms, m.from, m.slot_id, &m.bytes, log, status)
-        {
-            self.metrics.raft_messages_dropped.inc();
-        }
+            .on_messages(now_ms, m.from, &m.messages, log, status);
+        self.metrics.raft_messages_dropped.add(dropped as u64);
         self.flush_raft(cx, driver);
     }
 
