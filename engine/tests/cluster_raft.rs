@@ -2,6 +2,8 @@
 //! 3`): every slot id's group elects one leader, every node agrees on it and its
 //! term; with its leader's node stopped each group it led elects another among the
 //! two left, in a higher term.
+//! Each node's `GET /cluster/slots` lists every group with its replicas and the
+//! leader and term it agreed on.
 //! Waits are bounded polls of each node's `raft_status` (no sleeps).
 
 use std::time::{Duration, Instant};
@@ -40,12 +42,43 @@ fn agreed(c: &Cluster, alive: &[u64], what: &str) -> Vec<(u64, u64)> {
     }
 }
 
+/// Node `id`'s `GET /cluster/slots` lists `slot_ids` groups, each with its three
+/// replicas from the slot id on and the leader and term its replica knows (polled
+/// until the answer and `raft_status` read right after it agree, within [`WAIT`]).
+fn slots_show_the_groups(c: &Cluster, id: u64, slot_ids: usize) {
+    let node = c.node(id);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, text) = support::http_get(node.api_addr().unwrap(), "/cluster/slots").unwrap();
+        assert_eq!(status, 200, "{text}");
+        let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let groups = body["replica_groups"].as_array().expect("replica_groups");
+        assert_eq!(groups.len(), slot_ids, "node {id}");
+        let mut agree = true;
+        for (slot_id, g) in groups.iter().enumerate() {
+            let replicas: Vec<u64> = (0..3).map(|k| [1, 2, 3][(slot_id + k) % 3]).collect();
+            assert_eq!(g["slot_id"].as_u64(), Some(slot_id as u64), "{g}");
+            assert_eq!(g["replicas"], serde_json::json!(replicas), "node {id}: {g}");
+            let shown = g["leader_node_id"].as_u64().zip(g["term"].as_u64());
+            agree &= shown == node.shared().raft_status.of(slot_id as u32);
+        }
+        if agree {
+            return;
+        }
+        assert!(Instant::now() < deadline, "node {id}: {text}");
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn every_group_elects_one_leader_and_another_when_its_node_stops() {
     let mut c = Cluster::start_with(Backend::Mio, |cfg| {
         cfg.cluster.replicas = 3;
     });
     let first = agreed(&c, &[1, 2, 3], "three nodes");
+    for id in 1..=3 {
+        slots_show_the_groups(&c, id, first.len());
+    }
     // Stop the leader of slot id 0 (node ids are 1..=3, nodes[id - 1]).
     let gone = first[0].0;
     let node = c.nodes.remove(gone as usize - 1);

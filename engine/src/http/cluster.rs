@@ -391,7 +391,9 @@ impl Api {
     }
 
     /// `GET /cluster/slots`: the view (each hash slot's slot id, leader, term,
-    /// config epoch and home node) and the nodes ([`Api::cluster_nodes`]).
+    /// config epoch and home node), the nodes ([`Api::cluster_nodes`]) and, with
+    /// `[cluster] replicas` above 1, the replicated groups
+    /// ([`Api::replica_groups`]).
     pub(super) fn cluster_slots(&self) -> Reply {
         self.cluster_slots_of(&self.shared.view())
     }
@@ -408,11 +410,38 @@ impl Api {
                        "home_node_id": view.home_node(s)})
             })
             .collect();
-        Reply::json(
-            200,
-            json!({"config_epoch": view.config_epoch, "revision": view.revision,
-                   "slots": slots, "nodes": self.cluster_nodes()}),
-        )
+        let mut body = json!({"config_epoch": view.config_epoch, "revision": view.revision,
+                   "slots": slots, "nodes": self.cluster_nodes()});
+        if let Some(groups) = self.replica_groups() {
+            body["replica_groups"] = groups;
+        }
+        Reply::json(200, body)
+    }
+
+    /// Each slot id's group as this node sees it: its replicas (node ids, config
+    /// order from the slot id) and, where this node holds a replica that has seen
+    /// an election, the leader (`null`: none known) and term; `None` when no group
+    /// runs (`replicas = 1`, or a node alone).
+    fn replica_groups(&self) -> Option<Value> {
+        let c = &self.shared.config.cluster;
+        let nodes: Vec<NodeId> = c.nodes.iter().map(|n| n.id).collect();
+        if c.replicas < 2 || nodes.len() < 2 {
+            return None;
+        }
+        let groups = (0..c.slot_ids)
+            .map(|slot_id| {
+                let replicas =
+                    crate::node::raft::replica_nodes(slot_id, &nodes, c.replicas as usize);
+                let (leader, term) = match self.shared.raft_status.of(slot_id) {
+                    Some((0, term)) => (Value::Null, json!(term)),
+                    Some((leader, term)) => (json!(leader), json!(term)),
+                    None => (Value::Null, Value::Null),
+                };
+                json!({"slot_id": slot_id, "replicas": replicas, "leader_node_id": leader,
+                       "term": term})
+            })
+            .collect();
+        Some(Value::Array(groups))
     }
 }
 
