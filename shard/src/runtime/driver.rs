@@ -108,7 +108,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_poll_without_timeout_waits_until_the_doorbell() {
-        use crate::runtime::eventfd::{poll_timeout_of, thread_id};
+        use crate::runtime::eventfd::tests::{poll_timeout_of, thread_id};
         let bell = Arc::new(EventFd::new().unwrap());
         let (tx, rx) = std::sync::mpsc::channel();
         let parked = {

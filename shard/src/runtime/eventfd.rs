@@ -71,31 +71,31 @@ impl AsRawFd for EventFd {
     }
 }
 
-/// The timeout argument of the `poll` that thread `tid` of this process is in, read
-/// from its `/proc` syscall line (the syscall number, then its arguments); `None`
-/// while it is in no `poll`. Lets a test see how a thread waits without timing it.
-#[cfg(all(test, target_arch = "x86_64"))]
-pub(super) fn poll_timeout_of(tid: libc::pid_t) -> Option<i32> {
-    let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).ok()?;
-    let mut fields = line.split_whitespace();
-    if fields.next()? != libc::SYS_poll.to_string() {
-        return None;
-    }
-    let timeout = fields.nth(2)?.trim_start_matches("0x");
-    // An int argument: its low 32 bits (-1 is 0xffffffffffffffff).
-    Some(u64::from_str_radix(timeout, 16).ok()? as u32 as i32)
-}
-
-/// This thread's kernel id (for [`poll_timeout_of`]).
-#[cfg(all(test, target_arch = "x86_64"))]
-pub(super) fn thread_id() -> libc::pid_t {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// The timeout argument of the `poll` that thread `tid` of this process is in, read
+    /// from its `/proc` syscall line (the syscall number, then its arguments); `None`
+    /// while it is in no `poll`. Lets a test see how a thread waits without timing it.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn poll_timeout_of(tid: libc::pid_t) -> Option<i32> {
+        let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).ok()?;
+        let mut fields = line.split_whitespace();
+        if fields.next()? != libc::SYS_poll.to_string() {
+            return None;
+        }
+        let timeout = fields.nth(2)?.trim_start_matches("0x");
+        // An int argument: its low 32 bits (-1 is 0xffffffffffffffff).
+        Some(u64::from_str_radix(timeout, 16).ok()? as u32 as i32)
+    }
+
+    /// This thread's kernel id (for [`poll_timeout_of`]).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn thread_id() -> libc::pid_t {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
+    }
 
     #[test]
     fn notify_then_wait_fires_once() {
