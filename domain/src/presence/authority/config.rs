@@ -141,7 +141,8 @@ mod tests {
     #[test]
     fn each_zero_limit_is_refused_by_name() {
         assert_eq!(AuthorityConfig::default().validate(), Ok(()));
-        let zeroed: [(&str, fn(&mut AuthorityConfig)); 11] = [
+        type Zero = (&'static str, fn(&mut AuthorityConfig));
+        let zeroed: [Zero; 11] = [
             ("route_ttl_s", |c| c.route_ttl_s = 0),
             ("pending_ttl_s", |c| c.pending_ttl_s = 0),
             ("fence_retention_s", |c| c.fence_retention_s = 0),
