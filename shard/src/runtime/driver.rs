@@ -75,3 +75,90 @@ impl Driver for PlainDriver {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll(d: &mut PlainDriver, timeout: Option<Duration>) {
+        d.poll(timeout, &mut Vec::new()).unwrap();
+    }
+
+    #[test]
+    fn a_zero_timeout_never_waits_and_any_other_wakes_on_the_doorbell() {
+        let bell = Arc::new(EventFd::new().unwrap());
+        let mut d = PlainDriver::new(bell.clone());
+        bell.notify();
+        poll(&mut d, Some(Duration::ZERO));
+        assert_eq!(
+            d.doorbell_wakes, 0,
+            "a zero timeout does not look at the doorbell"
+        );
+        // Rung: a wait of an hour returns at once, and drains it.
+        poll(&mut d, Some(Duration::from_secs(3600)));
+        assert_eq!(d.doorbell_wakes, 1);
+        assert!(!bell.drain(), "the wait drained the doorbell");
+        bell.notify();
+        poll(&mut d, None);
+        assert_eq!(d.doorbell_wakes, 2);
+    }
+
+    /// `poll(None)` waits with no timeout at all: the thread is seen in its `poll`
+    /// with timeout -1, and it returns once the doorbell rings.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_poll_without_timeout_waits_until_the_doorbell() {
+        use crate::runtime::eventfd::tests::{poll_timeout_of, thread_id};
+        let bell = Arc::new(EventFd::new().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let parked = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                let mut d = PlainDriver::new(bell);
+                tx.send(thread_id()).unwrap();
+                poll(&mut d, None);
+                d.doorbell_wakes
+            })
+        };
+        let tid = rx.recv().unwrap();
+        // Wait for the condition (the thread in its poll), not for a duration.
+        let timeout = loop {
+            if let Some(t) = poll_timeout_of(tid) {
+                break t;
+            }
+            assert!(
+                !parked.is_finished(),
+                "poll(None) returned without the doorbell"
+            );
+            std::thread::yield_now();
+        };
+        assert_eq!(timeout, -1);
+        bell.notify();
+        assert_eq!(parked.join().unwrap(), 1);
+    }
+
+    /// A driver that records its polls' timeouts and reports one event per poll.
+    #[derive(Default)]
+    struct Recorder {
+        timeouts: Vec<Option<Duration>>,
+    }
+
+    impl Driver for Recorder {
+        type Event = u8;
+
+        fn poll(&mut self, timeout: Option<Duration>, events: &mut Vec<u8>) -> io::Result<()> {
+            self.timeouts.push(timeout);
+            events.push(7);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn poll_now_is_a_poll_that_does_not_wait() {
+        let mut r = Recorder::default();
+        let mut events = Vec::new();
+        r.poll_now(Instant::now(), &mut events).unwrap();
+        assert_eq!(r.timeouts, [Some(Duration::ZERO)]);
+        assert_eq!(events, [7]);
+    }
+}

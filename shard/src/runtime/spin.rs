@@ -161,4 +161,29 @@ mod tests {
         );
         assert_eq!(p.allowed_ns(), 0, "credit spent: park at once");
     }
+
+    #[test]
+    fn a_gap_of_exactly_the_maximum_halves_and_a_half_of_exactly_the_floor_stays() {
+        // A park whose spun + slept equals the maximum is a long one: it halves.
+        let mut p = SpinPolicy::new(50 * US, true, 100);
+        p.on_park(0, 50 * US);
+        assert_eq!(p.allowed_ns(), 25 * US);
+        // A budget of twice the floor halves to the floor itself, not to 0.
+        let mut p = SpinPolicy::new(2 * BUDGET_FLOOR_NS, true, 100);
+        p.on_park(0, 10 * US);
+        assert_eq!(p.allowed_ns(), BUDGET_FLOOR_NS);
+        p.on_park(0, 10 * US);
+        assert_eq!(p.allowed_ns(), 0, "half the floor is under it");
+    }
+
+    #[test]
+    fn busy_time_earns_its_percentage_of_credit() {
+        // Credit spent to 0 (work found after a whole spell), then earned back at
+        // 30% of 100 µs of work.
+        let mut p = SpinPolicy::new(50 * US, true, 30);
+        p.on_work(50 * US);
+        assert_eq!(p.allowed_ns(), 0);
+        p.on_busy(100 * US);
+        assert_eq!(p.allowed_ns(), 30 * US);
+    }
 }

@@ -131,3 +131,85 @@ impl AuthorityConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every limit that must be at least 1 is refused at 0, by its name; the
+    /// defaults pass.
+    #[test]
+    fn each_zero_limit_is_refused_by_name() {
+        assert_eq!(AuthorityConfig::default().validate(), Ok(()));
+        type Zero = (&'static str, fn(&mut AuthorityConfig));
+        let zeroed: [Zero; 11] = [
+            ("route_ttl_s", |c| c.route_ttl_s = 0),
+            ("pending_ttl_s", |c| c.pending_ttl_s = 0),
+            ("fence_retention_s", |c| c.fence_retention_s = 0),
+            ("routes_per_slot_max", |c| c.routes_per_slot_max = 0),
+            ("pending_per_slot_max", |c| c.pending_per_slot_max = 0),
+            ("records_per_uid_max", |c| c.records_per_uid_max = 0),
+            ("lookup_uids_max", |c| c.lookup_uids_max = 0),
+            ("touch_batch_routes_max", |c| c.touch_batch_routes_max = 0),
+            ("initial_buckets_per_slot", |c| {
+                c.initial_buckets_per_slot = 0
+            }),
+            ("presence_filter_bits_per_route", |c| {
+                c.presence_filter_bits_per_route = 0
+            }),
+            ("presence_filter_bits_per_slot_max", |c| {
+                c.presence_filter_bits_per_slot_max = 0
+            }),
+        ];
+        for (name, zero) in zeroed {
+            let mut c = AuthorityConfig::default();
+            zero(&mut c);
+            assert_eq!(c.validate(), Err(ConfigError::Zero(name)));
+        }
+        // 0 is a working value of these.
+        let c = AuthorityConfig {
+            presence_filter_stale_percent: 0,
+            handover_wait_s: 0,
+            handover_stash_routes_max: 0,
+            ..AuthorityConfig::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    /// The fence records must hold every route and candidate: at their sum and
+    /// above it passes, one below is refused.
+    #[test]
+    fn fence_records_cover_routes_and_candidates() {
+        let with = |fence| AuthorityConfig {
+            routes_per_slot_max: 5,
+            pending_per_slot_max: 3,
+            fence_records_per_slot_max: fence,
+            ..AuthorityConfig::default()
+        };
+        assert_eq!(with(8).validate(), Ok(()));
+        assert_eq!(with(9).validate(), Ok(()));
+        assert_eq!(
+            with(7).validate(),
+            Err(ConfigError::FenceRecordsBelowRoutes)
+        );
+        // A sum past usize::MAX saturates rather than wrapping to a small one.
+        let huge = AuthorityConfig {
+            routes_per_slot_max: usize::MAX,
+            ..with(usize::MAX - 1)
+        };
+        assert_eq!(huge.validate(), Err(ConfigError::FenceRecordsBelowRoutes));
+    }
+
+    #[test]
+    fn errors_name_what_to_fix() {
+        assert_eq!(
+            ConfigError::Zero("lookup_uids_max").to_string(),
+            "authority config: lookup_uids_max must be at least 1"
+        );
+        assert_eq!(
+            ConfigError::FenceRecordsBelowRoutes.to_string(),
+            "authority config: fence_records_per_slot_max must be at least \
+             routes_per_slot_max + pending_per_slot_max"
+        );
+    }
+}
