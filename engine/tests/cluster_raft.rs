@@ -3,7 +3,8 @@
 //! term; with its leader's node stopped each group it led elects another among the
 //! two left, in a higher term.
 //! Each node's `GET /cluster/slots` lists every group with its replicas and the
-//! leader and term it agreed on.
+//! leader and term it agreed on; each node places a slot id's hash slots on the
+//! shard of its replica (`slot_id % shard_count`, layout version 3).
 //! Waits are bounded polls of each node's `raft_status` (no sleeps).
 
 use std::time::{Duration, Instant};
@@ -74,10 +75,24 @@ fn slots_show_the_groups(c: &Cluster, id: u64, slot_ids: usize) {
 fn every_group_elects_one_leader_and_another_when_its_node_stops() {
     let mut c = Cluster::start_with(Backend::Mio, |cfg| {
         cfg.cluster.replicas = 3;
+        cfg.runtime.shard_count = 2;
     });
     let first = agreed(&c, &[1, 2, 3], "three nodes");
     for id in 1..=3 {
         slots_show_the_groups(&c, id, first.len());
+    }
+    for node in &c.nodes {
+        let map = &node.shared().slot_map;
+        let shards = u32::from(map.shard_count());
+        assert!(shards > 1, "the placement is seen across shards");
+        for h in 0..256u16 {
+            let slot_id = u32::from(h) * first.len() as u32 / 256;
+            assert_eq!(
+                u32::from(map.shard_of(h)),
+                slot_id % shards,
+                "hash slot {h}"
+            );
+        }
     }
     // Stop the leader of slot id 0 (node ids are 1..=3, nodes[id - 1]).
     let gone = first[0].0;

@@ -198,10 +198,10 @@ fn a_changed_shard_count_is_refused_and_the_same_one_keeps_history(backend: Back
     // A layout version newer than this binary knows is refused too.
     let path = dir.path().join("layout.toml");
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains("layout_version = 2"), "{text}");
+    assert!(text.contains("layout_version = 3"), "{text}");
     std::fs::write(
         &path,
-        text.replace("layout_version = 2", "layout_version = 99"),
+        text.replace("layout_version = 3", "layout_version = 99"),
     )
     .unwrap();
     let err = start_err(&c);

@@ -58,7 +58,7 @@ fn a_start_with_another_cluster_is_refused_naming_both_lists() {
         .shutdown()
         .unwrap();
     let recorded = format!(
-        "the cluster [1@127.0.0.1:{}, 2@127.0.0.1:{}, 3@127.0.0.1:{}] over 64 slot ids",
+        "the cluster [1@127.0.0.1:{}, 2@127.0.0.1:{}, 3@127.0.0.1:{}] over 64 slot ids, 1 replica",
         ports[0], ports[1], ports[2]
     );
 
@@ -67,7 +67,7 @@ fn a_start_with_another_cluster_is_refused_naming_both_lists() {
     let err = start_err(&node_1(dir.path(), &moved));
     assert!(!err.contains('\n'), "one line: {err}");
     assert!(err.contains(&recorded), "names the recorded list: {err}");
-    let now = format!("3@127.0.0.1:{}] over 64 slot ids", ports[3]);
+    let now = format!("3@127.0.0.1:{}] over 64 slot ids, 1 replica", ports[3]);
     assert!(err.contains(&now), "names the configured list: {err}");
 
     // A node alone on a cluster node's data dir.

@@ -70,6 +70,26 @@ impl SlotMap {
         })
     }
 
+    /// The placement of a cluster whose slot ids are replicated (layout version 3):
+    /// hash slot `h` on the shard of its slot id, `(h * slot_ids / 256) %
+    /// shard_count`, so a slot id's channels and its replica's raft log share one
+    /// shard. `slot_ids` is at least 1 and at most 256.
+    pub fn by_slot_id(shard_count: u16, slot_ids: u32) -> Result<Self, SlotMapError> {
+        assert!(
+            (1..=HASH_SLOTS as u32).contains(&slot_ids),
+            "slot ids {slot_ids} out of 1..={HASH_SLOTS}"
+        );
+        if shard_count == 0 {
+            return Err(SlotMapError::NoShards);
+        }
+        let mut shard_of = [0; HASH_SLOTS];
+        for (slot, shard) in shard_of.iter_mut().enumerate() {
+            let slot_id = slot as u32 * slot_ids / HASH_SLOTS as u32;
+            *shard = (slot_id % u32::from(shard_count)) as ShardId;
+        }
+        Self::from_assignment(shard_count, shard_of)
+    }
+
     /// An explicit placement (from configuration).
     pub fn from_assignment(
         shard_count: u16,
@@ -136,6 +156,29 @@ mod tests {
         assert_eq!(map.shard_of(255), 0);
         let counts: Vec<usize> = (0..3).map(|s| map.slots_of(s).count()).collect();
         assert_eq!(counts, vec![86, 85, 85]);
+    }
+
+    /// By slot id: a slot id's hash slots share one shard, `slot_id %
+    /// shard_count`; the slot ids' ranges are contiguous.
+    #[test]
+    fn slot_id_placement_keeps_a_slot_ids_hash_slots_together() {
+        let map = SlotMap::by_slot_id(3, 64).unwrap();
+        assert_eq!(map.shard_count(), 3);
+        // Slot id 0 holds hash slots 0..4 (shard 0), slot id 1 holds 4..8
+        // (shard 1), slot id 2 holds 8..12 (shard 2), slot id 3 holds 12..16
+        // (shard 0 again); slot id 63 holds 252..256 (shard 0).
+        let shards: Vec<ShardId> = [0, 3, 4, 7, 8, 11, 12, 15, 252, 255]
+            .iter()
+            .map(|&h| map.shard_of(h))
+            .collect();
+        assert_eq!(shards, vec![0, 0, 1, 1, 2, 2, 0, 0, 0, 0]);
+        let counts: Vec<usize> = (0..3).map(|s| map.slots_of(s).count()).collect();
+        assert_eq!(counts, vec![88, 84, 84]);
+        // A count that does not divide 256: slot id h * 5 / 256.
+        let five = SlotMap::by_slot_id(2, 5).unwrap();
+        assert_eq!((five.shard_of(51), five.shard_of(52)), (0, 1));
+        assert_eq!(five.shard_of(255), 0);
+        assert_eq!(SlotMap::by_slot_id(0, 64), Err(SlotMapError::NoShards));
     }
 
     /// The errors name the fault (a config check prints them).

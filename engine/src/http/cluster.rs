@@ -425,7 +425,7 @@ impl Api {
     fn replica_groups(&self) -> Option<Value> {
         let c = &self.shared.config.cluster;
         let nodes: Vec<NodeId> = c.nodes.iter().map(|n| n.id).collect();
-        if c.replicas < 2 || nodes.len() < 2 {
+        if !crate::node::raft::groups_run(c.replicas as usize, nodes.len()) {
             return None;
         }
         let groups = (0..c.slot_ids)

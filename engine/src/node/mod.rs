@@ -172,6 +172,7 @@ fn cluster_layout(config: &NodeConfig) -> crate::store::layout::ClusterLayout {
     }
     crate::store::layout::ClusterLayout {
         slot_ids: cluster.slot_ids,
+        replicas: cluster.replicas,
         nodes: cluster
             .nodes
             .iter()
@@ -180,6 +181,18 @@ fn cluster_layout(config: &NodeConfig) -> crate::store::layout::ClusterLayout {
                 rpc_addr: n.rpc_addr,
             })
             .collect(),
+    }
+}
+
+/// The hash slots' placement on this node's shards: by slot id where the slot ids
+/// are replicated (a slot id's channels on its replica's shard, layout version
+/// 3), else `hash_slot % shard_count` (`store::layout`).
+fn slot_map(config: &NodeConfig) -> Result<SlotMap, ::slots::SlotMapError> {
+    let shards = config.runtime.shard_count;
+    if cluster_layout(config).placement() == crate::store::layout::PLACEMENT_BY_SLOT_ID {
+        SlotMap::by_slot_id(shards, config.cluster.slot_ids)
+    } else {
+        SlotMap::modulo(shards)
     }
 }
 
@@ -533,7 +546,7 @@ impl Node {
         config.net.rpc_links_per_shard_max = rpc_links_per_shard_max(&config);
         let fd_budget = apply_fd_budget(&mut config)?;
         let boot_id: BootId = rand::random();
-        let slot_map = SlotMap::modulo(config.runtime.shard_count).map_err(io::Error::other)?;
+        let slot_map = slot_map(&config).map_err(io::Error::other)?;
         let directory =
             Directory::new(&config.authority).map_err(|e| io::Error::other(format!("{e:?}")))?;
         let catalog = open_data_dir(&config)?;

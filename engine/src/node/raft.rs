@@ -5,7 +5,9 @@
 //! - **Placement**: slot id `s` has `[cluster] replicas` voters, the nodes at
 //!   `s, s + 1, …` (mod n) in config order ([`replica_nodes`]): the first is its
 //!   home today. A replica's raft id is its node id + 1 (raft ids start at 1,
-//!   node ids at 0).
+//!   node ids at 0). The slot id's channels live on the same shard
+//!   (`slots::SlotMap::by_slot_id`, layout version 3), so its channel logs and
+//!   its raft log are one message log.
 //! - **Time**: one timer per shard (`[cluster] raft_tick_ms`); each run ticks every
 //!   group once per tick elapsed since the last run, so a shard that was paused
 //!   (SIGSTOP) catches up on its ticks at once and a leader whose quorum went quiet
@@ -83,6 +85,13 @@ impl RaftStatus {
     }
 }
 
+/// Whether replicated groups run: `[cluster] replicas` above 1 on a cluster of more
+/// than one node (the data dir's placement by slot id, `store::layout`, follows
+/// the same rule).
+pub fn groups_run(replicas: usize, nodes: usize) -> bool {
+    replicas > 1 && nodes > 1
+}
+
 /// The nodes holding a replica of `slot_id`: `replicas` of `nodes` from
 /// `slot_id`'s position in config order (module docs).
 pub fn replica_nodes(slot_id: u32, nodes: &[NodeId], replicas: usize) -> Vec<NodeId> {
@@ -155,7 +164,7 @@ impl RaftSide {
     /// included).
     pub fn open(place: &RaftPlace<'_>, log: &MessageLog) -> Result<RaftSide, String> {
         let mut side = RaftSide::off();
-        if place.replicas < 2 || place.nodes.len() < 2 {
+        if !groups_run(place.replicas, place.nodes.len()) {
             return Ok(side);
         }
         let (file, mut states) =

@@ -3,19 +3,22 @@
 //! layout version), written atomically (mode 0600) at the first start and checked
 //! at every later one.
 //!
-//! Channels live on the shard of their hash slot (`slot % shard_count`), each
-//! shard with its own log (`DATA_DIR/shard-N/log`): the same data dir opened with
-//! another shard count would look for a channel's history in the wrong log (old
-//! messages hidden, seqs restarting at 1). So a start whose shard count, placement
-//! rule or hash slot count differs is refused with one line that says what to do,
-//! and so is a layout version newer than this binary knows. A data dir written
-//! before this file existed is judged by its `shard-N` directories.
+//! Channels live on the shard of their hash slot, each shard with its own log
+//! (`DATA_DIR/shard-N/log`): by `hash_slot % shard_count` ([`PLACEMENT`]), or, on a
+//! cluster whose slot ids are replicated (`[cluster] replicas` above 1), by the
+//! shard of their slot id ([`PLACEMENT_BY_SLOT_ID`], layout version 3), so a slot
+//! id's channels and its replica's raft log share one shard. The same data dir
+//! opened with another shard count or placement would look for a channel's history
+//! in the wrong log (old messages hidden, seqs restarting at 1). So a start whose
+//! shard count, placement rule or hash slot count differs is refused with one line
+//! that says what to do, and so is a layout version newer than this binary knows. A
+//! data dir written before this file existed is judged by its `shard-N` directories.
 //!
 //! On a cluster the data of a uid or channel is homed on `nodes[slot_id % n]`
 //! (`ClusterView::home_node`): the node list (ids and RPC addresses, in config
-//! order) and `[cluster] slot_ids` decide which data this node holds. A start whose
-//! `[[cluster.nodes]]` or slot ids differ from the recorded ones is refused with one
-//! line naming both ([`LayoutError::Cluster`]): the homes would move and data
+//! order), `[cluster] slot_ids` and `[cluster] replicas` decide which data this node
+//! holds. A start whose `[[cluster.nodes]]`, slot ids or replicas differ from the
+//! recorded ones is refused with one line naming both ([`LayoutError::Cluster`]): the homes would move and data
 //! written here would be looked for on another node. A node alone (no peers)
 //! records no node list; moving a node alone into a cluster (or a cluster node out
 //! of it) is refused the same way, since the homes of its data would move too:
@@ -29,12 +32,17 @@ use std::path::Path;
 use super::fsutil::write_atomic;
 
 /// The layout version this binary writes (and every one up to it, it reads): 2
-/// added the cluster's node list and slot ids.
-pub const LAYOUT_VERSION: u32 = 2;
+/// added the cluster's node list and slot ids, 3 the replica count and the
+/// placement by slot id.
+pub const LAYOUT_VERSION: u32 = 3;
 /// The file's name in the data dir.
 pub const LAYOUT_FILE: &str = "layout.toml";
-/// The placement rule of this binary (`slots::SlotMap::modulo`).
+/// The placement rule of a node alone and of a cluster without replicated slot
+/// ids (`slots::SlotMap::modulo`).
 pub const PLACEMENT: &str = "hash_slot % shard_count";
+/// The placement rule of a cluster with replicated slot ids
+/// (`slots::SlotMap::by_slot_id`).
+pub const PLACEMENT_BY_SLOT_ID: &str = "slot_id % shard_count";
 
 #[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +58,13 @@ struct Layout {
     /// before version 2.
     #[serde(default)]
     cluster_nodes: Vec<RecordedNode>,
+    /// `[cluster] replicas` (1 for a node alone). Absent before version 3 (1).
+    #[serde(default = "one")]
+    cluster_replicas: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One node of the cluster as the data dir records it.
@@ -60,18 +75,34 @@ pub struct RecordedNode {
     pub rpc_addr: std::net::SocketAddr,
 }
 
-/// The cluster a data dir belongs to: the nodes in config order and the slot id
-/// count, which decide every hash slot's home. A node alone: [`ClusterLayout::alone`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The cluster a data dir belongs to: the nodes in config order, the slot id
+/// count and the replica count, which decide every hash slot's home and replicas. A
+/// node alone: [`ClusterLayout::alone`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterLayout {
     pub slot_ids: u32,
     pub nodes: Vec<RecordedNode>,
+    pub replicas: u32,
 }
 
 impl ClusterLayout {
-    /// A node alone: no node list, no slot ids.
+    /// A node alone: no node list, no slot ids, one replica.
     pub fn alone() -> ClusterLayout {
-        ClusterLayout::default()
+        ClusterLayout {
+            slot_ids: 0,
+            nodes: Vec::new(),
+            replicas: 1,
+        }
+    }
+
+    /// The placement rule of this cluster's data: by slot id where the slot ids
+    /// are replicated, else by hash slot.
+    pub fn placement(&self) -> &'static str {
+        if self.replicas > 1 && self.nodes.len() > 1 {
+            PLACEMENT_BY_SLOT_ID
+        } else {
+            PLACEMENT
+        }
     }
 
     /// How the refusal names it: `a node alone (…)` or `the cluster
@@ -86,9 +117,11 @@ impl ClusterLayout {
             .map(|n| format!("{}@{}", n.id, n.rpc_addr))
             .collect();
         format!(
-            "the cluster [{}] over {} slot ids",
+            "the cluster [{}] over {} slot ids, {} replica{}",
             list.join(", "),
-            self.slot_ids
+            self.slot_ids,
+            self.replicas,
+            if self.replicas == 1 { "" } else { "s" }
         )
     }
 }
@@ -141,9 +174,9 @@ impl std::fmt::Display for LayoutError {
             } => write!(
                 f,
                 "data dir {data_dir} was written by {written}, but \
-                 [[cluster.nodes]] and [cluster] slot_ids now give {configured}: the homes \
-                 of its data would move; start with the recorded cluster, or use a new \
-                 data dir for the new cluster"
+                 [[cluster.nodes]], [cluster] slot_ids and replicas now give {configured}: \
+                 the homes of its data would move; start with the recorded cluster, or use \
+                 a new data dir for the new cluster"
             ),
             LayoutError::Other(what) => f.write_str(what),
             LayoutError::Io(e) => write!(f, "data dir layout: {e}"),
@@ -154,8 +187,9 @@ impl std::fmt::Display for LayoutError {
 impl std::error::Error for LayoutError {}
 
 /// Checks `data_dir` against `shard_count`, `hash_slots` and `cluster`, recording
-/// the layout if the dir has none yet (or one of version 1, which gets the cluster
-/// recorded). `data_dir` must exist.
+/// the layout if the dir has none yet or an older version (version 1 gets the
+/// cluster configured now recorded; version 2, written before replicas, is
+/// checked as one replica). `data_dir` must exist.
 pub fn check_or_record(
     data_dir: &Path,
     shard_count: u16,
@@ -167,9 +201,10 @@ pub fn check_or_record(
         layout_version: LAYOUT_VERSION,
         shard_count,
         hash_slots,
-        placement: PLACEMENT.into(),
+        placement: cluster.placement().into(),
         cluster_slot_ids: cluster.slot_ids,
         cluster_nodes: cluster.nodes.clone(),
+        cluster_replicas: cluster.replicas,
     };
     let found = match std::fs::read_to_string(data_dir.join(LAYOUT_FILE)) {
         Ok(text) => Some(parse(&shown, &text)?),
@@ -179,7 +214,7 @@ pub fn check_or_record(
     let recorded = found
         .as_ref()
         .is_some_and(|l| l.layout_version == LAYOUT_VERSION);
-    if let Some(layout) = found.as_ref().filter(|_| recorded) {
+    if let Some(layout) = found.as_ref().filter(|l| l.layout_version >= 2) {
         check_cluster(&shown, layout, cluster)?;
     }
     let written = match found {
@@ -187,9 +222,9 @@ pub fn check_or_record(
             if layout.placement != mine.placement || layout.hash_slots != mine.hash_slots {
                 return Err(LayoutError::Other(format!(
                     "data dir {shown} places channels by \"{}\" over {} hash slots; this \
-                     binary places them by \"{PLACEMENT}\" over {hash_slots}: use the \
-                     binary that wrote it",
-                    layout.placement, layout.hash_slots
+                     configuration places them by \"{}\" over {hash_slots}: use the \
+                     configuration (or the binary) that wrote it",
+                    layout.placement, layout.hash_slots, mine.placement
                 )));
             }
             Some(layout.shard_count)
@@ -223,6 +258,7 @@ fn check_cluster(shown: &str, layout: &Layout, cluster: &ClusterLayout) -> Resul
     let written = ClusterLayout {
         slot_ids: layout.cluster_slot_ids,
         nodes: layout.cluster_nodes.clone(),
+        replicas: layout.cluster_replicas,
     };
     if written == *cluster {
         return Ok(());
@@ -279,6 +315,7 @@ mod tests {
     fn cluster(nodes: &[(u64, u16)], slot_ids: u32) -> ClusterLayout {
         ClusterLayout {
             slot_ids,
+            replicas: 1,
             nodes: nodes
                 .iter()
                 .map(|&(id, port)| RecordedNode {
@@ -299,8 +336,13 @@ mod tests {
         let three = cluster(&[(1, 11001), (2, 11002), (3, 11003)], 64);
         check(dir.path(), &three).unwrap();
         let text = std::fs::read_to_string(dir.path().join(LAYOUT_FILE)).unwrap();
-        assert!(text.contains("layout_version = 2"), "{text}");
+        assert!(text.contains("layout_version = 3"), "{text}");
         assert!(text.contains("cluster_slot_ids = 64"), "{text}");
+        assert!(text.contains("cluster_replicas = 1"), "{text}");
+        assert!(
+            text.contains("placement = \"hash_slot % shard_count\""),
+            "{text}"
+        );
         assert!(text.contains("[[cluster_nodes]]"), "{text}");
         assert!(text.contains("rpc_addr = \"127.0.0.1:11003\""), "{text}");
         check(dir.path(), &three).unwrap();
@@ -317,6 +359,10 @@ mod tests {
             cluster(&[(1, 11001), (2, 11002), (3, 12003)], 64),
             cluster(&[(1, 11001), (2, 11002), (3, 11003), (4, 11004)], 64),
             cluster(&[(1, 11001), (2, 11002), (3, 11003)], 32),
+            ClusterLayout {
+                replicas: 3,
+                ..three.clone()
+            },
             ClusterLayout::alone(),
         ];
         for configured in cases {
@@ -326,7 +372,7 @@ mod tests {
             assert!(!line.contains('\n'), "one line: {line}");
             assert!(
                 line.contains(
-                    "[1@127.0.0.1:11001, 2@127.0.0.1:11002, 3@127.0.0.1:11003] over 64 slot ids"
+                    "[1@127.0.0.1:11001, 2@127.0.0.1:11002, 3@127.0.0.1:11003] over 64 slot ids, 1 replica"
                 ),
                 "names the recorded list: {line}"
             );
@@ -366,7 +412,7 @@ mod tests {
         let three = cluster(&[(1, 11001), (2, 11002), (3, 11003)], 64);
         check(dir.path(), &three).unwrap();
         let text = std::fs::read_to_string(dir.path().join(LAYOUT_FILE)).unwrap();
-        assert!(text.contains("layout_version = 2"), "{text}");
+        assert!(text.contains("layout_version = 3"), "{text}");
         let other = cluster(&[(1, 11001), (2, 11002)], 64);
         assert!(matches!(
             check(dir.path(), &other),
@@ -377,5 +423,66 @@ mod tests {
             check_or_record(dir.path(), 3, 256, &three),
             Err(LayoutError::ShardCount { .. })
         ));
+    }
+
+    /// Replicated slot ids (layout version 3): the replicas and the placement by
+    /// slot id are recorded; the same cluster starts again; another replica count
+    /// is refused by name, and so is the cluster without replicas (its channels
+    /// would be looked for on other shards).
+    #[test]
+    fn a_replicated_cluster_records_its_replicas_and_placement_by_slot_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let three = ClusterLayout {
+            replicas: 3,
+            ..cluster(&[(1, 11001), (2, 11002), (3, 11003)], 64)
+        };
+        assert_eq!(three.placement(), PLACEMENT_BY_SLOT_ID);
+        check(dir.path(), &three).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LAYOUT_FILE)).unwrap();
+        assert!(text.contains("cluster_replicas = 3"), "{text}");
+        assert!(
+            text.contains("placement = \"slot_id % shard_count\""),
+            "{text}"
+        );
+        check(dir.path(), &three).unwrap();
+        for replicas in [1, 2] {
+            let other = ClusterLayout {
+                replicas,
+                ..three.clone()
+            };
+            let line = check(dir.path(), &other).unwrap_err().to_string();
+            assert!(line.contains("over 64 slot ids, 3 replicas"), "{line}");
+            assert!(line.contains(&other.describe()), "{line}");
+        }
+    }
+
+    /// A version 2 layout (written before replicas were recorded) is checked as one
+    /// replica: the same cluster without replicas opens it and records version 3;
+    /// the cluster with replicated slot ids is refused (its data was placed by hash
+    /// slot).
+    #[test]
+    fn a_version_2_layout_is_one_replica_placed_by_hash_slot() {
+        let v2 = "layout_version = 2\nshard_count = 2\nhash_slots = 256\n\
+                  placement = \"hash_slot % shard_count\"\ncluster_slot_ids = 64\n\
+                  [[cluster_nodes]]\nid = 1\nrpc_addr = \"127.0.0.1:11001\"\n\
+                  [[cluster_nodes]]\nid = 2\nrpc_addr = \"127.0.0.1:11002\"\n";
+        let two = cluster(&[(1, 11001), (2, 11002)], 64);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LAYOUT_FILE), v2).unwrap();
+        let replicated = ClusterLayout {
+            replicas: 2,
+            ..two.clone()
+        };
+        let line = check(dir.path(), &replicated).unwrap_err().to_string();
+        assert!(line.contains("over 64 slot ids, 1 replica,"), "{line}");
+        let other = cluster(&[(1, 11001), (3, 11003)], 64);
+        assert!(matches!(
+            check(dir.path(), &other),
+            Err(LayoutError::Cluster { .. })
+        ));
+        check(dir.path(), &two).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LAYOUT_FILE)).unwrap();
+        assert!(text.contains("layout_version = 3"), "{text}");
+        assert!(text.contains("cluster_replicas = 1"), "{text}");
     }
 }
