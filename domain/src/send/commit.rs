@@ -21,6 +21,10 @@
 //! | [`CommitCore::pump`] | the planner's `PlanOutput`s: `Push` batches, remote `Lookup`s |
 //! | [`CommitCore::on_lookup_reply`] | nothing: the next `pump` pushes the completed page |
 //!
+//! On a cluster whose slot ids are replicated, SENDs go through their slot id's
+//! raft group instead of the log's own append ([`replicated`]: `on_propose`,
+//! `propose_turn`, `on_appended`, `on_committed`, `on_lost`).
+//!
 //! Every error of the log comes out as a `LogFailed` beside the refusals it caused.
 //!
 //! # The sync policy
@@ -69,6 +73,10 @@ use crate::send::delivery::{
 use crate::send::idempotency::{FirstSend, IdempotencyWindow, SentIds};
 use crate::send::idgen::MessageIdGen;
 pub use crate::send::message::{Committed, Delivery};
+
+mod replicated;
+use replicated::ProposalBook;
+pub use replicated::Replicas;
 
 /// A message to commit, and where its answer goes (`A`: the driver's address of the
 /// SENDACK or the API reply; the core only hands it back). A SEND forwarded to its
@@ -240,6 +248,9 @@ pub enum Committing {
     Duplicate,
     /// Appended (or, NoPersist, given an id): answered with its turn or its sync.
     Appended,
+    /// Replicated: given an id and waiting to be proposed with its turn's batch to
+    /// its group (or with a copy already proposed): answered once committed.
+    Proposed,
     /// A resend of a message recovered from the log at start (its first answer is
     /// unknown): answered with the first copy's ids and delivered now.
     Recovered,
@@ -293,6 +304,8 @@ pub struct CommitCore<L: CommitLog, A> {
     /// The charges of the committed and not yet delivered messages.
     backlog_bytes: usize,
     counts: CommitCounts,
+    /// The replicated path's proposals, forming and in flight ([`replicated`]).
+    proposals: ProposalBook<A>,
 }
 
 impl<L: CommitLog, A> CommitCore<L, A> {
@@ -318,6 +331,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             planner: Planner::default(),
             backlog_bytes: 0,
             counts: CommitCounts::default(),
+            proposals: ProposalBook::default(),
         }
     }
 
@@ -332,9 +346,10 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         &self.log
     }
 
-    /// Commits appended and not yet answered (bounded by `commits_unsynced_max`).
+    /// Commits appended or proposed and not yet answered (bounded by
+    /// `commits_unsynced_max`).
     pub fn unanswered(&self) -> usize {
-        self.unsynced.len() + self.awaiting_sync.len()
+        self.unsynced.len() + self.awaiting_sync.len() + self.proposals.waiting()
     }
 
     /// Messages committed and not yet fully delivered or answered (bounded by
@@ -427,9 +442,31 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         now: Now,
         out: &mut Vec<CommitOutput<A, L::Job>>,
     ) -> Committing {
+        self.commit_to(r, None, groups, now, out)
+    }
+
+    /// [`on_commit`](Self::on_commit) appending to the log (`group` `None`), or
+    /// proposing to `group` ([`replicated`]; a NoPersist message, never stored, is
+    /// not replicated).
+    fn commit_to(
+        &mut self,
+        r: CommitRequest<A>,
+        group: Option<u32>,
+        groups: &impl Groups,
+        now: Now,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) -> Committing {
         let subscribers = match self.permission(&r, groups) {
             Ok(s) => s,
             Err(reason) => return refuse(out, r.answer_to, reason),
+        };
+        let group = group.filter(|_| r.flags & Flags::NO_PERSIST.0 == 0);
+        let r = match group {
+            Some(_) => match self.join_in_flight(r, out) {
+                Ok(r) => r,
+                Err(answered) => return answered,
+            },
+            None => r,
         };
         let now_s = now.wall_ms / 1000;
         let first = self.first_send(&r, now_s);
@@ -464,8 +501,8 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                 }
                 (f.ids, Committing::Recovered)
             }
-            None => match self.append_new(&r, now, out) {
-                Ok(ids) => (ids, Committing::Appended),
+            None => match self.new_ids(&r, group.is_some(), now, out) {
+                Ok(taken) => taken,
                 Err(reason) => return refuse(out, r.answer_to, reason),
             },
         };
@@ -473,18 +510,45 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         self.unanswered_deliveries += 1;
         let sender = r.sender;
         let (to, message) = into_committed(r, ids, now);
-        self.unsynced.push(Unanswered {
-            to,
-            message_id: ids.message_id,
-            message_seq: ids.message_seq,
-            delivery: Some(Delivery {
-                message: Arc::new(message),
-                sender,
-                subscribers,
-                charge_bytes: charge,
+        let delivery = Delivery {
+            message: Arc::new(message),
+            sender,
+            subscribers,
+            charge_bytes: charge,
+        };
+        match group.filter(|_| committing == Committing::Proposed) {
+            Some(group) => self.proposals.form(group, to, delivery),
+            None => self.unsynced.push(Unanswered {
+                to,
+                message_id: ids.message_id,
+                message_seq: ids.message_seq,
+                delivery: Some(delivery),
             }),
-        });
+        }
         committing
+    }
+
+    /// A new message's ids: appended (`append_new`), or, to be proposed, its id
+    /// alone (its seq comes from the replicas' append).
+    fn new_ids(
+        &mut self,
+        r: &CommitRequest<A>,
+        proposed: bool,
+        now: Now,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) -> Result<(SentIds, Committing), ReasonCode> {
+        if !proposed {
+            return Ok((self.append_new(r, now, out)?, Committing::Appended));
+        }
+        let message_id = self
+            .ids
+            .next_id(now.wall_ms)
+            .ok_or(ReasonCode::SYSTEM_ERROR)?;
+        let ids = SentIds {
+            message_id,
+            message_seq: 0,
+        };
+        Ok((ids, Committing::Proposed))
     }
 
     /// A new message: its id, its append (its seq), its place in the idempotency
@@ -674,7 +738,8 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     }
 
     /// A graceful stop: everything appended is made durable here and now (the job in
-    /// flight included), then answered and queued for delivery.
+    /// flight included), then answered and queued for delivery; the proposals not
+    /// yet committed are answered 15 (the client resends).
     pub fn stop(&mut self, now: Now, out: &mut Vec<CommitOutput<A, L::Job>>) {
         let durable = match self.log.sync_now(now.wall_ms) {
             Ok(()) => true,
@@ -689,6 +754,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         let mut batch = std::mem::take(&mut self.awaiting_sync);
         batch.append(&mut self.unsynced);
         self.release(&mut batch, durable, out);
+        self.refuse_all_proposals(out);
     }
 
     /// Answers a batch, drained: success and delivery if `durable`, else SENDACK 15
@@ -782,7 +848,7 @@ mod tests {
 
     /// An in-memory log: records per channel key, a durable prefix, failures on demand.
     #[derive(Default)]
-    struct FakeLog {
+    pub(super) struct FakeLog {
         /// (channel key, seq, message id), in append order.
         records: Vec<(String, u64, i64)>,
         durable: usize,
@@ -840,7 +906,7 @@ mod tests {
     }
 
     #[derive(Default)]
-    struct FakeGroups(HashMap<String, Arc<Subscribers>>);
+    pub(super) struct FakeGroups(HashMap<String, Arc<Subscribers>>);
 
     impl Groups for FakeGroups {
         fn subscribers(&self, id: &str) -> Option<Arc<Subscribers>> {
@@ -848,14 +914,14 @@ mod tests {
         }
     }
 
-    fn groups() -> FakeGroups {
+    pub(super) fn groups() -> FakeGroups {
         let mut g = FakeGroups::default();
         let uids = ["a", "b", "c"].map(Uid::from).to_vec();
         g.0.insert("g1".into(), Arc::new(Subscribers::new(uids)));
         g
     }
 
-    fn limits(answer_after_sync: bool) -> CommitLimits {
+    pub(super) fn limits(answer_after_sync: bool) -> CommitLimits {
         CommitLimits {
             answer_after_sync,
             commits_unsynced_max: 100,
@@ -864,10 +930,10 @@ mod tests {
         }
     }
 
-    type Core = CommitCore<FakeLog, u32>;
-    type Out = Vec<CommitOutput<u32, usize>>;
+    pub(super) type Core = CommitCore<FakeLog, u32>;
+    pub(super) type Out = Vec<CommitOutput<u32, usize>>;
 
-    fn core(l: CommitLimits) -> Core {
+    pub(super) fn core(l: CommitLimits) -> Core {
         let window = IdempotencyWindow::new(IdempotencyConfig::default());
         CommitCore::new(
             FakeLog::default(),
@@ -886,7 +952,12 @@ mod tests {
     }
 
     /// Request `to` from uid `from` to `channel` ("g…" a group, else a person).
-    fn request(to: u32, from: &str, channel: &str, client_msg_no: &str) -> CommitRequest<u32> {
+    pub(super) fn request(
+        to: u32,
+        from: &str,
+        channel: &str,
+        client_msg_no: &str,
+    ) -> CommitRequest<u32> {
         let channel = if channel.starts_with('g') {
             Channel::Group { id: channel.into() }
         } else {
@@ -906,13 +977,13 @@ mod tests {
         }
     }
 
-    const T0: Now = Now {
+    pub(super) const T0: Now = Now {
         wall_ms: 1_800_000_000_000,
         mono_ns: 5_000,
     };
 
     /// The answers in `out` as (to, seq, reason), and whether anything else was there.
-    fn answers(out: &mut Out) -> Vec<(u32, u64, u8)> {
+    pub(super) fn answers(out: &mut Out) -> Vec<(u32, u64, u8)> {
         out.drain(..)
             .map(|o| match o {
                 CommitOutput::Answer {

@@ -1,0 +1,607 @@
+//! The commit core's replicated path ("Replicated slot ids…", SEND): on a cluster
+//! whose slot ids are replicated, a channel's SENDs go through its slot id's raft
+//! group. The core gives each a message id; the SENDs of one turn to one group
+//! become one entry ([`Replicas::propose`]); each replica's log gives the entry's
+//! messages their seqs when it appends it ([`CommitCore::on_appended`], on the
+//! leader); a SEND is answered with success once its entry is committed
+//! ([`CommitCore::on_committed`]), and only then delivered.
+//!
+//! | event | may output |
+//! |---|---|
+//! | [`CommitCore::on_propose`] | `Answer` (a refusal, at once) or nothing (waits in its group's batch, or with a copy in flight) |
+//! | [`CommitCore::propose_turn`] | the `Answer`s of batches that could not be proposed (10: no leader here; 15: the group refused) |
+//! | [`CommitCore::on_appended`] | nothing: the seqs of an entry in flight |
+//! | [`CommitCore::on_committed`] | the entry's `Answer`s (success), its messages queued for delivery |
+//! | [`CommitCore::on_lost`] | `Answer`s 15 for the entries in flight from an index on |
+//!
+//! A resend of a SEND still in flight (same uid and client_msg_no) waits with it
+//! and gets the same answer; one already committed is answered from the
+//! idempotency window as on the log's own path.
+//!
+//! # Invariants
+//!
+//! - Every request gets exactly one `Answer`.
+//! - Success only for an entry committed in the term it was proposed in, with the
+//!   seqs its append gave (an entry whose index was committed in another term was
+//!   cut: its SENDs get 15, the client resends).
+//! - Per group, the entries in flight are in index order.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use proto::wkproto::ReasonCode;
+
+use crate::send::idempotency::SentIds;
+
+use super::{CommitCore, CommitLog, CommitOutput, CommitRequest, Committing, Delivery, Groups};
+use super::{NewMessage, Now};
+
+/// The raft groups the core proposes to: the node's replicas on this shard, a
+/// fake in tests.
+pub trait Replicas {
+    /// Proposes `messages` as one entry of `group`'s log; the term and index it
+    /// was given, or the SENDACK reason it could not be (10: this replica does not
+    /// lead the group; 15: the group refused, e.g. its log is full).
+    fn propose(
+        &mut self,
+        group: u32,
+        messages: &[NewMessage<'_>],
+    ) -> Result<(u64, u64), ReasonCode>;
+}
+
+/// A SEND waiting for its entry: its answer address, its message (seq 0 until
+/// appended), and the resends that wait with it.
+struct Proposed<A> {
+    to: A,
+    delivery: Delivery,
+    resends: Vec<A>,
+}
+
+/// An entry in flight: proposed in `term` at `index`; `seqs` once appended here.
+struct InFlight<A> {
+    term: u64,
+    index: u64,
+    members: Vec<Proposed<A>>,
+    seqs: Option<Vec<u64>>,
+}
+
+/// The proposals of one core: per group the batch this turn forms and the entries
+/// in flight.
+pub(super) struct ProposalBook<A> {
+    forming: BTreeMap<u32, Vec<Proposed<A>>>,
+    in_flight: BTreeMap<u32, VecDeque<InFlight<A>>>,
+    /// Requests waiting (SENDs and their resends).
+    waiting: usize,
+    /// How many SENDs waiting have each `(uid, client_msg_no)` hash: a resend's
+    /// search runs only on a hit.
+    keys: HashMap<u64, usize>,
+}
+
+impl<A> Default for ProposalBook<A> {
+    fn default() -> Self {
+        ProposalBook {
+            forming: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            waiting: 0,
+            keys: HashMap::new(),
+        }
+    }
+}
+
+fn key_hash(uid: &str, client_msg_no: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (uid, client_msg_no).hash(&mut h);
+    h.finish()
+}
+
+impl<A> ProposalBook<A> {
+    /// Requests waiting for an entry (SENDs and their resends).
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// A SEND joins `group`'s batch of this turn.
+    pub(super) fn form(&mut self, group: u32, to: A, delivery: Delivery) {
+        let m = &delivery.message;
+        if !m.client_msg_no.is_empty() {
+            *(self.keys)
+                .entry(key_hash(&m.from_uid, &m.client_msg_no))
+                .or_default() += 1;
+        }
+        self.waiting += 1;
+        let p = Proposed {
+            to,
+            delivery,
+            resends: Vec::new(),
+        };
+        self.forming.entry(group).or_default().push(p);
+    }
+
+    /// The SEND waiting with this uid and client_msg_no, if any.
+    fn find_mut(&mut self, uid: &str, client_msg_no: &str) -> Option<&mut Proposed<A>> {
+        if !self.keys.contains_key(&key_hash(uid, client_msg_no)) {
+            return None;
+        }
+        let forming = self.forming.values_mut().flatten();
+        let flying = (self.in_flight.values_mut().flatten()).flat_map(|e| e.members.iter_mut());
+        forming.chain(flying).find(|p| {
+            let m = &p.delivery.message;
+            *m.from_uid == *uid && m.client_msg_no == client_msg_no
+        })
+    }
+
+    /// A SEND answered: it and its resends wait no more.
+    fn done(&mut self, p: &Proposed<A>) {
+        self.waiting -= 1 + p.resends.len();
+        let m = &p.delivery.message;
+        if m.client_msg_no.is_empty() {
+            return;
+        }
+        let h = key_hash(&m.from_uid, &m.client_msg_no);
+        if let Some(n) = self.keys.get_mut(&h) {
+            *n -= 1;
+            if *n == 0 {
+                self.keys.remove(&h);
+            }
+        }
+    }
+}
+
+/// The message as the log stores it (its seq comes from the append).
+fn new_message(d: &Delivery) -> NewMessage<'_> {
+    let m = &d.message;
+    NewMessage {
+        message_id: m.message_id,
+        channel_type: m.channel_type,
+        channel_id: &m.channel_key,
+        from_uid: &m.from_uid,
+        client_msg_no: &m.client_msg_no,
+        setting: m.setting,
+        msg_flags: m.flags,
+        timestamp_s: m.timestamp_s,
+        payload: &m.payload,
+    }
+}
+
+impl<L: CommitLog, A> CommitCore<L, A> {
+    /// Step 2 on a replicated cluster: [`on_commit`](Self::on_commit)'s checks and
+    /// id, then the SEND waits in `group`'s batch for [`propose_turn`](Self::propose_turn)
+    /// (a NoPersist message, never stored, takes the log's path).
+    pub fn on_propose(
+        &mut self,
+        r: CommitRequest<A>,
+        group: u32,
+        groups: &impl Groups,
+        now: Now,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) -> Committing {
+        self.commit_to(r, Some(group), groups, now, out)
+    }
+
+    /// A resend of a SEND still waiting joins it (answered with it; 15 past
+    /// `commits_unsynced_max`); anything else is handed back.
+    pub(super) fn join_in_flight(
+        &mut self,
+        r: CommitRequest<A>,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) -> Result<CommitRequest<A>, Committing> {
+        if r.client_msg_no.is_empty() || self.proposals.waiting == 0 {
+            return Ok(r);
+        }
+        let full = self.unanswered() >= self.limits.commits_unsynced_max;
+        let Some(first) = self.proposals.find_mut(&r.from_uid, &r.client_msg_no) else {
+            return Ok(r);
+        };
+        if full {
+            return Err(super::refuse(out, r.answer_to, ReasonCode::SYSTEM_ERROR));
+        }
+        first.resends.push(r.answer_to);
+        self.proposals.waiting += 1;
+        self.counts.deduplicated += 1;
+        Err(Committing::Duplicate)
+    }
+
+    /// The end of a turn: each group's batch proposed as one entry; a batch its
+    /// group refuses is answered with the reason (every SEND of it, and their
+    /// resends).
+    pub fn propose_turn(
+        &mut self,
+        replicas: &mut impl Replicas,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) {
+        if self.proposals.forming.is_empty() {
+            return;
+        }
+        for (group, members) in std::mem::take(&mut self.proposals.forming) {
+            let proposed = {
+                let messages: Vec<NewMessage<'_>> =
+                    members.iter().map(|p| new_message(&p.delivery)).collect();
+                replicas.propose(group, &messages)
+            };
+            match proposed {
+                Ok((term, index)) => {
+                    let entries = self.proposals.in_flight.entry(group).or_default();
+                    debug_assert!(entries.back().is_none_or(|e| e.index < index));
+                    entries.push_back(InFlight {
+                        term,
+                        index,
+                        members,
+                        seqs: None,
+                    });
+                }
+                Err(reason) => {
+                    for p in members {
+                        self.refuse_proposed(p, reason, out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// This replica appended `group`'s entry at `index` in `term`, its messages
+    /// given `seqs` (in order). An entry of another term at the index of one in
+    /// flight means that one was cut: it and the later ones are answered 15
+    /// ([`on_lost`](Self::on_lost)). Appends of entries not proposed here are
+    /// ignored.
+    pub fn on_appended(
+        &mut self,
+        group: u32,
+        term: u64,
+        index: u64,
+        seqs: &[u64],
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) {
+        let Some(entries) = self.proposals.in_flight.get_mut(&group) else {
+            return;
+        };
+        let Some(e) = entries.iter_mut().find(|e| e.index == index) else {
+            return;
+        };
+        if e.term != term || e.members.len() != seqs.len() {
+            debug_assert!(term > e.term, "only a later term's entry replaces one");
+            self.on_lost(group, index, out);
+            return;
+        }
+        e.seqs = Some(seqs.to_vec());
+    }
+
+    /// `group`'s entry at `index` was committed in `term`: the entries in flight
+    /// up to it are answered, success for the one of `term` at `index` (its SENDs
+    /// queued for delivery), 15 for the ones it replaced.
+    pub fn on_committed(
+        &mut self,
+        group: u32,
+        term: u64,
+        index: u64,
+        now: Now,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) {
+        let now_s = now.wall_ms / 1000;
+        loop {
+            let Some(entries) = self.proposals.in_flight.get_mut(&group) else {
+                return;
+            };
+            let Some(front) = entries.front() else {
+                self.proposals.in_flight.remove(&group);
+                return;
+            };
+            if front.index > index {
+                return;
+            }
+            let e = entries.pop_front().expect("a front");
+            match e.seqs.filter(|_| e.index == index && e.term == term) {
+                Some(seqs) => {
+                    for (p, seq) in e.members.into_iter().zip(seqs) {
+                        self.answer_proposed(p, seq, now_s, out);
+                    }
+                }
+                None => {
+                    for p in e.members {
+                        self.refuse_proposed(p, ReasonCode::SYSTEM_ERROR, out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `group`'s entries in flight from `index` on will not be committed as
+    /// proposed (cut by a later leader, or this replica lost office: `index` 0):
+    /// answered 15; the client resends.
+    pub fn on_lost(&mut self, group: u32, index: u64, out: &mut Vec<CommitOutput<A, L::Job>>) {
+        let Some(entries) = self.proposals.in_flight.get_mut(&group) else {
+            return;
+        };
+        let keep = entries.iter().take_while(|e| e.index < index).count();
+        let lost: Vec<InFlight<A>> = entries.drain(keep..).collect();
+        if entries.is_empty() {
+            self.proposals.in_flight.remove(&group);
+        }
+        for p in lost.into_iter().flat_map(|e| e.members) {
+            self.refuse_proposed(p, ReasonCode::SYSTEM_ERROR, out);
+        }
+    }
+
+    /// Every proposal forming or in flight answered 15 (a stop).
+    pub(super) fn refuse_all_proposals(&mut self, out: &mut Vec<CommitOutput<A, L::Job>>) {
+        let forming = std::mem::take(&mut self.proposals.forming);
+        let flying = std::mem::take(&mut self.proposals.in_flight);
+        let members = (forming.into_values().flatten())
+            .chain(flying.into_values().flatten().flat_map(|e| e.members));
+        for p in members {
+            self.refuse_proposed(p, ReasonCode::SYSTEM_ERROR, out);
+        }
+    }
+
+    /// A committed SEND: its seq set, answered with success (and its resends),
+    /// remembered in the idempotency window, queued for delivery.
+    fn answer_proposed(
+        &mut self,
+        mut p: Proposed<A>,
+        seq: u64,
+        now_s: u64,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) {
+        self.proposals.done(&p);
+        let m = Arc::get_mut(&mut p.delivery.message).expect("unshared until delivered");
+        m.message_seq = seq;
+        let ids = SentIds {
+            message_id: m.message_id,
+            message_seq: seq,
+        };
+        if !m.client_msg_no.is_empty() {
+            if let Some(w) = self.idempotency.as_mut() {
+                w.insert(&m.from_uid, &m.client_msg_no, ids, now_s);
+            }
+        }
+        let appended_ns = Some(m.committed_ns);
+        for to in std::iter::once(p.to).chain(p.resends) {
+            out.push(CommitOutput::Answer {
+                to,
+                message_id: ids.message_id,
+                message_seq: ids.message_seq,
+                reason: ReasonCode::SUCCESS,
+                appended_ns,
+            });
+        }
+        self.unanswered_deliveries -= 1;
+        self.planner.enqueue(p.delivery);
+    }
+
+    /// A SEND refused after it was taken: answered `reason` (and its resends), its
+    /// charge released.
+    fn refuse_proposed(
+        &mut self,
+        p: Proposed<A>,
+        reason: ReasonCode,
+        out: &mut Vec<CommitOutput<A, L::Job>>,
+    ) {
+        self.proposals.done(&p);
+        for to in std::iter::once(p.to).chain(p.resends) {
+            super::refuse(out, to, reason);
+        }
+        self.unanswered_deliveries -= 1;
+        self.backlog_bytes -= p.delivery.charge_bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::wkproto::Flags;
+
+    use super::super::tests::{answers, core, groups, limits, request, Out, T0};
+    use super::*;
+
+    /// Records each proposal's group and message ids; answers the next index in
+    /// term 2, or refuses with `refuse`.
+    #[derive(Default)]
+    struct FakeReplicas {
+        proposed: Vec<(u32, Vec<i64>)>,
+        index: u64,
+        refuse: Option<ReasonCode>,
+    }
+
+    impl Replicas for FakeReplicas {
+        fn propose(
+            &mut self,
+            group: u32,
+            messages: &[NewMessage<'_>],
+        ) -> Result<(u64, u64), ReasonCode> {
+            if let Some(reason) = self.refuse {
+                return Err(reason);
+            }
+            self.proposed
+                .push((group, messages.iter().map(|m| m.message_id).collect()));
+            self.index += 1;
+            Ok((2, self.index))
+        }
+    }
+
+    /// The SENDs of a turn to one group are one entry, answered only once that
+    /// entry is committed, with the seqs its append gave; then delivered.
+    #[test]
+    fn a_turns_sends_to_a_group_are_one_entry_answered_at_its_commit() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        for (to, group) in [(1, 3), (2, 5), (3, 3)] {
+            let req = request(to, "a", "g1", "");
+            assert_eq!(
+                c.on_propose(req, group, &g, T0, &mut out),
+                Committing::Proposed
+            );
+        }
+        assert_eq!(c.end_turn(&mut out), 0, "nothing for the log's path");
+        c.propose_turn(&mut r, &mut out);
+        assert!(out.is_empty(), "nothing answered before a commit");
+        let groups_proposed: Vec<(u32, usize)> =
+            r.proposed.iter().map(|(g, ids)| (*g, ids.len())).collect();
+        assert_eq!(groups_proposed, vec![(3, 2), (5, 1)]);
+        let ids = &r.proposed[0].1;
+        assert!(ids[0] < ids[1], "ids increase in the entry");
+        assert_eq!((c.unanswered(), c.backlog_len(), c.delivering()), (3, 3, 0));
+        c.propose_turn(&mut r, &mut out);
+        assert_eq!(r.proposed.len(), 2, "a batch is proposed once");
+        c.on_appended(3, 2, 1, &[7, 8], &mut out);
+        c.on_appended(5, 2, 2, &[4], &mut out);
+        assert!(out.is_empty(), "appended is not committed");
+        c.on_committed(3, 2, 1, T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 7, 1), (3, 8, 1)]);
+        assert_eq!((c.unanswered(), c.delivering()), (1, 2));
+        c.on_committed(5, 2, 2, T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(2, 4, 1)]);
+        assert_eq!((c.unanswered(), c.backlog_len(), c.delivering()), (0, 3, 3));
+        c.on_committed(5, 2, 2, T0, &mut out);
+        assert!(out.is_empty(), "an entry is answered once");
+    }
+
+    /// A resend of a SEND in flight waits with it and gets its answer; once
+    /// committed, a resend is answered from the idempotency window with the same
+    /// ids (and is not proposed again).
+    #[test]
+    fn a_resend_waits_with_its_first_copy_then_comes_from_the_window() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        c.on_propose(request(1, "a", "g1", "n1"), 3, &g, T0, &mut out);
+        let dup = c.on_propose(request(2, "a", "g1", "n1"), 3, &g, T0, &mut out);
+        assert_eq!(dup, Committing::Duplicate);
+        c.propose_turn(&mut r, &mut out);
+        let dup = c.on_propose(request(3, "a", "g1", "n1"), 3, &g, T0, &mut out);
+        assert_eq!(dup, Committing::Duplicate, "in flight too");
+        let other = c.on_propose(request(4, "b", "g1", "n1"), 3, &g, T0, &mut out);
+        assert_eq!(other, Committing::Proposed, "another uid's number");
+        assert_eq!((c.unanswered(), c.backlog_len()), (4, 2));
+        assert_eq!(r.proposed[0].1.len(), 1);
+        c.on_appended(3, 2, 1, &[9], &mut out);
+        c.on_committed(3, 2, 1, T0, &mut out);
+        let mut first = Vec::new();
+        for o in out.drain(..) {
+            let CommitOutput::Answer {
+                to,
+                message_id,
+                message_seq,
+                ..
+            } = o
+            else {
+                panic!("an answer");
+            };
+            first.push((to, message_id, message_seq));
+        }
+        assert_eq!(first.iter().map(|a| a.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(first.iter().all(|a| (a.1, a.2) == (r.proposed[0].1[0], 9)));
+        let again = c.on_propose(request(5, "a", "g1", "n1"), 3, &g, T0, &mut out);
+        assert_eq!(again, Committing::Duplicate);
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(5, 9, 1)]);
+        c.propose_turn(&mut r, &mut out);
+        assert_eq!(r.proposed.len(), 2, "only uid b's SEND proposed next");
+    }
+
+    /// An entry cut by a later leader's entry, one committed in another term at its
+    /// index, and the entries of a replica that lost office: answered 15, with
+    /// their resends, their charges released; the entries before the cut stand.
+    #[test]
+    fn cut_replaced_and_lost_entries_are_answered_15() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        for to in 1..=4u32 {
+            c.on_propose(
+                request(to, "a", "g1", &format!("n{to}")),
+                3,
+                &g,
+                T0,
+                &mut out,
+            );
+            c.propose_turn(&mut r, &mut out);
+        }
+        c.on_propose(request(5, "a", "g1", "n2"), 3, &g, T0, &mut out);
+        c.on_appended(3, 2, 1, &[1], &mut out);
+        c.on_appended(3, 3, 2, &[2], &mut out);
+        assert_eq!(
+            answers(&mut out),
+            vec![(2, 0, 15), (5, 0, 15), (3, 0, 15), (4, 0, 15)]
+        );
+        c.on_committed(3, 2, 1, T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 1, 1)]);
+        for to in 6..=7u32 {
+            c.on_propose(request(to, "a", "g1", ""), 3, &g, T0, &mut out);
+            c.propose_turn(&mut r, &mut out);
+        }
+        c.on_appended(3, 2, 5, &[2], &mut out);
+        c.on_committed(3, 4, 5, T0, &mut out);
+        assert_eq!(
+            answers(&mut out),
+            vec![(6, 0, 15)],
+            "committed in another term"
+        );
+        c.on_lost(3, 0, &mut out);
+        assert_eq!(answers(&mut out), vec![(7, 0, 15)]);
+        assert_eq!((c.unanswered(), c.backlog_len()), (0, 1));
+        let delivering = c.backlog_bytes();
+        assert!(
+            delivering > 1024 && delivering < 2 * 1024,
+            "only the committed SEND's charge"
+        );
+        c.on_lost(3, 0, &mut out);
+        c.on_committed(3, 2, 9, T0, &mut out);
+        assert!(out.is_empty());
+    }
+
+    /// An entry committed before this replica appended it (no seqs known) is not
+    /// answered with success.
+    #[test]
+    fn an_entry_without_its_append_is_not_a_success() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        c.on_propose(request(1, "a", "g1", ""), 3, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        c.on_committed(3, 2, 1, T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 0, 15)]);
+    }
+
+    /// A group that refuses the proposal: its batch answered with the reason (10:
+    /// no leader here), resends included; NoPersist SENDs take the log's path.
+    #[test]
+    fn a_refused_batch_gets_the_reason_and_no_persist_is_not_proposed() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas {
+            refuse: Some(ReasonCode::FORWARD_SEND_PACKET_ERROR),
+            ..FakeReplicas::default()
+        };
+        c.on_propose(request(1, "a", "g1", "n"), 3, &g, T0, &mut out);
+        c.on_propose(request(2, "a", "g1", "n"), 3, &g, T0, &mut out);
+        let mut quiet = request(3, "a", "g1", "q");
+        quiet.flags = Flags::NO_PERSIST.0;
+        assert_eq!(
+            c.on_propose(quiet, 3, &g, T0, &mut out),
+            Committing::Appended
+        );
+        c.propose_turn(&mut r, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 0, 10), (2, 0, 10)]);
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(3, 0, 1)]);
+        assert_eq!((c.unanswered(), c.backlog_len()), (0, 1));
+    }
+
+    /// Proposals count against `commits_unsynced_max` (15 past it, a resend
+    /// included); a stop answers the ones forming and in flight 15.
+    #[test]
+    fn proposals_are_bounded_and_a_stop_answers_them() {
+        let mut l = limits(false);
+        l.commits_unsynced_max = 2;
+        let (mut c, g, mut out) = (core(l), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        c.on_propose(request(1, "a", "g1", "n"), 3, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        c.on_propose(request(2, "a", "g1", ""), 4, &g, T0, &mut out);
+        assert!(out.is_empty());
+        c.on_propose(request(3, "a", "g1", ""), 4, &g, T0, &mut out);
+        c.on_propose(request(4, "a", "g1", "n"), 4, &g, T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(3, 0, 15), (4, 0, 15)]);
+        c.stop(T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(2, 0, 15), (1, 0, 15)]);
+        assert_eq!(
+            (c.unanswered(), c.backlog_len(), c.backlog_bytes()),
+            (0, 0, 0)
+        );
+    }
+}
