@@ -87,10 +87,19 @@ impl World {
         let mut out = Outputs::default();
         live.group.drain(&mut out);
         for p in std::mem::take(&mut out.persist) {
-            let mut appended = Vec::new();
-            if append(&mut live.log, GROUP, &p, &mut appended).unwrap() {
+            let (mut appended, mut entries) = (Vec::new(), Vec::new());
+            if append(&mut live.log, GROUP, &p, &mut appended, &mut entries).unwrap() {
                 live.log.sync(0).unwrap();
             }
+            // Each entry of messages is reported with its term, index and count.
+            let of_messages: Vec<(u64, u64)> = (p.records.iter())
+                .filter(|r| r.kind == replica::RecordKind::Normal && !r.data.is_empty())
+                .map(|r| (r.term, r.index))
+                .collect();
+            let reported: Vec<(u64, u64)> = entries.iter().map(|e| (e.term, e.index)).collect();
+            assert_eq!(reported, of_messages);
+            let counted: usize = entries.iter().map(|e| e.messages).sum();
+            assert_eq!(counted, appended.len());
             if settle(&mut live.state, &p) {
                 live.file.write(GROUP, &live.state).unwrap();
             }

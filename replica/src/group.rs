@@ -294,8 +294,9 @@ impl Group {
         result.map_err(|e| GroupError::Raft(e.to_string()))
     }
 
-    /// Proposes `data` (the leader only; module docs).
-    pub fn propose(&mut self, data: Vec<u8>) -> Result<(), GroupError> {
+    /// Proposes `data` (the leader only; module docs): the term and index of its
+    /// entry (it commits there in that term, or is cut).
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<(u64, u64), GroupError> {
         if self.role() != Role::Leader {
             return Err(GroupError::NotLeader {
                 leader: self.leader(),
@@ -311,7 +312,8 @@ impl Group {
         result.map_err(|e| match e {
             raft::Error::ProposalDropped => GroupError::Dropped,
             e => GroupError::Raft(e.to_string()),
-        })
+        })?;
+        Ok((self.term(), self.node.raft.raft_log.last_index()))
     }
 
     /// Starts an election now (a planned leader change, or a test).
@@ -325,6 +327,22 @@ impl Group {
     pub fn transfer_leader(&mut self, to: u64) {
         self.node.transfer_leader(to);
         self.redraw_if_reset();
+    }
+
+    /// Whether this replica leads and `peer` answered it within the last election
+    /// timeout and holds every entry it has: a transfer to `peer` would end at
+    /// once rather than stall the proposals (a leader handing over drops them).
+    pub fn is_caught_up(&self, peer: u64) -> bool {
+        let raft = &self.node.raft;
+        self.role() == Role::Leader
+            && (raft.prs().get(peer))
+                .is_some_and(|p| p.recent_active && p.matched >= raft.raft_log.last_index())
+    }
+
+    /// Whether this leader is handing leadership over (it drops proposals until
+    /// the transfer ends or times out).
+    pub fn transferring(&self) -> bool {
+        self.node.raft.lead_transferee.is_some()
     }
 
     /// The link to `peer` is down: the leader stops streaming appends to it.
@@ -499,8 +517,8 @@ mod tests {
                 data: Vec::new()
             }]
         );
-        g.propose(b"a".to_vec()).unwrap();
-        g.propose(b"b".to_vec()).unwrap();
+        assert_eq!(g.propose(b"a".to_vec()), Ok((1, 2)), "term and index");
+        assert_eq!(g.propose(b"b".to_vec()), Ok((1, 3)));
         assert_eq!(g.propose(b"c".to_vec()), Err(GroupError::LogFull(3)));
         let data: Vec<Vec<u8>> = drained(&mut g)
             .committed
@@ -693,6 +711,48 @@ mod tests {
             }
         }
         appends
+    }
+
+    /// A follower that answered and holds the leader's whole log is caught up;
+    /// one behind (cut off while the leader appended) or silent for an election
+    /// timeout is not; only a leader answers yes. A transfer to a caught-up
+    /// follower is under way until the follower's election ends it.
+    #[test]
+    fn caught_up_needs_the_whole_log_and_a_recent_answer() {
+        let mut groups = led_by_one(three());
+        assert!(groups[0].is_caught_up(2) && groups[0].is_caught_up(3));
+        assert!(!groups[1].is_caught_up(3), "a follower answers no");
+        assert!(!groups[0].is_caught_up(9), "no such replica");
+        groups[0].propose(b"x".to_vec()).unwrap();
+        let out = drained(&mut groups[0]);
+        for (to, b) in &out.messages {
+            if *to == 2 {
+                groups[1].step(1, b).unwrap();
+            }
+        }
+        for (to, b) in drained(&mut groups[1]).messages {
+            if to == 1 {
+                groups[0].step(2, &b).unwrap();
+            }
+        }
+        let _ = drained(&mut groups[0]);
+        assert!(groups[0].is_caught_up(2), "2 took the append");
+        assert!(!groups[0].is_caught_up(3), "3 missed it");
+        for _ in 0..groups[0].election_timeout_ticks() {
+            groups[0].tick();
+            let _ = drained(&mut groups[0]);
+        }
+        assert!(
+            !groups[0].is_caught_up(2),
+            "2 went silent for an election timeout"
+        );
+        let mut groups = led_by_one(three());
+        assert!(!groups[0].transferring());
+        groups[0].transfer_leader(2);
+        assert!(groups[0].transferring());
+        settle(&mut groups);
+        assert_eq!(groups[1].role(), Role::Leader);
+        assert!(!groups[0].transferring());
     }
 
     /// With pre-vote, a replica cut off from the others does not raise its term

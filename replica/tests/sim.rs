@@ -8,7 +8,8 @@
 //! - at most one leader per term (election safety);
 //! - every replica commits the same entry at each index, in index order, and a
 //!   committed entry never changes (log matching, leader completeness);
-//! - only proposals are committed with data, each at most once;
+//! - only proposals are committed with data, each at most once, at the term and
+//!   index `propose` gave it;
 //! - at every crash, every committed entry is on the disks of a majority.
 //!
 //! After the chaos, the network heals: a leader is elected and a proposal commits on
@@ -55,6 +56,8 @@ struct Checker {
     leaders: HashMap<u64, u64>,
     /// Proposal payloads committed so far.
     seen: HashSet<Vec<u8>>,
+    /// Each proposal's term and index, as `propose` gave them.
+    placed: HashMap<Vec<u8>, (u64, u64)>,
 }
 
 impl Checker {
@@ -102,6 +105,11 @@ impl Checker {
             None => {
                 if !c.data.is_empty() {
                     assert!(self.seen.insert(c.data.clone()), "proposal committed twice");
+                    assert_eq!(
+                        self.placed.get(&c.data),
+                        Some(&(c.term, c.index)),
+                        "a proposal committed where propose did not place it"
+                    );
                 }
                 self.log.insert(c.index, (c.term, c.data.clone()));
             }
@@ -348,8 +356,11 @@ impl Sim {
             }
             self.next_proposal += 1;
             let data = format!("p{}", self.next_proposal).into_bytes();
-            match self.group(id).propose(data) {
-                Ok(()) | Err(GroupError::Dropped) => {}
+            match self.group(id).propose(data.clone()) {
+                Ok(placed) => {
+                    self.checker.placed.insert(data, placed);
+                }
+                Err(GroupError::Dropped) => {}
                 Err(e) => panic!("leader {id} refused a proposal: {e}"),
             }
             self.drain(id, true);
@@ -428,7 +439,10 @@ impl Sim {
                 // A leader handing over drops proposals: asked again each tick.
                 let leader = self.leader().unwrap_or(leader);
                 match self.group(leader).propose(want.clone()) {
-                    Ok(()) => proposed = true,
+                    Ok(placed) => {
+                        self.checker.placed.insert(want.clone(), placed);
+                        proposed = true;
+                    }
                     Err(GroupError::Dropped | GroupError::NotLeader { .. }) => {}
                     Err(e) => panic!("the final proposal was refused: {e}"),
                 }
@@ -560,8 +574,24 @@ fn a_changed_committed_entry_is_caught() {
         term,
         data: data.to_vec(),
     };
+    c.placed.insert(b"a".to_vec(), (1, 1));
     c.committed(1, &e(1, b"a"));
     c.committed(2, &e(1, b"b"));
+}
+
+#[test]
+#[should_panic(expected = "committed where propose did not place it")]
+fn a_proposal_committed_elsewhere_is_caught() {
+    let mut c = Checker::default();
+    c.placed.insert(b"a".to_vec(), (1, 2));
+    c.committed(
+        1,
+        &Committed {
+            index: 1,
+            term: 1,
+            data: b"a".to_vec(),
+        },
+    );
 }
 
 #[test]

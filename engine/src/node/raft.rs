@@ -4,7 +4,10 @@
 //!
 //! - **Placement**: slot id `s` has `[cluster] replicas` voters, the nodes at
 //!   `s, s + 1, …` (mod n) in config order ([`replica_nodes`]): the first is its
-//!   home today. A replica's raft id is its node id + 1 (raft ids start at 1,
+//!   home today, and the group's preferred leader: a leader elsewhere hands over
+//!   to it at a timer run once it answers and holds the whole log
+//!   (`Group::is_caught_up`), so a transfer never stalls proposals on a replica
+//!   that is down or behind. A replica's raft id is its node id + 1 (raft ids start at 1,
 //!   node ids at 0). The slot id's channels live on the same shard
 //!   (`slots::SlotMap::by_slot_id`, layout version 3), so its channel logs and
 //!   its raft log are one message log.
@@ -15,9 +18,11 @@
 //!   leaders' heartbeats phased by that count (`Group::tick_at`), so one tick in
 //!   `heartbeat_ticks` carries all of them, one frame per peer.
 //! - **Writes**: each drain's writes go through `store::replicated` in the
-//!   contract's order: the entries into this shard's message log, a sync of the log
-//!   (on this thread for now), the term, vote and configuration into
-//!   `DATA_DIR/shard-N/raft_state` (synced), then `persisted`. A write that fails
+//!   contract's order: the entries into this shard's message log (each entry of
+//!   messages given its seqs there), a sync of the log under `[log] fsync =
+//!   "always"` (on this thread for now; under `interval` the log's own timer
+//!   covers it), the term, vote and configuration into
+//!   `DATA_DIR/shard-N/raft_state` (synced under every policy), then `persisted`. A write that fails
 //!   takes the replica out of its group (it stops voting; logged, counted), never
 //!   acknowledges.
 //! - **Messages**: a drain's messages for one peer leave in one frame (`Kind::Raft`,
@@ -28,19 +33,30 @@
 //! - **Status**: each group's leader and term as this replica knows them, in
 //!   [`RaftStatus`] (read by `/metrics` and tests).
 //!
-//! SENDs, homes and authorities do not use the groups yet; with `replicas = 1` (the
-//! default) there is no group, no timer and no traffic.
+//! - **SENDs**: the commit core proposes each turn's SENDs to a group as one entry
+//!   ([`Replicas`]: 10 when this replica does not lead, 15 when the group
+//!   refuses); the drains tell it, as [`RaftEvent`]s, the seqs each entry of
+//!   messages got at its append here, each commit, and each leadership lost, and
+//!   it answers (`domain::send::commit`, its `replicated` path).
+//!
+//! Homes and authorities do not follow the groups' leaders yet, and followers do
+//! not apply what they commit; with `replicas = 1` (the default) there is no
+//! group, no timer and no traffic, and SENDs take the log's own path.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use replica::{Group, GroupConfig, Outputs, Role};
+use domain::send::commit::Replicas;
+use proto::wkproto::ReasonCode;
+use replica::{Group, GroupConfig, GroupError, Outputs, Role};
 
 use crate::cluster::NodeId;
 use crate::store::raft_state::{GroupState, RaftStateFile};
-use crate::store::replicated::{append, durable_of, settle, ReplicatedError};
-use crate::store::{AppendedMessage, MessageLog};
+use crate::store::replicated::{
+    append, durable_of, encode_messages, settle, AppendedEntry, ReplicatedError,
+};
+use crate::store::{AppendedMessage, MessageLog, NewMessage};
 
 /// Each slot id's leader and term as the replica on this node last saw them.
 #[derive(Debug)]
@@ -118,11 +134,38 @@ pub struct RaftPlace<'a> {
     /// The shard's directory (`DATA_DIR/shard-N`), where `raft_state` lives.
     pub dir: &'a Path,
     pub seed: u64,
+    /// `[log] fsync = "always"`: a drain's entries are synced before its
+    /// acknowledgements leave (else the log's interval sync covers them).
+    pub fsync_always: bool,
 }
 
 struct Replica {
     group: Group,
     state: GroupState,
+    /// The replica the placement prefers as leader (the slot id's home): a leader
+    /// hands over to it once it is caught up.
+    preferred: u64,
+    /// Whether it led at its last drain (a leader that lost office loses its
+    /// proposals in flight: [`RaftEvent::Lost`]).
+    led: bool,
+}
+
+/// What a drain tells the commit core about its proposals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RaftEvent {
+    /// This replica appended the entry of messages at `index` in `term`, its
+    /// messages given `seqs`.
+    Appended {
+        group: u32,
+        term: u64,
+        index: u64,
+        seqs: Vec<u64>,
+    },
+    /// The entry at `index` was committed in `term`.
+    Committed { group: u32, term: u64, index: u64 },
+    /// This replica no longer leads `group` (or left it): its proposals in
+    /// flight will not be answered by their commit.
+    Lost { group: u32 },
 }
 
 /// One shard's groups (module docs).
@@ -136,8 +179,17 @@ pub struct RaftSide {
     ticks: u64,
     out: Outputs,
     appended: Vec<AppendedMessage>,
+    entries: Vec<AppendedEntry>,
     /// Per peer: `(slot id, raft message)` to send.
     outbox: BTreeMap<NodeId, Vec<(u32, Vec<u8>)>>,
+    /// Groups proposed to since their last drain.
+    proposed: Vec<u32>,
+    /// For the commit core, in order ([`RaftSide::take_events`]).
+    events: Vec<RaftEvent>,
+    /// Whether this node's slot ids are replicated (SENDs go through the groups),
+    /// even if this shard holds no group or its groups did not open.
+    replicated: bool,
+    fsync_always: bool,
     /// Replicas taken out of their group by a failed write.
     pub failed: u64,
 }
@@ -153,9 +205,28 @@ impl RaftSide {
             ticks: 0,
             out: Outputs::default(),
             appended: Vec::new(),
+            entries: Vec::new(),
             outbox: BTreeMap::new(),
+            proposed: Vec::new(),
+            events: Vec::new(),
+            replicated: false,
+            fsync_always: false,
             failed: 0,
         }
+    }
+
+    /// The side of a node whose slot ids are replicated but whose groups on this
+    /// shard could not open: SENDs are refused (10), never taken past the groups.
+    pub fn without_groups() -> RaftSide {
+        RaftSide {
+            replicated: true,
+            ..RaftSide::off()
+        }
+    }
+
+    /// Whether SENDs go through the groups (module docs).
+    pub fn replicated(&self) -> bool {
+        self.replicated
     }
 
     /// The replicas `place` gives this shard, restarted from `log` and the shard's
@@ -167,6 +238,8 @@ impl RaftSide {
         if !groups_run(place.replicas, place.nodes.len()) {
             return Ok(side);
         }
+        side.replicated = true;
+        side.fsync_always = place.fsync_always;
         let (file, mut states) =
             RaftStateFile::open(place.dir, place.slot_ids as usize).map_err(|e| e.to_string())?;
         for slot_id in 0..place.slot_ids {
@@ -189,7 +262,13 @@ impl RaftSide {
             });
             let durable = durable_of(log, slot_id, &state).map_err(|e| e.to_string())?;
             let group = Group::restart(&cfg, &durable).map_err(|e| e.to_string())?;
-            side.groups.insert(slot_id, Replica { group, state });
+            let r = Replica {
+                group,
+                state,
+                preferred: raft_id(voters[0]),
+                led: false,
+            };
+            side.groups.insert(slot_id, r);
         }
         side.file = Some(file);
         side.tick_ms = place.tick_ms.max(1);
@@ -228,7 +307,35 @@ impl RaftSide {
                 r.group.tick_at(self.ticks);
             }
         }
+        for r in self.groups.values_mut() {
+            // The home leads while it can: a leader elsewhere hands over once the
+            // home holds its whole log and answers (no proposal stalls on a
+            // transfer to a replica that is down or behind).
+            let me = r.group.id();
+            if r.preferred != me && !r.group.transferring() && r.group.is_caught_up(r.preferred) {
+                r.group.transfer_leader(r.preferred);
+            }
+        }
         self.drain(&ids, now_ms, log, status);
+    }
+
+    /// Drains the groups proposed to since their last drain (the end of a turn):
+    /// the leader's entries written and sent.
+    pub fn drain_proposed(&mut self, now_ms: u64, log: &mut MessageLog, status: &RaftStatus) {
+        if self.proposed.is_empty() {
+            return;
+        }
+        let mut ids = std::mem::take(&mut self.proposed);
+        ids.sort_unstable();
+        ids.dedup();
+        self.drain(&ids, now_ms, log, status);
+        ids.clear();
+        self.proposed = ids;
+    }
+
+    /// What the drains told of the proposals since the last call, in order.
+    pub fn take_events(&mut self) -> std::vec::Drain<'_, RaftEvent> {
+        self.events.drain(..)
     }
 
     /// A peer's messages for this shard's groups at `now_ms`, `(slot id, bytes)`
@@ -285,6 +392,7 @@ impl RaftSide {
         self.failed += self.groups.len() as u64;
         for &slot_id in self.groups.keys() {
             status.publish(slot_id, None, 0);
+            self.events.push(RaftEvent::Lost { group: slot_id });
         }
         self.groups.clear();
         self.outbox.clear();
@@ -312,29 +420,42 @@ impl RaftSide {
             let mut last = None;
             for p in self.out.persist.drain(..) {
                 self.appended.clear();
+                self.entries.clear();
                 written = written.and_then(|()| {
-                    log_sync |= append(log, slot_id, &p, &mut self.appended)?;
+                    let (appended, entries) = (&mut self.appended, &mut self.entries);
+                    log_sync |= append(log, slot_id, &p, appended, entries)?;
                     if settle(&mut r.state, &p) {
                         file.stage(slot_id, &r.state)?;
                     }
                     Ok(())
                 });
+                let mut seqs = self.appended.iter().map(|a| a.message_seq);
+                for e in &self.entries {
+                    self.events.push(RaftEvent::Appended {
+                        group: slot_id,
+                        term: e.term,
+                        index: e.index,
+                        seqs: seqs.by_ref().take(e.messages).collect(),
+                    });
+                }
                 last = Some(p.number);
             }
-            for (to, bytes) in self.out.messages.drain(..) {
-                self.outbox
-                    .entry(to - 1)
-                    .or_default()
-                    .push((slot_id, bytes));
+            queue_messages(&mut self.out, &mut self.outbox, slot_id);
+            // Committed entries answer the proposals made here (the commit core);
+            // followers do not apply them yet.
+            for c in self.out.committed.drain(..) {
+                self.events.push(RaftEvent::Committed {
+                    group: slot_id,
+                    term: c.term,
+                    index: c.index,
+                });
             }
-            // Committed entries are not applied yet (the groups carry no SEND).
-            self.out.committed.clear();
             if let Some(number) = last {
                 batch.push((slot_id, number));
             }
         }
         let written = written.and_then(|()| {
-            if log_sync {
+            if log_sync && self.fsync_always {
                 log.sync(now_ms)?;
             }
             Ok(file.sync_staged()?)
@@ -346,23 +467,62 @@ impl RaftSide {
         for (slot_id, number) in batch {
             let r = self.groups.get_mut(&slot_id).expect("drained above");
             r.group.persisted(number, &mut self.out);
-            for (to, bytes) in self.out.messages.drain(..) {
-                self.outbox
-                    .entry(to - 1)
-                    .or_default()
-                    .push((slot_id, bytes));
-            }
+            queue_messages(&mut self.out, &mut self.outbox, slot_id);
         }
+        self.publish(ids, status);
+    }
+
+    /// Each of the groups `ids`: its leader and term published, and a leader
+    /// that lost office told to the commit core ([`RaftEvent::Lost`]).
+    fn publish(&mut self, ids: &[u32], status: &RaftStatus) {
         for &slot_id in ids {
-            if let Some(r) = self.groups.get(&slot_id) {
-                let leader = match r.group.role() {
-                    Role::Leader => Some(r.group.id()),
-                    _ => r.group.leader(),
+            if let Some(r) = self.groups.get_mut(&slot_id) {
+                let leads = r.group.role() == Role::Leader;
+                if r.led && !leads {
+                    self.events.push(RaftEvent::Lost { group: slot_id });
+                }
+                r.led = leads;
+                let leader = match leads {
+                    true => Some(r.group.id()),
+                    false => r.group.leader(),
                 }
                 .map(|id| id - 1);
                 status.publish(slot_id, leader, r.group.term());
             }
         }
+    }
+}
+
+/// The messages of `slot_id`'s group drained into `out`, queued per peer.
+fn queue_messages(
+    out: &mut Outputs,
+    outbox: &mut BTreeMap<NodeId, Vec<(u32, Vec<u8>)>>,
+    slot_id: u32,
+) {
+    for (to, bytes) in out.messages.drain(..) {
+        outbox.entry(to - 1).or_default().push((slot_id, bytes));
+    }
+}
+
+/// The commit core proposes each turn's SENDs to a group here
+/// (`domain::send::commit::Replicas`).
+impl Replicas for RaftSide {
+    fn propose(
+        &mut self,
+        group: u32,
+        messages: &[NewMessage<'_>],
+    ) -> Result<(u64, u64), ReasonCode> {
+        let Some(r) = self.groups.get_mut(&group) else {
+            return Err(ReasonCode::FORWARD_SEND_PACKET_ERROR);
+        };
+        let placed = r.group.propose(encode_messages(messages));
+        if placed.is_ok() {
+            self.proposed.push(group);
+        }
+        placed.map_err(|e| match e {
+            GroupError::NotLeader { .. } => ReasonCode::FORWARD_SEND_PACKET_ERROR,
+            _ => ReasonCode::SYSTEM_ERROR,
+        })
     }
 }
 

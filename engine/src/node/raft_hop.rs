@@ -31,11 +31,13 @@ impl NodeShard {
             tick_ms: c.cluster.raft_tick_ms,
             dir,
             seed: self.shared.boot_id ^ (self.me as u64) << 48,
+            fsync_always: matches!(c.log.fsync, crate::store::FsyncPolicy::Always),
         };
         match RaftSide::open(&place, self.commit.core.log()) {
             Ok(side) => self.raft = side,
             Err(e) => {
-                tracing::error!(shard = self.me, error = %e, "the replicated groups did not open")
+                tracing::error!(shard = self.me, error = %e, "the replicated groups did not open: this shard's SENDs are refused");
+                self.raft = RaftSide::without_groups();
             }
         }
     }
@@ -54,6 +56,19 @@ impl NodeShard {
         self.metrics.raft_groups.set(groups as u64);
         self.metrics.raft_groups_led.set(led as u64);
         self.metrics.raft_replicas_failed.set(self.raft.failed);
+        self.flush_raft(cx, driver);
+    }
+
+    /// The end of a turn on a replicated node, after the turn's SENDs were
+    /// proposed: the groups proposed to written and their appends sent.
+    pub(super) fn drain_proposed(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) {
+        let status = &self.shared.raft_status;
+        let log = self.commit.core.log_mut();
+        self.raft.drain_proposed(cx.now_ms(), log, status);
         self.flush_raft(cx, driver);
     }
 
@@ -103,8 +118,9 @@ impl NodeShard {
     }
 
     /// Sends the groups' messages, one frame per peer; a peer whose link refuses
-    /// is reported unreachable to the groups (raft resends).
-    fn flush_raft(&mut self, cx: &mut Context<Msg, NodeTimer>, _driver: &mut NetDriver) {
+    /// is reported unreachable to the groups (raft resends). Then the drains'
+    /// news of the proposals goes to the commit core, and its answers out.
+    fn flush_raft(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
         let now_ms = cx.now_ms();
         for (node, messages) in self.raft.take_outbox() {
             if !self
@@ -114,5 +130,6 @@ impl NodeShard {
                 self.raft.unreachable(node);
             }
         }
+        self.feed_raft_events(cx, driver);
     }
 }

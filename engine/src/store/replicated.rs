@@ -150,14 +150,25 @@ pub fn decode_proposal(data: &[u8]) -> Result<Proposal<'_>, &'static str> {
     }
 }
 
+/// An entry of messages as [`append`] wrote it: its term, its index and how many
+/// of the messages pushed to `appended` are its (they follow the previous
+/// entry's, in order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendedEntry {
+    pub term: u64,
+    pub index: u64,
+    pub messages: usize,
+}
+
 /// Step 1 of the contract: `p`'s records into `log` as `group`'s entries, the
-/// messages' seqs and positions pushed to `appended`. Returns whether the log must
-/// be synced before [`settle`].
+/// messages' seqs and positions pushed to `appended`, each entry of messages to
+/// `entries`. Returns whether the log must be synced before [`settle`].
 pub fn append(
     log: &mut MessageLog,
     group: u32,
     p: &Persist,
     appended: &mut Vec<AppendedMessage>,
+    entries: &mut Vec<AppendedEntry>,
 ) -> Result<bool, ReplicatedError> {
     for r in &p.records {
         let bad = |what| ReplicatedError::Proposal {
@@ -184,7 +195,16 @@ pub fn append(
             index: r.index,
             body,
         };
+        let before = appended.len();
         log.append_entry(&entry, appended)?;
+        if let EntryBody::Messages(msgs) = entry.body {
+            debug_assert_eq!(appended.len() - before, msgs.len());
+            entries.push(AppendedEntry {
+                term: r.term,
+                index: r.index,
+                messages: msgs.len(),
+            });
+        }
     }
     Ok(!p.records.is_empty())
 }

@@ -128,12 +128,18 @@ impl NodeShard {
         }
         let mut out = std::mem::take(&mut self.commit.outputs);
         let catalog = &self.shared.catalog;
-        if self
-            .commit
-            .core
-            .on_commit(c.request, catalog, now, &mut out)
-            == Committing::Appended
-        {
+        let core = &mut self.commit.core;
+        let committing = match self.raft.replicated() {
+            true => {
+                let key = c.request.channel.key();
+                let slot = slots::hash_slot(key.as_bytes());
+                let slot_id =
+                    domain::cluster::slot_id_of(slot, self.shared.config.cluster.slot_ids);
+                core.on_propose(c.request, slot_id, catalog, now, &mut out)
+            }
+            false => core.on_commit(c.request, catalog, now, &mut out),
+        };
+        if matches!(committing, Committing::Appended | Committing::Proposed) {
             self.stages
                 .gateway_to_commit
                 .observe_ns(now.mono_ns.saturating_sub(c.decoded_ns));
@@ -157,9 +163,44 @@ impl NodeShard {
             self.sync_done(result, &mut out);
         }
         work += self.commit.core.end_turn(&mut out);
+        // Replicated: the turn's SENDs, one entry per group (a group that refuses
+        // is answered here).
+        self.commit.core.propose_turn(&mut self.raft, &mut out);
         self.carry_outputs(cx, driver, &mut out);
         self.commit.outputs = out;
+        if self.raft.replicated() {
+            self.drain_proposed(cx, driver);
+        }
         work
+    }
+
+    /// What the groups' drains told of the proposals (appends, commits, lost
+    /// leaderships), handed to the commit core; its answers carried.
+    pub(crate) fn feed_raft_events(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+    ) {
+        use super::super::raft::RaftEvent;
+        let now = self.turn_now();
+        let mut out = std::mem::take(&mut self.commit.outputs);
+        let core = &mut self.commit.core;
+        for event in self.raft.take_events() {
+            match event {
+                RaftEvent::Appended {
+                    group,
+                    term,
+                    index,
+                    seqs,
+                } => core.on_appended(group, term, index, &seqs, &mut out),
+                RaftEvent::Committed { group, term, index } => {
+                    core.on_committed(group, term, index, now, &mut out)
+                }
+                RaftEvent::Lost { group } => core.on_lost(group, 0, &mut out),
+            }
+        }
+        self.carry_outputs(cx, driver, &mut out);
+        self.commit.outputs = out;
     }
 
     /// The interval fsync policy's timer: the core's sync job, if any, goes to the
