@@ -9,7 +9,9 @@
 # off (imbench --no-tokens), so the run needs no token writes. Clients are spread
 # over the three nodes by imbench (one address per node in --tcp). SHARDS=n sets each
 # node's shard count (default: one per core; three nodes on a small machine share it).
-# REPLICAS=n sets `[cluster] replicas` (default 1: no replicated group runs).
+# REPLICAS=n sets `[cluster] replicas` (default 1: no replicated group runs); with
+# more, start also waits until every slot id's home leads its group. FSYNC=always
+# sets `[log] fsync = "always"` (default: the interval policy).
 #
 #   eval "$(perf/cluster.sh start /tmp/c3)"          # sets $C3 to the imbench flags
 #   target/release/imbench person $C3
@@ -41,6 +43,9 @@ secret = "$secret"
 slot_ids = 64
 replicas = ${REPLICAS:-1}
 EOF
+    if [ "${FSYNC:-}" = always ]; then
+        printf '[log]\nfsync = "always"\n'
+    fi
     for n in 1 2 3; do
         printf '[[cluster.nodes]]\nid = %s\nrpc_addr = "127.0.0.1:1100%s"\napi_addr = "127.0.0.1:50%s1"\n' "$n" "$n" "$n"
     done
@@ -65,6 +70,17 @@ start)
         curl -fs "http://127.0.0.1:50${id}1/readyz" >/dev/null ||
             { echo "node $id not ready: $(tail -3 "$dir/node$id/log")" >&2; exit 1; }
     done
+    # Replicated: SENDs are answered 10 until each slot id's home leads its group
+    # (a leader elsewhere hands over to it): wait until node 1 sees every one.
+    if [ "${REPLICAS:-1}" -gt 1 ]; then
+        for _ in $(seq 1 300); do
+            if curl -fs -H "Authorization: Bearer $token" "http://127.0.0.1:5011/cluster/slots" |
+                python3 -c 'import json,sys; g=json.load(sys.stdin)["replica_groups"]; sys.exit(not all(x["leader_node_id"]==x["replicas"][0] for x in g))'; then
+                break
+            fi
+            sleep 0.1
+        done
+    fi
     echo "C3='--tcp 127.0.0.1:5110,127.0.0.1:5120,127.0.0.1:5130 --api 127.0.0.1:5011 --api-token $token --no-tokens'"
     ;;
 stop)

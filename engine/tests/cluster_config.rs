@@ -522,8 +522,8 @@ fn no_cluster_section_is_a_node_alone() {
     );
 }
 
-/// `[cluster] replicas` is 1 (the default) to the node count; `raft_tick_ms` at
-/// least 1; both read from the file.
+/// `[cluster] replicas` is 1 (the default) to the node count; `raft_tick_ms` and
+/// `raft_entries_retained` at least 1; all read from the file.
 #[test]
 fn replicas_and_the_raft_tick_are_read_and_checked() {
     let c = Config::parse(&three_nodes(1), no_env)
@@ -531,13 +531,18 @@ fn replicas_and_the_raft_tick_are_read_and_checked() {
         .to_node_config()
         .unwrap();
     assert_eq!((c.cluster.replicas, c.cluster.raft_tick_ms), (1, 50));
+    assert_eq!(c.cluster.raft_entries_retained, 4096);
     let with =
         |extra: &str| three_nodes(1).replace("slot_ids = 64", &format!("slot_ids = 64\n{extra}"));
-    let c = Config::parse(&with("replicas = 3\nraft_tick_ms = 20"), no_env)
-        .unwrap()
-        .to_node_config()
-        .unwrap();
+    let c = Config::parse(
+        &with("replicas = 3\nraft_tick_ms = 20\nraft_entries_retained = 7"),
+        no_env,
+    )
+    .unwrap()
+    .to_node_config()
+    .unwrap();
     assert_eq!((c.cluster.replicas, c.cluster.raft_tick_ms), (3, 20));
+    assert_eq!(c.cluster.raft_entries_retained, 7);
     for (extra, says) in [
         (
             "replicas = 4",
@@ -547,6 +552,10 @@ fn replicas_and_the_raft_tick_are_read_and_checked() {
         (
             "raft_tick_ms = 0",
             "cluster.raft_tick_ms must be at least 1",
+        ),
+        (
+            "raft_entries_retained = 0",
+            "cluster.raft_entries_retained must be at least 1",
         ),
     ] {
         let e = error_of(&with(extra));

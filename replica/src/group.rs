@@ -27,7 +27,7 @@
 
 use std::collections::VecDeque;
 
-use raft::prelude::{ConfChange, ConfChangeV2, Entry, EntryType, Message};
+use raft::prelude::{ConfChange, ConfChangeV2, Entry, EntryType, Message, MessageType};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 use rand::Rng;
@@ -58,6 +58,9 @@ pub struct GroupConfig {
     pub inflight_msgs_max: usize,
     /// The most entries the in-memory log holds.
     pub log_entries_max: u64,
+    /// Entries kept in memory below the last one handed out as committed, for
+    /// followers that lag ([`Group::compact`]; at least 1).
+    pub log_entries_retained: u64,
     /// The most steps handed out to make durable and not yet reported durable
     /// ([`Group::persisted`]); past it [`Group::drain`] hands out nothing more
     /// (raft keeps the work) until some are.
@@ -77,6 +80,7 @@ impl GroupConfig {
             msg_bytes_max: 1 << 20,
             inflight_msgs_max: 256,
             log_entries_max: 1 << 20,
+            log_entries_retained: 4096,
             unsynced_steps_max: 64,
         }
     }
@@ -158,6 +162,9 @@ pub struct Group {
     election_ticks: usize,
     heartbeat_ticks: usize,
     log_entries_max: u64,
+    log_entries_retained: u64,
+    /// Followers a snapshot was due to and not sent (reported after the drain).
+    snapshots_refused: Vec<u64>,
 }
 
 fn role(r: StateRole) -> Role {
@@ -202,9 +209,11 @@ impl Group {
         config
             .validate()
             .map_err(|e| GroupError::Config(e.to_string()))?;
-        if cfg.log_entries_max == 0 || cfg.unsynced_steps_max == 0 {
+        if cfg.log_entries_max == 0 || cfg.unsynced_steps_max == 0 || cfg.log_entries_retained == 0
+        {
             return Err(GroupError::Config(
-                "log_entries_max and unsynced_steps_max must be at least 1".into(),
+                "log_entries_max, log_entries_retained and unsynced_steps_max must be at least 1"
+                    .into(),
             ));
         }
         let storage = MemStorage::new();
@@ -228,6 +237,8 @@ impl Group {
             election_ticks: cfg.election_ticks,
             heartbeat_ticks: cfg.heartbeat_ticks,
             log_entries_max: cfg.log_entries_max,
+            log_entries_retained: cfg.log_entries_retained,
+            snapshots_refused: Vec::new(),
         };
         g.draw_timeout();
         Ok(g)
@@ -385,6 +396,7 @@ impl Group {
             self.node.advance_append_async(ready);
             self.node.advance_apply();
         }
+        self.report_refused_snapshots();
         self.redraw_if_reset();
     }
 
@@ -397,11 +409,45 @@ impl Group {
                 self.send(messages, out);
             }
         }
+        self.report_refused_snapshots();
     }
 
+    /// Encodes `messages` for their peers. A snapshot is not sent (catch-up from
+    /// the message log is not built): its follower is reported failed after the
+    /// drain and probed again later, so it waits rather than breaks.
     fn send(&mut self, messages: Vec<Message>, out: &mut Outputs) {
-        out.messages
-            .extend(messages.iter().map(|m| (m.to, wire::encode(m))));
+        for m in &messages {
+            if m.msg_type == MessageType::MsgSnapshot {
+                self.snapshots_refused.push(m.to);
+            } else {
+                out.messages.push((m.to, wire::encode(m)));
+            }
+        }
+    }
+
+    /// The snapshots not sent, reported failed (outside a ready).
+    fn report_refused_snapshots(&mut self) {
+        for to in std::mem::take(&mut self.snapshots_refused) {
+            self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
+        }
+    }
+
+    /// Drops the committed entries handed out more than `log_entries_retained`
+    /// below the last one from memory (they are in the caller's log): memory is
+    /// bounded by the entries not yet committed plus those retained. A follower
+    /// behind what is kept is not sent a snapshot ([`Group::drain`]) and waits.
+    pub fn compact(&mut self) {
+        let raft_log = &self.node.raft.raft_log;
+        let keep_from = raft_log.applied.saturating_sub(self.log_entries_retained) + 1;
+        if keep_from > raft_log.first_index() {
+            let compacted = self.node.mut_store().wl().compact(keep_from);
+            compacted.expect("compacting below the applied index");
+        }
+    }
+
+    /// The first index held in memory.
+    pub fn first_index(&self) -> u64 {
+        self.node.raft.raft_log.first_index()
     }
 
     /// Committed entries: conf changes applied here (the new configuration, if
@@ -843,6 +889,64 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// [`settle`] with replica `cut`'s messages, both ways, dropped; whether any
+    /// message for `cut` was a snapshot.
+    fn settle_without(groups: &mut [Group], cut: u64) -> bool {
+        let mut snapshot = false;
+        for _ in 0..20 {
+            for i in 0..groups.len() {
+                let from = groups[i].id();
+                for (to, bytes) in drained(&mut groups[i]).messages {
+                    let m = wire::decode(&bytes, to, from).unwrap();
+                    snapshot |= m.msg_type == MessageType::MsgSnapshot;
+                    if to != cut && from != cut {
+                        let _ = groups[to as usize - 1].step(from, &bytes);
+                    }
+                }
+            }
+        }
+        snapshot
+    }
+
+    /// Compaction keeps `log_entries_retained` committed entries in memory; a
+    /// follower that fell behind them is never sent a snapshot (it waits), and the
+    /// group goes on committing with the others. A follower within what is kept
+    /// catches up from memory.
+    #[test]
+    fn compaction_bounds_memory_and_a_follower_behind_gets_no_snapshot() {
+        let mut groups = led_by_one(three_with(|c| c.log_entries_retained = 2));
+        for i in 0..6u8 {
+            groups[0].propose(vec![i]).unwrap();
+            assert!(!settle_without(&mut groups, 3));
+        }
+        groups[0].compact();
+        let last = groups[0].commit_index();
+        assert_eq!(last, 7, "the leader's no-op and six proposals");
+        assert_eq!(groups[0].first_index(), last - 1, "two entries kept");
+        for _ in 0..groups[0].election_timeout_ticks() * 3 {
+            groups[0].tick();
+            assert!(!settle_without(&mut groups, 0), "no snapshot for 3");
+        }
+        assert_eq!(groups[0].role(), Role::Leader);
+        assert!(groups[2].commit_index() < groups[0].first_index());
+        groups[0].propose(b"on".to_vec()).unwrap();
+        assert!(!settle_without(&mut groups, 0));
+        assert_eq!(groups[1].commit_index(), 8, "committed without 3");
+        // Replica 2 lags by one entry, within what is kept: it catches up.
+        groups[0].propose(b"more".to_vec()).unwrap();
+        assert!(!settle_without(&mut groups, 2));
+        groups[0].compact();
+        assert!(groups[0].first_index() <= groups[1].commit_index() + 1);
+        for _ in 0..groups[0].election_timeout_ticks() {
+            groups[0].tick();
+            assert!(!settle_without(&mut groups, 3));
+        }
+        assert_eq!(groups[1].commit_index(), 9);
+        let mut cfg = GroupConfig::new(1, vec![1], 1);
+        cfg.log_entries_retained = 0;
+        assert!(matches!(Group::new(&cfg), Err(GroupError::Config(_))));
     }
 
     /// A leader hands leadership to a follower: it leads in a later term, and the

@@ -146,11 +146,16 @@ pub struct ClusterConfig {
     pub nodes: Vec<ClusterNode>,
     /// Voters of each slot id's replicated group, 1 (the default: no group) to the
     /// node count. Above 1 the groups run and elect leaders ("Replicated slot
-    /// ids…", first step); SENDs and homes do not use them yet.
+    /// ids…"), and SENDs are committed through them; homes do not follow their
+    /// leaders yet.
     pub replicas: u32,
     /// The replicated groups' tick, in ms (election after 10 to 19 ticks without a
     /// leader, heartbeats every 2).
     pub raft_tick_ms: u64,
+    /// Committed entries each group keeps in memory for followers that lag (at
+    /// least 1): a follower further behind waits for catch-up, which is not built
+    /// yet.
+    pub raft_entries_retained: u64,
 }
 
 impl Default for ClusterConfig {
@@ -162,6 +167,7 @@ impl Default for ClusterConfig {
             nodes: Vec::new(),
             replicas: 1,
             raft_tick_ms: 50,
+            raft_entries_retained: 4096,
         }
     }
 }
@@ -207,6 +213,9 @@ impl ClusterConfig {
         }
         if self.raft_tick_ms == 0 {
             return Err("cluster.raft_tick_ms must be at least 1".into());
+        }
+        if self.raft_entries_retained == 0 {
+            return Err("cluster.raft_entries_retained must be at least 1".into());
         }
         if self.nodes.is_empty() {
             return Ok(());

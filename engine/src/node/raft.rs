@@ -30,6 +30,11 @@
 //!   told the peer is unreachable. A peer's frame is read by any shard and split by
 //!   the shard of each message's group; each shard steps its part and drains the
 //!   groups it reached once, so the answers to one frame leave in one frame.
+//! - **Memory**: each timer run drops from each group's in-memory log the committed
+//!   entries past the last `[cluster] raft_entries_retained` (`Group::compact`);
+//!   they stay in the message log. A follower further behind is sent no snapshot
+//!   (catch-up from the log is not built): it waits, and its group commits with
+//!   the others.
 //! - **Status**: each group's leader and term as this replica knows them, in
 //!   [`RaftStatus`] (read by `/metrics` and tests).
 //!
@@ -137,6 +142,8 @@ pub struct RaftPlace<'a> {
     /// `[log] fsync = "always"`: a drain's entries are synced before its
     /// acknowledgements leave (else the log's interval sync covers them).
     pub fsync_always: bool,
+    /// `[cluster] raft_entries_retained`.
+    pub entries_retained: u64,
 }
 
 struct Replica {
@@ -250,6 +257,7 @@ impl RaftSide {
             let cfg = GroupConfig {
                 heartbeat_ticks: 2,
                 election_ticks: 10,
+                log_entries_retained: place.entries_retained,
                 ..GroupConfig::new(
                     raft_id(place.me),
                     voters.iter().map(|&n| raft_id(n)).collect(),
@@ -308,6 +316,8 @@ impl RaftSide {
             }
         }
         for r in self.groups.values_mut() {
+            // Memory: the committed entries past those retained are in the log.
+            r.group.compact();
             // The home leads while it can: a leader elsewhere hands over once the
             // home holds its whole log and answers (no proposal stalls on a
             // transfer to a replica that is down or behind).
