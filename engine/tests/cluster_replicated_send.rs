@@ -2,7 +2,8 @@
 //! shards each): once every slot id's home leads its group (a leader elsewhere
 //! hands over to it), a SEND is proposed to its slot id's group and answered only
 //! after the entry is committed on a majority, with the seq the replicas' logs
-//! gave it; the messages then reach the recipient. After the nodes stop, each
+//! gave it; the messages then reach the recipient, and a resend (same
+//! client_msg_no) is answered with the first copy's ids and not delivered again. After the nodes stop, each
 //! node's log is read back: a majority holds every acknowledged message with its
 //! id and seq, and no node holds another message at those seqs. With both other
 //! replicas of a channel's group stopped, a SEND is refused (15, once the leader
@@ -48,11 +49,21 @@ fn homes_lead(c: &Cluster) {
 }
 
 fn send(node: &engine::node::Node, to: &str, text: &str) -> (u16, Value) {
+    send_numbered(node, to, text, "")
+}
+
+fn send_numbered(
+    node: &engine::node::Node,
+    to: &str,
+    text: &str,
+    client_msg_no: &str,
+) -> (u16, Value) {
     let payload = base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
     support::api(
         node,
         "/message/send",
-        json!({"from_uid": "sys", "channel_id": to, "channel_type": 1, "payload": payload}),
+        json!({"from_uid": "sys", "channel_id": to, "channel_type": 1, "payload": payload,
+               "client_msg_no": client_msg_no}),
     )
 }
 
@@ -95,6 +106,19 @@ fn a_send_is_answered_after_its_commit_on_a_majority_with_the_replicas_seq() {
         let m = support::next_recv(&mut client);
         assert_eq!(m.message_id, sent[i].1);
     }
+    // A resend (same client_msg_no) gets the first copy's ids and no RECV.
+    let (status, first) = send_numbered(c.node(1), to, "once", "n-1");
+    assert_eq!(status, 200, "{first}");
+    let (status, again) = send_numbered(c.node(3), to, "once", "n-1");
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(
+        (&again["message_id"], &again["message_seq"]),
+        (&first["message_id"], &first["message_seq"])
+    );
+    assert_eq!(first["message_seq"], 4, "{first}");
+    sent.push((4, first["message_id"].as_i64().unwrap()));
+    assert_eq!(support::next_recv(&mut client).message_id, sent[3].1);
+    support::cluster::nothing_more(&mut client);
     let shard = slot_id as usize % 2;
     let dirs: Vec<(std::path::PathBuf, engine::store::LogConfig)> = (c.nodes.iter())
         .map(|n| {
