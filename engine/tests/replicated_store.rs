@@ -88,7 +88,16 @@ impl World {
         live.group.drain(&mut out);
         for p in std::mem::take(&mut out.persist) {
             let (mut appended, mut entries) = (Vec::new(), Vec::new());
-            if append(&mut live.log, GROUP, &p, &mut appended, &mut entries).unwrap() {
+            if append(
+                &mut live.log,
+                GROUP,
+                &p,
+                &mut appended,
+                &mut entries,
+                |_| true,
+            )
+            .unwrap()
+            {
                 live.log.sync(0).unwrap();
             }
             // Each entry of messages is reported with its term, index and count.
@@ -100,6 +109,11 @@ impl World {
             assert_eq!(reported, of_messages);
             let counted: usize = entries.iter().map(|e| e.messages).sum();
             assert_eq!(counted, appended.len());
+            // With the keys asked for, each entry's messages come with their ids.
+            for e in &entries {
+                let keys = e.foreign.as_ref().expect("keys asked for");
+                assert_eq!(keys.len(), e.messages);
+            }
             if settle(&mut live.state, &p) {
                 live.file.write(GROUP, &live.state).unwrap();
             }

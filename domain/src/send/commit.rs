@@ -76,7 +76,7 @@ pub use crate::send::message::{Committed, Delivery};
 
 mod replicated;
 use replicated::ProposalBook;
-pub use replicated::Replicas;
+pub use replicated::{Foreign, Replicas};
 
 /// A message to commit, and where its answer goes (`A`: the driver's address of the
 /// SENDACK or the API reply; the core only hands it back). A SEND forwarded to its

@@ -52,7 +52,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use domain::send::commit::Replicas;
+use domain::send::commit::{Foreign, Replicas};
 use proto::wkproto::ReasonCode;
 use replica::{Group, GroupConfig, GroupError, Outputs, Role};
 
@@ -161,12 +161,14 @@ struct Replica {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RaftEvent {
     /// This replica appended the entry of messages at `index` in `term`, its
-    /// messages given `seqs`.
+    /// messages given `seqs`; with their keys when it was not proposed here
+    /// (to apply at its commit).
     Appended {
         group: u32,
         term: u64,
         index: u64,
         seqs: Vec<u64>,
+        foreign: Option<Vec<Foreign>>,
     },
     /// The entry at `index` was committed in `term`.
     Committed { group: u32, term: u64, index: u64 },
@@ -427,25 +429,30 @@ impl RaftSide {
                 continue;
             };
             r.group.drain(&mut self.out);
+            // An entry of this leader's own term is its own proposal; any other
+            // one is applied at its commit.
+            let own_term = (r.group.role() == Role::Leader).then(|| r.group.term());
             let mut last = None;
             for p in self.out.persist.drain(..) {
                 self.appended.clear();
                 self.entries.clear();
                 written = written.and_then(|()| {
                     let (appended, entries) = (&mut self.appended, &mut self.entries);
-                    log_sync |= append(log, slot_id, &p, appended, entries)?;
+                    let foreign = |term| own_term != Some(term);
+                    log_sync |= append(log, slot_id, &p, appended, entries, foreign)?;
                     if settle(&mut r.state, &p) {
                         file.stage(slot_id, &r.state)?;
                     }
                     Ok(())
                 });
                 let mut seqs = self.appended.iter().map(|a| a.message_seq);
-                for e in &self.entries {
+                for e in self.entries.drain(..) {
                     self.events.push(RaftEvent::Appended {
                         group: slot_id,
                         term: e.term,
                         index: e.index,
                         seqs: seqs.by_ref().take(e.messages).collect(),
+                        foreign: e.foreign,
                     });
                 }
                 last = Some(p.number);

@@ -17,6 +17,7 @@
 //!    restart clamps it to the log; one sync may cover every group of the shard).
 //! 4. Only then `Group::persisted(number)`: the messages that depend on it leave.
 
+use domain::send::commit::Foreign;
 use replica::{Durable, Persist, Record, RecordKind as RaftKind};
 use serde::{Deserialize, Serialize};
 
@@ -152,23 +153,27 @@ pub fn decode_proposal(data: &[u8]) -> Result<Proposal<'_>, &'static str> {
 
 /// An entry of messages as [`append`] wrote it: its term, its index and how many
 /// of the messages pushed to `appended` are its (they follow the previous
-/// entry's, in order).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// entry's, in order); with their uids, client_msg_nos and ids when the caller
+/// asked for them (an entry it did not propose, to apply at its commit).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendedEntry {
     pub term: u64,
     pub index: u64,
     pub messages: usize,
+    pub foreign: Option<Vec<Foreign>>,
 }
 
 /// Step 1 of the contract: `p`'s records into `log` as `group`'s entries, the
 /// messages' seqs and positions pushed to `appended`, each entry of messages to
-/// `entries`. Returns whether the log must be synced before [`settle`].
+/// `entries` (with its messages' keys when `foreign(term)` says so). Returns
+/// whether the log must be synced before [`settle`].
 pub fn append(
     log: &mut MessageLog,
     group: u32,
     p: &Persist,
     appended: &mut Vec<AppendedMessage>,
     entries: &mut Vec<AppendedEntry>,
+    foreign: impl Fn(u64) -> bool,
 ) -> Result<bool, ReplicatedError> {
     for r in &p.records {
         let bad = |what| ReplicatedError::Proposal {
@@ -199,10 +204,20 @@ pub fn append(
         log.append_entry(&entry, appended)?;
         if let EntryBody::Messages(msgs) = entry.body {
             debug_assert_eq!(appended.len() - before, msgs.len());
+            let keys = foreign(r.term).then(|| {
+                (msgs.iter())
+                    .map(|m| Foreign {
+                        from_uid: m.from_uid.into(),
+                        client_msg_no: m.client_msg_no.into(),
+                        message_id: m.message_id,
+                    })
+                    .collect()
+            });
             entries.push(AppendedEntry {
                 term: r.term,
                 index: r.index,
                 messages: msgs.len(),
+                foreign: keys,
             });
         }
     }

@@ -10,13 +10,22 @@
 //! |---|---|
 //! | [`CommitCore::on_propose`] | `Answer` (a refusal, at once) or nothing (waits in its group's batch, or with a copy in flight) |
 //! | [`CommitCore::propose_turn`] | the `Answer`s of batches that could not be proposed (10: no leader here; 15: the group refused) |
-//! | [`CommitCore::on_appended`] | nothing: the seqs of an entry in flight |
+//! | [`CommitCore::on_appended`] | nothing: the seqs of an entry in flight, or what applying an entry not proposed here needs |
 //! | [`CommitCore::on_committed`] | the entry's `Answer`s (success), its messages queued for delivery |
 //! | [`CommitCore::on_lost`] | `Answer`s 15 for the entries in flight from an index on |
 //!
 //! A resend of a SEND still in flight (same uid and client_msg_no) waits with it
 //! and gets the same answer; one already committed is answered from the
 //! idempotency window as on the log's own path.
+//!
+//! Every replica applies what it commits: an entry appended here that this core
+//! did not propose (a follower's, or a predecessor's) is held with its messages'
+//! keys and ids until it is committed in its term, then its SENDs join the
+//! idempotency window and the id generator resumes after its ids, so a leader
+//! that takes over answers a resend with the first copy's ids and issues ids
+//! above its predecessor's. At most `commits_unsynced_max` such entries wait per
+//! core (past it the oldest is dropped unapplied: a resend of one of its SENDs
+//! would not be recognised).
 //!
 //! # Invariants
 //!
@@ -32,6 +41,7 @@ use std::sync::Arc;
 
 use proto::wkproto::ReasonCode;
 
+use crate::presence::route::Uid;
 use crate::send::idempotency::SentIds;
 
 use super::{CommitCore, CommitLog, CommitOutput, CommitRequest, Committing, Delivery, Groups};
@@ -66,11 +76,30 @@ struct InFlight<A> {
     seqs: Option<Vec<u64>>,
 }
 
+/// A message of an entry appended here that this core did not propose: what
+/// applying it needs (its seq is the one this replica's append gave).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Foreign {
+    /// The sender.
+    pub from_uid: Uid,
+    /// The client message number (empty: never deduplicated).
+    pub client_msg_no: String,
+    /// The id its leader gave it.
+    pub message_id: i64,
+}
+
+/// An entry waiting for its commit to be applied: its term, its messages and
+/// their seqs.
+type ToApply = (u64, Vec<(Foreign, u64)>);
+
 /// The proposals of one core: per group the batch this turn forms and the entries
-/// in flight.
+/// in flight; and the entries appended here, not proposed here, waiting for
+/// their commit to be applied.
 pub(super) struct ProposalBook<A> {
     forming: BTreeMap<u32, Vec<Proposed<A>>>,
     in_flight: BTreeMap<u32, VecDeque<InFlight<A>>>,
+    /// `(group, index)` → the entry's term, its messages and their seqs.
+    to_apply: BTreeMap<(u32, u64), ToApply>,
     /// Requests waiting (SENDs and their resends).
     waiting: usize,
     /// How many SENDs waiting have each `(uid, client_msg_no)` hash: a resend's
@@ -83,6 +112,7 @@ impl<A> Default for ProposalBook<A> {
         ProposalBook {
             forming: BTreeMap::new(),
             in_flight: BTreeMap::new(),
+            to_apply: BTreeMap::new(),
             waiting: 0,
             keys: HashMap::new(),
         }
@@ -242,20 +272,35 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     /// This replica appended `group`'s entry at `index` in `term`, its messages
     /// given `seqs` (in order). An entry of another term at the index of one in
     /// flight means that one was cut: it and the later ones are answered 15
-    /// ([`on_lost`](Self::on_lost)). Appends of entries not proposed here are
-    /// ignored.
+    /// ([`on_lost`](Self::on_lost)). An entry not proposed here, given with its
+    /// messages (`foreign`), waits for its commit to be applied; one it replaces
+    /// (the same index or later) is dropped.
     pub fn on_appended(
         &mut self,
         group: u32,
         term: u64,
         index: u64,
         seqs: &[u64],
+        foreign: Option<Vec<Foreign>>,
         out: &mut Vec<CommitOutput<A, L::Job>>,
     ) {
-        let Some(entries) = self.proposals.in_flight.get_mut(&group) else {
-            return;
-        };
-        let Some(e) = entries.iter_mut().find(|e| e.index == index) else {
+        let book = &mut self.proposals;
+        let replaced: Vec<(u32, u64)> = (book.to_apply.range((group, index)..=(group, u64::MAX)))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in replaced {
+            book.to_apply.remove(&k);
+        }
+        let flying = (book.in_flight.get_mut(&group))
+            .and_then(|entries| entries.iter_mut().find(|e| e.index == index));
+        let Some(e) = flying else {
+            if let Some(messages) = foreign.filter(|m| m.len() == seqs.len()) {
+                let messages = messages.into_iter().zip(seqs.iter().copied()).collect();
+                book.to_apply.insert((group, index), (term, messages));
+                if book.to_apply.len() > self.limits.commits_unsynced_max {
+                    book.to_apply.pop_first();
+                }
+            }
             return;
         };
         if e.term != term || e.members.len() != seqs.len() {
@@ -278,6 +323,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         out: &mut Vec<CommitOutput<A, L::Job>>,
     ) {
         let now_s = now.wall_ms / 1000;
+        self.apply_foreign(group, term, index, now_s);
         loop {
             let Some(entries) = self.proposals.in_flight.get_mut(&group) else {
                 return;
@@ -300,6 +346,40 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                     for p in e.members {
                         self.refuse_proposed(p, ReasonCode::SYSTEM_ERROR, out);
                     }
+                }
+            }
+        }
+    }
+
+    /// The entry not proposed here at `index`, committed in `term`: its SENDs
+    /// into the idempotency window, the id generator past its ids. Held entries
+    /// at or below `index` leave (one of another term was cut).
+    fn apply_foreign(&mut self, group: u32, term: u64, index: u64, now_s: u64) {
+        let book = &mut self.proposals.to_apply;
+        if book.is_empty() {
+            return;
+        }
+        let done: Vec<(u32, u64)> = (book.range((group, 0)..=(group, index)))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in done {
+            let Some((held_term, messages)) = book.remove(&k) else {
+                continue;
+            };
+            if k.1 != index || held_term != term {
+                continue;
+            }
+            for (m, seq) in messages {
+                self.ids.resume_after(m.message_id);
+                if m.client_msg_no.is_empty() {
+                    continue;
+                }
+                if let Some(w) = self.idempotency.as_mut() {
+                    let ids = SentIds {
+                        message_id: m.message_id,
+                        message_seq: seq,
+                    };
+                    w.insert(&m.from_uid, &m.client_msg_no, ids, now_s);
                 }
             }
         }
@@ -441,8 +521,8 @@ mod tests {
         assert_eq!((c.unanswered(), c.backlog_len(), c.delivering()), (3, 3, 0));
         c.propose_turn(&mut r, &mut out);
         assert_eq!(r.proposed.len(), 2, "a batch is proposed once");
-        c.on_appended(3, 2, 1, &[7, 8], &mut out);
-        c.on_appended(5, 2, 2, &[4], &mut out);
+        c.on_appended(3, 2, 1, &[7, 8], None, &mut out);
+        c.on_appended(5, 2, 2, &[4], None, &mut out);
         assert!(out.is_empty(), "appended is not committed");
         c.on_committed(3, 2, 1, T0, &mut out);
         assert_eq!(answers(&mut out), vec![(1, 7, 1), (3, 8, 1)]);
@@ -471,7 +551,7 @@ mod tests {
         assert_eq!(other, Committing::Proposed, "another uid's number");
         assert_eq!((c.unanswered(), c.backlog_len()), (4, 2));
         assert_eq!(r.proposed[0].1.len(), 1);
-        c.on_appended(3, 2, 1, &[9], &mut out);
+        c.on_appended(3, 2, 1, &[9], None, &mut out);
         c.on_committed(3, 2, 1, T0, &mut out);
         let mut first = Vec::new();
         for o in out.drain(..) {
@@ -514,8 +594,8 @@ mod tests {
             c.propose_turn(&mut r, &mut out);
         }
         c.on_propose(request(5, "a", "g1", "n2"), 3, &g, T0, &mut out);
-        c.on_appended(3, 2, 1, &[1], &mut out);
-        c.on_appended(3, 3, 2, &[2], &mut out);
+        c.on_appended(3, 2, 1, &[1], None, &mut out);
+        c.on_appended(3, 3, 2, &[2], None, &mut out);
         assert_eq!(
             answers(&mut out),
             vec![(2, 0, 15), (5, 0, 15), (3, 0, 15), (4, 0, 15)]
@@ -526,7 +606,7 @@ mod tests {
             c.on_propose(request(to, "a", "g1", ""), 3, &g, T0, &mut out);
             c.propose_turn(&mut r, &mut out);
         }
-        c.on_appended(3, 2, 5, &[2], &mut out);
+        c.on_appended(3, 2, 5, &[2], None, &mut out);
         c.on_committed(3, 4, 5, T0, &mut out);
         assert_eq!(
             answers(&mut out),
@@ -603,5 +683,107 @@ mod tests {
             (c.unanswered(), c.backlog_len(), c.backlog_bytes()),
             (0, 0, 0)
         );
+    }
+
+    fn foreign(uid: &str, client_msg_no: &str, message_id: i64) -> Foreign {
+        Foreign {
+            from_uid: Uid::from(uid),
+            client_msg_no: client_msg_no.into(),
+            message_id,
+        }
+    }
+
+    /// An entry appended here and not proposed here is applied at its commit: a
+    /// resend of one of its SENDs is answered with its ids (not proposed again),
+    /// and the ids this core issues next are above its ids. An entry replaced by a
+    /// later term's at its index, or committed in another term, is not applied.
+    #[test]
+    fn entries_not_proposed_here_are_applied_at_their_commit() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        let later = (T0.wall_ms + 60_000 - crate::send::idgen::ID_EPOCH_MS) << 22;
+        let later = later as i64;
+        let ab = vec![foreign("a", "n1", later), foreign("b", "", later + 1)];
+        c.on_appended(3, 2, 5, &[7, 8], Some(ab), &mut out);
+        c.on_appended(3, 2, 6, &[9], Some(vec![foreign("a", "cut", 11)]), &mut out);
+        c.on_appended(
+            3,
+            3,
+            6,
+            &[9],
+            Some(vec![foreign("a", "kept", 12)]),
+            &mut out,
+        );
+        c.on_appended(
+            3,
+            3,
+            7,
+            &[10],
+            Some(vec![foreign("a", "other", 13)]),
+            &mut out,
+        );
+        c.on_committed(3, 2, 5, T0, &mut out);
+        c.on_committed(3, 3, 6, T0, &mut out);
+        c.on_committed(3, 4, 7, T0, &mut out);
+        assert!(out.is_empty());
+        for (to, number) in [(1, "n1"), (2, "cut"), (3, "kept"), (4, "other")] {
+            c.on_propose(request(to, "a", "g1", number), 3, &g, T0, &mut out);
+        }
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(1, 7, 1), (3, 9, 1)]);
+        c.propose_turn(&mut r, &mut out);
+        let ids: Vec<i64> = r.proposed.iter().flat_map(|(_, ids)| ids.clone()).collect();
+        assert_eq!(ids.len(), 2, "the cut and the other term's SENDs are new");
+        assert!(
+            ids.iter().all(|&id| id > later + 1),
+            "{ids:?} after {later}"
+        );
+    }
+
+    /// At most `commits_unsynced_max` entries wait to be applied: past it the
+    /// oldest is dropped unapplied; an entry whose messages and seqs disagree is
+    /// not held.
+    #[test]
+    fn entries_waiting_to_be_applied_are_bounded() {
+        let mut l = limits(false);
+        l.commits_unsynced_max = 2;
+        let (mut c, g, mut out) = (core(l), groups(), Out::new());
+        for index in 1..=3u64 {
+            let m = vec![foreign("a", &format!("n{index}"), index as i64)];
+            c.on_appended(3, 2, index, &[index], Some(m), &mut out);
+        }
+        c.on_appended(
+            3,
+            2,
+            4,
+            &[4, 5],
+            Some(vec![foreign("a", "n4", 4)]),
+            &mut out,
+        );
+        for index in 1..=4 {
+            c.on_committed(3, 2, index, T0, &mut out);
+        }
+        for index in [2, 3] {
+            let dup = c.on_propose(
+                request(index, "a", "g1", &format!("n{index}")),
+                3,
+                &g,
+                T0,
+                &mut out,
+            );
+            assert_eq!(dup, Committing::Duplicate);
+        }
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(2, 2, 1), (3, 3, 1)]);
+        for index in [1, 4] {
+            let new = c.on_propose(
+                request(index, "a", "g1", &format!("n{index}")),
+                3,
+                &g,
+                T0,
+                &mut out,
+            );
+            assert_eq!(new, Committing::Proposed, "n{index} was not applied");
+        }
     }
 }

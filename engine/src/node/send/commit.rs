@@ -192,7 +192,8 @@ impl NodeShard {
                     term,
                     index,
                     seqs,
-                } => core.on_appended(group, term, index, &seqs, &mut out),
+                    foreign,
+                } => core.on_appended(group, term, index, &seqs, foreign, &mut out),
                 RaftEvent::Committed { group, term, index } => {
                     core.on_committed(group, term, index, now, &mut out)
                 }
