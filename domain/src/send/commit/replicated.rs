@@ -471,6 +471,7 @@ mod tests {
 
     use super::super::tests::{answers, core, groups, limits, request, Out, T0};
     use super::*;
+    use crate::send::idempotency::IdempotencyConfig;
 
     /// Records each proposal's group and message ids; answers the next index in
     /// term 2, or refuses with `refuse`.
@@ -568,12 +569,60 @@ mod tests {
         }
         assert_eq!(first.iter().map(|a| a.0).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert!(first.iter().all(|a| (a.1, a.2) == (r.proposed[0].1[0], 9)));
+        assert_eq!(c.proposals.keys.len(), 1, "only uid b's number waits");
         let again = c.on_propose(request(5, "a", "g1", "n1"), 3, &g, T0, &mut out);
         assert_eq!(again, Committing::Duplicate);
         c.end_turn(&mut out);
         assert_eq!(answers(&mut out), vec![(5, 9, 1)]);
         c.propose_turn(&mut r, &mut out);
         assert_eq!(r.proposed.len(), 2, "only uid b's SEND proposed next");
+        assert_eq!(c.take_counts().deduplicated, 3);
+        c.stop(T0, &mut out);
+        assert_eq!(answers(&mut out), vec![(4, 0, 15)]);
+        assert!(c.proposals.keys.is_empty() && c.proposals.waiting() == 0);
+    }
+
+    /// A SEND committed here, and one applied from another leader's entry, are
+    /// remembered for the window's `ttl_s` from their commit.
+    #[test]
+    fn a_committed_send_is_remembered_for_the_windows_ttl_from_its_commit() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        let at = |s: u64| Now {
+            wall_ms: T0.wall_ms + s * 1000,
+            mono_ns: T0.mono_ns,
+        };
+        c.on_propose(request(1, "a", "g1", "here"), 3, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        c.on_appended(3, 2, 1, &[1], None, &mut out);
+        c.on_committed(3, 2, 1, T0, &mut out);
+        c.on_appended(
+            3,
+            2,
+            2,
+            &[2],
+            Some(vec![foreign("a", "there", 5)]),
+            &mut out,
+        );
+        c.on_committed(3, 2, 2, T0, &mut out);
+        out.clear();
+        let ttl_s = IdempotencyConfig::default().ttl_s;
+        for (to, number) in [(2, "here"), (3, "there")] {
+            let dup = c.on_propose(
+                request(to, "a", "g1", number),
+                3,
+                &g,
+                at(ttl_s - 1),
+                &mut out,
+            );
+            assert_eq!(dup, Committing::Duplicate, "{number}");
+        }
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(2, 1, 1), (3, 2, 1)]);
+        for (to, number) in [(4, "here"), (5, "there")] {
+            let new = c.on_propose(request(to, "a", "g1", number), 3, &g, at(ttl_s), &mut out);
+            assert_eq!(new, Committing::Proposed, "{number} forgotten");
+        }
     }
 
     /// An entry cut by a later leader's entry, one committed in another term at its
