@@ -165,6 +165,8 @@ pub struct Group {
     log_entries_retained: u64,
     /// Followers a snapshot was due to and not sent (reported after the drain).
     snapshots_refused: Vec<u64>,
+    /// Snapshots not sent since the last [`Group::take_snapshots_refused`].
+    snapshots_refused_count: u64,
 }
 
 fn role(r: StateRole) -> Role {
@@ -239,6 +241,7 @@ impl Group {
             log_entries_max: cfg.log_entries_max,
             log_entries_retained: cfg.log_entries_retained,
             snapshots_refused: Vec::new(),
+            snapshots_refused_count: 0,
         };
         g.draw_timeout();
         Ok(g)
@@ -425,11 +428,19 @@ impl Group {
         }
     }
 
-    /// The snapshots not sent, reported failed (outside a ready).
+    /// The snapshots not sent, reported failed (outside a ready): the leader
+    /// probes the follower again later (and is due to send one again).
     fn report_refused_snapshots(&mut self) {
         for to in std::mem::take(&mut self.snapshots_refused) {
+            self.snapshots_refused_count += 1;
             self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
         }
+    }
+
+    /// Snapshots this leader was due to send and did not since the last call: a
+    /// follower behind the retained entries, waiting for catch-up.
+    pub fn take_snapshots_refused(&mut self) -> u64 {
+        std::mem::take(&mut self.snapshots_refused_count)
     }
 
     /// Drops the committed entries handed out more than `log_entries_retained`
@@ -925,10 +936,15 @@ mod tests {
         let last = groups[0].commit_index();
         assert_eq!(last, 7, "the leader's no-op and six proposals");
         assert_eq!(groups[0].first_index(), last - 1, "two entries kept");
+        assert_eq!(groups[0].take_snapshots_refused(), 0);
         for _ in 0..groups[0].election_timeout_ticks() * 3 {
             groups[0].tick();
             assert!(!settle_without(&mut groups, 0), "no snapshot for 3");
         }
+        // Reported failed each time, the leader probes 3 again and is due to send
+        // one again: refused more than once.
+        assert!(groups[0].take_snapshots_refused() > 1);
+        assert_eq!(groups[0].take_snapshots_refused(), 0, "taken");
         assert_eq!(groups[0].role(), Role::Leader);
         assert!(groups[2].commit_index() < groups[0].first_index());
         groups[0].propose(b"on".to_vec()).unwrap();

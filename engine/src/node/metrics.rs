@@ -134,6 +134,10 @@ shard_metrics! {
     /// Replicas that left their group because a write of theirs failed (a disk
     /// error): they no longer vote.
     raft_replicas_failed,
+    /// Snapshots a leader here was due to send to a follower behind the entries
+    /// it keeps (`[cluster] raft_entries_retained`) and did not (catch-up is not
+    /// built): that follower waits.
+    raft_snapshots_refused,
     /// Endpoints not written: their owner's revalidation failed, or they name a
     /// shard this node does not have (dropped when planned).
     push_stale,

@@ -201,6 +201,8 @@ pub struct RaftSide {
     fsync_always: bool,
     /// Replicas taken out of their group by a failed write.
     pub failed: u64,
+    /// Snapshots the groups' leaders here did not send (a follower waits).
+    pub snapshots_refused: u64,
 }
 
 impl RaftSide {
@@ -221,6 +223,7 @@ impl RaftSide {
             replicated: false,
             fsync_always: false,
             failed: 0,
+            snapshots_refused: 0,
         }
     }
 
@@ -494,6 +497,7 @@ impl RaftSide {
     fn publish(&mut self, ids: &[u32], status: &RaftStatus) {
         for &slot_id in ids {
             if let Some(r) = self.groups.get_mut(&slot_id) {
+                self.snapshots_refused += r.group.take_snapshots_refused();
                 let leads = r.group.role() == Role::Leader;
                 if r.led && !leads {
                     self.events.push(RaftEvent::Lost { group: slot_id });

@@ -57,6 +57,9 @@ impl NodeShard {
         self.metrics.raft_groups.set(groups as u64);
         self.metrics.raft_groups_led.set(led as u64);
         self.metrics.raft_replicas_failed.set(self.raft.failed);
+        self.metrics
+            .raft_snapshots_refused
+            .set(self.raft.snapshots_refused);
         self.flush_raft(cx, driver);
     }
 
