@@ -37,16 +37,17 @@
 //!   the others.
 //! - **Status**: each group's leader and term as this replica knows them, in
 //!   [`RaftStatus`] (read by `/metrics` and tests).
-//!
 //! - **SENDs**: the commit core proposes each turn's SENDs to a group as one entry
 //!   ([`Replicas`]: 10 when this replica does not lead, 15 when the group
 //!   refuses); the drains tell it, as [`RaftEvent`]s, the seqs each entry of
-//!   messages got at its append here, each commit, and each leadership lost, and
+//!   messages got at its append here (with the messages' keys for an entry not of
+//!   this leader's own term, which every replica applies at its commit: the
+//!   idempotency window and the ids), each commit, and each leadership lost, and
 //!   it answers (`domain::send::commit`, its `replicated` path).
 //!
-//! Homes and authorities do not follow the groups' leaders yet, and followers do
-//! not apply what they commit; with `replicas = 1` (the default) there is no
-//! group, no timer and no traffic, and SENDs take the log's own path.
+//! Homes and authorities do not follow the groups' leaders yet; with `replicas =
+//! 1` (the default) there is no group, no timer and no traffic, and SENDs take the
+//! log's own path.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -461,8 +462,8 @@ impl RaftSide {
                 last = Some(p.number);
             }
             queue_messages(&mut self.out, &mut self.outbox, slot_id);
-            // Committed entries answer the proposals made here (the commit core);
-            // followers do not apply them yet.
+            // Committed entries answer the proposals made here and apply the
+            // others (the commit core).
             for c in self.out.committed.drain(..) {
                 self.events.push(RaftEvent::Committed {
                     group: slot_id,
