@@ -20,7 +20,11 @@
 //!   append's acknowledgement) are held until the caller says it is durable
 //!   ([`Group::persisted`]); a leader's appends leave at once. Raft reads its log
 //!   from memory here, bounded by `log_entries_max` (proposals past it are refused
-//!   with [`GroupError::LogFull`]).
+//!   with [`GroupError::LogFull`]) and compacted by [`Group::compact`] to
+//!   `log_entries_retained` committed entries; a snapshot raft would send to a
+//!   follower behind them is not sent (catch-up is the caller's, not built): the
+//!   follower is reported failed, probed again later, and counted
+//!   ([`Group::take_snapshots_refused`]).
 //! - A restart ([`Group::restart`]) starts from what the caller made durable
 //!   ([`Durable`]), handing its committed entries out again from the first (the
 //!   state machine replays them).

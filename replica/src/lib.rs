@@ -2,8 +2,8 @@
 //!
 //! A group is one raft group (tikv/raft-rs, pinned behind this crate): its
 //! replicas agree on one log, and its leader is the one that may act for it. The
-//! node will run one group per slot id and a controller group ("Replicated slot
-//! ids…"); this crate holds what one replica decides, with no IO:
+//! node runs one group per slot id (a controller group is to come: "Replicated
+//! slot ids…"); this crate holds what one replica decides, with no IO:
 //!
 //! - [`group`]: one replica, driven by ticks, peers' bytes and proposals; it gives
 //!   out the bytes to send and the entries committed ([`group::Group`]). Election
