@@ -165,4 +165,10 @@ fn with_the_other_replicas_stopped_a_send_is_refused_never_acknowledged() {
     let (status, reply) = send(&c.nodes[0], to, "alone");
     assert_ne!(status, 200, "acknowledged without a majority: {reply}");
     assert_eq!(reply["reason"], 15, "{reply}");
+    // Counted (the shard publishes its counts just after the answer left).
+    let deadline = Instant::now() + WAIT;
+    while support::metric(&c.nodes[0], "imrouter_commits_proposals_failed_total") != 1 {
+        assert!(Instant::now() < deadline, "the refusal was not counted");
+        std::thread::yield_now();
+    }
 }

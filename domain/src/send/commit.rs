@@ -263,6 +263,13 @@ pub struct CommitCounts {
     pub deduplicated: u64,
     /// Commits refused because the delivery backlog was full (SENDACK 22).
     pub refused_backlog: u64,
+    /// Replicated: SENDs (and resends waiting with them) answered 10, this
+    /// replica not leading their slot id's group.
+    pub refused_not_leader: u64,
+    /// Replicated: SENDs (and resends waiting with them) taken and then answered
+    /// 15: their group refused the entry, it was cut, its leader lost office, or
+    /// the node stopped before the commit.
+    pub proposals_failed: u64,
 }
 
 /// What a committed message is charged against `backlog_budget_bytes` while it

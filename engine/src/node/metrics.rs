@@ -253,6 +253,12 @@ shard_metrics! {
     sends_refused_uid_rate,
     /// Commits answered with 22 (RateLimit): the delivery backlog was full.
     commits_refused_backlog,
+    /// Replicated slot ids: SENDs answered 10, this node's replica not leading
+    /// their slot id's group (at start, until the home leads).
+    commits_refused_not_leader,
+    /// Replicated slot ids: SENDs proposed and then answered 15: the group refused
+    /// the entry, it was cut, its leader lost office, or the node stopped first.
+    commits_proposals_failed,
     /// Push batches held back because their owner shard's queue had no room (the
     /// delivery resumes as the owner drains).
     delivery_stalls,

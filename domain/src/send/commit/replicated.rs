@@ -457,6 +457,12 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         out: &mut Vec<CommitOutput<A, L::Job>>,
     ) {
         self.proposals.done(&p);
+        let answers = 1 + p.resends.len() as u64;
+        if reason == ReasonCode::FORWARD_SEND_PACKET_ERROR {
+            self.counts.refused_not_leader += answers;
+        } else {
+            self.counts.proposals_failed += answers;
+        }
         for to in std::iter::once(p.to).chain(p.resends) {
             super::refuse(out, to, reason);
         }
@@ -673,6 +679,8 @@ mod tests {
         c.on_lost(3, 0, &mut out);
         c.on_committed(3, 2, 9, T0, &mut out);
         assert!(out.is_empty());
+        let counts = c.take_counts();
+        assert_eq!((counts.proposals_failed, counts.refused_not_leader), (6, 0));
     }
 
     /// An entry committed before this replica appended it (no seqs known) is not
@@ -706,6 +714,8 @@ mod tests {
         );
         c.propose_turn(&mut r, &mut out);
         assert_eq!(answers(&mut out), vec![(1, 0, 10), (2, 0, 10)]);
+        let counts = c.take_counts();
+        assert_eq!((counts.refused_not_leader, counts.proposals_failed), (2, 0));
         c.end_turn(&mut out);
         assert_eq!(answers(&mut out), vec![(3, 0, 1)]);
         assert_eq!((c.unanswered(), c.backlog_len()), (0, 1));

@@ -284,6 +284,9 @@ impl NodeShard {
             self.metrics
                 .commits_refused_backlog
                 .add(counts.refused_backlog);
+            let m = &self.metrics;
+            m.commits_refused_not_leader.add(counts.refused_not_leader);
+            m.commits_proposals_failed.add(counts.proposals_failed);
         }
     }
 
