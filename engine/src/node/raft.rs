@@ -349,6 +349,11 @@ impl RaftSide {
         self.proposed = ids;
     }
 
+    /// Whether the drains told anything since the last [`RaftSide::take_events`].
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// What the drains told of the proposals since the last call, in order.
     pub fn take_events(&mut self) -> std::vec::Drain<'_, RaftEvent> {
         self.events.drain(..)

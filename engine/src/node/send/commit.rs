@@ -182,6 +182,10 @@ impl NodeShard {
         driver: &mut NetDriver,
     ) {
         use super::super::raft::RaftEvent;
+        if !self.raft.has_events() {
+            // A heartbeat or an idle tick: nothing for the core to answer.
+            return;
+        }
         let now = self.turn_now();
         let mut out = std::mem::take(&mut self.commit.outputs);
         let core = &mut self.commit.core;
