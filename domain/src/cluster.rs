@@ -109,8 +109,23 @@ impl std::fmt::Display for ViewError {
 
 impl std::error::Error for ViewError {}
 
+/// Where a slot id's channels commit and are read: its **home**.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub enum Homes {
+    /// `nodes[slot_id % n]` whoever leads the slot's authority (a node alone, or a
+    /// cluster without replicas: the channels' messages are on that node only).
+    #[default]
+    Static,
+    /// The slot's leader in the view, which is its replicated group's leader
+    /// (`[cluster] replicas` above 1): each group's new leader claims its hash
+    /// slots at a term above its raft term ([`ClusterView::with_group_leader`]),
+    /// so homes and authorities follow the groups' elections.
+    Leaders,
+}
+
 /// A node's view of the cluster: the leader of every hash slot, the config epoch and
-/// the routing revision, and the cluster's nodes in config order (the static homes).
+/// the routing revision, the cluster's nodes in config order, and whether homes
+/// follow the leaders.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ClusterView {
     /// The leader of every hash slot, indexed by hash slot (sent as exactly 256
@@ -123,9 +138,13 @@ pub struct ClusterView {
     /// The routing revision: freshness evidence carried beside a target, not part of
     /// it (rule 4); advances once per view change and on a join neither side held.
     pub revision: Revision,
-    /// The nodes in config order: slot id `i`'s home is `nodes[i % nodes.len()]`
-    /// (never empty).
+    /// The nodes in config order: slot id `i`'s static home is
+    /// `nodes[i % nodes.len()]` (never empty).
     pub nodes: Vec<NodeId>,
+    /// Whether a slot id's home is static or its leader: the node's own config
+    /// decides ([`ClusterView::merge`] keeps this view's, whatever a peer sent).
+    #[serde(default)]
+    pub homes: Homes,
 }
 
 impl ClusterView {
@@ -171,7 +190,14 @@ impl ClusterView {
             config_epoch: 1,
             revision: 1,
             nodes: nodes.to_vec(),
+            homes: Homes::Static,
         }
+    }
+
+    /// This view with its homes following the leaders ([`Homes::Leaders`]).
+    pub fn with_homes(mut self, homes: Homes) -> Self {
+        self.homes = homes;
+        self
     }
 
     /// Whether this view (from a peer) fits the cluster of `nodes` (config order)
@@ -198,17 +224,26 @@ impl ClusterView {
         Ok(())
     }
 
-    /// The home of slot id `slot_id`: the node that stores its durable data, static
-    /// (`nodes[slot_id % n]` in config order), whoever leads its authority now.
+    /// The static home of slot id `slot_id`: `nodes[slot_id % n]` in config order,
+    /// whoever leads its authority now: the home under [`Homes::Static`], and the
+    /// group's preferred leader under [`Homes::Leaders`].
     #[inline]
     pub fn home_of(&self, slot_id: SlotId) -> NodeId {
         self.nodes[slot_id as usize % self.nodes.len()]
     }
 
-    /// The home of hash slot `hash_slot` ([`ClusterView::home_of`] its slot id).
+    /// The home of hash slot `hash_slot`: the node that stores its durable data
+    /// (its uids' tokens, its channels' subscribers and messages), where its SENDs
+    /// commit and its data is read and written: its static home
+    /// ([`ClusterView::home_of`] its slot id), or under [`Homes::Leaders`] its
+    /// leader in this view.
     #[inline]
     pub fn home_node(&self, hash_slot: HashSlot) -> NodeId {
-        self.home_of(self.slots[hash_slot as usize].slot_id)
+        let slot = &self.slots[hash_slot as usize];
+        match self.homes {
+            Homes::Static => self.home_of(slot.slot_id),
+            Homes::Leaders => slot.leader_node_id,
+        }
     }
 
     /// This view joined with `other`, a view of the same cluster (checked against
@@ -263,6 +298,34 @@ impl ClusterView {
         view
     }
 
+    /// This view with slot id `slot_id` claimed by `leader`, elected leader of its
+    /// replicated group in raft term `raft_term` (under [`Homes::Leaders`]): each of
+    /// its hash slots at a term below [`group_term`]`(raft_term)` gets `leader` at
+    /// that term (moved from its leader here) and the revision advances once;
+    /// `None` when no hash slot changes (an older or repeated claim). Raft elects
+    /// at most one leader per term, so two claims never meet at one term, and
+    /// [`ClusterView::merge`] spreads the newest everywhere.
+    pub fn with_group_leader(
+        &self,
+        slot_id: SlotId,
+        leader: NodeId,
+        raft_term: Term,
+    ) -> Option<ClusterView> {
+        let term = group_term(raft_term);
+        let mut view = self.clone();
+        let mut changed = false;
+        for slot in view.slots.iter_mut() {
+            if slot.slot_id == slot_id && slot.leader_term < term {
+                slot.from_node_id = slot.leader_node_id;
+                slot.leader_node_id = leader;
+                slot.leader_term = term;
+                changed = true;
+            }
+        }
+        view.revision += Revision::from(changed);
+        changed.then_some(view)
+    }
+
     /// The moves that drain node `me`: every hash slot it leads, each slot id (with
     /// all its hash slots) given to the next node of `to` round robin, in slot id
     /// order of first appearance. Empty when `me` leads nothing or `to` is empty.
@@ -306,6 +369,14 @@ impl ClusterView {
     pub fn target_for_uid(&self, uid: &str) -> Target {
         self.target_for_slot(hash_slot(uid.as_bytes()))
     }
+}
+
+/// The view term of a slot whose replicated group elected its leader in raft term
+/// `raft_term`: one above it, so every election is above the initial view's term 1
+/// (raft's first term is 1). Under [`Homes::Leaders`] only elections make terms (no
+/// manual move), so the view's terms follow raft's one for one.
+pub fn group_term(raft_term: Term) -> Term {
+    raft_term + 1
 }
 
 /// The term a move through the node of rank `rank` (its place in the view's node
@@ -453,6 +524,50 @@ mod initial_view_tests {
         let one = ClusterView::initial(&[7], 64).unwrap();
         assert!((0..256u16).all(|h| one.target_for_slot(h).leader_node_id == 7));
         assert!((0..256u16).all(|h| one.home_node(h) == 7));
+    }
+
+    /// Under `Homes::Leaders` a group's election moves its hash slots' leader and
+    /// home; an older or repeated claim
+    /// changes nothing; under `Homes::Static` the home stays put.
+    #[test]
+    fn a_group_leader_claims_its_hash_slots_and_homes_follow_it() {
+        let fixed = ClusterView::initial(&[3, 1, 2], 64).unwrap();
+        let view = fixed.clone().with_homes(Homes::Leaders);
+        // Slot id 4 (hash slots 16..20) is node 1's; node 2 wins raft term 5.
+        let won = view.with_group_leader(4, 2, 5).unwrap();
+        assert_eq!(won.revision, view.revision + 1);
+        for h in 0..HASH_SLOTS as HashSlot {
+            let (before, after) = (view.slots[h as usize], won.slots[h as usize]);
+            if (16..20).contains(&h) {
+                assert_eq!(after.leader_node_id, 2, "hash slot {h}");
+                assert_eq!(after.leader_term, group_term(5));
+                assert_eq!(after.from_node_id, 1);
+                assert_eq!(won.home_node(h), 2);
+            } else {
+                assert_eq!(after, before, "hash slot {h} is another group's");
+                assert_eq!(won.home_node(h), before.leader_node_id);
+            }
+        }
+        assert_eq!(group_term(5), 6, "one above the raft term");
+        assert_eq!(won.with_group_leader(4, 2, 5), None, "repeated");
+        assert_eq!(won.with_group_leader(4, 3, 4), None, "older");
+        let back = won.with_group_leader(4, 1, 6).unwrap();
+        assert_eq!(back.slots[16].leader_node_id, 1);
+        assert_eq!(back.slots[16].from_node_id, 2);
+        // Raft's first term is 1: its claim is above the initial view's term 1.
+        let first = view.with_group_leader(0, 3, 1).unwrap();
+        assert_eq!(first.slots[0].leader_term, 2);
+        assert_eq!(
+            first.slots[0].from_node_id, 3,
+            "a claim by the leader itself"
+        );
+        // Static homes stay with the configured order whoever leads.
+        let moved = fixed.with_group_leader(4, 2, 5).unwrap();
+        assert_eq!(moved.home_node(16), 1);
+        assert_eq!(moved.homes, Homes::Static);
+        // A view joined with a peer's keeps its own homes.
+        assert_eq!(view.merge(&moved).unwrap().homes, Homes::Leaders);
+        assert_eq!(fixed.merge(&won).unwrap().homes, Homes::Static);
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! node's log is read back: a majority holds every acknowledged message with its
 //! id and seq, and no node holds another message at those seqs. With both other
 //! replicas of a channel's group stopped, a SEND is refused (15, once the leader
-//! steps down), never acknowledged.
+//! steps down), never acknowledged. With a channel's home stopped, its group
+//! elects another leader, which claims the slot id: SENDs commit there with the
+//! next seq, reach the recipient (whose authority moved with it) and messagesync
+//! there returns what the stopped node acknowledged.
 //! Waits are bounded polls (no sleeps).
 
 use std::time::{Duration, Instant};
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use net::io::Backend;
 use serde_json::{json, Value};
-use support::cluster::{login_any, Cluster, SLOT_IDS};
+use support::cluster::{authority_of, find_uid, login_any, Cluster, SLOT_IDS};
 
 #[macro_use]
 mod support;
@@ -30,16 +33,26 @@ fn start() -> Cluster {
 }
 
 /// Waits (bounded) until every node sees every slot id's home (`nodes[s % 3]`,
-/// ids 1..=3) lead its group.
+/// ids 1..=3) lead its group, and its view has the home's claim (homes follow the
+/// groups' leaders: the claim comes once the leader committed an entry of its term).
 fn homes_lead(c: &Cluster) {
     let deadline = Instant::now() + WAIT;
     'wait: loop {
         assert!(Instant::now() < deadline, "the homes did not all lead");
         std::thread::yield_now();
         for node in &c.nodes {
+            let view = node.shared().view();
             for s in 0..SLOT_IDS {
                 let home = u64::from(s % 3) + 1;
                 if node.shared().raft_status.of(s).map(|(l, _)| l) != Some(home) {
+                    continue 'wait;
+                }
+            }
+            for h in 0..256u16 {
+                let slot = view.slots[h as usize];
+                let home = u64::from(slot.slot_id % 3) + 1;
+                if (slot.leader_node_id, view.home_node(h)) != (home, home) || slot.leader_term < 2
+                {
                     continue 'wait;
                 }
             }
@@ -171,4 +184,166 @@ fn with_the_other_replicas_stopped_a_send_is_refused_never_acknowledged() {
         assert!(Instant::now() < deadline, "the refusal was not counted");
         std::thread::yield_now();
     }
+}
+
+/// `POST /channel/messagesync` on `node`: the seqs and texts of `to`'s person
+/// channel with `sys`, as `to` reads it.
+fn synced(node: &engine::node::Node, to: &str) -> Vec<(u64, String)> {
+    let (status, reply) = support::api(
+        node,
+        "/channel/messagesync",
+        json!({"login_uid": to, "channel_id": "sys", "channel_type": 1,
+               "start_message_seq": 0, "end_message_seq": 0, "limit": 0, "pull_mode": 1}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let payload = |m: &Value| {
+        let b = base64::engine::general_purpose::STANDARD
+            .decode(m["payload"].as_str().unwrap())
+            .unwrap();
+        String::from_utf8(b).unwrap()
+    };
+    (reply["messages"].as_array().unwrap().iter())
+        .map(|m| (m["message_seq"].as_u64().unwrap(), payload(m)))
+        .collect()
+}
+
+/// `uid`'s token as each live node's catalog holds it, once all agree (bounded):
+/// followers apply a change at their commit, just after the leader.
+fn token_everywhere(nodes: &[engine::node::Node], uid: &str) -> Option<Box<str>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen: Vec<_> = (nodes.iter())
+            .map(|n| n.shared().catalog.token(uid, 1).map(|(t, _)| t))
+            .collect();
+        if seen.iter().all(|t| t == &seen[0]) && seen[0].is_some() {
+            return seen[0].clone();
+        }
+        assert!(Instant::now() < deadline, "{uid}'s token: {seen:?}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_stopped_homes_uids_and_channels_are_served_by_their_groups_new_leader() {
+    let mut c = Cluster::start_with(Backend::Mio, |cfg| {
+        cfg.cluster.replicas = 3;
+        cfg.runtime.shard_count = 2;
+        cfg.token_auth = true;
+    });
+    homes_lead(&c);
+    let home_is_1 = |key: &str| c.view.home_node(slots::hash_slot(key.as_bytes())) == 1;
+    // A recipient whose channel with `sys`, whose own authority and token are node
+    // 1's, and a group homed there with it as subscriber.
+    let to = find_uid("failover-rcpt", |u| {
+        home_is_1(&engine::channel::person_channel_key("sys", u)) && home_is_1(u)
+    });
+    let group = find_uid("failover-group", |g| home_is_1(g));
+    let key = engine::channel::person_channel_key("sys", &to);
+    let slot_id = domain::cluster::slot_id_of(slots::hash_slot(key.as_bytes()), SLOT_IDS);
+    // Catalog changes through node 2 are passed to node 1, committed through the
+    // group and applied by every replica.
+    support::set_token(c.node(2), &to, 1, 1);
+    let (status, reply) = support::api(
+        c.node(3),
+        "/channel/subscriber_add",
+        json!({"channel_id": group, "channel_type": 2, "subscribers": [to, "sys"]}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        token_everywhere(&c.nodes, &to).as_deref(),
+        Some(&*format!("tok-{to}"))
+    );
+    let mut client = support::login(c.node(2), &to);
+    let (status, before) = send(c.node(2), &to, "before");
+    assert_eq!(status, 200, "{before}");
+    assert_eq!(before["message_seq"], 1, "{before}");
+    let first_id = before["message_id"].as_i64().unwrap();
+    assert_eq!(support::next_recv(&mut client).message_id, first_id);
+    let old_term =
+        c.node(2).shared().view().slots[slots::hash_slot(key.as_bytes()) as usize].leader_term;
+    c.nodes.remove(0).shutdown().unwrap();
+    let two = &c.nodes[0];
+    // Node 2's view names the group's new leader, and the recipient's session is
+    // online at its uid's new authority (its gateway registered it again there).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no new leader took the slot id over"
+        );
+        std::thread::yield_now();
+        let view = two.shared().view();
+        let slot = view.slots[slots::hash_slot(key.as_bytes()) as usize];
+        let moved = slot.leader_node_id != 1 && slot.leader_term > old_term;
+        if !(moved && authority_of(&view, &to) != 1) {
+            continue;
+        }
+        let (status, online) = support::api(two, "/user/onlinestatus", json!([to]));
+        if status == 200 && online.as_array().is_some_and(|a| !a.is_empty()) {
+            break;
+        }
+    }
+    let leader = two
+        .shared()
+        .view()
+        .home_node(slots::hash_slot(key.as_bytes()));
+    assert_ne!(leader, 1);
+    assert_eq!(
+        two.shared().raft_status.of(slot_id).map(|(l, _)| l),
+        Some(leader),
+        "the view's home is the group's leader"
+    );
+    // SENDs through either live node commit at the new leader, after the stopped
+    // node's message.
+    let (status, after) = send_numbered(two, &to, "after", "after-1");
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(after["message_seq"], 2, "{after}");
+    assert!(after["message_id"].as_i64().unwrap() > first_id, "{after}");
+    assert_eq!(
+        support::next_recv(&mut client).message_id,
+        after["message_id"].as_i64().unwrap()
+    );
+    let (status, third) = send(&c.nodes[1], &to, "third");
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(third["message_seq"], 3, "{third}");
+    assert_eq!(
+        support::next_recv(&mut client).message_id,
+        third["message_id"].as_i64().unwrap()
+    );
+    // The group's subscribers were replicated: a SEND to it reaches the recipient.
+    let payload = base64::engine::general_purpose::STANDARD.encode(b"to the group");
+    let (status, grouped) = support::api(
+        &c.nodes[1],
+        "/message/send",
+        json!({"from_uid": "sys", "channel_id": group, "channel_type": 2, "payload": payload}),
+    );
+    assert_eq!(status, 200, "{grouped}");
+    assert_eq!(
+        support::next_recv(&mut client).message_id,
+        grouped["message_id"].as_i64().unwrap()
+    );
+    let want: Vec<(u64, String)> = vec![
+        (1, "before".into()),
+        (2, "after".into()),
+        (3, "third".into()),
+    ];
+    for node in &c.nodes {
+        assert_eq!(synced(node, &to), want, "messagesync through a live node");
+    }
+    // The uid logs in with its token on the other live node (checked at its new
+    // home), and a wrong token is refused there.
+    let _again = support::login(&c.nodes[1], &to);
+    let wrong = net::client::Login::new(&to, "not-the-token");
+    let (_, reason) = net::client::Client::connect(
+        c.nodes[1].tcp_addr().unwrap(),
+        &wrong,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(reason, 2, "a wrong token is refused at the new home");
+    // A token change now commits through the new leader.
+    let body = json!({"uid": to, "token": "renewed", "device_flag": 1, "device_level": 1});
+    let (status, reply) = support::api(&c.nodes[1], "/user/token", body);
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(token_everywhere(&c.nodes, &to).as_deref(), Some("renewed"));
 }

@@ -271,6 +271,14 @@ impl Group {
         Some(self.node.raft.leader_id).filter(|&l| l != raft::INVALID_ID)
     }
 
+    /// Whether this replica leads and has committed an entry of its own term (the
+    /// empty entry raft appends at election): every entry of an earlier term is
+    /// then committed here too, so what its predecessors committed is known before
+    /// it serves.
+    pub fn serving(&self) -> bool {
+        self.role() == Role::Leader && self.node.raft.commit_to_current_term()
+    }
+
     /// The highest index known committed.
     pub fn commit_index(&self) -> u64 {
         self.node.raft.raft_log.committed

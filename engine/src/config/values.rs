@@ -271,13 +271,21 @@ impl ClusterConfig {
 
     /// The view node `me` starts with: alone (no peers) the single-node view of
     /// today (one slot id per hash slot); with peers [`ClusterView::initial`] of the
-    /// nodes in config order.
+    /// nodes in config order, whose homes follow the leaders when replicated
+    /// groups run (`Homes::Leaders`).
     pub fn initial_view(&self, me: NodeId) -> Result<ClusterView, String> {
         if self.peers(me).next().is_none() {
             return Ok(ClusterView::single_node(me));
         }
         let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
-        ClusterView::initial(&ids, self.slot_ids).map_err(|e| format!("cluster: {e}"))
+        let view =
+            ClusterView::initial(&ids, self.slot_ids).map_err(|e| format!("cluster: {e}"))?;
+        Ok(
+            match crate::node::raft::groups_run(self.replicas as usize, ids.len()) {
+                true => view.with_homes(crate::cluster::Homes::Leaders),
+                false => view,
+            },
+        )
     }
 }
 

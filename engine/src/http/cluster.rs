@@ -147,9 +147,11 @@ impl Api {
         }
     }
 
-    /// `Ok(())` when this node answers a request about `key` itself: it is the
-    /// key's home, or the request was forwarded here. Otherwise the request goes to
-    /// the home and `Err` carries the home's answer (or the 503 naming it).
+    /// `Ok(())` when this node answers a request about `key` (a uid, a channel key)
+    /// itself: it is the key's home (`ClusterView::home_node`: its leader when
+    /// homes follow the groups), or the request was forwarded here.
+    /// Otherwise the request goes to the home and `Err` carries the home's answer
+    /// (or the 503 naming it).
     pub(super) async fn answer_at_home(
         &self,
         key: &[u8],
@@ -391,7 +393,7 @@ impl Api {
     }
 
     /// `GET /cluster/slots`: the view (each hash slot's slot id, leader, term,
-    /// config epoch and home node), the nodes ([`Api::cluster_nodes`]) and, with
+    /// config epoch and home node), whether homes follow the leaders, the nodes ([`Api::cluster_nodes`]) and, with
     /// `[cluster] replicas` above 1, the replicated groups
     /// ([`Api::replica_groups`]).
     pub(super) fn cluster_slots(&self) -> Reply {
@@ -410,8 +412,12 @@ impl Api {
                        "home_node_id": view.home_node(s)})
             })
             .collect();
+        let homes = match view.homes {
+            crate::cluster::Homes::Static => "static",
+            crate::cluster::Homes::Leaders => "leaders",
+        };
         let mut body = json!({"config_epoch": view.config_epoch, "revision": view.revision,
-                   "slots": slots, "nodes": self.cluster_nodes()});
+                   "homes": homes, "slots": slots, "nodes": self.cluster_nodes()});
         if let Some(groups) = self.replica_groups() {
             body["replica_groups"] = groups;
         }

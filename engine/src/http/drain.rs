@@ -23,7 +23,8 @@
 //! by it, through the other nodes, until it stops; while it is down they are
 //! unavailable (no replication). A second drain answers again, with what was
 //! left to do (usually 0 slots and 0 sessions: new connections are closed since
-//! the first). Refusals: 409 on a node alone (nowhere to move), 400
+//! the first). Refusals: 409 on a node alone (nowhere to move) and with
+//! `[cluster] replicas` above 1 (leaders are elected: `MoveRefused::Elected`), 400
 //! for a `move_to` naming this node or a node that is not a peer, 503 when a
 //! target (or every peer) is unreachable or a shard's queue is full.
 
@@ -55,6 +56,8 @@ impl Api {
             parse(req.body)?
         };
         let targets = self.drain_targets(r.move_to)?;
+        (self.shared.check_movable())
+            .map_err(|refused| Reply::error(refused.status(), refused.to_string()))?;
         self.shared.begin_drain();
         let moves = self.shared.drain_moves(&targets);
         let revision = if moves.is_empty() {

@@ -66,8 +66,9 @@ pub use server::HttpServer;
 use crate::channel::{person_channel_key, Channel, CHANNEL_TYPE_GROUP, CHANNEL_TYPE_PERSON};
 use crate::cluster::NodeId;
 use crate::delivery::{group_by_target, TargetGroups};
+use crate::node::catalog::CatalogOp;
 use crate::node::msg::Msg;
-use crate::node::msg::{ApiAnswered, PeerApiCall};
+use crate::node::msg::{ApiAnswered, CatalogPropose, CatalogRefused, PeerApiCall};
 use crate::node::send::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
 use crate::node::shared::NodeShared;
 use crate::route::{DeviceLevel, Uid};
@@ -657,6 +658,15 @@ impl Api {
             }
         };
         self.answer_at_home(r.uid.as_bytes(), req).await?;
+        if self.replicated() {
+            let op = CatalogOp::SetToken {
+                uid: r.uid,
+                device_flag: r.device_flag,
+                token: r.token,
+                level: r.device_level,
+            };
+            return self.propose_catalog(op).await.map(|()| Reply::ok());
+        }
         self.blocking(move |api| {
             api.shared
                 .catalog
@@ -730,6 +740,14 @@ impl Api {
             ));
         }
         self.answer_at_home(r.channel_id.as_bytes(), req).await?;
+        if self.replicated() {
+            let op = CatalogOp::AddSubscribers {
+                channel_id: r.channel_id,
+                uids: r.subscribers,
+                reset: r.reset == 1,
+            };
+            return self.propose_catalog(op).await.map(|()| Reply::ok());
+        }
         self.blocking(move |api| {
             api.shared
                 .catalog
@@ -744,6 +762,13 @@ impl Api {
         let r: SubscribersReq = parse(req.body)?;
         self.check_group(&r)?;
         self.answer_at_home(r.channel_id.as_bytes(), req).await?;
+        if self.replicated() {
+            let op = CatalogOp::RemoveSubscribers {
+                channel_id: r.channel_id,
+                uids: r.subscribers,
+            };
+            return self.propose_catalog(op).await.map(|()| Reply::ok());
+        }
         self.blocking(move |api| {
             api.shared
                 .catalog
@@ -752,6 +777,59 @@ impl Api {
         })
         .await?;
         Ok(Reply::ok())
+    }
+
+    /// Whether the catalog is replicated: homes follow the groups' leaders and each
+    /// change goes through the key's group ([`Api::propose_catalog`]).
+    fn replicated(&self) -> bool {
+        self.shared.view().homes == crate::cluster::Homes::Leaders
+    }
+
+    /// A catalog change on a replicated cluster, at the key's home (its group's
+    /// leader: the request was passed here): proposed to the group on its shard,
+    /// answered once committed on a majority and applied here (every replica
+    /// applies it at its commit). 503 when this node does not serve as the group's
+    /// leader (an election, or a view not yet spread), when the leader changed
+    /// before the commit or too many changes wait (retry: a change sets values, a
+    /// second copy is harmless); 504 when the commit took too long; the store's
+    /// refusal (a limit: 400) as for a node alone.
+    async fn propose_catalog(&self, op: CatalogOp) -> Result<(), Reply> {
+        let slot = slots::hash_slot(op.key().as_bytes());
+        let slot_id = crate::cluster::slot_id_of(slot, self.shared.config.cluster.slot_ids);
+        let shard = self.shared.slot_map.shard_of(slot);
+        let (tx, mut rx) = reply_channel(1);
+        let propose = CatalogPropose {
+            slot_id,
+            op,
+            done: tx,
+        };
+        self.injectors[shard as usize]
+            .send(Msg::CatalogPropose(Box::new(propose)))
+            .map_err(|_| Reply::error(503, "the group's shard is busy; retry"))?;
+        let outcome = (self.shard_replies(&mut rx, 1).await)
+            .and_then(|mut r| r.pop())
+            .ok_or_else(|| {
+                Reply::error(
+                    504,
+                    "the change was not committed in time (it may still be): retry",
+                )
+            })?;
+        outcome.map_err(|refused| match refused {
+            CatalogRefused::NotLeader => Reply::error(
+                503,
+                "this node does not serve as the key's group leader (an election is under \
+                 way): retry",
+            ),
+            CatalogRefused::Lost => Reply::error(
+                503,
+                "the key's group changed leader before the change was committed: retry",
+            ),
+            CatalogRefused::Busy => Reply::error(
+                503,
+                "too many changes wait for their commit on this shard: retry",
+            ),
+            CatalogRefused::Store(e) => meta_error(e),
+        })
     }
 
     fn check_group(&self, r: &SubscribersReq) -> Result<(), Reply> {

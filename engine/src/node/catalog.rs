@@ -1,8 +1,10 @@
 //! Tokens and group subscribers as the shards read them: lock-free epoch tables,
 //! read by every shard on CONNECT (token check) and on SEND to a group (permission,
-//! fan-out). Written only by the control path (the HTTP API): each change goes to the
-//! durable [`MetaStore`] first (journaled and fsynced), then its new state is
-//! published to the tables.
+//! fan-out). Each change goes to the durable [`MetaStore`] first (journaled and
+//! fsynced), then its new state is published to the tables. Without replicas the
+//! control path (the HTTP API) writes them; with replicas each change is a
+//! [`CatalogOp`] proposed to its slot id's group, applied by every replica at its
+//! commit ([`Catalog::apply`], on the group's shard, in log order).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -29,6 +31,55 @@ impl UserTokens {
 }
 
 pub use domain::send::channel::Subscribers;
+
+/// One change of the catalog, as it travels in a replicated group's entry
+/// (postcard; `store::replicated::encode_catalog` tags it). Each sets its keys to
+/// a value (a token, a membership), so applying the ops of a log again in order,
+/// over a state that already holds them (a restart replays its group's log), ends
+/// in the same state.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum CatalogOp {
+    /// `/user/token`.
+    SetToken {
+        uid: String,
+        device_flag: u8,
+        token: String,
+        /// 0 Slave, 1 Master.
+        level: u8,
+    },
+    /// `/channel/subscriber_add` (`reset`: the group's list replaced).
+    AddSubscribers {
+        channel_id: String,
+        uids: Vec<String>,
+        reset: bool,
+    },
+    /// `/channel/subscriber_remove`.
+    RemoveSubscribers {
+        channel_id: String,
+        uids: Vec<String>,
+    },
+}
+
+impl CatalogOp {
+    /// The op's bytes in an entry.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("plain fields serialize")
+    }
+
+    /// An op from an entry's bytes; `None` for bytes no replica writes.
+    pub fn decode(bytes: &[u8]) -> Option<CatalogOp> {
+        postcard::from_bytes(bytes).ok()
+    }
+
+    /// The key whose hash slot (and so slot id and group) the op belongs to.
+    pub fn key(&self) -> &str {
+        match self {
+            CatalogOp::SetToken { uid, .. } => uid,
+            CatalogOp::AddSubscribers { channel_id, .. }
+            | CatalogOp::RemoveSubscribers { channel_id, .. } => channel_id,
+        }
+    }
+}
 
 struct Writers {
     store: MetaStore,
@@ -154,6 +205,32 @@ impl Catalog {
         w.store.add_subscribers(channel_id, &uids, reset)?;
         w.publish_group(channel_id);
         Ok(())
+    }
+
+    /// Applies `op` (durably, like the calls it stands for).
+    pub fn apply(&self, op: &CatalogOp) -> Result<(), MetaError> {
+        match op {
+            CatalogOp::SetToken {
+                uid,
+                device_flag,
+                token,
+                level,
+            } => {
+                let level = match level {
+                    1 => DeviceLevel::Master,
+                    _ => DeviceLevel::Slave,
+                };
+                self.set_token(uid, *device_flag, token, level)
+            }
+            CatalogOp::AddSubscribers {
+                channel_id,
+                uids,
+                reset,
+            } => self.add_subscribers(channel_id, uids, *reset),
+            CatalogOp::RemoveSubscribers { channel_id, uids } => {
+                self.remove_subscribers(channel_id, uids)
+            }
+        }
     }
 
     /// Removes `uids` from a group; a missing group is left missing.

@@ -6,6 +6,8 @@
 //! (and `on_stop` when no shutdown came first), `Msg::InjectPanic`; the gauges are
 //! sampled after each expiry pass (`NodeTimer::Expiry`).
 
+use std::sync::Arc;
+
 use net::io::{ConnId, NetDriver};
 use proto::wkproto::ReasonCode;
 use shard::runtime::Context;
@@ -140,9 +142,20 @@ impl NodeShard {
             revision = view.revision,
             "cluster view from a peer installed"
         );
+        self.spread_view(cx, driver, &view);
+    }
+
+    /// A view the node just installed, applied by this shard and sent to every
+    /// other (shard 0 sends it on to the peers).
+    pub(super) fn spread_view(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        view: &Arc<ClusterView>,
+    ) {
         for shard in 0..self.shared.slot_map.shard_count() {
             if shard == self.me {
-                self.apply_view(cx, driver, &view);
+                self.apply_view(cx, driver, view);
             } else {
                 self.send_msg(cx, shard, Msg::View(view.clone()));
             }

@@ -120,6 +120,7 @@ impl Handler for NodeShard {
             Msg::ApiAnswered(answered) => self.on_api_answered(cx, *answered),
             Msg::InjectPanic => self.inject_panic(),
             Msg::Raft(m) => self.on_raft_in(cx, driver, *m),
+            Msg::CatalogPropose(m) => self.on_catalog_propose(*m),
         }
     }
 

@@ -85,6 +85,36 @@ pub enum Msg {
     InjectPanic,
     /// A peer's raft message for a group of this shard (read by another shard).
     Raft(Box<RaftIn>),
+    /// The HTTP API → the shard of a slot id's group (replicas above 1): propose a
+    /// catalog change; answered on `done` once applied here at its commit.
+    CatalogPropose(Box<CatalogPropose>),
+}
+
+/// A catalog change for a replicated group ([`Msg::CatalogPropose`]).
+pub struct CatalogPropose {
+    pub slot_id: u32,
+    pub op: super::catalog::CatalogOp,
+    pub done: CatalogDone,
+}
+
+/// Where a catalog change's outcome goes.
+pub type CatalogDone = tokio::sync::mpsc::Sender<Result<(), CatalogRefused>>;
+
+/// Why a catalog change proposed to a group was not applied.
+#[derive(Debug)]
+pub enum CatalogRefused {
+    /// This node's replica does not serve as the group's leader (not elected, its
+    /// first entry not committed yet, or no replica here): ask the leader.
+    NotLeader,
+    /// Proposed, then cut or its leader lost office before the commit: it may
+    /// still commit; the caller retries (the op sets values: a second copy is
+    /// harmless).
+    Lost,
+    /// Proposals waiting for their commit on this shard are at their limit
+    /// (`[commit] commits_unsynced_max`).
+    Busy,
+    /// Committed, and this node's store refused it (a limit, a disk error).
+    Store(crate::store::MetaError),
 }
 
 /// Where an API request passed to another node gets its answer: the status and

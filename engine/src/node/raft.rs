@@ -4,7 +4,7 @@
 //!
 //! - **Placement**: slot id `s` has `[cluster] replicas` voters, the nodes at
 //!   `s, s + 1, …` (mod n) in config order ([`replica_nodes`]): the first is its
-//!   home today, and the group's preferred leader: a leader elsewhere hands over
+//!   static home, and the group's preferred leader: a leader elsewhere hands over
 //!   to it at a timer run once it answers and holds the whole log
 //!   (`Group::is_caught_up`), so a transfer never stalls proposals on a replica
 //!   that is down or behind. A replica's raft id is its node id + 1 (raft ids start at 1,
@@ -44,10 +44,16 @@
 //!   this leader's own term, which every replica applies at its commit: the
 //!   idempotency window and the ids), each commit, and each leadership lost, and
 //!   it answers (`domain::send::commit`, its `replicated` path).
+//! - **Leaders claim their slot ids**: a replica that leads and has committed an
+//!   entry of its term (`Group::serving`: its predecessors' entries are all
+//!   committed and applied here) is reported once per term
+//!   ([`RaftSide::take_won`]); the node claims the slot id's hash slots in a new
+//!   view (`NodeShared::claim_group_leaders`, `ClusterView::with_group_leader`),
+//!   so homes and authorities follow the elections (`Homes::Leaders`). Until it
+//!   serves, a leader refuses proposals (10).
 //!
-//! Homes and authorities do not follow the groups' leaders yet; with `replicas =
-//! 1` (the default) there is no group, no timer and no traffic, and SENDs take the
-//! log's own path.
+//! With `replicas = 1` (the default) there is no group, no timer and no traffic,
+//! and SENDs take the log's own path.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -58,9 +64,11 @@ use proto::wkproto::ReasonCode;
 use replica::{Group, GroupConfig, GroupError, Outputs, Role};
 
 use crate::cluster::NodeId;
+use crate::node::msg::CatalogRefused;
 use crate::store::raft_state::{GroupState, RaftStateFile};
 use crate::store::replicated::{
-    append, durable_of, encode_messages, settle, AppendedEntry, ReplicatedError,
+    append, catalog_of, durable_of, encode_catalog, encode_messages, settle, AppendedEntry,
+    ReplicatedError,
 };
 use crate::store::{AppendedMessage, MessageLog, NewMessage};
 
@@ -156,6 +164,29 @@ struct Replica {
     /// Whether it led at its last drain (a leader that lost office loses its
     /// proposals in flight: [`RaftEvent::Lost`]).
     led: bool,
+    /// The last term this replica claimed its slot id's hash slots in
+    /// ([`RaftSide::take_won`]); 0: never.
+    claimed_term: u64,
+}
+
+/// A catalog change proposed here: `waiter` names it to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CatalogWait {
+    group: u32,
+    term: u64,
+    index: u64,
+    waiter: u64,
+}
+
+/// What the drains give out of the catalog ([`RaftSide::take_catalog`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogOutcome {
+    /// A catalog entry committed in `group`: its op's bytes, to apply on this
+    /// node in this order; `waiter` when it is the change proposed here.
+    Apply { op: Vec<u8>, waiter: Option<u64> },
+    /// The change proposed here as `waiter` will not be answered by its commit
+    /// (cut, or this replica lost office: it may still commit elsewhere).
+    Lost { waiter: u64 },
 }
 
 /// What a drain tells the commit core about its proposals.
@@ -196,6 +227,15 @@ pub struct RaftSide {
     proposed: Vec<u32>,
     /// For the commit core, in order ([`RaftSide::take_events`]).
     events: Vec<RaftEvent>,
+    /// `(slot id, raft term)` of each group this shard's replica began to serve
+    /// as leader since the last [`RaftSide::take_won`].
+    won: Vec<(u32, u64)>,
+    /// Catalog changes proposed here, waiting for their commit (bounded by the
+    /// caller: `[commit] commits_unsynced_max`).
+    catalog_waiting: Vec<CatalogWait>,
+    /// What the drains committed or lost of the catalog, in order
+    /// ([`RaftSide::take_catalog`]).
+    catalog_out: Vec<CatalogOutcome>,
     /// Whether this node's slot ids are replicated (SENDs go through the groups),
     /// even if this shard holds no group or its groups did not open.
     replicated: bool,
@@ -221,6 +261,9 @@ impl RaftSide {
             outbox: BTreeMap::new(),
             proposed: Vec::new(),
             events: Vec::new(),
+            won: Vec::new(),
+            catalog_waiting: Vec::new(),
+            catalog_out: Vec::new(),
             replicated: false,
             fsync_always: false,
             failed: 0,
@@ -281,6 +324,7 @@ impl RaftSide {
                 state,
                 preferred: raft_id(voters[0]),
                 led: false,
+                claimed_term: 0,
             };
             side.groups.insert(slot_id, r);
         }
@@ -354,6 +398,49 @@ impl RaftSide {
         !self.events.is_empty()
     }
 
+    /// `(slot id, raft term)` of each group whose replica here began to serve as
+    /// leader (elected, and an entry of its term committed) since the last call:
+    /// the node claims their hash slots (`NodeShared::claim_group_leaders`).
+    pub fn take_won(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.won)
+    }
+
+    /// Proposes catalog change `op` (its bytes, `CatalogOp::encode`) to `group`,
+    /// named `waiter` in its outcome ([`RaftSide::take_catalog`]); drained with the
+    /// turn's proposals. Refused when this replica does not serve as the group's
+    /// leader (or holds no replica of it).
+    pub fn propose_catalog(
+        &mut self,
+        group: u32,
+        op: &[u8],
+        waiter: u64,
+    ) -> Result<(), CatalogRefused> {
+        let r = (self.groups.get_mut(&group))
+            .filter(|r| r.group.serving())
+            .ok_or(CatalogRefused::NotLeader)?;
+        let (term, index) =
+            (r.group.propose(encode_catalog(op))).map_err(|_| CatalogRefused::NotLeader)?;
+        self.proposed.push(group);
+        self.catalog_waiting.push(CatalogWait {
+            group,
+            term,
+            index,
+            waiter,
+        });
+        Ok(())
+    }
+
+    /// Catalog changes proposed here and waiting for their commit.
+    pub fn catalog_waiting(&self) -> usize {
+        self.catalog_waiting.len()
+    }
+
+    /// The catalog entries committed and the changes lost since the last call, in
+    /// order: each committed op is applied on this node in this order.
+    pub fn take_catalog(&mut self) -> Vec<CatalogOutcome> {
+        std::mem::take(&mut self.catalog_out)
+    }
+
     /// What the drains told of the proposals since the last call, in order.
     pub fn take_events(&mut self) -> std::vec::Drain<'_, RaftEvent> {
         self.events.drain(..)
@@ -414,6 +501,7 @@ impl RaftSide {
         for &slot_id in self.groups.keys() {
             status.publish(slot_id, None, 0);
             self.events.push(RaftEvent::Lost { group: slot_id });
+            catalog_lost(&mut self.catalog_waiting, &mut self.catalog_out, slot_id);
         }
         self.groups.clear();
         self.outbox.clear();
@@ -468,14 +556,14 @@ impl RaftSide {
             }
             queue_messages(&mut self.out, &mut self.outbox, slot_id);
             // Committed entries answer the proposals made here and apply the
-            // others (the commit core).
-            for c in self.out.committed.drain(..) {
-                self.events.push(RaftEvent::Committed {
-                    group: slot_id,
-                    term: c.term,
-                    index: c.index,
-                });
-            }
+            // others (the commit core), and the catalog's on this node.
+            note_committed(
+                &mut self.out,
+                &mut self.events,
+                &mut self.catalog_waiting,
+                &mut self.catalog_out,
+                slot_id,
+            );
             if let Some(number) = last {
                 batch.push((slot_id, number));
             }
@@ -507,8 +595,14 @@ impl RaftSide {
                 let leads = r.group.role() == Role::Leader;
                 if r.led && !leads {
                     self.events.push(RaftEvent::Lost { group: slot_id });
+                    catalog_lost(&mut self.catalog_waiting, &mut self.catalog_out, slot_id);
                 }
                 r.led = leads;
+                let term = r.group.term();
+                if r.group.serving() && term > r.claimed_term {
+                    r.claimed_term = term;
+                    self.won.push((slot_id, term));
+                }
                 let leader = match leads {
                     true => Some(r.group.id()),
                     false => r.group.leader(),
@@ -518,6 +612,68 @@ impl RaftSide {
             }
         }
     }
+}
+
+/// The entries `slot_id`'s drain committed (`out.committed`): told to the commit
+/// core ([`RaftEvent::Committed`]), each catalog entry given out to apply (with
+/// the change proposed here it answers), the changes cut answered lost.
+fn note_committed(
+    out: &mut Outputs,
+    events: &mut Vec<RaftEvent>,
+    waiting: &mut Vec<CatalogWait>,
+    catalog_out: &mut Vec<CatalogOutcome>,
+    slot_id: u32,
+) {
+    for c in out.committed.drain(..) {
+        events.push(RaftEvent::Committed {
+            group: slot_id,
+            term: c.term,
+            index: c.index,
+        });
+        let waiter = catalog_committed(waiting, catalog_out, slot_id, c.term, c.index);
+        if let Some(op) = catalog_of(&c.data) {
+            catalog_out.push(CatalogOutcome::Apply {
+                op: op.to_vec(),
+                waiter,
+            });
+        }
+    }
+}
+
+/// `group`'s entry at `index` committed in `term`: the change proposed here at
+/// that index and term is its `waiter` (returned); any other waiting at or below
+/// `index` was cut (lost).
+fn catalog_committed(
+    waiting: &mut Vec<CatalogWait>,
+    out: &mut Vec<CatalogOutcome>,
+    group: u32,
+    term: u64,
+    index: u64,
+) -> Option<u64> {
+    let mut answered = None;
+    waiting.retain(|w| {
+        if w.group != group || w.index > index {
+            return true;
+        }
+        if w.index == index && w.term == term {
+            answered = Some(w.waiter);
+        } else {
+            out.push(CatalogOutcome::Lost { waiter: w.waiter });
+        }
+        false
+    });
+    answered
+}
+
+/// Every change proposed here to `group` lost (its replica left office).
+fn catalog_lost(waiting: &mut Vec<CatalogWait>, out: &mut Vec<CatalogOutcome>, group: u32) {
+    waiting.retain(|w| {
+        let lost = w.group == group;
+        if lost {
+            out.push(CatalogOutcome::Lost { waiter: w.waiter });
+        }
+        !lost
+    });
 }
 
 /// The messages of `slot_id`'s group drained into `out`, queued per peer.
@@ -542,6 +698,11 @@ impl Replicas for RaftSide {
         let Some(r) = self.groups.get_mut(&group) else {
             return Err(ReasonCode::FORWARD_SEND_PACKET_ERROR);
         };
+        // A new leader serves once it committed an entry of its term: until then
+        // an entry of its predecessor may hold this very SEND, not yet applied.
+        if !r.group.serving() {
+            return Err(ReasonCode::FORWARD_SEND_PACKET_ERROR);
+        }
         let placed = r.group.propose(encode_messages(messages));
         if placed.is_ok() {
             self.proposed.push(group);
@@ -580,5 +741,58 @@ mod tests {
         s.publish(3, Some(20), 5);
         assert_eq!((s.of(1), s.of(2)), (Some((20, 3)), Some((0, 4))));
         assert_eq!((s.led_by(20), s.led_by(10)), (2, 0));
+    }
+
+    /// A change proposed here is answered by the commit of its own index and term;
+    /// a commit at or past its index in another term, or a commit further on,
+    /// cuts it (lost); its group's leadership lost loses the rest; other groups'
+    /// changes wait on. Catalog entries are given out to apply, others are not.
+    #[test]
+    fn catalog_changes_are_answered_by_their_own_commit_or_lost() {
+        let wait = |group, term, index, waiter| CatalogWait {
+            group,
+            term,
+            index,
+            waiter,
+        };
+        let mut waiting = vec![
+            wait(1, 2, 5, 10),
+            wait(1, 2, 6, 11),
+            wait(1, 2, 7, 12),
+            wait(2, 2, 5, 13),
+        ];
+        let mut out = Vec::new();
+        assert_eq!(catalog_committed(&mut waiting, &mut out, 1, 2, 4), None);
+        assert_eq!(catalog_committed(&mut waiting, &mut out, 1, 2, 5), Some(10));
+        assert_eq!(catalog_committed(&mut waiting, &mut out, 1, 3, 6), None);
+        assert_eq!(out, vec![CatalogOutcome::Lost { waiter: 11 }]);
+        catalog_lost(&mut waiting, &mut out, 1);
+        assert_eq!(out[1..], [CatalogOutcome::Lost { waiter: 12 }]);
+        assert_eq!(waiting, vec![wait(2, 2, 5, 13)]);
+        out.clear();
+        let mut committed = Outputs::default();
+        committed.committed = vec![
+            replica::Committed {
+                index: 5,
+                term: 2,
+                data: encode_catalog(b"op"),
+            },
+            replica::Committed {
+                index: 6,
+                term: 2,
+                data: Vec::new(),
+            },
+        ];
+        let mut events = Vec::new();
+        note_committed(&mut committed, &mut events, &mut waiting, &mut out, 2);
+        assert_eq!(
+            out,
+            vec![CatalogOutcome::Apply {
+                op: b"op".to_vec(),
+                waiter: Some(13)
+            }]
+        );
+        assert_eq!(events.len(), 2);
+        assert!(waiting.is_empty());
     }
 }

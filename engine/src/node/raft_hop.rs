@@ -7,8 +7,9 @@ use shard::runtime::Context;
 
 use crate::cluster::NodeId;
 
-use super::msg::{Msg, RaftIn};
-use super::raft::{RaftPlace, RaftSide};
+use super::catalog::CatalogOp;
+use super::msg::{CatalogPropose, CatalogRefused, Msg, RaftIn};
+use super::raft::{CatalogOutcome, RaftPlace, RaftSide};
 use super::shard::{NodeShard, NodeTimer};
 use super::wire;
 
@@ -135,5 +136,79 @@ impl NodeShard {
             }
         }
         self.feed_raft_events(cx, driver);
+        self.apply_catalog();
+        let won = self.raft.take_won();
+        if !won.is_empty() {
+            self.claim_group_leaders(cx, driver, &won);
+        }
+    }
+
+    /// A catalog change from the HTTP API: proposed to its group here (drained
+    /// with the turn's proposals), answered at its commit; refused at once when
+    /// this replica does not serve as leader or too many wait.
+    pub(super) fn on_catalog_propose(&mut self, m: CatalogPropose) {
+        let limit = self.shared.config.commit.commits_unsynced_max;
+        if self.raft.catalog_waiting() >= limit {
+            let _ = m.done.try_send(Err(CatalogRefused::Busy));
+            return;
+        }
+        let waiter = self.next_catalog_waiter;
+        self.next_catalog_waiter += 1;
+        match self.raft.propose_catalog(m.slot_id, &m.op.encode(), waiter) {
+            Ok(()) => {
+                self.catalog_waiters.insert(waiter, m.done);
+            }
+            Err(refused) => {
+                let _ = m.done.try_send(Err(refused));
+            }
+        }
+    }
+
+    /// The catalog entries the drains committed, applied on this node in log
+    /// order (every replica does), each change proposed here answered with its
+    /// outcome; the changes lost answered `Lost`.
+    fn apply_catalog(&mut self) {
+        for outcome in self.raft.take_catalog() {
+            let (waiter, result) = match outcome {
+                CatalogOutcome::Apply { op, waiter } => {
+                    let result = match CatalogOp::decode(&op) {
+                        Some(op) => self.shared.catalog.apply(&op).map_err(|e| {
+                            tracing::error!(shard = self.me, error = %e, ?op, "a committed catalog change was refused by this node's store");
+                            CatalogRefused::Store(e)
+                        }),
+                        None => {
+                            tracing::error!(shard = self.me, "a committed catalog entry does not decode: skipped");
+                            Err(CatalogRefused::Lost)
+                        }
+                    };
+                    (waiter, result)
+                }
+                CatalogOutcome::Lost { waiter } => (Some(waiter), Err(CatalogRefused::Lost)),
+            };
+            if let Some(done) = waiter.and_then(|w| self.catalog_waiters.remove(&w)) {
+                let _ = done.try_send(result);
+            }
+        }
+    }
+
+    /// Groups this shard's replicas began to serve as leaders: their hash slots
+    /// claimed for this node in one view change, which every shard applies (homes
+    /// and authorities follow) and shard 0 sends to every peer.
+    fn claim_group_leaders(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        won: &[(u32, u64)],
+    ) {
+        let Some(view) = self.shared.claim_group_leaders(won) else {
+            return;
+        };
+        tracing::info!(
+            shard = self.me,
+            revision = view.revision,
+            groups = won.len(),
+            "slot ids claimed by their groups' new leader"
+        );
+        self.spread_view(cx, driver, &view);
     }
 }

@@ -80,6 +80,11 @@ pub struct NodeShard {
     pub(super) remote_failures: Vec<(super::msg::Pending, domain::hop::NoAnswer)>,
     /// The replicated groups of this shard (none unless `[cluster] replicas` > 1).
     pub(super) raft: super::raft::RaftSide,
+    /// Catalog changes proposed to this shard's groups, by waiter number, each
+    /// answered at its commit (at most `[commit] commits_unsynced_max`).
+    pub(super) catalog_waiters: std::collections::BTreeMap<u64, super::msg::CatalogDone>,
+    /// The next waiter number.
+    pub(super) next_catalog_waiter: u64,
     /// This loop turn's clock ([`NodeShard::turn_now`]), read by the turn's first
     /// SEND or commit and forgotten when the turn flushes its commits.
     turn_now: Option<Now>,
@@ -136,6 +141,8 @@ impl NodeShard {
             peers,
             remote_failures: Vec::new(),
             raft: super::raft::RaftSide::off(),
+            catalog_waiters: std::collections::BTreeMap::new(),
+            next_catalog_waiter: 1,
             turn_now: None,
         })
     }

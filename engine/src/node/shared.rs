@@ -212,6 +212,7 @@ impl NodeShared {
     ) -> Result<Arc<ClusterView>, MoveRefused> {
         let moves: Vec<(u16, NodeId)> = hash_slots.iter().map(|&s| (s, leader_node_id)).collect();
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        movable(&guard)?;
         if let Some(expected) = expected.filter(|&r| r != guard.revision) {
             return Err(MoveRefused::Revision {
                 expected,
@@ -229,8 +230,39 @@ impl NodeShared {
         moves: &[(u16, NodeId)],
     ) -> Result<Arc<ClusterView>, MoveRefused> {
         let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        movable(&guard)?;
         let next = guard.with_leaders(self.config.node_id, moves);
         self.save_moved(&mut guard, next)
+    }
+
+    /// Whether slots may be moved by hand: not when homes follow the groups'
+    /// leaders ([`MoveRefused::Elected`]).
+    pub fn check_movable(&self) -> Result<(), MoveRefused> {
+        movable(&self.view())
+    }
+
+    /// Claims for this node the slot ids whose groups its replicas were just
+    /// elected to lead (`(slot_id, raft term)`, `ClusterView::with_group_leader`):
+    /// one view change for all of them, saved in the data dir first (a failed save
+    /// is logged, the view installed anyway: the next election claims again).
+    /// `None` when no claim is newer than the view.
+    pub fn claim_group_leaders(&self, won: &[(u32, u64)]) -> Option<Arc<ClusterView>> {
+        let mut guard = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next: Option<ClusterView> = None;
+        for &(slot_id, raft_term) in won {
+            let base = next.as_ref().unwrap_or(&guard);
+            if let Some(mut v) = base.with_group_leader(slot_id, self.config.node_id, raft_term) {
+                // One view change: the revision advances once for all the claims.
+                v.revision = guard.revision + 1;
+                next = Some(v);
+            }
+        }
+        let next = next?;
+        if let Err(e) = crate::store::view::save(&self.config.data_dir, &next) {
+            tracing::error!(error = %e, revision = next.revision, "saving a claimed cluster view failed");
+        }
+        *guard = Arc::new(next);
+        Some(guard.clone())
     }
 
     /// Saves a moved view in the data dir, then installs it in `current`; nothing
@@ -297,9 +329,21 @@ impl NodeShared {
     }
 }
 
+/// `Err(MoveRefused::Elected)` when `view`'s homes follow the groups' leaders.
+fn movable(view: &ClusterView) -> Result<(), MoveRefused> {
+    match view.homes {
+        crate::cluster::Homes::Static => Ok(()),
+        crate::cluster::Homes::Leaders => Err(MoveRefused::Elected),
+    }
+}
+
 /// Why a slot move ([`NodeShared::move_leaders`]) moved nothing.
 #[derive(Debug)]
 pub enum MoveRefused {
+    /// Slot leaders are elected by their groups (`[cluster] replicas` above 1):
+    /// a move by hand would fight the elections (HTTP 409; leadership transfers
+    /// are not built yet).
+    Elected,
     /// The view is not at the revision the move expected (HTTP 409).
     Revision {
         expected: crate::cluster::Revision,
@@ -313,6 +357,10 @@ pub enum MoveRefused {
 impl std::fmt::Display for MoveRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            MoveRefused::Elected => f.write_str(
+                "slot leaders follow their replicated groups' elections ([cluster] replicas \
+                 above 1): they are not moved by hand (leadership transfers are not built yet)",
+            ),
             MoveRefused::Revision { expected, current } => write!(
                 f,
                 "the view is at revision {current}, not {expected}: read GET /cluster/slots \
@@ -327,7 +375,7 @@ impl MoveRefused {
     /// The HTTP status of this refusal.
     pub fn status(&self) -> u16 {
         match self {
-            MoveRefused::Revision { .. } => 409,
+            MoveRefused::Revision { .. } | MoveRefused::Elected => 409,
             MoveRefused::Save(_) => 500,
         }
     }

@@ -98,6 +98,15 @@ pub fn encode_catalog(op: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The catalog op of a proposal's bytes, if it is one (its tag alone read: a
+/// proposal of messages is not decoded).
+pub fn catalog_of(data: &[u8]) -> Option<&[u8]> {
+    match data.split_first() {
+        Some((&TAG_CATALOG, op)) => Some(op),
+        _ => None,
+    }
+}
+
 /// What a proposal's bytes hold.
 #[derive(Debug)]
 pub enum Proposal<'a> {
