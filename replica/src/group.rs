@@ -981,6 +981,35 @@ mod tests {
         assert!(matches!(Group::new(&cfg), Err(GroupError::Config(_))));
     }
 
+    /// A commit is not broadcast on its own: once the followers' answers commit an
+    /// entry, the leader sends nothing until its next append or heartbeat (which
+    /// carry the commit index), so a SEND costs one append and one answer per
+    /// follower.
+    #[test]
+    fn a_commit_is_not_broadcast_on_its_own() {
+        let mut groups = led_by_one(three());
+        groups[0].propose(b"m".to_vec()).unwrap();
+        let before = groups[0].commit_index();
+        for (to, bytes) in drained(&mut groups[0]).messages {
+            groups[to as usize - 1].step(1, &bytes).unwrap();
+        }
+        for i in 1..3 {
+            for (to, bytes) in drained(&mut groups[i]).messages {
+                assert_eq!(to, 1);
+                groups[0].step(i as u64 + 1, &bytes).unwrap();
+            }
+        }
+        let out = drained(&mut groups[0]);
+        assert_eq!(groups[0].commit_index(), before + 1, "committed");
+        assert_eq!(out.committed.len(), 1);
+        assert!(out.messages.is_empty(), "{} messages", out.messages.len());
+        assert_eq!(
+            groups[1].commit_index(),
+            before,
+            "a follower learns it later"
+        );
+    }
+
     /// A new leader serves only once an entry of its own term (raft's no-op) is
     /// committed: elected, its appends not yet answered, it does not; a follower
     /// never does; after the round trip it does.
