@@ -467,7 +467,15 @@ mod tests {
         // bucket it sat in (the window's last second).
         h.set(3, last);
         assert!(!h.links[3].is_far(), "the window's last second");
+        h.check().unwrap();
+        // ... and from the window's last second to beyond it (the same bucket
+        // again) it is far once more: not reported as due at that second.
         h.set(3, last + 1);
+        assert!(
+            h.links[3].is_far(),
+            "beyond the window, from its last second"
+        );
+        h.check().unwrap();
         h.set(3, 150);
         assert!(!h.links[3].is_far());
         h.check().unwrap();
