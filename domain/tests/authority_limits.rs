@@ -186,6 +186,30 @@ fn an_abort_must_match_the_whole_token() {
 }
 
 #[test]
+fn a_commit_must_match_the_whole_token() {
+    let (mut a, t) = setup(8, 4);
+    let tok = active_and_candidate(&mut a, &t, &uid(0));
+    // The nonce of the candidate with another owner_seq, and its owner_seq with a
+    // later nonce: neither is this candidate, and neither commits it.
+    let mut other_seq = tok.clone();
+    other_seq.owner_seq += 1;
+    let mut other_nonce = tok.clone();
+    other_nonce.nonce += 1;
+    for half in [other_seq, other_nonce] {
+        assert_eq!(
+            a.commit_route(&t, &half, T0),
+            Err(AuthorityError::NotReady),
+            "{half:?}"
+        );
+        assert!(a.has_pending(&tok.identity), "{half:?} took the candidate");
+        assert_eq!(a.route(&tok.identity), None, "{half:?} committed it");
+    }
+    assert_eq!(a.commit_route(&t, &tok, T0), Ok(()));
+    assert_eq!(a.route(&tok.identity).map(|r| r.session_id), Some(2));
+    a.check_invariants().unwrap();
+}
+
+#[test]
 fn a_view_of_the_same_revision_is_applied() {
     // Two views of one revision can differ (the cluster breaks the tie between them
     // and hands the winner to every shard): the authority applies what it is given

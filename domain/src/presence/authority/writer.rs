@@ -1027,3 +1027,181 @@ impl SlotWriter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `SlotWriter::check_invariants` is the net every authority test and simulation
+    //! relies on: each test here breaks one invariant of a sound slot by hand and
+    //! sees the checker name that one (a checker that passes everything, or misses
+    //! one kind of damage, would make all those tests weaker than they look).
+    use super::*;
+    use crate::presence::route::{DeviceLevel, Transport};
+
+    const NODE: NodeId = 1;
+    const SLOT: HashSlot = 7;
+    const T0: u64 = 1000;
+
+    /// The first `n` uids (of the form `u<i>`) that hash to `SLOT`.
+    fn uids(n: usize) -> Vec<Uid> {
+        (0..)
+            .map(|i| format!("u{i}"))
+            .filter(|u| hash_slot(u.as_bytes()) == SLOT)
+            .take(n)
+            .map(Uid::from)
+            .collect()
+    }
+
+    fn route(uid: &Uid, dev: &str, level: DeviceLevel, session: u64, seq: u64) -> Route {
+        Route {
+            uid: uid.clone(),
+            device_id: dev.into(),
+            device_flag: 1,
+            device_level: level,
+            node_id: 2,
+            boot_id: 77,
+            session_id: session,
+            listener: Transport::Tcp,
+            owner_seq: seq,
+            connected_at_ms: 0,
+            last_active_s: Some(T0),
+        }
+    }
+
+    /// A sound slot: uid 0 with two active routes (sessions 1 and 2, one per
+    /// device), uid 1 with an active route (session 3) and a candidate (session 4,
+    /// a Master of another device: it conflicts), uid 2 with only a fence record
+    /// (session 5, unregistered). Returns the authority, the slot's target and
+    /// the uids.
+    fn sound() -> (Authority, Target, Vec<Uid>) {
+        let cfg = AuthorityConfig {
+            route_ttl_s: 60,
+            pending_ttl_s: 30,
+            fence_retention_s: 300,
+            ..AuthorityConfig::default()
+        };
+        let dir = Directory::new(&cfg).unwrap();
+        let mut a = Authority::new(cfg, &dir, &[SLOT]).unwrap();
+        assert!(a.apply_view(&ClusterView::single_node(NODE), NODE, T0));
+        let t = ClusterView::single_node(NODE).target_for_slot(SLOT);
+        let u = uids(3);
+        let slave = DeviceLevel::Slave;
+        assert_eq!(
+            a.register_route(&t, route(&u[0], "a", slave, 1, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+        assert_eq!(
+            a.register_route(&t, route(&u[0], "b", slave, 2, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+        assert_eq!(
+            a.register_route(&t, route(&u[1], "a", slave, 3, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+        let master = route(&u[1], "b", DeviceLevel::Master, 4, 1);
+        assert!(matches!(
+            a.register_route(&t, master, T0),
+            Ok(RegisterOutcome::Pending { .. })
+        ));
+        let fenced = route(&u[2], "a", slave, 5, 1);
+        assert_eq!(
+            a.register_route(&t, fenced.clone(), T0),
+            Ok(RegisterOutcome::Active)
+        );
+        assert_eq!(a.unregister_route(&t, &fenced.identity(), 1, T0), Ok(true));
+        assert_eq!(a.check_invariants(), Ok(()));
+        (a, t, u)
+    }
+
+    /// The writer of `SLOT`, the directory, and the index of `uid`'s record of
+    /// `session`.
+    fn record<'a>(a: &'a mut Authority, uid: &Uid, session: u64) -> (&'a mut SlotWriter, u32) {
+        let w = a.slots[SLOT as usize].as_deref_mut().unwrap();
+        let sess = Sess {
+            node_id: 2,
+            boot_id: 77,
+            session_id: session,
+        };
+        let i = w.record_of(uid, sess).unwrap();
+        (w, i)
+    }
+
+    /// Checks `a`, expecting the error that contains `what`.
+    fn broken(a: &Authority, what: &str) {
+        match a.check_invariants() {
+            Ok(()) => panic!("damage not found (expected {what:?})"),
+            Err(e) => assert!(e.contains(what), "{e:?} does not name {what:?}"),
+        }
+    }
+
+    #[test]
+    fn a_wrong_count_of_active_routes_or_candidates_is_found() {
+        let (mut a, ..) = sound();
+        a.slots[SLOT as usize].as_deref_mut().unwrap().active += 1;
+        broken(&a, "counts: counted 3/1, kept 4/1");
+        let (mut a, ..) = sound();
+        a.slots[SLOT as usize].as_deref_mut().unwrap().pending -= 1;
+        broken(&a, "counts: counted 3/1, kept 3/0");
+    }
+
+    #[test]
+    fn a_tombstone_above_the_last_owner_seq_is_found() {
+        let (mut a, _, u) = sound();
+        let (w, i) = record(&mut a, &u[2], 5);
+        w.recs[i].tombstone = Some(w.recs[i].last_owner_seq + 1);
+        broken(&a, "tombstone above last owner_seq");
+    }
+
+    #[test]
+    fn an_active_route_above_the_last_owner_seq_is_found() {
+        let (mut a, _, u) = sound();
+        let (w, i) = record(&mut a, &u[0], 2);
+        w.recs[i].route.as_mut().unwrap().route.owner_seq += 1;
+        broken(&a, "route owner_seq above last owner_seq");
+    }
+
+    #[test]
+    fn an_active_route_of_another_session_is_found() {
+        let (mut a, _, u) = sound();
+        let (w, i) = record(&mut a, &u[0], 1);
+        w.recs[i].route.as_mut().unwrap().route.session_id = 9;
+        broken(&a, "route of another identity");
+    }
+
+    #[test]
+    fn a_candidate_whose_wheel_entry_names_another_nonce_is_found() {
+        let (mut a, _, u) = sound();
+        let (w, i) = record(&mut a, &u[1], 4);
+        w.recs[i].pending.as_mut().unwrap().nonce += 100;
+        broken(&a, "candidate without its wheel entry");
+    }
+
+    #[test]
+    fn a_retention_running_beside_an_active_route_is_found() {
+        let (mut a, _, u) = sound();
+        let (w, i) = record(&mut a, &u[0], 1);
+        w.recs[i].retain_until_s = Some(T0 + 300);
+        broken(&a, "retention running while in use");
+    }
+
+    #[test]
+    fn an_active_user_without_a_published_entry_is_found() {
+        let (mut a, _, u) = sound();
+        let dir = a.dir.clone();
+        let (w, i) = record(&mut a, &u[1], 3);
+        let user = w.recs[i].user;
+        w.table.publish(&dir, user, &u[1], &[]);
+        w.table.release(&dir, user);
+        broken(&a, "active but not published");
+    }
+
+    #[test]
+    fn published_endpoints_that_differ_from_the_active_routes_are_found() {
+        let (mut a, _, u) = sound();
+        let dir = a.dir.clone();
+        let (w, i) = record(&mut a, &u[0], 1);
+        let user = w.recs[i].user;
+        let one = compact_of(&w.recs[i].route.as_ref().unwrap().route);
+        w.table.publish(&dir, user, &u[0], &[one]);
+        broken(&a, "published endpoints of");
+    }
+}
