@@ -770,19 +770,21 @@ mod tests {
         assert_eq!(out[1..], [CatalogOutcome::Lost { waiter: 12 }]);
         assert_eq!(waiting, vec![wait(2, 2, 5, 13)]);
         out.clear();
-        let mut committed = Outputs::default();
-        committed.committed = vec![
-            replica::Committed {
-                index: 5,
-                term: 2,
-                data: encode_catalog(b"op"),
-            },
-            replica::Committed {
-                index: 6,
-                term: 2,
-                data: Vec::new(),
-            },
-        ];
+        let mut committed = Outputs {
+            committed: vec![
+                replica::Committed {
+                    index: 5,
+                    term: 2,
+                    data: encode_catalog(b"op"),
+                },
+                replica::Committed {
+                    index: 6,
+                    term: 2,
+                    data: Vec::new(),
+                },
+            ],
+            ..Outputs::default()
+        };
         let mut events = Vec::new();
         note_committed(&mut committed, &mut events, &mut waiting, &mut out, 2);
         assert_eq!(
