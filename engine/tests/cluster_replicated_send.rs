@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use net::io::Backend;
 use serde_json::{json, Value};
-use support::cluster::{authority_of, find_uid, login_any, Cluster, SLOT_IDS};
+use support::cluster::{find_uid, login_any, Cluster, SLOT_IDS};
 
 #[macro_use]
 mod support;
@@ -263,19 +263,26 @@ fn a_stopped_homes_uids_and_channels_are_served_by_their_groups_new_leader() {
         c.node(2).shared().view().slots[slots::hash_slot(key.as_bytes()) as usize].leader_term;
     c.nodes.remove(0).shutdown().unwrap();
     let two = &c.nodes[0];
-    // Node 2's view names the group's new leader, and the recipient's session is
-    // online at its uid's new authority (its gateway registered it again there).
+    // Both live nodes' views name new leaders (claims above the old term) for the
+    // person channel's, the group's and the uid's slot ids, and the recipient's
+    // session is online at its uid's new authority (its gateway registered it
+    // again there).
     let deadline = Instant::now() + WAIT;
+    let keys = [key.as_str(), group.as_str(), to.as_str()];
     loop {
         assert!(
             Instant::now() < deadline,
-            "no new leader took the slot id over"
+            "no new leader took the slot ids over"
         );
         std::thread::yield_now();
-        let view = two.shared().view();
-        let slot = view.slots[slots::hash_slot(key.as_bytes()) as usize];
-        let moved = slot.leader_node_id != 1 && slot.leader_term > old_term;
-        if !(moved && authority_of(&view, &to) != 1) {
+        let moved = c.nodes.iter().all(|n| {
+            let view = n.shared().view();
+            keys.iter().all(|k| {
+                let slot = view.slots[slots::hash_slot(k.as_bytes()) as usize];
+                slot.leader_node_id != 1 && slot.leader_term > 1
+            }) && view.slots[slots::hash_slot(key.as_bytes()) as usize].leader_term > old_term
+        });
+        if !moved {
             continue;
         }
         let (status, online) = support::api(two, "/user/onlinestatus", json!([to]));
