@@ -258,7 +258,10 @@ fn a_stopped_homes_uids_and_channels_are_served_by_their_groups_new_leader() {
     assert_eq!(status, 200, "{before}");
     assert_eq!(before["message_seq"], 1, "{before}");
     let first_id = before["message_id"].as_i64().unwrap();
-    assert_eq!(support::next_recv(&mut client).message_id, first_id);
+    let first = support::next_recv(&mut client);
+    assert_eq!((first.message_id, first.dup), (first_id, false));
+    // Acknowledged: its gateway never sends it again on its own.
+    client.recvack(first_id, 1).unwrap();
     let old_term =
         c.node(2).shared().view().slots[slots::hash_slot(key.as_bytes()) as usize].leader_term;
     c.nodes.remove(0).shutdown().unwrap();
@@ -299,6 +302,14 @@ fn a_stopped_homes_uids_and_channels_are_served_by_their_groups_new_leader() {
         two.shared().raft_status.of(slot_id).map(|(l, _)| l),
         Some(leader),
         "the view's home is the group's leader"
+    );
+    // The stopped leader's last message is one its delivery mark had not passed
+    // (no later entry carried a mark): the new leader delivers it again, DUP.
+    let again = support::next_recv(&mut client);
+    assert_eq!(
+        (again.message_id, again.message_seq, again.dup),
+        (first_id, 1, true),
+        "the predecessor's last message again, flagged DUP"
     );
     // SENDs through either live node commit at the new leader, after the stopped
     // node's message.

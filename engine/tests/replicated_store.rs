@@ -112,7 +112,7 @@ impl World {
             // With the keys asked for, each entry's messages come with their ids.
             for e in &entries {
                 let keys = e.foreign.as_ref().expect("keys asked for");
-                assert_eq!(keys.len(), e.messages);
+                assert_eq!(keys.messages.len(), e.messages);
             }
             if settle(&mut live.state, &p) {
                 live.file.write(GROUP, &live.state).unwrap();
@@ -148,7 +148,7 @@ impl World {
             .collect();
         for p in &payloads {
             live.group
-                .propose(encode_messages(&[message("c0", p)]))
+                .propose(encode_messages(0, &[message("c0", p)]))
                 .unwrap();
         }
         let before = self.net.len();
@@ -190,7 +190,7 @@ impl World {
                     .map(|k| message(&channels[k], &payloads[k]))
                     .collect();
                 let live = self.replicas[i].live.as_mut().expect("leads");
-                if live.group.propose(encode_messages(&msgs)).is_ok() {
+                if live.group.propose(encode_messages(0, &msgs)).is_ok() {
                     self.proposed.extend(payloads);
                 }
             }

@@ -76,7 +76,7 @@ pub use crate::send::message::{Committed, Delivery};
 
 mod replicated;
 use replicated::ProposalBook;
-pub use replicated::{Foreign, Replicas};
+pub use replicated::{Foreign, ForeignEntry, Replicas};
 
 /// A message to commit, and where its answer goes (`A`: the driver's address of the
 /// SENDACK or the API reply; the core only hands it back). A SEND forwarded to its
@@ -195,6 +195,10 @@ pub struct CommitLimits {
     pub delivery_backlog_max: usize,
     /// What those messages may hold in bytes ([`charge_bytes`]); more get SENDACK 22.
     pub backlog_budget_bytes: usize,
+    /// Replicated: messages of other leaders' entries held on one core until
+    /// their leader's delivery mark passes them ([`replicated`]); past it the
+    /// oldest are dropped.
+    pub redeliver_messages_max: usize,
 }
 
 /// The time of an event: the wall clock (message ids, timestamps, idempotency
@@ -270,6 +274,12 @@ pub struct CommitCounts {
     /// 15: their group refused the entry, it was cut, its leader lost office, or
     /// the node stopped before the commit.
     pub proposals_failed: u64,
+    /// Replicated: messages of a predecessor's entries delivered again (DUP) by
+    /// this replica when it began to lead their group.
+    pub redelivered: u64,
+    /// Replicated: messages held for such a delivery and dropped unheld past
+    /// `redeliver_messages_max` (their recipients catch up by messagesync).
+    pub redeliver_dropped: u64,
 }
 
 /// What a committed message is charged against `backlog_budget_bytes` while it
@@ -403,6 +413,9 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     ) -> usize {
         let (freed_bytes, work) = self.planner.pump(now_ms, view, lookup, room, limits, out);
         self.backlog_bytes -= freed_bytes;
+        self.proposals
+            .marks
+            .delivered(self.planner.delivered_count());
         work
     }
 
@@ -794,7 +807,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                 self.unanswered_deliveries -= 1;
             }
             match u.delivery {
-                Some(d) if durable => self.planner.enqueue(d),
+                Some(d) if durable => self.enqueue(d, None),
                 Some(d) => self.backlog_bytes -= d.charge_bytes,
                 None => {}
             }
@@ -934,6 +947,7 @@ mod tests {
             commits_unsynced_max: 100,
             delivery_backlog_max: 100,
             backlog_budget_bytes: 1 << 20,
+            redeliver_messages_max: 100,
         }
     }
 
@@ -1245,7 +1259,7 @@ mod tests {
     }
 
     /// Every uid is online once, on shard 0 or 1 by its first byte.
-    struct Online;
+    pub(super) struct Online;
 
     impl EndpointLookup for Online {
         fn endpoints_by_targets_into(
@@ -1285,7 +1299,7 @@ mod tests {
             .collect()
     }
 
-    fn plan_limits() -> PlanLimits {
+    pub(super) fn plan_limits() -> PlanLimits {
         PlanLimits {
             local_node: 1,
             me: 0,

@@ -737,6 +737,12 @@ impl Planner {
         self.backlog.len()
     }
 
+    /// Messages whose delivery ended since the planner began (they leave the
+    /// backlog in the order they were enqueued).
+    pub fn delivered_count(&self) -> u64 {
+        self.front_message
+    }
+
     /// Whether no message waits for delivery.
     pub fn is_empty(&self) -> bool {
         self.backlog.is_empty()

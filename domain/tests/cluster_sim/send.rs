@@ -62,6 +62,7 @@ const COMMIT_LIMITS: CommitLimits = CommitLimits {
     commits_unsynced_max: 64,
     delivery_backlog_max: 64,
     backlog_budget_bytes: 1 << 20,
+    redeliver_messages_max: 64,
 };
 
 /// Where a commit's answer goes: the gateway's request.

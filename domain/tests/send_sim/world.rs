@@ -120,6 +120,7 @@ impl Params {
                 commits_unsynced_max: rng.gen_range(2..=16),
                 delivery_backlog_max: rng.gen_range(2..=32),
                 backlog_budget_bytes: rng.gen_range(CHARGE_MAX..=16 * CHARGE_MAX),
+                redeliver_messages_max: 64,
             },
             plan: PlanLimits {
                 local_node: NODE,

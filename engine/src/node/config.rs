@@ -309,6 +309,12 @@ pub struct CommitConfig {
     /// charged its payload and strings plus 1 KiB); past it new commits are answered
     /// with SENDACK 22.
     pub backlog_budget_bytes: usize,
+    /// With `[cluster] replicas`: messages of other leaders' entries one shard
+    /// holds until their leader's delivery mark passes them, to deliver them again
+    /// (DUP) should it lead their slot id next; past it the oldest are dropped
+    /// (`imrouter_redeliver_dropped_total`; their recipients catch up by
+    /// messagesync).
+    pub redeliver_messages_max: usize,
 }
 
 impl Default for CommitConfig {
@@ -318,6 +324,7 @@ impl Default for CommitConfig {
             commit_credits_per_peer: 1_024,
             delivery_backlog_max: 8_192,
             backlog_budget_bytes: 256 << 20,
+            redeliver_messages_max: 4_096,
         }
     }
 }
@@ -333,6 +340,7 @@ impl CommitConfig {
             commits_unsynced_max: self.commits_unsynced_max,
             delivery_backlog_max: self.delivery_backlog_max,
             backlog_budget_bytes: self.backlog_budget_bytes,
+            redeliver_messages_max: self.redeliver_messages_max,
         }
     }
 
@@ -348,6 +356,7 @@ impl CommitConfig {
                 ),
                 ("delivery_backlog_max", self.delivery_backlog_max as u64),
                 ("backlog_budget_bytes", self.backlog_budget_bytes as u64),
+                ("redeliver_messages_max", self.redeliver_messages_max as u64),
             ],
         )
     }

@@ -259,6 +259,13 @@ shard_metrics! {
     /// Replicated slot ids: SENDs proposed and then answered 15: the group refused
     /// the entry, it was cut, its leader lost office, or the node stopped first.
     commits_proposals_failed,
+    /// Replicated slot ids: messages of a predecessor's entries this node
+    /// delivered again (RECV flagged DUP) when its replica began to lead their
+    /// group: their leader's delivery mark had not passed them.
+    redelivered,
+    /// Replicated slot ids: messages held for such a delivery and dropped past
+    /// `[commit] redeliver_messages_max` (their recipients catch up by messagesync).
+    redeliver_dropped,
     /// Push batches held back because their owner shard's queue had no room (the
     /// delivery resumes as the owner drains).
     delivery_stalls,

@@ -59,7 +59,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use domain::send::commit::{Foreign, Replicas};
+use domain::send::commit::{ForeignEntry, Replicas};
 use proto::wkproto::ReasonCode;
 use replica::{Group, GroupConfig, GroupError, Outputs, Role};
 
@@ -200,7 +200,7 @@ pub enum RaftEvent {
         term: u64,
         index: u64,
         seqs: Vec<u64>,
-        foreign: Option<Vec<Foreign>>,
+        foreign: Option<ForeignEntry>,
     },
     /// The entry at `index` was committed in `term`.
     Committed { group: u32, term: u64, index: u64 },
@@ -693,6 +693,7 @@ impl Replicas for RaftSide {
     fn propose(
         &mut self,
         group: u32,
+        mark: u64,
         messages: &[NewMessage<'_>],
     ) -> Result<(u64, u64), ReasonCode> {
         let Some(r) = self.groups.get_mut(&group) else {
@@ -703,7 +704,7 @@ impl Replicas for RaftSide {
         if !r.group.serving() {
             return Err(ReasonCode::FORWARD_SEND_PACKET_ERROR);
         }
-        let placed = r.group.propose(encode_messages(messages));
+        let placed = r.group.propose(encode_messages(mark, messages));
         if placed.is_ok() {
             self.proposed.push(group);
         }

@@ -140,6 +140,33 @@ impl NodeShard {
         let won = self.raft.take_won();
         if !won.is_empty() {
             self.claim_group_leaders(cx, driver, &won);
+            self.redeliver(cx, driver, &won);
+        }
+    }
+
+    /// Groups this shard's replicas began to serve as leaders: what their
+    /// predecessors committed and may not have delivered (above the delivery mark
+    /// this replica saw) is delivered again, flagged DUP
+    /// (`domain::send::commit`, "Delivery after a change of leader").
+    fn redeliver(
+        &mut self,
+        cx: &mut Context<Msg, NodeTimer>,
+        driver: &mut NetDriver,
+        won: &[(u32, u64)],
+    ) {
+        let now = self.turn_now();
+        let catalog = &self.shared.catalog;
+        let queued: usize = (won.iter())
+            .map(|&(slot_id, _)| self.commit.core.redeliver(slot_id, catalog, now))
+            .sum();
+        if queued > 0 {
+            tracing::info!(
+                shard = self.me,
+                messages = queued,
+                "a predecessor's last messages delivered again (DUP)"
+            );
+            self.publish_commit_counts();
+            self.pump_deliveries(cx, driver);
         }
     }
 

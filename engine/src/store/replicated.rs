@@ -17,7 +17,7 @@
 //!    restart clamps it to the log; one sync may cover every group of the shard).
 //! 4. Only then `Group::persisted(number)`: the messages that depend on it leave.
 
-use domain::send::commit::Foreign;
+use domain::send::commit::{Foreign, ForeignEntry};
 use replica::{Durable, Persist, Record, RecordKind as RaftKind};
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,9 @@ use super::record::{RecordFields, RecordKind};
 const TAG_MESSAGES: u8 = 1;
 /// The first byte of a proposal of a catalog operation.
 const TAG_CATALOG: u8 = 2;
+/// The first byte of a proposal of messages with its leader's delivery mark
+/// (`domain::send::commit`, "Delivery after a change of leader").
+const TAG_MARKED: u8 = 3;
 
 /// One message of a proposal, as it travels in raft's entry data.
 #[derive(Serialize, Deserialize)]
@@ -82,10 +85,17 @@ impl<'a> From<WireMessage<'a>> for NewMessage<'a> {
     }
 }
 
-/// A proposal's bytes: these messages (the SENDs of one turn to one group).
-pub fn encode_messages(msgs: &[NewMessage<'_>]) -> Vec<u8> {
+/// A proposal's bytes: these messages (the SENDs of one turn to one group), with
+/// the proposing leader's delivery `mark` (0: none, the older form).
+pub fn encode_messages(mark: u64, msgs: &[NewMessage<'_>]) -> Vec<u8> {
     let wire: Vec<WireMessage<'_>> = msgs.iter().map(WireMessage::from).collect();
-    let mut out = vec![TAG_MESSAGES];
+    let mut out = if mark == 0 {
+        vec![TAG_MESSAGES]
+    } else {
+        let mut out = vec![TAG_MARKED];
+        out.extend(postcard::to_stdvec(&mark).expect("a u64 serializes"));
+        out
+    };
     out.extend(postcard::to_stdvec(&wire).expect("a Vec of plain fields serializes"));
     out
 }
@@ -112,8 +122,8 @@ pub fn catalog_of(data: &[u8]) -> Option<&[u8]> {
 pub enum Proposal<'a> {
     /// A new leader's empty entry.
     Noop,
-    /// Messages, at least one.
-    Messages(Vec<NewMessage<'a>>),
+    /// Messages, at least one, and their leader's delivery mark (0: none).
+    Messages(u64, Vec<NewMessage<'a>>),
     /// A catalog operation.
     Catalog(&'a [u8]),
 }
@@ -146,13 +156,19 @@ pub fn decode_proposal(data: &[u8]) -> Result<Proposal<'_>, &'static str> {
     match data.split_first() {
         None => Ok(Proposal::Noop),
         Some((&TAG_CATALOG, op)) => Ok(Proposal::Catalog(op)),
-        Some((&TAG_MESSAGES, rest)) => {
+        Some((&tag @ (TAG_MESSAGES | TAG_MARKED), rest)) => {
+            let (mark, rest) = match tag {
+                TAG_MARKED => postcard::take_from_bytes::<u64>(rest)
+                    .map_err(|_| "a delivery mark that does not decode")?,
+                _ => (0, rest),
+            };
             let wire: Vec<WireMessage<'_>> =
                 postcard::from_bytes(rest).map_err(|_| "messages that do not decode")?;
             if wire.is_empty() {
                 return Err("a proposal of no message");
             }
             Ok(Proposal::Messages(
+                mark,
                 wire.into_iter().map(NewMessage::from).collect(),
             ))
         }
@@ -162,14 +178,14 @@ pub fn decode_proposal(data: &[u8]) -> Result<Proposal<'_>, &'static str> {
 
 /// An entry of messages as [`append`] wrote it: its term, its index and how many
 /// of the messages pushed to `appended` are its (they follow the previous
-/// entry's, in order); with their uids, client_msg_nos and ids when the caller
+/// entry's, in order); with its delivery mark and its messages when the caller
 /// asked for them (an entry it did not propose, to apply at its commit).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendedEntry {
     pub term: u64,
     pub index: u64,
     pub messages: usize,
-    pub foreign: Option<Vec<Foreign>>,
+    pub foreign: Option<ForeignEntry>,
 }
 
 /// Step 1 of the contract: `p`'s records into `log` as `group`'s entries, the
@@ -191,6 +207,7 @@ pub fn append(
             what,
         };
         let proposal;
+        let mut mark = 0;
         let body = match r.kind {
             RaftKind::ConfChange => EntryBody::ConfChange(&r.data),
             RaftKind::ConfChangeV2 => EntryBody::ConfChangeV2(&r.data),
@@ -199,7 +216,10 @@ pub fn append(
                 match &proposal {
                     Proposal::Noop => EntryBody::Noop,
                     Proposal::Catalog(op) => EntryBody::Catalog(op),
-                    Proposal::Messages(msgs) => EntryBody::Messages(msgs),
+                    Proposal::Messages(m, msgs) => {
+                        mark = *m;
+                        EntryBody::Messages(msgs)
+                    }
                 }
             }
         };
@@ -213,14 +233,9 @@ pub fn append(
         log.append_entry(&entry, appended)?;
         if let EntryBody::Messages(msgs) = entry.body {
             debug_assert_eq!(appended.len() - before, msgs.len());
-            let keys = foreign(r.term).then(|| {
-                (msgs.iter())
-                    .map(|m| Foreign {
-                        from_uid: m.from_uid.into(),
-                        client_msg_no: m.client_msg_no.into(),
-                        message_id: m.message_id,
-                    })
-                    .collect()
+            let keys = foreign(r.term).then(|| ForeignEntry {
+                mark,
+                messages: msgs.iter().map(foreign_of).collect(),
             });
             entries.push(AppendedEntry {
                 term: r.term,
@@ -231,6 +246,21 @@ pub fn append(
         }
     }
     Ok(!p.records.is_empty())
+}
+
+/// What applying (and perhaps delivering again) a message not proposed here needs.
+fn foreign_of(m: &NewMessage<'_>) -> Foreign {
+    Foreign {
+        from_uid: m.from_uid.into(),
+        client_msg_no: m.client_msg_no.into(),
+        message_id: m.message_id,
+        channel_type: m.channel_type,
+        channel_key: m.channel_id.into(),
+        setting: m.setting,
+        flags: m.msg_flags,
+        timestamp_s: m.timestamp_s,
+        payload: m.payload.to_vec(),
+    }
 }
 
 /// Step 3 of the contract: `p`'s new term, vote or configuration into `state`;
@@ -328,7 +358,7 @@ fn record_of(
                     payload: f.payload,
                 });
             }
-            (RaftKind::Normal, encode_messages(&msgs))
+            (RaftKind::Normal, encode_messages(0, &msgs))
         }
         RecordKind::Cut => unreachable!("a group's entries never index a cut"),
     };
@@ -363,12 +393,18 @@ mod tests {
     #[test]
     fn proposals_round_trip_and_foreign_bytes_are_refused() {
         let msgs = [m("a", b"x"), m("b", b"")];
-        let bytes = encode_messages(&msgs);
+        let bytes = encode_messages(0, &msgs);
         let shown = |r: Result<Proposal<'_>, &str>| format!("{r:?}");
         assert_eq!(
             shown(decode_proposal(&bytes)),
-            shown(Ok(Proposal::Messages(msgs.to_vec())))
+            shown(Ok(Proposal::Messages(0, msgs.to_vec())))
         );
+        assert_eq!(
+            shown(decode_proposal(&encode_messages(300, &msgs))),
+            shown(Ok(Proposal::Messages(300, msgs.to_vec()))),
+            "with the leader's delivery mark"
+        );
+        assert_eq!(bytes[0], TAG_MESSAGES, "no mark: the older form");
         assert!(matches!(
             decode_proposal(&encode_catalog(b"op")),
             Ok(Proposal::Catalog(b"op"))
@@ -377,12 +413,16 @@ mod tests {
         let refused = |b: &[u8]| decode_proposal(b).err();
         assert_eq!(refused(&[9, 1]), Some("an unknown proposal tag"));
         assert_eq!(
-            refused(&encode_messages(&[])),
+            refused(&encode_messages(7, &[])),
             Some("a proposal of no message")
         );
         assert_eq!(
             refused(&bytes[..bytes.len() - 1]),
             Some("messages that do not decode")
+        );
+        assert_eq!(
+            refused(&[TAG_MARKED, 0xff]),
+            Some("a delivery mark that does not decode")
         );
     }
 }

@@ -13,6 +13,7 @@
 //! | [`CommitCore::on_appended`] | nothing: the seqs of an entry in flight, or what applying an entry not proposed here needs |
 //! | [`CommitCore::on_committed`] | the entry's `Answer`s (success), its messages queued for delivery |
 //! | [`CommitCore::on_lost`] | `Answer`s 15 for the entries in flight from an index on |
+//! | [`CommitCore::redeliver`] | nothing: a predecessor's messages queued for delivery again |
 //!
 //! A resend of a SEND still in flight (same uid and client_msg_no) waits with it
 //! and gets the same answer; one already committed is answered from the
@@ -27,6 +28,24 @@
 //! core (past it the oldest is dropped unapplied: a resend of one of its SENDs
 //! would not be recognised).
 //!
+//! # Delivery after a change of leader
+//!
+//! A leader delivers what it commits; it may die after a commit and before (the
+//! end of) its delivery. So each entry a leader proposes carries its delivery mark:
+//! every entry of messages of its group at or below that index ended its delivery
+//! here (handed to the gateways' links), by this leader or, through the marks it
+//! saw, by its predecessors ([`Replicas::propose`]'s `mark`; a leader's mark
+//! passes an entry when the planner finishes its last message). A replica holds
+//! the messages of the entries it applies and did not propose while they are above
+//! the highest mark it has seen (an entry's own mark is below its index, so at
+//! least a group's newest entry is held); when it begins to serve as the group's
+//! leader, [`CommitCore::redeliver`] delivers them again, each RECV flagged DUP
+//! (at least once: recipients drop a second copy by message id), and its own mark
+//! starts at the one it saw. At most `redeliver_messages_max` messages are held
+//! per core (past it the oldest are dropped, counted: their recipients catch up
+//! by messagesync). What a replica holds is memory only: a replica restarted
+//! before it leads delivers nothing again.
+//!
 //! # Invariants
 //!
 //! - Every request gets exactly one `Answer`.
@@ -39,10 +58,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use proto::wkproto::ReasonCode;
+use proto::wkproto::{Flags, ReasonCode};
 
 use crate::presence::route::Uid;
+use crate::send::channel::CHANNEL_TYPE_GROUP;
 use crate::send::idempotency::SentIds;
+use crate::send::message::Committed;
 
 use super::{CommitCore, CommitLog, CommitOutput, CommitRequest, Committing, Delivery, Groups};
 use super::{NewMessage, Now};
@@ -50,12 +71,14 @@ use super::{NewMessage, Now};
 /// The raft groups the core proposes to: the node's replicas on this shard, a
 /// fake in tests.
 pub trait Replicas {
-    /// Proposes `messages` as one entry of `group`'s log; the term and index it
-    /// was given, or the SENDACK reason it could not be (10: this replica does not
+    /// Proposes `messages` as one entry of `group`'s log, with this core's
+    /// delivery `mark` for the group (module docs); the term and index it was
+    /// given, or the SENDACK reason it could not be (10: this replica does not
     /// lead the group; 15: the group refused, e.g. its log is full).
     fn propose(
         &mut self,
         group: u32,
+        mark: u64,
         messages: &[NewMessage<'_>],
     ) -> Result<(u64, u64), ReasonCode>;
 }
@@ -86,6 +109,117 @@ pub struct Foreign {
     pub client_msg_no: String,
     /// The id its leader gave it.
     pub message_id: i64,
+    /// The wkproto channel type (1 person, 2 group).
+    pub channel_type: u8,
+    /// The stored channel key (a group's id, or a person channel's `x@y` key).
+    pub channel_key: String,
+    /// The RECV setting byte.
+    pub setting: u8,
+    /// The SEND header flags.
+    pub flags: u8,
+    /// When it was committed, in Unix seconds.
+    pub timestamp_s: u32,
+    /// The plaintext payload.
+    pub payload: Vec<u8>,
+}
+
+/// An entry of messages appended here that this core did not propose: the
+/// delivery mark its leader gave it (module docs; 0: none) and its messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignEntry {
+    /// Every entry of messages of its group at or below this index was delivered.
+    pub mark: u64,
+    /// Its messages, in order.
+    pub messages: Vec<Foreign>,
+}
+
+/// The entry of messages a delivery in the planner belongs to: its group, its
+/// index and whether it is the entry's last message (`None`: not replicated).
+type EntryTag = Option<(u32, u64, bool)>;
+
+/// An entry held for a delivery after a change of leader: its index, its
+/// messages and their seqs.
+type Held = (u64, Vec<(Foreign, u64)>);
+
+/// The delivery marks (module docs, "Delivery after a change of leader").
+#[derive(Default)]
+pub(super) struct Marks {
+    /// Per group: every entry of messages at or below it was delivered.
+    through: HashMap<u32, u64>,
+    /// The tags of the planner's backlog, in its order.
+    tags: VecDeque<EntryTag>,
+    /// Deliveries that ended before the front of `tags`.
+    ended: u64,
+    /// Per group: the entries applied here and not proposed here above its mark,
+    /// oldest first.
+    held: BTreeMap<u32, VecDeque<Held>>,
+    /// The messages in `held` (at most `redeliver_messages_max`).
+    held_messages: usize,
+}
+
+impl Marks {
+    /// `group`'s mark (0: none known).
+    pub(super) fn of(&self, group: u32) -> u64 {
+        self.through.get(&group).copied().unwrap_or(0)
+    }
+
+    /// The planner has ended `count` deliveries since it began: the marks of the
+    /// entries whose last message just ended move to them.
+    pub(super) fn delivered(&mut self, count: u64) {
+        while self.ended < count {
+            let tag = self.tags.pop_front().expect("a tag per delivery enqueued");
+            self.ended += 1;
+            if let Some((group, index, true)) = tag {
+                self.passed(group, index);
+            }
+        }
+    }
+
+    /// `group`'s entries of messages at or below `index` were delivered: the ones
+    /// held there are not held any more.
+    fn passed(&mut self, group: u32, index: u64) {
+        let through = self.through.entry(group).or_default();
+        if index <= *through {
+            return;
+        }
+        *through = index;
+        let Some(entries) = self.held.get_mut(&group) else {
+            return;
+        };
+        while entries.front().is_some_and(|e| e.0 <= index) {
+            let (_, messages) = entries.pop_front().expect("a front");
+            self.held_messages -= messages.len();
+        }
+        if entries.is_empty() {
+            self.held.remove(&group);
+        }
+    }
+
+    /// Holds `group`'s entry at `index` (applied, above the mark); the oldest
+    /// entries (this group's first, then the lowest group's) leave past `max`
+    /// messages. Returns how many messages left.
+    fn hold(&mut self, group: u32, index: u64, messages: Vec<(Foreign, u64)>, max: usize) -> u64 {
+        self.held_messages += messages.len();
+        self.held
+            .entry(group)
+            .or_default()
+            .push_back((index, messages));
+        let mut dropped = 0;
+        while self.held_messages > max {
+            let from = match self.held.get(&group) {
+                Some(entries) if entries.len() > 1 => group,
+                _ => *self.held.keys().next().expect("a held entry"),
+            };
+            let entries = self.held.get_mut(&from).expect("held");
+            let (_, gone) = entries.pop_front().expect("a front");
+            if entries.is_empty() {
+                self.held.remove(&from);
+            }
+            self.held_messages -= gone.len();
+            dropped += gone.len() as u64;
+        }
+        dropped
+    }
 }
 
 /// An entry waiting for its commit to be applied: its term, its messages and
@@ -100,6 +234,8 @@ pub(super) struct ProposalBook<A> {
     in_flight: BTreeMap<u32, VecDeque<InFlight<A>>>,
     /// `(group, index)` → the entry's term, its messages and their seqs.
     to_apply: BTreeMap<(u32, u64), ToApply>,
+    /// What each group's delivery passed, and what is held past it.
+    pub(super) marks: Marks,
     /// Requests waiting (SENDs and their resends).
     waiting: usize,
     /// How many SENDs waiting have each `(uid, client_msg_no)` hash: a resend's
@@ -113,6 +249,7 @@ impl<A> Default for ProposalBook<A> {
             forming: BTreeMap::new(),
             in_flight: BTreeMap::new(),
             to_apply: BTreeMap::new(),
+            marks: Marks::default(),
             waiting: 0,
             keys: HashMap::new(),
         }
@@ -176,6 +313,42 @@ impl<A> ProposalBook<A> {
             }
         }
     }
+}
+
+/// A message of a predecessor's entry as delivered again (DUP, no sender, no
+/// topic or expiry: entries do not carry them); `None` for a group's message
+/// whose group is gone.
+fn redelivery(f: Foreign, seq: u64, groups: &impl Groups, now: Now) -> Option<Delivery> {
+    let subscribers = match f.channel_type {
+        CHANNEL_TYPE_GROUP => Some(groups.subscribers(&f.channel_key)?),
+        _ => None,
+    };
+    let message = Committed {
+        committed_ns: now.mono_ns,
+        message_id: f.message_id,
+        message_seq: seq,
+        timestamp_s: f.timestamp_s,
+        from_uid: f.from_uid,
+        channel_key: f.channel_key,
+        channel_type: f.channel_type,
+        client_msg_no: f.client_msg_no,
+        setting: f.setting,
+        flags: f.flags | Flags::DUP.0,
+        expire_s: 0,
+        topic: String::new(),
+        payload: f.payload,
+    };
+    let charge_bytes = 1024
+        + message.payload.len()
+        + message.client_msg_no.len()
+        + message.from_uid.len()
+        + message.channel_key.len();
+    Some(Delivery {
+        message: Arc::new(message),
+        sender: None,
+        subscribers,
+        charge_bytes,
+    })
 }
 
 /// The message as the log stores it (its seq comes from the append).
@@ -247,7 +420,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             let proposed = {
                 let messages: Vec<NewMessage<'_>> =
                     members.iter().map(|p| new_message(&p.delivery)).collect();
-                replicas.propose(group, &messages)
+                replicas.propose(group, self.proposals.marks.of(group), &messages)
             };
             match proposed {
                 Ok((term, index)) => {
@@ -273,18 +446,21 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     /// given `seqs` (in order). An entry of another term at the index of one in
     /// flight means that one was cut: it and the later ones are answered 15
     /// ([`on_lost`](Self::on_lost)). An entry not proposed here, given with its
-    /// messages (`foreign`), waits for its commit to be applied; one it replaces
-    /// (the same index or later) is dropped.
+    /// messages (`foreign`), waits for its commit to be applied (its mark is
+    /// taken at once); one it replaces (the same index or later) is dropped.
     pub fn on_appended(
         &mut self,
         group: u32,
         term: u64,
         index: u64,
         seqs: &[u64],
-        foreign: Option<Vec<Foreign>>,
+        foreign: Option<ForeignEntry>,
         out: &mut Vec<CommitOutput<A, L::Job>>,
     ) {
         let book = &mut self.proposals;
+        if let Some(entry) = &foreign {
+            book.marks.passed(group, entry.mark);
+        }
         let replaced: Vec<(u32, u64)> = (book.to_apply.range((group, index)..=(group, u64::MAX)))
             .map(|(k, _)| *k)
             .collect();
@@ -294,7 +470,10 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         let flying = (book.in_flight.get_mut(&group))
             .and_then(|entries| entries.iter_mut().find(|e| e.index == index));
         let Some(e) = flying else {
-            if let Some(messages) = foreign.filter(|m| m.len() == seqs.len()) {
+            if let Some(messages) = foreign
+                .map(|e| e.messages)
+                .filter(|m| m.len() == seqs.len())
+            {
                 let messages = messages.into_iter().zip(seqs.iter().copied()).collect();
                 book.to_apply.insert((group, index), (term, messages));
                 if book.to_apply.len() > self.limits.commits_unsynced_max {
@@ -338,8 +517,10 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             let e = entries.pop_front().expect("a front");
             match e.seqs.filter(|_| e.index == index && e.term == term) {
                 Some(seqs) => {
-                    for (p, seq) in e.members.into_iter().zip(seqs) {
-                        self.answer_proposed(p, seq, now_s, out);
+                    let last = e.members.len() - 1;
+                    for (i, (p, seq)) in e.members.into_iter().zip(seqs).enumerate() {
+                        let tag = Some((group, index, i == last));
+                        self.answer_proposed(p, seq, tag, now_s, out);
                     }
                 }
                 None => {
@@ -352,8 +533,10 @@ impl<L: CommitLog, A> CommitCore<L, A> {
     }
 
     /// The entry not proposed here at `index`, committed in `term`: its SENDs
-    /// into the idempotency window, the id generator past its ids. Held entries
-    /// at or below `index` leave (one of another term was cut).
+    /// into the idempotency window, the id generator past its ids, its messages
+    /// held for a delivery after a change of leader while above the group's
+    /// mark. Entries waiting at or below `index` leave (one of another term was
+    /// cut).
     fn apply_foreign(&mut self, group: u32, term: u64, index: u64, now_s: u64) {
         let book = &mut self.proposals.to_apply;
         if book.is_empty() {
@@ -369,7 +552,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             if k.1 != index || held_term != term {
                 continue;
             }
-            for (m, seq) in messages {
+            for (m, seq) in &messages {
                 self.ids.resume_after(m.message_id);
                 if m.client_msg_no.is_empty() {
                     continue;
@@ -377,12 +560,49 @@ impl<L: CommitLog, A> CommitCore<L, A> {
                 if let Some(w) = self.idempotency.as_mut() {
                     let ids = SentIds {
                         message_id: m.message_id,
-                        message_seq: seq,
+                        message_seq: *seq,
                     };
                     w.insert(&m.from_uid, &m.client_msg_no, ids, now_s);
                 }
             }
+            let marks = &mut self.proposals.marks;
+            if index > marks.of(group) {
+                let max = self.limits.redeliver_messages_max;
+                self.counts.redeliver_dropped += marks.hold(group, index, messages, max);
+            }
         }
+    }
+
+    /// This replica began to serve as `group`'s leader: the messages of its
+    /// predecessors' entries held above the group's mark (committed, their
+    /// delivery perhaps not ended) are queued for delivery again, each RECV
+    /// flagged DUP and from no sending session (the sender's own devices get it
+    /// too); a group's message whose group is gone is skipped. Returns how many.
+    pub fn redeliver(&mut self, group: u32, groups: &impl Groups, now: Now) -> usize {
+        let Some(entries) = self.proposals.marks.held.remove(&group) else {
+            return 0;
+        };
+        let mut queued = 0;
+        for (index, messages) in entries {
+            self.proposals.marks.held_messages -= messages.len();
+            let deliveries: Vec<Delivery> = (messages.into_iter())
+                .filter_map(|(f, seq)| redelivery(f, seq, groups, now))
+                .collect();
+            let last = deliveries.len().saturating_sub(1);
+            for (i, d) in deliveries.into_iter().enumerate() {
+                self.backlog_bytes += d.charge_bytes;
+                self.enqueue(d, Some((group, index, i == last)));
+                queued += 1;
+            }
+        }
+        self.counts.redelivered += queued as u64;
+        queued
+    }
+
+    /// Queues `d` for delivery, `tag` naming its entry (module docs).
+    pub(super) fn enqueue(&mut self, d: Delivery, tag: EntryTag) {
+        self.proposals.marks.tags.push_back(tag);
+        self.planner.enqueue(d);
     }
 
     /// `group`'s entries in flight from `index` on will not be committed as
@@ -419,6 +639,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         &mut self,
         mut p: Proposed<A>,
         seq: u64,
+        tag: EntryTag,
         now_s: u64,
         out: &mut Vec<CommitOutput<A, L::Job>>,
     ) {
@@ -445,7 +666,7 @@ impl<L: CommitLog, A> CommitCore<L, A> {
             });
         }
         self.unanswered_deliveries -= 1;
-        self.planner.enqueue(p.delivery);
+        self.enqueue(p.delivery, tag);
     }
 
     /// A SEND refused after it was taken: answered `reason` (and its resends), its
@@ -475,7 +696,9 @@ impl<L: CommitLog, A> CommitCore<L, A> {
 mod tests {
     use proto::wkproto::Flags;
 
-    use super::super::tests::{answers, core, groups, limits, request, Out, T0};
+    use super::super::tests::{
+        answers, core, groups, limits, plan_limits, request, Online, Out, T0,
+    };
     use super::*;
     use crate::send::idempotency::IdempotencyConfig;
 
@@ -484,6 +707,7 @@ mod tests {
     #[derive(Default)]
     struct FakeReplicas {
         proposed: Vec<(u32, Vec<i64>)>,
+        marks: Vec<u64>,
         index: u64,
         refuse: Option<ReasonCode>,
     }
@@ -492,11 +716,13 @@ mod tests {
         fn propose(
             &mut self,
             group: u32,
+            mark: u64,
             messages: &[NewMessage<'_>],
         ) -> Result<(u64, u64), ReasonCode> {
             if let Some(reason) = self.refuse {
                 return Err(reason);
             }
+            self.marks.push(mark);
             self.proposed
                 .push((group, messages.iter().map(|m| m.message_id).collect()));
             self.index += 1;
@@ -607,7 +833,7 @@ mod tests {
             2,
             2,
             &[2],
-            Some(vec![foreign("a", "there", 5)]),
+            entry(vec![foreign("a", "there", 5)]),
             &mut out,
         );
         c.on_committed(3, 2, 2, T0, &mut out);
@@ -749,7 +975,18 @@ mod tests {
             from_uid: Uid::from(uid),
             client_msg_no: client_msg_no.into(),
             message_id,
+            channel_type: 2,
+            channel_key: "g1".into(),
+            setting: 0,
+            flags: 0,
+            timestamp_s: 7,
+            payload: b"hi".to_vec(),
         }
+    }
+
+    /// An entry of `messages` with no delivery mark.
+    fn entry(messages: Vec<Foreign>) -> Option<ForeignEntry> {
+        Some(ForeignEntry { mark: 0, messages })
     }
 
     /// An entry appended here and not proposed here is applied at its commit: a
@@ -763,14 +1000,21 @@ mod tests {
         let later = (T0.wall_ms + 60_000 - crate::send::idgen::ID_EPOCH_MS) << 22;
         let later = later as i64;
         let ab = vec![foreign("a", "n1", later), foreign("b", "", later + 1)];
-        c.on_appended(3, 2, 5, &[7, 8], Some(ab), &mut out);
-        c.on_appended(3, 2, 6, &[9], Some(vec![foreign("a", "cut", 11)]), &mut out);
+        c.on_appended(3, 2, 5, &[7, 8], entry(ab), &mut out);
+        c.on_appended(
+            3,
+            2,
+            6,
+            &[9],
+            entry(vec![foreign("a", "cut", 11)]),
+            &mut out,
+        );
         c.on_appended(
             3,
             3,
             6,
             &[9],
-            Some(vec![foreign("a", "kept", 12)]),
+            entry(vec![foreign("a", "kept", 12)]),
             &mut out,
         );
         c.on_appended(
@@ -778,7 +1022,7 @@ mod tests {
             3,
             7,
             &[10],
-            Some(vec![foreign("a", "other", 13)]),
+            entry(vec![foreign("a", "other", 13)]),
             &mut out,
         );
         c.on_committed(3, 2, 5, T0, &mut out);
@@ -809,14 +1053,14 @@ mod tests {
         let (mut c, g, mut out) = (core(l), groups(), Out::new());
         for index in 1..=3u64 {
             let m = vec![foreign("a", &format!("n{index}"), index as i64)];
-            c.on_appended(3, 2, index, &[index], Some(m), &mut out);
+            c.on_appended(3, 2, index, &[index], entry(m), &mut out);
         }
         c.on_appended(
             3,
             2,
             4,
             &[4, 5],
-            Some(vec![foreign("a", "n4", 4)]),
+            entry(vec![foreign("a", "n4", 4)]),
             &mut out,
         );
         for index in 1..=4 {
@@ -844,5 +1088,145 @@ mod tests {
             );
             assert_eq!(new, Committing::Proposed, "n{index} was not applied");
         }
+    }
+
+    /// Pumps `c` once with room everywhere: each message pushed as (message id,
+    /// flags, recipients).
+    fn delivered(c: &mut super::super::tests::Core) -> Vec<(i64, u8, usize)> {
+        let view = crate::cluster::ClusterView::single_node(1);
+        let mut room = |_| usize::MAX;
+        let mut pushes = Vec::new();
+        c.pump(
+            0,
+            &view,
+            &mut Online,
+            &mut room,
+            &plan_limits(),
+            &mut pushes,
+        );
+        let mut messages: Vec<(i64, u8, usize)> = Vec::new();
+        for o in pushes {
+            let crate::send::delivery::PlanOutput::Push(p) = o else {
+                panic!("only pushes");
+            };
+            let m = &p.message;
+            match messages.last_mut() {
+                Some(last) if last.0 == m.message_id => last.2 += p.endpoints.len(),
+                _ => messages.push((m.message_id, m.flags, p.endpoints.len())),
+            }
+        }
+        messages
+    }
+
+    /// A new leader delivers again the messages of its predecessor's entries that
+    /// the predecessor's delivery mark did not pass (the last entries it
+    /// proposed), each flagged DUP and to every subscriber (no sending session
+    /// spared); an entry below the mark, another group's entries and an entry
+    /// whose group is gone are not; its own mark then passes them.
+    #[test]
+    fn a_new_leader_delivers_again_what_its_predecessors_mark_did_not_pass() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let marked = |mark, messages| Some(ForeignEntry { mark, messages });
+        let gone = Foreign {
+            channel_key: "g9".into(),
+            ..foreign("a", "", 4)
+        };
+        c.on_appended(
+            3,
+            2,
+            1,
+            &[1],
+            marked(0, vec![foreign("a", "", 1)]),
+            &mut out,
+        );
+        let two = vec![foreign("a", "", 2), foreign("b", "", 3), gone];
+        c.on_appended(3, 2, 2, &[2, 3, 4], marked(1, two), &mut out);
+        c.on_appended(
+            3,
+            2,
+            3,
+            &[5],
+            marked(1, vec![foreign("c", "", 5)]),
+            &mut out,
+        );
+        c.on_appended(
+            5,
+            2,
+            1,
+            &[1],
+            marked(0, vec![foreign("c", "", 6)]),
+            &mut out,
+        );
+        for (group, index) in [(3, 1), (3, 2), (3, 3), (5, 1)] {
+            c.on_committed(group, 2, index, T0, &mut out);
+        }
+        assert!(out.is_empty());
+        assert_eq!(delivered(&mut c), vec![], "a follower delivers nothing");
+        assert_eq!(c.redeliver(3, &g, T0), 3);
+        assert_eq!(c.redeliver(3, &g, T0), 0, "once");
+        let dup = Flags::DUP.0;
+        assert_eq!(
+            delivered(&mut c),
+            vec![(2, dup, 3), (3, dup, 3), (5, dup, 3)],
+            "g1's three subscribers each, the senders included"
+        );
+        let counts = c.take_counts();
+        assert_eq!((counts.redelivered, counts.redeliver_dropped), (3, 0));
+        let mut r = FakeReplicas::default();
+        c.on_propose(request(1, "a", "g1", ""), 3, &g, T0, &mut out);
+        c.on_propose(request(2, "a", "g1", ""), 5, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        assert_eq!(r.marks, vec![3, 0], "group 3's mark passed its entries");
+        assert_eq!(c.redeliver(5, &g, T0), 1, "group 5's entry is still held");
+    }
+
+    /// A leader's mark passes an entry once the last message of it was delivered
+    /// (not at its commit), and its next proposal carries it.
+    #[test]
+    fn a_leaders_mark_passes_an_entry_when_its_delivery_ends() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        c.on_propose(request(1, "a", "g1", ""), 3, &g, T0, &mut out);
+        c.on_propose(request(2, "b", "g1", ""), 3, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        c.on_appended(3, 2, 1, &[1, 2], None, &mut out);
+        c.on_committed(3, 2, 1, T0, &mut out);
+        assert_eq!(answers(&mut out).len(), 2);
+        c.on_propose(request(3, "a", "g1", ""), 3, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        assert_eq!(delivered(&mut c).len(), 2);
+        c.on_propose(request(4, "a", "g1", ""), 3, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        assert_eq!(r.marks, vec![0, 0, 1], "committed is not delivered");
+        let mut marks = Marks::default();
+        marks
+            .tags
+            .extend([Some((3, 4, false)), None, Some((3, 4, true))]);
+        marks.delivered(2);
+        assert_eq!(marks.of(3), 0, "the entry's last message is not delivered");
+        marks.delivered(3);
+        assert_eq!(marks.of(3), 4);
+    }
+
+    /// At most `redeliver_messages_max` messages are held: past it the group's
+    /// own oldest entry leaves, or, when it holds one entry only, the lowest
+    /// group's; the drops are counted.
+    #[test]
+    fn messages_held_for_a_new_leader_are_bounded() {
+        let mut l = limits(false);
+        l.redeliver_messages_max = 2;
+        let (mut c, g, mut out) = (core(l), groups(), Out::new());
+        let one = |n: i64| entry(vec![foreign("a", "", n)]);
+        c.on_appended(3, 2, 1, &[1], one(1), &mut out);
+        c.on_appended(3, 2, 2, &[2], one(2), &mut out);
+        c.on_appended(5, 2, 1, &[1], one(3), &mut out);
+        c.on_appended(3, 2, 3, &[3], one(4), &mut out);
+        for (group, index) in [(3, 1), (3, 2), (5, 1), (3, 3)] {
+            c.on_committed(group, 2, index, T0, &mut out);
+        }
+        assert_eq!(c.take_counts().redeliver_dropped, 2);
+        assert_eq!(c.redeliver(3, &g, T0) + c.redeliver(5, &g, T0), 2);
+        let ids: Vec<i64> = delivered(&mut c).iter().map(|d| d.0).collect();
+        assert_eq!(ids, vec![4, 3], "3's second entry, then 5's own");
     }
 }

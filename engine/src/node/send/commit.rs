@@ -281,7 +281,7 @@ impl NodeShard {
     }
 
     /// The core's counters and the log's inline segment creations, as metrics.
-    fn publish_commit_counts(&mut self) {
+    pub(crate) fn publish_commit_counts(&mut self) {
         let counts = self.commit.core.take_counts();
         if counts != domain::send::commit::CommitCounts::default() {
             self.metrics.sends_deduplicated.add(counts.deduplicated);
@@ -291,6 +291,8 @@ impl NodeShard {
             let m = &self.metrics;
             m.commits_refused_not_leader.add(counts.refused_not_leader);
             m.commits_proposals_failed.add(counts.proposals_failed);
+            m.redelivered.add(counts.redelivered);
+            m.redeliver_dropped.add(counts.redeliver_dropped);
         }
     }
 
