@@ -365,3 +365,54 @@ fn a_stopped_homes_uids_and_channels_are_served_by_their_groups_new_leader() {
     assert_eq!(status, 200, "{reply}");
     assert_eq!(token_everywhere(&c.nodes, &to).as_deref(), Some("renewed"));
 }
+
+/// `POST /node/drain` with replicas hands the node's groups over: once it answers
+/// 200 the node leads no group and its view names it leader of no hash slot, its
+/// peers know it drains (their leaders do not hand back to it), and a channel
+/// homed on it takes SENDs through another node at its new leader, after what it
+/// acknowledged; restarted, it no longer drains and its groups hand their
+/// leadership back to it.
+#[test]
+fn a_drained_node_hands_its_groups_over_and_takes_them_back_after_a_restart() {
+    let mut c = start();
+    homes_lead(&c);
+    let to = find_uid("drain-rcpt", |u| {
+        let key = engine::channel::person_channel_key("sys", u);
+        c.view.home_node(slots::hash_slot(key.as_bytes())) == 1
+    });
+    let (status, before) = send(c.node(2), &to, "before");
+    assert_eq!(
+        (status, &before["message_seq"]),
+        (200, &json!(1)),
+        "{before}"
+    );
+    let led = (0..SLOT_IDS).filter(|s| s % 3 == 0).count();
+    let (status, drained) = support::api(c.node(1), "/node/drain", json!({}));
+    assert_eq!(status, 200, "{drained}");
+    assert_eq!(drained["handed_over_slot_ids"], led, "{drained}");
+    let one = c.node(1).shared();
+    assert_eq!(one.raft_status.led_by(1), 0, "node 1 leads no group");
+    let view = one.view();
+    assert!(
+        view.slots.iter().all(|s| s.leader_node_id != 1),
+        "node 1's view names it leader of no hash slot"
+    );
+    let (status, again) = support::api(c.node(1), "/node/drain", json!({"move_to": [2]}));
+    assert_eq!(status, 400, "{again}");
+    for n in [2, 3] {
+        assert!(c.node(n).shared().is_node_draining(1), "node {n} knows");
+    }
+    let (status, after) = send(c.node(3), &to, "after");
+    assert_eq!((status, &after["message_seq"]), (200, &json!(2)), "{after}");
+    let want: Vec<(u64, String)> = vec![(1, "before".into()), (2, "after".into())];
+    assert_eq!(synced(c.node(2), &to), want);
+    // Restarted, node 1 leads its groups again (homes_lead: every node's status
+    // and view).
+    let config = c.nodes[0].shared().config.clone();
+    c.nodes.remove(0).shutdown().unwrap();
+    c.nodes
+        .insert(0, engine::node::Node::start(config).unwrap());
+    homes_lead(&c);
+    assert!(!c.node(2).shared().is_node_draining(1));
+    assert_eq!(synced(c.node(1), &to), want);
+}

@@ -160,7 +160,11 @@ fn bodies() -> Vec<(Kind, Vec<u8>)> {
         requests.iter().map(|r| (r.kind(), encoded(r))).collect();
     bodies.push((Kind::View, encoded(&OneWayRef::View(&view))));
     let raft = [(0, vec![1, 2, 3]), (63, Vec::new())];
-    bodies.push((Kind::Raft, encoded(&OneWayRef::Raft(&raft))));
+    let frame = OneWayRef::Raft {
+        draining: false,
+        messages: &raft,
+    };
+    bodies.push((Kind::Raft, encoded(&frame)));
     let replies = [
         Reply::Touch(TouchAnswer {
             requeue: vec![route(ME, session)],

@@ -23,10 +23,22 @@
 //! by it, through the other nodes, until it stops; while it is down they are
 //! unavailable (no replication). A second drain answers again, with what was
 //! left to do (usually 0 slots and 0 sessions: new connections are closed since
-//! the first). Refusals: 409 on a node alone (nowhere to move) and with
-//! `[cluster] replicas` above 1 (leaders are elected: `MoveRefused::Elected`), 400
+//! the first). Refusals: 409 on a node alone (nowhere to move), 400
 //! for a `move_to` naming this node or a node that is not a peer, 503 when a
 //! target (or every peer) is unreachable or a shard's queue is full.
+//!
+//! **With `[cluster] replicas` above 1** leaders are elected, so a drain hands
+//! the groups over instead of moving hash slots: (1) as above; (2) each group
+//! this node leads hands its leadership to its first other replica that is caught
+//! up and not draining, and the other nodes' leaders stop handing over to it (its
+//! raft frames say it drains: `RaftSide::on_timer`'s hand-over); each new leader
+//! claims its slot id's hash slots as after an election, so authorities and homes
+//! move with it; (3) it waits, up to `forward_timeout_ms`, until this node leads no
+//! group and its view names it leader of no hash slot, else 504 (the hand-overs go
+//! on: drain again; nothing is disconnected yet); (4) as above. The answer is
+//! `{"handed_over_slot_ids", "disconnected", "revision", "homes"}`; `move_to` is
+//! refused (400). A restarted node says it no longer drains, and its groups hand
+//! their leadership back to it once it is caught up.
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +67,9 @@ impl Api {
         } else {
             parse(req.body)?
         };
+        if self.shared.view().homes == crate::cluster::Homes::Leaders {
+            return self.drain_replicated(r).await;
+        }
         let targets = self.drain_targets(r.move_to)?;
         (self.shared.check_movable())
             .map_err(|refused| Reply::error(refused.status(), refused.to_string()))?;
@@ -87,6 +102,71 @@ impl Api {
                 "peers_without_view": behind,
                 "homes": "not moved: the uids and channels homed on this node stay served \
                           by it until it stops",
+            }),
+        ))
+    }
+
+    /// The drain of a node whose slot ids are replicated (module docs): marked
+    /// draining, its groups' leaders here hand over to other replicas, the others
+    /// stop handing over to it; once it leads no group and its view names it
+    /// leader of no hash slot (the new leaders' claims reached it), its sessions
+    /// are disconnected.
+    async fn drain_replicated(&self, r: DrainReq) -> Result<Reply, Reply> {
+        if r.move_to.is_some() {
+            return Err(Reply::error(
+                400,
+                "move_to is not taken with [cluster] replicas above 1: each group hands \
+                 over to its next replica that is caught up and not draining",
+            ));
+        }
+        if self.peer_ids().is_empty() {
+            return Err(Reply::error(
+                409,
+                "a node alone has nowhere to move its groups or sessions: stop it instead",
+            ));
+        }
+        let me = self.me();
+        let status = &self.shared.raft_status;
+        let led_at_start = status.led_by(me);
+        self.shared.begin_drain();
+        let timeout_ms = self.config.forward_timeout_ms;
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let view = loop {
+            let view = self.shared.view();
+            let led = status.led_by(me);
+            let slots_led = (view.slots.iter())
+                .filter(|s| s.leader_node_id == me)
+                .count();
+            if led == 0 && slots_led == 0 {
+                break view;
+            }
+            if Instant::now() >= deadline {
+                return Err(Reply::error(
+                    504,
+                    format!(
+                        "{led} slot ids are still led here after {timeout_ms} ms (their other \
+                         replicas are behind, unreachable or draining) and {slots_led} hash \
+                         slots in this node's view: the hand-overs go on; drain again"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(VIEW_POLL_INTERVAL_MS)).await;
+        };
+        tracing::info!(
+            handed_over = led_at_start,
+            revision = view.revision,
+            "draining: every group led here handed over"
+        );
+        let disconnected = self.drain_shards().await?;
+        tracing::info!(disconnected, "draining: sessions disconnected");
+        Ok(Reply::json(
+            200,
+            json!({
+                "handed_over_slot_ids": led_at_start,
+                "disconnected": disconnected,
+                "revision": view.revision,
+                "homes": "moved with the leaders: the groups' new leaders serve this node's \
+                          channels and uids",
             }),
         ))
     }

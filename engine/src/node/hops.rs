@@ -493,7 +493,7 @@ impl NodeShard {
             }
             wire::OneWay::View(view) => self.on_remote_view(cx, driver, *view),
             // Taken by the link's reader before (`on_remote_raft`).
-            wire::OneWay::Raft(_) => {}
+            wire::OneWay::Raft { .. } => {}
         }
     }
 

@@ -579,6 +579,9 @@ impl Node {
             peer_links_up: zeroes(shards),
             raft_status: raft::RaftStatus::new(config.cluster.slot_ids),
             peer_boot_ids: zeroes(config.cluster.peers(config.node_id).count()),
+            peer_draining: (config.cluster.peers(config.node_id))
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
             client_tcp_addr: bound.tcp_addr,
             client_ws_addr: bound.ws_addr,
             draining: std::sync::atomic::AtomicBool::new(false),

@@ -158,9 +158,10 @@ pub struct RaftPlace<'a> {
 struct Replica {
     group: Group,
     state: GroupState,
-    /// The replica the placement prefers as leader (the slot id's home): a leader
-    /// hands over to it once it is caught up.
-    preferred: u64,
+    /// The group's nodes in placement order: the first that is not draining is
+    /// the preferred leader (the slot id's home unless it drains), to which a
+    /// leader hands over once it is caught up.
+    voters: Vec<NodeId>,
     /// Whether it led at its last drain (a leader that lost office loses its
     /// proposals in flight: [`RaftEvent::Lost`]).
     led: bool,
@@ -322,7 +323,7 @@ impl RaftSide {
             let r = Replica {
                 group,
                 state,
-                preferred: raft_id(voters[0]),
+                voters,
                 led: false,
                 claimed_term: 0,
             };
@@ -353,8 +354,15 @@ impl RaftSide {
 
     /// The timer's run at `now_ms`: every group ticked once per tick elapsed (at
     /// most 20) on the shard's shared count (`Group::tick_at`: the leaders beat on
-    /// the same ticks), then all drained as one batch.
-    pub fn on_timer(&mut self, now_ms: u64, log: &mut MessageLog, status: &RaftStatus) {
+    /// the same ticks), each leader's hand-over decided ([`hand_over_to`], with
+    /// `draining` telling which nodes drain), then all drained as one batch.
+    pub fn on_timer(
+        &mut self,
+        now_ms: u64,
+        log: &mut MessageLog,
+        status: &RaftStatus,
+        draining: impl Fn(NodeId) -> bool,
+    ) {
         let last = *self.last_tick_ms.get_or_insert(now_ms);
         let ticks = (now_ms.saturating_sub(last) / self.tick_ms).min(20);
         self.last_tick_ms = Some(last + ticks * self.tick_ms);
@@ -368,12 +376,13 @@ impl RaftSide {
         for r in self.groups.values_mut() {
             // Memory: the committed entries past those retained are in the log.
             r.group.compact();
-            // The home leads while it can: a leader elsewhere hands over once the
-            // home holds its whole log and answers (no proposal stalls on a
-            // transfer to a replica that is down or behind).
-            let me = r.group.id();
-            if r.preferred != me && !r.group.transferring() && r.group.is_caught_up(r.preferred) {
-                r.group.transfer_leader(r.preferred);
+            if r.group.role() != Role::Leader || r.group.transferring() {
+                continue;
+            }
+            let me = r.group.id() - 1;
+            let caught_up = |n: NodeId| r.group.is_caught_up(raft_id(n));
+            if let Some(to) = hand_over_to(me, &r.voters, &draining, caught_up) {
+                r.group.transfer_leader(raft_id(to));
             }
         }
         self.drain(&ids, now_ms, log, status);
@@ -687,6 +696,25 @@ fn queue_messages(
     }
 }
 
+/// Where the leader on node `me` of a group of `voters` (placement order) hands
+/// its leadership over, if anywhere: the preferred leader is the first voter that
+/// is not draining (the slot id's home unless it drains), taken once it holds the
+/// whole log and answers (no proposal stalls on a transfer to a replica that is
+/// down or behind); a draining leader hands over to the first voter that is not
+/// draining and is caught up.
+fn hand_over_to(
+    me: NodeId,
+    voters: &[NodeId],
+    draining: impl Fn(NodeId) -> bool,
+    caught_up: impl Fn(NodeId) -> bool,
+) -> Option<NodeId> {
+    let mut others = voters.iter().copied().filter(|&n| !draining(n));
+    if draining(me) {
+        return others.find(|&n| caught_up(n));
+    }
+    others.next().filter(|&n| n != me && caught_up(n))
+}
+
 /// The commit core proposes each turn's SENDs to a group here
 /// (`domain::send::commit::Replicas`).
 impl Replicas for RaftSide {
@@ -718,6 +746,35 @@ impl Replicas for RaftSide {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A leader hands over to the first voter that does not drain once it is
+    /// caught up (the home, unless it drains); a draining leader to the first
+    /// other voter that is caught up and does not drain.
+    #[test]
+    fn a_leader_hands_over_to_the_first_voter_not_draining() {
+        let voters = [1, 2, 3];
+        let none = |_: NodeId| false;
+        let all = |_: NodeId| true;
+        assert_eq!(hand_over_to(1, &voters, none, all), None, "the home leads");
+        assert_eq!(hand_over_to(2, &voters, none, all), Some(1));
+        assert_eq!(hand_over_to(2, &voters, none, none), None, "1 is behind");
+        let one = |n: NodeId| n == 1;
+        assert_eq!(
+            hand_over_to(2, &voters, one, all),
+            None,
+            "1 drains: 2 leads"
+        );
+        assert_eq!(hand_over_to(3, &voters, one, all), Some(2));
+        assert_eq!(hand_over_to(1, &voters, one, all), Some(2), "1 leaves");
+        let three = |n: NodeId| n == 3;
+        assert_eq!(hand_over_to(1, &voters, one, three), Some(3), "2 is behind");
+        assert_eq!(
+            hand_over_to(1, &voters, one, none),
+            None,
+            "nobody caught up"
+        );
+        assert_eq!(hand_over_to(1, &voters, all, all), None, "all drain");
+    }
 
     /// Replicas start at the slot id's position and wrap; never more than the
     /// nodes.

@@ -51,9 +51,10 @@ impl NodeShard {
         driver: &mut NetDriver,
     ) {
         let now_ms = cx.now_ms();
-        let status = &self.shared.raft_status;
-        self.raft
-            .on_timer(now_ms, self.commit.core.log_mut(), status);
+        let shared = &self.shared;
+        let draining = |n| shared.is_node_draining(n);
+        let log = self.commit.core.log_mut();
+        (self.raft).on_timer(now_ms, log, &shared.raft_status, draining);
         let (groups, led) = self.raft.counts();
         self.metrics.raft_groups.set(groups as u64);
         self.metrics.raft_groups_led.set(led as u64);
@@ -127,11 +128,13 @@ impl NodeShard {
     /// news of the proposals goes to the commit core, and its answers out.
     fn flush_raft(&mut self, cx: &mut Context<Msg, NodeTimer>, driver: &mut NetDriver) {
         let now_ms = cx.now_ms();
+        let draining = self.shared.is_draining();
         for (node, messages) in self.raft.take_outbox() {
-            if !self
-                .peers
-                .oneway(node, &wire::OneWayRef::Raft(&messages), now_ms)
-            {
+            let frame = wire::OneWayRef::Raft {
+                draining,
+                messages: &messages,
+            };
+            if !self.peers.oneway(node, &frame, now_ms) {
                 self.raft.unreachable(node);
             }
         }

@@ -57,6 +57,9 @@ pub struct NodeShared {
     /// Per peer (config order, like `peer_links_up`'s bits): the boot id its link
     /// last reported, 0 before any ([`NodeShared::note_peer_boot`]).
     pub(super) peer_boot_ids: Vec<AtomicU64>,
+    /// Per peer (config order): whether its last raft frame said it is draining
+    /// (a restarted peer's frames say it is not).
+    pub(super) peer_draining: Vec<std::sync::atomic::AtomicBool>,
     /// The client listeners' bound addresses (port 0 resolved): what `GET /route`
     /// answers for this node when its `[[cluster.nodes]]` entry names none.
     pub client_tcp_addr: Option<SocketAddr>,
@@ -120,6 +123,26 @@ impl NodeShared {
         if let Some(i) = self.config.cluster.peers(me).position(|n| n.id == node) {
             self.peer_boot_ids[i].store(boot_id, Ordering::Release);
         }
+    }
+
+    /// Records whether peer `node`'s last raft frame said it is draining.
+    pub fn note_peer_draining(&self, node: NodeId, draining: bool) {
+        let me = self.config.node_id;
+        if let Some(i) = self.config.cluster.peers(me).position(|n| n.id == node) {
+            self.peer_draining[i].store(draining, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `node` is draining: this node since `POST /node/drain`, a peer as
+    /// its last raft frame said. The replicated groups' leaders hand over to
+    /// no draining node, and a draining leader hands over to another replica.
+    pub fn is_node_draining(&self, node: NodeId) -> bool {
+        let me = self.config.node_id;
+        if node == me {
+            return self.is_draining();
+        }
+        (self.config.cluster.peers(me).position(|n| n.id == node))
+            .is_some_and(|i| self.peer_draining[i].load(Ordering::Relaxed))
     }
 
     /// The boot id a link to peer `node` last reported; `None` before any.
@@ -341,8 +364,8 @@ fn movable(view: &ClusterView) -> Result<(), MoveRefused> {
 #[derive(Debug)]
 pub enum MoveRefused {
     /// Slot leaders are elected by their groups (`[cluster] replicas` above 1):
-    /// a move by hand would fight the elections (HTTP 409; leadership transfers
-    /// are not built yet).
+    /// a move by hand would fight the elections (HTTP 409; a drain hands a node's
+    /// groups over, `POST /node/drain`).
     Elected,
     /// The view is not at the revision the move expected (HTTP 409).
     Revision {
@@ -359,7 +382,8 @@ impl std::fmt::Display for MoveRefused {
         match self {
             MoveRefused::Elected => f.write_str(
                 "slot leaders follow their replicated groups' elections ([cluster] replicas \
-                 above 1): they are not moved by hand (leadership transfers are not built yet)",
+                 above 1): they are not moved by hand (POST /node/drain hands a node's \
+                 groups over to their other replicas)",
             ),
             MoveRefused::Revision { expected, current } => write!(
                 f,

@@ -93,8 +93,13 @@ pub enum OneWay {
     },
     /// A cluster view (a node applies only a higher revision).
     View(Box<ClusterView>),
-    /// Raft messages of replicated groups: `(slot id, message)`, in order.
-    Raft(Vec<(u32, Vec<u8>)>),
+    /// Raft messages of replicated groups: `(slot id, message)`, in order, and
+    /// whether the sending node is draining (`POST /node/drain`: its groups'
+    /// leaders hand over to other replicas, never to it).
+    Raft {
+        draining: bool,
+        messages: Vec<(u32, Vec<u8>)>,
+    },
 }
 
 /// [`OneWay`] by reference, for encoding (the same bytes: same variants in the same
@@ -106,7 +111,10 @@ pub enum OneWayRef<'a> {
         endpoints: &'a [Endpoint],
     },
     View(&'a ClusterView),
-    Raft(&'a [(u32, Vec<u8>)]),
+    Raft {
+        draining: bool,
+        messages: &'a [(u32, Vec<u8>)],
+    },
 }
 
 /// The answer to a [`Request`].
@@ -166,7 +174,7 @@ impl OneWayRef<'_> {
         match self {
             OneWayRef::Push { .. } => Kind::Push,
             OneWayRef::View(_) => Kind::View,
-            OneWayRef::Raft(_) => Kind::Raft,
+            OneWayRef::Raft { .. } => Kind::Raft,
         }
     }
 }
@@ -268,7 +276,7 @@ impl Bounds {
             Body::OneWay(OneWay::View(view)) => view
                 .check(&self.nodes, self.slot_ids)
                 .map_err(|e| format!("view: {e}")),
-            Body::OneWay(OneWay::Raft(messages)) => check_raft(messages, self.slot_ids),
+            Body::OneWay(OneWay::Raft { messages, .. }) => check_raft(messages, self.slot_ids),
             // A push's endpoints are revalidated by the owner (which drops those of
             // another node, process or shard); a reply's content is checked by the
             // machine it answers; a SEND's, a token check's and an API request's
@@ -364,7 +372,7 @@ fn body_kind(body: &Body) -> Option<Kind> {
         Body::Request(r) => Some(r.kind()),
         Body::OneWay(OneWay::Push { .. }) => Some(Kind::Push),
         Body::OneWay(OneWay::View(_)) => Some(Kind::View),
-        Body::OneWay(OneWay::Raft(_)) => Some(Kind::Raft),
+        Body::OneWay(OneWay::Raft { .. }) => Some(Kind::Raft),
         Body::Reply(_) => None,
     }
 }
@@ -552,7 +560,10 @@ mod tests {
     #[test]
     fn raft_messages_are_bounded() {
         let b = bounds();
-        let check = |m: Vec<(u32, Vec<u8>)>| b.check(&Body::OneWay(OneWay::Raft(m)), 2);
+        let check = |messages: Vec<(u32, Vec<u8>)>| {
+            let draining = false;
+            b.check(&Body::OneWay(OneWay::Raft { draining, messages }), 2)
+        };
         assert_eq!(check(vec![(0, vec![1]), (b.slot_ids - 1, vec![])]), Ok(()));
         let e = check(vec![(0, vec![]), (b.slot_ids, vec![])]).unwrap_err();
         assert!(e.contains(&format!("slot id {}", b.slot_ids)), "{e}");
@@ -581,8 +592,20 @@ mod tests {
         assert!(matches!(decode(Kind::View, &body), Some(Err(_))));
         assert!(matches!(decode(Kind::Reply, &[0xff; 3]), Some(Err(_))));
         // A body of another variant of the frame's enum: a raft frame in a view's.
-        encode(&OneWayRef::Raft(&[(1, vec![7])]), &mut body);
-        assert!(matches!(decode(Kind::Raft, &body), Some(Ok(_))));
+        let messages = &[(1, vec![7])];
+        encode(
+            &OneWayRef::Raft {
+                draining: true,
+                messages,
+            },
+            &mut body,
+        );
+        let Some(Ok(Body::OneWay(OneWay::Raft { draining, messages }))) = decode(Kind::Raft, &body)
+        else {
+            panic!("a raft body");
+        };
+        assert!(draining, "the sender's draining flag survives the wire");
+        assert_eq!(messages, vec![(1, vec![7])]);
         let Some(Err(e)) = decode(Kind::View, &body) else {
             panic!("a raft body taken as a view");
         };

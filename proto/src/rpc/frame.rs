@@ -5,7 +5,7 @@
 //! | offset | bytes | field | meaning |
 //! |---|---|---|---|
 //! | 0 | 4 | magic | `b"IMRN"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (8) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (9) |
 //! | 5 | 1 | kind | [`Kind`] |
 //! | 6 | 2 | flags | none defined in version 4: must be 0 |
 //! | 8 | 8 | sender node id | the sending node's `node_id` |
@@ -32,7 +32,7 @@ pub const MAGIC: [u8; 4] = *b"IMRN";
 /// superseded; 2: the handshake carries the cluster id and slot-id count,
 /// `auth`); a node of another version is refused with
 /// [`FrameError::UnsupportedVersion`] at its first frame.
-pub const WIRE_VERSION: u8 = 8;
+pub const WIRE_VERSION: u8 = 9;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
 /// Largest body of a [`Kind::Ping`] (and so of its Pong).

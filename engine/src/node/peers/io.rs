@@ -281,8 +281,10 @@ impl NodeShard {
                 };
                 self.on_remote_request(cx, driver, from, request)
             }
-            wire::Body::OneWay(wire::OneWay::Raft(messages)) => {
-                self.on_remote_raft(cx, driver, header.sender_node_id, messages)
+            wire::Body::OneWay(wire::OneWay::Raft { draining, messages }) => {
+                let from = header.sender_node_id;
+                self.shared.note_peer_draining(from, draining);
+                self.on_remote_raft(cx, driver, from, messages)
             }
             wire::Body::OneWay(message) => self.on_remote_oneway(cx, driver, message),
             wire::Body::Reply(reply) => {
