@@ -264,6 +264,12 @@ fn a_stopped_homes_uids_and_channels_are_served_by_their_groups_new_leader() {
     client.recvack(first_id, 1).unwrap();
     let old_term =
         c.node(2).shared().view().slots[slots::hash_slot(key.as_bytes()) as usize].leader_term;
+    let claims = |c: &Cluster, nodes: &[usize]| -> u64 {
+        (nodes.iter())
+            .map(|&i| support::metric(&c.nodes[i], "imrouter_raft_claims_total"))
+            .sum()
+    };
+    let claimed_before = claims(&c, &[1, 2]);
     c.nodes.remove(0).shutdown().unwrap();
     let two = &c.nodes[0];
     // Both live nodes' views name new leaders (claims above the old term) for the
@@ -298,6 +304,10 @@ fn a_stopped_homes_uids_and_channels_are_served_by_their_groups_new_leader() {
         .view()
         .home_node(slots::hash_slot(key.as_bytes()));
     assert_ne!(leader, 1);
+    assert!(
+        claims(&c, &[0, 1]) > claimed_before,
+        "the new leaders' claims are counted"
+    );
     assert_eq!(
         two.shared().raft_status.of(slot_id).map(|(l, _)| l),
         Some(leader),
@@ -415,4 +425,43 @@ fn a_drained_node_hands_its_groups_over_and_takes_them_back_after_a_restart() {
     homes_lead(&c);
     assert!(!c.node(2).shared().is_node_draining(1));
     assert_eq!(synced(c.node(1), &to), want);
+}
+
+/// A committed catalog change that a replica's own store refuses (its `[meta]`
+/// limit below the leader's) is counted there
+/// (`imrouter_catalog_applies_failed_total`): that replica's catalog differs, the
+/// others applied it.
+#[test]
+fn a_catalog_change_a_replicas_store_refuses_is_counted_there() {
+    let c = Cluster::start_with(Backend::Mio, |cfg| {
+        cfg.cluster.replicas = 3;
+        cfg.runtime.shard_count = 2;
+        if cfg.node_id == 3 {
+            cfg.meta.subscribers_per_group_max = 1;
+        }
+    });
+    homes_lead(&c);
+    let group = find_uid("refused-group", |g| {
+        c.view.home_node(slots::hash_slot(g.as_bytes())) == 1
+    });
+    let (status, reply) = support::api(
+        c.node(2),
+        "/channel/subscriber_add",
+        json!({"channel_id": group, "channel_type": 2, "subscribers": ["a", "b"]}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let failed = |n: u64| support::metric(c.node(n), "imrouter_catalog_applies_failed_total");
+    let deadline = Instant::now() + WAIT;
+    while failed(3) == 0 {
+        assert!(Instant::now() < deadline, "node 3 never refused the change");
+        std::thread::yield_now();
+    }
+    assert_eq!((failed(1), failed(2), failed(3)), (0, 0, 1));
+    let held = |n: u64| (c.node(n).shared().catalog.subscribers(&group)).map_or(0, |s| s.len());
+    let deadline = Instant::now() + WAIT;
+    while held(2) != 2 {
+        assert!(Instant::now() < deadline, "node 2 never applied the change");
+        std::thread::yield_now();
+    }
+    assert_eq!((held(1), held(3)), (2, 0), "node 3's catalog differs");
 }

@@ -138,6 +138,13 @@ shard_metrics! {
     /// it keeps (`[cluster] raft_entries_retained`) and did not (catch-up is not
     /// built): that follower waits.
     raft_snapshots_refused,
+    /// Slot ids this node's replicas claimed as their groups' new serving leaders
+    /// (an election or a hand-over: each moves the slot id's hash slots here).
+    raft_claims,
+    /// Committed catalog changes (tokens, subscribers) this node's store refused
+    /// to apply (a limit of this node's `[meta]` below the leader's, a disk error):
+    /// this replica's catalog differs from its group's until a later change.
+    catalog_applies_failed,
     /// Endpoints not written: their owner's revalidation failed, or they name a
     /// shard this node does not have (dropped when planned).
     push_stale,

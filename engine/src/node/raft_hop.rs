@@ -204,10 +204,12 @@ impl NodeShard {
                     let result = match CatalogOp::decode(&op) {
                         Some(op) => self.shared.catalog.apply(&op).map_err(|e| {
                             tracing::error!(shard = self.me, error = %e, ?op, "a committed catalog change was refused by this node's store");
+                            self.metrics.catalog_applies_failed.inc();
                             CatalogRefused::Store(e)
                         }),
                         None => {
                             tracing::error!(shard = self.me, "a committed catalog entry does not decode: skipped");
+                            self.metrics.catalog_applies_failed.inc();
                             Err(CatalogRefused::Lost)
                         }
                     };
@@ -230,6 +232,7 @@ impl NodeShard {
         driver: &mut NetDriver,
         won: &[(u32, u64)],
     ) {
+        self.metrics.raft_claims.add(won.len() as u64);
         let Some(view) = self.shared.claim_group_leaders(won) else {
             return;
         };
