@@ -178,6 +178,16 @@ fn with_the_other_replicas_stopped_a_send_is_refused_never_acknowledged() {
     let (status, reply) = send(&c.nodes[0], to, "alone");
     assert_ne!(status, 200, "acknowledged without a majority: {reply}");
     assert_eq!(reply["reason"], 15, "{reply}");
+    // A read needs the group's leader confirmed by a quorum (ReadIndex): the
+    // lone replica answers none from its log, which may be stale (and holds the
+    // refused SEND's entry, never committed).
+    let (status, reply) = support::api(
+        &c.nodes[0],
+        "/channel/messagesync",
+        json!({"login_uid": to, "channel_id": "sys", "channel_type": 1,
+               "start_message_seq": 0, "end_message_seq": 0, "limit": 0, "pull_mode": 1}),
+    );
+    assert_eq!(status, 503, "read without a confirmed leader: {reply}");
     // Counted (the shard publishes its counts just after the answer left).
     let deadline = Instant::now() + WAIT;
     while support::metric(&c.nodes[0], "imrouter_commits_proposals_failed_total") != 1 {

@@ -151,6 +151,10 @@ pub struct Outputs {
     pub committed: Vec<Committed>,
     /// What to make durable, in order (module docs).
     pub persist: Vec<Persist>,
+    /// `(ctx, index)` of each [`Group::read_index`] confirmed: a quorum
+    /// acknowledged this replica as leader after it was asked, so a read of the
+    /// state machine once it applied `index` is linearizable.
+    pub read_states: Vec<(u64, u64)>,
 }
 
 /// One replica of one group (module docs).
@@ -369,6 +373,22 @@ impl Group {
                 .is_some_and(|p| p.recent_active && p.matched >= raft.raft_log.last_index())
     }
 
+    /// Asks for a linearizable read (raft's ReadIndex, read-only "safe": the
+    /// leader confirms its office with a round of heartbeats): once a quorum
+    /// answered, a drain gives `(ctx, index)` in [`Outputs::read_states`]. Only a
+    /// serving leader answers; a leader that loses office first never does (the
+    /// caller fails its reads when the group reports the loss). `ctx` names the
+    /// request (the caller's counter).
+    pub fn read_index(&mut self, ctx: u64) -> Result<(), GroupError> {
+        if !self.serving() {
+            return Err(GroupError::NotLeader {
+                leader: self.leader(),
+            });
+        }
+        self.node.read_index(ctx.to_be_bytes().to_vec());
+        Ok(())
+    }
+
     /// Whether this leader is handing leadership over (it drops proposals until
     /// the transfer ends or times out).
     pub fn transferring(&self) -> bool {
@@ -393,6 +413,11 @@ impl Group {
                 let snap = ready.snapshot().clone();
                 if let Err(e) = self.node.mut_store().wl().apply_snapshot(snap) {
                     unreachable!("a snapshot raft handed out applies: {e}");
+                }
+            }
+            for rs in ready.take_read_states() {
+                if let Ok(ctx) = <[u8; 8]>::try_from(&rs.request_ctx[..]) {
+                    out.read_states.push((u64::from_be_bytes(ctx), rs.index));
                 }
             }
             let conf_state = self.apply(ready.take_committed_entries(), out);
@@ -556,6 +581,7 @@ mod tests {
             g.drain(&mut out);
             all.messages.append(&mut out.messages);
             all.committed.append(&mut out.committed);
+            all.read_states.append(&mut out.read_states);
             if out.persist.is_empty() {
                 return all;
             }
@@ -935,6 +961,42 @@ mod tests {
             }
         }
         snapshot
+    }
+
+    /// A serving leader's read is confirmed by a quorum's answers to a round of
+    /// heartbeats carrying it: its read state comes out at the commit index it
+    /// had. A leader whose heartbeats are lost gives none (the read waits, and is
+    /// confirmed with the next one answered); a follower refuses to ask.
+    #[test]
+    fn a_read_is_confirmed_by_a_quorum_answering_its_heartbeats() {
+        let mut groups = led_by_one(three());
+        groups[0].propose(b"a".to_vec()).unwrap();
+        settle(&mut groups);
+        let commit = groups[0].commit_index();
+        assert!(matches!(
+            groups[1].read_index(1),
+            Err(GroupError::NotLeader { leader: Some(1) })
+        ));
+        groups[0].read_index(7).unwrap();
+        let lost = drained(&mut groups[0]);
+        let beats: Vec<u64> = (lost.messages.iter())
+            .filter(|(to, b)| is_heartbeat(b, *to, 1))
+            .map(|(to, _)| *to)
+            .collect();
+        assert_eq!(beats, vec![2, 3], "a heartbeat to each follower");
+        assert!(lost.read_states.is_empty(), "nobody answered");
+        groups[0].read_index(8).unwrap();
+        let mut states = Vec::new();
+        for _ in 0..4 {
+            for i in 0..3 {
+                let out = drained(&mut groups[i]);
+                states.extend(out.read_states);
+                for (to, bytes) in out.messages {
+                    let _ = groups[to as usize - 1].step(i as u64 + 1, &bytes);
+                }
+            }
+        }
+        assert_eq!(states, vec![(7, commit), (8, commit)]);
     }
 
     /// Compaction keeps `log_entries_retained` committed entries in memory; a

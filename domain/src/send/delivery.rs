@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use slots::ShardId;
 
-use crate::cluster::{ClusterView, NodeId, Target};
+use crate::cluster::{ClusterView, Homes, NodeId, Target};
 use crate::presence::authority::uid_hash;
 pub use crate::presence::authority::HashedGroup;
 use crate::presence::route::{AuthorityError, Endpoint, SessionId, Uid};
@@ -514,7 +514,10 @@ impl Emitted {
 /// current view names (the authority has not applied that view yet, or has a
 /// newer one) waits as a rebuilding one does (below). Any other failure whose
 /// target did not change, or past the retries, fails for good (`failed_groups`):
-/// its recipients catch up by messagesync.
+/// its recipients catch up by messagesync; except where authorities follow their
+/// groups' elections (the view's homes are [`Homes::Leaders`]): a group lost with
+/// its lookup at the target the view still names waits as a rebuilding one does,
+/// since an election moves a dead node's slots within about a second.
 ///
 /// # A rebuilding authority
 ///
@@ -910,10 +913,12 @@ impl Planner {
                 let now = view.target_for_slot(t.hash_slot);
                 if now != t && page.retries_left > 0 {
                     moved.push(now);
-                } else if now == t && disagreed {
+                } else if now == t && (disagreed || view.homes == Homes::Leaders) {
                     // The authority has not applied the view that makes it the
-                    // slot's leader (or has a newer one): asked again as a
-                    // rebuilding one is, within the same bound.
+                    // slot's leader (or has a newer one), or it was lost where
+                    // leaders are elected (its node died: an election moves the
+                    // slot soon): asked again as a rebuilding one is, within the
+                    // same bound.
                     page.rebuilding.push(t);
                 } else {
                     self.counts.failed_groups += 1;
@@ -2078,6 +2083,47 @@ mod planner_tests {
         assert_eq!(counts.rebuild_retries, asked_again);
         assert!(asked_again >= 2);
         assert_eq!(counts.retried_groups, 0, "its slot did not move");
+    }
+
+    /// Where authorities follow elections, a group lost with its lookup (its
+    /// node died) at the target the view still names waits as a rebuilding one
+    /// does and is looked up at the leader the next view names; with static
+    /// homes it fails at once.
+    #[test]
+    fn a_group_lost_with_its_node_waits_for_the_election_where_leaders_are_elected() {
+        for homes in [Homes::Static, Homes::Leaders] {
+            let uids = led_by(2, "b", 1);
+            let mut rig = Rig::new(vec![delivery(1, uids.clone())]);
+            rig.view.homes = homes;
+            let (_, _, _, lookups) = rig.pump();
+            let lost = LookupReply::Failed(LookupFailure::PeerDown);
+            assert!(rig.p.on_lookup_reply(lookups[0].lookup_id, lost));
+            let (freed, _, pushes, again) = rig.pump();
+            assert!(pushes.is_empty() && again.is_empty(), "{homes:?}");
+            if homes == Homes::Static {
+                assert_eq!(freed, CHARGE, "failed at once");
+                assert_eq!(rig.p.take_counts().failed_groups, 1);
+                continue;
+            }
+            assert_eq!(freed, 0, "the page waits for the election");
+            let h = slots::hash_slot(uids[0].as_bytes()) as usize;
+            rig.view.slots[h].leader_node_id = 3;
+            rig.view.slots[h].leader_term += 1;
+            let mut at_three = None;
+            for _ in 0..10 {
+                let (_, _, _, again) = rig.pump();
+                at_three = again.into_iter().find(|l| l.node == 3);
+                if at_three.is_some() {
+                    break;
+                }
+            }
+            let l = at_three.expect("looked up at the new leader");
+            assert!(rig.p.on_lookup_reply(l.lookup_id, found(&l, &[])));
+            let (freed, _, pushes, _) = rig.pump();
+            assert_eq!(all_pushed(&pushes), sorted(uids));
+            assert_eq!(freed, CHARGE);
+            assert_eq!(rig.p.take_counts().failed_groups, 0);
+        }
     }
 
     /// A group answered `Rebuilding` (its authority waits for a moved slot's

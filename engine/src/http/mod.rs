@@ -68,6 +68,7 @@ use crate::cluster::NodeId;
 use crate::delivery::{group_by_target, TargetGroups};
 use crate::node::catalog::CatalogOp;
 use crate::node::msg::Msg;
+use crate::node::msg::SyncRefused;
 use crate::node::msg::{ApiAnswered, CatalogPropose, CatalogRefused, PeerApiCall};
 use crate::node::send::{ApiSendResult, Commit, CommitRequest, MessageSyncRequest, Origin};
 use crate::node::shared::NodeShared;
@@ -977,7 +978,17 @@ impl Api {
             .await
             .and_then(|mut r| r.pop())
             .ok_or_else(|| Reply::error(504, "read did not finish in time"))?
-            .map_err(|e| Reply::error(500, e))
+            .map_err(|e| match e {
+                SyncRefused::NotLeader => Reply::error(
+                    503,
+                    "no leader of the channel's replicated group serves here (an election \
+                     or a hand-over is under way): retry",
+                ),
+                SyncRefused::Busy => {
+                    Reply::error(503, "too many reads wait on the channel's shard; retry")
+                }
+                SyncRefused::Log(e) => Reply::error(500, e),
+            })
     }
 
     /// The `messagesync` answer, within `bytes_max`: messages nearest

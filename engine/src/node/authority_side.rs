@@ -92,7 +92,12 @@ impl AuthoritySide {
     }
 
     /// Applies `view` (merged by the caller); a slot taken from a node in `down`
-    /// waits for no handover from it.
+    /// waits for no handover from it, except where leaders are elected
+    /// (`Homes::Leaders`): there a slot taken from a node that is down is a
+    /// failover, and its wait (at most `[authority] handover_wait_s`) is the
+    /// window in which the gateways register its sessions here again, so
+    /// deliveries meanwhile wait for them (lookups answer "rebuilding") rather
+    /// than find no route.
     pub fn apply_view(
         &mut self,
         view: &ClusterView,
@@ -102,6 +107,9 @@ impl AuthoritySide {
         self.metrics.view_revision.set(view.revision);
         let node_id = self.shared.config.node_id;
         self.authority.apply_view(view, node_id, now_s);
+        if view.homes == crate::cluster::Homes::Leaders {
+            return;
+        }
         for node in down {
             self.authority.end_waits_from(node);
         }

@@ -103,7 +103,7 @@ impl Handler for NodeShard {
                 let n = self.device_quit(cx, driver, &uid, device_flag);
                 let _ = done.try_send(n);
             }
-            Msg::MessageSync(request) => self.on_message_sync(*request),
+            Msg::MessageSync(request) => self.on_message_sync(request),
             Msg::View(view) => self.apply_view(cx, driver, &view),
             Msg::PeerReply {
                 from,

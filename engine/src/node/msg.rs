@@ -350,7 +350,19 @@ pub struct MessageSyncRequest {
     pub pull_mode: PullMode,
     /// At most this many bytes copied (`MessageView::copy_bytes`); `more` says the rest.
     pub bytes_max: usize,
-    pub reply: Sender<Result<(Vec<StoredMessage>, bool), String>>,
+    pub reply: Sender<Result<(Vec<StoredMessage>, bool), SyncRefused>>,
+}
+
+/// Why a `/channel/messagesync` read was not answered.
+#[derive(Debug)]
+pub enum SyncRefused {
+    /// Replicated: this replica does not serve as the channel's group leader, or
+    /// lost office before its ReadIndex was confirmed (503: retry).
+    NotLeader,
+    /// Replicated: too many reads wait for their ReadIndex on this shard (503).
+    Busy,
+    /// The log failed the read (500).
+    Log(String),
 }
 
 /// What a shard's timers carry.

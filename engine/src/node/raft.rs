@@ -64,7 +64,7 @@ use proto::wkproto::ReasonCode;
 use replica::{Group, GroupConfig, GroupError, Outputs, Role};
 
 use crate::cluster::NodeId;
-use crate::node::msg::CatalogRefused;
+use crate::node::msg::{CatalogRefused, SyncRefused};
 use crate::store::raft_state::{GroupState, RaftStateFile};
 use crate::store::replicated::{
     append, catalog_of, durable_of, encode_catalog, encode_messages, settle, AppendedEntry,
@@ -170,6 +170,50 @@ struct Replica {
     claimed_term: u64,
 }
 
+/// A read asked here whose ReadIndex `ctx` is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReadWait {
+    group: u32,
+    ctx: u64,
+    waiter: u64,
+}
+
+/// What became of a read asked with [`RaftSide::ask_read`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// A quorum confirmed this replica as `group`'s leader after the read was
+    /// asked: read the group's committed state here now.
+    Ready { waiter: u64, group: u32 },
+    /// Not confirmed: this replica lost office (or its group refused the
+    /// ReadIndex); the caller answers "no leader here, retry".
+    Lost { waiter: u64 },
+}
+
+/// `group`'s ReadIndex `ctx` was confirmed: its reads, and the group's earlier
+/// ones (a later confirmation covers them), are ready.
+fn read_confirmed(waiting: &mut Vec<ReadWait>, out: &mut Vec<ReadOutcome>, group: u32, ctx: u64) {
+    waiting.retain(|w| {
+        let ready = w.group == group && w.ctx <= ctx;
+        if ready {
+            out.push(ReadOutcome::Ready {
+                waiter: w.waiter,
+                group,
+            });
+        }
+        !ready
+    });
+}
+
+/// `group`'s leadership here was lost: its reads in flight are lost.
+fn read_lost(waiting: &mut Vec<ReadWait>, out: &mut Vec<ReadOutcome>, group: u32) {
+    waiting.retain(|w| {
+        if w.group == group {
+            out.push(ReadOutcome::Lost { waiter: w.waiter });
+        }
+        w.group != group
+    });
+}
+
 /// A catalog change proposed here: `waiter` names it to the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct CatalogWait {
@@ -237,6 +281,16 @@ pub struct RaftSide {
     /// What the drains committed or lost of the catalog, in order
     /// ([`RaftSide::take_catalog`]).
     catalog_out: Vec<CatalogOutcome>,
+    /// Reads asked this turn, `(group, waiter)`: one ReadIndex per group at the
+    /// turn's drain.
+    reads_asked: Vec<(u32, u64)>,
+    /// Reads whose ReadIndex is in flight (bounded by the caller: `[commit]
+    /// commits_unsynced_max`).
+    reads_waiting: Vec<ReadWait>,
+    /// The last ReadIndex's context (a counter).
+    read_ctx: u64,
+    /// What became of the reads, in order ([`RaftSide::take_reads`]).
+    reads_out: Vec<ReadOutcome>,
     /// Whether this node's slot ids are replicated (SENDs go through the groups),
     /// even if this shard holds no group or its groups did not open.
     replicated: bool,
@@ -265,6 +319,10 @@ impl RaftSide {
             won: Vec::new(),
             catalog_waiting: Vec::new(),
             catalog_out: Vec::new(),
+            reads_asked: Vec::new(),
+            reads_waiting: Vec::new(),
+            read_ctx: 0,
+            reads_out: Vec::new(),
             replicated: false,
             fsync_always: false,
             failed: 0,
@@ -394,6 +452,7 @@ impl RaftSide {
         if self.proposed.is_empty() {
             return;
         }
+        self.ask_read_indexes();
         let mut ids = std::mem::take(&mut self.proposed);
         ids.sort_unstable();
         ids.dedup();
@@ -448,6 +507,63 @@ impl RaftSide {
     /// order: each committed op is applied on this node in this order.
     pub fn take_catalog(&mut self) -> Vec<CatalogOutcome> {
         std::mem::take(&mut self.catalog_out)
+    }
+
+    /// Asks for a linearizable read of `group`'s state here, named `waiter` in
+    /// its outcome ([`RaftSide::take_reads`]): the reads of one turn to one
+    /// group share one ReadIndex (`Group::read_index`, asked at the turn's drain).
+    /// Refused when this replica does not serve as the group's leader.
+    pub fn ask_read(&mut self, group: u32, waiter: u64) -> Result<(), SyncRefused> {
+        self.groups
+            .get(&group)
+            .filter(|r| r.group.serving())
+            .ok_or(SyncRefused::NotLeader)?;
+        self.reads_asked.push((group, waiter));
+        self.proposed.push(group);
+        Ok(())
+    }
+
+    /// Reads whose ReadIndex is asked or in flight.
+    pub fn reads_waiting(&self) -> usize {
+        self.reads_asked.len() + self.reads_waiting.len()
+    }
+
+    /// The reads confirmed (their group's commit index here covers the read
+    /// index: read it now, bounded by [`RaftSide::commit_index`]) or lost since
+    /// the last call.
+    pub fn take_reads(&mut self) -> Vec<ReadOutcome> {
+        std::mem::take(&mut self.reads_out)
+    }
+
+    /// `group`'s commit index here (0 for a group this shard does not hold).
+    pub fn commit_index(&self, group: u32) -> u64 {
+        self.groups
+            .get(&group)
+            .map_or(0, |r| r.group.commit_index())
+    }
+
+    /// The turn's reads asked of their groups, one ReadIndex per group; a group
+    /// that refuses loses them.
+    fn ask_read_indexes(&mut self) {
+        if self.reads_asked.is_empty() {
+            return;
+        }
+        let mut asked = std::mem::take(&mut self.reads_asked);
+        asked.sort_by_key(|&(group, _)| group);
+        let mut ctx = None;
+        for (i, &(group, waiter)) in asked.iter().enumerate() {
+            if i == 0 || asked[i - 1].0 != group {
+                self.read_ctx += 1;
+                let r = self.groups.get_mut(&group);
+                ctx = r
+                    .and_then(|r| r.group.read_index(self.read_ctx).ok())
+                    .map(|()| self.read_ctx);
+            }
+            match ctx {
+                Some(ctx) => self.reads_waiting.push(ReadWait { group, ctx, waiter }),
+                None => self.reads_out.push(ReadOutcome::Lost { waiter }),
+            }
+        }
     }
 
     /// What the drains told of the proposals since the last call, in order.
@@ -511,6 +627,10 @@ impl RaftSide {
             status.publish(slot_id, None, 0);
             self.events.push(RaftEvent::Lost { group: slot_id });
             catalog_lost(&mut self.catalog_waiting, &mut self.catalog_out, slot_id);
+            read_lost(&mut self.reads_waiting, &mut self.reads_out, slot_id);
+        }
+        for (_, waiter) in self.reads_asked.drain(..) {
+            self.reads_out.push(ReadOutcome::Lost { waiter });
         }
         self.groups.clear();
         self.outbox.clear();
@@ -535,6 +655,9 @@ impl RaftSide {
                 continue;
             };
             r.group.drain(&mut self.out);
+            for (ctx, _index) in self.out.read_states.drain(..) {
+                read_confirmed(&mut self.reads_waiting, &mut self.reads_out, slot_id, ctx);
+            }
             // An entry of this leader's own term is its own proposal; any other
             // one is applied at its commit.
             let own_term = (r.group.role() == Role::Leader).then(|| r.group.term());
@@ -605,6 +728,7 @@ impl RaftSide {
                 if r.led && !leads {
                     self.events.push(RaftEvent::Lost { group: slot_id });
                     catalog_lost(&mut self.catalog_waiting, &mut self.catalog_out, slot_id);
+                    read_lost(&mut self.reads_waiting, &mut self.reads_out, slot_id);
                 }
                 r.led = leads;
                 let term = r.group.term();

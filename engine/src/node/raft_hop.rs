@@ -140,6 +140,7 @@ impl NodeShard {
         }
         self.feed_raft_events(cx, driver);
         self.apply_catalog();
+        self.serve_reads();
         let won = self.raft.take_won();
         if !won.is_empty() {
             self.claim_group_leaders(cx, driver, &won);

@@ -85,6 +85,10 @@ pub struct NodeShard {
     pub(super) catalog_waiters: std::collections::BTreeMap<u64, super::msg::CatalogDone>,
     /// The next waiter number.
     pub(super) next_catalog_waiter: u64,
+    /// Replicated: messagesync reads waiting for their group's ReadIndex
+    /// (`RaftSide::ask_read`), by waiter (at most `[commit] commits_unsynced_max`).
+    pub(super) read_waiters: std::collections::BTreeMap<u64, Box<super::msg::MessageSyncRequest>>,
+    pub(super) next_read_waiter: u64,
     /// This loop turn's clock ([`NodeShard::turn_now`]), read by the turn's first
     /// SEND or commit and forgotten when the turn flushes its commits.
     turn_now: Option<Now>,
@@ -143,6 +147,8 @@ impl NodeShard {
             raft: super::raft::RaftSide::off(),
             catalog_waiters: std::collections::BTreeMap::new(),
             next_catalog_waiter: 1,
+            read_waiters: std::collections::BTreeMap::new(),
+            next_read_waiter: 1,
             turn_now: None,
         })
     }

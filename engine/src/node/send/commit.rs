@@ -26,7 +26,9 @@ use crate::store::{LogError, MessageLog, NewMessage, SyncJob};
 
 use super::super::catalog::Catalog;
 use super::super::metrics::StageHistograms;
+use super::super::msg::SyncRefused;
 use super::super::msg::{Msg, Pending, ReplyTo, SendAck};
+use super::super::raft::ReadOutcome;
 use super::super::shard::{NodeShard, NodeTimer};
 use super::super::wire;
 use super::{ApiSendResult, Commit, MessageSyncRequest, Origin};
@@ -534,12 +536,64 @@ impl NodeShard {
         }
     }
 
-    /// `/channel/messagesync` on the channel's commit shard.
-    pub(crate) fn on_message_sync(&mut self, r: MessageSyncRequest) {
-        let result = self
-            .commit
-            .core
-            .log()
+    /// `/channel/messagesync` on the channel's commit shard. Replicated: read on
+    /// the group's leader only, after a ReadIndex (asked with the turn's other
+    /// reads of the group, answered in `serve_reads`), so no deposed leader
+    /// answers from a stale log.
+    pub(crate) fn on_message_sync(&mut self, r: Box<MessageSyncRequest>) {
+        if !self.raft.replicated() {
+            let result = self.read_messages(&r, None);
+            let _ = r.reply.try_send(result);
+            return;
+        }
+        let limit = self.shared.config.commit.commits_unsynced_max;
+        if self.raft.reads_waiting() >= limit {
+            let _ = r.reply.try_send(Err(SyncRefused::Busy));
+            return;
+        }
+        let hash_slot = slots::hash_slot(r.channel_key.as_bytes());
+        let group = domain::cluster::slot_id_of(hash_slot, self.shared.config.cluster.slot_ids);
+        let waiter = self.next_read_waiter;
+        self.next_read_waiter += 1;
+        match self.raft.ask_read(group, waiter) {
+            Ok(()) => {
+                self.read_waiters.insert(waiter, r);
+            }
+            Err(refused) => {
+                let _ = r.reply.try_send(Err(refused));
+            }
+        }
+    }
+
+    /// The reads whose ReadIndex was confirmed, answered from the log up to the
+    /// group's commit (a message appended here and not yet committed is left out:
+    /// it may still be cut); the lost ones answered "no leader here".
+    pub(crate) fn serve_reads(&mut self) {
+        for outcome in self.raft.take_reads() {
+            let (waiter, result) = match outcome {
+                ReadOutcome::Ready { waiter, group } => {
+                    let Some(r) = self.read_waiters.get(&waiter) else {
+                        continue;
+                    };
+                    let commit = self.raft.commit_index(group);
+                    let end = self.commit.core.log().entry_start(group, commit + 1);
+                    (waiter, self.read_messages(r, end))
+                }
+                ReadOutcome::Lost { waiter } => (waiter, Err(SyncRefused::NotLeader)),
+            };
+            if let Some(r) = self.read_waiters.remove(&waiter) {
+                let _ = r.reply.try_send(result);
+            }
+        }
+    }
+
+    /// `r`'s messages in the log, those at or past `end` (uncommitted) left out.
+    fn read_messages(
+        &self,
+        r: &MessageSyncRequest,
+        end: Option<crate::store::LogPosition>,
+    ) -> Result<(Vec<crate::store::StoredMessage>, bool), SyncRefused> {
+        let res = (self.commit.core.log())
             .read_within(
                 r.channel_type,
                 &r.channel_key,
@@ -549,14 +603,10 @@ impl NodeShard {
                 r.pull_mode,
                 r.bytes_max,
             )
-            .map(|res| {
-                (
-                    res.messages.iter().map(|m| m.to_stored()).collect(),
-                    res.more,
-                )
-            })
-            .map_err(|e| e.to_string());
-        let _ = r.reply.try_send(result);
+            .map_err(|e| SyncRefused::Log(e.to_string()))?;
+        let committed = |m: &&crate::store::MessageView<'_>| end.is_none_or(|end| m.position < end);
+        let messages = res.messages.iter().filter(committed).map(|m| m.to_stored());
+        Ok((messages.collect(), res.more))
     }
 
     /// Step 2 for a SEND another node's gateway forwarded to this home (the hop

@@ -263,6 +263,12 @@ impl MessageLog {
         Ok(out)
     }
 
+    /// Where the group's entry at `index` starts, if the log holds it: every
+    /// record at or past it was written after the entries before `index`.
+    pub fn entry_start(&self, group: u32, index: u64) -> Option<LogPosition> {
+        self.entry_position(group, index).ok()
+    }
+
     /// The term of the group's entry at `index`.
     pub fn entry_term(&self, group: u32, index: u64) -> Result<u64, LogError> {
         let (first, _) = record_at(&self.segments, self.entry_position(group, index)?)?;
