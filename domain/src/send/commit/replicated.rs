@@ -1164,6 +1164,8 @@ mod tests {
         assert_eq!(delivered(&mut c), vec![], "a follower delivers nothing");
         assert_eq!(c.redeliver(3, &g, T0), 3);
         assert_eq!(c.redeliver(3, &g, T0), 0, "once");
+        // Each charged its payload and strings ("hi", uid "a"/"b"/"c", "g1").
+        assert_eq!(c.backlog_bytes(), 3 * (1024 + 2 + 1 + 2));
         let dup = Flags::DUP.0;
         assert_eq!(
             delivered(&mut c),
@@ -1218,15 +1220,45 @@ mod tests {
         let (mut c, g, mut out) = (core(l), groups(), Out::new());
         let one = |n: i64| entry(vec![foreign("a", "", n)]);
         c.on_appended(3, 2, 1, &[1], one(1), &mut out);
-        c.on_appended(3, 2, 2, &[2], one(2), &mut out);
-        c.on_appended(5, 2, 1, &[1], one(3), &mut out);
-        c.on_appended(3, 2, 3, &[3], one(4), &mut out);
-        for (group, index) in [(3, 1), (3, 2), (5, 1), (3, 3)] {
+        c.on_appended(5, 2, 1, &[1], one(2), &mut out);
+        c.on_appended(5, 2, 2, &[2], one(3), &mut out);
+        c.on_appended(3, 2, 2, &[2], one(4), &mut out);
+        for (group, index) in [(3, 1), (5, 1), (5, 2), (3, 2)] {
             c.on_committed(group, 2, index, T0, &mut out);
         }
         assert_eq!(c.take_counts().redeliver_dropped, 2);
         assert_eq!(c.redeliver(3, &g, T0) + c.redeliver(5, &g, T0), 2);
         let ids: Vec<i64> = delivered(&mut c).iter().map(|d| d.0).collect();
-        assert_eq!(ids, vec![4, 3], "3's second entry, then 5's own");
+        assert_eq!(
+            ids,
+            vec![4, 3],
+            "5 dropped its own oldest (2), 3 then held one entry: the lowest group's went (1)"
+        );
+    }
+
+    /// A mark that passes entries already held releases them (and their place
+    /// under `redeliver_messages_max`): only the entries above the newest mark
+    /// are delivered again.
+    #[test]
+    fn a_later_mark_releases_the_entries_it_passes() {
+        let mut l = limits(false);
+        l.redeliver_messages_max = 2;
+        let (mut c, g, mut out) = (core(l), groups(), Out::new());
+        let marked = |mark, n| {
+            Some(ForeignEntry {
+                mark,
+                messages: vec![foreign("a", "", n)],
+            })
+        };
+        for (index, mark) in [(1, 0), (2, 0)] {
+            c.on_appended(3, 2, index, &[index], marked(mark, index as i64), &mut out);
+            c.on_committed(3, 2, index, T0, &mut out);
+        }
+        c.on_appended(3, 2, 3, &[3], marked(1, 3), &mut out);
+        c.on_committed(3, 2, 3, T0, &mut out);
+        assert_eq!(c.take_counts().redeliver_dropped, 0, "entry 1 left for 3");
+        assert_eq!(c.redeliver(3, &g, T0), 2);
+        let ids: Vec<i64> = delivered(&mut c).iter().map(|d| d.0).collect();
+        assert_eq!(ids, vec![2, 3]);
     }
 }
