@@ -1139,7 +1139,7 @@ mod tests {
             marked(0, vec![foreign("a", "", 1)]),
             &mut out,
         );
-        let two = vec![foreign("a", "", 2), foreign("b", "", 3), gone];
+        let two = vec![foreign("a", "", 2), foreign("b", "n3", 3), gone];
         c.on_appended(3, 2, 2, &[2, 3, 4], marked(1, two), &mut out);
         c.on_appended(
             3,
@@ -1164,8 +1164,9 @@ mod tests {
         assert_eq!(delivered(&mut c), vec![], "a follower delivers nothing");
         assert_eq!(c.redeliver(3, &g, T0), 3);
         assert_eq!(c.redeliver(3, &g, T0), 0, "once");
-        // Each charged its payload and strings ("hi", uid "a"/"b"/"c", "g1").
-        assert_eq!(c.backlog_bytes(), 3 * (1024 + 2 + 1 + 2));
+        // Each charged its payload and strings ("hi", uid "a"/"b"/"c", "g1", and
+        // one client_msg_no "n3").
+        assert_eq!(c.backlog_bytes(), 3 * (1024 + 2 + 1 + 2) + 2);
         let dup = Flags::DUP.0;
         assert_eq!(
             delivered(&mut c),
@@ -1194,6 +1195,12 @@ mod tests {
         c.on_appended(3, 2, 1, &[1, 2], None, &mut out);
         c.on_committed(3, 2, 1, T0, &mut out);
         assert_eq!(answers(&mut out).len(), 2);
+        let tags: Vec<EntryTag> = c.proposals.marks.tags.iter().copied().collect();
+        assert_eq!(
+            tags,
+            vec![Some((3, 1, false)), Some((3, 1, true))],
+            "the entry's last message is its second"
+        );
         c.on_propose(request(3, "a", "g1", ""), 3, &g, T0, &mut out);
         c.propose_turn(&mut r, &mut out);
         assert_eq!(delivered(&mut c).len(), 2);
@@ -1260,5 +1267,11 @@ mod tests {
         assert_eq!(c.redeliver(3, &g, T0), 2);
         let ids: Vec<i64> = delivered(&mut c).iter().map(|d| d.0).collect();
         assert_eq!(ids, vec![2, 3]);
+        // Delivered again, they hold no place: two more are held, none dropped.
+        for index in 1..=2 {
+            c.on_appended(5, 2, index, &[index], marked(0, 9), &mut out);
+            c.on_committed(5, 2, index, T0, &mut out);
+        }
+        assert_eq!(c.take_counts().redeliver_dropped, 0);
     }
 }
