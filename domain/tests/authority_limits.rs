@@ -85,6 +85,12 @@ fn max_routes_per_slot_is_reached_and_not_passed() {
         a.register_route(&t, master(&uid(2), "a", 1, 1), T0),
         Err(AuthorityError::Full)
     );
+    // Nor does a touch recreate a third (its record would fit).
+    assert_eq!(
+        a.touch_routes(&t, &[master(&uid(2), "a", 1, 1)], T0),
+        Ok(vec![TouchResult::Full])
+    );
+    assert_eq!(a.counts(SLOT).active_routes, 2);
     // A route that replaces its own session's route takes no new room.
     assert_eq!(
         a.register_route(&t, master(&uid(0), "a", 1, 2), T0),
