@@ -3,7 +3,7 @@
 //! token or a view of the same revision.
 
 use domain::cluster::{ClusterView, HashSlot, Target};
-use domain::presence::authority::{Authority, AuthorityConfig, Directory};
+use domain::presence::authority::{Authority, AuthorityConfig, Directory, TouchResult};
 use domain::presence::route::{
     AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
 };
@@ -85,6 +85,12 @@ fn max_routes_per_slot_is_reached_and_not_passed() {
         a.register_route(&t, master(&uid(2), "a", 1, 1), T0),
         Err(AuthorityError::Full)
     );
+    // Nor does a touch recreate a third (its record would fit).
+    assert_eq!(
+        a.touch_routes(&t, &[master(&uid(2), "a", 1, 1)], T0),
+        Ok(vec![TouchResult::Full])
+    );
+    assert_eq!(a.counts(SLOT).active_routes, 2);
     // A route that replaces its own session's route takes no new room.
     assert_eq!(
         a.register_route(&t, master(&uid(0), "a", 1, 2), T0),
@@ -284,5 +290,81 @@ fn expiry_counters_count_what_expired_and_what_was_visited() {
     assert_eq!(a.expire(route_due + cfg.fence_retention_s + 1), 0);
     assert_eq!(a.stats().fence_records_dropped, 3);
     assert_eq!(a.counts(SLOT), Default::default());
+    a.check_invariants().unwrap();
+}
+
+/// A Slave route of `uid`'s device `dev` (device flag 1): it conflicts only with
+/// routes of the same device.
+fn slave(uid: &Uid, dev: &str, session: u64, seq: u64) -> Route {
+    Route {
+        device_level: DeviceLevel::Slave,
+        ..master(uid, dev, session, seq)
+    }
+}
+
+#[test]
+fn an_existing_record_takes_its_route_again_at_the_record_limits() {
+    // A registration or touch that needs a new record is refused at the uid's and
+    // at the slot's record limit; one of a session that already has its record
+    // needs no room, at either limit.
+    let cfg = AuthorityConfig {
+        routes_per_slot_max: 4,
+        pending_per_slot_max: 2,
+        fence_records_per_slot_max: 6,
+        records_per_uid_max: 2,
+        ..AuthorityConfig::default()
+    };
+    let dir = Directory::new(&cfg).unwrap();
+    let mut a = Authority::new(cfg, &dir, &[SLOT]).unwrap();
+    let view = ClusterView::single_node(NODE);
+    assert!(a.apply_view(&view, NODE, T0));
+    let t = view.target_for_slot(SLOT);
+
+    // The uid's limit: two records of uid 0.
+    let u0 = uid(0);
+    for (dev, session) in [("a", 1), ("b", 2)] {
+        assert_eq!(
+            a.register_route(&t, slave(&u0, dev, session, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+    }
+    assert_eq!(
+        a.register_route(&t, slave(&u0, "c", 3, 1), T0),
+        Err(AuthorityError::Full)
+    );
+    assert_eq!(
+        a.touch_routes(&t, &[slave(&u0, "c", 3, 1)], T0),
+        Ok(vec![TouchResult::Full])
+    );
+    assert_eq!(
+        a.register_route(&t, slave(&u0, "a", 1, 2), T0),
+        Ok(RegisterOutcome::Active),
+        "session 1 has its record"
+    );
+
+    // The slot's limit: six records (uid 0's two, uids 1 and 2 unregistered, uids
+    // 3 and 4 active), four routes.
+    for n in 1..5 {
+        let r = slave(&uid(n), "a", 1, 1);
+        assert_eq!(
+            a.register_route(&t, r.clone(), T0),
+            Ok(RegisterOutcome::Active)
+        );
+        if n < 3 {
+            assert_eq!(a.unregister_route(&t, &r.identity(), 1, T0), Ok(true));
+        }
+    }
+    assert_eq!(a.counts(SLOT).fence_records, 6);
+    assert_eq!(a.counts(SLOT).active_routes, 4);
+    assert_eq!(
+        a.register_route(&t, slave(&uid(5), "a", 1, 1), T0),
+        Err(AuthorityError::Full)
+    );
+    assert_eq!(
+        a.register_route(&t, slave(&uid(4), "a", 1, 2), T0),
+        Ok(RegisterOutcome::Active),
+        "uid 4's session 1 has its record"
+    );
+    assert_eq!(a.counts(SLOT).fence_records, 6);
     a.check_invariants().unwrap();
 }

@@ -831,6 +831,31 @@ fn rule_22_deadlines_beyond_the_expiry_window_fire_on_time() {
     ok(&a);
 }
 
+/// Rules 20 and 22: a deadline beyond the expiry ring's window that one pass jumps
+/// past (no pass between the touch that set it and its deadline) fires in that
+/// pass, not in the next one.
+#[test]
+fn rule_22_a_deadline_beyond_the_window_fires_in_the_pass_that_jumps_past_it() {
+    let (mut a, r, view) = setup();
+    let t = view.target_for_slot(44);
+    let u = uid_in(44, 0);
+    let s = slave(&u, "d", 1, 1);
+    a.register_route(&t, s.clone(), T0).unwrap();
+    // No pass since T0: the new deadline is beyond the ring's window.
+    let mut touch = s;
+    touch.last_active_s = Some(T0 + 5000);
+    a.touch_routes(&t, &[touch], T0 + 5000).unwrap();
+    let expired_at = T0 + 5000 + TTL_S + 1;
+    assert_eq!(
+        a.expire(expired_at),
+        1,
+        "expired in the pass that reached it"
+    );
+    assert_eq!(sessions(&r, t, &u), Vec::<u64>::new());
+    assert_eq!(a.wheel_stats().recascaded, 0, "fired, not set again");
+    ok(&a);
+}
+
 /// Rules 20–21 with a clock below the install time (a pass run with an older
 /// `now`, e.g. a view installed from a later clock reading): no panic, nothing
 /// expires early, and later passes fire on time.
