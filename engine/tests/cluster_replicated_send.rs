@@ -475,3 +475,81 @@ fn a_catalog_change_a_replicas_store_refuses_is_counted_there() {
     }
     assert_eq!((held(1), held(3)), (2, 0), "node 3's catalog differs");
 }
+
+/// `POST /cluster/slots/leader` with replicas transfers a slot id's leadership:
+/// asked of a node that does not lead it, the choice is committed in the group
+/// through its leader and answered 200 once the target leads and the view names
+/// it for every hash slot of the slot id (the others stay); every replica knows
+/// the choice, the group's SENDs commit there, and the target restarted takes the
+/// group back (the choice replayed from the log, not handed back to the home).
+#[test]
+fn a_slot_id_moved_by_hand_is_led_by_its_chosen_replica_through_a_restart() {
+    let mut c = start();
+    homes_lead(&c);
+    let to = find_uid("moved-rcpt", |u| {
+        let key = engine::channel::person_channel_key("sys", u);
+        c.view.home_node(slots::hash_slot(key.as_bytes())) == 1
+    });
+    let key = engine::channel::person_channel_key("sys", &to);
+    let hash_slot = slots::hash_slot(key.as_bytes());
+    let slot_id = c.view.slots[hash_slot as usize].slot_id;
+    let other = (0..SLOT_IDS).find(|&s| s % 3 == 0 && s != slot_id).unwrap();
+    let revision = c.node(2).shared().view().revision;
+    let (status, stale) = support::api(
+        c.node(2),
+        "/cluster/slots/leader",
+        json!({"hash_slots": [hash_slot], "leader_node_id": 3, "revision": revision + 9}),
+    );
+    assert_eq!(status, 409, "{stale}");
+    let (status, moved) = support::api(
+        c.node(2),
+        "/cluster/slots/leader",
+        json!({"hash_slots": [hash_slot], "leader_node_id": 3}),
+    );
+    assert_eq!(status, 200, "{moved}");
+    let slots = moved["slots"].as_array().unwrap();
+    for s in slots {
+        let leader = s["leader_node_id"].as_u64().unwrap();
+        match s["slot_id"].as_u64().unwrap() as u32 {
+            s if s == slot_id => assert_eq!(leader, 3, "every hash slot of the slot id"),
+            s if s == other => assert_eq!(leader, 1, "another slot id of node 1 stays"),
+            _ => {}
+        }
+    }
+    let deadline = Instant::now() + WAIT;
+    while !(1..=3).all(|n| c.node(n).shared().raft_status.preferred_of(slot_id) == Some(3)) {
+        assert!(
+            Instant::now() < deadline,
+            "a replica never applied the choice"
+        );
+        std::thread::yield_now();
+    }
+    let (status, sent) = send(c.node(1), &to, "moved");
+    assert_eq!((status, &sent["message_seq"]), (200, &json!(1)), "{sent}");
+    assert_eq!(c.node(3).shared().raft_status.of(slot_id).unwrap().0, 3);
+    // Restarted, node 3 takes the group back from whichever replica was elected
+    // (every node's status, and its view: the claim).
+    let config = c.nodes[2].shared().config.clone();
+    c.nodes.remove(2).shutdown().unwrap();
+    c.nodes
+        .insert(2, engine::node::Node::start(config).unwrap());
+    let deadline = Instant::now() + WAIT;
+    let leads = |n: u64| {
+        let shared = c.node(n).shared();
+        let named = shared.view().slots[hash_slot as usize].leader_node_id;
+        (shared.raft_status.of(slot_id).map(|(l, _)| l), named) == (Some(3), 3)
+    };
+    while !(1..=3).all(leads) {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never led the slot id again"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        c.node(3).shared().raft_status.preferred_of(slot_id),
+        Some(3)
+    );
+    let (status, sent) = send(c.node(2), &to, "again");
+    assert_eq!((status, &sent["message_seq"]), (200, &json!(2)), "{sent}");
+}

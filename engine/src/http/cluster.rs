@@ -75,7 +75,7 @@ impl Api {
 
     /// [`Api::forward`] to each `(node, body)` at once (awaited together on this
     /// task); the answers in the same order.
-    async fn fan_out(
+    pub(super) async fn fan_out(
         &self,
         role: &str,
         req: &ApiRequest<'_>,
@@ -426,8 +426,9 @@ impl Api {
 
     /// Each slot id's group as this node sees it: its replicas (node ids, config
     /// order from the slot id) and, where this node holds a replica that has seen
-    /// an election, the leader (`null`: none known) and term; `None` when no group
-    /// runs (`replicas = 1`, or a node alone).
+    /// an election, the leader (`null`: none known) and term, and the leader an
+    /// operator chose (`POST /cluster/slots/leader`; `null`: the placement's);
+    /// `None` when no group runs (`replicas = 1`, or a node alone).
     fn replica_groups(&self) -> Option<Value> {
         let c = &self.shared.config.cluster;
         let nodes: Vec<NodeId> = c.nodes.iter().map(|n| n.id).collect();
@@ -443,8 +444,9 @@ impl Api {
                     Some((leader, term)) => (json!(leader), json!(term)),
                     None => (Value::Null, Value::Null),
                 };
+                let preferred = self.shared.raft_status.preferred_of(slot_id);
                 json!({"slot_id": slot_id, "replicas": replicas, "leader_node_id": leader,
-                       "term": term})
+                       "term": term, "preferred_leader_node_id": preferred})
             })
             .collect();
         Some(Value::Array(groups))

@@ -52,6 +52,21 @@ use crate::node::msg::Msg;
 /// How often a target's view is asked for while the drain waits for it.
 const VIEW_POLL_INTERVAL_MS: u64 = 20;
 
+/// Polls `holds` every [`VIEW_POLL_INTERVAL_MS`] (on the runtime, holding no
+/// thread) until it holds (`true`) or `timeout_ms` passed (`false`).
+pub(super) async fn wait_until(timeout_ms: u64, mut holds: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    loop {
+        if holds() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(VIEW_POLL_INTERVAL_MS)).await;
+    }
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct DrainReq {
@@ -130,28 +145,24 @@ impl Api {
         let led_at_start = status.led_by(me);
         self.shared.begin_drain();
         let timeout_ms = self.config.forward_timeout_ms;
-        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        let view = loop {
+        let slots_led = || {
             let view = self.shared.view();
-            let led = status.led_by(me);
-            let slots_led = (view.slots.iter())
+            (view.slots.iter())
                 .filter(|s| s.leader_node_id == me)
-                .count();
-            if led == 0 && slots_led == 0 {
-                break view;
-            }
-            if Instant::now() >= deadline {
-                return Err(Reply::error(
-                    504,
-                    format!(
-                        "{led} slot ids are still led here after {timeout_ms} ms (their other \
+                .count()
+        };
+        if !wait_until(timeout_ms, || status.led_by(me) == 0 && slots_led() == 0).await {
+            let (led, slots_led) = (status.led_by(me), slots_led());
+            return Err(Reply::error(
+                504,
+                format!(
+                    "{led} slot ids are still led here after {timeout_ms} ms (their other \
                          replicas are behind, unreachable or draining) and {slots_led} hash \
                          slots in this node's view: the hand-overs go on; drain again"
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(VIEW_POLL_INTERVAL_MS)).await;
-        };
+                ),
+            ));
+        }
+        let view = self.shared.view();
         tracing::info!(
             handed_over = led_at_start,
             revision = view.revision,

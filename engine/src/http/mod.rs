@@ -46,6 +46,7 @@ pub mod forward;
 pub mod metrics;
 mod prom;
 mod server;
+mod transfer;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -600,7 +601,7 @@ impl Api {
         if let Some(reply) = self.answer_from_memory(req) {
             return reply;
         }
-        let (method, path, body) = (req.method, req.path(), req.body);
+        let (method, path) = (req.method, req.path());
         let result = match (method, path) {
             ("POST", "/user/token") => self.user_token(req).await,
             ("POST", "/user/device_quit") => self.device_quit(req).await,
@@ -609,7 +610,7 @@ impl Api {
             ("POST", "/channel/subscriber_remove") => self.subscriber_remove(req).await,
             ("POST", "/message/send") => self.message_send(req).await,
             ("POST", "/channel/messagesync") => self.message_sync(req).await,
-            ("POST", "/cluster/slots/leader") => self.move_leaders(body),
+            ("POST", "/cluster/slots/leader") => self.move_leaders(req).await,
             ("POST", "/node/drain") => self.drain(req).await,
             #[cfg(test)]
             ("GET", "/test/panic") => panic!("a test handler panics"),
@@ -795,8 +796,12 @@ impl Api {
     /// second copy is harmless); 504 when the commit took too long; the store's
     /// refusal (a limit: 400) as for a node alone.
     async fn propose_catalog(&self, op: CatalogOp) -> Result<(), Reply> {
-        let slot = slots::hash_slot(op.key().as_bytes());
-        let slot_id = crate::cluster::slot_id_of(slot, self.shared.config.cluster.slot_ids);
+        let slot_ids = self.shared.config.cluster.slot_ids;
+        let slot_id = op.slot_id(slot_ids);
+        // Every hash slot of a slot id is on its group's shard.
+        let slot = (0..slots::HASH_SLOTS as u16)
+            .find(|&h| crate::cluster::slot_id_of(h, slot_ids) == slot_id)
+            .ok_or_else(|| Reply::error(400, format!("slot id {slot_id} does not exist")))?;
         let shard = self.shared.slot_map.shard_of(slot);
         let (tx, mut rx) = reply_channel(1);
         let propose = CatalogPropose {
@@ -1044,7 +1049,7 @@ impl Api {
         }
     }
 
-    fn move_leaders(&self, body: &[u8]) -> Result<Reply, Reply> {
+    async fn move_leaders(&self, req: &ApiRequest<'_>) -> Result<Reply, Reply> {
         #[derive(Deserialize)]
         struct Req {
             hash_slots: Vec<u16>,
@@ -1053,7 +1058,7 @@ impl Api {
             #[serde(default)]
             revision: Option<u64>,
         }
-        let r: Req = parse(body)?;
+        let r: Req = parse(req.body)?;
         let nodes = self.shared.view().nodes.clone();
         if !nodes.contains(&r.leader_node_id) {
             return Err(Reply::error(
@@ -1073,6 +1078,14 @@ impl Api {
                 400,
                 format!("hash slot {bad} does not exist (0..256)"),
             ));
+        }
+        if self.replicated() {
+            let current = self.shared.view().revision;
+            if let Some(expected) = r.revision.filter(|&e| e != current) {
+                let refused = crate::node::shared::MoveRefused::Revision { expected, current };
+                return Err(Reply::error(refused.status(), refused.to_string()));
+            }
+            return (self.transfer_leaders(req, &r.hash_slots, r.leader_node_id)).await;
         }
         let view = self
             .shared

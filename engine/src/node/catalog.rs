@@ -58,6 +58,11 @@ pub enum CatalogOp {
         channel_id: String,
         uids: Vec<String>,
     },
+    /// `POST /cluster/slots/leader`: slot id `slot_id`'s group prefers `node_id`
+    /// as its leader (its leader hands over to it once it is caught up). The
+    /// group's replicas keep it (`node::raft`), the catalog's store holds nothing
+    /// of it.
+    PreferLeader { slot_id: u32, node_id: u64 },
 }
 
 impl CatalogOp {
@@ -71,13 +76,16 @@ impl CatalogOp {
         postcard::from_bytes(bytes).ok()
     }
 
-    /// The key whose hash slot (and so slot id and group) the op belongs to.
-    pub fn key(&self) -> &str {
-        match self {
+    /// The slot id (and so the group) the op belongs to among `slot_ids`: its
+    /// key's (a uid, a group's channel id), or the one it names.
+    pub fn slot_id(&self, slot_ids: u32) -> u32 {
+        let key = match self {
             CatalogOp::SetToken { uid, .. } => uid,
             CatalogOp::AddSubscribers { channel_id, .. }
             | CatalogOp::RemoveSubscribers { channel_id, .. } => channel_id,
-        }
+            CatalogOp::PreferLeader { slot_id, .. } => return *slot_id,
+        };
+        crate::cluster::slot_id_of(slots::hash_slot(key.as_bytes()), slot_ids)
     }
 }
 
@@ -230,6 +238,8 @@ impl Catalog {
             CatalogOp::RemoveSubscribers { channel_id, uids } => {
                 self.remove_subscribers(channel_id, uids)
             }
+            // Kept by the group's replicas, not in the catalog.
+            CatalogOp::PreferLeader { .. } => Ok(()),
         }
     }
 

@@ -7,7 +7,9 @@
 //!   static home, and the group's preferred leader: a leader elsewhere hands over
 //!   to it at a timer run once it answers and holds the whole log
 //!   (`Group::is_caught_up`), so a transfer never stalls proposals on a replica
-//!   that is down or behind. A replica's raft id is its node id + 1 (raft ids start at 1,
+//!   that is down or behind. An operator's choice (`POST /cluster/slots/leader`,
+//!   a `CatalogOp::PreferLeader` committed in the group: every replica keeps it,
+//!   a restart replays it) comes before the placement's order. A replica's raft id is its node id + 1 (raft ids start at 1,
 //!   node ids at 0). The slot id's channels live on the same shard
 //!   (`slots::SlotMap::by_slot_id`, layout version 3), so its channel logs and
 //!   its raft log are one message log.
@@ -64,6 +66,7 @@ use proto::wkproto::ReasonCode;
 use replica::{Group, GroupConfig, GroupError, Outputs, Role};
 
 use crate::cluster::NodeId;
+use crate::node::catalog::CatalogOp;
 use crate::node::msg::{CatalogRefused, SyncRefused};
 use crate::store::raft_state::{GroupState, RaftStateFile};
 use crate::store::replicated::{
@@ -77,6 +80,8 @@ use crate::store::{AppendedMessage, MessageLog, NewMessage};
 pub struct RaftStatus {
     leaders: Vec<AtomicU64>,
     terms: Vec<AtomicU64>,
+    /// The preferred leader's node id + 1 (0: the placement's).
+    preferred: Vec<AtomicU64>,
 }
 
 impl RaftStatus {
@@ -86,7 +91,19 @@ impl RaftStatus {
         RaftStatus {
             leaders: zeros(),
             terms: zeros(),
+            preferred: zeros(),
         }
+    }
+
+    /// The leader `slot_id`'s group prefers as this node's replica knows it
+    /// (`POST /cluster/slots/leader`); `None`: the placement's (the first voter
+    /// not draining), or no replica here.
+    pub fn preferred_of(&self, slot_id: u32) -> Option<NodeId> {
+        let p = self
+            .preferred
+            .get(slot_id as usize)?
+            .load(Ordering::Relaxed);
+        p.checked_sub(1)
     }
 
     /// The leader (0: none known) and term of `slot_id`'s group as this node's
@@ -108,10 +125,11 @@ impl RaftStatus {
             .count()
     }
 
-    fn publish(&self, slot_id: u32, leader: Option<NodeId>, term: u64) {
+    fn publish(&self, slot_id: u32, leader: Option<NodeId>, term: u64, preferred: Option<NodeId>) {
         let i = slot_id as usize;
         self.leaders[i].store(leader.unwrap_or(0), Ordering::Relaxed);
         self.terms[i].store(term, Ordering::Relaxed);
+        self.preferred[i].store(preferred.map_or(0, |n| n + 1), Ordering::Relaxed);
     }
 }
 
@@ -162,6 +180,10 @@ struct Replica {
     /// the preferred leader (the slot id's home unless it drains), to which a
     /// leader hands over once it is caught up.
     voters: Vec<NodeId>,
+    /// The leader an operator chose (`CatalogOp::PreferLeader`, committed in the
+    /// group's log: every replica knows it, a restart replays it): it comes
+    /// before the placement's order in [`hand_over_to`].
+    preferred: Option<NodeId>,
     /// Whether it led at its last drain (a leader that lost office loses its
     /// proposals in flight: [`RaftEvent::Lost`]).
     led: bool,
@@ -382,6 +404,7 @@ impl RaftSide {
                 group,
                 state,
                 voters,
+                preferred: None,
                 led: false,
                 claimed_term: 0,
             };
@@ -439,7 +462,7 @@ impl RaftSide {
             }
             let me = r.group.id() - 1;
             let caught_up = |n: NodeId| r.group.is_caught_up(raft_id(n));
-            if let Some(to) = hand_over_to(me, &r.voters, &draining, caught_up) {
+            if let Some(to) = hand_over_to(me, &r.voters, r.preferred, &draining, caught_up) {
                 r.group.transfer_leader(raft_id(to));
             }
         }
@@ -624,7 +647,7 @@ impl RaftSide {
         tracing::error!(error = %e, "a replica's write failed: this shard's replicas leave their groups");
         self.failed += self.groups.len() as u64;
         for &slot_id in self.groups.keys() {
-            status.publish(slot_id, None, 0);
+            status.publish(slot_id, None, 0, None);
             self.events.push(RaftEvent::Lost { group: slot_id });
             catalog_lost(&mut self.catalog_waiting, &mut self.catalog_out, slot_id);
             read_lost(&mut self.reads_waiting, &mut self.reads_out, slot_id);
@@ -694,7 +717,7 @@ impl RaftSide {
                 &mut self.events,
                 &mut self.catalog_waiting,
                 &mut self.catalog_out,
-                slot_id,
+                (slot_id, &r.voters, &mut r.preferred),
             );
             if let Some(number) = last {
                 batch.push((slot_id, number));
@@ -741,7 +764,7 @@ impl RaftSide {
                     false => r.group.leader(),
                 }
                 .map(|id| id - 1);
-                status.publish(slot_id, leader, r.group.term());
+                status.publish(slot_id, leader, r.group.term(), r.preferred);
             }
         }
     }
@@ -749,13 +772,15 @@ impl RaftSide {
 
 /// The entries `slot_id`'s drain committed (`out.committed`): told to the commit
 /// core ([`RaftEvent::Committed`]), each catalog entry given out to apply (with
-/// the change proposed here it answers), the changes cut answered lost.
+/// the change proposed here it answers), the changes cut answered lost; a
+/// leader preference for this group naming one of its `voters` kept in
+/// `preferred` (one naming another node is ignored: the API refuses it).
 fn note_committed(
     out: &mut Outputs,
     events: &mut Vec<RaftEvent>,
     waiting: &mut Vec<CatalogWait>,
     catalog_out: &mut Vec<CatalogOutcome>,
-    slot_id: u32,
+    (slot_id, voters, preferred): (u32, &[NodeId], &mut Option<NodeId>),
 ) {
     for c in out.committed.drain(..) {
         events.push(RaftEvent::Committed {
@@ -765,6 +790,15 @@ fn note_committed(
         });
         let waiter = catalog_committed(waiting, catalog_out, slot_id, c.term, c.index);
         if let Some(op) = catalog_of(&c.data) {
+            if let Some(CatalogOp::PreferLeader {
+                slot_id: s,
+                node_id,
+            }) = CatalogOp::decode(op)
+            {
+                if s == slot_id && voters.contains(&node_id) {
+                    *preferred = Some(node_id);
+                }
+            }
             catalog_out.push(CatalogOutcome::Apply {
                 op: op.to_vec(),
                 waiter,
@@ -822,17 +856,21 @@ fn queue_messages(
 
 /// Where the leader on node `me` of a group of `voters` (placement order) hands
 /// its leadership over, if anywhere: the preferred leader is the first voter that
-/// is not draining (the slot id's home unless it drains), taken once it holds the
-/// whole log and answers (no proposal stalls on a transfer to a replica that is
-/// down or behind); a draining leader hands over to the first voter that is not
-/// draining and is caught up.
+/// is not draining, in the order `preferred` (an operator's choice) then the
+/// placement's (the slot id's home first), taken once it holds the whole log and
+/// answers (no proposal stalls on a transfer to a replica that is down or
+/// behind); a draining leader hands over to the first voter in that order that
+/// is not draining and is caught up.
 fn hand_over_to(
     me: NodeId,
     voters: &[NodeId],
+    preferred: Option<NodeId>,
     draining: impl Fn(NodeId) -> bool,
     caught_up: impl Fn(NodeId) -> bool,
 ) -> Option<NodeId> {
-    let mut others = voters.iter().copied().filter(|&n| !draining(n));
+    let first = preferred.filter(|p| voters.contains(p));
+    let rest = voters.iter().copied().filter(|&n| Some(n) != first);
+    let mut others = first.into_iter().chain(rest).filter(|&n| !draining(n));
     if draining(me) {
         return others.find(|&n| caught_up(n));
     }
@@ -879,25 +917,73 @@ mod tests {
         let voters = [1, 2, 3];
         let none = |_: NodeId| false;
         let all = |_: NodeId| true;
-        assert_eq!(hand_over_to(1, &voters, none, all), None, "the home leads");
-        assert_eq!(hand_over_to(2, &voters, none, all), Some(1));
-        assert_eq!(hand_over_to(2, &voters, none, none), None, "1 is behind");
+        assert_eq!(
+            hand_over_to(1, &voters, None, none, all),
+            None,
+            "the home leads"
+        );
+        assert_eq!(hand_over_to(2, &voters, None, none, all), Some(1));
+        assert_eq!(
+            hand_over_to(2, &voters, None, none, none),
+            None,
+            "1 is behind"
+        );
         let one = |n: NodeId| n == 1;
         assert_eq!(
-            hand_over_to(2, &voters, one, all),
+            hand_over_to(2, &voters, None, one, all),
             None,
             "1 drains: 2 leads"
         );
-        assert_eq!(hand_over_to(3, &voters, one, all), Some(2));
-        assert_eq!(hand_over_to(1, &voters, one, all), Some(2), "1 leaves");
-        let three = |n: NodeId| n == 3;
-        assert_eq!(hand_over_to(1, &voters, one, three), Some(3), "2 is behind");
+        assert_eq!(hand_over_to(3, &voters, None, one, all), Some(2));
         assert_eq!(
-            hand_over_to(1, &voters, one, none),
+            hand_over_to(1, &voters, None, one, all),
+            Some(2),
+            "1 leaves"
+        );
+        let three = |n: NodeId| n == 3;
+        assert_eq!(
+            hand_over_to(1, &voters, None, one, three),
+            Some(3),
+            "2 is behind"
+        );
+        assert_eq!(
+            hand_over_to(1, &voters, None, one, none),
             None,
             "nobody caught up"
         );
-        assert_eq!(hand_over_to(1, &voters, all, all), None, "all drain");
+        assert_eq!(hand_over_to(1, &voters, None, all, all), None, "all drain");
+    }
+
+    /// An operator's preferred leader comes before the placement's order: the
+    /// home hands over to it once it is caught up, it keeps the group, and a
+    /// draining one hands over to the placement's first; a preference naming no
+    /// voter is ignored.
+    #[test]
+    fn a_preferred_leader_comes_before_the_placements_order() {
+        let voters = [1, 2, 3];
+        let none = |_: NodeId| false;
+        let all = |_: NodeId| true;
+        let three = Some(3);
+        assert_eq!(hand_over_to(1, &voters, three, none, all), Some(3));
+        assert_eq!(hand_over_to(2, &voters, three, none, all), Some(3));
+        assert_eq!(
+            hand_over_to(3, &voters, three, none, all),
+            None,
+            "3 keeps it"
+        );
+        assert_eq!(
+            hand_over_to(1, &voters, three, none, none),
+            None,
+            "3 is behind"
+        );
+        let drains = |n: NodeId| n == 3;
+        assert_eq!(hand_over_to(3, &voters, three, drains, all), Some(1));
+        assert_eq!(hand_over_to(1, &voters, three, drains, all), None);
+        assert_eq!(
+            hand_over_to(2, &voters, Some(9), none, all),
+            Some(1),
+            "9 is no voter"
+        );
     }
 
     /// Replicas start at the slot id's position and wrap; never more than the
@@ -918,11 +1004,16 @@ mod tests {
         let s = RaftStatus::new(4);
         assert_eq!(s.of(1), None);
         assert_eq!(s.of(9), None);
-        s.publish(1, Some(20), 3);
-        s.publish(2, None, 4);
-        s.publish(3, Some(20), 5);
+        s.publish(1, Some(20), 3, None);
+        s.publish(2, None, 4, Some(0));
+        s.publish(3, Some(20), 5, Some(30));
         assert_eq!((s.of(1), s.of(2)), (Some((20, 3)), Some((0, 4))));
         assert_eq!((s.led_by(20), s.led_by(10)), (2, 0));
+        assert_eq!(
+            (s.preferred_of(1), s.preferred_of(2), s.preferred_of(3)),
+            (None, Some(0), Some(30))
+        );
+        assert_eq!(s.preferred_of(9), None);
     }
 
     /// A change proposed here is answered by the commit of its own index and term;
@@ -968,7 +1059,9 @@ mod tests {
             ..Outputs::default()
         };
         let mut events = Vec::new();
-        note_committed(&mut committed, &mut events, &mut waiting, &mut out, 2);
+        let mut preferred = None;
+        let group = (2, &[1, 2, 3][..], &mut preferred);
+        note_committed(&mut committed, &mut events, &mut waiting, &mut out, group);
         assert_eq!(
             out,
             vec![CatalogOutcome::Apply {
@@ -978,5 +1071,34 @@ mod tests {
         );
         assert_eq!(events.len(), 2);
         assert!(waiting.is_empty());
+        assert_eq!(preferred, None);
+    }
+
+    /// A committed leader preference for the group naming one of its voters is
+    /// kept (the last one wins); one for another group or naming no voter is not.
+    #[test]
+    fn a_committed_leader_preference_is_kept_by_its_groups_replicas() {
+        let prefer = |index, slot_id, node_id| replica::Committed {
+            index,
+            term: 1,
+            data: encode_catalog(&CatalogOp::PreferLeader { slot_id, node_id }.encode()),
+        };
+        let mut committed = Outputs {
+            committed: vec![prefer(1, 2, 3), prefer(2, 7, 1), prefer(3, 2, 9)],
+            ..Outputs::default()
+        };
+        let (mut events, mut waiting, mut out, mut preferred) = (vec![], vec![], vec![], None);
+        let group = (2, &[1, 2, 3][..], &mut preferred);
+        note_committed(&mut committed, &mut events, &mut waiting, &mut out, group);
+        assert_eq!(preferred, Some(3), "the other group's and node 9's ignored");
+        assert_eq!(
+            out.len(),
+            3,
+            "each applied as a catalog entry (answers its waiter)"
+        );
+        committed.committed = vec![prefer(4, 2, 1)];
+        let group = (2, &[1, 2, 3][..], &mut preferred);
+        note_committed(&mut committed, &mut events, &mut waiting, &mut out, group);
+        assert_eq!(preferred, Some(1));
     }
 }

@@ -382,8 +382,9 @@ impl std::fmt::Display for MoveRefused {
         match self {
             MoveRefused::Elected => f.write_str(
                 "slot leaders follow their replicated groups' elections ([cluster] replicas \
-                 above 1): they are not moved by hand (POST /node/drain hands a node's \
-                 groups over to their other replicas)",
+                 above 1): the view is not moved by hand (POST /cluster/slots/leader \
+                 transfers a group's leadership, POST /node/drain hands a node's groups \
+                 over to their other replicas)",
             ),
             MoveRefused::Revision { expected, current } => write!(
                 f,
