@@ -523,7 +523,8 @@ fn no_cluster_section_is_a_node_alone() {
 }
 
 /// `[cluster] replicas` is 1 (the default) to the node count; `raft_tick_ms` and
-/// `raft_entries_retained` at least 1; all read from the file.
+/// `raft_entries_retained` at least 1; `raft_lease_margin_ms` below the lease's
+/// 9 ticks; all read from the file.
 #[test]
 fn replicas_and_the_raft_tick_are_read_and_checked() {
     let c = Config::parse(&three_nodes(1), no_env)
@@ -532,10 +533,11 @@ fn replicas_and_the_raft_tick_are_read_and_checked() {
         .unwrap();
     assert_eq!((c.cluster.replicas, c.cluster.raft_tick_ms), (1, 50));
     assert_eq!(c.cluster.raft_entries_retained, 4096);
+    assert_eq!(c.cluster.raft_lease_margin_ms, 50);
     let with =
         |extra: &str| three_nodes(1).replace("slot_ids = 64", &format!("slot_ids = 64\n{extra}"));
     let c = Config::parse(
-        &with("replicas = 3\nraft_tick_ms = 20\nraft_entries_retained = 7"),
+        &with("replicas = 3\nraft_tick_ms = 20\nraft_entries_retained = 7\nraft_lease_margin_ms = 179"),
         no_env,
     )
     .unwrap()
@@ -543,6 +545,7 @@ fn replicas_and_the_raft_tick_are_read_and_checked() {
     .unwrap();
     assert_eq!((c.cluster.replicas, c.cluster.raft_tick_ms), (3, 20));
     assert_eq!(c.cluster.raft_entries_retained, 7);
+    assert_eq!(c.cluster.raft_lease_margin_ms, 179);
     for (extra, says) in [
         (
             "replicas = 4",
@@ -556,6 +559,10 @@ fn replicas_and_the_raft_tick_are_read_and_checked() {
         (
             "raft_entries_retained = 0",
             "cluster.raft_entries_retained must be at least 1",
+        ),
+        (
+            "raft_tick_ms = 20\nraft_lease_margin_ms = 180",
+            "cluster.raft_lease_margin_ms = 180 must be below 9 × raft_tick_ms (180 ms)",
         ),
     ] {
         let e = error_of(&with(extra));

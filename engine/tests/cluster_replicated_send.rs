@@ -196,6 +196,54 @@ fn with_the_other_replicas_stopped_a_send_is_refused_never_acknowledged() {
     }
 }
 
+/// A leader cut off from its quorum (both other replicas stopped) stops serving
+/// its slot ids' authority once its lease ends, though its view still names it
+/// (nobody else could claim them): a login of a uid homed there, accepted before,
+/// is refused with CONNACK 17 (not leader) and the refusal counted
+/// (`imrouter_authority_lease_refusals_total`): a minority side cannot admit a
+/// second Master session.
+#[test]
+fn a_leader_cut_off_from_its_quorum_stops_serving_its_authority() {
+    let mut c = start();
+    homes_lead(&c);
+    // A new uid homed on node 1 per login: each registers at once (no session
+    // of its own to replace), or is refused.
+    let homed_on_one = |i: usize| {
+        find_uid(&format!("leased{i}-"), |u| {
+            c.view.home_node(slots::hash_slot(u.as_bytes())) == 1
+        })
+    };
+    drop(login_any(c.node(1), &homed_on_one(0)));
+    for n in [3, 2] {
+        c.nodes.remove(n - 1).shutdown().unwrap();
+    }
+    let addr = c.nodes[0].tcp_addr().unwrap();
+    let deadline = Instant::now() + WAIT;
+    for i in 1.. {
+        assert!(
+            Instant::now() < deadline,
+            "node 1 kept serving its authority"
+        );
+        let uid = homed_on_one(i);
+        let login = net::client::Login::new(&uid, "any");
+        let (client, reason) = net::client::Client::connect(addr, &login, Duration::from_secs(5))
+            .expect("node 1 answers the CONNECT");
+        drop(client);
+        if reason == 17 {
+            let view = c.nodes[0].shared().view();
+            assert_eq!(
+                view.target_for_uid(&uid).leader_node_id,
+                1,
+                "its view names it"
+            );
+            break;
+        }
+        assert_eq!(reason, 1, "accepted, or refused as not leader");
+        std::thread::yield_now();
+    }
+    assert!(support::metric(&c.nodes[0], "imrouter_authority_lease_refusals_total") >= 1);
+}
+
 /// `POST /channel/messagesync` on `node`: the seqs and texts of `to`'s person
 /// channel with `sys`, as `to` reads it.
 fn synced(node: &engine::node::Node, to: &str) -> Vec<(u64, String)> {

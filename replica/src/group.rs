@@ -28,6 +28,19 @@
 //! - A restart ([`Group::restart`]) starts from what the caller made durable
 //!   ([`Durable`]), handing its committed entries out again from the first (the
 //!   state machine replays them).
+//! - **Lease**: a serving leader starts rounds of heartbeats at the caller's time
+//!   `now` ([`Group::renew_lease`], a ReadIndex of the group's own, never given
+//!   out in [`Outputs::read_states`]); once a quorum answered a round,
+//!   [`Group::lease_start`] is its `now`. No replica can have been elected since
+//!   that round left less than the shortest election timeout ago: a follower
+//!   that answered it waits `election_ticks` ticks of its own clock from then
+//!   before it campaigns, and pre-vote and check-quorum keep the others from
+//!   electing without it. So the caller may treat this replica as the only
+//!   leader until `lease_start + span`, `span` shorter than `election_ticks - 1`
+//!   ticks (a follower's first tick after a heartbeat may come at once) less a
+//!   margin for the clocks' drift. The lease is lost with the term or the role
+//!   and while a transfer is under way (the target campaigns at once), and
+//!   starts again only from rounds started after.
 
 use std::collections::VecDeque;
 
@@ -175,6 +188,53 @@ pub struct Group {
     snapshots_refused: Vec<u64>,
     /// Snapshots not sent since the last [`Group::take_snapshots_refused`].
     snapshots_refused_count: u64,
+    /// The leader lease (module docs).
+    lease: Lease,
+}
+
+/// A leader's lease rounds: the context of a round is `LEASE_CTX | n`, apart from
+/// the caller's reads (whose contexts are below `LEASE_CTX`).
+#[derive(Debug, Default)]
+struct Lease {
+    /// The term the rounds and `start` belong to.
+    term: u64,
+    /// Rounds not yet confirmed, `(n, now)`, oldest first, at most
+    /// [`LEASE_ROUNDS_MAX`] (past it the oldest is forgotten: it grants nothing).
+    rounds: VecDeque<(u64, u64)>,
+    /// The last round's number.
+    next: u64,
+    /// The `now` of the latest round a quorum confirmed.
+    start: Option<u64>,
+}
+
+/// The bit that marks a lease round's context.
+const LEASE_CTX: u64 = 1 << 63;
+
+/// Lease rounds waiting for a quorum at once (a leader cut off from its quorum
+/// starts one per renewal until it steps down).
+const LEASE_ROUNDS_MAX: usize = 32;
+
+impl Lease {
+    /// Forgets the rounds and the start (a new term, a transfer).
+    fn reset(&mut self, term: u64) {
+        self.term = term;
+        self.rounds.clear();
+        self.start = None;
+    }
+
+    /// Round `n` confirmed: the lease starts at its `now` (rounds before it are
+    /// confirmed by it too: raft answers in order).
+    fn confirmed(&mut self, n: u64) {
+        while let Some(&(m, at)) = self.rounds.front() {
+            if m > n {
+                break;
+            }
+            self.rounds.pop_front();
+            if m == n {
+                self.start = Some(self.start.map_or(at, |s| s.max(at)));
+            }
+        }
+    }
 }
 
 fn role(r: StateRole) -> Role {
@@ -254,6 +314,7 @@ impl Group {
             log_entries_retained: cfg.log_entries_retained,
             snapshots_refused: Vec::new(),
             snapshots_refused_count: 0,
+            lease: Lease::default(),
         };
         g.draw_timeout();
         Ok(g)
@@ -357,10 +418,42 @@ impl Group {
         result.map_err(|e| GroupError::Raft(e.to_string()))
     }
 
-    /// Hands leadership to `to` (the leader only; others ignore it).
+    /// Hands leadership to `to` (the leader only; others ignore it). The lease is
+    /// lost (module docs).
     pub fn transfer_leader(&mut self, to: u64) {
         self.node.transfer_leader(to);
+        if self.transferring() {
+            self.lease.reset(self.term());
+        }
         self.redraw_if_reset();
+    }
+
+    /// Starts a lease round at the caller's time `now` (module docs): a serving
+    /// leader that is not handing over sends a round of heartbeats; any other
+    /// replica does nothing.
+    pub fn renew_lease(&mut self, now: u64) {
+        if !self.serving() || self.transferring() {
+            return;
+        }
+        if self.lease.term != self.term() {
+            self.lease.reset(self.term());
+        }
+        if self.lease.rounds.len() == LEASE_ROUNDS_MAX {
+            self.lease.rounds.pop_front();
+        }
+        self.lease.next += 1;
+        self.lease.rounds.push_back((self.lease.next, now));
+        let ctx = LEASE_CTX | self.lease.next;
+        self.node.read_index(ctx.to_be_bytes().to_vec());
+    }
+
+    /// The `now` of the latest lease round a quorum confirmed in this term, while
+    /// this replica leads and is not handing over; `None` otherwise (module docs:
+    /// the caller's lease runs to `lease_start + span`).
+    pub fn lease_start(&self) -> Option<u64> {
+        let holds =
+            self.role() == Role::Leader && !self.transferring() && self.lease.term == self.term();
+        self.lease.start.filter(|_| holds)
     }
 
     /// Whether this replica leads and `peer` answered it within the last election
@@ -380,6 +473,7 @@ impl Group {
     /// caller fails its reads when the group reports the loss). `ctx` names the
     /// request (the caller's counter).
     pub fn read_index(&mut self, ctx: u64) -> Result<(), GroupError> {
+        debug_assert!(ctx & LEASE_CTX == 0, "the lease's contexts are the group's");
         if !self.serving() {
             return Err(GroupError::NotLeader {
                 leader: self.leader(),
@@ -417,7 +511,10 @@ impl Group {
             }
             for rs in ready.take_read_states() {
                 if let Ok(ctx) = <[u8; 8]>::try_from(&rs.request_ctx[..]) {
-                    out.read_states.push((u64::from_be_bytes(ctx), rs.index));
+                    match u64::from_be_bytes(ctx) {
+                        ctx if ctx & LEASE_CTX != 0 => self.lease.confirmed(ctx & !LEASE_CTX),
+                        ctx => out.read_states.push((ctx, rs.index)),
+                    }
                 }
             }
             let conf_state = self.apply(ready.take_committed_entries(), out);
@@ -997,6 +1094,98 @@ mod tests {
             }
         }
         assert_eq!(states, vec![(7, commit), (8, commit)]);
+    }
+
+    /// A serving leader's lease starts at the `now` of the latest round a quorum
+    /// answered: none before an answer, the older start while a newer round goes
+    /// unanswered, the newer once answered; its rounds are not the caller's reads.
+    /// A follower starts none; a transfer loses it, and only rounds started after
+    /// count; a newer leader's election loses it.
+    #[test]
+    fn a_leaders_lease_starts_at_the_round_a_quorum_answered() {
+        let mut groups = led_by_one(three());
+        assert_eq!(groups[0].lease_start(), None, "no round yet");
+        groups[0].renew_lease(100);
+        let lost = drained(&mut groups[0]);
+        let beats = (lost.messages.iter()).filter(|(to, b)| is_heartbeat(b, *to, 1));
+        assert_eq!(beats.count(), 2, "a heartbeat to each follower");
+        assert_eq!(groups[0].lease_start(), None, "nobody answered");
+        groups[0].renew_lease(200);
+        let mut reads = Vec::new();
+        for _ in 0..4 {
+            for i in 0..3 {
+                let out = drained(&mut groups[i]);
+                reads.extend(out.read_states);
+                for (to, bytes) in out.messages {
+                    let _ = groups[to as usize - 1].step(i as u64 + 1, &bytes);
+                }
+            }
+        }
+        assert_eq!(groups[0].lease_start(), Some(200));
+        assert!(reads.is_empty(), "lease rounds are not reads");
+        groups[0].renew_lease(300);
+        let _ = drained(&mut groups[0]);
+        assert_eq!(groups[0].lease_start(), Some(200), "300 unanswered");
+        groups[1].renew_lease(400);
+        assert!(
+            drained(&mut groups[1]).messages.is_empty(),
+            "a follower starts none"
+        );
+        assert_eq!(groups[1].lease_start(), None);
+        groups[0].transfer_leader(2);
+        assert_eq!(groups[0].lease_start(), None, "handing over");
+        groups[0].renew_lease(500);
+        assert_eq!(groups[0].lease_start(), None);
+        settle(&mut groups);
+        assert_eq!(
+            (groups[1].role(), groups[0].role()),
+            (Role::Leader, Role::Follower)
+        );
+        assert_eq!(groups[0].lease_start(), None);
+        assert_eq!(
+            groups[1].lease_start(),
+            None,
+            "a new leader has no round yet"
+        );
+        groups[1].renew_lease(600);
+        settle(&mut groups);
+        assert_eq!(groups[1].lease_start(), Some(600));
+        // Cut off, 2 keeps its role (it is not ticked) while 1 and 3 elect a
+        // leader; given the lead back in a later term, its old round counts for
+        // nothing.
+        for _ in 0..groups[0].election_timeout_ticks() * 3 {
+            groups[0].tick();
+            groups[2].tick();
+            settle_without(&mut groups, 2);
+        }
+        let new = (groups.iter()).position(|g| g.role() == Role::Leader && g.id() != 2);
+        let new = new.expect("1 and 3 elected a leader");
+        assert_eq!(groups[1].lease_start(), Some(600), "2 does not know yet");
+        groups[new].transfer_leader(2);
+        for _ in 0..20 {
+            // Heartbeats reach 2: it catches up and takes the lead.
+            groups[new].tick();
+            settle(&mut groups);
+        }
+        assert_eq!(groups[1].role(), Role::Leader);
+        assert!(groups[1].term() > 2);
+        assert_eq!(groups[1].lease_start(), None, "lost with the term");
+    }
+
+    /// Lease rounds waiting for a quorum are bounded: past the bound the oldest
+    /// is forgotten, and an answer to a later round starts the lease at its `now`.
+    #[test]
+    fn unanswered_lease_rounds_are_bounded() {
+        let mut groups = led_by_one(three());
+        for now in 0..LEASE_ROUNDS_MAX as u64 + 5 {
+            groups[0].renew_lease(now);
+            let _ = drained(&mut groups[0]);
+        }
+        assert_eq!(groups[0].lease.rounds.len(), LEASE_ROUNDS_MAX);
+        groups[0].renew_lease(1000);
+        settle(&mut groups);
+        assert_eq!(groups[0].lease_start(), Some(1000));
+        assert!(groups[0].lease.rounds.is_empty());
     }
 
     /// Compaction keeps `log_entries_retained` committed entries in memory; a

@@ -10,7 +10,12 @@
 //!   committed entry never changes (log matching, leader completeness);
 //! - only proposals are committed with data, each at most once, at the term and
 //!   index `propose` gave it;
-//! - at every crash, every committed entry is on the disks of a majority.
+//! - at every crash, every committed entry is on the disks of a majority;
+//! - leases (every leader starts a lease round each heartbeat): while a
+//!   replica's lease holds (`lease_start + LEASE_SPAN_TICKS`, the span the node
+//!   uses: `election_ticks - 1` ticks, the drift margin 0 on the simulation's
+//!   one clock), no replica leads in a later term (two authorities never serve
+//!   one slot at once).
 //!
 //! After the chaos, the network heals: a leader is elected and a proposal commits on
 //! every replica within a bound. The same seed gives the same run (the trace's hash
@@ -34,6 +39,9 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::VecDeque;
 
 use replica::{Committed, Durable, Group, GroupConfig, GroupError, Outputs, Persist, Role};
+
+/// A lease's span in ticks (module docs): `election_ticks - 1`.
+const LEASE_SPAN_TICKS: u64 = 9;
 
 /// Ticks of chaos, then of healing.
 const CHAOS_TICKS: u64 = 1_500;
@@ -141,6 +149,8 @@ struct Sim {
     out: Outputs,
     trace: std::collections::hash_map::DefaultHasher,
     next_proposal: u64,
+    /// The span the lease check grants (a planted bug lengthens it).
+    lease_span: u64,
 }
 
 impl Sim {
@@ -168,6 +178,7 @@ impl Sim {
             out: Outputs::default(),
             trace: Default::default(),
             next_proposal: 0,
+            lease_span: LEASE_SPAN_TICKS,
         }
     }
 
@@ -307,6 +318,10 @@ impl Sim {
                 continue;
             }
             self.group(id).tick();
+            if self.now.is_multiple_of(2) {
+                let now = self.now;
+                self.group(id).renew_lease(now);
+            }
             self.drain(id, chaos);
         }
         let mut due = Vec::new();
@@ -336,6 +351,31 @@ impl Sim {
         for g in self.groups.iter().flatten() {
             if g.role() == Role::Leader {
                 self.checker.leader(g.id(), g.term());
+            }
+        }
+        self.check_leases();
+    }
+
+    /// No replica leads in a later term than a replica whose lease holds.
+    fn check_leases(&self) {
+        let up = || self.groups.iter().flatten();
+        for g in up() {
+            let Some(start) = g.lease_start() else {
+                continue;
+            };
+            if self.now >= start + self.lease_span {
+                continue;
+            }
+            if let Some(newer) = up().find(|n| n.role() == Role::Leader && n.term() > g.term()) {
+                panic!(
+                    "two authorities at tick {}: {} holds its lease of term {} from tick \
+                     {start}, {} leads term {}",
+                    self.now,
+                    g.id(),
+                    g.term(),
+                    newer.id(),
+                    newer.term()
+                );
             }
         }
     }
@@ -537,6 +577,73 @@ fn acks_before_sync_are_caught() {
         "only {caught} of 96 seeds caught acks before sync"
     );
     assert!(by_our_checks > 0, "the checks caught none of the {caught}");
+}
+
+/// On a quiet network, a leader holding a lease is cut off from both others
+/// `offset` ticks after its lease began, and ticks on (it steps down at its next
+/// check-quorum) while the others elect a new leader; the lease check runs at
+/// every tick. Whether it caught two authorities.
+fn isolate_a_leased_leader(seed: u64, offset: u64, lease_span: u64) -> bool {
+    let mut sim = Sim::new(3, seed, false);
+    sim.lease_span = lease_span;
+    let mut leased = None;
+    for _ in 0..HEAL_TICKS_MAX {
+        sim.tick(false);
+        leased = sim
+            .leader()
+            .filter(|&l| sim.group(l).lease_start().is_some());
+        if leased.is_some() {
+            break;
+        }
+    }
+    let l = leased.expect("a leader with a lease on a quiet network");
+    for _ in 0..offset {
+        sim.tick(false);
+    }
+    for y in (1..=3).filter(|&y| y != l) {
+        sim.cut.insert((l, y));
+        sim.cut.insert((y, l));
+    }
+    let run = std::panic::AssertUnwindSafe(|| {
+        for _ in 0..HEAL_TICKS_MAX {
+            sim.tick(false);
+            if sim.leader().is_some_and(|n| n != l) {
+                return;
+            }
+        }
+        panic!("the others elected no leader");
+    });
+    match std::panic::catch_unwind(run) {
+        Ok(()) => false,
+        Err(e) => {
+            let text = (e.downcast_ref::<String>().map(String::as_str))
+                .or_else(|| e.downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            assert!(text.contains("two authorities"), "seed {seed}: {text}");
+            true
+        }
+    }
+}
+
+/// A leader cut off at every phase of its lease and of its check-quorum: with
+/// the node's span, its lease always ends before the others elect a leader;
+/// with the planted bug (a span of two election timeouts) the check catches a
+/// leader still holding its lease after the others elected one.
+#[test]
+fn a_leader_cut_off_loses_its_lease_before_another_is_elected() {
+    let mut planted = 0;
+    for seed in 1..=4u64 {
+        for offset in 0..12 {
+            let _guard = SeedGuard(3, seed);
+            assert!(!isolate_a_leased_leader(seed, offset, LEASE_SPAN_TICKS));
+            planted += usize::from(isolate_a_leased_leader(seed, offset, 20));
+        }
+    }
+    eprintln!("the planted span caught in {planted} of 48 cuts");
+    assert!(
+        planted > 0,
+        "the lease check never caught a span of 20 ticks"
+    );
 }
 
 /// The checker is not vacuous: two leaders in one term, and another entry at a

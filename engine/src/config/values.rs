@@ -156,6 +156,12 @@ pub struct ClusterConfig {
     /// least 1): a follower further behind waits for catch-up, which is not built
     /// yet.
     pub raft_entries_retained: u64,
+    /// What a leader's lease leaves for the clocks' drift and a late timer, in ms:
+    /// a slot id's authority serves only while its group's leader holds a lease of
+    /// 9 ticks (the shortest election timeout less the one a follower may tick at
+    /// once) less this margin, counted from the sending of a round of heartbeats a
+    /// quorum answered (`node::raft`, "Lease"). Below `9 × raft_tick_ms`.
+    pub raft_lease_margin_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -168,6 +174,7 @@ impl Default for ClusterConfig {
             replicas: 1,
             raft_tick_ms: 50,
             raft_entries_retained: 4096,
+            raft_lease_margin_ms: 50,
         }
     }
 }
@@ -216,6 +223,15 @@ impl ClusterConfig {
         }
         if self.raft_entries_retained == 0 {
             return Err("cluster.raft_entries_retained must be at least 1".into());
+        }
+        if self.raft_lease_margin_ms >= crate::node::raft::LEASE_TICKS * self.raft_tick_ms {
+            return Err(format!(
+                "cluster.raft_lease_margin_ms = {} must be below {} × raft_tick_ms ({} ms): \
+                 the lease would be empty",
+                self.raft_lease_margin_ms,
+                crate::node::raft::LEASE_TICKS,
+                crate::node::raft::LEASE_TICKS * self.raft_tick_ms
+            ));
         }
         if self.nodes.is_empty() {
             return Ok(());

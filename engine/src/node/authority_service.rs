@@ -60,7 +60,7 @@ impl NodeShard {
         }
         let to = self.shared.slot_map.shard_of(target.hash_slot);
         if to == self.me {
-            let reply = self.authority.serve(cx.now_ms() / 1000, &target, request);
+            let reply = self.authority.serve(cx.now_ms(), &target, request);
             self.on_authority_reply(cx, corr, reply);
         } else {
             let pending = Pending::Authority {
@@ -322,9 +322,7 @@ impl NodeShard {
         }
         let to = self.shared.slot_map.shard_of(target.hash_slot);
         if to == self.me {
-            let answer = self
-                .authority
-                .serve_touch(cx.now_ms() / 1000, &target, routes);
+            let answer = self.authority.serve_touch(cx.now_ms(), &target, routes);
             self.on_touch_answer(cx, driver, target, &answer);
         } else {
             // Over the ring only the failures come back (a dropped batch is requeued by

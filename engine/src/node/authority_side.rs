@@ -19,7 +19,7 @@ use crate::cluster::{ClusterView, NodeId, Target};
 use crate::route::{AuthorityError, Route};
 
 use super::metrics::ShardMetrics;
-use super::msg::AuthorityReply;
+use super::msg::{AuthorityCall, AuthorityReply};
 use super::shared::NodeShared;
 
 /// The directory of this shard's hash slots (module docs).
@@ -27,6 +27,9 @@ pub struct AuthoritySide {
     authority: Authority,
     metrics: Arc<ShardMetrics>,
     shared: Arc<NodeShared>,
+    /// Whether the slot ids are replicated: a call is served only under its
+    /// group leader's lease here ([`AuthoritySide::leased`]).
+    leased: bool,
 }
 
 impl AuthoritySide {
@@ -48,22 +51,42 @@ impl AuthoritySide {
                 .enabled(domain::webhook::EventKind::OnlineStatus),
         );
         let reader = authority.reader();
+        let nodes = cfg.cluster.nodes.len();
         let side = AuthoritySide {
             authority,
             metrics: shared.shard_metrics[me as usize].clone(),
             shared: shared.clone(),
+            leased: crate::node::raft::groups_run(cfg.cluster.replicas as usize, nodes),
         };
         Ok((side, reader))
     }
 
-    /// One gateway call (register, commit, abort, unregister) on `target`.
+    /// Whether this node may serve `target`'s slot at `now_ms` (the shard's
+    /// clock): always where slot ids are not replicated; else only while its slot
+    /// id's group leader here holds its lease (`RaftStatus::lease_holds`: a
+    /// leader cut off from its quorum stops before another can be elected, so
+    /// two authorities never serve one slot at once). A refusal is counted.
+    fn leased(&self, target: &Target, now_ms: u64) -> bool {
+        let holds = !self.leased || self.shared.raft_status.lease_holds(target.slot_id, now_ms);
+        if !holds {
+            self.metrics.authority_lease_refusals.inc();
+            self.metrics.authority_stale_refusals.inc();
+        }
+        holds
+    }
+
+    /// One gateway call (register, commit, abort, unregister) on `target` at
+    /// `now_ms`: refused `NotLeader` without the lease ([`AuthoritySide::leased`]).
     pub fn serve(
         &mut self,
-        now_s: u64,
+        now_ms: u64,
         target: &Target,
         request: AuthorityRequest,
     ) -> AuthorityReply {
-        let reply = self.authority.serve(target, request, now_s);
+        if !self.leased(target, now_ms) {
+            return AuthorityCall::of(&request).failed(AuthorityError::NotLeader);
+        }
+        let reply = self.authority.serve(target, request, now_ms / 1000);
         self.publish_presence();
         if reply.is_stale_refusal() {
             self.metrics.authority_stale_refusals.inc();
@@ -71,9 +94,16 @@ impl AuthoritySide {
         reply
     }
 
-    /// One touch batch: what the owner does with its routes.
-    pub fn serve_touch(&mut self, now_s: u64, target: &Target, routes: Vec<Route>) -> TouchAnswer {
-        let answer = self.authority.serve_touch(target, routes, now_s);
+    /// One touch batch at `now_ms`: what the owner does with its routes (all
+    /// requeued without the lease, as for a fence error).
+    pub fn serve_touch(&mut self, now_ms: u64, target: &Target, routes: Vec<Route>) -> TouchAnswer {
+        if !self.leased(target, now_ms) {
+            return TouchAnswer {
+                requeue: routes,
+                superseded: Vec::new(),
+            };
+        }
+        let answer = self.authority.serve_touch(target, routes, now_ms / 1000);
         self.publish_presence();
         answer
     }

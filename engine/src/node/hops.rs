@@ -357,13 +357,11 @@ impl NodeShard {
         }
         match request {
             wire::Request::Authority { target, request } => {
-                let reply = self.authority.serve(cx.now_ms() / 1000, &target, request);
+                let reply = self.authority.serve(cx.now_ms(), &target, request);
                 self.answer(cx, driver, reply_to, wire::Reply::Authority(reply));
             }
             wire::Request::Touch { target, routes } => {
-                let answer = self
-                    .authority
-                    .serve_touch(cx.now_ms() / 1000, &target, routes);
+                let answer = self.authority.serve_touch(cx.now_ms(), &target, routes);
                 // A shard of this node needs an answer only if there is work in it.
                 if !(answer.is_empty() && matches!(reply_to, ReplyTo::Shard(..))) {
                     self.answer(cx, driver, reply_to, wire::Reply::Touch(answer));

@@ -288,6 +288,10 @@ shard_metrics! {
     presence_filter_rebuilds,
     /// Authority calls refused as stale-target or not-leader.
     authority_stale_refusals,
+    /// Of those, the calls and touch batches refused because the slot id's
+    /// group leader here held no lease (replicated slot ids: cut off from its
+    /// quorum, handing over, or not yet confirmed since its election).
+    authority_lease_refusals,
     /// The routing revision of the view this shard applies (gauge; the node series
     /// is the shard furthest behind). Every shard follows `GET /cluster/slots`'s
     /// revision within `[session] expiry_interval_ms`.

@@ -46,9 +46,19 @@
 //!   this leader's own term, which every replica applies at its commit: the
 //!   idempotency window and the ids), each commit, and each leadership lost, and
 //!   it answers (`domain::send::commit`, its `replicated` path).
-//! - **Leaders claim their slot ids**: a replica that leads and has committed an
+//! - **Lease**: each serving leader starts a lease round (`Group::renew_lease`,
+//!   a ReadIndex of its own) at once when it begins to serve and then on every
+//!   heartbeat tick; its lease ends `LEASE_TICKS` ticks (the shortest election
+//!   timeout less one) less `[cluster] raft_lease_margin_ms` after the latest
+//!   round a quorum answered was started (`Group::lease_start`), published in
+//!   [`RaftStatus::lease_holds`]. No other replica can have been elected before
+//!   it ends, so the slot id's authority serves only under it
+//!   (`AuthoritySide::leased`): a leader cut off from its quorum, or handing
+//!   over, stops serving Register, Commit, Abort, Unregister and touches
+//!   (`NotLeader`) before a new leader can serve them.
+//! - **Leaders claim their slot ids**: a replica that leads, has committed an
 //!   entry of its term (`Group::serving`: its predecessors' entries are all
-//!   committed and applied here) is reported once per term
+//!   committed and applied here) and holds its lease is reported once per term
 //!   ([`RaftSide::take_won`]); the node claims the slot id's hash slots in a new
 //!   view (`NodeShared::claim_group_leaders`, `ClusterView::with_group_leader`),
 //!   so homes and authorities follow the elections (`Homes::Leaders`). Until it
@@ -80,6 +90,8 @@ use crate::store::{AppendedMessage, MessageLog, NewMessage};
 pub struct RaftStatus {
     leaders: Vec<AtomicU64>,
     terms: Vec<AtomicU64>,
+    /// The end of this node's leader lease, in the shards' ms (0: none).
+    leases: Vec<AtomicU64>,
     /// The preferred leader's node id + 1 (0: the placement's).
     preferred: Vec<AtomicU64>,
 }
@@ -91,8 +103,17 @@ impl RaftStatus {
         RaftStatus {
             leaders: zeros(),
             terms: zeros(),
+            leases: zeros(),
             preferred: zeros(),
         }
+    }
+
+    /// Whether this node's replica of `slot_id`'s group leads it under a lease
+    /// that holds at `now_ms` (the shards' clock; module docs, "Lease"): only then
+    /// does the slot id's authority here serve.
+    pub fn lease_holds(&self, slot_id: u32, now_ms: u64) -> bool {
+        let end = self.leases.get(slot_id as usize);
+        end.is_some_and(|e| now_ms < e.load(Ordering::Relaxed))
     }
 
     /// The leader `slot_id`'s group prefers as this node's replica knows it
@@ -125,13 +146,37 @@ impl RaftStatus {
             .count()
     }
 
-    fn publish(&self, slot_id: u32, leader: Option<NodeId>, term: u64, preferred: Option<NodeId>) {
+    fn publish(&self, slot_id: u32, s: GroupStatus) {
         let i = slot_id as usize;
-        self.leaders[i].store(leader.unwrap_or(0), Ordering::Relaxed);
-        self.terms[i].store(term, Ordering::Relaxed);
-        self.preferred[i].store(preferred.map_or(0, |n| n + 1), Ordering::Relaxed);
+        self.leaders[i].store(s.leader.unwrap_or(0), Ordering::Relaxed);
+        self.terms[i].store(s.term, Ordering::Relaxed);
+        self.leases[i].store(s.lease_end_ms, Ordering::Relaxed);
+        self.preferred[i].store(s.preferred.map_or(0, |n| n + 1), Ordering::Relaxed);
     }
 }
+
+/// One group as [`RaftStatus`] shows it.
+#[derive(Debug, Clone, Copy, Default)]
+struct GroupStatus {
+    leader: Option<NodeId>,
+    term: u64,
+    preferred: Option<NodeId>,
+    /// 0: no lease.
+    lease_end_ms: u64,
+}
+
+/// The shortest election timeout, in ticks.
+const ELECTION_TICKS: usize = 10;
+
+/// Ticks between a leader's heartbeats (and its lease rounds).
+const HEARTBEAT_TICKS: usize = 2;
+
+/// A leader's lease in ticks before the margin (`[cluster] raft_lease_margin_ms`):
+/// the shortest election timeout less one tick (a follower's first tick after a
+/// heartbeat may come at once).
+pub const LEASE_TICKS: u64 = ELECTION_TICKS as u64 - 1;
+
+impl RaftStatus {}
 
 /// Whether replicated groups run: `[cluster] replicas` above 1 on a cluster of more
 /// than one node (the data dir's placement by slot id, `store::layout`, follows
@@ -171,6 +216,8 @@ pub struct RaftPlace<'a> {
     pub fsync_always: bool,
     /// `[cluster] raft_entries_retained`.
     pub entries_retained: u64,
+    /// `[cluster] raft_lease_margin_ms`.
+    pub lease_margin_ms: u64,
 }
 
 struct Replica {
@@ -190,6 +237,20 @@ struct Replica {
     /// The last term this replica claimed its slot id's hash slots in
     /// ([`RaftSide::take_won`]); 0: never.
     claimed_term: u64,
+    /// The last term this replica started a lease round in as soon as it served
+    /// (the first round of a term does not wait for a heartbeat tick).
+    lease_term: u64,
+}
+
+impl Replica {
+    /// A leader that began to serve in a term starts its first lease round of
+    /// the term at once (module docs, "Lease"), not at the next heartbeat tick.
+    fn first_lease_round(&mut self, now_ms: u64) {
+        if self.group.serving() && self.lease_term != self.group.term() {
+            self.lease_term = self.group.term();
+            self.group.renew_lease(now_ms);
+        }
+    }
 }
 
 /// A read asked here whose ReadIndex `ctx` is in flight.
@@ -313,6 +374,8 @@ pub struct RaftSide {
     read_ctx: u64,
     /// What became of the reads, in order ([`RaftSide::take_reads`]).
     reads_out: Vec<ReadOutcome>,
+    /// A leader lease's length (module docs, "Lease").
+    lease_ms: u64,
     /// Whether this node's slot ids are replicated (SENDs go through the groups),
     /// even if this shard holds no group or its groups did not open.
     replicated: bool,
@@ -345,6 +408,7 @@ impl RaftSide {
             reads_waiting: Vec::new(),
             read_ctx: 0,
             reads_out: Vec::new(),
+            lease_ms: 0,
             replicated: false,
             fsync_always: false,
             failed: 0,
@@ -385,8 +449,8 @@ impl RaftSide {
                 continue;
             }
             let cfg = GroupConfig {
-                heartbeat_ticks: 2,
-                election_ticks: 10,
+                heartbeat_ticks: HEARTBEAT_TICKS,
+                election_ticks: ELECTION_TICKS,
                 log_entries_retained: place.entries_retained,
                 ..GroupConfig::new(
                     raft_id(place.me),
@@ -407,11 +471,13 @@ impl RaftSide {
                 preferred: None,
                 led: false,
                 claimed_term: 0,
+                lease_term: 0,
             };
             side.groups.insert(slot_id, r);
         }
         side.file = Some(file);
         side.tick_ms = place.tick_ms.max(1);
+        side.lease_ms = (LEASE_TICKS * side.tick_ms).saturating_sub(place.lease_margin_ms);
         Ok(side)
     }
 
@@ -448,13 +514,19 @@ impl RaftSide {
         let ticks = (now_ms.saturating_sub(last) / self.tick_ms).min(20);
         self.last_tick_ms = Some(last + ticks * self.tick_ms);
         let ids: Vec<u32> = self.groups.keys().copied().collect();
+        let beats_before = self.ticks / HEARTBEAT_TICKS as u64;
         for _ in 0..ticks {
             self.ticks += 1;
             for r in self.groups.values_mut() {
                 r.group.tick_at(self.ticks);
             }
         }
+        let beat = self.ticks / HEARTBEAT_TICKS as u64 != beats_before;
         for r in self.groups.values_mut() {
+            // A lease round on each heartbeat tick (serving leaders only).
+            if beat {
+                r.group.renew_lease(now_ms);
+            }
             // Memory: the committed entries past those retained are in the log.
             r.group.compact();
             if r.group.role() != Role::Leader || r.group.transferring() {
@@ -647,7 +719,7 @@ impl RaftSide {
         tracing::error!(error = %e, "a replica's write failed: this shard's replicas leave their groups");
         self.failed += self.groups.len() as u64;
         for &slot_id in self.groups.keys() {
-            status.publish(slot_id, None, 0, None);
+            status.publish(slot_id, GroupStatus::default());
             self.events.push(RaftEvent::Lost { group: slot_id });
             catalog_lost(&mut self.catalog_waiting, &mut self.catalog_out, slot_id);
             read_lost(&mut self.reads_waiting, &mut self.reads_out, slot_id);
@@ -677,6 +749,7 @@ impl RaftSide {
             let Some(r) = self.groups.get_mut(&slot_id) else {
                 continue;
             };
+            r.first_lease_round(now_ms);
             r.group.drain(&mut self.out);
             for (ctx, _index) in self.out.read_states.drain(..) {
                 read_confirmed(&mut self.reads_waiting, &mut self.reads_out, slot_id, ctx);
@@ -755,7 +828,10 @@ impl RaftSide {
                 }
                 r.led = leads;
                 let term = r.group.term();
-                if r.group.serving() && term > r.claimed_term {
+                // A leader claims once it serves under a lease: every authority
+                // call the claim brings here finds the lease.
+                let leased = r.group.lease_start().is_some();
+                if r.group.serving() && leased && term > r.claimed_term {
                     r.claimed_term = term;
                     self.won.push((slot_id, term));
                 }
@@ -764,7 +840,14 @@ impl RaftSide {
                     false => r.group.leader(),
                 }
                 .map(|id| id - 1);
-                status.publish(slot_id, leader, r.group.term(), r.preferred);
+                let lease_end_ms = (r.group.lease_start()).map_or(0, |s| s + self.lease_ms);
+                let s = GroupStatus {
+                    leader,
+                    term: r.group.term(),
+                    preferred: r.preferred,
+                    lease_end_ms,
+                };
+                status.publish(slot_id, s);
             }
         }
     }
@@ -1004,9 +1087,19 @@ mod tests {
         let s = RaftStatus::new(4);
         assert_eq!(s.of(1), None);
         assert_eq!(s.of(9), None);
-        s.publish(1, Some(20), 3, None);
-        s.publish(2, None, 4, Some(0));
-        s.publish(3, Some(20), 5, Some(30));
+        let status = |leader, term, preferred, lease_end_ms| GroupStatus {
+            leader,
+            term,
+            preferred,
+            lease_end_ms,
+        };
+        s.publish(1, status(Some(20), 3, None, 0));
+        s.publish(2, status(None, 4, Some(0), 0));
+        s.publish(3, status(Some(20), 5, Some(30), 700));
+        assert!(!s.lease_holds(1, 0), "no lease");
+        assert!(s.lease_holds(3, 699));
+        assert!(!s.lease_holds(3, 700), "ended");
+        assert!(!s.lease_holds(9, 0), "no such slot id");
         assert_eq!((s.of(1), s.of(2)), (Some((20, 3)), Some((0, 4))));
         assert_eq!((s.led_by(20), s.led_by(10)), (2, 0));
         assert_eq!(

@@ -34,6 +34,7 @@ impl NodeShard {
             seed: self.shared.boot_id ^ (self.me as u64) << 48,
             fsync_always: matches!(c.log.fsync, crate::store::FsyncPolicy::Always),
             entries_retained: c.cluster.raft_entries_retained,
+            lease_margin_ms: c.cluster.raft_lease_margin_ms,
         };
         match RaftSide::open(&place, self.commit.core.log()) {
             Ok(side) => self.raft = side,
