@@ -22,14 +22,29 @@ use super::metrics::ShardMetrics;
 use super::msg::{AuthorityCall, AuthorityReply};
 use super::shared::NodeShared;
 
+/// Lookups answered from this node's tables for `targets` (one result each, in
+/// order): a group whose slot id's lease lapsed here (`leased`, given
+/// [`NodeShared::authority_leased`]) answers `Rebuilding` instead of what the
+/// tables hold, which may be stale once another leader can be elected: the
+/// planner waits and looks up again (`[delivery] rebuild_wait_ms_max`), at the
+/// leader the view then names.
+pub fn hold_unleased<'a>(
+    leased: impl Fn(u32) -> bool,
+    targets: impl Iterator<Item = &'a Target>,
+    results: &mut [Result<std::ops::Range<usize>, AuthorityError>],
+) {
+    for (target, result) in targets.zip(results.iter_mut()) {
+        if result.is_ok() && !leased(target.slot_id) {
+            *result = Err(AuthorityError::Rebuilding);
+        }
+    }
+}
+
 /// The directory of this shard's hash slots (module docs).
 pub struct AuthoritySide {
     authority: Authority,
     metrics: Arc<ShardMetrics>,
     shared: Arc<NodeShared>,
-    /// Whether the slot ids are replicated: a call is served only under its
-    /// group leader's lease here ([`AuthoritySide::leased`]).
-    leased: bool,
 }
 
 impl AuthoritySide {
@@ -51,23 +66,20 @@ impl AuthoritySide {
                 .enabled(domain::webhook::EventKind::OnlineStatus),
         );
         let reader = authority.reader();
-        let nodes = cfg.cluster.nodes.len();
         let side = AuthoritySide {
             authority,
             metrics: shared.shard_metrics[me as usize].clone(),
             shared: shared.clone(),
-            leased: crate::node::raft::groups_run(cfg.cluster.replicas as usize, nodes),
         };
         Ok((side, reader))
     }
 
-    /// Whether this node may serve `target`'s slot at `now_ms` (the shard's
-    /// clock): always where slot ids are not replicated; else only while its slot
-    /// id's group leader here holds its lease (`RaftStatus::lease_holds`: a
-    /// leader cut off from its quorum stops before another can be elected, so
-    /// two authorities never serve one slot at once). A refusal is counted.
-    fn leased(&self, target: &Target, now_ms: u64) -> bool {
-        let holds = !self.leased || self.shared.raft_status.lease_holds(target.slot_id, now_ms);
+    /// Whether this node may serve `target`'s slot now
+    /// ([`NodeShared::authority_leased`]: only under its group leader's lease
+    /// where slot ids are replicated, so two authorities never serve one slot at
+    /// once). A refusal is counted.
+    fn leased(&self, target: &Target) -> bool {
+        let holds = self.shared.authority_leased(target.slot_id);
         if !holds {
             self.metrics.authority_lease_refusals.inc();
             self.metrics.authority_stale_refusals.inc();
@@ -83,7 +95,7 @@ impl AuthoritySide {
         target: &Target,
         request: AuthorityRequest,
     ) -> AuthorityReply {
-        if !self.leased(target, now_ms) {
+        if !self.leased(target) {
             return AuthorityCall::of(&request).failed(AuthorityError::NotLeader);
         }
         let reply = self.authority.serve(target, request, now_ms / 1000);
@@ -97,7 +109,7 @@ impl AuthoritySide {
     /// One touch batch at `now_ms`: what the owner does with its routes (all
     /// requeued without the lease, as for a fence error).
     pub fn serve_touch(&mut self, now_ms: u64, target: &Target, routes: Vec<Route>) -> TouchAnswer {
-        if !self.leased(target, now_ms) {
+        if !self.leased(target) {
             return TouchAnswer {
                 requeue: routes,
                 superseded: Vec::new(),
@@ -185,5 +197,32 @@ impl AuthoritySide {
         for change in changes {
             self.shared.webhooks.status(change);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A found group of a slot id without a lease answers `Rebuilding`; a leased
+    /// one keeps its endpoints, and a refusal stays what it was.
+    #[test]
+    fn lookups_of_a_slot_id_without_its_lease_wait() {
+        let target = |slot_id| Target {
+            hash_slot: 0,
+            slot_id,
+            leader_node_id: 1,
+            leader_term: 2,
+            config_epoch: 1,
+        };
+        let targets = [target(1), target(2), target(2)];
+        let mut results = vec![Ok(0..2), Ok(2..3), Err(AuthorityError::StaleTarget)];
+        hold_unleased(|s| s == 1, targets.iter(), &mut results);
+        let want = [
+            Ok(0..2),
+            Err(AuthorityError::Rebuilding),
+            Err(AuthorityError::StaleTarget),
+        ];
+        assert_eq!(results, want);
     }
 }

@@ -451,8 +451,9 @@ impl NodeShard {
     }
 
     /// EndpointsByTargets for another node: each group at its exact target, read
-    /// lock-free from this node's tables (a stale group fails alone). Groups whose
-    /// range does not lie in `uids` (a peer's bad input) fail alone too.
+    /// lock-free from this node's tables (a stale group fails alone; one whose
+    /// slot id's lease lapsed here answers `Rebuilding`). Groups whose range does
+    /// not lie in `uids` (a peer's bad input) fail alone too.
     fn lookup_for_peer(
         &mut self,
         groups: &[(Target, std::ops::Range<usize>)],
@@ -466,6 +467,9 @@ impl NodeShard {
         let (mut endpoints, mut results) = (Vec::new(), Vec::new());
         self.reader
             .endpoints_by_targets_into(&lookups, &mut endpoints, &mut results);
+        let targets = groups.iter().map(|(t, _)| t);
+        let leased = |s| self.shared.authority_leased(s);
+        super::authority_side::hold_unleased(leased, targets, &mut results);
         for (result, (_, r)) in results.iter_mut().zip(groups) {
             if !valid(r) {
                 *result = Err(AuthorityError::StaleTarget);

@@ -55,7 +55,10 @@
 //!   it ends, so the slot id's authority serves only under it
 //!   (`AuthoritySide::leased`): a leader cut off from its quorum, or handing
 //!   over, stops serving Register, Commit, Abort, Unregister and touches
-//!   (`NotLeader`) before a new leader can serve them.
+//!   (`NotLeader`), and its lookups answer `Rebuilding`
+//!   (`authority_side::hold_unleased`), before a new leader can serve them. The
+//!   drains run on the node's clock (`NodeShared::mono_ms`), which every shard
+//!   reads the leases on.
 //! - **Leaders claim their slot ids**: a replica that leads, has committed an
 //!   entry of its term (`Group::serving`: its predecessors' entries are all
 //!   committed and applied here) and holds its lease is reported once per term

@@ -51,7 +51,8 @@ impl NodeShard {
         cx: &mut Context<Msg, NodeTimer>,
         driver: &mut NetDriver,
     ) {
-        let now_ms = cx.now_ms();
+        // The node's clock, not the shard's: leases are read on every shard.
+        let now_ms = self.shared.mono_ms();
         let shared = &self.shared;
         let draining = |n| shared.is_node_draining(n);
         let log = self.commit.core.log_mut();
@@ -75,7 +76,7 @@ impl NodeShard {
     ) {
         let status = &self.shared.raft_status;
         let log = self.commit.core.log_mut();
-        self.raft.drain_proposed(cx.now_ms(), log, status);
+        self.raft.drain_proposed(self.shared.mono_ms(), log, status);
         self.flush_raft(cx, driver);
     }
 
@@ -114,7 +115,7 @@ impl NodeShard {
         driver: &mut NetDriver,
         m: RaftIn,
     ) {
-        let now_ms = cx.now_ms();
+        let now_ms = self.shared.mono_ms();
         let status = &self.shared.raft_status;
         let log = self.commit.core.log_mut();
         let dropped = self

@@ -93,6 +93,16 @@ impl NodeShared {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// Whether this node may answer for slot id `slot_id`'s authority now: always
+    /// where slot ids are not replicated; else only while its group's leader here
+    /// holds its lease (`RaftStatus::lease_holds`, on [`NodeShared::mono_ms`]: a
+    /// leader cut off from its quorum stops before another can be elected).
+    pub fn authority_leased(&self, slot_id: u32) -> bool {
+        let c = &self.config.cluster;
+        !super::raft::groups_run(c.replicas as usize, c.nodes.len())
+            || self.raft_status.lease_holds(slot_id, self.mono_ms())
+    }
+
     /// Milliseconds since the node started, comparable across shards: the clock of
     /// other nodes' request deadlines ([`msg::Remote`]), read where a request is
     /// read, served and answered (a shard's loop clock has its own start).

@@ -88,6 +88,12 @@ impl EndpointLookup for TimedLookup<'_> {
         let start_ns = self.clock.mono_ns();
         self.reader
             .endpoints_by_targets_into(lookups, endpoints, results);
+        let targets = lookups.iter().map(|(t, _)| t);
+        crate::node::authority_side::hold_unleased(
+            |s| self.clock.authority_leased(s),
+            targets,
+            results,
+        );
         let end_ns = self.clock.mono_ns();
         self.stages
             .route_lookup
@@ -103,6 +109,12 @@ impl EndpointLookup for TimedLookup<'_> {
         let start_ns = self.clock.mono_ns();
         self.reader
             .endpoints_by_hashed_groups_into(lookups, endpoints, results);
+        let targets = lookups.iter().map(|g| &g.target);
+        crate::node::authority_side::hold_unleased(
+            |s| self.clock.authority_leased(s),
+            targets,
+            results,
+        );
         let end_ns = self.clock.mono_ns();
         self.stages
             .route_lookup
