@@ -188,6 +188,12 @@ fn with_the_other_replicas_stopped_a_send_is_refused_never_acknowledged() {
                "start_message_seq": 0, "end_message_seq": 0, "limit": 0, "pull_mode": 1}),
     );
     assert_eq!(status, 503, "read without a confirmed leader: {reply}");
+    let not_leader = support::metric(&c.nodes[0], "imrouter_api_reads_not_leader_total");
+    assert_eq!(not_leader, 1, "counted by its reason");
+    assert_eq!(
+        support::metric(&c.nodes[0], "imrouter_api_reads_busy_total"),
+        0
+    );
     // Counted (the shard publishes its counts just after the answer left).
     let deadline = Instant::now() + WAIT;
     while support::metric(&c.nodes[0], "imrouter_commits_proposals_failed_total") != 1 {

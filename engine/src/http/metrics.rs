@@ -44,6 +44,13 @@ pub struct ApiMetrics {
     /// Answers to other nodes' API requests dropped: the shard whose link read the
     /// request had no room in its queue (the asker fails it at its deadline).
     pub peer_answers_dropped: AtomicU64,
+    /// `/channel/messagesync` reads answered 503 because no leader of the
+    /// channel's replicated group served here (an election, a hand-over, a
+    /// leader cut off from its quorum).
+    pub reads_not_leader: AtomicU64,
+    /// `/channel/messagesync` reads answered 503 because `[commit]
+    /// reads_waiting_max` reads waited on the channel's shard.
+    pub reads_busy: AtomicU64,
 }
 
 impl ApiMetrics {

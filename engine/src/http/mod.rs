@@ -984,12 +984,16 @@ impl Api {
             .and_then(|mut r| r.pop())
             .ok_or_else(|| Reply::error(504, "read did not finish in time"))?
             .map_err(|e| match e {
-                SyncRefused::NotLeader => Reply::error(
-                    503,
-                    "no leader of the channel's replicated group serves here (an election \
-                     or a hand-over is under way): retry",
-                ),
+                SyncRefused::NotLeader => {
+                    ApiMetrics::inc(&self.shared.api_metrics.reads_not_leader);
+                    Reply::error(
+                        503,
+                        "no leader of the channel's replicated group serves here (an \
+                         election or a hand-over is under way): retry",
+                    )
+                }
                 SyncRefused::Busy => {
+                    ApiMetrics::inc(&self.shared.api_metrics.reads_busy);
                     Reply::error(503, "too many reads wait on the channel's shard; retry")
                 }
                 SyncRefused::Log(e) => Reply::error(500, e),

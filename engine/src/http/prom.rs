@@ -260,6 +260,18 @@ const API_FAMILIES: &[ApiFamily] = &[
         |a| &a.peer_answers_dropped,
     ),
     (
+        "imrouter_api_reads_not_leader_total",
+        "counter",
+        "messagesync reads answered 503: no leader of the channel's replicated group served here (an election, a hand-over, a leader cut off from its quorum).",
+        |a| &a.reads_not_leader,
+    ),
+    (
+        "imrouter_api_reads_busy_total",
+        "counter",
+        "messagesync reads answered 503: [commit] reads_waiting_max reads waited for their ReadIndex on the channel's shard.",
+        |a| &a.reads_busy,
+    ),
+    (
         "imrouter_api_connections",
         "gauge",
         "Open HTTP API connections.",

@@ -315,6 +315,13 @@ pub struct CommitConfig {
     /// (`imrouter_redeliver_dropped_total`; their recipients catch up by
     /// messagesync).
     pub redeliver_messages_max: usize,
+    /// With `[cluster] replicas`: `/channel/messagesync` reads waiting on one
+    /// shard for their ReadIndex; past it a read is answered 503 (retry).
+    pub reads_waiting_max: usize,
+    /// With `[cluster] replicas`: catalog changes (tokens, subscribers, leader
+    /// choices) proposed on one shard and waiting for their commit; past it a
+    /// change is answered 503 (retry).
+    pub catalog_changes_waiting_max: usize,
 }
 
 impl Default for CommitConfig {
@@ -325,6 +332,8 @@ impl Default for CommitConfig {
             delivery_backlog_max: 8_192,
             backlog_budget_bytes: 256 << 20,
             redeliver_messages_max: 4_096,
+            reads_waiting_max: 4_096,
+            catalog_changes_waiting_max: 1_024,
         }
     }
 }
@@ -357,6 +366,11 @@ impl CommitConfig {
                 ("delivery_backlog_max", self.delivery_backlog_max as u64),
                 ("backlog_budget_bytes", self.backlog_budget_bytes as u64),
                 ("redeliver_messages_max", self.redeliver_messages_max as u64),
+                ("reads_waiting_max", self.reads_waiting_max as u64),
+                (
+                    "catalog_changes_waiting_max",
+                    self.catalog_changes_waiting_max as u64,
+                ),
             ],
         )
     }

@@ -362,7 +362,7 @@ pub struct RaftSide {
     /// as leader since the last [`RaftSide::take_won`].
     won: Vec<(u32, u64)>,
     /// Catalog changes proposed here, waiting for their commit (bounded by the
-    /// caller: `[commit] commits_unsynced_max`).
+    /// caller: `[commit] catalog_changes_waiting_max`).
     catalog_waiting: Vec<CatalogWait>,
     /// What the drains committed or lost of the catalog, in order
     /// ([`RaftSide::take_catalog`]).
@@ -371,7 +371,7 @@ pub struct RaftSide {
     /// turn's drain.
     reads_asked: Vec<(u32, u64)>,
     /// Reads whose ReadIndex is in flight (bounded by the caller: `[commit]
-    /// commits_unsynced_max`).
+    /// reads_waiting_max`).
     reads_waiting: Vec<ReadWait>,
     /// The last ReadIndex's context (a counter).
     read_ctx: u64,

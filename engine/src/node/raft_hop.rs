@@ -180,7 +180,7 @@ impl NodeShard {
     /// with the turn's proposals), answered at its commit; refused at once when
     /// this replica does not serve as leader or too many wait.
     pub(super) fn on_catalog_propose(&mut self, m: CatalogPropose) {
-        let limit = self.shared.config.commit.commits_unsynced_max;
+        let limit = self.shared.config.commit.catalog_changes_waiting_max;
         if self.raft.catalog_waiting() >= limit {
             let _ = m.done.try_send(Err(CatalogRefused::Busy));
             return;

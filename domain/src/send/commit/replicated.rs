@@ -123,6 +123,23 @@ pub struct Foreign {
     pub payload: Vec<u8>,
 }
 
+impl Foreign {
+    /// What applying `m` needs, as for an entry not proposed here.
+    fn of(m: &Committed) -> Foreign {
+        Foreign {
+            from_uid: m.from_uid.clone(),
+            client_msg_no: m.client_msg_no.clone(),
+            message_id: m.message_id,
+            channel_type: m.channel_type,
+            channel_key: m.channel_key.clone(),
+            setting: m.setting,
+            flags: m.flags,
+            timestamp_s: m.timestamp_s,
+            payload: m.payload.clone(),
+        }
+    }
+}
+
 /// An entry of messages appended here that this core did not propose: the
 /// delivery mark its leader gave it (module docs; 0: none) and its messages.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -469,25 +486,32 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         }
         let flying = (book.in_flight.get_mut(&group))
             .and_then(|entries| entries.iter_mut().find(|e| e.index == index));
-        let Some(e) = flying else {
-            if let Some(messages) = foreign
-                .map(|e| e.messages)
-                .filter(|m| m.len() == seqs.len())
-            {
-                let messages = messages.into_iter().zip(seqs.iter().copied()).collect();
-                book.to_apply.insert((group, index), (term, messages));
-                if book.to_apply.len() > self.limits.commits_unsynced_max {
-                    book.to_apply.pop_first();
-                }
+        if let Some(e) = flying {
+            if e.term == term && e.members.len() == seqs.len() {
+                e.seqs = Some(seqs.to_vec());
+                return;
             }
-            return;
-        };
-        if e.term != term || e.members.len() != seqs.len() {
             debug_assert!(term > e.term, "only a later term's entry replaces one");
+            // Cut: answered 15; the entry that replaces it is applied as below.
             self.on_lost(group, index, out);
-            return;
         }
-        e.seqs = Some(seqs.to_vec());
+        if let Some(messages) = foreign
+            .map(|e| e.messages)
+            .filter(|m| m.len() == seqs.len())
+        {
+            let messages = messages.into_iter().zip(seqs.iter().copied()).collect();
+            self.hold_to_apply(group, index, (term, messages));
+        }
+    }
+
+    /// `group`'s entry at `index` waits for its commit in its term to be applied
+    /// (bounded: past `commits_unsynced_max` the oldest is dropped unapplied).
+    fn hold_to_apply(&mut self, group: u32, index: u64, entry: ToApply) {
+        let book = &mut self.proposals.to_apply;
+        book.insert((group, index), entry);
+        if book.len() > self.limits.commits_unsynced_max {
+            book.pop_first();
+        }
     }
 
     /// `group`'s entry at `index` was committed in `term`: the entries in flight
@@ -605,9 +629,12 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         self.planner.enqueue(d);
     }
 
-    /// `group`'s entries in flight from `index` on will not be committed as
-    /// proposed (cut by a later leader, or this replica lost office: `index` 0):
-    /// answered 15; the client resends.
+    /// `group`'s entries in flight from `index` on will not be answered by their
+    /// commit here (cut by a later leader, or this replica lost office: `index`
+    /// 0): answered 15; the client resends. An entry appended here may still
+    /// commit in its term under the next leader: it waits to be applied at that
+    /// commit like an entry not proposed here, so that a resend is answered from
+    /// the window rather than stored twice.
     pub fn on_lost(&mut self, group: u32, index: u64, out: &mut Vec<CommitOutput<A, L::Job>>) {
         let Some(entries) = self.proposals.in_flight.get_mut(&group) else {
             return;
@@ -617,8 +644,16 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         if entries.is_empty() {
             self.proposals.in_flight.remove(&group);
         }
-        for p in lost.into_iter().flat_map(|e| e.members) {
-            self.refuse_proposed(p, ReasonCode::SYSTEM_ERROR, out);
+        for e in lost {
+            if let Some(seqs) = &e.seqs {
+                let messages = (e.members.iter().zip(seqs))
+                    .map(|(p, &seq)| (Foreign::of(&p.delivery.message), seq))
+                    .collect();
+                self.hold_to_apply(group, e.index, (e.term, messages));
+            }
+            for p in e.members {
+                self.refuse_proposed(p, ReasonCode::SYSTEM_ERROR, out);
+            }
         }
     }
 
@@ -1041,6 +1076,57 @@ mod tests {
             ids.iter().all(|&id| id > later + 1),
             "{ids:?} after {later}"
         );
+    }
+
+    /// A SEND whose entry was in flight when this replica lost the lead is
+    /// answered 15, but its entry may still commit under the next leader: once it
+    /// commits in its term, a resend is answered from the window with its seq
+    /// (not proposed again: it would be stored twice), and a resend of one whose
+    /// index another term committed is proposed again.
+    #[test]
+    fn a_send_lost_with_the_lead_and_committed_after_is_not_proposed_again() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        for (to, number) in [(1, "kept"), (2, "cut")] {
+            c.on_propose(request(to, "a", "g1", number), 3, &g, T0, &mut out);
+            c.propose_turn(&mut r, &mut out);
+        }
+        c.on_appended(3, 2, 1, &[1], None, &mut out);
+        c.on_appended(3, 2, 2, &[2], None, &mut out);
+        c.on_lost(3, 0, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 0, 15), (2, 0, 15)]);
+        c.on_committed(3, 2, 1, T0, &mut out);
+        c.on_committed(3, 3, 2, T0, &mut out);
+        assert!(out.is_empty());
+        for (to, number) in [(3, "kept"), (4, "cut")] {
+            c.on_propose(request(to, "a", "g1", number), 3, &g, T0, &mut out);
+        }
+        c.end_turn(&mut out);
+        assert_eq!(
+            answers(&mut out),
+            vec![(3, 1, 1)],
+            "answered from the window"
+        );
+        c.propose_turn(&mut r, &mut out);
+        assert_eq!(r.proposed.len(), 3, "only the cut one is proposed again");
+    }
+
+    /// An entry of another term that replaces one in flight here (cut) is applied
+    /// at its commit like any entry not proposed here: a resend of its SEND is
+    /// answered with its ids.
+    #[test]
+    fn an_entry_that_cuts_one_in_flight_is_applied_at_its_commit() {
+        let (mut c, g, mut out) = (core(limits(false)), groups(), Out::new());
+        let mut r = FakeReplicas::default();
+        c.on_propose(request(1, "a", "g1", "mine"), 3, &g, T0, &mut out);
+        c.propose_turn(&mut r, &mut out);
+        let theirs = entry(vec![foreign("b", "theirs", 5)]);
+        c.on_appended(3, 3, 1, &[1], theirs, &mut out);
+        assert_eq!(answers(&mut out), vec![(1, 0, 15)]);
+        c.on_committed(3, 3, 1, T0, &mut out);
+        c.on_propose(request(2, "b", "g1", "theirs"), 3, &g, T0, &mut out);
+        c.end_turn(&mut out);
+        assert_eq!(answers(&mut out), vec![(2, 1, 1)]);
     }
 
     /// At most `commits_unsynced_max` entries wait to be applied: past it the

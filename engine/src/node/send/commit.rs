@@ -558,7 +558,7 @@ impl NodeShard {
             let _ = r.reply.try_send(result);
             return;
         }
-        let limit = self.shared.config.commit.commits_unsynced_max;
+        let limit = self.shared.config.commit.reads_waiting_max;
         if self.raft.reads_waiting() >= limit {
             let _ = r.reply.try_send(Err(SyncRefused::Busy));
             return;
@@ -582,20 +582,19 @@ impl NodeShard {
     /// it may still be cut); the lost ones answered "no leader here".
     pub(crate) fn serve_reads(&mut self) {
         for outcome in self.raft.take_reads() {
-            let (waiter, result) = match outcome {
-                ReadOutcome::Ready { waiter, group } => {
-                    let Some(r) = self.read_waiters.get(&waiter) else {
-                        continue;
-                    };
+            let (ReadOutcome::Ready { waiter, .. } | ReadOutcome::Lost { waiter }) = outcome;
+            let Some(r) = self.read_waiters.remove(&waiter) else {
+                continue;
+            };
+            let result = match outcome {
+                ReadOutcome::Ready { group, .. } => {
                     let commit = self.raft.commit_index(group);
                     let end = self.commit.core.log().entry_start(group, commit + 1);
-                    (waiter, self.read_messages(r, end))
+                    self.read_messages(&r, end)
                 }
-                ReadOutcome::Lost { waiter } => (waiter, Err(SyncRefused::NotLeader)),
+                ReadOutcome::Lost { .. } => Err(SyncRefused::NotLeader),
             };
-            if let Some(r) = self.read_waiters.remove(&waiter) {
-                let _ = r.reply.try_send(result);
-            }
+            let _ = r.reply.try_send(result);
         }
     }
 
