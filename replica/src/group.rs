@@ -555,11 +555,22 @@ impl Group {
 
     /// Encodes `messages` for their peers. A snapshot is not sent (catch-up from
     /// the message log is not built): its follower is reported failed after the
-    /// drain and probed again later, so it waits rather than breaks.
+    /// drain and probed again later, so it waits rather than breaks. A plain
+    /// heartbeat to a peer that a heartbeat with a context (a lease round or a
+    /// read) of the same batch also reaches is not sent: the other one does all
+    /// it does (the commit, the follower's timer, the leader's quorum check), so a
+    /// lease round started on a heartbeat tick costs no message.
     fn send(&mut self, messages: Vec<Message>, out: &mut Outputs) {
+        let is_beat = |m: &Message| m.msg_type == MessageType::MsgHeartbeat;
+        let with_ctx: Vec<u64> = (messages.iter())
+            .filter(|m| is_beat(m) && !m.context.is_empty())
+            .map(|m| m.to)
+            .collect();
         for m in &messages {
             if m.msg_type == MessageType::MsgSnapshot {
                 self.snapshots_refused.push(m.to);
+            } else if is_beat(m) && m.context.is_empty() && with_ctx.contains(&m.to) {
+                continue;
             } else {
                 out.messages.push((m.to, wire::encode(m)));
             }
@@ -1170,6 +1181,35 @@ mod tests {
         assert_eq!(groups[1].role(), Role::Leader);
         assert!(groups[1].term() > 2);
         assert_eq!(groups[1].lease_start(), None, "lost with the term");
+    }
+
+    /// A lease round started on the tick a heartbeat is due goes out as the only
+    /// heartbeat to each follower (the plain one merged into it), and its answers
+    /// confirm it.
+    #[test]
+    fn a_lease_round_on_a_heartbeat_tick_is_the_only_heartbeat() {
+        let mut groups = led_by_one(three());
+        let mut count = 0;
+        loop {
+            count += 1;
+            groups[0].tick_at(count);
+            if count % 2 == 0 {
+                break;
+            }
+            let _ = drained(&mut groups[0]);
+        }
+        groups[0].renew_lease(count);
+        let out = drained(&mut groups[0]);
+        let beats: Vec<u64> = (out.messages.iter())
+            .filter(|(to, b)| is_heartbeat(b, *to, 1))
+            .map(|(to, _)| *to)
+            .collect();
+        assert_eq!(beats, vec![2, 3], "one heartbeat to each follower");
+        for (to, bytes) in out.messages {
+            let _ = groups[to as usize - 1].step(1, &bytes);
+        }
+        settle(&mut groups);
+        assert_eq!(groups[0].lease_start(), Some(count));
     }
 
     /// Lease rounds waiting for a quorum are bounded: past the bound the oldest
