@@ -278,7 +278,8 @@ pub struct CommitCounts {
     /// this replica when it began to lead their group.
     pub redelivered: u64,
     /// Replicated: messages held for such a delivery and dropped unheld past
-    /// `redeliver_messages_max` (their recipients catch up by messagesync).
+    /// `redeliver_messages_max` (their recipients catch up by messagesync), or
+    /// not delivered again because their group was deleted since.
     pub redeliver_dropped: u64,
 }
 

@@ -271,7 +271,8 @@ shard_metrics! {
     /// group: their leader's delivery mark had not passed them.
     redelivered,
     /// Replicated slot ids: messages held for such a delivery and dropped past
-    /// `[commit] redeliver_messages_max` (their recipients catch up by messagesync).
+    /// `[commit] redeliver_messages_max` (their recipients catch up by
+    /// messagesync), or not delivered again because their group was deleted.
     redeliver_dropped,
     /// Push batches held back because their owner shard's queue had no room (the
     /// delivery resumes as the owner drains).

@@ -608,10 +608,13 @@ impl<L: CommitLog, A> CommitCore<L, A> {
         };
         let mut queued = 0;
         for (index, messages) in entries {
-            self.proposals.marks.held_messages -= messages.len();
+            let held = messages.len();
+            self.proposals.marks.held_messages -= held;
             let deliveries: Vec<Delivery> = (messages.into_iter())
                 .filter_map(|(f, seq)| redelivery(f, seq, groups, now))
                 .collect();
+            // A group deleted since: nobody to deliver to; counted dropped.
+            self.counts.redeliver_dropped += (held - deliveries.len()) as u64;
             let last = deliveries.len().saturating_sub(1);
             for (i, d) in deliveries.into_iter().enumerate() {
                 self.backlog_bytes += d.charge_bytes;
@@ -1260,7 +1263,12 @@ mod tests {
             "g1's three subscribers each, the senders included"
         );
         let counts = c.take_counts();
-        assert_eq!((counts.redelivered, counts.redeliver_dropped), (3, 0));
+        let dropped = "the message of the deleted group is counted dropped";
+        assert_eq!(
+            (counts.redelivered, counts.redeliver_dropped),
+            (3, 1),
+            "{dropped}"
+        );
         let mut r = FakeReplicas::default();
         c.on_propose(request(1, "a", "g1", ""), 3, &g, T0, &mut out);
         c.on_propose(request(2, "a", "g1", ""), 5, &g, T0, &mut out);
