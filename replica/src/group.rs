@@ -1071,6 +1071,22 @@ mod tests {
         snapshot
     }
 
+    /// Four rounds of every replica drained and its messages delivered; the read
+    /// states they gave, in order.
+    fn exchange(groups: &mut [Group]) -> Vec<(u64, u64)> {
+        let mut states = Vec::new();
+        for _ in 0..4 {
+            for i in 0..groups.len() {
+                let out = drained(&mut groups[i]);
+                states.extend(out.read_states);
+                for (to, bytes) in out.messages {
+                    let _ = groups[to as usize - 1].step(i as u64 + 1, &bytes);
+                }
+            }
+        }
+        states
+    }
+
     /// A serving leader's read is confirmed by a quorum's answers to a round of
     /// heartbeats carrying it: its read state comes out at the commit index it
     /// had. A leader whose heartbeats are lost gives none (the read waits, and is
@@ -1094,16 +1110,7 @@ mod tests {
         assert_eq!(beats, vec![2, 3], "a heartbeat to each follower");
         assert!(lost.read_states.is_empty(), "nobody answered");
         groups[0].read_index(8).unwrap();
-        let mut states = Vec::new();
-        for _ in 0..4 {
-            for i in 0..3 {
-                let out = drained(&mut groups[i]);
-                states.extend(out.read_states);
-                for (to, bytes) in out.messages {
-                    let _ = groups[to as usize - 1].step(i as u64 + 1, &bytes);
-                }
-            }
-        }
+        let states = exchange(&mut groups);
         assert_eq!(states, vec![(7, commit), (8, commit)]);
     }
 
@@ -1122,16 +1129,7 @@ mod tests {
         assert_eq!(beats.count(), 2, "a heartbeat to each follower");
         assert_eq!(groups[0].lease_start(), None, "nobody answered");
         groups[0].renew_lease(200);
-        let mut reads = Vec::new();
-        for _ in 0..4 {
-            for i in 0..3 {
-                let out = drained(&mut groups[i]);
-                reads.extend(out.read_states);
-                for (to, bytes) in out.messages {
-                    let _ = groups[to as usize - 1].step(i as u64 + 1, &bytes);
-                }
-            }
-        }
+        let reads = exchange(&mut groups);
         assert_eq!(groups[0].lease_start(), Some(200));
         assert!(reads.is_empty(), "lease rounds are not reads");
         groups[0].renew_lease(300);
