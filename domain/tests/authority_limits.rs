@@ -169,17 +169,21 @@ fn max_pending_per_slot_is_reached_and_not_passed() {
     a.check_invariants().unwrap();
 }
 
-#[test]
-fn an_abort_must_match_the_whole_token() {
-    let (mut a, t) = setup(8, 4);
-    let tok = active_and_candidate(&mut a, &t, &uid(0));
-    // The nonce of the candidate with another owner_seq, and its owner_seq with a
-    // later nonce: neither is this candidate.
+/// Two tokens that match half of `tok`: its nonce with another owner_seq, and its
+/// owner_seq with a later nonce. Neither names `tok`'s candidate.
+fn halves(tok: &PendingToken) -> [PendingToken; 2] {
     let mut other_seq = tok.clone();
     other_seq.owner_seq += 1;
     let mut other_nonce = tok.clone();
     other_nonce.nonce += 1;
-    for half in [other_seq, other_nonce] {
+    [other_seq, other_nonce]
+}
+
+#[test]
+fn an_abort_must_match_the_whole_token() {
+    let (mut a, t) = setup(8, 4);
+    let tok = active_and_candidate(&mut a, &t, &uid(0));
+    for half in halves(&tok) {
         assert_eq!(a.abort_route(&t, &half, T0), Ok(()));
         assert!(
             a.has_pending(&tok.identity),
@@ -195,13 +199,8 @@ fn an_abort_must_match_the_whole_token() {
 fn a_commit_must_match_the_whole_token() {
     let (mut a, t) = setup(8, 4);
     let tok = active_and_candidate(&mut a, &t, &uid(0));
-    // The nonce of the candidate with another owner_seq, and its owner_seq with a
-    // later nonce: neither is this candidate, and neither commits it.
-    let mut other_seq = tok.clone();
-    other_seq.owner_seq += 1;
-    let mut other_nonce = tok.clone();
-    other_nonce.nonce += 1;
-    for half in [other_seq, other_nonce] {
+    // Neither half is this candidate, and neither commits it.
+    for half in halves(&tok) {
         assert_eq!(
             a.commit_route(&t, &half, T0),
             Err(AuthorityError::NotReady),
