@@ -3,7 +3,9 @@
 //! token or a view of the same revision.
 
 use domain::cluster::{ClusterView, HashSlot, Target};
-use domain::presence::authority::{Authority, AuthorityConfig, Directory, TouchResult};
+use domain::presence::authority::{
+    Authority, AuthorityConfig, ClaimError, ConfigError, Directory, TouchResult,
+};
 use domain::presence::route::{
     AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
 };
@@ -366,4 +368,30 @@ fn an_existing_record_takes_its_route_again_at_the_record_limits() {
     );
     assert_eq!(a.counts(SLOT).fence_records, 6);
     a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_refused_claim_says_why() {
+    // The three ways `Authority::new` refuses its hash slots, and what a log of the
+    // error prints.
+    let cfg = AuthorityConfig::default();
+    let dir = Directory::new(&cfg).unwrap();
+    let _first = Authority::new(cfg.clone(), &dir, &[SLOT]).unwrap();
+    let e = Authority::new(cfg.clone(), &dir, &[SLOT]).err().unwrap();
+    assert_eq!(e, ClaimError::AlreadyClaimed(SLOT));
+    assert_eq!(e.to_string(), format!("hash slot {SLOT} already has a writer"));
+    let bad = HASH_SLOTS as HashSlot;
+    let e = Authority::new(cfg.clone(), &dir, &[bad]).err().unwrap();
+    assert_eq!(e, ClaimError::BadSlot(bad));
+    assert_eq!(e.to_string(), format!("hash slot {bad} out of range"));
+    let zero = AuthorityConfig {
+        route_ttl_s: 0,
+        ..cfg
+    };
+    let e = Authority::new(zero, &dir, &[SLOT + 1]).err().unwrap();
+    assert_eq!(e, ClaimError::Config(ConfigError::Zero("route_ttl_s")));
+    assert_eq!(
+        e.to_string(),
+        "authority config: route_ttl_s must be at least 1"
+    );
 }
