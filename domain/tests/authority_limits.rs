@@ -294,6 +294,55 @@ fn expiry_counters_count_what_expired_and_what_was_visited() {
     a.check_invariants().unwrap();
 }
 
+/// The expiry counters of `stats` (cumulative) against the work counters of the
+/// slots' current rings and wheels (`wheel_stats`): `(buckets, entries)` of each.
+fn visits(a: &Authority) -> [(u64, u64); 2] {
+    let (s, w) = (a.stats(), a.wheel_stats());
+    [
+        (s.expiry_buckets_visited, s.expiry_entries_visited),
+        (w.buckets_visited, w.entries_visited),
+    ]
+}
+
+#[test]
+fn the_expiry_counters_add_up_the_work_of_every_ring_and_wheel() {
+    // No slot is installed again, so the writer's cumulative counters are the sum
+    // of its rings' and wheels' own: after each pass, with ring entries (routes,
+    // fence records) and wheel entries (candidates) due in one pass, on counts
+    // that are no longer zero, and with only ring entries due.
+    let (mut a, t) = setup(8, 4);
+    let cfg = AuthorityConfig::default();
+    let mut now = T0;
+    for n in 0..3 {
+        let u = uid(n);
+        let mut first = master(&u, "a", 1, 1);
+        first.last_active_s = Some(now);
+        assert_eq!(
+            a.register_route(&t, first, now),
+            Ok(RegisterOutcome::Active)
+        );
+        let mut second = master(&u, "b", 2, 1);
+        second.last_active_s = Some(now);
+        token(a.register_route(&t, second, now).unwrap());
+        let [before, _] = visits(&a);
+        now += cfg.route_ttl_s + 1;
+        assert_eq!(a.expire(now), 1, "round {n}: the route");
+        let s = a.stats();
+        assert_eq!(s.pending_expired, n as u64 + 1, "round {n}: the candidate");
+        let [after, parts] = visits(&a);
+        assert_eq!(after, parts, "round {n}");
+        assert!(after.0 >= before.0 + 2 && after.1 >= before.1 + 2, "round {n}");
+    }
+    // The fence records' retention: ring entries only.
+    let [before, _] = visits(&a);
+    assert_eq!(a.expire(now + cfg.fence_retention_s + 1), 0);
+    assert_eq!(a.stats().fence_records_dropped, 6);
+    let [after, parts] = visits(&a);
+    assert_eq!(after, parts);
+    assert!(after.1 >= before.1 + 6);
+    a.check_invariants().unwrap();
+}
+
 /// A Slave route of `uid`'s device `dev` (device flag 1): it conflicts only with
 /// routes of the same device.
 fn slave(uid: &Uid, dev: &str, session: u64, seq: u64) -> Route {
