@@ -1,10 +1,11 @@
 //! The authority's configured limits at and past their edge, with small limits (the
-//! defaults are too large for the other tests to reach), and calls that carry half a
-//! token or a view of the same revision.
+//! defaults are too large for the other tests to reach), calls that carry half a
+//! token or a view of the same revision, and what the writer reports of itself
+//! (counters, refused claims, its configuration, a full scan, its end).
 
 use domain::cluster::{ClusterView, HashSlot, Target};
 use domain::presence::authority::{
-    Authority, AuthorityConfig, ClaimError, ConfigError, Directory, TouchResult,
+    Authority, AuthorityConfig, AuthorityReader, ClaimError, ConfigError, Directory, TouchCounts, TouchResult,
 };
 use domain::presence::route::{
     AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
@@ -15,13 +16,22 @@ const NODE: u64 = 1;
 const T0: u64 = 1000;
 const SLOT: HashSlot = 7;
 
-fn setup(routes_max: usize, pending_max: usize) -> (Authority, Target) {
-    let cfg = AuthorityConfig {
+/// The default configuration with these route and candidate limits per slot.
+fn limits(routes_max: usize, pending_max: usize) -> AuthorityConfig {
+    AuthorityConfig {
         routes_per_slot_max: routes_max,
         pending_per_slot_max: pending_max,
-        fence_records_per_slot_max: 64,
+        fence_records_per_slot_max: 64.max(routes_max + pending_max),
         ..AuthorityConfig::default()
-    };
+    }
+}
+
+fn setup(routes_max: usize, pending_max: usize) -> (Authority, Target) {
+    setup_with(limits(routes_max, pending_max))
+}
+
+/// A writer of every hash slot, `SLOT`'s target installed.
+fn setup_with(cfg: AuthorityConfig) -> (Authority, Target) {
     let dir = Directory::new(&cfg).unwrap();
     let slots: Vec<HashSlot> = (0..HASH_SLOTS as HashSlot).collect();
     let mut a = Authority::new(cfg, &dir, &slots).unwrap();
@@ -443,4 +453,154 @@ fn a_refused_claim_says_why() {
         e.to_string(),
         "authority config: route_ttl_s must be at least 1"
     );
+}
+
+/// A route of `uid` (device "a", session `session`) last active at `at`.
+fn active_at(uid: &Uid, session: u64, at: Option<u64>) -> Route {
+    Route {
+        last_active_s: at,
+        ..master(uid, "a", session, 1)
+    }
+}
+
+#[test]
+fn a_touch_batch_counts_each_answer_and_is_bounded_by_its_limit() {
+    let cfg = AuthorityConfig {
+        touch_batch_routes_max: 5,
+        ..limits(2, 4)
+    };
+    let (mut a, t) = setup_with(cfg);
+    let known = master(&uid(0), "a", 1, 2);
+    assert_eq!(
+        a.register_route(&t, known.clone(), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    let stale = Route {
+        owner_seq: 1,
+        ..known.clone()
+    };
+    let elsewhere = (0..)
+        .map(|i| Uid::from(format!("w{i}")))
+        .find(|u| hash_slot(u.as_bytes()) != SLOT)
+        .unwrap();
+    // At the limit (5 routes): refreshed, recreated, full (the slot holds 2 routes
+    // by then), and two ignored (a stale owner_seq, another slot's uid).
+    let batch = [
+        known.clone(),
+        master(&uid(1), "a", 3, 1),
+        master(&uid(2), "a", 4, 1),
+        stale,
+        master(&elsewhere, "a", 5, 1),
+    ];
+    let mut out = Vec::new();
+    let counts = a.touch_routes_into(&t, &batch, T0 + 1, &mut out);
+    use TouchResult::*;
+    assert_eq!(out, [Refreshed, Recreated, Full, IgnoredStaleSeq, WrongSlot]);
+    assert_eq!(
+        counts,
+        Ok(TouchCounts {
+            refreshed: 1,
+            recreated: 1,
+            ignored: 2,
+            full: 1,
+        })
+    );
+    // One route past the limit: the whole call is refused, nothing is touched.
+    let mut past = batch.to_vec();
+    past[0].last_active_s = Some(T0 + 2);
+    past.push(master(&uid(3), "a", 6, 1));
+    out.clear();
+    assert_eq!(
+        a.touch_routes_into(&t, &past, T0 + 2, &mut out),
+        Err(AuthorityError::Full)
+    );
+    assert!(out.is_empty());
+    assert_eq!(a.route(&known.identity()).unwrap().last_active_s, Some(T0));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_full_scan_counts_the_routes_an_expiry_pass_would_expire() {
+    // The bench baseline the expiry rings avoid: routes last active at T0 and
+    // T0 + 10, and one without activity time (never due).
+    let (mut a, t) = setup(8, 4);
+    let ttl = a.config().route_ttl_s;
+    for (n, at) in [Some(T0), Some(T0 + 10), None].into_iter().enumerate() {
+        assert_eq!(
+            a.register_route(&t, active_at(&uid(n), 1, at), T0 + 10),
+            Ok(RegisterOutcome::Active)
+        );
+    }
+    // Due once the activity plus the TTL is before now.
+    let due = T0 + ttl + 1;
+    assert_eq!(a.full_scan_due(due - 1), 0);
+    assert_eq!(a.full_scan_due(due), 1);
+    assert_eq!(a.full_scan_due(due + 9), 1);
+    assert_eq!(a.full_scan_due(due + 10), 2);
+    assert_eq!(a.expire(due), 1, "the pass agrees");
+    assert_eq!(a.full_scan_due(due + 10), 1, "what is left");
+}
+
+#[test]
+fn the_writer_answers_with_its_configuration() {
+    let cfg = AuthorityConfig {
+        route_ttl_s: 77,
+        touch_batch_routes_max: 9,
+        ..limits(8, 4)
+    };
+    let (a, _) = setup_with(cfg.clone());
+    assert_eq!(a.config(), &cfg);
+}
+
+#[test]
+fn presence_filter_rebuilds_are_counted_in_the_stats() {
+    // A slot's filter sized for few routes is rebuilt as routes come.
+    let cfg = AuthorityConfig {
+        initial_buckets_per_slot: 4,
+        ..limits(256, 4)
+    };
+    let (mut a, t) = setup_with(cfg);
+    let before = a.stats().filter_rebuilds;
+    let uids = (0..)
+        .map(|i| Uid::from(format!("u{i}")))
+        .filter(|u| hash_slot(u.as_bytes()) == SLOT)
+        .take(200);
+    for u in uids {
+        assert_eq!(
+            a.register_route(&t, master(&u, "a", 1, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+    }
+    assert!(a.stats().filter_rebuilds > before, "{:?}", a.stats());
+}
+
+#[test]
+fn a_dropped_writer_releases_its_slots_and_unpublishes_them() {
+    let cfg = limits(8, 4);
+    let dir = Directory::new(&cfg).unwrap();
+    let view = ClusterView::single_node(NODE);
+    let t = view.target_for_slot(SLOT);
+    let mut a = Authority::new(cfg.clone(), &dir, &[SLOT, SLOT + 1]).unwrap();
+    assert!(a.apply_view(&view, NODE, T0));
+    assert_eq!(
+        a.register_route(&t, master(&uid(0), "a", 1, 1), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    let r = a.reader();
+    assert_eq!(r.identity(SLOT), Some(t));
+    let found = |r: &AuthorityReader| {
+        r.endpoints_by_targets(&[(t, &[uid(0)])])[0]
+            .as_ref()
+            .map(|e| e.len())
+            .map_err(|e| *e)
+    };
+    assert_eq!(found(&r), Ok(1));
+    drop(a);
+    assert_eq!(r.identity(SLOT), None, "the slot's state went with its writer");
+    assert!(found(&r).is_err());
+    // Its slots can be claimed again, the one never installed too.
+    let mut b = Authority::new(cfg, &dir, &[SLOT, SLOT + 1]).unwrap();
+    assert!(b.apply_view(&view, NODE, T0));
+    assert_eq!(b.identity(SLOT).map(|(t, _)| t), Some(t));
+    assert_eq!(b.active_routes(SLOT), []);
 }
