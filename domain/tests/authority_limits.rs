@@ -5,7 +5,8 @@
 
 use domain::cluster::{ClusterView, HashSlot, Target};
 use domain::presence::authority::{
-    Authority, AuthorityConfig, AuthorityReader, ClaimError, ConfigError, Directory, TouchCounts, TouchResult,
+    Authority, AuthorityConfig, AuthorityReader, ClaimError, ConfigError, Directory, TouchCounts,
+    TouchResult,
 };
 use domain::presence::route::{
     AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
@@ -341,7 +342,10 @@ fn the_expiry_counters_add_up_the_work_of_every_ring_and_wheel() {
         assert_eq!(s.pending_expired, n as u64 + 1, "round {n}: the candidate");
         let [after, parts] = visits(&a);
         assert_eq!(after, parts, "round {n}");
-        assert!(after.0 >= before.0 + 2 && after.1 >= before.1 + 2, "round {n}");
+        assert!(
+            after.0 >= before.0 + 2 && after.1 >= before.1 + 2,
+            "round {n}"
+        );
     }
     // The fence records' retention: ring entries only.
     let [before, _] = visits(&a);
@@ -438,7 +442,10 @@ fn a_refused_claim_says_why() {
     let _first = Authority::new(cfg.clone(), &dir, &[SLOT]).unwrap();
     let e = Authority::new(cfg.clone(), &dir, &[SLOT]).err().unwrap();
     assert_eq!(e, ClaimError::AlreadyClaimed(SLOT));
-    assert_eq!(e.to_string(), format!("hash slot {SLOT} already has a writer"));
+    assert_eq!(
+        e.to_string(),
+        format!("hash slot {SLOT} already has a writer")
+    );
     let bad = HASH_SLOTS as HashSlot;
     let e = Authority::new(cfg.clone(), &dir, &[bad]).err().unwrap();
     assert_eq!(e, ClaimError::BadSlot(bad));
@@ -495,7 +502,10 @@ fn a_touch_batch_counts_each_answer_and_is_bounded_by_its_limit() {
     let mut out = Vec::new();
     let counts = a.touch_routes_into(&t, &batch, T0 + 1, &mut out);
     use TouchResult::*;
-    assert_eq!(out, [Refreshed, Recreated, Full, IgnoredStaleSeq, WrongSlot]);
+    assert_eq!(
+        out,
+        [Refreshed, Recreated, Full, IgnoredStaleSeq, WrongSlot]
+    );
     assert_eq!(
         counts,
         Ok(TouchCounts {
@@ -596,7 +606,11 @@ fn a_dropped_writer_releases_its_slots_and_unpublishes_them() {
     };
     assert_eq!(found(&r), Ok(1));
     drop(a);
-    assert_eq!(r.identity(SLOT), None, "the slot's state went with its writer");
+    assert_eq!(
+        r.identity(SLOT),
+        None,
+        "the slot's state went with its writer"
+    );
     assert!(found(&r).is_err());
     // Its slots can be claimed again, the one never installed too.
     let mut b = Authority::new(cfg, &dir, &[SLOT, SLOT + 1]).unwrap();
