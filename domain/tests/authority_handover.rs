@@ -256,6 +256,28 @@ fn without_a_handover_wait_nothing_waits_and_a_move_to_itself_starts_empty() {
     assert!(taken(&mut one).is_empty());
 }
 
+/// A slot that comes back to this node from a move it missed (it still holds the
+/// identity it had) waits for the handover of the node it comes back from: that
+/// node led it in between.
+#[test]
+fn a_slot_back_from_a_move_this_node_missed_waits_for_the_leader_between() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    // Node 1 never applied `moved`; the slot comes back to it from node 2.
+    let back = p.moved.with_leaders(2, &[(p.slot, 1)]);
+    let t = back.target_for_slot(p.slot);
+    assert!(p.one.identity(p.slot).is_some());
+    assert!(p.one.apply_view(&back, 1, T0 + 1));
+    assert!(p.one.is_waiting_for_handover(p.slot));
+    assert_eq!(
+        lookup(&p.one, t, &p.uids.0),
+        Err(AuthorityError::Rebuilding)
+    );
+    p.one.expire(T0 + 1 + WAIT_S);
+    assert!(!p.one.is_waiting_for_handover(p.slot));
+    assert_eq!(p.one.stats().handover_waits_expired, 1);
+}
+
 #[test]
 fn a_batch_that_comes_before_its_view_is_kept_and_applied_at_install() {
     let mut p = moved_pair();
