@@ -276,6 +276,8 @@ fn a_slot_back_from_a_move_this_node_missed_waits_for_the_leader_between() {
     p.one.expire(T0 + 1 + WAIT_S);
     assert!(!p.one.is_waiting_for_handover(p.slot));
     assert_eq!(p.one.stats().handover_waits_expired, 1);
+    // The routes it held are not carried over: they were node 2's to give.
+    assert_eq!(lookup(&p.one, t, &p.uids.0), Ok(vec![]));
 }
 
 #[test]
