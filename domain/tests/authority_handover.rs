@@ -539,6 +539,29 @@ fn a_move_to_a_node_that_still_waits_goes_on_waiting() {
     assert_eq!(lookup(&p.two, t, &p.uids.0), Ok(vec![10]));
 }
 
+/// ... and it is the same wait: for the node it came from, ending when the first
+/// one would have (not a new wait for itself from the move on).
+#[test]
+fn a_move_to_a_node_that_still_waits_keeps_the_wait_it_had() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    let again = p.moved.with_leaders(1, &[(p.slot, 2)]);
+    assert!(p.two.apply_view(&again, 2, T0 + 1));
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    assert_eq!(
+        p.two.end_waits_from(2),
+        0,
+        "it waits for node 1, not itself"
+    );
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    p.two.expire(T0 + WAIT_S);
+    assert!(
+        !p.two.is_waiting_for_handover(p.slot),
+        "ended at T0 + WAIT_S"
+    );
+    assert_eq!(p.two.stats().handover_waits_expired, 1);
+}
+
 /// A batch naming this slot at the installed term but another leader is no
 /// handover to this node: refused, not kept.
 #[test]
