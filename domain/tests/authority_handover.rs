@@ -17,8 +17,13 @@ const T0: u64 = 1_000;
 const WAIT_S: u64 = 2;
 
 fn authority() -> Authority {
+    authority_waiting(WAIT_S)
+}
+
+/// A writer of every hash slot that waits `wait_s` for a handover.
+fn authority_waiting(wait_s: u64) -> Authority {
     let cfg = AuthorityConfig {
-        handover_wait_s: WAIT_S,
+        handover_wait_s: wait_s,
         handover_stash_routes_max: 4,
         ..AuthorityConfig::default()
     };
@@ -227,6 +232,52 @@ fn the_first_view_and_a_move_to_the_same_node_do_not_wait() {
     assert!(taken(&mut p.one).is_empty());
     assert_eq!(lookup(&p.one, t, &p.uids.0), Ok(vec![10]));
     assert_eq!(lookup(&p.one, t, &p.uids.1), Ok(vec![11]));
+}
+
+/// `handover_wait_s` 0 is the node before handovers: a slot gained from another
+/// node answers from its table at once (no wait), and a move of a slot to the
+/// node that leads it starts it empty.
+#[test]
+fn without_a_handover_wait_nothing_waits_and_a_move_to_itself_starts_empty() {
+    let view = ClusterView::initial(&[1, 2], 256).unwrap();
+    let (mut one, mut two) = (authority_waiting(0), authority_waiting(0));
+    assert!(one.apply_view(&view, 1, T0) && two.apply_view(&view, 2, T0));
+    let (a, _, slot) = two_uids(&view);
+    register(&mut one, &view, route(&a, 10));
+    let moved = view.with_leaders(1, &[(slot, 2)]);
+    assert!(two.apply_view(&moved, 2, T0 + 1));
+    assert!(!two.is_waiting_for_handover(slot));
+    assert_eq!(lookup(&two, moved.target_for_slot(slot), &a), Ok(vec![]));
+    // Node 1 keeps the slot at a new term (a move made through node 2).
+    let again = view.with_leaders(2, &[(slot, 1)]);
+    assert!(one.apply_view(&again, 1, T0 + 1));
+    assert!(!one.is_waiting_for_handover(slot));
+    assert_eq!(lookup(&one, again.target_for_slot(slot), &a), Ok(vec![]));
+    assert!(taken(&mut one).is_empty());
+}
+
+/// A slot that comes back to this node from a move it missed (it still holds the
+/// identity it had) waits for the handover of the node it comes back from: that
+/// node led it in between.
+#[test]
+fn a_slot_back_from_a_move_this_node_missed_waits_for_the_leader_between() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    // Node 1 never applied `moved`; the slot comes back to it from node 2.
+    let back = p.moved.with_leaders(2, &[(p.slot, 1)]);
+    let t = back.target_for_slot(p.slot);
+    assert!(p.one.identity(p.slot).is_some());
+    assert!(p.one.apply_view(&back, 1, T0 + 1));
+    assert!(p.one.is_waiting_for_handover(p.slot));
+    assert_eq!(
+        lookup(&p.one, t, &p.uids.0),
+        Err(AuthorityError::Rebuilding)
+    );
+    p.one.expire(T0 + 1 + WAIT_S);
+    assert!(!p.one.is_waiting_for_handover(p.slot));
+    assert_eq!(p.one.stats().handover_waits_expired, 1);
+    // The routes it held are not carried over: they were node 2's to give.
+    assert_eq!(lookup(&p.one, t, &p.uids.0), Ok(vec![]));
 }
 
 #[test]
@@ -486,6 +537,29 @@ fn a_move_to_a_node_that_still_waits_goes_on_waiting() {
         Ok(HandoverOutcome::Applied { done: true })
     );
     assert_eq!(lookup(&p.two, t, &p.uids.0), Ok(vec![10]));
+}
+
+/// ... and it is the same wait: for the node it came from, ending when the first
+/// one would have (not a new wait for itself from the move on).
+#[test]
+fn a_move_to_a_node_that_still_waits_keeps_the_wait_it_had() {
+    let mut p = moved_pair();
+    assert!(p.two.apply_view(&p.moved, 2, T0));
+    let again = p.moved.with_leaders(1, &[(p.slot, 2)]);
+    assert!(p.two.apply_view(&again, 2, T0 + 1));
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    assert_eq!(
+        p.two.end_waits_from(2),
+        0,
+        "it waits for node 1, not itself"
+    );
+    assert!(p.two.is_waiting_for_handover(p.slot));
+    p.two.expire(T0 + WAIT_S);
+    assert!(
+        !p.two.is_waiting_for_handover(p.slot),
+        "ended at T0 + WAIT_S"
+    );
+    assert_eq!(p.two.stats().handover_waits_expired, 1);
 }
 
 /// A batch naming this slot at the installed term but another leader is no

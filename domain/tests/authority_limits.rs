@@ -1,9 +1,13 @@
 //! The authority's configured limits at and past their edge, with small limits (the
-//! defaults are too large for the other tests to reach), and calls that carry half a
-//! token or a view of the same revision.
+//! defaults are too large for the other tests to reach), calls that carry half a
+//! token or a view of the same revision, and what the writer reports of itself
+//! (counters, refused claims, its configuration, a full scan, its end).
 
 use domain::cluster::{ClusterView, HashSlot, Target};
-use domain::presence::authority::{Authority, AuthorityConfig, Directory, TouchResult};
+use domain::presence::authority::{
+    Authority, AuthorityConfig, AuthorityReader, ClaimError, ConfigError, Directory, TouchCounts,
+    TouchResult,
+};
 use domain::presence::route::{
     AuthorityError, DeviceLevel, PendingToken, RegisterOutcome, Route, Transport, Uid,
 };
@@ -13,13 +17,22 @@ const NODE: u64 = 1;
 const T0: u64 = 1000;
 const SLOT: HashSlot = 7;
 
-fn setup(routes_max: usize, pending_max: usize) -> (Authority, Target) {
-    let cfg = AuthorityConfig {
+/// The default configuration with these route and candidate limits per slot.
+fn limits(routes_max: usize, pending_max: usize) -> AuthorityConfig {
+    AuthorityConfig {
         routes_per_slot_max: routes_max,
         pending_per_slot_max: pending_max,
-        fence_records_per_slot_max: 64,
+        fence_records_per_slot_max: 64.max(routes_max + pending_max),
         ..AuthorityConfig::default()
-    };
+    }
+}
+
+fn setup(routes_max: usize, pending_max: usize) -> (Authority, Target) {
+    setup_with(limits(routes_max, pending_max))
+}
+
+/// A writer of every hash slot, `SLOT`'s target installed.
+fn setup_with(cfg: AuthorityConfig) -> (Authority, Target) {
     let dir = Directory::new(&cfg).unwrap();
     let slots: Vec<HashSlot> = (0..HASH_SLOTS as HashSlot).collect();
     let mut a = Authority::new(cfg, &dir, &slots).unwrap();
@@ -169,17 +182,21 @@ fn max_pending_per_slot_is_reached_and_not_passed() {
     a.check_invariants().unwrap();
 }
 
-#[test]
-fn an_abort_must_match_the_whole_token() {
-    let (mut a, t) = setup(8, 4);
-    let tok = active_and_candidate(&mut a, &t, &uid(0));
-    // The nonce of the candidate with another owner_seq, and its owner_seq with a
-    // later nonce: neither is this candidate.
+/// Two tokens that match half of `tok`: its nonce with another owner_seq, and its
+/// owner_seq with a later nonce. Neither names `tok`'s candidate.
+fn halves(tok: &PendingToken) -> [PendingToken; 2] {
     let mut other_seq = tok.clone();
     other_seq.owner_seq += 1;
     let mut other_nonce = tok.clone();
     other_nonce.nonce += 1;
-    for half in [other_seq, other_nonce] {
+    [other_seq, other_nonce]
+}
+
+#[test]
+fn an_abort_must_match_the_whole_token() {
+    let (mut a, t) = setup(8, 4);
+    let tok = active_and_candidate(&mut a, &t, &uid(0));
+    for half in halves(&tok) {
         assert_eq!(a.abort_route(&t, &half, T0), Ok(()));
         assert!(
             a.has_pending(&tok.identity),
@@ -195,13 +212,8 @@ fn an_abort_must_match_the_whole_token() {
 fn a_commit_must_match_the_whole_token() {
     let (mut a, t) = setup(8, 4);
     let tok = active_and_candidate(&mut a, &t, &uid(0));
-    // The nonce of the candidate with another owner_seq, and its owner_seq with a
-    // later nonce: neither is this candidate, and neither commits it.
-    let mut other_seq = tok.clone();
-    other_seq.owner_seq += 1;
-    let mut other_nonce = tok.clone();
-    other_nonce.nonce += 1;
-    for half in [other_seq, other_nonce] {
+    // Neither half is this candidate, and neither commits it.
+    for half in halves(&tok) {
         assert_eq!(
             a.commit_route(&t, &half, T0),
             Err(AuthorityError::NotReady),
@@ -293,6 +305,58 @@ fn expiry_counters_count_what_expired_and_what_was_visited() {
     a.check_invariants().unwrap();
 }
 
+/// The expiry counters of `stats` (cumulative) against the work counters of the
+/// slots' current rings and wheels (`wheel_stats`): `(buckets, entries)` of each.
+fn visits(a: &Authority) -> [(u64, u64); 2] {
+    let (s, w) = (a.stats(), a.wheel_stats());
+    [
+        (s.expiry_buckets_visited, s.expiry_entries_visited),
+        (w.buckets_visited, w.entries_visited),
+    ]
+}
+
+#[test]
+fn the_expiry_counters_add_up_the_work_of_every_ring_and_wheel() {
+    // No slot is installed again, so the writer's cumulative counters are the sum
+    // of its rings' and wheels' own: after each pass, with ring entries (routes,
+    // fence records) and wheel entries (candidates) due in one pass, on counts
+    // that are no longer zero, and with only ring entries due.
+    let (mut a, t) = setup(8, 4);
+    let cfg = AuthorityConfig::default();
+    let mut now = T0;
+    for n in 0..3 {
+        let u = uid(n);
+        let mut first = master(&u, "a", 1, 1);
+        first.last_active_s = Some(now);
+        assert_eq!(
+            a.register_route(&t, first, now),
+            Ok(RegisterOutcome::Active)
+        );
+        let mut second = master(&u, "b", 2, 1);
+        second.last_active_s = Some(now);
+        token(a.register_route(&t, second, now).unwrap());
+        let [before, _] = visits(&a);
+        now += cfg.route_ttl_s + 1;
+        assert_eq!(a.expire(now), 1, "round {n}: the route");
+        let s = a.stats();
+        assert_eq!(s.pending_expired, n as u64 + 1, "round {n}: the candidate");
+        let [after, parts] = visits(&a);
+        assert_eq!(after, parts, "round {n}");
+        assert!(
+            after.0 >= before.0 + 2 && after.1 >= before.1 + 2,
+            "round {n}"
+        );
+    }
+    // The fence records' retention: ring entries only.
+    let [before, _] = visits(&a);
+    assert_eq!(a.expire(now + cfg.fence_retention_s + 1), 0);
+    assert_eq!(a.stats().fence_records_dropped, 6);
+    let [after, parts] = visits(&a);
+    assert_eq!(after, parts);
+    assert!(after.1 >= before.1 + 6);
+    a.check_invariants().unwrap();
+}
+
 /// A Slave route of `uid`'s device `dev` (device flag 1): it conflicts only with
 /// routes of the same device.
 fn slave(uid: &Uid, dev: &str, session: u64, seq: u64) -> Route {
@@ -367,4 +431,190 @@ fn an_existing_record_takes_its_route_again_at_the_record_limits() {
     );
     assert_eq!(a.counts(SLOT).fence_records, 6);
     a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_refused_claim_says_why() {
+    // The three ways `Authority::new` refuses its hash slots, and what a log of the
+    // error prints.
+    let cfg = AuthorityConfig::default();
+    let dir = Directory::new(&cfg).unwrap();
+    let _first = Authority::new(cfg.clone(), &dir, &[SLOT]).unwrap();
+    let e = Authority::new(cfg.clone(), &dir, &[SLOT]).err().unwrap();
+    assert_eq!(e, ClaimError::AlreadyClaimed(SLOT));
+    assert_eq!(
+        e.to_string(),
+        format!("hash slot {SLOT} already has a writer")
+    );
+    let bad = HASH_SLOTS as HashSlot;
+    let e = Authority::new(cfg.clone(), &dir, &[bad]).err().unwrap();
+    assert_eq!(e, ClaimError::BadSlot(bad));
+    assert_eq!(e.to_string(), format!("hash slot {bad} out of range"));
+    let zero = AuthorityConfig {
+        route_ttl_s: 0,
+        ..cfg
+    };
+    let e = Authority::new(zero, &dir, &[SLOT + 1]).err().unwrap();
+    assert_eq!(e, ClaimError::Config(ConfigError::Zero("route_ttl_s")));
+    assert_eq!(
+        e.to_string(),
+        "authority config: route_ttl_s must be at least 1"
+    );
+}
+
+/// A route of `uid` (device "a", session `session`) last active at `at`.
+fn active_at(uid: &Uid, session: u64, at: Option<u64>) -> Route {
+    Route {
+        last_active_s: at,
+        ..master(uid, "a", session, 1)
+    }
+}
+
+#[test]
+fn a_touch_batch_counts_each_answer_and_is_bounded_by_its_limit() {
+    let cfg = AuthorityConfig {
+        touch_batch_routes_max: 5,
+        ..limits(2, 4)
+    };
+    let (mut a, t) = setup_with(cfg);
+    let known = master(&uid(0), "a", 1, 2);
+    assert_eq!(
+        a.register_route(&t, known.clone(), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    let stale = Route {
+        owner_seq: 1,
+        ..known.clone()
+    };
+    let elsewhere = (0..)
+        .map(|i| Uid::from(format!("w{i}")))
+        .find(|u| hash_slot(u.as_bytes()) != SLOT)
+        .unwrap();
+    // At the limit (5 routes): refreshed, recreated, full (the slot holds 2 routes
+    // by then), and two ignored (a stale owner_seq, another slot's uid).
+    let batch = [
+        known.clone(),
+        master(&uid(1), "a", 3, 1),
+        master(&uid(2), "a", 4, 1),
+        stale,
+        master(&elsewhere, "a", 5, 1),
+    ];
+    let mut out = Vec::new();
+    let counts = a.touch_routes_into(&t, &batch, T0 + 1, &mut out);
+    use TouchResult::*;
+    assert_eq!(
+        out,
+        [Refreshed, Recreated, Full, IgnoredStaleSeq, WrongSlot]
+    );
+    assert_eq!(
+        counts,
+        Ok(TouchCounts {
+            refreshed: 1,
+            recreated: 1,
+            ignored: 2,
+            full: 1,
+        })
+    );
+    // One route past the limit: the whole call is refused, nothing is touched.
+    let mut past = batch.to_vec();
+    past[0].last_active_s = Some(T0 + 2);
+    past.push(master(&uid(3), "a", 6, 1));
+    out.clear();
+    assert_eq!(
+        a.touch_routes_into(&t, &past, T0 + 2, &mut out),
+        Err(AuthorityError::Full)
+    );
+    assert!(out.is_empty());
+    assert_eq!(a.route(&known.identity()).unwrap().last_active_s, Some(T0));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_full_scan_counts_the_routes_an_expiry_pass_would_expire() {
+    // The bench baseline the expiry rings avoid: routes last active at T0 and
+    // T0 + 10, and one without activity time (never due).
+    let (mut a, t) = setup(8, 4);
+    let ttl = a.config().route_ttl_s;
+    for (n, at) in [Some(T0), Some(T0 + 10), None].into_iter().enumerate() {
+        assert_eq!(
+            a.register_route(&t, active_at(&uid(n), 1, at), T0 + 10),
+            Ok(RegisterOutcome::Active)
+        );
+    }
+    // Due once the activity plus the TTL is before now.
+    let due = T0 + ttl + 1;
+    assert_eq!(a.full_scan_due(due - 1), 0);
+    assert_eq!(a.full_scan_due(due), 1);
+    assert_eq!(a.full_scan_due(due + 9), 1);
+    assert_eq!(a.full_scan_due(due + 10), 2);
+    assert_eq!(a.expire(due), 1, "the pass agrees");
+    assert_eq!(a.full_scan_due(due + 10), 1, "what is left");
+}
+
+#[test]
+fn the_writer_answers_with_its_configuration() {
+    let cfg = AuthorityConfig {
+        route_ttl_s: 77,
+        touch_batch_routes_max: 9,
+        ..limits(8, 4)
+    };
+    let (a, _) = setup_with(cfg.clone());
+    assert_eq!(a.config(), &cfg);
+}
+
+#[test]
+fn presence_filter_rebuilds_are_counted_in_the_stats() {
+    // A slot's filter sized for few routes is rebuilt as routes come.
+    let cfg = AuthorityConfig {
+        initial_buckets_per_slot: 4,
+        ..limits(256, 4)
+    };
+    let (mut a, t) = setup_with(cfg);
+    let before = a.stats().filter_rebuilds;
+    let uids = (0..)
+        .map(|i| Uid::from(format!("u{i}")))
+        .filter(|u| hash_slot(u.as_bytes()) == SLOT)
+        .take(200);
+    for u in uids {
+        assert_eq!(
+            a.register_route(&t, master(&u, "a", 1, 1), T0),
+            Ok(RegisterOutcome::Active)
+        );
+    }
+    assert!(a.stats().filter_rebuilds > before, "{:?}", a.stats());
+}
+
+#[test]
+fn a_dropped_writer_releases_its_slots_and_unpublishes_them() {
+    let cfg = limits(8, 4);
+    let dir = Directory::new(&cfg).unwrap();
+    let view = ClusterView::single_node(NODE);
+    let t = view.target_for_slot(SLOT);
+    let mut a = Authority::new(cfg.clone(), &dir, &[SLOT, SLOT + 1]).unwrap();
+    assert!(a.apply_view(&view, NODE, T0));
+    assert_eq!(
+        a.register_route(&t, master(&uid(0), "a", 1, 1), T0),
+        Ok(RegisterOutcome::Active)
+    );
+    let r = a.reader();
+    assert_eq!(r.identity(SLOT), Some(t));
+    let found = |r: &AuthorityReader| {
+        r.endpoints_by_targets(&[(t, &[uid(0)])])[0]
+            .as_ref()
+            .map(|e| e.len())
+            .map_err(|e| *e)
+    };
+    assert_eq!(found(&r), Ok(1));
+    drop(a);
+    assert_eq!(
+        r.identity(SLOT),
+        None,
+        "the slot's state went with its writer"
+    );
+    assert!(found(&r).is_err());
+    // Its slots can be claimed again, the one never installed too.
+    let mut b = Authority::new(cfg, &dir, &[SLOT, SLOT + 1]).unwrap();
+    assert!(b.apply_view(&view, NODE, T0));
+    assert_eq!(b.identity(SLOT).map(|(t, _)| t), Some(t));
+    assert_eq!(b.active_routes(SLOT), []);
 }

@@ -216,6 +216,31 @@ fn rule_02_older_term_and_other_epoch_are_refused() {
 }
 
 #[test]
+fn rule_03_another_identity_at_the_installed_epoch_and_term_replaces_it() {
+    // Only an older (epoch, term) is refused: another slot id or leader at the
+    // installed epoch and term is another identity, installed as a newer one is.
+    let (mut a, _r, view) = setup();
+    let t = view.target_for_slot(3);
+    let u = uid_in(3, 0);
+    a.register_route(&t, slave(&u, "d", 1, 1), T0).unwrap();
+    for other in [
+        Target {
+            slot_id: t.slot_id + 1,
+            ..t
+        },
+        Target {
+            leader_node_id: NODE + 1,
+            ..t
+        },
+    ] {
+        assert_eq!(a.install(other, 1, T0), Ok(InstallOutcome::Replaced));
+        assert_eq!(a.identity(3), Some((other, 1)));
+        assert_eq!(a.counts(3), Default::default());
+    }
+    ok(&a);
+}
+
+#[test]
 fn rule_03_new_identity_clears_routes_pending_fences_and_expiry() {
     let (mut a, r, view) = setup();
     let t = view.target_for_slot(9);
