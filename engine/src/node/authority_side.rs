@@ -32,12 +32,15 @@ pub fn hold_unleased<'a>(
     leased: impl Fn(u32) -> bool,
     targets: impl Iterator<Item = &'a Target>,
     results: &mut [Result<std::ops::Range<usize>, AuthorityError>],
-) {
+) -> u64 {
+    let mut held = 0;
     for (target, result) in targets.zip(results.iter_mut()) {
         if result.is_ok() && !leased(target.slot_id) {
             *result = Err(AuthorityError::Rebuilding);
+            held += 1;
         }
     }
+    held
 }
 
 /// The directory of this shard's hash slots (module docs).
@@ -217,7 +220,7 @@ mod tests {
         };
         let targets = [target(1), target(2), target(2)];
         let mut results = vec![Ok(0..2), Ok(2..3), Err(AuthorityError::StaleTarget)];
-        hold_unleased(|s| s == 1, targets.iter(), &mut results);
+        assert_eq!(hold_unleased(|s| s == 1, targets.iter(), &mut results), 1);
         let want = [
             Ok(0..2),
             Err(AuthorityError::Rebuilding),

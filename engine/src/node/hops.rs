@@ -469,7 +469,8 @@ impl NodeShard {
             .endpoints_by_targets_into(&lookups, &mut endpoints, &mut results);
         let targets = groups.iter().map(|(t, _)| t);
         let leased = |s| self.shared.authority_leased(s);
-        super::authority_side::hold_unleased(leased, targets, &mut results);
+        let held = super::authority_side::hold_unleased(leased, targets, &mut results);
+        self.metrics.authority_lease_refusals.add(held);
         for (result, (_, r)) in results.iter_mut().zip(groups) {
             if !valid(r) {
                 *result = Err(AuthorityError::StaleTarget);

@@ -76,6 +76,8 @@ struct TimedLookup<'a> {
     reader: &'a mut AuthorityReader,
     stages: &'a StageHistograms,
     clock: &'a super::super::shared::NodeShared,
+    /// Where lookups held for a lapsed lease are counted.
+    metrics: &'a super::super::metrics::ShardMetrics,
 }
 
 impl EndpointLookup for TimedLookup<'_> {
@@ -89,11 +91,9 @@ impl EndpointLookup for TimedLookup<'_> {
         self.reader
             .endpoints_by_targets_into(lookups, endpoints, results);
         let targets = lookups.iter().map(|(t, _)| t);
-        crate::node::authority_side::hold_unleased(
-            |s| self.clock.authority_leased(s),
-            targets,
-            results,
-        );
+        let leased = |s| self.clock.authority_leased(s);
+        let held = crate::node::authority_side::hold_unleased(leased, targets, results);
+        self.metrics.authority_lease_refusals.add(held);
         let end_ns = self.clock.mono_ns();
         self.stages
             .route_lookup
@@ -110,11 +110,9 @@ impl EndpointLookup for TimedLookup<'_> {
         self.reader
             .endpoints_by_hashed_groups_into(lookups, endpoints, results);
         let targets = lookups.iter().map(|g| &g.target);
-        crate::node::authority_side::hold_unleased(
-            |s| self.clock.authority_leased(s),
-            targets,
-            results,
-        );
+        let leased = |s| self.clock.authority_leased(s);
+        let held = crate::node::authority_side::hold_unleased(leased, targets, results);
+        self.metrics.authority_lease_refusals.add(held);
         let end_ns = self.clock.mono_ns();
         self.stages
             .route_lookup
@@ -399,6 +397,7 @@ impl NodeShard {
             reader: &mut self.reader,
             stages: &self.stages,
             clock: &self.shared,
+            metrics: &self.metrics,
         };
         let peers = &self.peers;
         let link_limit_bytes = self.shared.config.net.rpc_outbound_queue_bytes_max / 2;
