@@ -799,8 +799,7 @@ impl Api {
         let slot_ids = self.shared.config.cluster.slot_ids;
         let slot_id = op.slot_id(slot_ids);
         // Every hash slot of a slot id is on its group's shard.
-        let slot = (0..slots::HASH_SLOTS as u16)
-            .find(|&h| crate::cluster::slot_id_of(h, slot_ids) == slot_id)
+        let slot = transfer::first_hash_slot(slot_id, slot_ids)
             .ok_or_else(|| Reply::error(400, format!("slot id {slot_id} does not exist")))?;
         let shard = self.shared.slot_map.shard_of(slot);
         let (tx, mut rx) = reply_channel(1);

@@ -52,7 +52,7 @@ impl Api {
         let view = self.shared.view();
         let mut legs: Vec<(NodeId, Vec<u32>)> = Vec::new();
         for &slot_id in &slot_ids {
-            let slot = first_hash_slot(slot_id, c.slot_ids);
+            let slot = hash_slot_of(slot_id, c.slot_ids);
             let leader = view.target_for_slot(slot).leader_node_id;
             match legs.iter_mut().find(|(n, _)| *n == leader) {
                 Some((_, ids)) => ids.push(slot_id),
@@ -66,10 +66,7 @@ impl Api {
         };
         let bodies: Vec<(NodeId, Vec<u8>)> = (legs.iter())
             .map(|(leader, ids)| {
-                let slots: Vec<u16> = ids
-                    .iter()
-                    .map(|&s| first_hash_slot(s, c.slot_ids))
-                    .collect();
+                let slots: Vec<u16> = ids.iter().map(|&s| hash_slot_of(s, c.slot_ids)).collect();
                 let body = json!({"hash_slots": slots, "leader_node_id": to});
                 (*leader, body.to_string().into_bytes())
             })
@@ -167,10 +164,13 @@ impl Api {
     }
 }
 
-/// The first hash slot of `slot_id` (slot ids are contiguous ranges of hash
-/// slots, `cluster::slot_id_of`).
-fn first_hash_slot(slot_id: u32, slot_ids: u32) -> u16 {
-    (0..slots::HASH_SLOTS as u16)
-        .find(|&h| slot_id_of(h, slot_ids) == slot_id)
-        .expect("every slot id in range has a hash slot")
+/// The first hash slot of `slot_id` among `slot_ids` (slot ids are contiguous
+/// ranges of hash slots, `cluster::slot_id_of`); `None` for one out of range.
+pub(super) fn first_hash_slot(slot_id: u32, slot_ids: u32) -> Option<u16> {
+    (0..slots::HASH_SLOTS as u16).find(|&h| slot_id_of(h, slot_ids) == slot_id)
+}
+
+/// [`first_hash_slot`] of a slot id taken from a hash slot (so in range).
+fn hash_slot_of(slot_id: u32, slot_ids: u32) -> u16 {
+    first_hash_slot(slot_id, slot_ids).expect("a slot id of a hash slot has one")
 }

@@ -289,10 +289,10 @@ shard_metrics! {
     presence_filter_rebuilds,
     /// Authority calls refused as stale-target or not-leader.
     authority_stale_refusals,
-    /// Of those, the calls and touch batches refused because the slot id's
-    /// group leader here held no lease (replicated slot ids: cut off from its
-    /// quorum, handing over, or not yet confirmed since its election); and the
-    /// lookup groups held as rebuilding for the same reason.
+    /// Authority calls and touch batches refused (counted among the stale
+    /// refusals too), and lookup groups held as rebuilding, because the slot
+    /// id's group leader here held no lease (replicated slot ids: cut off from
+    /// its quorum, handing over, or not yet confirmed since its election).
     authority_lease_refusals,
     /// The routing revision of the view this shard applies (gauge; the node series
     /// is the shard furthest behind). Every shard follows `GET /cluster/slots`'s
